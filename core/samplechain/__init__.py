@@ -1,0 +1,64 @@
+"""samplechain: composable, batched LLM decoding. Chains of sampler plugins, declared in TOML."""
+
+from __future__ import annotations
+
+from .backends import select_backend
+from .chain import Chain, SampleOutput
+from .config import ChainConfig, EntrySpec, load_config
+from .contracts import ALL_DEVICES, Backend, Candidates, NoParams, Sampler, Stage, StepContext, StoppingCriterion
+from .errors import (
+    BackendError,
+    ConfigError,
+    PluginError,
+    PluginLoadError,
+    RequestError,
+    SamplechainError,
+    SamplingError,
+    UnknownPluginError,
+)
+from .hookspecs import hookimpl
+from .params import finite, in_range, one_of, seed_field
+from .plugins import PluginHost, PluginInfo, PluginWarning, get_host, reset_host
+from .registry import Registry, load_registry
+from .state import RequestStore
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALL_DEVICES",
+    "Backend",
+    "BackendError",
+    "Candidates",
+    "Chain",
+    "ChainConfig",
+    "ConfigError",
+    "EntrySpec",
+    "NoParams",
+    "PluginError",
+    "PluginHost",
+    "PluginInfo",
+    "PluginLoadError",
+    "PluginWarning",
+    "Registry",
+    "RequestError",
+    "RequestStore",
+    "SampleOutput",
+    "Sampler",
+    "SamplechainError",
+    "SamplingError",
+    "Stage",
+    "StepContext",
+    "StoppingCriterion",
+    "UnknownPluginError",
+    "__version__",
+    "finite",
+    "get_host",
+    "hookimpl",
+    "in_range",
+    "load_config",
+    "load_registry",
+    "one_of",
+    "reset_host",
+    "seed_field",
+    "select_backend",
+]

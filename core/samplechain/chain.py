@@ -1,0 +1,255 @@
+"""The chain executor.
+
+One step of `Chain.sample(logits, store, request_ids)`, in order:
+
+1. Check the logits: a (B, V) tensor of float32, float16 or bfloat16 (float64 accepted) on the backend's device.
+   Anything not float32 or not contiguous is copied once into a float32 buffer the chain owns; a float32
+   contiguous input is never modified in place.
+2. Gather the batch from the request store: slots (B,), each sampler's parameters as (B,) tensors (cached while
+   the batch composition is unchanged), RNG positions (B,).
+3. Run the transforms and filters in the declared order over the candidate set (logits (B, K) float32, token
+   ids (B, K) int64). K starts at V; a truncating filter compacts it, so later stages never touch the full
+   vocabulary again. Masked candidates are -inf.
+4. The selector (last entry) returns a candidate position per row; token id = ids[position].
+5. logprob of the chosen token = logit - logsumexp over the candidates the selector saw (the processed
+   distribution). A row with no finite candidate, or with NaN / +inf, is an error naming its request.
+6. Optionally scatter the processed logits back to (B, V) scores (-inf for removed tokens), as transformers does.
+7. Accept (unless accept=False): stateful samplers compute their new state rows, then the store commits them and
+   advances every row's RNG position by one. Nothing in the store changes before this point, so a step that
+   fails anywhere leaves every request's state exactly as it was.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from .backends import select_backend
+from .config import ChainConfig, load_config
+from .contracts import Backend, Candidates, Sampler, StepContext
+from .errors import ConfigError, RequestError, SamplechainError, SamplingError
+from .plugins import PluginHost, get_host
+from .state import RequestStore, StoreLayout
+
+__all__ = ["Chain", "SampleOutput"]
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+@attrs.frozen
+class SampleOutput:
+    """token_ids (B,) int64; logprobs (B,) float32 of each chosen token under the processed distribution;
+    scores (B, V) float32 processed logits when asked for (return_scores=True), else None."""
+
+    token_ids: torch.Tensor
+    logprobs: torch.Tensor
+    scores: torch.Tensor | None = None
+
+
+class Chain:
+    """A validated sampler chain bound to a backend. Build with Chain.load(file | dict | "preset:NAME")."""
+
+    def __init__(self, config: ChainConfig, *, host: PluginHost | None = None, backend: str | None = None) -> None:
+        self.config = config
+        self.host = host or get_host()
+        self.samplers: tuple[Sampler, ...] = tuple(spec.cls(spec.params) for spec in config.samplers)
+        self.layout = StoreLayout.for_entries(config.samplers, self.samplers)
+        self.backend_name = backend or config.backend
+        self._backends: dict[str, Backend] = {}
+        self._stateful = [i for i, s in enumerate(self.samplers) if s.is_stateful()]
+        if self.backend_name != "auto":  # an explicit backend must exist and run here, now
+            self._backend_for(None)
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def load(
+        cls, source: str | Path | Mapping[str, Any], *, host: PluginHost | None = None, backend: str | None = None
+    ) -> Chain:
+        """From a TOML file, a TOML string, a dict, or "preset:NAME" (a preset from registry.toml)."""
+        host = host or get_host()
+        if isinstance(source, str) and source.startswith("preset:"):
+            return cls.from_preset(source[len("preset:"):], host=host, backend=backend)
+        return cls(load_config(source, host=host), host=host, backend=backend)
+
+    @classmethod
+    def from_preset(cls, name: str, *, host: PluginHost | None = None, backend: str | None = None) -> Chain:
+        host = host or get_host()
+        registry = host.registry
+        if name not in registry.presets:
+            close = difflib.get_close_matches(name, list(registry.presets), n=2)
+            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise ConfigError(
+                f"{registry.source.name}: presets.{name}: no such preset{hint} "
+                f"(available: {', '.join(sorted(registry.presets))})"
+            )
+        table = {k: v for k, v in registry.presets[name].items() if k != "summary"}
+        config = load_config({"name": name, **table}, host=host, name=f"{registry.source.name}: presets.{name}")
+        return cls(config, host=host, backend=backend)
+
+    # ----------------------------------------------------------------- requests
+    def new_store(self, *, device: torch.device | str | None = None, capacity: int = 8) -> RequestStore:
+        """A per-request store for this chain, on the backend's device (cpu unless the chain pins another)."""
+        if device is None:
+            device = self._backend_for(None).device_type if self.backend_name != "auto" else "cpu"
+        return RequestStore(self.layout, device=device, capacity=capacity)
+
+    # ----------------------------------------------------------------- stepping
+    def _backend_for(self, device_type: str | None) -> Backend:
+        key = device_type or "*"
+        backend = self._backends.get(key)
+        if backend is None:
+            backend = select_backend(self.host, self.backend_name, device_type)
+            self._backends[key] = backend
+        return backend
+
+    def _check_logits(self, logits: Any) -> tuple[torch.Tensor, bool]:
+        if not isinstance(logits, torch.Tensor):
+            raise SamplingError(f"logits must be a torch.Tensor of shape (batch, vocab), got {type(logits).__name__}")
+        if logits.ndim != 2:
+            fix = "; add a batch dimension with logits[None]" if logits.ndim == 1 else ""
+            raise SamplingError(f"logits must have shape (batch, vocab), got {tuple(logits.shape)}{fix}")
+        if logits.dtype not in _FLOATS:
+            raise SamplingError(
+                f"logits dtype {logits.dtype} is not supported: pass float32, float16 or bfloat16 logits"
+            )
+        if logits.shape[1] == 0:
+            raise SamplingError("logits have an empty vocabulary axis (shape (B, 0))")
+        if logits.dtype != torch.float32 or not logits.is_contiguous():
+            return logits.to(torch.float32, memory_format=torch.contiguous_format).contiguous(), True
+        return logits, False
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        store: RequestStore | None = None,
+        request_ids: Sequence[str] | None = None,
+        *,
+        accept: bool = True,
+        return_scores: bool = False,
+    ) -> SampleOutput:
+        """Choose one token per row. Without a store, each row is a fresh request with the chain's parameters."""
+        logits, writable = self._check_logits(logits)
+        batch, vocab = logits.shape
+        if store is None:
+            if request_ids is not None:
+                raise RequestError("request_ids were given without a store: pass store=chain.new_store() too")
+            store = self.new_store(device=logits.device, capacity=max(batch, 1))
+            request_ids = [f"row{i}" for i in range(batch)]
+            store.add_many(request_ids)
+        elif request_ids is None:
+            raise RequestError("a store was given without request_ids: pass the id of every row, in row order")
+        if len(request_ids) != batch:
+            raise RequestError(
+                f"logits have {batch} rows but {len(request_ids)} request ids were given; pass one id per row"
+            )
+        if store.layout is not self.layout:
+            raise RequestError("this store belongs to another chain; create it with this chain's new_store()")
+        if store.device.type != logits.device.type:
+            raise SamplingError(
+                f"logits are on {logits.device.type} but the request store is on {store.device.type}; "
+                f"create the store with chain.new_store(device={logits.device.type!r})"
+            )
+        backend = self._backend_for(logits.device.type)
+        view = store.batch(request_ids)
+        positions = store.positions(view)
+        if batch == 0:
+            empty = torch.zeros(0, dtype=torch.int64, device=logits.device)
+            return SampleOutput(empty, empty.float(), logits.clone() if return_scores else None)
+
+        cand = Candidates(logits, None, vocab, False, writable)
+        last = len(self.samplers) - 1
+        for i, sampler in enumerate(self.samplers):
+            ctx = self._context(store, view, positions, backend, i)
+            try:
+                if i == last:
+                    chosen = sampler.select(cand, ctx)
+                else:
+                    cand = sampler.apply(cand, ctx)
+            except Exception as exc:
+                raise self._wrap(i, exc) from exc
+        self._check_selection(last, chosen, cand)
+
+        token_ids = cand.ids_at(chosen[:, None]).squeeze(1)
+        lse = torch.logsumexp(cand.logits, dim=-1)  # (B,) normaliser of what the selector saw
+        logprobs = cand.logits.gather(1, chosen[:, None]).squeeze(1) - lse
+        bad = ~torch.isfinite(logprobs)
+        if bool(bad.any()):
+            raise self._bad_rows(bad, lse, view.request_ids)
+        scores = cand.scores() if return_scores else None
+        if accept:
+            self._accept(store, view, positions, backend, token_ids)
+        return SampleOutput(token_ids, logprobs, scores)
+
+    def accept(self, store: RequestStore, request_ids: Sequence[str], token_ids: torch.Tensor) -> None:
+        """Record chosen tokens (as llama.cpp's accept) when sample() ran with accept=False."""
+        view = store.batch(request_ids)
+        positions = store.positions(view)
+        self._accept(store, view, positions, self._backend_for(store.device.type), token_ids)
+
+    def _accept(self, store: RequestStore, view, positions, backend: Backend, token_ids: torch.Tensor) -> None:
+        updates: dict[tuple[int, str], torch.Tensor] = {}
+        for i in self._stateful:  # compute everything first: a failure here commits nothing
+            ctx = self._context(store, view, positions, backend, i)
+            try:
+                for name, rows in self.samplers[i].accept(ctx, token_ids).items():
+                    updates[(i, name)] = rows
+            except Exception as exc:
+                raise self._wrap(i, exc, phase="accept") from exc
+        store.advance(view, updates)
+
+    def _context(self, store: RequestStore, view, positions, backend: Backend, i: int) -> StepContext:
+        state = store.state_of(view, i) if i in self._stateful else {}
+        return StepContext(backend, view.params[i], view.scalars[i], positions, i, view.request_ids, state)
+
+    def _wrap(self, i: int, exc: Exception, phase: str = "step") -> SamplechainError:
+        spec = self.config.samplers[i]
+        info = self.host.provider("sampler", spec.cls)
+        plugin = info.describe() if info else "an in-process plugin"
+        text = f"sampler {spec.use!r} ({spec.cls.qualified_name()} at {spec.path}, {plugin}) failed during {phase}"
+        if isinstance(exc, SamplechainError):
+            return type(exc)(f"{text}: {exc}")
+        return SamplingError(f"{text}: {type(exc).__name__}: {exc}; no request state was changed")
+
+    def _check_selection(self, last: int, chosen: Any, cand: Candidates) -> None:
+        if not (isinstance(chosen, torch.Tensor) and chosen.dtype == torch.int64
+                and chosen.shape == (cand.batch_size,)):
+            got = f"{chosen.dtype} {tuple(chosen.shape)}" if isinstance(chosen, torch.Tensor) else type(chosen).__name__
+            raise self._wrap(last, TypeError(f"select() must return a (B,) int64 tensor of positions, got {got}"))
+
+    @staticmethod
+    def _bad_rows(bad: torch.Tensor, lse: torch.Tensor, request_ids: Sequence[str]) -> SamplingError:
+        rows = bad.nonzero().flatten().tolist()
+        masked = [request_ids[r] for r in rows if lse[r].item() == float("-inf")]
+        broken = [request_ids[r] for r in rows if lse[r].item() != float("-inf")]
+        parts = []
+        if masked:
+            parts.append(f"every token is masked (-inf) for request(s) {masked}: relax the chain's filters or "
+                         f"bias for those rows")
+        if broken:
+            parts.append(f"logits contain NaN or +inf for request(s) {broken}: check the model's output")
+        return SamplingError("; ".join(parts) + "; no request state was changed")
+
+    # ----------------------------------------------------------------- description
+    def describe(self) -> list[dict[str, Any]]:
+        out = []
+        for spec, sampler in zip(self.config.samplers, self.samplers):
+            out.append({
+                "use": spec.use,
+                "name": spec.cls.qualified_name(),
+                "id": spec.id,
+                "stage": spec.cls.stage.value,
+                "params": attrs.asdict(spec.params),
+                "argmax_invariant": sampler.is_argmax_invariant(),
+                "stateful": sampler.is_stateful(),
+            })
+        return out
+
+    def __repr__(self) -> str:
+        steps = " -> ".join(s["name"] for s in self.describe())
+        return f"Chain({self.config.name or self.config.source}: {steps}, backend={self.backend_name})"
+

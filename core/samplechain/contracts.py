@@ -1,0 +1,289 @@
+"""The contracts plugins implement: Sampler, StoppingCriterion, Backend, and the batched candidate set.
+
+This module (with `params` for validators) is all a plugin needs to import.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any, Callable, ClassVar
+
+import attrs
+import torch
+
+__all__ = [
+    "Stage",
+    "Candidates",
+    "StepContext",
+    "Sampler",
+    "StoppingCriterion",
+    "Backend",
+    "NoParams",
+    "ALL_DEVICES",
+]
+
+NEG_INF = float("-inf")
+ALL_DEVICES = frozenset({"cpu", "cuda", "mps"})
+
+
+class Stage(str, enum.Enum):
+    """Where a sampler sits in a chain. A chain is transforms and filters in any order, then one selector."""
+
+    TRANSFORM = "transform"  # rewrites logits: penalties, bias, temperature, grammar mask
+    FILTER = "filter"  # removes candidates: top-k, top-p, min-p, typical, xtc ...
+    SELECT = "select"  # picks one token per row: greedy, dist, mirostat ...
+
+
+@attrs.frozen
+class NoParams:
+    """Params class of a sampler that takes none."""
+
+
+@attrs.define(slots=True)
+class Candidates:
+    """A batched candidate set: the batched analogue of llama.cpp's `llama_token_data_array`.
+
+    logits: (B, K) float32; a masked candidate is -inf. Row b's candidate j is token ids[b, j].
+    ids:    (B, K) int64, or None while K == vocab_size and ids[b, j] == j (the full, untouched vocabulary:
+            materialising arange(V) per row would cost as much as the logits).
+    is_sorted: every row is in descending logit order (top-k leaves it so; top-p and min-p use it).
+    writable:  logits belong to the chain and may be modified in place (never the caller's tensor).
+    """
+
+    logits: torch.Tensor
+    ids: torch.Tensor | None
+    vocab_size: int
+    is_sorted: bool = False
+    writable: bool = False
+
+    @property
+    def batch_size(self) -> int:
+        return self.logits.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.logits.shape[1]
+
+    def token_ids(self) -> torch.Tensor:
+        """(B, K) int64 token ids, materialised if still implicit."""
+        if self.ids is not None:
+            return self.ids
+        return torch.arange(self.vocab_size, device=self.logits.device).expand(self.batch_size, -1)
+
+    def ids_at(self, index: torch.Tensor) -> torch.Tensor:
+        """Token ids at candidate positions index (B, J) -> (B, J)."""
+        return index if self.ids is None else self.ids.gather(1, index)
+
+    def replace_logits(self, logits: torch.Tensor, *, is_sorted: bool | None = None) -> Candidates:
+        """Same candidates, new logits (which the chain owns)."""
+        return Candidates(logits, self.ids, self.vocab_size, self.is_sorted if is_sorted is None else is_sorted, True)
+
+    def take(self, values: torch.Tensor, index: torch.Tensor, *, is_sorted: bool) -> Candidates:
+        """Compact to candidates at positions index (B, K'), whose logits are values (B, K')."""
+        return Candidates(values, self.ids_at(index), self.vocab_size, is_sorted, True)
+
+    def masked(self, keep: torch.Tensor) -> Candidates:
+        """Set every candidate where keep (B, K) is False to -inf (no compaction)."""
+        if self.writable:
+            self.logits.masked_fill_(~keep, NEG_INF)
+            return self
+        return self.replace_logits(self.logits.masked_fill(~keep, NEG_INF))
+
+    def keep_first(self, counts: torch.Tensor) -> Candidates:
+        """Keep the first counts[b] candidates of each (sorted) row and compact K to max(counts)."""
+        assert self.is_sorted, "keep_first needs rows sorted by descending logit"
+        width = int(counts.max())  # one host read: the new K
+        logits = self.logits[:, :width]
+        ids = self.ids[:, :width] if self.ids is not None else None
+        if ids is None and width < self.vocab_size:
+            ids = torch.arange(width, device=logits.device).expand(self.batch_size, -1)
+        cut = torch.arange(width, device=logits.device)[None, :] >= counts[:, None]
+        logits = logits.masked_fill(cut, NEG_INF) if bool(cut.any()) else logits
+        return Candidates(logits, ids, self.vocab_size, True, logits is not self.logits or self.writable)
+
+    def restrict(
+        self, values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor, keep_all: torch.Tensor
+    ) -> Candidates:
+        """Keep, per row, the counts[b] best candidates given by a partial sort (values, index: (B, J), descending).
+
+        Rows where keep_all[b] is True keep every candidate (a disabled parameter). Compacts K to max(counts)
+        when no row keeps all; otherwise masks in place of compaction (K unchanged).
+        """
+        if not bool(keep_all.any()):
+            return self.take(values, index, is_sorted=True).keep_first(counts)
+        if self.is_sorted:
+            return self.keep_first(torch.where(keep_all, self.width, counts))
+        ranks = torch.arange(index.shape[1], device=index.device)[None, :]
+        keep = torch.zeros(self.logits.shape, dtype=torch.bool, device=self.logits.device)
+        keep.scatter_(1, index, ranks < counts[:, None])
+        keep |= keep_all[:, None]
+        return self.masked(keep)
+
+    def sorted(self, backend: Backend) -> Candidates:
+        """Rows in descending logit order (a full sort: filters that can should use a partial top-k)."""
+        if self.is_sorted:
+            return self
+        values, index = backend.sort_desc(self.logits)
+        return self.take(values, index, is_sorted=True)
+
+    def scores(self) -> torch.Tensor:
+        """(B, V) float32 processed scores as transformers reports them: -inf for every removed token."""
+        if self.ids is None:
+            return self.logits.clone()
+        out = torch.full((self.batch_size, self.vocab_size), NEG_INF, device=self.logits.device)
+        return out.scatter_(1, self.ids, self.logits)
+
+
+@attrs.define(slots=True)
+class StepContext:
+    """What a sampler sees of the batch at one step.
+
+    params: field name -> (B,) tensor of that field's per-request value (float32, int64 or bool).
+    scalars: field name -> the value when every row of this batch shares it, else None (cached per batch
+             composition, so samplers can take a scalar fast path without reading the tensor).
+    positions: (B,) int64, tokens accepted so far per request (the RNG counter).
+    stream: this sampler's index in the chain: random samplers draw independent noise per stream.
+    state: per-request state columns of this sampler, (B, ...) tensors gathered for this batch.
+    """
+
+    backend: Backend
+    params: Mapping[str, torch.Tensor]
+    scalars: Mapping[str, Any]
+    positions: torch.Tensor
+    stream: int
+    request_ids: tuple[str, ...]
+    state: Mapping[str, torch.Tensor] = attrs.field(factory=dict)
+
+    def param(self, name: str) -> torch.Tensor:
+        return self.params[name]
+
+    def scalar(self, name: str) -> Any:
+        return self.scalars[name]
+
+    def gumbel(self, cand: Candidates, seed: torch.Tensor) -> torch.Tensor:
+        """Counter-based Gumbel noise (B, K) float64 for the candidates, keyed by token id, not by position."""
+        return self.backend.gumbel(seed, self.positions, cand.token_ids(), self.stream)
+
+
+class Sampler:
+    """One step of a chain, applied to a whole batch at once.
+
+    Subclasses set `name`, `version`, `stage`, `Params` (an attrs class whose fields are the parameters, with
+    validators and defaults) and implement `apply` (transform / filter) or `select` (selector). Parameters arrive
+    per row through `ctx.param(field)`; a row whose value disables the sampler must pass through unchanged.
+    Capabilities are declared by methods, never discovered by signature inspection.
+    """
+
+    name: ClassVar[str]
+    version: ClassVar[int] = 1
+    stage: ClassVar[Stage]
+    Params: ClassVar[type] = NoParams
+    summary: ClassVar[str] = ""
+    # Flat per-request parameter names (as vLLM's SamplingParams / MindIE's SamplingParam) -> Params field.
+    request_aliases: ClassVar[Mapping[str, str]] = {}
+
+    def __init__(self, params: Any) -> None:
+        self.params = params  # the chain's validated defaults (an instance of Params)
+
+    @classmethod
+    def qualified_name(cls) -> str:
+        return f"{cls.name}.v{cls.version}"
+
+    def is_argmax_invariant(self) -> bool:
+        """True when the sampler never changes which token greedy decoding would pick."""
+        return False
+
+    def is_stateful(self) -> bool:
+        """True when the sampler keeps per-request state in the store (see `state_spec`)."""
+        return False
+
+    def needs_history(self) -> bool:
+        """True when the sampler reads previous tokens (penalties, DRY ...)."""
+        return False
+
+    def supported_devices(self) -> frozenset[str]:
+        return ALL_DEVICES
+
+    def state_spec(self) -> Mapping[str, tuple[torch.dtype, tuple[int, ...], float | int]]:
+        """Per-request state columns: name -> (dtype, per-row shape, initial value)."""
+        return {}
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        raise NotImplementedError(f"{self.qualified_name()} is a {self.stage.value} sampler without apply()")
+
+    def select(self, cand: Candidates, ctx: StepContext) -> torch.Tensor:
+        """Return the chosen candidate position (B,) int64 into cand's K axis."""
+        raise NotImplementedError(f"{self.qualified_name()} is not a selector")
+
+    def accept(self, ctx: StepContext, token_ids: torch.Tensor) -> Mapping[str, torch.Tensor]:
+        """Given the chosen tokens (B,), return updated state columns (B, ...) for this batch."""
+        return {}
+
+
+class StoppingCriterion:
+    """Decides per row whether generation is finished. Criteria combine by OR; a finished row stops alone.
+
+    `check(ctx)` returns a (B,) bool tensor; `reason` is the finish reason reported for rows it stops.
+    """
+
+    name: ClassVar[str]
+    version: ClassVar[int] = 1
+    Params: ClassVar[type] = NoParams
+    summary: ClassVar[str] = ""
+
+    def __init__(self, params: Any) -> None:
+        self.params = params
+
+    @classmethod
+    def qualified_name(cls) -> str:
+        return f"{cls.name}.v{cls.version}"
+
+    @property
+    def reason(self) -> str:
+        return self.name
+
+    def check(self, ctx: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Backend:
+    """The hot primitives for one device type. `cpu` is the reference; others state their equivalence to it.
+
+    `kernels` maps a qualified sampler name (e.g. "top_p.v1") to a fast path a sampler may use instead of its
+    reference code; samplers call `backend.kernel(name)` and fall back to their own torch code on None.
+    """
+
+    name: ClassVar[str]
+    version: ClassVar[int] = 1
+    Params: ClassVar[type] = NoParams
+    device_type: ClassVar[str]
+    equivalence: ClassVar[str] = "bitwise"  # bitwise | allclose | statistical, relative to the cpu backend
+    kernels: ClassVar[Mapping[str, Callable[..., Any]]] = {}
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return True
+
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        return ""
+
+    def kernel(self, name: str) -> Callable[..., Any] | None:
+        return self.kernels.get(name)
+
+    def topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k largest logits per row, in descending order, and their positions. (B, K) -> (B, k) x2."""
+        raise NotImplementedError
+
+    def sort_desc(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows sorted by descending logit, and the permutation. (B, K) -> (B, K) x2."""
+        raise NotImplementedError
+
+    def gumbel(self, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int) -> torch.Tensor:
+        """Counter-based Gumbel(0, 1) noise (B, K) float64, a pure function of (seed, stream, position, id)."""
+        raise NotImplementedError
+
+    def uniform(self, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int) -> torch.Tensor:
+        """Counter-based U(0, 1) noise (B, K) float64."""
+        raise NotImplementedError

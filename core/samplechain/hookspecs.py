@@ -1,0 +1,28 @@
+"""The whole plugin contract. Hooks only register; the chain executor calls what was registered, in order."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pluggy
+
+__all__ = ["hookspec", "hookimpl", "PROJECT"]
+
+PROJECT = "samplechain"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def register_samplers(register: Callable[[type], None]) -> None:
+    """Register Sampler subclasses: call register(cls) once per class."""
+
+
+@hookspec
+def register_stopping_criteria(register: Callable[[type], None]) -> None:
+    """Register StoppingCriterion subclasses: call register(cls) once per class."""
+
+
+@hookspec
+def register_backends(register: Callable[[type], None]) -> None:
+    """Register Backend subclasses: call register(cls) once per class."""

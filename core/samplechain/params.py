@@ -1,0 +1,66 @@
+"""Parameter validators with messages that say what was expected, shared by config and per-request values."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import attrs
+
+__all__ = ["in_range", "finite", "one_of", "seed_field", "is_seed_field"]
+
+_SEED = "samplechain.seed"
+
+
+def in_range(
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    hint: str = "",
+) -> Callable[[Any, attrs.Attribute, Any], None]:
+    """attrs validator: low <= value <= high (or open bounds). The message reads `must be in (0, 1]`."""
+    lo = "-inf" if low is None else f"{low:g}"
+    hi = "inf" if high is None else f"{high:g}"
+    text = f"must be in {'(' if low_open or low is None else '['}{lo}, {hi}{')' if high_open or high is None else ']'}"
+    if hint:
+        text += f" ({hint})"
+
+    def check(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError(text)
+        if low is not None and (value < low or (low_open and value == low)):
+            raise ValueError(text)
+        if high is not None and (value > high or (high_open and value == high)):
+            raise ValueError(text)
+
+    return check
+
+
+def finite(_inst: Any, _attr: attrs.Attribute, value: float) -> None:
+    """attrs validator: a finite number."""
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+
+
+def one_of(*choices: Any) -> Callable[[Any, attrs.Attribute, Any], None]:
+    def check(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(map(repr, choices))}")
+
+    return check
+
+
+def _seed_ok(_inst: Any, _attr: attrs.Attribute, value: int | None) -> None:
+    if value is not None and not 0 <= value < 2**63:
+        raise ValueError("must be an integer in [0, 2**63), or omitted for a fresh random seed")
+
+
+def seed_field() -> Any:
+    """A `seed` parameter: None (the default) draws a fresh seed when the request joins."""
+    return attrs.field(default=None, validator=_seed_ok, metadata={_SEED: True})
+
+
+def is_seed_field(field: attrs.Attribute) -> bool:
+    return bool(field.metadata.get(_SEED))

@@ -1,0 +1,71 @@
+"""Counter-based randomness: the noise for (seed, stream, position, token id) is a pure function.
+
+A seeded request's draw therefore does not depend on its batch neighbours, its row, the batch size or the
+thread count. The hash is 32-bit integer mixing (Wellons' "lowbias32") carried in int64 tensors. Every
+multiplication is split into 16-bit halves so no intermediate exceeds 2**49: signed int64 overflow never happens,
+so the result is bit-identical on every torch device and compiler.
+
+Layout of a draw:
+    row_key = H(H(H(seed_lo ^ H(seed_hi ^ STREAM_SALT*stream)) ^ position))   # per row, (B,)
+    bits    = H(H(token_id + row_key) ^ row_key2)                              # per candidate, (B, K)
+    u       = (bits + 0.5) / 2**32       in (0, 1), float64, never 0 or 1
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+__all__ = ["mix32", "row_keys", "uniform", "gumbel", "exponential", "fresh_seed", "SEED_MAX"]
+
+_M32 = 0xFFFFFFFF
+SEED_MAX = 2**63 - 1
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    # (x * c) mod 2**32 for x in [0, 2**32): split c into 16-bit halves so every product stays below 2**49.
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 finaliser on int64 tensors holding values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def row_keys(seed: torch.Tensor, position: torch.Tensor, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two 32-bit keys per row from seed (B,) int64 >= 0, position (B,) int64 and a stream number."""
+    seed_lo = seed & _M32
+    seed_hi = (seed >> 32) & _M32
+    k = mix32(seed_hi ^ ((stream * 0x9E3779B9) & _M32))
+    k = mix32(seed_lo ^ k)
+    k = mix32(k ^ (position & _M32))
+    k = mix32(k ^ ((position >> 32) & _M32))
+    return k, mix32(k ^ 0x5BD1E995)
+
+
+def uniform(seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int = 0) -> torch.Tensor:
+    """U(0, 1) noise, float64 (B, K), for token ids (B, K) of rows with seed/position (B,)."""
+    k1, k2 = row_keys(seed, position, stream)
+    bits = mix32(mix32((ids + k1[:, None]) & _M32) ^ k2[:, None])
+    return (bits.to(torch.float64) + 0.5) * (1.0 / 4294967296.0)
+
+
+def exponential(seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int = 0) -> torch.Tensor:
+    """Exp(1) noise, float64 (B, K): the exponential race picks argmax(p / E)."""
+    return -torch.log(uniform(seed, position, ids, stream))
+
+
+def gumbel(seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int = 0) -> torch.Tensor:
+    """Gumbel(0, 1) noise, float64 (B, K): argmax(logits + G) is a draw from softmax(logits)."""
+    return -torch.log(exponential(seed, position, ids, stream))
+
+
+def fresh_seed() -> int:
+    """A seed for an unseeded request, from the OS entropy pool (not from torch's global generator)."""
+    return int.from_bytes(os.urandom(8), "little") & SEED_MAX

@@ -1,0 +1,58 @@
+"""`min_p`: keep candidates whose probability is at least p times the top candidate's.
+
+Compared in logit space, as llama.cpp does: keep logit >= max_logit + log(p), which needs no softmax. p <= 0
+is a no-op; at least min_keep survive. transformers' MinPLogitsWarper compares probabilities
+(prob < min_p * top_prob is removed): the same set up to float rounding at the boundary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import torch
+
+from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
+
+
+@attrs.frozen
+class MinPParams:
+    p: float = attrs.field(validator=[finite, in_range(0.0, 1.0, hint="0 disables")])
+    min_keep: int = attrs.field(default=1, validator=in_range(0, None))
+
+
+class MinP(Sampler):
+    name = "min_p"
+    stage = Stage.FILTER
+    Params = MinPParams
+    request_aliases = {"min_p": "p", "min_keep": "min_keep"}
+    summary = "keep tokens with probability >= p * the top probability"
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        shared = ctx.scalar("p")
+        if shared is not None and shared <= 0.0:
+            return cand
+        p, min_keep = ctx.param("p"), ctx.param("min_keep")
+        off = p <= 0.0
+        width = cand.width
+        top = cand.logits[:, 0] if cand.is_sorted else cand.logits.amax(dim=-1)  # (B,)
+        if shared is not None:  # logf(p) in float32, as llama.cpp
+            threshold = top + math.log(shared)
+        else:
+            threshold = top + torch.log(torch.where(off, torch.ones_like(p), p))
+        keep = cand.logits >= threshold[:, None]  # (B, K)
+        counts = torch.clamp(torch.maximum(keep.sum(dim=-1), min_keep), max=width)
+        counts = torch.where(off, width, counts)
+        if cand.is_sorted:
+            return cand.keep_first(counts)
+        if bool(off.all()) or bool((counts >= width).all()):
+            return cand
+        # survivors are exactly the counts[b] largest logits: compact them with one partial top-k
+        kmax = int(torch.where(off, 0, counts).max())
+        values, index = ctx.backend.topk(cand.logits, kmax)
+        return cand.restrict(values, index, counts, off)
+
+
+@hookimpl
+def register_samplers(register):
+    register(MinP)

@@ -1,0 +1,48 @@
+"""`temperature`: logits / t. As llama.cpp: t = 0 keeps only the argmax (transformers rejects t = 0 and asks
+for do_sample=False instead); t = 1 passes rows through unchanged."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
+
+
+@attrs.frozen
+class TemperatureParams:
+    t: float = attrs.field(validator=[finite, in_range(0.0, None, hint="0 keeps only the most likely token")])
+
+
+class Temperature(Sampler):
+    name = "temperature"
+    stage = Stage.TRANSFORM
+    Params = TemperatureParams
+    request_aliases = {"temperature": "t"}
+    summary = "divide logits by the temperature; 0 = keep only the argmax"
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        shared = ctx.scalar("t")
+        if shared == 1.0:
+            return cand
+        if shared is not None and shared > 0:  # one scalar for the batch: bitwise what transformers computes
+            if cand.writable:
+                cand.logits.div_(shared)
+                return cand
+            return cand.replace_logits(cand.logits / shared)
+        t = ctx.param("t")[:, None]  # (B, 1)
+        hot = t > 0
+        logits = cand.logits / torch.where(hot, t, torch.ones_like(t))
+        if not bool(hot.all()):  # t = 0 rows: only the first maximum survives
+            top = cand.logits.argmax(dim=-1, keepdim=True)
+            cold_keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, top, True)
+            logits = logits.masked_fill(~hot & ~cold_keep, float("-inf"))
+        return cand.replace_logits(logits)
+
+
+@hookimpl
+def register_samplers(register):
+    register(Temperature)

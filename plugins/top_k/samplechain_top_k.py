@@ -1,0 +1,57 @@
+"""`top_k`: keep the k most likely candidates (k <= 0 disables; at least min_keep survive).
+
+llama.cpp semantics: k <= 0 is a no-op and k is clipped to the candidate count. transformers'
+TopKLogitsWarper keeps max(top_k, min_tokens_to_keep) tokens and rejects k <= 0. Equal logits at the k-th
+place: which of them survives is torch.topk's choice (unspecified); everything else is exact.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from samplechain import Candidates, Sampler, Stage, StepContext, hookimpl, in_range
+
+
+@attrs.frozen
+class TopKParams:
+    k: int  # <= 0 disables
+    min_keep: int = attrs.field(default=1, validator=in_range(0, None))
+
+
+class TopK(Sampler):
+    name = "top_k"
+    stage = Stage.FILTER
+    Params = TopKParams
+    request_aliases = {"top_k": "k", "min_keep": "min_keep"}
+    summary = "keep the k most likely tokens"
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        width = cand.width
+        k, min_keep = ctx.scalar("k"), ctx.scalar("min_keep")
+        if k is not None and min_keep is not None:  # one k for the whole batch: a single partial top-k
+            if k <= 0:
+                return cand
+            k = min(max(k, min_keep), width)
+            if k >= width:
+                return cand
+            if cand.is_sorted:
+                return cand.keep_first(torch.full((cand.batch_size,), k, device=cand.logits.device))
+            values, index = ctx.backend.topk(cand.logits, k)
+            return cand.take(values, index, is_sorted=True)
+        k = ctx.param("k")
+        off = k <= 0
+        counts = torch.clamp(torch.maximum(k, ctx.param("min_keep")), max=width)  # (B,)
+        counts = torch.where(off, width, counts)
+        if bool((counts >= width).all()):
+            return cand
+        if cand.is_sorted:
+            return cand.keep_first(counts)
+        kmax = int(torch.where(off, 0, counts).max())
+        values, index = ctx.backend.topk(cand.logits, kmax)
+        return cand.restrict(values, index, counts, off | (counts >= width))
+
+
+@hookimpl
+def register_samplers(register):
+    register(TopK)
