@@ -81,6 +81,7 @@ class PluginInfo:
     status: str = "available"  # available (not imported yet) | loaded | broken | disabled | blocked
     error: str | None = None
     provides: list[str] = attrs.field(factory=list)  # qualified names it registered: top_p.v1 ...
+    kinds: list[str] = attrs.field(factory=list)  # sampler / stopping_criterion / backend
     entry_point: Any = attrs.field(default=None, repr=False, eq=False)
 
     def describe(self) -> str:
@@ -185,6 +186,7 @@ class PluginHost:
             return info
         info.status = "loaded"
         info.provides = [f"{cls.name}.v{cls.version}" for _, cls in staged]
+        info.kinds = sorted({kind for kind, _ in staged})
         return info
 
     def load_all(self) -> list[PluginInfo]:
@@ -204,7 +206,8 @@ class PluginHost:
             self.pm.unregister(plugin)
             raise
         provided = [f"{cls.name}.v{cls.version}" for _, cls in staged]
-        self.plugins[name] = PluginInfo(name, None, None, repr(plugin), "loaded", None, provided)
+        kinds = sorted({kind for kind, _ in staged})
+        self.plugins[name] = PluginInfo(name, None, None, repr(plugin), "loaded", None, provided, kinds)
         return provided
 
     def unregister_plugin(self, name: str) -> None:
@@ -314,13 +317,13 @@ class PluginHost:
         known |= set(self._registered[kind])
         text = f"unknown {label} {base!r}"
         entry = registry.provider_of(base, kind) if registry is not None else None
+        info = self.plugins.get(entry.name if entry is not None else base)
+        if info is not None and info.status in {"broken", "disabled", "blocked"}:
+            why = info.error or (
+                "not in SAMPLECHAIN_PLUGINS" if info.status == "disabled" else "in SAMPLECHAIN_BLOCK_PLUGINS"
+            )
+            return f"{text}: its plugin {info.describe()} is {info.status}: {why}"
         if entry is not None:
-            info = self.plugins.get(entry.name)
-            if info is not None and info.status in {"broken", "disabled", "blocked"}:
-                why = info.error or (
-                    "not in SAMPLECHAIN_PLUGINS" if info.status == "disabled" else "in SAMPLECHAIN_BLOCK_PLUGINS"
-                )
-                return f"{text}: its plugin {info.describe()} is {info.status}: {why}"
             return f"{text}: it is provided by distribution {entry.distribution}, which is not installed; " + (
                 entry.install_hint(registry.root)
             )

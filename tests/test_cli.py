@@ -1,0 +1,63 @@
+"""The samplechain command, run as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def cli(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "samplechain.cli", *args], capture_output=True, text=True,
+                          env=env)
+
+
+def test_plugins_json_lists_every_installed_plugin_with_its_status():
+    done = cli("plugins", "--json")
+    assert done.returncode == 0, done.stderr
+    rows = {r["name"]: r for r in json.loads(done.stdout)}
+    for name in ("cpu", "greedy", "dist", "temperature", "top_k", "top_p", "min_p"):
+        assert rows[name]["status"] == "loaded"
+        assert rows[name]["distribution"].startswith("samplechain-")
+        assert rows[name]["version"]
+    assert rows["cpu"]["kind"] == "backend" and rows["top_p"]["kind"] == "sampler"
+    assert rows["top_p"]["provides"] == ["top_p.v1"]
+
+
+def test_plugins_available_shows_what_could_be_installed_and_how():
+    done = cli("plugins", "--available", "--json")
+    rows = {r["name"]: r for r in json.loads(done.stdout)}
+    example = rows["example_softcap"]
+    if example["status"] == "not installed":
+        assert example["install"].startswith("pip install samplechain-example-softcap")
+
+
+def test_validate_accepts_a_good_chain(tmp_path):
+    path = tmp_path / "ok.toml"
+    path.write_text('[chain]\nsamplers = [{ use = "top_k", k = 40 }, { use = "dist", seed = 1 }]\n')
+    done = cli("validate", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "top_k.v1" in done.stdout and "valid" in done.stdout
+
+
+def test_validate_reports_the_key_path_and_exits_non_zero(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[chain]\nsamplers = [{ use = "top_p", p = 1.5 }, { use = "dist" }]\n')
+    done = cli("validate", str(path))
+    assert done.returncode == 1
+    assert "bad.toml: chain.samplers[0].p = 1.5: must be in [0, 1]" in " ".join(done.stderr.split())
+
+
+def test_presets_lists_the_engine_defaults():
+    done = cli("presets", "--json")
+    presets = json.loads(done.stdout)
+    assert {"llama.cpp", "transformers", "vllm", "text-generation-webui"} <= set(presets)
+
+
+@pytest.mark.slow
+def test_demo_generates_with_a_real_transformers_model():
+    done = cli("demo", "--max-new-tokens", "8", "--seed", "1")
+    assert done.returncode == 0, done.stderr
+    assert "ms/step" in done.stdout

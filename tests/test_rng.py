@@ -1,0 +1,60 @@
+"""The counter-based noise: a pure function, uniform, and exactly the 32-bit hash it claims to be."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from samplechain import rng
+
+
+def mix32_reference(x: int) -> int:
+    m = 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & m
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & m
+    return x ^ (x >> 16)
+
+
+def test_mix32_equals_the_pure_python_hash_on_extreme_and_random_inputs():
+    values = [0, 1, 2**31 - 1, 2**31, 2**32 - 1] + list(np.random.default_rng(0).integers(0, 2**32, 2000))
+    got = rng.mix32(torch.tensor(values, dtype=torch.int64)).tolist()
+    assert got == [mix32_reference(int(v)) for v in values]
+
+
+def test_noise_is_a_pure_function_of_seed_position_stream_and_token():
+    ids = torch.arange(50)[None].repeat(3, 1)
+    seed = torch.tensor([5, 5, 6])
+    pos = torch.tensor([0, 0, 0])
+    u = rng.uniform(seed, pos, ids, stream=2)
+    assert torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
+    assert torch.equal(u, rng.uniform(seed, pos, ids, stream=2))
+    assert not torch.equal(u, rng.uniform(seed, pos, ids, stream=3))
+    assert not torch.equal(u, rng.uniform(seed, pos + 1, ids, stream=2))
+    # keyed by token id, not by column: permuting the columns permutes the noise
+    perm = torch.randperm(50)
+    assert torch.equal(rng.uniform(seed, pos, ids[:, perm], 2), u[:, perm])
+
+
+def test_uniform_is_uniform_and_never_zero_or_one():
+    ids = torch.arange(200_000)[None]
+    u = rng.uniform(torch.tensor([123]), torch.tensor([9]), ids).flatten()
+    assert float(u.min()) > 0.0 and float(u.max()) < 1.0
+    counts = np.histogram(u.numpy(), bins=100, range=(0, 1))[0]
+    assert stats.chisquare(counts).pvalue > 1e-3
+
+
+def test_consecutive_positions_are_uncorrelated():
+    ids = torch.arange(50_000)[None]
+    a = rng.uniform(torch.tensor([1]), torch.tensor([0]), ids).flatten().numpy()
+    b = rng.uniform(torch.tensor([1]), torch.tensor([1]), ids).flatten().numpy()
+    assert abs(np.corrcoef(a, b)[0, 1]) < 0.02
+
+
+@pytest.mark.parametrize("seed", [0, 2**32 + 5, 2**63 - 1])
+def test_large_seeds_are_valid(seed):
+    u = rng.uniform(torch.tensor([seed]), torch.tensor([2**40]), torch.arange(10)[None])
+    assert torch.isfinite(u).all()

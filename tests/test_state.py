@@ -1,0 +1,155 @@
+"""The per-request store: requests join and leave a running batch without disturbing the others."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from samplechain import Chain, RequestError
+
+CHAIN = {"samplers": [{"use": "top_k", "k": 20}, {"use": "temperature", "t": 0.9}, {"use": "dist"}]}
+
+
+def run_alone(chain, logits_seq, params):
+    store = chain.new_store()
+    store.add("solo", params)
+    return [int(chain.sample(l[None], store, ["solo"]).token_ids[0]) for l in logits_seq]
+
+
+def test_requests_joining_and_leaving_keep_their_own_streams():
+    chain = Chain.load(CHAIN)
+    g = torch.Generator().manual_seed(1)
+    steps = 12
+    # each request sees its own logits stream, indexed by its own step
+    streams = {rid: torch.randn(steps, 100, generator=g) * 2 for rid in "abcdef"}
+    params = {rid: {"seed": 100 + i, "temperature": 0.5 + 0.1 * i} for i, rid in enumerate("abcdef")}
+    schedule = {0: ["a", "b"], 3: ["c"], 5: ["d", "e"], 8: ["f"]}  # joins
+    leaves = {4: ["a"], 7: ["c", "b"], 10: ["d"]}
+    store = chain.new_store(capacity=2)  # forces the store to grow while running
+    got: dict[str, list[int]] = {rid: [] for rid in streams}
+    active: list[str] = []
+    for t in range(steps):
+        for rid in leaves.get(t, []):
+            store.remove(rid)
+            active.remove(rid)
+        for rid in schedule.get(t, []):
+            store.add(rid, params[rid])
+            active.append(rid)
+        batch = torch.stack([streams[rid][len(got[rid])] for rid in active])
+        out = chain.sample(batch, store, active)
+        for rid, tok in zip(active, out.token_ids.tolist()):
+            got[rid].append(tok)
+    for rid, toks in got.items():
+        assert toks == run_alone(chain, streams[rid][: len(toks)], params[rid]), rid
+
+
+def test_a_reused_slot_starts_fresh():
+    chain = Chain.load(CHAIN)
+    store = chain.new_store(capacity=1)
+    store.add("old", {"seed": 1})
+    for _ in range(3):
+        chain.sample(torch.randn(1, 50), store, ["old"])
+    store.remove("old")
+    store.add("new", {"seed": 1})
+    assert store.snapshot()["new"]["position"] == 0
+
+
+def test_reset_rewinds_position_and_keeps_parameters():
+    chain = Chain.load(CHAIN)
+    store = chain.new_store()
+    store.add("a", {"seed": 7, "temperature": 0.3})
+    logits = torch.randn(1, 50)
+    first = [int(chain.sample(logits, store, ["a"]).token_ids) for _ in range(4)]
+    store.reset("a")
+    again = [int(chain.sample(logits, store, ["a"]).token_ids) for _ in range(4)]
+    assert first == again
+    assert store.snapshot()["a"]["params"]["temperature.t"] == pytest.approx(0.3)
+
+
+def test_clone_copies_parameters_position_and_rng():
+    chain = Chain.load(CHAIN)
+    store = chain.new_store()
+    store.add("parent", {"seed": 11, "top_k": 5})
+    logits = torch.randn(1, 50)
+    for _ in range(3):
+        chain.sample(logits, store, ["parent"])
+    store.clone("parent", "child")
+    a = chain.sample(torch.cat([logits, logits]), store, ["parent", "child"]).token_ids
+    assert a[0] == a[1]
+    snap = store.snapshot()
+    assert snap["child"]["position"] == snap["parent"]["position"] == 4
+
+
+def test_snapshot_and_restore_continue_the_same_tokens():
+    chain = Chain.load(CHAIN)
+    logits = torch.randn(8, 1, 60)
+    store = chain.new_store()
+    store.add("r", {"seed": 123, "temperature": 1.1})
+    first = [int(chain.sample(logits[i], store, ["r"]).token_ids) for i in range(4)]
+    snap = store.snapshot()
+    rest = [int(chain.sample(logits[i], store, ["r"]).token_ids) for i in range(4, 8)]
+    restored = chain.new_store()
+    restored.restore(snap)
+    assert [int(chain.sample(logits[i], restored, ["r"]).token_ids) for i in range(4, 8)] == rest
+    assert first  # the uninterrupted run produced tokens before the checkpoint
+
+
+def test_update_changes_parameters_and_a_bad_update_changes_nothing():
+    chain = Chain.load(CHAIN)
+    store = chain.new_store()
+    store.add("a", {"seed": 1, "top_k": 5})
+    store.update("a", {"top_k": 7})
+    assert store.snapshot()["a"]["params"]["top_k.k"] == 7
+    before = store.snapshot()
+    with pytest.raises(RequestError, match=r"request 'a': temperature.t = -1.0: must be in \[0, inf\)"):
+        store.update("a", {"top_k": 9, "temperature": -1.0})
+    assert store.snapshot() == before
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"top_q": 0.5}, r"unknown parameter 'top_q' for this chain; did you mean"),
+        ({"seed": -4}, r"dist.seed = -4: must be an integer in \[0, 2\*\*63\)"),
+        ({"top_k": "x"}, r"top_k.k = 'x': expected an integer"),
+        ({"temperature": 1e400}, r"temperature.t = inf: must be a finite number"),
+    ],
+)
+def test_bad_per_request_parameters_are_refused_and_nothing_is_added(params, message):
+    chain = Chain.load(CHAIN)
+    store = chain.new_store()
+    with pytest.raises(RequestError, match=message):
+        store.add("bad", params)
+    assert "bad" not in store and len(store) == 0
+
+
+def test_unknown_and_duplicate_request_ids():
+    chain = Chain.load(CHAIN)
+    store = chain.new_store()
+    store.add("alpha")
+    with pytest.raises(RequestError, match="already in the store"):
+        store.add("alpha")
+    with pytest.raises(RequestError, match="unknown request 'alpah'; did you mean 'alpha'"):
+        chain.sample(torch.randn(1, 10), store, ["alpah"])
+    with pytest.raises(RequestError, match="appear more than once"):
+        chain.sample(torch.randn(2, 10), store, ["alpha", "alpha"])
+
+
+def test_unseeded_requests_draw_distinct_seeds():
+    chain = Chain.load(CHAIN)
+    store = chain.new_store()
+    store.add_many([f"r{i}" for i in range(16)])
+    seeds = {row["params"]["dist.seed"] for row in store.snapshot().values()}
+    assert len(seeds) == 16
+
+
+def test_removed_requests_free_their_slots():
+    chain = Chain.load(CHAIN)
+    store = chain.new_store(capacity=4)
+    for round_ in range(50):
+        ids = [f"{round_}-{i}" for i in range(4)]
+        store.add_many(ids)
+        chain.sample(torch.randn(4, 30), store, ids)
+        for rid in ids:
+            store.remove(rid)
+    assert store._capacity == 4 and len(store) == 0
