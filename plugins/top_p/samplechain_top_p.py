@@ -26,12 +26,26 @@ class TopPParams:
     min_keep: int = attrs.field(default=1, validator=in_range(0, None))
 
 
-def kept_counts(values: torch.Tensor, lse: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor) -> torch.Tensor:
-    """How many of the sorted candidates values (B, J) top-p keeps, given the row normaliser lse (B,)."""
-    probs = torch.exp(values.double() - lse.double()[:, None])  # (B, J)
-    above = torch.cumsum(probs, dim=-1) - probs  # mass strictly above each candidate
+def row_mass(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the top logit and the normaliser sum(exp(logit - top)), both float64, (B, 1) and (B,).
+
+    float64 throughout: a float32 log-sum-exp round trip moves the mass by ~1e-7, enough to flip a cut that
+    lies exactly on p (llama.cpp's test: probabilities 0.1..0.4 with p = 0.7 keep two tokens, not three).
+    """
+    top = logits.amax(dim=-1, keepdim=True).double()
+    return top, torch.exp(logits.double() - top).sum(dim=-1)
+
+
+def kept_counts(
+    values: torch.Tensor, top: torch.Tensor, total: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor
+) -> torch.Tensor:
+    """How many of the sorted candidates values (B, J) top-p keeps, given the row mass from row_mass()."""
+    probs = torch.exp(values.double() - top) / total[:, None]  # (B, J)
+    cum = torch.cumsum(probs, dim=-1)
+    above = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=-1)  # mass strictly above each candidate
     counts = (above < p.double()[:, None]).sum(dim=-1)  # `above` is non-decreasing: a prefix is kept
-    return torch.maximum(counts, torch.clamp(min_keep, max=values.shape[1]))
+    # the token that reaches p is always kept, so at least one survives even with p = 0 and min_keep = 0
+    return torch.clamp(torch.maximum(counts, min_keep), min=1, max=values.shape[1])
 
 
 class TopP(Sampler):
@@ -48,15 +62,14 @@ class TopP(Sampler):
         p, min_keep = ctx.param("p"), ctx.param("min_keep")
         off = p >= 1.0  # (B,)
         width = cand.width
+        top, total = row_mass(cand.logits)  # over all current candidates, as llama.cpp's softmax
         if cand.is_sorted:
-            lse = torch.logsumexp(cand.logits, dim=-1)
-            counts = kept_counts(cand.logits, lse, p, min_keep)
+            counts = kept_counts(cand.logits, top, total, p, min_keep)
             return cand.keep_first(torch.where(off, width, counts))
-        lse = torch.logsumexp(cand.logits, dim=-1)  # over all current candidates, as llama.cpp's softmax
         j = min(_FIRST_GUESS, width)
         while True:
             values, index = ctx.backend.topk(cand.logits, j)
-            counts = kept_counts(values, lse, p, min_keep)
+            counts = kept_counts(values, top, total, p, min_keep)
             # the cut is inside the top j unless every one of them was kept (the mass may continue below)
             if j == width or bool(((counts < j) | off).all()):
                 break

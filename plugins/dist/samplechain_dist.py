@@ -1,0 +1,36 @@
+"""`dist`: draw from softmax(logits) with counter-based, batch-invariant noise.
+
+Gumbel-max: argmax(logits + G) with G ~ Gumbel(0, 1) is a draw from softmax(logits). G is a pure function of
+(seed, stream, position, token id), so a seeded request draws the same token alone or at any row of any batch,
+and removing candidates (filters) never changes the noise of the tokens that remain. Never a sort and cumsum
+over the vocabulary.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from samplechain import Candidates, Sampler, Stage, StepContext, hookimpl, seed_field
+
+
+@attrs.frozen
+class DistParams:
+    seed: int | None = seed_field()  # None: each request draws a fresh seed when it joins
+
+
+class Dist(Sampler):
+    name = "dist"
+    stage = Stage.SELECT
+    Params = DistParams
+    request_aliases = {"seed": "seed"}
+    summary = "seeded sampling from the processed distribution (Gumbel-max)"
+
+    def select(self, cand: Candidates, ctx: StepContext) -> torch.Tensor:
+        noise = ctx.gumbel(cand, ctx.param("seed"))  # (B, K) float64, keyed by token id
+        return (cand.logits.double() + noise).argmax(dim=-1)  # -inf candidates can never win
+
+
+@hookimpl
+def register_samplers(register):
+    register(Dist)
