@@ -1,0 +1,423 @@
+"""Benchmark: one sampling step of samplechain against transformers' logits processors, side by side.
+
+The chain   temperature 0.8 -> top_k 40 -> top_p 0.95 -> min_p 0.05 -> dist
+against     LogitsProcessorList([TemperatureLogitsWarper(0.8), TopKLogitsWarper(40), TopPLogitsWarper(0.95),
+            MinPLogitsWarper(0.05)]) -> softmax -> torch.multinomial
+on the same float32 logits (B, V), in the same process, with the same torch thread count. The "read floor" column
+times one `logits.max(dim=-1)`: a single pass over the logits that also finds an index, which is what any top-k or
+argmax pays; the amax column times `logits.amax(dim=-1)`, a vectorised pass without indices (the memory floor).
+
+samplechain is timed on its steady-state serving path: a chain from `Chain.load({...})`, a request store from
+`chain.new_store()` holding one request per row, and `chain.sample(logits, store, ids)` with accept=True (so the
+per-request RNG positions advance every step, as in a generation loop).
+
+Before timing, an untimed check compares the candidate sets: the finite entries of transformers' processed
+scores against the finite entries of samplechain's `return_scores=True` scores, row by row.
+
+    python benchmarks/bench_chain.py                      # B in {1, 32}, V in {50257, 128256}, both logit kinds
+    python benchmarks/bench_chain.py --markdown --json out.json --reps 50 --rounds 4
+    python benchmarks/bench_chain.py --breakdown          # also the time of each stage of both pipelines
+
+Importable: `run(batches, vocabs, reps)` returns one dict per (logits kind, B, V).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import inspect
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+import samplechain
+
+__all__ = ["CHAIN", "LOGIT_KINDS", "make_logits", "build_chain", "build_transformers", "run", "breakdown", "main"]
+
+TEMPERATURE, TOP_K, TOP_P, MIN_P, SEED = 0.8, 40, 0.95, 0.05, 1234
+
+CHAIN: dict[str, Any] = {
+    "chain": {
+        "name": "bench",
+        "samplers": [
+            {"use": "temperature", "t": TEMPERATURE},
+            {"use": "top_k", "k": TOP_K},
+            {"use": "top_p", "p": TOP_P},
+            {"use": "min_p", "p": MIN_P},
+            {"use": "dist", "seed": SEED},
+        ],
+    }
+}
+
+LOGIT_KINDS = {
+    "randn": "torch.randn(B, V) * 3: flat, every row has thousands of near-top tokens",
+    "peaked": "Zipf-like, logit = -1.5 * ln(rank) + 0.1 * randn, ranks shuffled per row (top token p ~ 0.4)",
+}
+
+
+# --------------------------------------------------------------------------- inputs and pipelines
+def make_logits(kind: str, batch: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    """Seeded float32 logits (B, V), contiguous."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "randn":
+        return torch.randn(batch, vocab, generator=g) * 3.0
+    if kind == "peaked":
+        # what a trained LM looks like: a heavy head and a long Zipfian tail spanning ~18 nats
+        rank_logits = -1.5 * torch.log(torch.arange(1, vocab + 1, dtype=torch.float32))  # (V,) descending
+        perm = torch.argsort(torch.rand(batch, vocab, generator=g), dim=-1)  # a random token order per row
+        logits = torch.empty(batch, vocab).scatter_(1, perm, rank_logits.expand(batch, -1).contiguous())
+        return logits + 0.1 * torch.randn(batch, vocab, generator=g)
+    raise ValueError(f"unknown logits kind {kind!r}; choose from {', '.join(LOGIT_KINDS)}")
+
+
+def build_chain() -> samplechain.Chain:
+    return samplechain.Chain.load(CHAIN)
+
+
+def build_transformers() -> Any:
+    from transformers import (
+        LogitsProcessorList,
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    return LogitsProcessorList([
+        TemperatureLogitsWarper(TEMPERATURE),
+        TopKLogitsWarper(TOP_K),
+        TopPLogitsWarper(TOP_P),
+        MinPLogitsWarper(MIN_P),
+    ])
+
+
+def transformers_step(processors: Any, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """What transformers' sampling loop does per step (GenerationMixin._sample): process, softmax, multinomial."""
+    scores = processors(input_ids, logits)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.multinomial(probs, num_samples=1).squeeze(1)
+
+
+# --------------------------------------------------------------------------- timing
+def _time(fns: dict[str, Callable[[], Any]], reps: int, warmup: int, block: int = 5) -> dict[str, list[float]]:
+    """Milliseconds of reps calls of each fn, after warmup calls of each.
+
+    The functions take turns in blocks of `block` consecutive calls, so a slow spell of the machine (shared
+    virtual CPUs stall for tens of milliseconds at times) lands on every pipeline alike instead of on one.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    while any(len(t) < reps for t in times.values()):
+        for name, fn in fns.items():
+            for _ in range(min(block, reps - len(times[name]))):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def _summary(times: list[float]) -> dict[str, float]:
+    times = sorted(times)
+
+    def pct(q: float) -> float:
+        return times[min(len(times) - 1, max(0, round(q * (len(times) - 1))))]
+
+    return {"median": statistics.median(times), "p10": pct(0.10), "p90": pct(0.90)}
+
+
+def _warmup_for(reps: int) -> int:
+    return max(3, reps // 5)
+
+
+# --------------------------------------------------------------------------- candidate-set check
+def compare_candidates(chain: samplechain.Chain, processors: Any, logits: torch.Tensor, rows: int = 4) -> dict:
+    """Untimed: do both pipelines keep the same tokens? Compares the finite sets of the processed scores."""
+    rows = min(rows, logits.shape[0])
+    x = logits[:rows].contiguous()
+    store = chain.new_store(capacity=rows)
+    ids = [f"check{i}" for i in range(rows)]
+    store.add_many(ids)
+    ours = chain.sample(x, store, ids, accept=False, return_scores=True).scores
+    theirs = processors(torch.zeros(rows, 1, dtype=torch.long), x)
+    ours_keep, theirs_keep = torch.isfinite(ours), torch.isfinite(theirs)
+    differ = (ours_keep != theirs_keep).sum(dim=-1)  # (rows,) tokens kept by exactly one pipeline
+    return {
+        "rows": rows,
+        "agree": bool((differ == 0).all()),
+        "kept_ours": ours_keep.sum(dim=-1).tolist(),
+        "kept_transformers": theirs_keep.sum(dim=-1).tolist(),
+        "tokens_differing": differ.tolist(),
+    }
+
+
+# --------------------------------------------------------------------------- the benchmark
+def run(
+    batches: Sequence[int] = (1, 32),
+    vocabs: Sequence[int] = (50257, 128256),
+    reps: int = 30,
+    *,
+    kinds: Sequence[str] = tuple(LOGIT_KINDS),
+    rounds: int = 3,
+    threads: int = 2,
+    warmup: int | None = None,
+    check: bool = True,
+) -> list[dict[str, Any]]:
+    """Time samplechain, transformers and the read floor for every (kind, B, V). One dict per combination.
+
+    Each combination is measured `rounds` times (reps calls per pipeline each time), the rounds spread over the
+    whole run, and the samples pooled: a slow spell of a shared machine then spoils a part of every cell's samples
+    rather than all of one cell's. Times are milliseconds per step: {"median", "p10", "p90"}; the ratios are
+    ratios of medians. torch's thread count is set to `threads` for the run and restored afterwards.
+    """
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    warmup = _warmup_for(reps) if warmup is None else warmup
+    chain, processors = build_chain(), build_transformers()
+    cells = [(kind, batch, vocab) for kind in kinds for vocab in vocabs for batch in batches]
+    samples: dict[tuple[str, int, int], dict[str, list[float]]] = {cell: {} for cell in cells}
+    checks: dict[tuple[str, int, int], dict[str, Any]] = {}
+    try:
+        for _ in range(rounds):
+            for kind, batch, vocab in cells:
+                logits = make_logits(kind, batch, vocab)
+                before = logits.clone()
+                input_ids = torch.zeros(batch, 1, dtype=torch.long)  # the processors here ignore it
+                store = chain.new_store(capacity=batch)
+                ids = [f"req{i}" for i in range(batch)]
+                store.add_many(ids)
+                if check and (kind, batch, vocab) not in checks:
+                    checks[(kind, batch, vocab)] = compare_candidates(chain, processors, logits)
+                times = _time({
+                    "ours": lambda: chain.sample(logits, store, ids),
+                    "transformers": lambda: transformers_step(processors, input_ids, logits),
+                    "read": lambda: logits.max(dim=-1),  # one pass with indices: what any top-k/argmax pays
+                    "read_amax": lambda: logits.amax(dim=-1),  # one vectorised pass, no indices
+                }, reps, warmup)
+                if not torch.equal(logits, before):
+                    raise AssertionError("a pipeline modified the caller's logits in place")
+                for name, t in times.items():
+                    samples[(kind, batch, vocab)].setdefault(name, []).extend(t)
+    finally:
+        torch.set_num_threads(previous_threads)
+    results = []
+    for cell in cells:
+        kind, batch, vocab = cell
+        row: dict[str, Any] = {"kind": kind, "batch": batch, "vocab": vocab, "reps": reps * rounds}
+        if cell in checks:
+            row["candidates"] = checks[cell]
+        row.update({name: _summary(t) for name, t in samples[cell].items()})
+        row["ratio_transformers_over_ours"] = row["transformers"]["median"] / row["ours"]["median"]
+        row["ours_over_read"] = row["ours"]["median"] / row["read"]["median"]
+        row["ours_over_amax"] = row["ours"]["median"] / row["read_amax"]["median"]
+        results.append(row)
+    return results
+
+
+def breakdown(batch: int, vocab: int, reps: int = 50, *, kind: str = "randn", threads: int = 2) -> dict[str, Any]:
+    """Median ms of each stage of both pipelines at one (B, V), by wrapping each stage with a timer.
+
+    samplechain: each sampler's apply()/select(), and "executor", the rest of chain.sample() (batch view,
+    logprob, accept). transformers: each processor, softmax, multinomial, and "LogitsProcessorList", the rest
+    (its per-step inspect.signature of every processor). Steps of the two pipelines alternate.
+    """
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        logits = make_logits(kind, batch, vocab)
+        chain, processors = build_chain(), build_transformers()
+        store = chain.new_store(capacity=batch)
+        ids = [f"req{i}" for i in range(batch)]
+        store.add_many(ids)
+        input_ids = torch.zeros(batch, 1, dtype=torch.long)
+        step: dict[str, float] = {}
+
+        def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                out = fn(*args, **kwargs)
+                step[label] = step.get(label, 0.0) + (time.perf_counter() - t0) * 1e3
+                return out
+            return wrapper
+
+        last = len(chain.samplers) - 1
+        for i, sampler in enumerate(chain.samplers):  # instance attributes shadow the methods, this chain only
+            method = "select" if i == last else "apply"
+            setattr(sampler, method, timed(f"{i}: {sampler.qualified_name()}", getattr(sampler, method)))
+        wrapped = [(proc, timed(type(proc).__name__, proc)) for proc in processors]
+        softmax = timed("softmax", torch.softmax)
+        multinomial = timed("multinomial", torch.multinomial)
+
+        def ours_step() -> None:
+            chain.sample(logits, store, ids)
+
+        def theirs_step() -> None:
+            scores = logits
+            for proc, fn in wrapped:  # what LogitsProcessorList.__call__ does, each processor timed
+                inspect.signature(proc.__call__)
+                scores = fn(input_ids, scores)
+            multinomial(softmax(scores, dim=-1), num_samples=1)
+
+        samples: dict[str, list[dict[str, float]]] = {"ours": [], "transformers": []}
+        rest = {"ours": "executor (rest of sample())", "transformers": "LogitsProcessorList (rest)"}
+        for n in range(_warmup_for(reps) + reps):
+            for name, fn in (("ours", ours_step), ("transformers", theirs_step)):
+                step.clear()
+                t0 = time.perf_counter()
+                fn()
+                total = (time.perf_counter() - t0) * 1e3
+                stages = dict(step)
+                stages[rest[name]] = total - sum(step.values())
+                stages["total"] = total
+                if n >= _warmup_for(reps):
+                    samples[name].append(stages)
+        out: dict[str, Any] = {"kind": kind, "batch": batch, "vocab": vocab, "reps": reps}
+        for name, rows in samples.items():
+            out[name] = {label: statistics.median(r[label] for r in rows) for label in rows[0]}
+        return out
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+# --------------------------------------------------------------------------- output
+def environment(threads: int) -> dict[str, Any]:
+    import transformers
+
+    return {
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "samplechain": getattr(samplechain, "__version__", "?"),
+        "python": platform.python_version(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": threads,
+        "platform": platform.platform(),
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+HEADERS = ["logits", "B", "V", "samplechain ms", "transformers ms", "read ms (max(dim=-1))", "amax ms",
+           "transformers / samplechain", "samplechain / read", "same candidates"]
+
+
+def _cells(r: dict[str, Any]) -> list[str]:
+    def ms(t: dict[str, float]) -> str:
+        return f"{t['median']:.3f} ({t['p10']:.3f}–{t['p90']:.3f})"
+
+    cand = r.get("candidates")
+    same = "—" if cand is None else ("yes" if cand["agree"] else f"no (Δ {cand['tokens_differing']})")
+    return [r["kind"], str(r["batch"]), str(r["vocab"]), ms(r["ours"]), ms(r["transformers"]), ms(r["read"]),
+            f"{r['read_amax']['median']:.3f}", f"{r['ratio_transformers_over_ours']:.1f}x",
+            f"{r['ours_over_read']:.2f}x", same]
+
+
+def markdown_table(results: Sequence[dict[str, Any]]) -> str:
+    align = ["---"] + ["---:"] * (len(HEADERS) - 1)
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(_cells(r)) + " |" for r in results]
+    return "\n".join(lines)
+
+
+def print_table(results: Sequence[dict[str, Any]], *, markdown: bool) -> None:
+    if not markdown:
+        try:
+            from rich.console import Console
+            from rich.table import Table
+        except ImportError:
+            markdown = True
+    if markdown:
+        print(markdown_table(results))
+        return
+    console = Console()
+    if not console.is_terminal:  # piped: rich would wrap at 80 columns
+        console = Console(width=200)
+    table = Table(title="ms per step: median (p10–p90)")
+    for i, h in enumerate(HEADERS):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    for r in results:
+        table.add_row(*_cells(r))
+    console.print(table)
+
+
+def print_breakdown(b: dict[str, Any]) -> None:
+    print(f"\nstage breakdown, {b['kind']} logits, B={b['batch']} V={b['vocab']} (median ms per step, each stage"
+          f" its own median):")
+    for name in ("ours", "transformers"):
+        print(f"  {'samplechain' if name == 'ours' else name}: total {b[name]['total']:.3f}")
+        for label, ms in b[name].items():
+            if label != "total":
+                print(f"    {label:40s} {ms:8.3f}")
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(x) for x in text.replace(",", " ").split()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=_int_list, default=[1, 32], help="batch sizes, e.g. '1,32' (default)")
+    parser.add_argument("--vocab", type=_int_list, default=[50257, 128256],
+                        help="vocabulary sizes (default 50257,128256)")
+    parser.add_argument("--kinds", default=",".join(LOGIT_KINDS), help=f"logits kinds: {', '.join(LOGIT_KINDS)}")
+    parser.add_argument("--reps", type=int, default=30, help="timed calls per pipeline per round (default 30)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="measure every cell this many times, spread over the run, samples pooled (default 3)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed warm-up calls (default reps // 5, >= 3)")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    parser.add_argument("--markdown", action="store_true", help="print a markdown table instead of a rich one")
+    parser.add_argument("--json", metavar="PATH", help="also write the results and the environment as JSON")
+    parser.add_argument("--no-check", action="store_true", help="skip the candidate-set comparison")
+    parser.add_argument("--breakdown", action="store_true", help="also time each stage, at every B and the largest V")
+    args = parser.parse_args(argv)
+    kinds = [k for k in args.kinds.split(",") if k]
+
+    env = environment(args.threads)
+    print(f"samplechain {env['samplechain']}, torch {env['torch']}, transformers {env['transformers']}, "
+          f"{env['cpu']} ({env['cpu_count']} cores), torch threads {args.threads}, {env['date']}")
+    for k in kinds:
+        print(f"  {k}: {LOGIT_KINDS.get(k, '?')}")
+    results = run(args.batch, args.vocab, args.reps, kinds=kinds, rounds=args.rounds, threads=args.threads,
+                  warmup=args.warmup, check=not args.no_check)
+    print_table(results, markdown=args.markdown)
+    if not args.no_check:
+        bad = [r for r in results if not r["candidates"]["agree"]]
+        print("candidate sets: " + ("identical in every checked row" if not bad else
+              "DIFFER in " + "; ".join(f"{r['kind']} B={r['batch']} V={r['vocab']}: {r['candidates']}" for r in bad)))
+    extra = []
+    if args.breakdown:
+        for k in kinds:
+            for batch in args.batch:
+                b = breakdown(batch, max(args.vocab), args.reps * args.rounds, kind=k, threads=args.threads)
+                print_breakdown(b)
+                extra.append(b)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": env, "chain": CHAIN, "logit_kinds": LOGIT_KINDS, "results": results,
+                       "breakdown": extra, "command": " ".join([os.path.basename(sys.executable), *sys.argv])},
+                      f, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
