@@ -98,6 +98,21 @@ BAD = [
         id="unknown-chain-key",
     ),
     pytest.param(
+        {"samplers": [{"use": "temperature", "t": 1e39}, {"use": "dist"}]},
+        "<dict>: samplers[0].t = 1e+39: too large for float32",
+        id="float32-overflow",
+    ),
+    pytest.param(
+        {"samplers": [{"use": "min_p", "p": 1e-50}, {"use": "dist"}]},
+        "<dict>: samplers[0].p = 1e-50: too small for float32 (parameters are float32): use 0 or",
+        id="float32-underflow",
+    ),
+    pytest.param(
+        {"samplers": [{"use": "dist", "seed": 2**64}]},
+        "<dict>: samplers[0].seed = 18446744073709551616: must be an integer in [0, 2**63)",
+        id="seed-too-large",
+    ),
+    pytest.param(
         {"samplers": [{"use": "greedy"}], "backend": "tpu"},
         "<dict>: backend = 'tpu': unknown backend 'tpu'",
         id="unknown-backend",

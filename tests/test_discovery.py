@@ -99,6 +99,20 @@ def test_strict_mode_makes_a_broken_plugin_fatal(site):
         host.load_all()
 
 
+def test_strict_mode_still_answers_an_unknown_name_with_did_you_mean(site):
+    """Searching every plugin for an unlisted name must not turn into an error about an unrelated broken one."""
+    site("exploding", "raise RuntimeError('boom at import')\n")
+    host = PluginHost(entry_points=site.entry_points(), strict=True)
+    with pytest.warns(PluginWarning, match="exploding"):
+        with pytest.raises(UnknownPluginError) as err:
+            host.get("sampler", "top_pp")
+    text = str(err.value)
+    assert "did you mean 'top_p' (from samplechain-top-p)" in text
+    assert "plugin 'exploding'" in text and "is broken" in text and "boom at import" in text
+    with pytest.raises(PluginLoadError, match="strict mode"):  # naming the broken plugin itself stays fatal
+        PluginHost(entry_points=site.entry_points(), strict=True).get("sampler", "exploding")
+
+
 def test_strict_mode_from_the_environment(site, monkeypatch):
     site("exploding", "raise RuntimeError('boom')\n")
     monkeypatch.setenv("SAMPLECHAIN_STRICT", "1")

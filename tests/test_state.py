@@ -113,6 +113,8 @@ def test_update_changes_parameters_and_a_bad_update_changes_nothing():
         ({"seed": -4}, r"dist.seed = -4: must be an integer in \[0, 2\*\*63\)"),
         ({"top_k": "x"}, r"top_k.k = 'x': expected an integer"),
         ({"temperature": 1e400}, r"temperature.t = inf: must be a finite number"),
+        ({"temperature": 1e39}, r"temperature.t = 1e\+39: too large for float32"),
+        ({"top_k": 2**70}, r"top_k.k = 1180591620717411303424: out of the int64 range"),
     ],
 )
 def test_bad_per_request_parameters_are_refused_and_nothing_is_added(params, message):

@@ -7,6 +7,7 @@ Every error names the file, the key path, the bad value and what was expected:
 from __future__ import annotations
 
 import difflib
+import math
 import numbers
 import sys
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from typing import Any
 
 import attrs
 import cattrs
+import torch
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 
 if sys.version_info >= (3, 11):
@@ -112,6 +114,23 @@ def _line(source: str, path: str, value: Any, message: str) -> str:
     return f"{source}: {path}{shown}: {message}"
 
 
+_F32 = torch.finfo(torch.float32)
+
+
+def _check_storable(kind: Any, value: Any) -> None:
+    """Numbers travel as float32 / int64 columns: a value that would silently become 0 or inf is refused."""
+    if getattr(kind, "__args__", None) and type(None) in kind.__args__:
+        kind = next(a for a in kind.__args__ if a is not type(None))
+    if kind is float and isinstance(value, float) and math.isfinite(value):
+        if abs(value) > _F32.max:
+            raise ValueError(f"too large for float32 (parameters are float32; largest is {_F32.max:.4g})")
+        if value != 0.0 and abs(value) < _F32.smallest_normal:
+            raise ValueError(f"too small for float32 (parameters are float32): use 0 or a magnitude of at least "
+                             f"{_F32.smallest_normal:.4g}")
+    elif kind is int and isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise ValueError("out of the int64 range (parameters are int64)")
+
+
 def parse_params(cls: type, raw: Mapping[str, Any], *, source: str, path: str) -> Any:
     """Validate raw parameters against cls.Params: types, ranges, unknown keys. Raises one ConfigError."""
     params_cls = cls.Params
@@ -138,11 +157,11 @@ def parse_params(cls: type, raw: Mapping[str, Any], *, source: str, path: str) -
             "\n".join(_line(source, p, _value_at(raw, p[len(path):]), m) for p, m in pairs)
         ) from None
     for field in fields.values():
-        if field.validator is None:
-            continue
         value = getattr(params, field.name)
         try:
-            field.validator(params, field, value)
+            if field.validator is not None:
+                field.validator(params, field, value)
+            _check_storable(field.type, value)
         except (ValueError, TypeError) as exc:
             problems.append(_line(source, f"{path}.{field.name}", value, str(exc)))
     if problems:

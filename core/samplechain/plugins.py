@@ -158,15 +158,25 @@ class PluginHost:
                 info.status = "disabled"
             self.plugins[ep.name] = info
 
-    def _report(self, info: PluginInfo) -> None:
-        message = f"{info.describe()} failed and is disabled: {info.error}"
-        if self.strict:
-            raise PluginLoadError(message + " (strict mode; unset SAMPLECHAIN_STRICT to continue without it)")
-        warnings.warn(message + " -- the other plugins keep working", PluginWarning, stacklevel=3)
+    def _report(self, info: PluginInfo, strict: bool | None = None) -> None:
+        message = f"{info.describe()} failed to load: {info.error}"
+        if self.strict if strict is None else strict:
+            raise PluginLoadError(
+                message + " (strict mode: fix or uninstall the plugin, block it with "
+                f"SAMPLECHAIN_BLOCK_PLUGINS={info.name}, or unset SAMPLECHAIN_STRICT)"
+            )
+        warnings.warn(
+            message + f"; it is disabled and the other plugins keep working (uninstall it or set "
+            f"SAMPLECHAIN_BLOCK_PLUGINS={info.name} to silence this)",
+            PluginWarning,
+            stacklevel=4,
+        )
 
     # ----------------------------------------------------------------- loading
-    def load(self, name: str) -> PluginInfo:
-        """Import and register one discovered plugin (idempotent). A failure marks it broken."""
+    def load(self, name: str, *, strict: bool | None = None) -> PluginInfo:
+        """Import and register one discovered plugin (idempotent). A failure marks it broken.
+
+        `strict` overrides the host's strict mode for this call (None = the host's setting)."""
         info = self.plugins[name]
         if info.status != "available":
             return info
@@ -182,7 +192,7 @@ class PluginHost:
             if module is not None and self.pm.is_registered(module):
                 self.pm.unregister(module)
             info.status, info.error = "broken", f"{type(exc).__name__}: {exc}"
-            self._report(info)
+            self._report(info, strict)
             return info
         info.status = "loaded"
         info.provides = [f"{cls.name}.v{cls.version}" for _, cls in staged]
@@ -271,10 +281,17 @@ class PluginHost:
                 self.load(candidate)
             found = self._lookup(kind, base, version)
         if found is None:  # maybe a plugin registers it under a name the registry does not list
-            self.load_all()
+            # Unrelated plugins are loaded only to search them: one of them being broken must not hide the
+            # answer (strict mode still fails on the plugins this chain names, above).
+            for other in list(self.plugins):
+                self.load(other, strict=False)
             found = self._lookup(kind, base, version)
         if found is None:
-            raise UnknownPluginError(self._unknown_message(kind, base, version))
+            message = self._unknown_message(kind, base, version)
+            broken = [i for i in self.plugins.values() if i.status == "broken" and repr(i.name) not in message]
+            if broken:
+                message += " (note: " + "; ".join(f"{i.describe()} is broken: {i.error}" for i in broken) + ")"
+            raise UnknownPluginError(message)
         return found
 
     def _lookup(self, kind: str, base: str, version: int | None) -> type | None:
