@@ -6,7 +6,7 @@ EXPECTED = {
     "ALL_DEVICES", "Backend", "BackendError", "Candidates", "Chain", "ChainConfig", "ConfigError", "EntrySpec",
     "NoParams", "PluginError", "PluginHost", "PluginInfo", "PluginLoadError", "PluginWarning", "Registry",
     "RequestError", "RequestStore", "SampleOutput", "Sampler", "SamplechainError", "SamplingError", "Stage",
-    "StepContext", "StoppingCriterion", "UnknownPluginError", "__version__", "finite", "get_host", "hookimpl",
+    "StepContext", "StopContext", "StopResult", "StopSetup", "Stopping", "StoppingCriterion", "UnknownPluginError", "__version__", "finite", "get_host", "hookimpl",
     "in_range", "load_config", "load_registry", "one_of", "reset_host", "seed_field", "select_backend",
 }
 

@@ -5,7 +5,18 @@ from __future__ import annotations
 from .backends import select_backend
 from .chain import Chain, SampleOutput
 from .config import ChainConfig, EntrySpec, load_config
-from .contracts import ALL_DEVICES, Backend, Candidates, NoParams, Sampler, Stage, StepContext, StoppingCriterion
+from .contracts import (
+    ALL_DEVICES,
+    Backend,
+    Candidates,
+    NoParams,
+    Sampler,
+    Stage,
+    StepContext,
+    StopContext,
+    StoppingCriterion,
+    StopSetup,
+)
 from .errors import (
     BackendError,
     ConfigError,
@@ -21,6 +32,7 @@ from .params import finite, in_range, one_of, seed_field
 from .plugins import PluginHost, PluginInfo, PluginWarning, get_host, reset_host
 from .registry import Registry, load_registry
 from .state import RequestStore
+from .stopping import Stopping, StopResult
 
 __version__ = "0.1.0"
 
@@ -48,6 +60,10 @@ __all__ = [
     "SamplingError",
     "Stage",
     "StepContext",
+    "StopContext",
+    "StopResult",
+    "StopSetup",
+    "Stopping",
     "StoppingCriterion",
     "UnknownPluginError",
     "__version__",

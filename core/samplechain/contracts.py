@@ -18,6 +18,8 @@ __all__ = [
     "StepContext",
     "Sampler",
     "StoppingCriterion",
+    "StopSetup",
+    "StopContext",
     "Backend",
     "NoParams",
     "ALL_DEVICES",
@@ -221,16 +223,62 @@ class Sampler:
         return {}
 
 
+@attrs.define(slots=True)
+class StopSetup:
+    """What a generation tells its stopping criteria once, before the first step (`StoppingCriterion.prepare`).
+
+    tokenizer / model_config / generation_config: the Hugging Face objects when known, else None.
+    prompt_lengths: (B,) int64 real (unpadded) prompt length of each row; prompts are left-padded to
+    `prompt_length`, so row b's new tokens are input_ids[b, prompt_length:].
+    """
+
+    batch_size: int
+    prompt_length: int
+    prompt_lengths: torch.Tensor
+    device: torch.device
+    tokenizer: Any = None
+    model_config: Any = None
+    generation_config: Any = None
+    start_time: float = 0.0  # time.monotonic() when generation started
+
+
+@attrs.define(slots=True)
+class StopContext:
+    """One decoding step, seen by the criteria after the step's tokens were chosen.
+
+    input_ids: (B, prompt_length + step) the left-padded prompts and every token generated so far, the one just
+    chosen included. Rows that finished earlier carry padding after their end; the loop ignores their answer.
+    token_ids: (B,) the tokens just chosen. logprobs: (B,) their log-probability under the processed
+    distribution the chain sampled from. scores: (B, V) the processed scores of this step (None when the loop
+    does not keep them).
+    """
+
+    input_ids: torch.Tensor
+    step: int  # tokens generated so far (>= 1)
+    token_ids: torch.Tensor
+    setup: StopSetup
+    logprobs: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+
+    @property
+    def new_tokens(self) -> torch.Tensor:
+        """(B, step) the generated part of input_ids."""
+        return self.input_ids[:, self.setup.prompt_length :]
+
+
 class StoppingCriterion:
     """Decides per row whether generation is finished. Criteria combine by OR; a finished row stops alone.
 
-    `check(ctx)` returns a (B,) bool tensor; `reason` is the finish reason reported for rows it stops.
+    `prepare(setup)` runs once per generation (resolve ids from the tokenizer, cached precomputes, timers);
+    `check(ctx)` returns a (B,) bool tensor on ctx.input_ids' device; `reason` is the finish reason reported for
+    rows it stops. `is_length_limit` marks criteria that bound the length (a generation always has one).
     """
 
     name: ClassVar[str]
     version: ClassVar[int] = 1
     Params: ClassVar[type] = NoParams
     summary: ClassVar[str] = ""
+    is_length_limit: ClassVar[bool] = False
 
     def __init__(self, params: Any) -> None:
         self.params = params
@@ -243,7 +291,14 @@ class StoppingCriterion:
     def reason(self) -> str:
         return self.name
 
-    def check(self, ctx: Any) -> torch.Tensor:
+    def prepare(self, setup: StopSetup) -> None:
+        """Called once per generation before the first step. Default: nothing to prepare."""
+
+    def max_new_tokens(self, setup: StopSetup) -> int | None:
+        """For length limits: the most tokens any row can get under this criterion (sizes buffers)."""
+        return None
+
+    def check(self, ctx: StopContext) -> torch.Tensor:
         raise NotImplementedError
 
 

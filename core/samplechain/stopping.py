@@ -1,0 +1,208 @@
+"""Stopping criteria combined by OR, one answer per row.
+
+`Stopping` holds the criteria of one generation: the chain's `stop = [...]` entries, criteria built by name
+(`Stopping.criterion("eos", host=...)`), and runtime extras: a StoppingCriterion instance, a plain callable
+`fn(ctx: StopContext) -> (B,) bool`, or a transformers `StoppingCriteria` object (called as
+`crit(input_ids, scores)`). It checks what transformers' `validate_stopping_criteria` checks: a length limit is
+present, and the same criterion is not given twice with different parameters.
+
+A row's finish reason is the `reason` of the first criterion (in declared order) that stops it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from .config import EntrySpec, parse_params
+from .contracts import StopContext, StoppingCriterion, StopSetup
+from .errors import ConfigError, SamplingError
+from .plugins import PluginHost, get_host
+
+__all__ = ["Stopping", "StopResult", "CallableCriterion", "TransformersCriterion", "as_criterion"]
+
+
+@attrs.frozen
+class StopResult:
+    """done: (B,) bool, the rows any criterion stopped this step. reasons[b]: the first criterion's reason."""
+
+    done: torch.Tensor
+    reasons: list[str | None]
+
+
+class CallableCriterion(StoppingCriterion):
+    """A plain Python callable `fn(ctx) -> (B,) bool tensor` (or a list of bools) used as a criterion."""
+
+    name = "callable"
+
+    def __init__(self, fn: Callable[[StopContext], Any], reason: str | None = None) -> None:
+        super().__init__(None)
+        self.fn = fn
+        self._reason = reason or getattr(fn, "__name__", None) or type(fn).__name__
+
+    @property
+    def reason(self) -> str:
+        return self._reason
+
+    def label(self) -> str:
+        return f"stopping callable {self._reason!r}"
+
+    def call(self, ctx: StopContext) -> Any:
+        return self.fn(ctx)
+
+    def check(self, ctx: StopContext) -> torch.Tensor:
+        return _as_rows(self.call(ctx), ctx.input_ids.shape[0], ctx.input_ids.device, self.label())
+
+
+class TransformersCriterion(CallableCriterion):
+    """A transformers `StoppingCriteria` (called as `crit(input_ids, scores)`), answered per row.
+
+    A criterion that answers one bool for the whole batch (transformers' ConfidenceCriteria does) is applied to
+    every row, as transformers applies it.
+    """
+
+    def __init__(self, criterion: Any) -> None:
+        super().__init__(criterion, reason=type(criterion).__name__)
+
+    def label(self) -> str:
+        return f"transformers criterion {self._reason}"
+
+    def call(self, ctx: StopContext) -> Any:
+        scores = ctx.scores
+        if scores is None:
+            scores = torch.zeros(ctx.input_ids.shape[0], 1)
+        return self.fn(ctx.input_ids, scores)
+
+
+def _as_rows(value: Any, batch: int, device: torch.device, label: str) -> torch.Tensor:
+    if isinstance(value, bool):
+        return torch.full((batch,), value, dtype=torch.bool, device=device)
+    out = torch.as_tensor(value, device=device)
+    if out.dim() == 0 or (out.dim() == 1 and out.shape[0] == 1 and batch != 1):
+        out = out.reshape(1).expand(batch)
+    if out.shape != (batch,):
+        raise SamplingError(
+            f"{label} returned shape {tuple(out.shape)}; a stopping criterion must return one bool per row, "
+            f"shape ({batch},)"
+        )
+    return out.to(torch.bool)
+
+
+def as_criterion(obj: Any) -> StoppingCriterion:
+    """A StoppingCriterion instance as is; a transformers StoppingCriteria or a callable wrapped."""
+    if isinstance(obj, StoppingCriterion):
+        return obj
+    if isinstance(obj, type) and issubclass(obj, StoppingCriterion):
+        raise ConfigError(f"{obj.__name__} is a class; pass an instance, e.g. {obj.__name__}({obj.__name__}.Params())")
+    if _is_transformers_criterion(obj):
+        return TransformersCriterion(obj)
+    if callable(obj):
+        return CallableCriterion(obj)
+    raise ConfigError(
+        f"stopping criterion {obj!r} is neither a StoppingCriterion, a transformers StoppingCriteria nor a "
+        "callable fn(ctx) -> (B,) bool"
+    )
+
+
+def _is_transformers_criterion(obj: Any) -> bool:
+    return any(
+        c.__name__ == "StoppingCriteria" and c.__module__.startswith("transformers") for c in type(obj).__mro__
+    )
+
+
+class Stopping:
+    """The criteria of one generation, validated, combined by OR."""
+
+    def __init__(self, criteria: Iterable[Any] = (), *, require_length_limit: bool = True) -> None:
+        self.criteria: list[StoppingCriterion] = []
+        for obj in criteria:
+            self.add(obj)
+        if require_length_limit:
+            self.require_length_limit()
+
+    @classmethod
+    def from_entries(cls, entries: Sequence[EntrySpec], extra: Iterable[Any] = (), **kwargs: Any) -> Stopping:
+        """The chain's `stop = [...]` entries (instantiated in order) followed by runtime extras."""
+        return cls([spec.cls(spec.params) for spec in entries] + list(extra), **kwargs)
+
+    @staticmethod
+    def criterion(name: str, params: dict[str, Any] | None = None, *, host: PluginHost | None = None,
+                  source: str = "generate()") -> StoppingCriterion:
+        """Build one criterion by (versioned) name with validated parameters: `criterion("eos")`."""
+        cls = (host or get_host()).get("stopping_criterion", name)
+        return cls(parse_params(cls, params or {}, source=source, path=cls.name))
+
+    # ----------------------------------------------------------------- composition
+    def add(self, obj: Any) -> None:
+        """Add a criterion. The same criterion twice with the same parameters is kept once; with different
+        parameters it is an error (as transformers refuses a custom criterion that duplicates a default one)."""
+        crit = as_criterion(obj)
+        if not isinstance(crit, CallableCriterion):
+            for have in self.criteria:
+                if type(have) is type(crit):
+                    if have.params == crit.params:
+                        return
+                    raise ConfigError(
+                        f"stopping criterion {crit.qualified_name()} is given twice with different parameters: "
+                        f"{have.params} and {crit.params}; keep one (e.g. drop it from the chain's stop list or "
+                        f"from the generate() arguments)"
+                    )
+        self.criteria.append(crit)
+
+    def has(self, name: str) -> bool:
+        return any(c.name == name for c in self.criteria)
+
+    @property
+    def has_length_limit(self) -> bool:
+        return any(c.is_length_limit for c in self.criteria)
+
+    def require_length_limit(self) -> None:
+        if not self.has_length_limit:
+            raise ConfigError(
+                "no length limit among the stopping criteria: add { use = \"max_new_tokens\", n = 128 } to the "
+                "chain's stop list, or pass max_new_tokens= / max_length="
+            )
+
+    def max_new_tokens(self, setup: StopSetup) -> int | None:
+        """The tightest bound the length limits put on new tokens (None when none states one)."""
+        bounds = [b for c in self.criteria if (b := c.max_new_tokens(setup)) is not None]
+        return min(bounds) if bounds else None
+
+    # ----------------------------------------------------------------- running
+    def prepare(self, setup: StopSetup) -> None:
+        for crit in self.criteria:
+            crit.prepare(setup)
+
+    def check(self, ctx: StopContext) -> StopResult:
+        batch = ctx.input_ids.shape[0]
+        device = ctx.input_ids.device
+        done = torch.zeros(batch, dtype=torch.bool, device=device)
+        reasons: list[str | None] = [None] * batch
+        for crit in self.criteria:
+            try:
+                hit = crit.check(ctx)
+            except SamplingError:
+                raise
+            except Exception as exc:
+                label = crit.label() if isinstance(crit, CallableCriterion) else f"stopping criterion " \
+                    f"{crit.qualified_name()}"
+                raise SamplingError(f"{label} failed at step {ctx.step}: {type(exc).__name__}: {exc}") from exc
+            hit = _as_rows(hit, batch, device, f"stopping criterion {crit.qualified_name()}")
+            new = hit & ~done
+            if bool(new.any()):
+                for b in new.nonzero().flatten().tolist():
+                    reasons[b] = crit.reason
+                done |= hit
+        return StopResult(done, reasons)
+
+    def __iter__(self):
+        return iter(self.criteria)
+
+    def __len__(self) -> int:
+        return len(self.criteria)
+
+    def __repr__(self) -> str:
+        return f"Stopping({', '.join(c.reason for c in self.criteria)})"
