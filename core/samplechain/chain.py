@@ -123,18 +123,34 @@ class Chain:
             return logits.to(torch.float32, memory_format=torch.contiguous_format).contiguous(), True
         return logits, False
 
-    def sample(
+    def process(
         self,
         logits: torch.Tensor,
         store: RequestStore | None = None,
         request_ids: Sequence[str] | None = None,
-        *,
-        accept: bool = True,
-        return_scores: bool = False,
-    ) -> SampleOutput:
-        """Choose one token per row. Without a store, each row is a fresh request with the chain's parameters."""
+    ) -> torch.Tensor:
+        """Run the transforms and filters (not the selector) and return the processed scores (B, V) float32,
+        -inf where a token was removed: what a transformers LogitsProcessorList returns. Nothing is accepted,
+        no RNG position moves."""
         logits, writable = self._check_logits(logits)
-        batch, vocab = logits.shape
+        store, request_ids = self._store_for(logits, store, request_ids)
+        backend = self._backend_for(logits.device.type)
+        view = store.batch(request_ids)
+        positions = store.positions(view)
+        cand = Candidates(logits, None, logits.shape[1], False, writable)
+        if logits.shape[0] == 0:
+            return logits.clone()
+        for i, sampler in enumerate(self.samplers[:-1]):
+            try:
+                cand = sampler.apply(cand, self._context(store, view, positions, backend, i))
+            except Exception as exc:
+                raise self._wrap(i, exc) from exc
+        return cand.scores()
+
+    def _store_for(
+        self, logits: torch.Tensor, store: RequestStore | None, request_ids: Sequence[str] | None
+    ) -> tuple[RequestStore, Sequence[str]]:
+        batch = logits.shape[0]
         if store is None:
             if request_ids is not None:
                 raise RequestError("request_ids were given without a store: pass store=chain.new_store() too")
@@ -154,6 +170,21 @@ class Chain:
                 f"logits are on {logits.device.type} but the request store is on {store.device.type}; "
                 f"create the store with chain.new_store(device={logits.device.type!r})"
             )
+        return store, request_ids
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        store: RequestStore | None = None,
+        request_ids: Sequence[str] | None = None,
+        *,
+        accept: bool = True,
+        return_scores: bool = False,
+    ) -> SampleOutput:
+        """Choose one token per row. Without a store, each row is a fresh request with the chain's parameters."""
+        logits, writable = self._check_logits(logits)
+        batch, vocab = logits.shape
+        store, request_ids = self._store_for(logits, store, request_ids)
         backend = self._backend_for(logits.device.type)
         view = store.batch(request_ids)
         positions = store.positions(view)

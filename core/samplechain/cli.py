@@ -1,4 +1,4 @@
-"""The `samplechain` command: plugins, validate, presets, demo."""
+"""The `samplechain` command: generate, plugins, validate, presets, demo."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .chain import Chain
+from .cli_generate import add_generate_parser
 from .errors import SamplechainError
 from .plugins import PluginWarning, get_host
 
@@ -151,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--seed", type=int, default=None, help="seed every request (default: fresh seeds)")
     p.set_defaults(func=cmd_demo)
+    add_generate_parser(sub)
     return parser
 
 

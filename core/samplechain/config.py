@@ -6,7 +6,9 @@ Every error names the file, the key path, the bad value and what was expected:
 
 from __future__ import annotations
 
+import collections.abc
 import difflib
+import typing
 import math
 import numbers
 import sys
@@ -75,7 +77,36 @@ def converter() -> cattrs.Converter:
     conv.register_structure_hook(int, _strict(int, "an integer"))
     conv.register_structure_hook(bool, _strict(bool, "true or false"))
     conv.register_structure_hook(str, _strict(str, "a string"))
+    conv.register_structure_hook_factory(_is_array, lambda t: _array_hook(conv, t))
     return conv
+
+
+def _is_array(t: Any) -> bool:
+    return typing.get_origin(t) in (list, tuple, collections.abc.Sequence)
+
+
+def _array_hook(conv: cattrs.Converter, t: Any):
+    """Arrays stay arrays: cattrs would turn the string "abc" into ["a", "b", "c"]."""
+    args = typing.get_args(t)
+    item = args[0] if args else Any
+    origin = typing.get_origin(t)
+
+    def hook(value: Any, _type: Any) -> Any:
+        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (list, tuple)):
+            raise TypeError("expected an array, e.g. [1, 2] or [\"a\"]")
+        errors, out = [], []
+        for i, v in enumerate(value):
+            try:
+                out.append(v if item is Any else conv.structure(v, item))
+            except Exception as exc:  # noqa: BLE001 - collected with the index, as cattrs does
+                exc.__notes__ = [*getattr(exc, "__notes__", []), cattrs.errors.IterableValidationNote(
+                    f"Structuring {t} @ index {i}", i, item)]
+                errors.append(exc)
+        if errors:
+            raise IterableValidationError(f"While structuring {t!r}", errors, t)
+        return tuple(out) if origin is tuple else out
+
+    return hook
 
 
 def _walk(exc: BaseException, path: str) -> list[tuple[str, str]]:
@@ -163,7 +194,8 @@ def parse_params(cls: type, raw: Mapping[str, Any], *, source: str, path: str) -
                 field.validator(params, field, value)
             _check_storable(field.type, value)
         except (ValueError, TypeError) as exc:
-            problems.append(_line(source, f"{path}.{field.name}", value, str(exc)))
+            shown = raw.get(field.name, value)  # as the user wrote it ([1, 2], not the stored (1, 2))
+            problems.append(_line(source, f"{path}.{field.name}", shown, str(exc)))
     if problems:
         raise ConfigError("\n".join(problems))
     return params

@@ -17,7 +17,9 @@ from .contracts import Backend, Candidates, Sampler, Stage, StepContext
 from .hookspecs import hookimpl
 from .plugins import PluginHost
 
-__all__ = ["RecordingBackend", "ScriptedLogits", "ArgmaxSelector", "host_with", "run_chain"]
+__all__ = [
+    "RecordingBackend", "ScriptedLogits", "ArgmaxSelector", "host_with", "run_chain", "byte_bpe_tokenizer", "tiny_gpt2",
+]
 
 
 class RecordingBackend(Backend):
@@ -107,3 +109,41 @@ def run_chain(
     for rid, row in zip(ids, params or [{}] * len(ids)):
         store.add(rid, row)
     return chain.sample(logits, store, ids, return_scores=True)
+
+
+# ----------------------------------------------------------------- real small models for generation tests
+_SAMPLE_TEXT = (
+    "The quick brown fox jumps over the lazy dog. A list is a mutable sequence; a tuple is not. "
+    "Naïve café owners in Zürich serve crème brûlée — 日本語のテキスト, emoji 🎉 and ümlauts. "
+    "Functions return values; generators yield them one at a time. Stop here.\n\nNew paragraph.\n"
+)
+
+
+def byte_bpe_tokenizer(vocab_size: int = 300, text: str | None = None) -> Any:
+    """A real byte-level BPE tokenizer (GPT-2 style, trained in-process with `tokenizers`) wrapped as a
+    transformers PreTrainedTokenizerFast, with `<|endoftext|>` as bos and eos and no pad token (as GPT-2).
+    Multi-byte characters outside the merges are split across several tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([text or _SAMPLE_TEXT] * 4, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+
+
+def tiny_gpt2(vocab_size: int = 300, *, seed: int = 0, n_positions: int = 128, eos_token_id: int | None = 0,
+              bos_token_id: int | None = 0, init: float = 0.5) -> Any:
+    """A real, random-weight transformers GPT2LMHeadModel small enough for unit tests. `init` (the initializer
+    range) is large so that greedy decoding does not just repeat the prompt's last token."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=vocab_size, n_positions=n_positions,
+                        bos_token_id=bos_token_id, eos_token_id=eos_token_id, initializer_range=init)
+    return GPT2LMHeadModel(config).eval()

@@ -1,0 +1,21 @@
+"""Generation with Hugging Face causal LMs: the decoding loop, beam search, streaming, outputs."""
+
+from __future__ import annotations
+
+from .loop import Generation, GenerationWarning, StreamEvent, chain_from_generation_config, generate, stream
+from .model import ModelRunner, max_positions
+from .outputs import GenerationOutput
+from .streaming import IncrementalDecoder
+
+__all__ = [
+    "Generation",
+    "GenerationOutput",
+    "GenerationWarning",
+    "IncrementalDecoder",
+    "ModelRunner",
+    "StreamEvent",
+    "chain_from_generation_config",
+    "generate",
+    "max_positions",
+    "stream",
+]

@@ -1,0 +1,426 @@
+"""`generate()` and `stream()`: decode a batch of prompts with a Hugging Face causal LM through a chain.
+
+Per step: the model's last-position logits (B, V) -> `chain.sample` (each row its own request in the chain's
+store, so per-request parameters and seeds hold) -> rows that already finished get the pad token -> the stopping
+criteria answer per row -> the next forward pass runs on the KV cache. The whole batch keeps running through the
+model until every row has finished (as transformers does: the same batch gives the same logits); a finished row
+no longer changes.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from ..chain import Chain
+from ..contracts import StopContext, StopSetup
+from ..errors import ConfigError, SamplechainError
+from ..plugins import PluginHost, get_host
+from ..stopping import Stopping
+from .model import ModelRunner, max_positions
+from .outputs import GenerationOutput
+from .streaming import IncrementalDecoder
+
+__all__ = ["generate", "stream", "Generation", "StreamEvent", "chain_from_generation_config", "GenerationWarning"]
+
+
+class GenerationWarning(UserWarning):
+    """Something about the inputs was fixed up (pad token from eos, an empty prompt given bos, ...)."""
+
+
+@attrs.frozen
+class StreamEvent:
+    """One piece of streamed output: `text` is new text of request `index` (may be ""), `token_id` the token
+    that produced it, `finish_reason` set on the request's last event."""
+
+    index: int
+    text: str
+    token_id: int | None
+    finish_reason: str | None = None
+
+
+def chain_from_generation_config(config: Any, *, host: PluginHost | None = None) -> Chain:
+    """The chain transformers would run for a GenerationConfig: greedy, or temperature/top-k/top-p/min-p + dist."""
+    if config is None or not getattr(config, "do_sample", False):
+        return Chain.load({"name": "greedy (generation config)", "samplers": [{"use": "greedy"}]}, host=host)
+    samplers: list[dict[str, Any]] = []
+    t = getattr(config, "temperature", None)
+    if t is not None and t != 1.0:
+        samplers.append({"use": "temperature", "t": float(t)})
+    k = getattr(config, "top_k", None)
+    if k:
+        samplers.append({"use": "top_k", "k": int(k)})
+    p = getattr(config, "top_p", None)
+    if p is not None and p < 1.0:
+        samplers.append({"use": "top_p", "p": float(p)})
+    m = getattr(config, "min_p", None)
+    if m:
+        samplers.append({"use": "min_p", "p": float(m)})
+    samplers.append({"use": "dist"})
+    return Chain.load({"name": "sampling (generation config)", "samplers": samplers}, host=host)
+
+
+def _as_chain(chain: Any, generation_config: Any, host: PluginHost) -> Chain:
+    if chain is None:
+        return chain_from_generation_config(generation_config, host=host)
+    if isinstance(chain, Chain):
+        return chain
+    if isinstance(chain, (str, Path, Mapping)):
+        return Chain.load(chain, host=host)
+    raise ConfigError(f"chain={chain!r}: pass a Chain, a TOML file path, a dict, or 'preset:NAME'")
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, torch.Tensor):
+        return [int(v) for v in value.flatten().tolist()]
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+class Generation:
+    """One prepared generation: inputs, chain and store, criteria. `steps()` runs it; `output()` collects."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        prompts: str | Sequence[str] | None = None,
+        *,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        chain: Chain | str | Path | Mapping[str, Any] | None = None,
+        stop: Sequence[Any] = (),
+        max_new_tokens: int | None = None,
+        max_length: int | None = None,
+        max_time: float | None = None,
+        stop_strings: str | Sequence[str] | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        ignore_eos: bool = False,
+        params: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+        seed: int | None = None,
+        num_return_sequences: int = 1,
+        output_scores: bool = False,
+        output_logits: bool = False,
+        top_logprobs: int = 0,
+        generation_config: Any = None,
+        host: PluginHost | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.host = host or get_host()
+        self.generation_config = generation_config or getattr(model, "generation_config", None)
+        self.output_scores = output_scores
+        self.output_logits = output_logits
+        if not isinstance(top_logprobs, int) or top_logprobs < 0:
+            raise ConfigError(f"top_logprobs = {top_logprobs!r}: must be an integer >= 0")
+        self.top_logprobs = top_logprobs
+        if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
+            raise ConfigError(f"num_return_sequences = {num_return_sequences!r}: must be an integer >= 1")
+
+        self.eos_ids = _ids(eos_token_id) if eos_token_id is not None else self._eos_from_model()
+        self.pad_id = self._pad_id(pad_token_id)
+        device = getattr(model, "device", torch.device("cpu"))
+        ids, mask, self.prompt_lengths = self._inputs(prompts, input_ids, attention_mask, device)
+        self.num_prompts = ids.shape[0]
+
+        self.chain = _as_chain(chain, self.generation_config, self.host)
+        if num_return_sequences > 1 and self._is_greedy():
+            raise ConfigError(
+                f"num_return_sequences = {num_return_sequences} with a greedy chain would return the same sequence "
+                f"{num_return_sequences} times: use a sampling chain (ending in dist) or beam search (num_beams)"
+            )
+        self.n = num_return_sequences
+        if self.n > 1:
+            ids = ids.repeat_interleave(self.n, dim=0)
+            mask = mask.repeat_interleave(self.n, dim=0)
+            self.prompt_lengths = self.prompt_lengths.repeat_interleave(self.n)
+        self.input_ids, self.attention_mask = ids, mask
+        self.request_ids = [
+            f"{i}" if self.n == 1 else f"{i}.{j}" for i in range(self.num_prompts) for j in range(self.n)
+        ]
+        self.store = self.chain.new_store(device=ids.device.type, capacity=len(self.request_ids))
+        self._add_requests(params, seed)
+
+        self.stopping = self._stopping(stop, max_new_tokens, max_length, max_time, stop_strings, ignore_eos)
+        self.setup = StopSetup(
+            batch_size=ids.shape[0],
+            prompt_length=ids.shape[1],
+            prompt_lengths=self.prompt_lengths,
+            device=ids.device,
+            tokenizer=tokenizer,
+            model_config=model.config,
+            generation_config=self.generation_config,
+        )
+        self.vocab_limit = self._vocab_limit()
+        self.finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        self.finish_reasons: list[str | None] = [None] * ids.shape[0]
+        self.num_generated = torch.zeros(ids.shape[0], dtype=torch.int64)
+        self.logprobs: list[torch.Tensor] = []
+        self.scores: list[torch.Tensor] = []
+        self.raw_logits: list[torch.Tensor] = []
+        self.tops: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    # ----------------------------------------------------------------- preparation
+    def _eos_from_model(self) -> list[int]:
+        found: list[int] = []
+        sources = [getattr(self.tokenizer, "eos_token_id", None), getattr(self.generation_config, "eos_token_id", None),
+                   getattr(self.model.config, "eos_token_id", None)]
+        for src in sources:
+            for i in _ids(src):
+                if i not in found:
+                    found.append(i)
+        return found
+
+    def _pad_id(self, explicit: int | None) -> int:
+        if explicit is not None:
+            return int(explicit)
+        for src in (getattr(self.tokenizer, "pad_token_id", None), getattr(self.generation_config, "pad_token_id", None)):
+            if src is not None:
+                return int(_ids(src)[0])
+        if self.eos_ids:
+            warnings.warn(
+                f"no pad token in the tokenizer or generation config: using eos id {self.eos_ids[0]} to pad "
+                "prompts and finished rows (pass pad_token_id= to choose another)",
+                GenerationWarning,
+                stacklevel=4,
+            )
+            return self.eos_ids[0]
+        warnings.warn("no pad or eos token anywhere: padding with id 0 (pass pad_token_id= to choose another)",
+                      GenerationWarning, stacklevel=4)
+        return 0
+
+    def _inputs(self, prompts, input_ids, attention_mask, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if (prompts is None) == (input_ids is None):
+            raise ConfigError("pass either prompts (with a tokenizer) or input_ids, not both and not neither")
+        if prompts is not None:
+            if self.tokenizer is None:
+                raise ConfigError("prompts given as text need a tokenizer: generate(model, tokenizer, prompts)")
+            texts = [prompts] if isinstance(prompts, str) else list(prompts)
+            if not texts:
+                raise ConfigError("prompts is an empty list: give at least one prompt")
+            rows = [list(self.tokenizer(t)["input_ids"]) for t in texts]
+        else:
+            ids = torch.as_tensor(input_ids)
+            if ids.ndim == 1:
+                ids = ids[None]
+            if ids.ndim != 2 or ids.dtype not in (torch.int64, torch.int32):
+                raise ConfigError(f"input_ids must be a (batch, length) integer tensor, got {tuple(ids.shape)} "
+                                  f"{ids.dtype}")
+            mask = torch.ones_like(ids) if attention_mask is None else torch.as_tensor(attention_mask)
+            if mask.shape != ids.shape:
+                raise ConfigError(f"attention_mask shape {tuple(mask.shape)} differs from input_ids shape "
+                                  f"{tuple(ids.shape)}")
+            if ids.shape[0] > 1 and bool((mask[:, -1] == 0).any()):
+                raise ConfigError("input_ids are right-padded (attention_mask ends in 0 for some rows); decoder-only "
+                                  "generation needs left padding: tokenizer.padding_side = 'left'")
+            rows = [[int(t) for t, m in zip(r, mr) if m] for r, mr in zip(ids.tolist(), mask.tolist())]
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        if bos is None:
+            bos = getattr(self.generation_config, "bos_token_id", None)
+        for i, row in enumerate(rows):
+            if not row:
+                if bos is None:
+                    raise ConfigError(f"prompt {i} is empty and the model has no bos token to start from: give the "
+                                      "prompt at least one token")
+                warnings.warn(f"prompt {i} is empty: starting it from the bos token {bos}", GenerationWarning,
+                              stacklevel=4)
+                row.append(int(bos))
+        limit = max_positions(self.model.config)
+        for i, row in enumerate(rows):
+            if limit is not None and len(row) >= limit:
+                raise ConfigError(
+                    f"prompt {i} has {len(row)} tokens but the model has {limit} positions, leaving no room to "
+                    "generate: shorten the prompt (keep its last tokens)"
+                )
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.int64)
+        mask = torch.zeros((len(rows), width), dtype=torch.int64)
+        for i, row in enumerate(rows):
+            if row:
+                ids[i, width - len(row):] = torch.tensor(row, dtype=torch.int64)
+                mask[i, width - len(row):] = 1
+        lengths = torch.tensor([len(r) for r in rows], dtype=torch.int64)
+        return ids.to(device), mask.to(device), lengths
+
+    def _is_greedy(self) -> bool:
+        return self.chain.samplers[-1].name == "greedy"
+
+    def _add_requests(self, params: Any, seed: int | None) -> None:
+        if params is None or isinstance(params, Mapping):
+            per_prompt = [dict(params or {})] * self.num_prompts
+        else:
+            per_prompt = [dict(p or {}) for p in params]
+            if len(per_prompt) != self.num_prompts:
+                raise ConfigError(f"params has {len(per_prompt)} entries for {self.num_prompts} prompts: give one "
+                                  "mapping per prompt, or one mapping for all")
+        seeded = "seed" in self.store.layout.aliases
+        for i, p in enumerate(per_prompt):
+            for j in range(self.n):
+                q = dict(p)
+                base = q.get("seed", seed)
+                if seeded and base is not None:
+                    q["seed"] = int(base) + j  # return sequence j of a request: its own stream
+                self.store.add(self.request_ids[i * self.n + j], q)
+
+    def _criterion(self, name: str, params: dict[str, Any]) -> Any:
+        return Stopping.criterion(name, params, host=self.host)
+
+    def _stopping(self, extra, max_new_tokens, max_length, max_time, stop_strings, ignore_eos) -> Stopping:
+        stopping = Stopping.from_entries(self.chain.config.stop, extra, require_length_limit=False)
+        if stop_strings:
+            strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
+            stopping.add(self._criterion("stop_strings", {"strings": strings}))
+        if not ignore_eos and not stopping.has("eos"):
+            if self.eos_ids:
+                stopping.add(self._criterion("eos", {"ids": self.eos_ids}))
+            else:
+                warnings.warn("no eos token in the tokenizer, generation config or model config: rows stop only at "
+                              "the length limit or another criterion", GenerationWarning, stacklevel=4)
+        if max_time is not None:
+            stopping.add(self._criterion("max_time", {"seconds": float(max_time)}))
+        if max_new_tokens is not None:
+            stopping.add(self._criterion("max_new_tokens", {"n": max_new_tokens}))
+        if max_length is not None:
+            stopping.add(self._criterion("max_length", {"n": max_length}))
+        if not stopping.has_length_limit:  # transformers' defaults: generation config max_new_tokens / max_length
+            gc = self.generation_config
+            if getattr(gc, "max_new_tokens", None):
+                stopping.add(self._criterion("max_new_tokens", {"n": int(gc.max_new_tokens)}))
+            else:
+                stopping.add(self._criterion("max_length", {"n": int(getattr(gc, "max_length", None) or 20)}))
+        return stopping
+
+    def _vocab_limit(self) -> int | None:
+        """Logit columns past the tokenizer's vocabulary are tokens nobody can decode: they are masked."""
+        if self.tokenizer is None:
+            return None
+        try:
+            n = len(self.tokenizer)
+        except TypeError:
+            return None
+        v = getattr(self.model.config, "vocab_size", None)
+        if isinstance(v, int) and v > n:
+            warnings.warn(f"the model has {v} logit columns but the tokenizer only {n} tokens: the extra "
+                          f"{v - n} columns are masked", GenerationWarning, stacklevel=4)
+            return n
+        if isinstance(v, int) and v < n:
+            warnings.warn(f"the tokenizer has {n} tokens but the model only {v} logit columns: tokens {v}..{n - 1} "
+                          "can never be generated (are they the right pair?)", GenerationWarning, stacklevel=4)
+        return None
+
+    # ----------------------------------------------------------------- running
+    def steps(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Run to the end, yielding (token_ids (B,), active (B,) bool: rows that produced a real token)."""
+        runner = ModelRunner(self.model, self.input_ids, self.attention_mask)
+        self.setup.start_time = time.monotonic()
+        self.stopping.prepare(self.setup)
+        with torch.inference_mode():
+            logits = runner.prefill()
+            step = 0
+            while True:
+                step += 1
+                token_ids, active = self._one_step(logits, step)
+                yield token_ids, active
+                if bool(self.finished.all()):
+                    break
+                logits = runner.step(self.input_ids)
+
+    def _one_step(self, logits: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.output_logits:
+            self.raw_logits.append(logits.clone())
+        if self.vocab_limit is not None:
+            logits[:, self.vocab_limit:] = float("-inf")
+        want_scores = self.output_scores or self.top_logprobs > 0
+        out = self.chain.sample(logits, self.store, self.request_ids, return_scores=want_scores)
+        active = ~self.finished
+        tokens = torch.where(active, out.token_ids, torch.full_like(out.token_ids, self.pad_id))
+        self.input_ids = torch.cat([self.input_ids, tokens[:, None]], dim=-1)
+        self.logprobs.append(torch.where(active, out.logprobs, torch.zeros_like(out.logprobs)))
+        if self.output_scores:
+            self.scores.append(out.scores)
+        if self.top_logprobs:
+            lp = torch.log_softmax(out.scores, dim=-1)
+            values, ids = lp.topk(min(self.top_logprobs, lp.shape[-1]), dim=-1)
+            self.tops.append((values, ids))
+        self.num_generated += active.to(torch.int64).cpu()
+        ctx = StopContext(self.input_ids, step, tokens, self.setup, out.logprobs, out.scores)
+        result = self.stopping.check(ctx)
+        newly = result.done & active
+        if bool(newly.any()):
+            for b in newly.nonzero().flatten().tolist():
+                self.finish_reasons[b] = result.reasons[b]
+            self.finished |= newly
+        return tokens, active
+
+    def output(self) -> GenerationOutput:
+        prompt_length = self.setup.prompt_length
+        new = self.input_ids[:, prompt_length:]
+        texts = None
+        if self.tokenizer is not None:
+            texts = [
+                self.tokenizer.decode(row[:n].tolist(), skip_special_tokens=True)
+                for row, n in zip(new.cpu(), self.num_generated.tolist())
+            ]
+        return GenerationOutput(
+            sequences=self.input_ids,
+            scores=tuple(self.scores) if self.output_scores else None,
+            logits=tuple(self.raw_logits) if self.output_logits else None,
+            logprobs=torch.stack(self.logprobs, dim=1) if self.logprobs else None,
+            top_logprobs=tuple(self.tops) if self.top_logprobs else None,
+            finish_reasons=list(self.finish_reasons),
+            num_generated=self.num_generated.clone(),
+            texts=texts,
+            prompt_length=prompt_length,
+        )
+
+
+def generate(model: Any, tokenizer: Any = None, prompts: str | Sequence[str] | None = None, *,
+             num_beams: int = 1, length_penalty: float = 1.0, early_stopping: bool | str = False,
+             **kwargs: Any) -> GenerationOutput:
+    """Generate from a causal LM through a chain. See `Generation` for the arguments; `num_beams > 1` runs beam
+    search (`length_penalty`, `early_stopping`, `num_return_sequences` as transformers)."""
+    if not isinstance(num_beams, int) or num_beams < 1:
+        raise ConfigError(f"num_beams = {num_beams!r}: must be an integer >= 1")
+    if num_beams > 1:
+        from .beam import beam_generate
+
+        return beam_generate(model, tokenizer, prompts, num_beams=num_beams, length_penalty=length_penalty,
+                             early_stopping=early_stopping, **kwargs)
+    gen = Generation(model, tokenizer, prompts, **kwargs)
+    for _ in gen.steps():
+        pass
+    return gen.output()
+
+
+def stream(model: Any, tokenizer: Any, prompts: str | Sequence[str] | None = None, *,
+           result: list[GenerationOutput] | None = None, **kwargs: Any) -> Iterator[StreamEvent]:
+    """Yield text deltas per request as tokens are chosen; the deltas of a request concatenate to its decoded
+    text and never split a multi-byte character. Pass `result=[]` to receive the final GenerationOutput."""
+    if tokenizer is None:
+        raise ConfigError("streaming text needs a tokenizer: stream(model, tokenizer, prompts)")
+    gen = Generation(model, tokenizer, prompts, **kwargs)
+    decoders = [IncrementalDecoder(tokenizer) for _ in gen.request_ids]
+    try:
+        for tokens, active in gen.steps():
+            for b in active.nonzero().flatten().tolist():
+                token = int(tokens[b])
+                text = decoders[b].push(token)
+                reason = gen.finish_reasons[b]
+                if reason is not None:
+                    text += decoders[b].flush()
+                if text or reason is not None:
+                    yield StreamEvent(b, text, token, reason)
+    except SamplechainError:
+        raise
+    if result is not None:
+        result.append(gen.output())

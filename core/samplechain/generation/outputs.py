@@ -1,0 +1,47 @@
+"""What generation returns: transformers' GenerateDecoderOnlyOutput fields, plus logprobs and finish reasons."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.utils import ModelOutput
+
+__all__ = ["GenerationOutput"]
+
+
+@dataclass
+class GenerationOutput(ModelOutput):
+    """Attribute and key access as transformers' outputs (`out.sequences`, `out["sequences"]`).
+
+    sequences: (B, prompt_length + steps) int64, left-padded prompts then the new tokens; a row that finished
+        early is padded with pad_token_id after its last token (as transformers pads it).
+    scores: per step (B, V) processed scores the chain sampled from (-inf where a token was removed), when
+        output_scores=True. For beam search: per step the processed log-probabilities of every beam, as
+        transformers gives them.
+    logits: per step (B, V) raw model logits (float32), when output_logits=True.
+    logprobs: (B, steps) float32 log-probability of each chosen token under the processed distribution; 0 after
+        a row finished. Beam search: the per-token transition scores of each returned sequence.
+    top_logprobs: per step a pair (values (B, n), token ids (B, n)) of the n most likely tokens of the
+        processed distribution, when top_logprobs=n > 0.
+    finish_reasons: per row, the `reason` of the criterion that stopped it ("eos", "stop_strings",
+        "max_new_tokens", ...).
+    num_generated: (B,) int64 tokens each row generated, its finishing token included.
+    texts: per row the decoded new text (special tokens skipped) when a tokenizer was given.
+    sequences_scores / beam_indices: beam search only, as transformers' GenerateBeamDecoderOnlyOutput.
+    """
+
+    sequences: torch.LongTensor | None = None
+    scores: tuple[torch.FloatTensor, ...] | None = None
+    logits: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple | None = None
+    hidden_states: tuple | None = None
+    past_key_values: object | None = None
+    sequences_scores: torch.FloatTensor | None = None
+    beam_indices: torch.LongTensor | None = None
+    logprobs: torch.FloatTensor | None = None
+    top_logprobs: tuple[tuple[torch.FloatTensor, torch.LongTensor], ...] | None = None
+    finish_reasons: list[str | None] | None = None
+    num_generated: torch.LongTensor | None = None
+    texts: list[str] | None = None
+    prompt_length: int | None = None

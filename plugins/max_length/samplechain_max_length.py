@@ -1,0 +1,57 @@
+"""`max_length`: stop when a sequence, prompt included, reaches n tokens (transformers' MaxLengthCriteria).
+
+As transformers, the length is that of the (left-padded) batch: `input_ids.shape[-1] >= n`. A length limit
+(`is_length_limit`). Warns once in `prepare` when n exceeds the model's position embeddings.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import attrs
+import torch
+
+from samplechain import StopContext, StoppingCriterion, StopSetup, hookimpl, in_range
+
+
+def model_positions(setup: StopSetup) -> int | None:
+    config = setup.model_config
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+@attrs.frozen
+class MaxLengthParams:
+    n: int = attrs.field(validator=in_range(1, None, hint="the longest sequence, prompt included"))
+
+
+class MaxLength(StoppingCriterion):
+    name = "max_length"
+    Params = MaxLengthParams
+    summary = "stop when the sequence (prompt included) reaches n tokens"
+    is_length_limit = True
+
+    def prepare(self, setup: StopSetup) -> None:
+        limit = model_positions(setup)
+        if limit is not None and self.params.n > limit:
+            warnings.warn(
+                f"max_length = {self.params.n} is more than the model's {limit} positions: generation will fail or "
+                f"degrade past them; use max_length <= {limit}",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    def max_new_tokens(self, setup: StopSetup) -> int:
+        return max(self.params.n - setup.prompt_length, 1)
+
+    def check(self, ctx: StopContext) -> torch.Tensor:
+        return torch.full((ctx.input_ids.shape[0],), ctx.input_ids.shape[-1] >= self.params.n, dtype=torch.bool,
+                          device=ctx.input_ids.device)
+
+
+@hookimpl
+def register_stopping_criteria(register):
+    register(MaxLength)

@@ -1,0 +1,58 @@
+"""`max_new_tokens`: a row stops once it has generated n tokens (transformers' max_new_tokens).
+
+A length limit (`is_length_limit`): every generation has one. Warns once in `prepare` when the padded prompt
+plus n tokens would run past the model's position embeddings.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import attrs
+import torch
+
+from samplechain import StopContext, StoppingCriterion, StopSetup, hookimpl, in_range
+
+
+def model_positions(setup: StopSetup) -> int | None:
+    config = setup.model_config
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+@attrs.frozen
+class MaxNewTokensParams:
+    n: int = attrs.field(validator=in_range(1, None, hint="the most tokens a row may generate"))
+
+
+class MaxNewTokens(StoppingCriterion):
+    name = "max_new_tokens"
+    Params = MaxNewTokensParams
+    summary = "stop a row after n new tokens"
+    is_length_limit = True
+
+    def prepare(self, setup: StopSetup) -> None:
+        limit = model_positions(setup)
+        if limit is not None and setup.prompt_length + self.params.n > limit:
+            warnings.warn(
+                f"max_new_tokens = {self.params.n} after a {setup.prompt_length}-token prompt runs past the model's "
+                f"{limit} positions: generation will fail or degrade there; lower max_new_tokens to "
+                f"{max(limit - setup.prompt_length, 1)}",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    def max_new_tokens(self, setup: StopSetup) -> int:
+        return self.params.n
+
+    def check(self, ctx: StopContext) -> torch.Tensor:
+        return torch.full((ctx.input_ids.shape[0],), ctx.step >= self.params.n, dtype=torch.bool,
+                          device=ctx.input_ids.device)
+
+
+@hookimpl
+def register_stopping_criteria(register):
+    register(MaxNewTokens)

@@ -1,0 +1,286 @@
+"""The generation loop against transformers' model.generate, with real (small) models and tokenizers."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import samplechain
+from samplechain import Chain, ConfigError
+from samplechain.generation import GenerationWarning, IncrementalDecoder, generate, stream
+from samplechain.testing import byte_bpe_tokenizer, tiny_gpt2
+
+TEMP_TOPK_TOPP = {"samplers": [{"use": "temperature", "t": 0.8}, {"use": "top_k", "k": 20},
+                               {"use": "top_p", "p": 0.9}, {"use": "dist"}]}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return byte_bpe_tokenizer(300)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_gpt2(300, seed=0)
+
+
+def left_padded(rows: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad, dtype=torch.int64)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r)
+        mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+def hf_generate(model, ids, mask, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return model.generate(input_ids=ids, attention_mask=mask, do_sample=False, **kwargs)
+
+
+# ----------------------------------------------------------------- greedy equals transformers
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("eos", [None, "frequent"])
+def test_greedy_equals_model_generate_batched_with_left_padding(seed, eos):
+    model = tiny_gpt2(300, seed=seed, eos_token_id=None)
+    rows = [[5, 17, 42, 9], [11, 12], [200, 201, 202, 203, 204, 205, 206], [7]]
+    ids, mask = left_padded(rows)
+    if eos == "frequent":  # an eos the model actually emits, so rows finish at different steps
+        first = hf_generate(model, ids, mask, max_new_tokens=8, pad_token_id=0)[:, ids.shape[1]:]
+        model.generation_config.eos_token_id = int(first[0, 2])
+    ref = hf_generate(model, ids, mask, max_new_tokens=14, pad_token_id=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GenerationWarning)
+        out = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=14, pad_token_id=0)
+    assert torch.equal(out.sequences, ref)
+    if eos == "frequent":
+        assert "eos" in out.finish_reasons
+
+
+def test_greedy_scores_and_logits_equal_transformers(model):
+    ids, mask = left_padded([[3, 4, 5], [9]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0,
+                             output_scores=True, output_logits=True, return_dict_in_generate=True)
+        out = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=5, pad_token_id=0,
+                       output_scores=True, output_logits=True, ignore_eos=True)
+    assert torch.equal(out.sequences, ref.sequences)
+    for ours, theirs in zip(out.logits, ref.logits):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    for ours, theirs in zip(out.scores, ref.scores):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+def test_text_prompts_are_left_padded_and_pad_falls_back_to_eos(model, tok):
+    with pytest.warns(GenerationWarning, match="no pad token.*eos id 0"):
+        out = generate(model, tok, ["The quick brown fox", "A"], max_new_tokens=6)
+    enc = [tok(p)["input_ids"] for p in ["The quick brown fox", "A"]]
+    ids, mask = left_padded(enc, pad=0)
+    ref = hf_generate(model, ids, mask, max_new_tokens=6, pad_token_id=0)
+    assert torch.equal(out.sequences, ref)
+    assert out.texts == [tok.decode(r[ids.shape[1]:ids.shape[1] + n], skip_special_tokens=True)
+                         for r, n in zip(ref.tolist(), out.num_generated.tolist())]
+
+
+# ----------------------------------------------------------------- outputs
+def test_logprobs_are_the_processed_distribution_at_the_chosen_tokens(model):
+    ids, mask = left_padded([[1, 2, 3], [4, 5]])
+    out = generate(model, input_ids=ids, attention_mask=mask, chain=TEMP_TOPK_TOPP, seed=3, max_new_tokens=6,
+                   output_scores=True, top_logprobs=3, ignore_eos=True, pad_token_id=0)
+    new = out.sequences[:, out.prompt_length:]
+    for step, scores in enumerate(out.scores):
+        lp = torch.log_softmax(scores, dim=-1)
+        torch.testing.assert_close(out.logprobs[:, step], lp.gather(1, new[:, step:step + 1]).squeeze(1))
+        values, top_ids = out.top_logprobs[step]
+        ref_values, ref_ids = lp.topk(3, dim=-1)
+        torch.testing.assert_close(values, ref_values)
+        assert torch.equal(top_ids, ref_ids)
+    assert out.finish_reasons == ["max_new_tokens", "max_new_tokens"]
+    assert out.num_generated.tolist() == [6, 6]
+
+
+def test_a_finished_row_is_padded_and_keeps_its_reason(model):
+    ids, mask = left_padded([[5, 17, 42, 9], [11, 12]])
+    free = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=6, ignore_eos=True, pad_token_id=0)
+    eos = int(free.sequences[0, ids.shape[1] + 1])  # row 0's second token
+    out = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=6, eos_token_id=eos, pad_token_id=299)
+    assert out.finish_reasons[0] == "eos" and out.num_generated[0] == 2
+    row0 = out.sequences[0, ids.shape[1]:]
+    assert row0[1] == eos and bool((row0[2:] == 299).all())
+    if eos not in free.sequences[1, ids.shape[1]:].tolist():
+        assert torch.equal(out.sequences[1, 4:], free.sequences[1, 4:])  # the other row runs on unchanged
+        assert out.finish_reasons[1] == "max_new_tokens"
+    assert out.logprobs[0, 2:].abs().sum() == 0
+
+
+# ----------------------------------------------------------------- sampling
+def test_seeded_sampling_is_reproducible_and_seeds_differ(model):
+    ids, mask = left_padded([[1, 2, 3]])
+    kw = dict(input_ids=ids, attention_mask=mask, chain=TEMP_TOPK_TOPP, max_new_tokens=12, ignore_eos=True,
+              pad_token_id=0)
+    a = generate(model, seed=11, **kw).sequences
+    b = generate(model, seed=11, **kw).sequences
+    c = generate(model, seed=12, **kw).sequences
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_a_seeded_request_gives_the_same_tokens_in_any_batch_row(model):
+    """Same prompt length everywhere (no padding), so the model's logits are the same in every row."""
+    prompts = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]])
+    kw = dict(chain=TEMP_TOPK_TOPP, max_new_tokens=10, ignore_eos=True, pad_token_id=0)
+    alone = generate(model, input_ids=prompts[2:3], params=[{"seed": 99}], **kw).sequences[0]
+    params = [{"seed": 5}, {"seed": 6}, {"seed": 99}, {"seed": 7}]
+    together = generate(model, input_ids=prompts, params=params, **kw).sequences
+    assert torch.equal(together[2], alone)
+    reordered = generate(model, input_ids=prompts[[2, 0, 3, 1]], params=[params[i] for i in (2, 0, 3, 1)], **kw)
+    assert torch.equal(reordered.sequences[0], alone)
+
+
+def test_per_request_parameters(model):
+    """Row 1 at temperature 0 must pick exactly what greedy picks; row 0 samples."""
+    ids, mask = left_padded([[1, 2, 3], [1, 2, 3]])
+    greedy = generate(model, input_ids=ids[:1], max_new_tokens=8, ignore_eos=True, pad_token_id=0).sequences[0]
+    out = generate(model, input_ids=ids, attention_mask=mask, chain=TEMP_TOPK_TOPP, max_new_tokens=8,
+                   ignore_eos=True, pad_token_id=0, params=[{"temperature": 5.0, "seed": 1}, {"temperature": 0.0}])
+    assert torch.equal(out.sequences[1], greedy)
+    assert not torch.equal(out.sequences[0], greedy)
+
+
+def test_num_return_sequences_samples_distinct_continuations(model):
+    ids = torch.tensor([[1, 2, 3]])
+    out = generate(model, input_ids=ids, chain=TEMP_TOPK_TOPP, seed=4, num_return_sequences=3, max_new_tokens=10,
+                   ignore_eos=True, pad_token_id=0)
+    assert out.sequences.shape[0] == 3 and len({tuple(r) for r in out.sequences.tolist()}) == 3
+    with pytest.raises(ConfigError, match="num_return_sequences = 2 with a greedy chain"):
+        generate(model, input_ids=ids, num_return_sequences=2, max_new_tokens=3)
+
+
+def test_chain_defaults_follow_the_generation_config(model):
+    from transformers import GenerationConfig
+
+    greedy = samplechain.generation.chain_from_generation_config(GenerationConfig())
+    assert [s.name for s in greedy.samplers] == ["greedy"]
+    cfg = GenerationConfig(do_sample=True, temperature=0.7, top_k=30, top_p=0.9, min_p=0.05)
+    chain = samplechain.generation.chain_from_generation_config(cfg)
+    assert [s["name"] for s in chain.describe()] == ["temperature.v1", "top_k.v1", "top_p.v1", "min_p.v1", "dist.v1"]
+
+
+def test_length_limit_defaults_to_the_generation_config(model):
+    ids = torch.tensor([[1, 2, 3]])
+    model.generation_config.max_length = 9
+    try:
+        out = generate(model, input_ids=ids, ignore_eos=True, pad_token_id=0)
+    finally:
+        model.generation_config.max_length = 20
+    assert out.sequences.shape[1] == 9 and out.finish_reasons == ["max_length"]
+
+
+def test_stop_strings_from_the_chain_file_and_the_call(model, tok):
+    free = generate(model, tok, "The quick", max_new_tokens=12, ignore_eos=True, pad_token_id=0)
+    new = free.sequences[0, free.prompt_length:].tolist()
+    pieces = [tok.decode([t]) for t in new]
+    k = next(i for i, p in enumerate(pieces) if p.strip() and p.isascii())  # a stop string the model will emit
+    stop = pieces[k]
+    out = generate(model, tok, "The quick", max_new_tokens=12, ignore_eos=True, pad_token_id=0, stop_strings=[stop])
+    first = next(i for i, p in enumerate(pieces) if stop in "".join(pieces[: i + 1]))
+    assert out.finish_reasons == ["stop_strings"] and out.num_generated.tolist() == [first + 1]
+    assert torch.equal(out.sequences[0, : out.prompt_length + first + 1], free.sequences[0, : free.prompt_length + first + 1])
+    chain = Chain.load({"samplers": [{"use": "greedy"}], "stop": [{"use": "stop_strings", "strings": [stop]},
+                                                                 {"use": "max_new_tokens", "n": 12}]})
+    assert generate(model, tok, "The quick", chain=chain, ignore_eos=True, pad_token_id=0).texts == out.texts
+
+
+def test_a_plain_callable_criterion(model):
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+
+    def row0_after_three(ctx):
+        return torch.tensor([ctx.step >= 3, False])
+
+    out = generate(model, input_ids=ids, stop=[row0_after_three], max_new_tokens=7, ignore_eos=True, pad_token_id=0)
+    assert out.finish_reasons == ["row0_after_three", "max_new_tokens"]
+    assert out.num_generated.tolist() == [3, 7]
+
+
+# ----------------------------------------------------------------- streaming
+def test_stream_deltas_concatenate_to_the_final_text(model, tok):
+    result: list = []
+    events = list(stream(model, tok, "The quick brown", chain=TEMP_TOPK_TOPP, seed=2, max_new_tokens=25,
+                         ignore_eos=True, result=result))
+    text = "".join(e.text for e in events)
+    assert text == result[0].texts[0]
+    assert events[-1].finish_reason == "max_new_tokens"
+    assert {e.index for e in events} == {0}
+
+
+@pytest.mark.parametrize("text", ["naïve café — 日本語のテキスト 🎉!", "🎉🎉 ümlauts\n\nZürich", "plain ascii"])
+def test_incremental_decoder_never_splits_a_character(tok, text):
+    ids = tok(text)["input_ids"]
+    assert any("\ufffd" in tok.decode([i]) for i in ids) or text == "plain ascii"  # really split across tokens
+    dec = IncrementalDecoder(tok)
+    deltas = [dec.push(i) for i in ids] + [dec.flush()]
+    assert "".join(deltas) == tok.decode(ids, skip_special_tokens=True) == text
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_incremental_decoder_flushes_a_dangling_partial_character(tok):
+    ids = tok("日")["input_ids"][:-1]  # the first bytes of a 3-byte character only
+    dec = IncrementalDecoder(tok)
+    deltas = [dec.push(i) for i in ids] + [dec.flush()]
+    assert "".join(deltas) == tok.decode(ids)
+
+
+# ----------------------------------------------------------------- bad input
+def test_empty_prompt_starts_from_bos_with_a_warning(model, tok):
+    with pytest.warns(GenerationWarning, match="prompt 1 is empty: starting it from the bos token 0"):
+        out = generate(model, tok, ["Hello", ""], max_new_tokens=3, pad_token_id=0)
+    assert out.sequences.shape[0] == 2
+
+
+def test_empty_prompt_without_bos_is_an_error(model):
+    with pytest.raises(ConfigError, match="prompt 0 is empty and the model has no bos token"):
+        generate(tiny_gpt2(300, bos_token_id=None), input_ids=torch.zeros((1, 0), dtype=torch.int64),
+                 max_new_tokens=3, pad_token_id=0)
+
+
+def test_prompt_longer_than_the_model_positions(model):
+    with pytest.raises(ConfigError, match="prompt 0 has 130 tokens but the model has 128 positions"):
+        generate(model, input_ids=torch.ones((1, 130), dtype=torch.int64), max_new_tokens=3, pad_token_id=0)
+
+
+def test_extra_logit_columns_beyond_the_tokenizer_are_masked(tok):
+    model = tiny_gpt2(320, seed=1)
+    with torch.no_grad():  # make the columns the tokenizer cannot decode the most likely ones
+        model.lm_head.weight[300:] *= 40
+    ids = torch.tensor([tok("The quick")["input_ids"]])
+    raw = generate(model, input_ids=ids, max_new_tokens=8, ignore_eos=True, pad_token_id=0)
+    assert (raw.sequences[0, ids.shape[1]:] >= 300).any(), "the test needs the extra columns to win"
+    with pytest.warns(GenerationWarning, match="320 logit columns but the tokenizer only 300 tokens"):
+        out = generate(model, tok, "The quick", max_new_tokens=8, ignore_eos=True, pad_token_id=0)
+    assert (out.sequences[0, ids.shape[1]:] < 300).all()
+
+
+def test_no_eos_anywhere_warns(tok):
+    model = tiny_gpt2(300, eos_token_id=None)
+    with pytest.warns(GenerationWarning, match="no eos token"):
+        generate(model, input_ids=torch.tensor([[1, 2]]), max_new_tokens=2, pad_token_id=0)
+
+
+def test_right_padding_is_refused(model):
+    ids = torch.tensor([[1, 2, 3], [4, 0, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    with pytest.raises(ConfigError, match="right-padded.*padding_side = 'left'"):
+        generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=2)
+
+
+def test_conflicting_length_limits_are_refused(model):
+    chain = Chain.load({"samplers": [{"use": "greedy"}], "stop": [{"use": "max_new_tokens", "n": 4}]})
+    with pytest.raises(ConfigError, match="max_new_tokens.v1 is given twice with different parameters"):
+        generate(model, input_ids=torch.tensor([[1]]), chain=chain, max_new_tokens=5, pad_token_id=0)
+    out = generate(model, input_ids=torch.tensor([[1]]), chain=chain, max_new_tokens=4, pad_token_id=0,
+                   ignore_eos=True)
+    assert out.num_generated.tolist() == [4]
