@@ -7,8 +7,10 @@ PY := $(VENV)/bin/python
 setup:
 	./scripts/setup.sh
 
+PROMPT ?= In Python, a list is
+
 run: setup
-	$(VENV)/bin/samplechain demo
+	$(VENV)/bin/samplechain generate "$(PROMPT)" --seed 7
 
 test: setup
 	SAMPLECHAIN_STRICT=1 $(PY) -m pytest -q
@@ -18,3 +20,4 @@ test-fast: setup
 
 bench: setup
 	$(PY) benchmarks/bench_chain.py
+	$(PY) benchmarks/bench_generate.py --markdown

@@ -48,11 +48,15 @@ def load_models(names: list[str]) -> dict[str, Any]:
             from samplechain.models import default_model_path
 
             model = AutoModelForCausalLM.from_pretrained(default_model_path())
+        elif name == "tiny-random":  # the embedded model's shape, random weights
+            torch.manual_seed(0)
+            model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=4096, n_positions=256,
+                                               bos_token_id=0, eos_token_id=0))
         elif name == "gpt2-small-random":
             torch.manual_seed(0)
             model = GPT2LMHeadModel(GPT2Config())
         else:
-            raise SystemExit(f"unknown model {name!r}: use embedded, gpt2-small-random")
+            raise SystemExit(f"unknown model {name!r}: use embedded, tiny-random, gpt2-small-random")
         model.eval()
         model.generation_config.eos_token_id = None  # every run generates exactly N tokens per row
         model.generation_config.pad_token_id = 0
@@ -110,11 +114,14 @@ def run(models: dict[str, Any], batches: list[int], n: int, reps: int, prompt_le
                 _theirs(model, ids, setting == "sampling", 4)
                 ours_t, theirs_t, added = [], [], []
                 same = None
-                for _ in range(reps):  # interleaved, so slow spells of the machine hit both
+                for rep in range(reps):  # interleaved, alternating who goes first: slow spells hit both alike
+                    if rep % 2:
+                        wall2, ref = _theirs(model, ids, setting == "sampling", n)
                     wall, spent, seq = _ours(model, ids, chain, n)
+                    if not rep % 2:
+                        wall2, ref = _theirs(model, ids, setting == "sampling", n)
                     ours_t.append(wall)
                     added.append(spent / n)
-                    wall2, ref = _theirs(model, ids, setting == "sampling", n)
                     theirs_t.append(wall2)
                     if setting == "greedy":
                         same = bool(torch.equal(seq, ref)) if same in (None, True) else False

@@ -22,6 +22,7 @@ One step of `Chain.sample(logits, store, request_ids)`, in order:
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,9 @@ class Chain:
             ctx = self._context(store, view, positions, backend, i)
             try:
                 if i == last:
+                    # the normaliser of what the selector sees, taken first: right after the previous pass over
+                    # the logits the worker threads are still awake (measurably cheaper than after the selector)
+                    lse = torch.logsumexp(cand.logits, dim=-1)
                     chosen = sampler.select(cand, ctx)
                 else:
                     cand = sampler.apply(cand, ctx)
@@ -206,11 +210,9 @@ class Chain:
         self._check_selection(last, chosen, cand)
 
         token_ids = cand.ids_at(chosen[:, None]).squeeze(1)
-        lse = torch.logsumexp(cand.logits, dim=-1)  # (B,) normaliser of what the selector saw
         logprobs = cand.logits.gather(1, chosen[:, None]).squeeze(1) - lse
-        bad = ~torch.isfinite(logprobs)
-        if bool(bad.any()):
-            raise self._bad_rows(bad, lse, view.request_ids)
+        if not math.isfinite(float(logprobs.sum())):  # one reduction: NaN and inf both survive a sum of logprobs
+            raise self._bad_rows(~torch.isfinite(logprobs), lse, view.request_ids)
         scores = cand.scores() if return_scores else None
         if accept:
             self._accept(store, view, positions, backend, token_ids)

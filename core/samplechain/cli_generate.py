@@ -100,6 +100,7 @@ def _load_model(path: str | None) -> tuple[Any, Any, str]:
             raise ConfigError(f"--model {path}: no such folder; give a folder saved with save_pretrained "
                               "(config.json, model.safetensors, tokenizer files)")
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder)
     model.eval()

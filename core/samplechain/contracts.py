@@ -270,8 +270,9 @@ class StoppingCriterion:
     """Decides per row whether generation is finished. Criteria combine by OR; a finished row stops alone.
 
     `prepare(setup)` runs once per generation (resolve ids from the tokenizer, cached precomputes, timers);
-    `check(ctx)` returns a (B,) bool tensor on ctx.input_ids' device; `reason` is the finish reason reported for
-    rows it stops. `is_length_limit` marks criteria that bound the length (a generation always has one).
+    `check(ctx)` returns a (B,) bool tensor on ctx.input_ids' device, or a Python bool when the answer is the same
+    for every row (length limits, timers: no tensor to build on most steps); `reason` is the finish reason
+    reported for rows it stops. `is_length_limit` marks criteria that bound the length (a generation always has one).
     """
 
     name: ClassVar[str]
@@ -298,7 +299,7 @@ class StoppingCriterion:
         """For length limits: the most tokens any row can get under this criterion (sizes buffers)."""
         return None
 
-    def check(self, ctx: StopContext) -> torch.Tensor:
+    def check(self, ctx: StopContext) -> torch.Tensor | bool:
         raise NotImplementedError
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 __all__ = ["mix32", "row_keys", "uniform", "gumbel", "exponential", "fresh_seed", "SEED_MAX"]
@@ -38,8 +39,35 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+_NP_M32 = np.uint64(_M32)
+_NP_SMALL = 1 << 16  # below this many elements, numpy's per-op cost (~1 us) beats torch's (~5 us)
+
+
+def _mix32_np(x: np.ndarray) -> np.ndarray:
+    """mix32 on uint64 arrays of values < 2**32: the products stay below 2**64, so uint64 wrapping never occurs
+    and the result equals the int64 torch version bit for bit."""
+    x = x ^ (x >> np.uint64(16))
+    x = (x * np.uint64(0x7FEB352D)) & _NP_M32
+    x = x ^ (x >> np.uint64(15))
+    x = (x * np.uint64(0x846CA68B)) & _NP_M32
+    return x ^ (x >> np.uint64(16))
+
+
+def _row_keys_np(seed: np.ndarray, position: np.ndarray, stream: int) -> tuple[np.ndarray, np.ndarray]:
+    seed = seed.astype(np.uint64)
+    position = position.astype(np.uint64)
+    k = _mix32_np((seed >> np.uint64(32)) & _NP_M32 ^ np.uint64((stream * 0x9E3779B9) & _M32))
+    k = _mix32_np((seed & _NP_M32) ^ k)
+    k = _mix32_np(k ^ (position & _NP_M32))
+    k = _mix32_np(k ^ ((position >> np.uint64(32)) & _NP_M32))
+    return k, _mix32_np(k ^ np.uint64(0x5BD1E995))
+
+
 def row_keys(seed: torch.Tensor, position: torch.Tensor, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Two 32-bit keys per row from seed (B,) int64 >= 0, position (B,) int64 and a stream number."""
+    if seed.device.type == "cpu" and position.device.type == "cpu" and seed.numel() <= _NP_SMALL:
+        k1, k2 = _row_keys_np(seed.numpy(), position.numpy(), stream)
+        return torch.from_numpy(k1.astype(np.int64)), torch.from_numpy(k2.astype(np.int64))
     seed_lo = seed & _M32
     seed_hi = (seed >> 32) & _M32
     k = mix32(seed_hi ^ ((stream * 0x9E3779B9) & _M32))
@@ -51,6 +79,12 @@ def row_keys(seed: torch.Tensor, position: torch.Tensor, stream: int) -> tuple[t
 
 def uniform(seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int = 0) -> torch.Tensor:
     """U(0, 1) noise, float64 (B, K), for token ids (B, K) of rows with seed/position (B,)."""
+    if ids.device.type == "cpu" and seed.device.type == "cpu" and position.device.type == "cpu" \
+            and ids.numel() <= _NP_SMALL:
+        k1, k2 = _row_keys_np(seed.numpy(), position.numpy(), stream)
+        x = (ids.numpy().astype(np.uint64) + k1[:, None]) & _NP_M32
+        bits = _mix32_np(_mix32_np(x) ^ k2[:, None])
+        return torch.from_numpy((bits.astype(np.float64) + 0.5) * (1.0 / 4294967296.0))
     k1, k2 = row_keys(seed, position, stream)
     bits = mix32(mix32((ids + k1[:, None]) & _M32) ^ k2[:, None])
     return (bits.to(torch.float64) + 0.5) * (1.0 / 4294967296.0)

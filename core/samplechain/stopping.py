@@ -22,15 +22,17 @@ from .contracts import StopContext, StoppingCriterion, StopSetup
 from .errors import ConfigError, SamplingError
 from .plugins import PluginHost, get_host
 
-__all__ = ["Stopping", "StopResult", "CallableCriterion", "TransformersCriterion", "as_criterion"]
+__all__ = ["Stopping", "StopResult", "CallableCriterion", "TransformersCriterion", "as_criterion", "as_rows"]
 
 
 @attrs.frozen
 class StopResult:
-    """done: (B,) bool, the rows any criterion stopped this step. reasons[b]: the first criterion's reason."""
+    """done: (B,) bool, the rows any criterion stopped this step. reasons[b]: the first criterion's reason.
+    any: whether any row stopped (a Python bool, so the loop need not look at `done` on most steps)."""
 
     done: torch.Tensor
     reasons: list[str | None]
+    any: bool = True
 
 
 class CallableCriterion(StoppingCriterion):
@@ -54,7 +56,7 @@ class CallableCriterion(StoppingCriterion):
         return self.fn(ctx)
 
     def check(self, ctx: StopContext) -> torch.Tensor:
-        return _as_rows(self.call(ctx), ctx.input_ids.shape[0], ctx.input_ids.device, self.label())
+        return as_rows(self.call(ctx), ctx.input_ids.shape[0], ctx.input_ids.device, self.label())
 
 
 class TransformersCriterion(CallableCriterion):
@@ -77,7 +79,8 @@ class TransformersCriterion(CallableCriterion):
         return self.fn(ctx.input_ids, scores)
 
 
-def _as_rows(value: Any, batch: int, device: torch.device, label: str) -> torch.Tensor:
+def as_rows(value: Any, batch: int, device: torch.device, label: str) -> torch.Tensor:
+    """A criterion's answer as a (B,) bool tensor: a Python bool (or a one-element answer) means every row."""
     if isinstance(value, bool):
         return torch.full((batch,), value, dtype=torch.bool, device=device)
     out = torch.as_tensor(value, device=device)
@@ -179,7 +182,7 @@ class Stopping:
     def check(self, ctx: StopContext) -> StopResult:
         batch = ctx.input_ids.shape[0]
         device = ctx.input_ids.device
-        done = torch.zeros(batch, dtype=torch.bool, device=device)
+        done: torch.Tensor | None = None
         reasons: list[str | None] = [None] * batch
         for crit in self.criteria:
             try:
@@ -190,13 +193,18 @@ class Stopping:
                 label = crit.label() if isinstance(crit, CallableCriterion) else f"stopping criterion " \
                     f"{crit.qualified_name()}"
                 raise SamplingError(f"{label} failed at step {ctx.step}: {type(exc).__name__}: {exc}") from exc
-            hit = _as_rows(hit, batch, device, f"stopping criterion {crit.qualified_name()}")
-            new = hit & ~done
-            if bool(new.any()):
-                for b in new.nonzero().flatten().tolist():
+            if hit is False:  # "no row": the common answer of length limits, without building a tensor
+                continue
+            hit = as_rows(hit, batch, device, f"stopping criterion {crit.qualified_name()}")
+            new = hit if done is None else hit & ~done
+            rows = new.nonzero().flatten().tolist()
+            if rows:
+                for b in rows:
                     reasons[b] = crit.reason
-                done |= hit
-        return StopResult(done, reasons)
+                done = hit.clone() if done is None else done | hit
+        if done is None:
+            return StopResult(torch.zeros(batch, dtype=torch.bool, device=device), reasons, False)
+        return StopResult(done, reasons, True)
 
     def __iter__(self):
         return iter(self.criteria)

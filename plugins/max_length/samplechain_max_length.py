@@ -9,7 +9,6 @@ from __future__ import annotations
 import warnings
 
 import attrs
-import torch
 
 from samplechain import StopContext, StoppingCriterion, StopSetup, hookimpl, in_range
 
@@ -47,9 +46,8 @@ class MaxLength(StoppingCriterion):
     def max_new_tokens(self, setup: StopSetup) -> int:
         return max(self.params.n - setup.prompt_length, 1)
 
-    def check(self, ctx: StopContext) -> torch.Tensor:
-        return torch.full((ctx.input_ids.shape[0],), ctx.input_ids.shape[-1] >= self.params.n, dtype=torch.bool,
-                          device=ctx.input_ids.device)
+    def check(self, ctx: StopContext) -> bool:
+        return ctx.input_ids.shape[-1] >= self.params.n  # the same answer for every row
 
 
 @hookimpl

@@ -9,7 +9,6 @@ from __future__ import annotations
 import warnings
 
 import attrs
-import torch
 
 from samplechain import StopContext, StoppingCriterion, StopSetup, hookimpl, in_range
 
@@ -48,9 +47,8 @@ class MaxNewTokens(StoppingCriterion):
     def max_new_tokens(self, setup: StopSetup) -> int:
         return self.params.n
 
-    def check(self, ctx: StopContext) -> torch.Tensor:
-        return torch.full((ctx.input_ids.shape[0],), ctx.step >= self.params.n, dtype=torch.bool,
-                          device=ctx.input_ids.device)
+    def check(self, ctx: StopContext) -> bool:
+        return ctx.step >= self.params.n  # the same answer for every row
 
 
 @hookimpl

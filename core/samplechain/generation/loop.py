@@ -164,7 +164,11 @@ class Generation:
         self.vocab_limit = self._vocab_limit()
         self.finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
         self.finish_reasons: list[str | None] = [None] * ids.shape[0]
-        self.num_generated = torch.zeros(ids.shape[0], dtype=torch.int64)
+        self.num_generated = torch.zeros(ids.shape[0], dtype=torch.int64)  # set when a row finishes
+        self._all_rows = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
+        self._any_finished = False
+        self._all_finished = False
+        self._steps = 0
         self.logprobs: list[torch.Tensor] = []
         self.scores: list[torch.Tensor] = []
         self.raw_logits: list[torch.Tensor] = []
@@ -331,7 +335,7 @@ class Generation:
                 step += 1
                 token_ids, active = self._one_step(logits, step)
                 yield token_ids, active
-                if bool(self.finished.all()):
+                if self._all_finished:
                     break
                 logits = runner.step(self.input_ids)
 
@@ -342,24 +346,34 @@ class Generation:
             logits[:, self.vocab_limit:] = float("-inf")
         want_scores = self.output_scores or self.top_logprobs > 0
         out = self.chain.sample(logits, self.store, self.request_ids, return_scores=want_scores)
-        active = ~self.finished
-        tokens = torch.where(active, out.token_ids, torch.full_like(out.token_ids, self.pad_id))
+        tokens, logprobs = out.token_ids, out.logprobs
+        if self._any_finished:  # finished rows get the pad token (and a 0 logprob)
+            active = ~self.finished
+            tokens = torch.where(active, tokens, torch.full_like(tokens, self.pad_id))
+            logprobs = torch.where(active, logprobs, torch.zeros_like(logprobs))
+        else:
+            active = self._all_rows
         self.input_ids = torch.cat([self.input_ids, tokens[:, None]], dim=-1)
-        self.logprobs.append(torch.where(active, out.logprobs, torch.zeros_like(out.logprobs)))
+        self.logprobs.append(logprobs)
         if self.output_scores:
             self.scores.append(out.scores)
         if self.top_logprobs:
             lp = torch.log_softmax(out.scores, dim=-1)
             values, ids = lp.topk(min(self.top_logprobs, lp.shape[-1]), dim=-1)
             self.tops.append((values, ids))
-        self.num_generated += active.to(torch.int64).cpu()
         ctx = StopContext(self.input_ids, step, tokens, self.setup, out.logprobs, out.scores)
         result = self.stopping.check(ctx)
-        newly = result.done & active
-        if bool(newly.any()):
-            for b in newly.nonzero().flatten().tolist():
+        if result.any:
+            newly = result.done & active
+            rows = newly.nonzero().flatten().tolist()
+            for b in rows:
                 self.finish_reasons[b] = result.reasons[b]
-            self.finished |= newly
+                self.num_generated[b] = step
+            if rows:
+                self.finished |= newly
+                self._any_finished = True
+                self._all_finished = bool(self.finished.all())
+        self._steps = step
         return tokens, active
 
     def output(self) -> GenerationOutput:
@@ -378,7 +392,8 @@ class Generation:
             logprobs=torch.stack(self.logprobs, dim=1) if self.logprobs else None,
             top_logprobs=tuple(self.tops) if self.top_logprobs else None,
             finish_reasons=list(self.finish_reasons),
-            num_generated=self.num_generated.clone(),
+            num_generated=torch.where(self.finished.cpu(), self.num_generated, torch.full_like(
+                self.num_generated, self._steps)),
             texts=texts,
             prompt_length=prompt_length,
         )

@@ -5,12 +5,17 @@ import torch
 from transformers import GPT2Config
 
 import samplechain
+from samplechain.stopping import as_rows
 from samplechain import ConfigError, StopContext, StopSetup
 
 
 def setup(prompt_length=4, batch=3, config=None):
     return StopSetup(batch_size=batch, prompt_length=prompt_length, prompt_lengths=torch.full((batch,), prompt_length),
                      device=torch.device("cpu"), model_config=config)
+
+
+def rows(answer, batch):
+    return as_rows(answer, batch, torch.device("cpu"), "test").tolist()
 
 
 def test_stops_every_row_at_n_new_tokens_and_states_its_bound():
@@ -21,7 +26,7 @@ def test_stops_every_row_at_n_new_tokens_and_states_its_bound():
     answers = []
     for step in range(1, 5):
         ids = torch.zeros((3, 4 + step), dtype=torch.int64)
-        answers.append(crit.check(StopContext(ids, step, ids[:, -1], s)).tolist())
+        answers.append(rows(crit.check(StopContext(ids, step, ids[:, -1], s)), 3))
     assert answers == [[False] * 3, [False] * 3, [True] * 3, [True] * 3]
 
 
