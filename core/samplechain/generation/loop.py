@@ -114,8 +114,11 @@ class Generation:
         top_logprobs: int = 0,
         generation_config: Any = None,
         host: PluginHost | None = None,
+        logits_processor: Any = None,
     ) -> None:
         self.model = model
+        # a transformers LogitsProcessorList (or any fn(input_ids, scores) -> scores) run before the chain
+        self.logits_processor = logits_processor or None
         self.tokenizer = tokenizer
         self.host = host or get_host()
         self.generation_config = generation_config or getattr(model, "generation_config", None)
@@ -344,6 +347,8 @@ class Generation:
             self.raw_logits.append(logits.clone())
         if self.vocab_limit is not None:
             logits[:, self.vocab_limit:] = float("-inf")
+        if self.logits_processor is not None:
+            logits = self.logits_processor(self.input_ids, logits)
         want_scores = self.output_scores or self.top_logprobs > 0
         out = self.chain.sample(logits, self.store, self.request_ids, return_scores=want_scores)
         tokens, logprobs = out.token_ids, out.logprobs
