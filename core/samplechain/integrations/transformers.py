@@ -205,7 +205,8 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
     `output_scores` / `output_logits`. transformers' own logits processors (built from the generation config,
     e.g. repetition_penalty) run before the chain; its stopping criteria run next to ours (its length and eos
     criteria are replaced by ours). Extra keywords of model.generate: `seed`, `params` (per-row chain
-    parameters), `tokenizer` (for stop strings and texts), `stop_strings`. `defaults` are passed to the loop.
+    parameters), `stop_strings`. `defaults` are passed to the loop; `tokenizer=` belongs there (transformers
+    does not hand model.generate's tokenizer to a custom_generate callable).
     """
     from ..generation import generate as sc_generate
 
@@ -226,6 +227,9 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
         pad = getattr(gc, "_pad_token_tensor", None)
         pad = int(pad) if isinstance(pad, torch.Tensor) and pad.numel() == 1 else gc.pad_token_id
         kwargs: dict[str, Any] = dict(defaults)
+        # transformers drops `tokenizer` before calling a custom_generate callable: take it from the defaults
+        tokenizer = tokenizer if tokenizer is not None else kwargs.pop("tokenizer", None)
+        kwargs.pop("tokenizer", None)
         kwargs.update(
             input_ids=input_ids,
             attention_mask=model_kwargs.get("attention_mask"),

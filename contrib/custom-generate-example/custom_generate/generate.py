@@ -1,0 +1,30 @@
+"""A `custom_generate` repo whose decoding is a samplechain chain, declared in TOML below.
+
+    model.generate(**inputs, custom_generate="path/to/custom-generate-example", trust_remote_code=True,
+                   tokenizer=tok, max_new_tokens=40, seed=7)
+
+transformers copies this file alone into its module cache and calls `generate(model=..., **the arguments of
+model.generate)`; this hands them back to `model.generate` with samplechain's loop as the decoding callable.
+"""
+
+from samplechain import Chain
+from samplechain.integrations import as_custom_generate
+
+# llama.cpp's default order, seeded per request by model.generate(seed=...)
+CHAIN = """
+[chain]
+samplers = [
+  { use = "top_k", k = 40 },
+  { use = "top_p", p = 0.95 },
+  { use = "min_p", p = 0.05 },
+  { use = "temperature", t = 0.8 },
+  { use = "dist" },
+]
+stop = [ { use = "stop_strings", strings = ["\\n\\n"] } ]
+"""
+
+
+def generate(model, *args, **kwargs):
+    kwargs.pop("custom_generate", None)
+    decode = as_custom_generate(Chain.load(CHAIN), tokenizer=kwargs.get("tokenizer"))  # for the stop string
+    return model.generate(*args, custom_generate=decode, **kwargs)
