@@ -1,0 +1,78 @@
+"""`samplechain generate` on a real saved model folder (save_pretrained of a tiny GPT-2 and a BPE tokenizer)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from samplechain.cli import main
+from samplechain.cli_generate import parse_sets, unescape
+from samplechain.testing import byte_bpe_tokenizer, tiny_gpt2
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model")
+    tiny_gpt2(300, seed=3).save_pretrained(path)
+    byte_bpe_tokenizer(300).save_pretrained(path)
+    return path
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_streams_the_prompt_and_the_continuation(folder, capsys):
+    code, out, err = run(capsys, "generate", "The quick", "--model", str(folder), "--max-new-tokens", "12",
+                         "--seed", "5")
+    assert code == 0
+    assert out.startswith("The quick") and out.endswith("\n")
+    assert "12 tokens" in err and "finish: max_new_tokens" in err
+
+
+def test_json_output_matches_the_streamed_text(folder, capsys):
+    args = ("generate", "The quick", "--model", str(folder), "--max-new-tokens", "10", "--seed", "5")
+    _, streamed, _ = run(capsys, *args)
+    code, out, _ = run(capsys, *args, "--json", "--top-logprobs", "2")
+    data = json.loads(out)
+    row = data["outputs"][0]
+    assert code == 0 and streamed == "The quick" + row["text"] + "\n"
+    assert len(row["token_ids"]) == len(row["logprobs"]) == len(row["top_logprobs"]) == 10
+    assert row["finish_reason"] == "max_new_tokens" and data["seed"] == 5
+    assert [s["name"] for s in data["chain"]] == ["top_k.v1", "top_p.v1", "min_p.v1", "temperature.v1", "dist.v1"]
+
+
+def test_set_preset_and_batch(folder, capsys):
+    code, out, _ = run(capsys, "generate", "-p", "The", "-p", "A list", "--model", str(folder), "--preset",
+                       "greedy", "--max-new-tokens", "4", "--json")
+    data = json.loads(out)
+    assert code == 0 and [o["prompt"] for o in data["outputs"]] == ["The", "A list"]
+    code, out, _ = run(capsys, "generate", "The", "--model", str(folder), "--set", "temperature=0", "--json",
+                       "--max-new-tokens", "6")
+    greedy = run(capsys, "generate", "The", "--model", str(folder), "--preset", "greedy", "--json",
+                 "--max-new-tokens", "6")[1]
+    assert json.loads(out)["outputs"][0]["token_ids"] == json.loads(greedy)["outputs"][0]["token_ids"]
+
+
+def test_beam_search_from_the_command_line(folder, capsys):
+    code, out, _ = run(capsys, "generate", "The", "--model", str(folder), "--preset", "greedy", "--num-beams", "3",
+                       "--max-new-tokens", "5", "--json")
+    assert code == 0 and "sequence_score" in json.loads(out)["outputs"][0]
+
+
+def test_errors_are_one_clear_line(folder, capsys):
+    code, _, err = run(capsys, "generate", "x", "--model", str(folder / "nope"))
+    assert code == 1 and "no such folder" in err
+    code, _, err = run(capsys, "generate", "x", "--model", str(folder), "--set", "top_q=0.5")
+    assert code == 1 and "unknown parameter 'top_q'" in err and "did you mean" in err
+    code, _, err = run(capsys, "generate", "x", "--model", str(folder), "--set", "oops")
+    assert code == 1 and "expected KEY=VALUE" in err
+
+
+def test_set_values_are_toml_and_stop_strings_unescape():
+    assert parse_sets(["temperature=0.7", "top_k.k=20", "flag=true", "word=abc", 'q="x y"']) == {
+        "temperature": 0.7, "top_k.k": 20, "flag": True, "word": "abc", "q": "x y"}
+    assert unescape(r"\n\n") == "\n\n" and unescape(r"a\\n") == "a\\n" and unescape(r"\x") == "\\x"
