@@ -16,6 +16,8 @@ from .contracts import (
     StopContext,
     StoppingCriterion,
     StopSetup,
+    max_positions,
+    token_id_list,
 )
 from .errors import (
     BackendError,
@@ -73,8 +75,10 @@ __all__ = [
     "in_range",
     "load_config",
     "load_registry",
+    "max_positions",
     "one_of",
     "reset_host",
     "seed_field",
     "select_backend",
+    "token_id_list",
 ]

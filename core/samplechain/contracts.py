@@ -21,6 +21,8 @@ __all__ = [
     "StopSetup",
     "StopContext",
     "Backend",
+    "max_positions",
+    "token_id_list",
     "NoParams",
     "ALL_DEVICES",
 ]
@@ -223,6 +225,26 @@ class Sampler:
         return {}
 
 
+def max_positions(config: Any) -> int | None:
+    """The longest sequence a Hugging Face model config allows, when it states one."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def token_id_list(value: Any) -> list[int]:
+    """Token ids given as None, an int, a list or a tensor (as configs and tokenizers give them) as a list."""
+    if value is None:
+        return []
+    if isinstance(value, torch.Tensor):
+        return [int(v) for v in value.flatten().tolist()]
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
 @attrs.define(slots=True)
 class StopSetup:
     """What a generation tells its stopping criteria once, before the first step (`StoppingCriterion.prepare`).
@@ -240,6 +262,11 @@ class StopSetup:
     model_config: Any = None
     generation_config: Any = None
     start_time: float = 0.0  # time.monotonic() when generation started
+
+    @property
+    def max_positions(self) -> int | None:
+        """The model's position limit (max_position_embeddings / n_positions ...), when its config states one."""
+        return max_positions(self.model_config)
 
 
 @attrs.define(slots=True)

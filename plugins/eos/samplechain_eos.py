@@ -12,17 +12,7 @@ import warnings
 import attrs
 import torch
 
-from samplechain import StopContext, StoppingCriterion, StopSetup, hookimpl
-
-
-def _ids(value) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, torch.Tensor):
-        return [int(v) for v in value.flatten().tolist()]
-    if isinstance(value, int):
-        return [value]
-    return [int(v) for v in value]
+from samplechain import StopContext, StoppingCriterion, StopSetup, hookimpl, token_id_list
 
 
 def _non_negative(_inst, _attr, value) -> None:
@@ -51,7 +41,7 @@ class Eos(StoppingCriterion):
             for source in (getattr(setup.tokenizer, "eos_token_id", None),
                            getattr(setup.generation_config, "eos_token_id", None),
                            getattr(setup.model_config, "eos_token_id", None)):
-                found += [i for i in _ids(source) if i not in found]
+                found += [i for i in token_id_list(source) if i not in found]
         if not found:
             warnings.warn("eos: no eos token id in the tokenizer, the generation config or the model config; this "
                           "criterion never fires (give ids = [...] in the chain's stop list)", UserWarning, stacklevel=2)

@@ -13,15 +13,6 @@ import attrs
 from samplechain import StopContext, StoppingCriterion, StopSetup, hookimpl, in_range
 
 
-def model_positions(setup: StopSetup) -> int | None:
-    config = setup.model_config
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
 @attrs.frozen
 class MaxLengthParams:
     n: int = attrs.field(validator=in_range(1, None, hint="the longest sequence, prompt included"))
@@ -34,7 +25,7 @@ class MaxLength(StoppingCriterion):
     is_length_limit = True
 
     def prepare(self, setup: StopSetup) -> None:
-        limit = model_positions(setup)
+        limit = setup.max_positions
         if limit is not None and self.params.n > limit:
             warnings.warn(
                 f"max_length = {self.params.n} is more than the model's {limit} positions: generation will fail or "

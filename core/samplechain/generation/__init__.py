@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from ..contracts import max_positions
 from .loop import Generation, GenerationWarning, StreamEvent, chain_from_generation_config, generate, stream
-from .model import ModelRunner, max_positions
+from .model import ModelRunner
 from .outputs import GenerationOutput
 from .streaming import IncrementalDecoder
 

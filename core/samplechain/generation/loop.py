@@ -19,11 +19,12 @@ import attrs
 import torch
 
 from ..chain import Chain
-from ..contracts import StopContext, StopSetup
+from ..contracts import StopContext, StopSetup, token_id_list
 from ..errors import ConfigError, SamplechainError
 from ..plugins import PluginHost, get_host
 from ..stopping import Stopping
-from .model import ModelRunner, max_positions
+from ..contracts import max_positions
+from .model import ModelRunner
 from .outputs import GenerationOutput
 from .streaming import IncrementalDecoder
 
@@ -76,16 +77,6 @@ def _as_chain(chain: Any, generation_config: Any, host: PluginHost) -> Chain:
     raise ConfigError(f"chain={chain!r}: pass a Chain, a TOML file path, a dict, or 'preset:NAME'")
 
 
-def _ids(value: Any) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, torch.Tensor):
-        return [int(v) for v in value.flatten().tolist()]
-    if isinstance(value, int):
-        return [value]
-    return [int(v) for v in value]
-
-
 class Generation:
     """One prepared generation: inputs, chain and store, criteria. `steps()` runs it; `output()` collects."""
 
@@ -130,7 +121,7 @@ class Generation:
         if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
             raise ConfigError(f"num_return_sequences = {num_return_sequences!r}: must be an integer >= 1")
 
-        self.eos_ids = _ids(eos_token_id) if eos_token_id is not None else self._eos_from_model()
+        self.eos_ids = token_id_list(eos_token_id) if eos_token_id is not None else self._eos_from_model()
         self.pad_id = self._pad_id(pad_token_id)
         device = getattr(model, "device", torch.device("cpu"))
         ids, mask, self.prompt_lengths = self._inputs(prompts, input_ids, attention_mask, device)
@@ -183,7 +174,7 @@ class Generation:
         sources = [getattr(self.tokenizer, "eos_token_id", None), getattr(self.generation_config, "eos_token_id", None),
                    getattr(self.model.config, "eos_token_id", None)]
         for src in sources:
-            for i in _ids(src):
+            for i in token_id_list(src):
                 if i not in found:
                     found.append(i)
         return found
@@ -193,7 +184,7 @@ class Generation:
             return int(explicit)
         for src in (getattr(self.tokenizer, "pad_token_id", None), getattr(self.generation_config, "pad_token_id", None)):
             if src is not None:
-                return int(_ids(src)[0])
+                return int(token_id_list(src)[0])
         if self.eos_ids:
             warnings.warn(
                 f"no pad token in the tokenizer or generation config: using eos id {self.eos_ids[0]} to pad "

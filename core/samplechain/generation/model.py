@@ -13,20 +13,12 @@ from typing import Any
 
 import torch
 
+from ..contracts import max_positions
 from ..errors import ConfigError
 
 __all__ = ["ModelRunner", "max_positions"]
 
 _CACHE_NAMES = ("past_key_values", "cache_params", "state", "mems", "past_buckets_states")
-
-
-def max_positions(config: Any) -> int | None:
-    """The longest sequence a model config allows, when it states one."""
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
 
 
 class ModelRunner:
