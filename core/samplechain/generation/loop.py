@@ -122,6 +122,7 @@ class Generation:
             raise ConfigError(f"num_return_sequences = {num_return_sequences!r}: must be an integer >= 1")
 
         self.eos_ids = token_id_list(eos_token_id) if eos_token_id is not None else self._eos_from_model()
+        self._pad_note: str | None = None
         self.pad_id = self._pad_id(pad_token_id)
         device = getattr(model, "device", torch.device("cpu"))
         ids, mask, self.prompt_lengths = self._inputs(prompts, input_ids, attention_mask, device)
@@ -142,6 +143,8 @@ class Generation:
         self.request_ids = [
             f"{i}" if self.n == 1 else f"{i}.{j}" for i in range(self.num_prompts) for j in range(self.n)
         ]
+        if self._pad_note and len(self.request_ids) > 1:  # a single row is never padded: nothing to say
+            warnings.warn(self._pad_note, GenerationWarning, stacklevel=3)
         self.store = self.chain.new_store(device=ids.device.type, capacity=len(self.request_ids))
         self._add_requests(params, seed)
 
@@ -186,15 +189,10 @@ class Generation:
             if src is not None:
                 return int(token_id_list(src)[0])
         if self.eos_ids:
-            warnings.warn(
-                f"no pad token in the tokenizer or generation config: using eos id {self.eos_ids[0]} to pad "
-                "prompts and finished rows (pass pad_token_id= to choose another)",
-                GenerationWarning,
-                stacklevel=4,
-            )
+            self._pad_note = (f"no pad token in the tokenizer or generation config: using eos id {self.eos_ids[0]} "
+                              "to pad prompts and finished rows (pass pad_token_id= to choose another)")
             return self.eos_ids[0]
-        warnings.warn("no pad or eos token anywhere: padding with id 0 (pass pad_token_id= to choose another)",
-                      GenerationWarning, stacklevel=4)
+        self._pad_note = "no pad or eos token anywhere: padding with id 0 (pass pad_token_id= to choose another)"
         return 0
 
     def _inputs(self, prompts, input_ids, attention_mask, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
