@@ -85,3 +85,26 @@ def test_bad_beam_arguments():
         generate(model, input_ids=IDS, attention_mask=MASK, num_beams=2, chain="preset:llama.cpp", max_new_tokens=3)
     with pytest.raises(ConfigError, match="early_stopping = 'sometimes'"):
         generate(model, input_ids=IDS, attention_mask=MASK, num_beams=2, early_stopping="sometimes", max_new_tokens=3)
+
+
+def test_embedded_model_beam_search_equals_model_generate():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from samplechain.models import default_model_path
+
+    model = AutoModelForCausalLM.from_pretrained(default_model_path()).eval()
+    tok = AutoTokenizer.from_pretrained(default_model_path())
+    prompts = ["The function", "A list is a mutable sequence and"]
+    enc = [tok(p)["input_ids"] for p in prompts]
+    width = max(map(len, enc))
+    ids = torch.tensor([[tok.eos_token_id] * (width - len(e)) + e for e in enc])
+    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, num_beams=4, max_new_tokens=16,
+                             num_return_sequences=2, pad_token_id=tok.eos_token_id, return_dict_in_generate=True,
+                             output_scores=True)
+    out = generate(model, tok, prompts, num_beams=4, max_new_tokens=16, num_return_sequences=2,
+                   pad_token_id=tok.eos_token_id)
+    assert torch.equal(out.sequences, ref.sequences)
+    torch.testing.assert_close(out.sequences_scores, ref.sequences_scores)

@@ -284,3 +284,33 @@ def test_conflicting_length_limits_are_refused(model):
     out = generate(model, input_ids=torch.tensor([[1]]), chain=chain, max_new_tokens=4, pad_token_id=0,
                    ignore_eos=True)
     assert out.num_generated.tolist() == [4]
+
+
+# ----------------------------------------------------------------- the embedded model
+@pytest.fixture(scope="module")
+def embedded():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from samplechain.models import default_model_path
+
+    path = default_model_path()
+    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def test_embedded_model_greedy_equals_model_generate_on_text_prompts(embedded):
+    model, tok = embedded
+    prompts = ["The function", "A list is a mutable sequence and", "In Python,"]
+    out = generate(model, tok, prompts, max_new_tokens=20, pad_token_id=tok.eos_token_id)
+    enc = [tok(p)["input_ids"] for p in prompts]
+    ids, mask = left_padded(enc, pad=tok.eos_token_id)
+    ref = hf_generate(model, ids, mask, max_new_tokens=20, pad_token_id=tok.eos_token_id)
+    assert torch.equal(out.sequences, ref)
+    assert all(t.strip() for t in out.texts)
+
+
+def test_embedded_model_streams_the_same_text_it_returns(embedded):
+    model, tok = embedded
+    result: list = []
+    text = "".join(e.text for e in stream(model, tok, "A list is", chain="preset:llama.cpp", seed=3,
+                                          max_new_tokens=40, result=result))
+    assert text == result[0].texts[0] and len(text) > 40
