@@ -9,29 +9,62 @@ import torch
 from transformers import (
     LogitsProcessorList,
     MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
 
 from samplechain import Chain
+from samplechain.errors import ConfigError
 from samplechain.generation import generate
 from samplechain.integrations import as_custom_generate, as_logits_processor, as_stopping_criteria
 from samplechain.testing import byte_bpe_tokenizer, tiny_gpt2
 
+GREEDY = {"samplers": [{"use": "greedy"}]}
 SAMPLING = {"samplers": [{"use": "temperature", "t": 0.8}, {"use": "top_k", "k": 20}, {"use": "top_p", "p": 0.9},
                          {"use": "dist"}]}
+PROMPTS = ["The quick", "A"]
+
+
+def _docs_gpt2():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from samplechain.models import default_model_path
+
+    try:
+        path = default_model_path()
+    except FileNotFoundError:
+        pytest.skip("the embedded model core/samplechain/models/docs-gpt2 is not built")
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    return model, AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def docs_lm():
+    """The embedded trained model and its tokenizer (skipped where it is not built)."""
+    return _docs_gpt2()
+
+
+@pytest.fixture(scope="module")
+def tiny_lm():
+    return tiny_gpt2(300, seed=4), byte_bpe_tokenizer(300)
+
+
+@pytest.fixture(scope="module", params=["tiny-gpt2", "docs-gpt2"])
+def lm(request):
+    """(model, tokenizer): a random-weight 2-layer GPT-2, and the embedded trained model when it is there."""
+    return request.getfixturevalue("docs_lm" if request.param == "docs-gpt2" else "tiny_lm")
 
 
 @pytest.fixture(scope="module")
 def model():
-    m = tiny_gpt2(300, seed=4)
-    m.generation_config.pad_token_id = 0
-    return m
+    return tiny_gpt2(300, seed=4)
 
 
 @pytest.fixture(scope="module")
 def batch():
+    """Three rows, left-padded with 0."""
     ids = torch.tensor([[0, 0, 5, 17, 42], [11, 12, 13, 14, 15], [0, 0, 0, 0, 7]])
     mask = (ids != 0).long()
     mask[1] = 1
@@ -39,63 +72,160 @@ def batch():
 
 
 def hf(model, ids, mask, **kw):
+    """transformers' model.generate with pad 0 and no eos unless given."""
+    kw.setdefault("eos_token_id", None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return model.generate(input_ids=ids, attention_mask=mask, pad_token_id=0, **kw)
 
 
-@pytest.mark.parametrize("spec, seed", [({"samplers": [{"use": "greedy"}]}, None), (SAMPLING, 17)])
-def test_model_generate_with_the_adapters_equals_our_loop(model, batch, spec, seed):
+def ours(model, ids, mask, **kw):
+    return generate(model, input_ids=ids, attention_mask=mask, pad_token_id=0, ignore_eos=True, **kw)
+
+
+@pytest.mark.parametrize("spec, seed, do_sample", [(GREEDY, None, False), (SAMPLING, 17, False),
+                                                  (SAMPLING, 17, True), (GREEDY, None, True)],
+                         ids=["greedy", "seeded-sampling", "seeded-sampling-do_sample", "greedy-do_sample"])
+def test_model_generate_with_the_chain_as_logits_processor_equals_our_loop(model, batch, spec, seed, do_sample):
     ids, mask = batch
-    ours = generate(model, input_ids=ids, attention_mask=mask, chain=spec, seed=seed, max_new_tokens=12,
-                    pad_token_id=0, ignore_eos=True)
-    theirs = hf(model, ids, mask, logits_processor=as_logits_processor(Chain.load(spec), seed=seed),
-                do_sample=False, max_new_tokens=12, eos_token_id=None)
-    assert torch.equal(ours.sequences, theirs)
+    expected = ours(model, ids, mask, chain=spec, seed=seed, max_new_tokens=12)
+    # a greedy chain defaults to select=False (transformers argmaxes the processed scores); to keep transformers'
+    # sampling from choosing, a do_sample=True run needs select=True
+    processor = as_logits_processor(Chain.load(spec), seed=seed, select=True if do_sample else None)
+    got = hf(model, ids, mask, logits_processor=processor, do_sample=do_sample, max_new_tokens=12)
+    assert torch.equal(expected.sequences, got)
 
 
-def test_select_false_equals_transformers_warpers(model, batch):
+@pytest.mark.parametrize("spec, seed", [(GREEDY, None), (SAMPLING, 17)], ids=["greedy", "seeded-sampling"])
+def test_on_the_embedded_model_the_adapters_equal_our_loop(docs_lm, batch, spec, seed):
+    model, _ = docs_lm
+    ids, mask = batch
+    expected = ours(model, ids, mask, chain=spec, seed=seed, max_new_tokens=8)
+    got = hf(model, ids, mask, logits_processor=as_logits_processor(spec, seed=seed), do_sample=seed is not None,
+             max_new_tokens=8)
+    assert torch.equal(expected.sequences, got)
+    decode = as_custom_generate(spec)
+    assert torch.equal(hf(model, ids, mask, custom_generate=decode, seed=seed, max_new_tokens=8), expected.sequences)
+
+
+def test_num_return_sequences_gives_each_copy_the_seed_of_our_loop(model, batch):
+    ids, mask = batch
+    expected = ours(model, ids, mask, chain=SAMPLING, seed=3, max_new_tokens=6, num_return_sequences=2)
+    got = hf(model, ids, mask, logits_processor=as_logits_processor(SAMPLING, seed=3, num_return_sequences=2),
+             max_new_tokens=6, num_return_sequences=2, do_sample=True)
+    assert torch.equal(expected.sequences, got)
+    assert not torch.equal(got[0], got[1])  # the two copies of prompt 0 drew different streams
+
+
+def test_the_processor_starts_fresh_requests_for_a_new_generation(model, batch):
+    ids, mask = batch
+    processor = as_logits_processor(SAMPLING, seed=9)
+    first = hf(model, ids, mask, logits_processor=processor, max_new_tokens=5)
+    again = hf(model, ids, mask, logits_processor=processor, max_new_tokens=5)
+    single = hf(model, ids[1:2], mask[1:2], logits_processor=processor, max_new_tokens=5)
+    assert torch.equal(first, again)
+    assert torch.equal(single[0], first[1])  # a seeded row does not depend on its batch neighbours
+
+
+def test_select_false_equals_transformers_warpers(lm, batch):
+    model, _ = lm  # on the trained model too: its logits are peaked, unlike a random model's
     ids, mask = batch
     chain = Chain.load({"samplers": [{"use": "temperature", "t": 0.7}, {"use": "top_k", "k": 30},
                                      {"use": "top_p", "p": 0.8}, {"use": "min_p", "p": 0.05}, {"use": "dist"}]})
     warpers = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(30), TopPLogitsWarper(0.8),
                                    MinPLogitsWarper(0.05)])
-    ours = as_logits_processor(chain, select=False)
-    out = hf(model, ids, mask, do_sample=False, max_new_tokens=6, output_logits=True,
-             return_dict_in_generate=True)
+    processor = as_logits_processor(chain, select=False)
+    out = hf(model, ids, mask, do_sample=False, max_new_tokens=6, output_logits=True, return_dict_in_generate=True)
     for step, logits in enumerate(out.logits):
         seq = out.sequences[:, : ids.shape[1] + step]
-        a, b = ours(seq, logits.clone()), warpers(seq, logits.clone())
+        a, b = processor(seq, logits.clone()), warpers(seq, logits.clone())
         assert torch.equal(torch.isfinite(a), torch.isfinite(b))
         torch.testing.assert_close(a[torch.isfinite(a)], b[torch.isfinite(b)])
 
 
-def test_stopping_criteria_stop_the_same_rows_at_the_same_steps(model):
-    tok = byte_bpe_tokenizer(300)
-    free = generate(model, tok, ["The quick", "A"], max_new_tokens=10, ignore_eos=True, pad_token_id=0)
-    piece = tok.decode(free.sequences[0, free.prompt_length + 3:free.prompt_length + 4])
-    crits = [{"use": "stop_strings", "strings": [piece]}, {"use": "max_new_tokens", "n": 10}]
-    ours = generate(model, tok, ["The quick", "A"], chain={"samplers": [{"use": "greedy"}], "stop": crits},
-                    ignore_eos=True, pad_token_id=0)
-    enc = [tok(p)["input_ids"] for p in ["The quick", "A"]]
+def test_select_false_accepts_the_tokens_transformers_chose(model, batch):
+    ids, mask = batch
+    processor = as_logits_processor(SAMPLING, select=False)
+    hf(model, ids, mask, logits_processor=processor, do_sample=True, max_new_tokens=5)
+    proc = processor[0]
+    positions = proc.store.positions(proc.store.batch(proc.request_ids))
+    assert positions.tolist() == [4, 4, 4]  # five calls: the tokens of the first four are accepted
+
+
+@pytest.mark.parametrize("which, steps", [("tiny_lm", (3, 1)), ("tiny_lm", (1, 3)), ("docs_lm", (1, 3))],
+                         ids=["string-then-eos", "eos-then-string", "docs-gpt2"])
+def test_stopping_criteria_stop_the_same_rows_at_the_same_steps(request, which, steps):
+    model, tok = request.getfixturevalue(which)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    free = generate(model, tok, PROMPTS, max_new_tokens=10, ignore_eos=True, pad_token_id=pad)
+    at = free.prompt_length
+    texts = [tok.decode([t]) for t in free.sequences[0, at:].tolist()]
+    # row 0 writes it at that step (or the first step after it whose token is whole characters)
+    string = next(t for t in texts[steps[0]:] if t.strip() and "\ufffd" not in t)
+    eos = int(free.sequences[1, at + steps[1]])  # row 1 emits it at that step: our "eos" for this test
+    crits = [{"use": "stop_strings", "strings": [string]}, {"use": "eos", "ids": [eos]},
+             {"use": "max_new_tokens", "n": 10}]
+    expected = generate(model, tok, PROMPTS, chain={"samplers": [{"use": "greedy"}], "stop": crits},
+                        pad_token_id=pad)
+    enc = [tok(p)["input_ids"] for p in PROMPTS]
     width = max(map(len, enc))
-    ids = torch.tensor([[0] * (width - len(e)) + e for e in enc])
+    ids = torch.tensor([[pad] * (width - len(e)) + e for e in enc])
     mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc])
-    stopper = as_stopping_criteria(crits, tokenizer=tok, pad_token_id=0)
-    theirs = hf(model, ids, mask, do_sample=False, max_new_tokens=10, stopping_criteria=stopper, eos_token_id=None)
-    assert stopper[0].finish_reasons[0] == ours.finish_reasons[0] == "stop_strings"
-    n0 = int(ours.num_generated[0])
-    assert torch.equal(theirs[0, : width + n0], ours.sequences[0, : width + n0])
-    assert theirs.shape[1] == ours.sequences.shape[1]  # the batch ran exactly as long in both loops
+    stopper = as_stopping_criteria(crits, tokenizer=tok, pad_token_id=pad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = model.generate(input_ids=ids, attention_mask=mask, pad_token_id=pad, eos_token_id=None,
+                             do_sample=False, max_new_tokens=10, stopping_criteria=stopper)
+    assert stopper[0].finish_reasons == expected.finish_reasons
+    assert set(expected.finish_reasons) == {"stop_strings", "eos"}  # both criteria took part
+    for row, n in enumerate(expected.num_generated.tolist()):
+        assert torch.equal(got[row, : width + n], expected.sequences[row, : width + n])
+    assert got.shape == expected.sequences.shape  # the batch ran exactly as long in both loops
 
 
 def test_custom_generate_callable_runs_our_loop(model, batch):
     ids, mask = batch
-    ours = generate(model, input_ids=ids, attention_mask=mask, chain=SAMPLING, seed=5, max_new_tokens=9,
-                    pad_token_id=0, ignore_eos=True)
-    theirs = hf(model, ids, mask, custom_generate=as_custom_generate(Chain.load(SAMPLING)), seed=5,
-                max_new_tokens=9, eos_token_id=None)
-    assert torch.equal(theirs, ours.sequences)
-    out = hf(model, ids, mask, custom_generate=as_custom_generate(Chain.load(SAMPLING)), seed=5, max_new_tokens=9,
-             eos_token_id=None, return_dict_in_generate=True)
-    assert out.finish_reasons == ["max_length"] * 3 and torch.equal(out.sequences, ours.sequences)
+    expected = ours(model, ids, mask, chain=SAMPLING, seed=5, max_new_tokens=9)
+    decode = as_custom_generate(Chain.load(SAMPLING))
+    assert torch.equal(hf(model, ids, mask, custom_generate=decode, seed=5, max_new_tokens=9), expected.sequences)
+    out = hf(model, ids, mask, custom_generate=decode, seed=5, max_new_tokens=9, return_dict_in_generate=True)
+    assert out.finish_reasons == ["max_length"] * 3 and torch.equal(out.sequences, expected.sequences)
+
+
+def test_custom_generate_honours_transformers_processors_and_return_sequences(model, batch):
+    ids, mask = batch
+    penalty = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5)])
+    expected = ours(model, ids, mask, chain=SAMPLING, seed=2, max_new_tokens=6, num_return_sequences=2,
+                    logits_processor=penalty)
+    got = hf(model, ids, mask, custom_generate=as_custom_generate(SAMPLING), seed=2, max_new_tokens=6,
+             num_return_sequences=2, repetition_penalty=1.5, do_sample=True)
+    assert torch.equal(got, expected.sequences)
+
+
+def test_custom_generate_drops_transformers_sampling_warpers_with_a_warning(model, batch):
+    ids, mask = batch
+    expected = ours(model, ids, mask, chain=SAMPLING, seed=4, max_new_tokens=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # do_sample=True alone (transformers' top_k=50): no warning
+        model.generate(input_ids=ids, attention_mask=mask, pad_token_id=0, eos_token_id=None,
+                       custom_generate=as_custom_generate(SAMPLING), seed=4, max_new_tokens=4, do_sample=True)
+    with pytest.warns(UserWarning, match="TemperatureLogitsWarper, TopKLogitsWarper.*chain decides sampling"):
+        got = model.generate(input_ids=ids, attention_mask=mask, pad_token_id=0, eos_token_id=None,
+                             custom_generate=as_custom_generate(SAMPLING), seed=4, max_new_tokens=4,
+                             do_sample=True, temperature=0.3, top_k=5)
+    assert torch.equal(got, expected.sequences)
+
+
+def test_custom_generate_beam_search_runs_our_beam_search(model, batch):
+    ids, mask = batch
+    expected = ours(model, ids, mask, chain=GREEDY, max_new_tokens=5, num_beams=3, num_return_sequences=2)
+    got = hf(model, ids, mask, custom_generate=as_custom_generate(GREEDY), max_new_tokens=5, num_beams=3,
+             num_return_sequences=2)
+    assert torch.equal(got, expected.sequences)
+
+
+def test_custom_generate_refuses_model_inputs_it_cannot_feed(model, batch):
+    ids, mask = batch
+    with pytest.raises(ConfigError, match=r"model inputs \['token_type_ids'\]"):
+        hf(model, ids, mask, custom_generate=as_custom_generate(GREEDY), max_new_tokens=2,
+           token_type_ids=torch.zeros_like(ids))

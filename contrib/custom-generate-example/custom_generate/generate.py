@@ -3,8 +3,11 @@
     model.generate(**inputs, custom_generate="path/to/custom-generate-example", trust_remote_code=True,
                    tokenizer=tok, max_new_tokens=40, seed=7)
 
-transformers copies this file alone into its module cache and calls `generate(model=..., **the arguments of
-model.generate)`; this hands them back to `model.generate` with samplechain's loop as the decoding callable.
+transformers copies this file alone (and the .py files it imports relatively) into its module cache and calls
+`generate(model=..., **the arguments of model.generate)`, so a TOML file next to it would not be found there:
+the chain is this module's `CHAIN` string. `chain=` (a TOML file path, TOML text, a dict or "preset:NAME")
+replaces it for one call. The rest goes back to `model.generate` with samplechain's loop as the decoding
+callable, so transformers still prepares the inputs and the generation config.
 """
 
 from samplechain import Chain
@@ -24,7 +27,7 @@ stop = [ { use = "stop_strings", strings = ["\\n\\n"] } ]
 """
 
 
-def generate(model, *args, **kwargs):
-    kwargs.pop("custom_generate", None)
-    decode = as_custom_generate(Chain.load(CHAIN), tokenizer=kwargs.get("tokenizer"))  # for the stop string
+def generate(model, *args, chain=None, **kwargs):
+    decode = as_custom_generate(Chain.load(chain if chain is not None else CHAIN),
+                                tokenizer=kwargs.get("tokenizer"))  # the stop string needs the tokenizer
     return model.generate(*args, custom_generate=decode, **kwargs)

@@ -9,13 +9,22 @@ criteria as a `custom_generate` callable for `model.generate(custom_generate=...
 
 from __future__ import annotations
 
+import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
+from transformers.generation import logits_process as _lp
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
 from ..chain import Chain
 from ..contracts import StopContext, StoppingCriterion, StopSetup
@@ -40,69 +49,92 @@ def _chain(chain: Any, host: PluginHost | None) -> Chain:
     raise ConfigError(f"chain={chain!r}: pass a Chain, a TOML file path, a dict, or 'preset:NAME'")
 
 
-def _per_row(params: Any, batch: int) -> list[dict[str, Any]]:
+def _per_prompt(params: Any, prompts: int) -> list[dict[str, Any]]:
     if params is None or isinstance(params, Mapping):
-        return [dict(params or {}) for _ in range(batch)]
+        return [dict(params or {}) for _ in range(prompts)]
     rows = [dict(p or {}) for p in params]
-    if len(rows) != batch:
-        raise ConfigError(f"params has {len(rows)} entries for a batch of {batch} rows: give one per row, or one "
+    if len(rows) != prompts:
+        raise ConfigError(f"params has {len(rows)} entries for {prompts} prompts: give one per prompt, or one "
                           "mapping for all")
     return rows
 
 
 class ChainLogitsProcessor(LogitsProcessor):
-    """A chain inside transformers' generation loop. Row b of the batch is request "b" of the processor's own
-    store (parameters from `params`, seed from `seed` unless the row sets its own), created at the first call;
-    a call with another batch size or a shorter input than the last one starts a new generation (fresh
-    requests). `reset()` does the same explicitly.
+    """A chain inside transformers' generation loop.
 
-    select=True (the default for chains ending in a sampling selector): the whole chain runs, RNG positions
-    advance, and the returned scores keep only the chosen token (at its processed log-probability; every other
-    token -inf), so transformers' argmax or multinomial picks exactly the chain's token: `model.generate` then
-    gives the same tokens as samplechain's own loop with the same seed. Pass do_sample=False, so transformers
-    adds no warpers of its own in front of the chain. The price: `output_scores` shows that one-hot mask.
-    select=False: only the transforms and filters run (`Chain.process`), and transformers samples from the
-    processed scores with its own RNG, as it does with its own warpers.
+    Row b of the batch is a request of the processor's own store, created at the first call, with the
+    parameters of `params` (one mapping for all rows, or one per prompt) and seed `seed` unless it sets its own.
+    With `num_return_sequences=n` (give the same n to model.generate) rows b*n .. b*n+n-1 are the copies of
+    prompt b and copy j gets seed + j, as in samplechain's own loop. A call with another batch size or an input
+    no longer than the last one starts a new generation (fresh requests); `reset()` does it explicitly.
+
+    select=True (the default for chains ending in a sampling selector): the whole chain runs, the chosen tokens
+    are accepted (RNG positions and stateful samplers advance), and the returned scores keep only the chosen
+    token (at its log-probability under the chain; every other token -inf), so transformers' argmax
+    (do_sample=False) or multinomial (do_sample=True: its warpers keep the one finite token) picks exactly the
+    chain's token. `model.generate` then gives the same tokens as samplechain's own loop with the same seed.
+    The price: `output_scores` shows that one-hot mask, not a distribution (`output_logits` is unaffected).
+
+    select=False: only the transforms and filters run (`Chain.process`), and transformers chooses from the
+    processed scores with its own RNG (pass do_sample=True to sample). The token transformers chose is
+    accepted into the store at the next call, so stateful samplers (penalty windows, RNG positions) follow
+    the sequence.
     """
 
     def __init__(self, chain: Any, *, params: Any = None, seed: int | None = None, select: bool | None = None,
-                 host: PluginHost | None = None) -> None:
+                 num_return_sequences: int = 1, host: PluginHost | None = None) -> None:
         self.chain = _chain(chain, host)
         self.params = params
         self.seed = seed
+        if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
+            raise ConfigError(f"num_return_sequences = {num_return_sequences!r}: must be an integer >= 1")
+        self.num_return_sequences = num_return_sequences
         self.select = select if select is not None else self.chain.samplers[-1].name != "greedy"
         self.reset()
 
     def reset(self) -> None:
+        """Forget the current generation: the next call creates fresh requests."""
         self.store = None
         self.request_ids: list[str] = []
         self._shape: tuple[int, int] | None = None
 
     def _start(self, batch: int, device: torch.device) -> None:
+        n = self.num_return_sequences
+        if batch % n:
+            raise ConfigError(f"batch of {batch} rows with num_return_sequences = {n}: give as_logits_processor "
+                              "the same num_return_sequences as model.generate")
         self.store = self.chain.new_store(device=device.type, capacity=batch)
-        self.request_ids = [str(b) for b in range(batch)]
+        self.request_ids = [str(b) if n == 1 else f"{b // n}.{b % n}" for b in range(batch)]
         seeded = "seed" in self.store.layout.aliases
-        for rid, p in zip(self.request_ids, _per_row(self.params, batch)):
-            if seeded and self.seed is not None:
-                p.setdefault("seed", self.seed)
-            self.store.add(rid, p)
+        for i, p in enumerate(_per_prompt(self.params, batch // n)):
+            for j in range(n):
+                q = dict(p)
+                base = q.get("seed", self.seed)
+                if seeded and base is not None:
+                    q["seed"] = int(base) + j  # copy j of a prompt: its own stream, as in samplechain's loop
+                self.store.add(self.request_ids[i * n + j], q)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         batch, length = input_ids.shape
-        if self.store is None or self._shape is None or batch != self._shape[0] or length <= self._shape[1]:
+        fresh = self.store is None or self._shape is None or batch != self._shape[0] or length <= self._shape[1]
+        if fresh:
             self._start(batch, scores.device)
         self._shape = (batch, length)
         if not self.select:
+            if not fresh:  # the token transformers chose from the previous call's scores
+                self.chain.accept(self.store, self.request_ids, input_ids[:, -1])
             return self.chain.process(scores, self.store, self.request_ids)
         out = self.chain.sample(scores, self.store, self.request_ids)
-        masked = torch.full_like(scores, float("-inf"), dtype=torch.float32)
+        # scores: (B, V) all -inf but the chosen token, so any argmax / multinomial downstream takes it
+        masked = torch.full(scores.shape, float("-inf"), dtype=torch.float32, device=scores.device)
         return masked.scatter_(1, out.token_ids[:, None], out.logprobs[:, None])
 
 
 def as_logits_processor(chain: Any, *, params: Any = None, seed: int | None = None, select: bool | None = None,
-                        host: PluginHost | None = None) -> LogitsProcessorList:
+                        num_return_sequences: int = 1, host: PluginHost | None = None) -> LogitsProcessorList:
     """A LogitsProcessorList holding a ChainLogitsProcessor (see there for select=True / False)."""
-    return LogitsProcessorList([ChainLogitsProcessor(chain, params=params, seed=seed, select=select, host=host)])
+    return LogitsProcessorList([ChainLogitsProcessor(chain, params=params, seed=seed, select=select,
+                                                     num_return_sequences=num_return_sequences, host=host)])
 
 
 def _criteria(spec: Any, host: PluginHost | None) -> Stopping:
@@ -114,10 +146,10 @@ def _criteria(spec: Any, host: PluginHost | None) -> Stopping:
         if isinstance(item, str):
             out.add(Stopping.criterion(item, host=host))
         elif isinstance(item, Mapping):
-            params = {k: v for k, v in item.items() if k != "use"}
             if "use" not in item:
                 raise ConfigError(f"stopping criterion {dict(item)!r}: needs use = NAME, e.g. "
                                   "{'use': 'stop_strings', 'strings': ['\\n']}")
+            params = {k: v for k, v in item.items() if k != "use"}
             out.add(Stopping.criterion(item["use"], params, host=host))
         else:
             out.add(item)
@@ -125,10 +157,12 @@ def _criteria(spec: Any, host: PluginHost | None) -> Stopping:
 
 
 class ChainStoppingCriteria(StoppingCriteria):
-    """samplechain criteria inside transformers' loop: one bool per row, finish reasons kept in
-    `finish_reasons` (row -> reason, first criterion that stopped it). The setup is taken at the first call
-    (prompt length = input length - 1; left padding found from the pad token); a call with another batch size
-    or a shorter input starts a new generation."""
+    """samplechain criteria inside transformers' loop: one bool per row; `finish_reasons[b]` is the reason of
+    the first criterion that stopped row b (None: still running, or stopped by one of transformers' own
+    criteria). The setup is taken at the first call, which comes after the first new token: prompt length =
+    input length - 1, each row's own prompt length found by skipping its leading pad tokens (left padding;
+    pad id from `pad_token_id`, the tokenizer or the model's generation config). A call with another batch size
+    or an input no longer than the last one starts a new generation."""
 
     def __init__(self, stopping: Stopping, *, tokenizer: Any = None, model: Any = None,
                  pad_token_id: int | None = None) -> None:
@@ -150,8 +184,6 @@ class ChainStoppingCriteria(StoppingCriteria):
         return None
 
     def _start(self, input_ids: torch.Tensor) -> None:
-        import time
-
         batch, length = input_ids.shape
         prompt = input_ids[:, : length - 1]
         pad = self._pad_id()
@@ -178,8 +210,10 @@ class ChainStoppingCriteria(StoppingCriteria):
             scores if isinstance(scores, torch.Tensor) else None)
         token_ids = input_ids[:, -1]
         logprobs = None
-        if last_scores is not None:
+        if last_scores is not None and last_scores.dim() == 2:
             logprobs = torch.log_softmax(last_scores.float(), dim=-1).gather(1, token_ids[:, None]).squeeze(1)
+        else:
+            last_scores = None
         ctx = StopContext(input_ids, length - self.setup.prompt_length, token_ids, self.setup, logprobs, last_scores)
         result = self.stopping.check(ctx)
         for b, reason in enumerate(result.reasons):
@@ -196,17 +230,53 @@ def as_stopping_criteria(criteria: Any, *, tokenizer: Any = None, model: Any = N
                                                        pad_token_id=pad_token_id)])
 
 
+# what transformers adds to the processors for do_sample=True: the chain decides sampling, so these are dropped
+_WARPERS = tuple(getattr(_lp, name) for name in (
+    "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TopHLogitsWarper",
+    "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper") if hasattr(_lp, name))
+# model inputs transformers prepares for its own loop; samplechain's loop makes its own from input_ids + mask
+_PREPARED = {"attention_mask", "position_ids", "logits_to_keep", "past_key_values", "use_cache", "cache_position"}
+
+
+def _implicit_top_k(warper: Any) -> bool:
+    try:
+        default = GenerationConfig._get_default_generation_params()["top_k"]
+    except (AttributeError, KeyError):
+        default = 50
+    return isinstance(warper, _lp.TopKLogitsWarper) and warper.top_k == default
+
+
+def _fresh_cache(cache: Any) -> bool:
+    if cache is None:
+        return True
+    try:
+        return int(cache.get_seq_length()) == 0
+    except Exception:  # an unknown cache type: we cannot tell, so we refuse it
+        return False
+
+
 def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost | None = None,
                        **defaults: Any) -> Any:
     """A callable for `model.generate(custom_generate=...)` that runs samplechain's own loop with `chain`.
 
-    From transformers it takes input_ids and attention_mask, the length limit (generation_config.max_length,
-    which transformers derives from max_new_tokens), eos and pad ids, and `return_dict_in_generate` /
-    `output_scores` / `output_logits`. transformers' own logits processors (built from the generation config,
-    e.g. repetition_penalty) run before the chain; its stopping criteria run next to ours (its length and eos
-    criteria are replaced by ours). Extra keywords of model.generate: `seed`, `params` (per-row chain
-    parameters), `stop_strings`. `defaults` are passed to the loop; `tokenizer=` belongs there (transformers
-    does not hand model.generate's tokenizer to a custom_generate callable).
+    transformers prepares the inputs and the generation config, then calls it; it takes from them:
+    - input_ids and attention_mask (rows that transformers repeated for num_return_sequences / num_beams are
+      folded back, and num_return_sequences / num_beams / length_penalty / early_stopping passed to the loop, so
+      copies get their own seeds as in samplechain's loop, and num_beams > 1 runs samplechain's beam search);
+    - the length limit (generation_config.max_length, which transformers derives from max_new_tokens),
+      max_time, eos and pad ids, return_dict_in_generate / output_scores / output_logits;
+    - transformers' logits processors (repetition_penalty, no_repeat_ngram_size, bad_words_ids, min_new_tokens,
+      a user's logits_processor=...) run before the chain. The sampling warpers transformers adds for
+      do_sample=True (temperature, top_k, top_p, min_p, typical_p, ...) are dropped with a warning: the chain
+      decides how to sample (pass do_sample=False to silence it);
+    - transformers' stopping criteria run next to ours; its length, time and eos criteria are replaced by ours.
+    Refused with a ConfigError: model inputs other than input_ids / attention_mask (inputs_embeds,
+    pixel_values, ...) and a past_key_values that already holds tokens. Not seen at all: `streamer` (transformers
+    does not hand it to a callable; use samplechain.generation.stream).
+    Extra keywords of model.generate: `seed`, `params` (per-prompt chain parameters), `stop_strings`.
+    `defaults` are passed to the loop; `tokenizer=` belongs there (transformers does not hand model.generate's
+    tokenizer to a custom_generate callable). Returns the sequences (B, L), or samplechain's GenerationOutput
+    with return_dict_in_generate=True.
     """
     from ..generation import generate as sc_generate
 
@@ -217,10 +287,38 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
                         seed: int | None = None, params: Any = None, stop_strings: Any = None,
                         **model_kwargs: Any) -> Any:
         gc = generation_config or model.generation_config
+        unknown = sorted(k for k, v in model_kwargs.items() if k not in _PREPARED and v is not None)
+        if unknown:
+            raise ConfigError(f"model.generate(custom_generate=as_custom_generate(...)) got model inputs {unknown}: "
+                              "samplechain's loop feeds the model input_ids and attention_mask only; call "
+                              "model.generate without custom_generate for these inputs")
+        if not _fresh_cache(model_kwargs.get("past_key_values")):
+            raise ConfigError("past_key_values already holds tokens: samplechain's loop builds its own cache from "
+                              "the prompt; pass the whole prompt as input_ids and no past_key_values")
+
+        processors = list(logits_processor or [])
+        warpers = [p for p in processors if isinstance(p, _WARPERS)] if gc.do_sample else []
+        processors = [p for p in processors if p not in warpers]
+        # transformers adds top_k=50 to every do_sample=True call unless told otherwise: not the user's choice
+        dropped = [type(p).__name__ for p in warpers if not _implicit_top_k(p)]
+        if dropped:
+            warnings.warn(f"do_sample=True made transformers add {', '.join(dropped)}; the chain decides sampling, so "
+                          "they are not applied (put temperature / top_k / top_p in the chain, and pass "
+                          "do_sample=False to model.generate to silence this)", UserWarning, stacklevel=3)
         extra: list[Any] = list(stop)
         for crit in stopping_criteria or []:
-            if not isinstance(crit, (MaxLengthCriteria, EosTokenCriteria)):
+            if not isinstance(crit, (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria)):
                 extra.append(crit)
+
+        # transformers repeated each prompt `expand` times (num_return_sequences / beams): our loop does it itself
+        beams = int(gc.num_beams or 1)
+        copies = int(gc.num_return_sequences or 1)
+        expand = max(beams, copies)
+        mask = model_kwargs.get("attention_mask")
+        if expand > 1:
+            input_ids = input_ids[::expand]
+            mask = mask[::expand] if mask is not None else None
+
         eos = getattr(gc, "_eos_token_tensor", None)
         if eos is None:
             eos = gc.eos_token_id
@@ -228,14 +326,15 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
         pad = int(pad) if isinstance(pad, torch.Tensor) and pad.numel() == 1 else gc.pad_token_id
         kwargs: dict[str, Any] = dict(defaults)
         # transformers drops `tokenizer` before calling a custom_generate callable: take it from the defaults
-        tokenizer = tokenizer if tokenizer is not None else kwargs.pop("tokenizer", None)
+        tokenizer = tokenizer if tokenizer is not None else kwargs.get("tokenizer")
         kwargs.pop("tokenizer", None)
         kwargs.update(
             input_ids=input_ids,
-            attention_mask=model_kwargs.get("attention_mask"),
+            attention_mask=mask,
             chain=resolved,
             stop=extra,
             max_length=int(gc.max_length) if gc.max_length else None,
+            max_time=gc.max_time,
             eos_token_id=eos if eos is not None and (not isinstance(eos, torch.Tensor) or eos.numel()) else None,
             pad_token_id=pad,
             seed=seed if seed is not None else kwargs.get("seed"),
@@ -243,9 +342,13 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
             stop_strings=stop_strings or kwargs.get("stop_strings"),
             output_scores=bool(gc.output_scores),
             output_logits=bool(gc.output_logits),
-            logits_processor=logits_processor if logits_processor else None,
+            logits_processor=LogitsProcessorList(processors) if processors else None,
             generation_config=gc,
+            num_return_sequences=copies,
         )
+        if beams > 1:
+            penalty = 1.0 if gc.length_penalty is None else float(gc.length_penalty)
+            kwargs.update(num_beams=beams, length_penalty=penalty, early_stopping=gc.early_stopping)
         if eos is None:
             kwargs["ignore_eos"] = True
         out = sc_generate(model, tokenizer, None, **kwargs)
