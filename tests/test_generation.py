@@ -314,3 +314,27 @@ def test_embedded_model_streams_the_same_text_it_returns(embedded):
     text = "".join(e.text for e in stream(model, tok, "A list is", chain="preset:llama.cpp", seed=3,
                                           max_new_tokens=40, result=result))
     assert text == result[0].texts[0] and len(text) > 40
+
+
+def test_without_a_mask_pad_tokens_are_padding_as_transformers_infers(model):
+    ids = torch.tensor([[7, 7, 5, 17, 42], [11, 12, 13, 14, 15]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = model.generate(input_ids=ids, max_new_tokens=5, do_sample=False, pad_token_id=7, eos_token_id=0)
+    out = generate(model, input_ids=ids, max_new_tokens=5, pad_token_id=7, eos_token_id=0)
+    assert torch.equal(out.sequences, ref)
+
+
+def test_generation_config_settings_no_chain_applies_are_named(model):
+    from transformers import GenerationConfig
+
+    with pytest.warns(GenerationWarning, match=r"repetition_penalty=1.3.*does not apply"):
+        samplechain.generation.chain_from_generation_config(GenerationConfig(repetition_penalty=1.3))
+    saved = model.generation_config
+    model.generation_config = GenerationConfig(do_sample=True, top_k=5)
+    try:
+        with pytest.warns(GenerationWarning, match=r"do_sample=True.*the chain given replaces it"):
+            generate(model, input_ids=torch.tensor([[1, 2]]), chain={"samplers": [{"use": "greedy"}]},
+                     max_new_tokens=2, pad_token_id=0)
+    finally:
+        model.generation_config = saved

@@ -19,11 +19,10 @@ import attrs
 import torch
 
 from ..chain import Chain
-from ..contracts import StopContext, StopSetup, token_id_list
+from ..contracts import StopContext, StopSetup, max_positions, token_id_list
 from ..errors import ConfigError, SamplechainError
 from ..plugins import PluginHost, get_host
 from ..stopping import Stopping
-from ..contracts import max_positions
 from .model import ModelRunner
 from .outputs import GenerationOutput
 from .streaming import IncrementalDecoder
@@ -46,8 +45,30 @@ class StreamEvent:
     finish_reason: str | None = None
 
 
+# GenerationConfig fields that change decoding and that no chain built from it carries (with their defaults)
+_UNMAPPED = {"repetition_penalty": 1.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+             "no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0, "bad_words_ids": None,
+             "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None, "min_new_tokens": None,
+             "min_length": 0, "diversity_penalty": 0.0, "top_h": None, "guidance_scale": None}
+
+
+def _unmapped_settings(config: Any) -> list[str]:
+    out = []
+    for key, default in _UNMAPPED.items():
+        value = getattr(config, key, default)
+        if value is not None and value != default:
+            out.append(f"{key}={value!r}")
+    return out
+
+
 def chain_from_generation_config(config: Any, *, host: PluginHost | None = None) -> Chain:
-    """The chain transformers would run for a GenerationConfig: greedy, or temperature/top-k/top-p/min-p + dist."""
+    """The chain transformers would run for a GenerationConfig: greedy, or temperature/top-k/top-p/min-p + dist.
+    Settings no chain carries here (repetition_penalty, typical_p, ...) are named in a GenerationWarning."""
+    unmapped = _unmapped_settings(config) if config is not None else []
+    if unmapped:
+        warnings.warn(f"the generation config asks for {', '.join(unmapped)}, which the chain built from it does "
+                      "not apply: pass a chain that does, or run it inside model.generate with the adapters",
+                      GenerationWarning, stacklevel=3)
     if config is None or not getattr(config, "do_sample", False):
         return Chain.load({"name": "greedy (generation config)", "samplers": [{"use": "greedy"}]}, host=host)
     samplers: list[dict[str, Any]] = []
@@ -67,9 +88,15 @@ def chain_from_generation_config(config: Any, *, host: PluginHost | None = None)
     return Chain.load({"name": "sampling (generation config)", "samplers": samplers}, host=host)
 
 
-def _as_chain(chain: Any, generation_config: Any, host: PluginHost) -> Chain:
+def _as_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bool = True) -> Chain:
     if chain is None:
         return chain_from_generation_config(generation_config, host=host)
+    if check and generation_config is not None and (getattr(generation_config, "do_sample", False)
+                                          or _unmapped_settings(generation_config)):
+        asked = ["do_sample=True"] if getattr(generation_config, "do_sample", False) else []
+        warnings.warn(f"the model's generation config asks for {', '.join(asked + _unmapped_settings(generation_config))}; "
+                      "the chain given replaces it (the chain alone decides the decoding)", GenerationWarning,
+                      stacklevel=4)
     if isinstance(chain, Chain):
         return chain
     if isinstance(chain, (str, Path, Mapping)):
@@ -128,7 +155,9 @@ class Generation:
         ids, mask, self.prompt_lengths = self._inputs(prompts, input_ids, attention_mask, device)
         self.num_prompts = ids.shape[0]
 
-        self.chain = _as_chain(chain, self.generation_config, self.host)
+        # the model's own config is checked for settings a given chain overrides; an explicit generation_config
+        # comes from a caller (the custom_generate adapter) that has dealt with them
+        self.chain = _as_chain(chain, self.generation_config, self.host, check=generation_config is None)
         if num_return_sequences > 1 and self._is_greedy():
             raise ConfigError(
                 f"num_return_sequences = {num_return_sequences} with a greedy chain would return the same sequence "
@@ -212,7 +241,10 @@ class Generation:
             if ids.ndim != 2 or ids.dtype not in (torch.int64, torch.int32):
                 raise ConfigError(f"input_ids must be a (batch, length) integer tensor, got {tuple(ids.shape)} "
                                   f"{ids.dtype}")
-            mask = torch.ones_like(ids) if attention_mask is None else torch.as_tensor(attention_mask)
+            if attention_mask is None:
+                mask = self._mask_from_padding(ids)
+            else:
+                mask = torch.as_tensor(attention_mask)
             if mask.shape != ids.shape:
                 raise ConfigError(f"attention_mask shape {tuple(mask.shape)} differs from input_ids shape "
                                   f"{tuple(ids.shape)}")
@@ -247,6 +279,14 @@ class Generation:
                 mask[i, width - len(row):] = 1
         lengths = torch.tensor([len(r) for r in rows], dtype=torch.int64)
         return ids.to(device), mask.to(device), lengths
+
+    def _mask_from_padding(self, ids: torch.Tensor) -> torch.Tensor:
+        """No attention_mask: as transformers infers it, pad tokens are padding when the pad id is not an eos id
+        (otherwise an eos inside a prompt could not be told from padding) and some row contains one."""
+        pad = self.pad_id if self._pad_note is None else None  # an explicit or configured pad, not the fallback
+        if pad is None or pad in self.eos_ids or not bool((ids == pad).any()):
+            return torch.ones_like(ids)
+        return (ids != pad).to(torch.int64)
 
     def _is_greedy(self) -> bool:
         return self.chain.samplers[-1].name == "greedy"
