@@ -237,3 +237,36 @@ def test_empty_batch():
     chain = Chain.load({"samplers": [{"use": "greedy"}]})
     out = chain.sample(torch.zeros(0, 10))
     assert out.token_ids.shape == (0,)
+
+
+def test_history_reaches_samplers_that_declare_they_read_it():
+    import attrs
+
+    import samplechain as sc
+    from samplechain.testing import host_with
+
+    seen = {}
+
+    class LastTokenBan(sc.Sampler):
+        name = "last_token_ban"
+        stage = sc.Stage.TRANSFORM
+
+        def needs_history(self):
+            return True
+
+        def apply(self, cand, ctx):
+            seen["history"], seen["prompt_lengths"] = ctx.history, ctx.prompt_lengths
+            logits = cand.logits.clone()
+            last = ctx.history[:, -1]
+            logits.scatter_(1, last[:, None], float("-inf"))
+            return attrs.evolve(cand, logits=logits, writable=True)
+
+    host = host_with(LastTokenBan)
+    chain = Chain.load({"samplers": [{"use": "last_token_ban"}, {"use": "greedy"}]}, host=host)
+    logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 1.0]])
+    with pytest.raises(SamplingError, match=r"last_token_ban.v1 read the tokens so far: pass history="):
+        chain.sample(logits)
+    history = torch.tensor([[-1, 2, 1], [0, 1, 0]])
+    out = chain.sample(logits, history=history)
+    assert out.token_ids.tolist() == [2, 2]
+    assert seen["prompt_lengths"].tolist() == [2, 3]  # known tokens minus the 0 accepted so far

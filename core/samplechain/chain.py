@@ -63,6 +63,7 @@ class Chain:
         self.backend_name = backend or config.backend
         self._backends: dict[str, Backend] = {}
         self._stateful = [i for i, s in enumerate(self.samplers) if s.is_stateful()]
+        self.needs_history = any(s.needs_history() for s in self.samplers)
         if self.backend_name != "auto":  # an explicit backend must exist and run here, now
             self._backend_for(None)
 
@@ -129,6 +130,9 @@ class Chain:
         logits: torch.Tensor,
         store: RequestStore | None = None,
         request_ids: Sequence[str] | None = None,
+        *,
+        history: torch.Tensor | None = None,
+        prompt_lengths: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the transforms and filters (not the selector) and return the processed scores (B, V) float32,
         -inf where a token was removed: what a transformers LogitsProcessorList returns. Nothing is accepted,
@@ -141,9 +145,10 @@ class Chain:
         cand = Candidates(logits, None, logits.shape[1], False, writable)
         if logits.shape[0] == 0:
             return logits.clone()
+        hist = self._history(history, prompt_lengths, positions, logits)
         for i, sampler in enumerate(self.samplers[:-1]):
             try:
-                cand = sampler.apply(cand, self._context(store, view, positions, backend, i))
+                cand = sampler.apply(cand, self._context(store, view, positions, backend, i, hist))
             except Exception as exc:
                 raise self._wrap(i, exc) from exc
         return cand.scores()
@@ -181,6 +186,8 @@ class Chain:
         *,
         accept: bool = True,
         return_scores: bool = False,
+        history: torch.Tensor | None = None,
+        prompt_lengths: torch.Tensor | None = None,
     ) -> SampleOutput:
         """Choose one token per row. Without a store, each row is a fresh request with the chain's parameters."""
         logits, writable = self._check_logits(logits)
@@ -193,10 +200,11 @@ class Chain:
             empty = torch.zeros(0, dtype=torch.int64, device=logits.device)
             return SampleOutput(empty, empty.float(), logits.clone() if return_scores else None)
 
+        hist = self._history(history, prompt_lengths, positions, logits)
         cand = Candidates(logits, None, vocab, False, writable)
         last = len(self.samplers) - 1
         for i, sampler in enumerate(self.samplers):
-            ctx = self._context(store, view, positions, backend, i)
+            ctx = self._context(store, view, positions, backend, i, hist)
             try:
                 if i == last:
                     # the normaliser of what the selector sees, taken first: right after the previous pass over
@@ -215,7 +223,7 @@ class Chain:
             raise self._bad_rows(~torch.isfinite(logprobs), lse, view.request_ids)
         scores = cand.scores() if return_scores else None
         if accept:
-            self._accept(store, view, positions, backend, token_ids)
+            self._accept(store, view, positions, backend, token_ids, hist)
         return SampleOutput(token_ids, logprobs, scores)
 
     def accept(self, store: RequestStore, request_ids: Sequence[str], token_ids: torch.Tensor) -> None:
@@ -224,10 +232,11 @@ class Chain:
         positions = store.positions(view)
         self._accept(store, view, positions, self._backend_for(store.device.type), token_ids)
 
-    def _accept(self, store: RequestStore, view, positions, backend: Backend, token_ids: torch.Tensor) -> None:
+    def _accept(self, store: RequestStore, view, positions, backend: Backend, token_ids: torch.Tensor,
+                hist: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         updates: dict[tuple[int, str], torch.Tensor] = {}
         for i in self._stateful:  # compute everything first: a failure here commits nothing
-            ctx = self._context(store, view, positions, backend, i)
+            ctx = self._context(store, view, positions, backend, i, hist)
             try:
                 for name, rows in self.samplers[i].accept(ctx, token_ids).items():
                     updates[(i, name)] = rows
@@ -235,9 +244,33 @@ class Chain:
                 raise self._wrap(i, exc, phase="accept") from exc
         store.advance(view, updates)
 
-    def _context(self, store: RequestStore, view, positions, backend: Backend, i: int) -> StepContext:
+    def _context(self, store: RequestStore, view, positions, backend: Backend, i: int,
+                 hist: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepContext:
         state = store.state_of(view, i) if i in self._stateful else {}
-        return StepContext(backend, view.params[i], view.scalars[i], positions, i, view.request_ids, state)
+        history, lengths = hist if hist is not None else (None, None)
+        return StepContext(backend, view.params[i], view.scalars[i], positions, i, view.request_ids, state,
+                           history, lengths)
+
+    def _history(self, history: torch.Tensor | None, prompt_lengths: torch.Tensor | None, positions: torch.Tensor,
+                 logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Check the token history a chain with history-reading samplers needs; default prompt lengths."""
+        if history is None:
+            if self.needs_history:
+                names = [s.qualified_name() for s in self.samplers if s.needs_history()]
+                raise SamplingError(
+                    f"{', '.join(names)} read the tokens so far: pass history= (B, L) token ids (prompt then generated, "
+                    "left padding as -1) to chain.sample; samplechain.generation.generate does this for you"
+                )
+            return None
+        if not (isinstance(history, torch.Tensor) and history.ndim == 2 and history.shape[0] == logits.shape[0]
+                and history.dtype in (torch.int64, torch.int32)):
+            got = f"{history.dtype} {tuple(history.shape)}" if isinstance(history, torch.Tensor) else type(history)
+            raise SamplingError(f"history must be a (B={logits.shape[0]}, L) integer tensor of token ids, got {got}")
+        history = history.to(device=logits.device, dtype=torch.int64)
+        if prompt_lengths is None:
+            known = (history >= 0).sum(dim=1)
+            prompt_lengths = (known - positions.to(known.device)).clamp(min=0)
+        return history, prompt_lengths.to(device=logits.device, dtype=torch.int64)
 
     def _wrap(self, i: int, exc: Exception, phase: str = "step") -> SamplechainError:
         spec = self.config.samplers[i]

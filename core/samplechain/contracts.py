@@ -149,6 +149,9 @@ class StepContext:
     positions: (B,) int64, tokens accepted so far per request (the RNG counter).
     stream: this sampler's index in the chain: random samplers draw independent noise per stream.
     state: per-request state columns of this sampler, (B, ...) tensors gathered for this batch.
+    history: (B, L) int64 every token of each row so far, prompt then generated, left-padded with -1; given to
+             samplers that declare `needs_history()` (penalties, DRY, n-gram bans), None otherwise.
+    prompt_lengths: (B,) int64 how many of a row's history tokens are its prompt (the rest were generated).
     """
 
     backend: Backend
@@ -158,6 +161,8 @@ class StepContext:
     stream: int
     request_ids: tuple[str, ...]
     state: Mapping[str, torch.Tensor] = attrs.field(factory=dict)
+    history: torch.Tensor | None = None
+    prompt_lengths: torch.Tensor | None = None
 
     def param(self, name: str) -> torch.Tensor:
         return self.params[name]

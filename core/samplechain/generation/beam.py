@@ -141,7 +141,7 @@ class _BeamSearch:
                 if g.logits_processor is not None:
                     log_probs = g.logits_processor(flat, log_probs)
                 if processes:
-                    log_probs = g.chain.process(log_probs, g.store, beam_rids)
+                    log_probs = g.chain.process(log_probs, g.store, beam_rids, **g.history_args(flat))
                 if g.output_scores:
                     scores_out.append(log_probs.clone())
                 vocab = log_probs.shape[-1]

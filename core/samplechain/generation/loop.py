@@ -379,7 +379,8 @@ class Generation:
         if self.logits_processor is not None:
             logits = self.logits_processor(self.input_ids, logits)
         want_scores = self.output_scores or self.top_logprobs > 0
-        out = self.chain.sample(logits, self.store, self.request_ids, return_scores=want_scores)
+        out = self.chain.sample(logits, self.store, self.request_ids, return_scores=want_scores,
+                                **self.history_args(self.input_ids))
         tokens, logprobs = out.token_ids, out.logprobs
         if self._any_finished:  # finished rows get the pad token (and a 0 logprob)
             active = ~self.finished
@@ -409,6 +410,20 @@ class Generation:
                 self._all_finished = bool(self.finished.all())
         self._steps = step
         return tokens, active
+
+    def history_args(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """history= / prompt_lengths= for chains with history-reading samplers: the tokens so far, prompt padding
+        as -1. `input_ids` may repeat each prompt's rows (beams): the padding pattern repeats with them."""
+        if not self.chain.needs_history:
+            return {}
+        pad = self.attention_mask == 0
+        reps = input_ids.shape[0] // pad.shape[0]
+        if reps > 1:
+            pad = pad.repeat_interleave(reps, dim=0)
+        history = input_ids.clone()
+        history[:, : pad.shape[1]].masked_fill_(pad, -1)
+        lengths = self.prompt_lengths.repeat_interleave(reps) if reps > 1 else self.prompt_lengths
+        return {"history": history, "prompt_lengths": lengths}
 
     def output(self) -> GenerationOutput:
         prompt_length = self.setup.prompt_length

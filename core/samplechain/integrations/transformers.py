@@ -114,6 +114,11 @@ class ChainLogitsProcessor(LogitsProcessor):
                     q["seed"] = int(base) + j  # copy j of a prompt: its own stream, as in samplechain's loop
                 self.store.add(self.request_ids[i * n + j], q)
 
+    def _history(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Chains with history-reading samplers see input_ids (transformers does not pass the attention mask to
+        processors: left padding, if any, reads as tokens, as for transformers' own penalty processors)."""
+        return {"history": input_ids} if self.chain.needs_history else {}
+
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         batch, length = input_ids.shape
         fresh = self.store is None or self._shape is None or batch != self._shape[0] or length <= self._shape[1]
@@ -123,8 +128,8 @@ class ChainLogitsProcessor(LogitsProcessor):
         if not self.select:
             if not fresh:  # the token transformers chose from the previous call's scores
                 self.chain.accept(self.store, self.request_ids, input_ids[:, -1])
-            return self.chain.process(scores, self.store, self.request_ids)
-        out = self.chain.sample(scores, self.store, self.request_ids)
+            return self.chain.process(scores, self.store, self.request_ids, **self._history(input_ids))
+        out = self.chain.sample(scores, self.store, self.request_ids, **self._history(input_ids))
         # scores: (B, V) all -inf but the chosen token, so any argmax / multinomial downstream takes it
         masked = torch.full(scores.shape, float("-inf"), dtype=torch.float32, device=scores.device)
         return masked.scatter_(1, out.token_ids[:, None], out.logprobs[:, None])
