@@ -1,0 +1,106 @@
+"""`mirostat`: llama.cpp's `llama_sampler_mirostat` (v1), per request, seeded and batch-invariant.
+
+Per row, over the candidates the chain passes in (earlier filters included; -inf candidates count as removed,
+as llama.cpp's filters shrink its array), exactly as llama.cpp, in float32:
+    p      = softmax(logits), in descending order p_0 >= p_1 >= ...
+    s_hat  = sum_i t_i b_i / sum_i t_i^2,  t_i = log((i+2)/(i+1)),  b_i = log(p_i / p_{i+1}),
+             i < min(m - 1, n - 1)                               (n candidates)
+    eps    = s_hat - 1
+    k      = ((eps * 2^mu) / (1 - n_vocab^-eps)) ^ (1 / s_hat),  top-k with max(int(k), 1)
+    token  ~ softmax(logits of the top k)                        Gumbel-max keyed by (seed, position, token id)
+    mu    <- mu - eta * (-log2 p_topk(token) - tau)               mu starts at 2 * tau
+Where llama.cpp's int(k) is undefined (k NaN: one candidate or m <= 1; k >= 2^31 or inf) this keeps 1 candidate
+for NaN (what x86 builds do) and every candidate for an overflow (the intent; x86 builds keep 1). Ties at the
+k-th logit keep the lowest candidate positions. The mu update is committed when the chain accepts the step (see
+mirostat_v2); tokens accepted without a select() of the same step leave mu unchanged.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, seed_field
+
+_INT_LIMIT = 2.0**31
+
+
+@attrs.frozen
+class MirostatParams:
+    tau: float = attrs.field(default=5.0, validator=[finite, in_range(0.0, None, hint="target surprise in bits")])
+    eta: float = attrs.field(default=0.1, validator=[finite, in_range(0.0, None, hint="learning rate of mu")])
+    m: int = attrs.field(default=100, validator=in_range(1, None, hint="tokens used to estimate s_hat"))
+    seed: int | None = seed_field()
+
+
+def keep_top(logits: torch.Tensor, k: torch.Tensor, backend) -> torch.Tensor:
+    """(B, K) bool: the k[b] largest logits of each row (1 <= k[b] <= finite count); ties keep lower positions.
+    Decided by the k-th value, so a row's set does not depend on the other rows' k (batch invariance)."""
+    values, _ = backend.topk(logits, int(k.max()))
+    kth = values.gather(1, (k - 1)[:, None])
+    above = logits > kth
+    tied = logits == kth
+    room = k - above.sum(dim=-1)
+    return above | (tied & (tied.cumsum(dim=-1) <= room[:, None]))
+
+
+def mirostat_k(logits: torch.Tensor, mu: torch.Tensor, m: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(B,) int64 llama.cpp's k for each row, clamped to [1, number of finite candidates]."""
+    n = torch.isfinite(logits).sum(dim=-1)
+    width = min(int(m.max()), logits.shape[1])
+    probs = torch.softmax(logits, dim=-1).topk(width, dim=-1).values  # descending
+    i = torch.arange(width - 1, device=logits.device)
+    t = torch.log((i + 2).float() / (i + 1).float())
+    b = torch.log(probs[:, :-1] / probs[:, 1:])
+    use = i[None, :] < torch.minimum(m - 1, n - 1)[:, None]
+    zero = torch.zeros((), dtype=torch.float32, device=logits.device)
+    s_hat = torch.where(use, t * b, zero).sum(dim=-1) / torch.where(use, t * t, zero).sum(dim=-1)
+    eps = s_hat - 1
+    vocab = torch.full_like(eps, float(vocab_size))
+    k = torch.pow((eps * torch.pow(2.0, mu)) / (1 - torch.pow(vocab, -eps)), 1 / s_hat)
+    whole = torch.where(k < _INT_LIMIT, k, torch.zeros_like(k)).long()  # int(k): truncation toward zero
+    k_int = torch.where(torch.isnan(k), 1, torch.where(k >= _INT_LIMIT, n, whole))
+    return torch.minimum(k_int.clamp(min=1), n.clamp(min=1))
+
+
+class Mirostat(Sampler):
+    name = "mirostat"
+    stage = Stage.SELECT
+    Params = MirostatParams
+    request_aliases = {"mirostat_tau": "tau", "mirostat_eta": "eta", "mirostat_m": "m", "seed": "seed"}
+    summary = "llama.cpp's mirostat (v1): Zipf estimate, top-k from mu, sample, steer mu toward tau"
+
+    def __init__(self, params: MirostatParams) -> None:
+        super().__init__(params)
+        self._pending: tuple | None = None  # (request ids, positions, new mu) from the last select()
+
+    def is_stateful(self) -> bool:
+        return True
+
+    def state_spec(self):
+        # mu's initial value 2 * tau depends on the request's tau: `started` says whether mu holds a value yet
+        return {"mu": (torch.float32, (), 0.0), "started": (torch.bool, (), False)}
+
+    def select(self, cand: Candidates, ctx: StepContext) -> torch.Tensor:
+        logits = cand.logits
+        tau, eta = ctx.param("tau"), ctx.param("eta")
+        mu = torch.where(ctx.state["started"], ctx.state["mu"], 2.0 * tau)
+        k = mirostat_k(logits, mu, ctx.param("m"), cand.vocab_size)
+        kept = logits.masked_fill(~keep_top(logits, k, ctx.backend), float("-inf"))
+        noise = ctx.gumbel(cand, ctx.param("seed"))
+        chosen = (kept.double() + noise).argmax(dim=-1)
+        p_kept = torch.softmax(kept, dim=-1).gather(1, chosen[:, None]).squeeze(1)
+        surprise = -torch.log2(p_kept)
+        self._pending = (ctx.request_ids, ctx.positions.clone(), mu - eta * (surprise - tau))
+        return chosen
+
+    def accept(self, ctx: StepContext, token_ids: torch.Tensor):
+        pending, self._pending = self._pending, None
+        if pending is None or pending[0] != ctx.request_ids or not torch.equal(pending[1], ctx.positions):
+            return {}  # not the step select() saw: mu unchanged (llama.cpp's mirostat has no accept)
+        return {"mu": pending[2], "started": torch.ones_like(ctx.state["started"])}
+
+
+@hookimpl
+def register_samplers(register):
+    register(Mirostat)

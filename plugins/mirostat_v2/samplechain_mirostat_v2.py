@@ -1,0 +1,71 @@
+"""`mirostat_v2`: llama.cpp's `llama_sampler_mirostat_v2`, per request, seeded and batch-invariant.
+
+Per row, over the candidates the chain passes in (earlier filters included), exactly as llama.cpp:
+    p        = softmax(logits)                                  float32
+    keep     = candidates whose surprise -log2(p) <= mu         (at least the most probable one)
+    p'       = softmax(logits of the kept candidates)
+    token    ~ p'                                               Gumbel-max keyed by (seed, position, token id)
+    mu      <- mu - eta * (-log2 p'(token) - tau)                mu starts at 2 * tau
+llama.cpp updates mu inside apply(); here select() computes the new mu and the chain commits it when it accepts
+the step, so a step sampled with accept=False (or one that fails) leaves mu as it was. Tokens accepted without a
+preceding select() of the same step (forced tokens) leave mu unchanged, as llama.cpp (its mirostat has no accept).
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, seed_field
+
+
+@attrs.frozen
+class MirostatV2Params:
+    tau: float = attrs.field(default=5.0, validator=[finite, in_range(0.0, None, hint="target surprise in bits")])
+    eta: float = attrs.field(default=0.1, validator=[finite, in_range(0.0, None, hint="learning rate of mu")])
+    seed: int | None = seed_field()
+
+
+class MirostatV2(Sampler):
+    name = "mirostat_v2"
+    stage = Stage.SELECT
+    Params = MirostatV2Params
+    request_aliases = {"mirostat_tau": "tau", "mirostat_eta": "eta", "seed": "seed"}
+    summary = "llama.cpp's mirostat v2: keep tokens with surprise <= mu, sample, steer mu toward tau"
+
+    def __init__(self, params: MirostatV2Params) -> None:
+        super().__init__(params)
+        self._pending: tuple | None = None  # (request ids, positions, new mu) from the last select()
+
+    def is_stateful(self) -> bool:
+        return True
+
+    def state_spec(self):
+        # mu's initial value 2 * tau depends on the request's tau: `started` says whether mu holds a value yet
+        return {"mu": (torch.float32, (), 0.0), "started": (torch.bool, (), False)}
+
+    def select(self, cand: Candidates, ctx: StepContext) -> torch.Tensor:
+        logits = cand.logits
+        tau, eta = ctx.param("tau"), ctx.param("eta")
+        mu = torch.where(ctx.state["started"], ctx.state["mu"], 2.0 * tau)
+        p = torch.softmax(logits, dim=-1)
+        keep = -torch.log2(p) <= mu[:, None]  # masked candidates: p = 0, surprise inf, never kept
+        keep.scatter_(1, logits.argmax(dim=-1, keepdim=True), True)  # llama.cpp keeps at least one
+        kept = logits.masked_fill(~keep, float("-inf"))
+        noise = ctx.gumbel(cand, ctx.param("seed"))
+        chosen = (kept.double() + noise).argmax(dim=-1)
+        p_kept = torch.softmax(kept, dim=-1).gather(1, chosen[:, None]).squeeze(1)
+        surprise = -torch.log2(p_kept)
+        self._pending = (ctx.request_ids, ctx.positions.clone(), mu - eta * (surprise - tau))
+        return chosen
+
+    def accept(self, ctx: StepContext, token_ids: torch.Tensor):
+        pending, self._pending = self._pending, None
+        if pending is None or pending[0] != ctx.request_ids or not torch.equal(pending[1], ctx.positions):
+            return {}  # not the step select() saw: mu unchanged (llama.cpp's mirostat has no accept)
+        return {"mu": pending[2], "started": torch.ones_like(ctx.state["started"])}
+
+
+@hookimpl
+def register_samplers(register):
+    register(MirostatV2)
