@@ -143,7 +143,10 @@ class RequestStore:
     def add_many(self, request_ids: Sequence[str], params: Mapping[str, Any] | None = None) -> None:
         """Several requests join with the same parameters (validated once; unseeded rows get their own seeds)."""
         ids = list(request_ids)
-        clash = [r for r in ids if r in self._slots] or sorted({r for r in ids if ids.count(r) > 1})
+        clash = [r for r in ids if r in self._slots]
+        if not clash and len(set(ids)) != len(ids):  # O(n): add_many of many ids must stay linear
+            seen: set[str] = set()
+            clash = sorted({r for r in ids if r in seen or seen.add(r)})
         if clash:
             raise RequestError(f"request id(s) {clash} already in the store or repeated; use distinct new ids")
         if not ids:
