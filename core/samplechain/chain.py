@@ -223,7 +223,7 @@ class Chain:
             raise self._bad_rows(~torch.isfinite(logprobs), lse, view.request_ids)
         scores = cand.scores() if return_scores else None
         if accept:
-            self._accept(store, view, positions, backend, token_ids, hist)
+            self._accept(store, view, positions, backend, token_ids, hist, selection=(cand, chosen))
         return SampleOutput(token_ids, logprobs, scores)
 
     def accept(self, store: RequestStore, request_ids: Sequence[str], token_ids: torch.Tensor) -> None:
@@ -233,10 +233,14 @@ class Chain:
         self._accept(store, view, positions, self._backend_for(store.device.type), token_ids)
 
     def _accept(self, store: RequestStore, view, positions, backend: Backend, token_ids: torch.Tensor,
-                hist: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                hist: tuple[torch.Tensor, torch.Tensor] | None = None,
+                selection: tuple[Candidates, torch.Tensor] | None = None) -> None:
         updates: dict[tuple[int, str], torch.Tensor] = {}
+        last = len(self.samplers) - 1
         for i in self._stateful:  # compute everything first: a failure here commits nothing
             ctx = self._context(store, view, positions, backend, i, hist)
+            if i == last and selection is not None:  # the selector sees what it chose, in this very step
+                ctx.selected_candidates, ctx.selected = selection
             try:
                 for name, rows in self.samplers[i].accept(ctx, token_ids).items():
                     updates[(i, name)] = rows

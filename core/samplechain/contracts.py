@@ -152,6 +152,9 @@ class StepContext:
     history: (B, L) int64 every token of each row so far, prompt then generated, left-padded with -1; given to
              samplers that declare `needs_history()` (penalties, DRY, n-gram bans), None otherwise.
     prompt_lengths: (B,) int64 how many of a row's history tokens are its prompt (the rest were generated).
+    selected_candidates / selected: in the selector's `accept` after a `sample()` of the same step, the candidates
+             it chose from and the positions it returned (None when tokens are accepted without a draw, e.g.
+             `chain.accept` of forced tokens).
     """
 
     backend: Backend
@@ -163,6 +166,8 @@ class StepContext:
     state: Mapping[str, torch.Tensor] = attrs.field(factory=dict)
     history: torch.Tensor | None = None
     prompt_lengths: torch.Tensor | None = None
+    selected_candidates: Candidates | None = None
+    selected: torch.Tensor | None = None
 
     def param(self, name: str) -> torch.Tensor:
         return self.params[name]
