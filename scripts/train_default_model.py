@@ -118,8 +118,24 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOS, eos_token=EOS, model_max_length=256)
+    # GPT-2's inputs: no token_type_ids (GPT-2 would embed them as tokens). No pad token, as GPT-2.
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOS, eos_token=EOS, model_max_length=256,
+                                   model_input_names=["input_ids", "attention_mask"])
     return fast
+
+
+def save_tokenizer(tok, out: Path) -> None:
+    """save_pretrained, naming the class every transformers release knows.
+
+    transformers 5 writes "TokenizersBackend", which 4.x cannot load; "PreTrainedTokenizerFast" (a tokenizer.json
+    and nothing else) loads in both. The input names keep 4.x from returning token_type_ids.
+    """
+    tok.save_pretrained(out)
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config["model_input_names"] = ["input_ids", "attention_mask"]
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 HELD_OUT_SEPARATOR = "\n\n" + EOS + "\n\n"
@@ -240,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     model.generation_config = GenerationConfig(bos_token_id=eos, eos_token_id=eos)
     model.save_pretrained(args.out, safe_serialization=True)
-    tok.save_pretrained(args.out)
+    save_tokenizer(tok, args.out)
     (args.out / "training.json").write_text(json.dumps({
         "command": "scripts/train_default_model.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "python": sys.version.split()[0], "torch": torch.__version__, "documents": len(docs), "characters": chars,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import warnings
 
@@ -10,27 +11,56 @@ import torch
 
 from samplechain import ConfigError
 from samplechain.generation import generate
-from samplechain.testing import byte_bpe_tokenizer, tiny_gpt2
+from samplechain.testing import tiny_gpt2
 
 IDS = torch.tensor([[0, 0, 5, 17, 42], [11, 12, 13, 14, 15], [0, 0, 0, 0, 7]])
 MASK = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])
 
 
-def model_with_frequent_eos(seed: int):
-    """A random GPT-2 whose eos is a token it actually emits, so beams finish at different steps."""
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # models this small gain nothing from a second thread, and on a shared machine two threads are ~10x slower
+    torch.set_num_threads(1)
+    yield
+
+
+@functools.lru_cache(maxsize=None)
+def model_with_frequent_eos(seed: int, n_eos: int = 1):
+    """A random GPT-2 whose eos ids are tokens it actually emits, so beams finish at different steps."""
     model = tiny_gpt2(120, seed=seed, eos_token_id=None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         free = model.generate(input_ids=IDS, attention_mask=MASK, max_new_tokens=4, do_sample=False, pad_token_id=0)
-    model.generation_config.eos_token_id = int(free[0, IDS.shape[1] + 1])
+    eos = [int(free[0, IDS.shape[1] + 1]), int(free[1, IDS.shape[1] + 2]), int(free[2, IDS.shape[1] + 3])][:n_eos]
+    model.generation_config.eos_token_id = eos[0] if n_eos == 1 else eos
     return model
 
 
-def hf_beams(model, **kw):
+def hf_beams(model, ids=IDS, mask=MASK, **kw):
+    kw.setdefault("pad_token_id", 0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return model.generate(input_ids=IDS, attention_mask=MASK, do_sample=False, pad_token_id=0,
-                              return_dict_in_generate=True, output_scores=True, **kw)
+        return model.generate(input_ids=ids, attention_mask=mask, do_sample=False, return_dict_in_generate=True,
+                              output_scores=True, output_logits=True, **kw)
+
+
+def ours(model, ids=IDS, mask=MASK, **kw):
+    kw.setdefault("pad_token_id", 0)
+    return generate(model, input_ids=ids, attention_mask=mask, output_scores=True, output_logits=True, **kw)
+
+
+def assert_same(out, ref, model):
+    """Everything transformers returns for beam search, and our transition log-probs against its own."""
+    assert torch.equal(out.sequences, ref.sequences)
+    torch.testing.assert_close(out.sequences_scores, ref.sequences_scores)
+    assert torch.equal(out.beam_indices.long(), ref.beam_indices.long())
+    assert len(out.scores) == len(ref.scores) == len(out.logits) == len(ref.logits)
+    for a, b in zip(out.scores, ref.scores):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(out.logits, ref.logits):
+        assert torch.equal(a, b)
+    transition = model.compute_transition_scores(ref.sequences, ref.scores, ref.beam_indices)
+    torch.testing.assert_close(out.logprobs, transition)
 
 
 CASES = list(itertools.product([2, 3, 4], [0.5, 1.0, 2.0], [True, False, "never"]))
@@ -42,69 +72,196 @@ def test_equals_transformers_beam_search(num_beams, length_penalty, early_stoppi
     for n in sorted({1, num_beams}):
         kw = dict(max_new_tokens=10, num_beams=num_beams, length_penalty=length_penalty,
                   early_stopping=early_stopping, num_return_sequences=n)
-        ref = hf_beams(model, **kw)
-        out = generate(model, input_ids=IDS, attention_mask=MASK, pad_token_id=0, output_scores=True, **kw)
-        assert torch.equal(out.sequences, ref.sequences)
-        torch.testing.assert_close(out.sequences_scores, ref.sequences_scores)
-        assert torch.equal(out.beam_indices.long(), ref.beam_indices.long())
-        for ours, theirs in zip(out.scores, ref.scores):
-            torch.testing.assert_close(ours, theirs)
+        out = ours(model, **kw)
+        assert_same(out, hf_beams(model, **kw), model)
+        assert len(out.finish_reasons) == IDS.shape[0] * n
 
 
-def test_logprobs_are_transformers_transition_scores_and_reasons_are_named():
-    model = model_with_frequent_eos(seed=7)
-    ref = hf_beams(model, max_new_tokens=8, num_beams=3, num_return_sequences=3)
-    out = generate(model, input_ids=IDS, attention_mask=MASK, pad_token_id=0, max_new_tokens=8, num_beams=3,
-                   num_return_sequences=3)
-    transition = model.compute_transition_scores(ref.sequences, ref.scores, ref.beam_indices, normalize_logits=False)
-    torch.testing.assert_close(out.logprobs, transition)
-    eos = model.generation_config.eos_token_id
+def test_the_grid_really_finishes_beams_at_eos():
+    """The models of the grid above do emit their eos: hypotheses end early, at different lengths."""
+    reasons, lengths = set(), set()
+    for nb in (2, 3, 4):
+        out = ours(model_with_frequent_eos(seed=nb), max_new_tokens=10, num_beams=nb, num_return_sequences=nb)
+        reasons |= set(out.finish_reasons)
+        lengths |= set(out.num_generated.tolist())
+    assert reasons == {"eos", "max_new_tokens"} and len(lengths) >= 3
+
+
+@pytest.mark.parametrize("num_beams, n_eos, early_stopping", [(2, 2, False), (4, 3, True), (3, 3, "never")])
+def test_several_eos_ids_widen_the_candidates(num_beams, n_eos, early_stopping):
+    """transformers keeps max(2, 1 + #eos) * num_beams candidates per step."""
+    model = model_with_frequent_eos(seed=num_beams, n_eos=n_eos)
+    kw = dict(max_new_tokens=9, num_beams=num_beams, num_return_sequences=num_beams, early_stopping=early_stopping)
+    assert_same(ours(model, **kw), hf_beams(model, **kw), model)
+
+
+@pytest.mark.parametrize("kw", [dict(max_length=12, early_stopping="never"), dict(length_penalty=0.0),
+                                dict(length_penalty=-1.0, early_stopping="never"), dict()],
+                         ids=["max_length", "lp0", "lp-neg", "default-length"])
+def test_length_limits_and_penalties(kw):
+    """max_length counts the padded prompt; with no limit at all transformers 5 makes 20 new tokens."""
+    model = model_with_frequent_eos(seed=5)
+    kw = dict(kw, num_beams=3, num_return_sequences=2)
+    if kw.keys() & {"length_penalty"}:
+        kw["max_new_tokens"] = 8
+    out = ours(model, **kw)
+    assert_same(out, hf_beams(model, **kw), model)
+    if "max_length" in kw:
+        assert out.sequences.shape[1] <= 12 and "max_length" in out.finish_reasons
+
+
+def test_single_prompt_without_mask_and_a_non_zero_pad():
+    model = model_with_frequent_eos(seed=2)
+    kw = dict(max_new_tokens=8, num_beams=4, num_return_sequences=4)
+    assert_same(ours(model, ids=IDS[1:2], mask=None, **kw), hf_beams(model, ids=IDS[1:2], mask=None, **kw), model)
+    ids = IDS.masked_fill(MASK == 0, 99)  # finished hypotheses are filled with the pad (not eos) past their end
+    kw["pad_token_id"] = 99
+    assert_same(ours(model, ids=ids, **kw), hf_beams(model, ids=ids, **kw), model)
+
+
+@pytest.mark.parametrize("chain, processors", [
+    ([{"use": "top_k", "k": 5}], lambda t: [t.TopKLogitsWarper(5)]),
+    ([{"use": "temperature", "t": 1.5}, {"use": "top_p", "p": 0.8}],
+     lambda t: [t.TemperatureLogitsWarper(1.5), t.TopPLogitsWarper(0.8)]),
+    ([{"use": "min_p", "p": 0.1}], lambda t: [t.MinPLogitsWarper(0.1)]),
+], ids=["top_k", "temperature-top_p", "min_p"])
+def test_chain_processing_equals_transformers_logits_processors(chain, processors):
+    """The chain's transforms and filters run on the beams' log-probabilities as a LogitsProcessorList does."""
+    import transformers
+
+    model = model_with_frequent_eos(seed=3)
+    kw = dict(max_new_tokens=8, num_beams=3, num_return_sequences=3)
+    ref = hf_beams(model, logits_processor=transformers.LogitsProcessorList(processors(transformers)), **kw)
+    assert_same(ours(model, chain={"samplers": chain + [{"use": "greedy"}]}, **kw), ref, model)
+
+
+@pytest.mark.parametrize("sampler, processor", [
+    ({"use": "penalties", "repeat": 1.8, "scope": "transformers"}, lambda t: t.RepetitionPenaltyLogitsProcessor(1.8)),
+    ({"use": "no_repeat_ngram", "n": 2}, lambda t: t.NoRepeatNGramLogitsProcessor(2)),
+], ids=["penalties", "no_repeat_ngram"])
+def test_history_reading_samplers_see_each_beams_own_tokens(sampler, processor):
+    """Unpadded prompts: transformers' processors count left padding as history, ours do not."""
+    import transformers
+
+    from samplechain import get_host
+
+    if sampler["use"] not in get_host().plugins:
+        pytest.skip(f"plugin {sampler['use']} is not installed")
+    ids = torch.tensor([[11, 12, 13, 14, 15], [3, 3, 9, 4, 3], [7, 7, 7, 7, 7]])
+    model = model_with_frequent_eos(seed=3)
+    kw = dict(max_new_tokens=10, num_beams=3, num_return_sequences=3)
+    ref = hf_beams(model, ids, torch.ones_like(ids),
+                   logits_processor=transformers.LogitsProcessorList([processor(transformers)]), **kw)
+    assert_same(ours(model, ids, torch.ones_like(ids), chain={"samplers": [sampler, {"use": "greedy"}]}, **kw),
+                ref, model)
+
+
+def test_per_request_parameters_apply_to_every_beam_of_their_prompt():
+    model = model_with_frequent_eos(seed=3)
+    kw = dict(max_new_tokens=8, num_beams=3, num_return_sequences=3,
+              chain={"samplers": [{"use": "top_k", "k": 40}, {"use": "greedy"}]})
+    mixed = ours(model, params=[{"top_k": 2}, {"top_k": 3}, {}], **kw)
+    for i, k in enumerate((2, 3, 40)):
+        alone = ours(model, params={"top_k": k}, **kw)
+        rows = slice(3 * i, 3 * i + 3)
+        assert torch.equal(mixed.sequences[rows], alone.sequences[rows])
+        torch.testing.assert_close(mixed.sequences_scores[rows], alone.sequences_scores[rows])
+
+
+def test_custom_criterion_runs_on_the_candidates_as_transformers_stopping_criteria():
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class EndsInSeven(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return input_ids[:, -1] % 7 == 0
+
+    def sevens(ctx):
+        return ctx.input_ids[:, -1] % 7 == 0
+
+    model = model_with_frequent_eos(seed=3)
+    kw = dict(max_new_tokens=8, num_beams=3, num_return_sequences=3)
+    out = ours(model, stop=[sevens], **kw)
+    assert_same(out, hf_beams(model, stopping_criteria=StoppingCriteriaList([EndsInSeven()]), **kw), model)
+    assert {"eos", "sevens", "max_new_tokens"} == set(out.finish_reasons)
     for row, reason, n in zip(out.sequences, out.finish_reasons, out.num_generated.tolist()):
         last = int(row[IDS.shape[1] + n - 1])
-        assert reason == ("eos" if last == eos else "max_new_tokens")
-
-
-def test_text_prompts_and_the_stop_strings_criterion():
-    tok = byte_bpe_tokenizer(300)
-    model = tiny_gpt2(300, seed=1)
-    out = generate(model, tok, ["The quick", "A list"], num_beams=3, max_new_tokens=6, pad_token_id=0,
-                   ignore_eos=True)
-    assert out.finish_reasons == ["max_new_tokens"] * 2 and len(out.texts) == 2
-    piece = tok.decode(out.sequences[0, out.prompt_length + 2: out.prompt_length + 3])
-    if piece and piece != "\ufffd":
-        stopped = generate(model, tok, ["The quick", "A list"], num_beams=3, max_new_tokens=6, pad_token_id=0,
-                           ignore_eos=True, stop_strings=[piece])
-        assert "stop_strings" in stopped.finish_reasons
+        expected = "eos" if last == model.generation_config.eos_token_id else "sevens" if last % 7 == 0 else None
+        assert reason == (expected or "max_new_tokens")
 
 
 def test_bad_beam_arguments():
     model = tiny_gpt2(120)
+    model.generation_config.pad_token_id = 0
     with pytest.raises(ConfigError, match="num_return_sequences = 3: beam search returns at most num_beams = 2"):
         generate(model, input_ids=IDS, attention_mask=MASK, num_beams=2, num_return_sequences=3, max_new_tokens=3)
     with pytest.raises(ConfigError, match="the chain must end in greedy, not dist.v1"):
         generate(model, input_ids=IDS, attention_mask=MASK, num_beams=2, chain="preset:llama.cpp", max_new_tokens=3)
     with pytest.raises(ConfigError, match="early_stopping = 'sometimes'"):
         generate(model, input_ids=IDS, attention_mask=MASK, num_beams=2, early_stopping="sometimes", max_new_tokens=3)
+    with pytest.raises(ConfigError, match="top_logprobs is not available with beam search"):
+        generate(model, input_ids=IDS, attention_mask=MASK, num_beams=2, top_logprobs=3, max_new_tokens=3)
+    with pytest.raises(ConfigError, match="num_beams = 0"):
+        generate(model, input_ids=IDS, attention_mask=MASK, num_beams=0, max_new_tokens=3)
 
 
-def test_embedded_model_beam_search_equals_model_generate():
+# --------------------------------------------------------------------------- the embedded model, text prompts
+PROMPTS = ["The function", "A list is a mutable sequence and"]
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    from samplechain.models import DEFAULT_MODEL, default_model_path
+
+    if not (DEFAULT_MODEL / "model.safetensors").is_file():
+        pytest.skip("the embedded model is not built (scripts/train_default_model.py)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from samplechain.models import default_model_path
 
     model = AutoModelForCausalLM.from_pretrained(default_model_path()).eval()
     tok = AutoTokenizer.from_pretrained(default_model_path())
-    prompts = ["The function", "A list is a mutable sequence and"]
-    enc = [tok(p)["input_ids"] for p in prompts]
+    enc = [tok(p)["input_ids"] for p in PROMPTS]
     width = max(map(len, enc))
     ids = torch.tensor([[tok.eos_token_id] * (width - len(e)) + e for e in enc])
     mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ref = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, num_beams=4, max_new_tokens=16,
-                             num_return_sequences=2, pad_token_id=tok.eos_token_id, return_dict_in_generate=True,
-                             output_scores=True)
-    out = generate(model, tok, prompts, num_beams=4, max_new_tokens=16, num_return_sequences=2,
-                   pad_token_id=tok.eos_token_id)
-    assert torch.equal(out.sequences, ref.sequences)
-    torch.testing.assert_close(out.sequences_scores, ref.sequences_scores)
+    return model, tok, ids, mask
+
+
+def test_embedded_model_beam_search_equals_model_generate(embedded):
+    model, tok, ids, mask = embedded
+    kw = dict(num_beams=4, max_new_tokens=12, num_return_sequences=2, pad_token_id=tok.eos_token_id)
+    ref = hf_beams(model, ids, mask, **kw)
+    out = generate(model, tok, PROMPTS, output_scores=True, output_logits=True, **kw)
+    assert_same(out, ref, model)
+    new = out.sequences[:, out.prompt_length:]
+    assert out.texts == [tok.decode(r[:n], skip_special_tokens=True) for r, n in zip(new, out.num_generated.tolist())]
+
+
+@pytest.mark.parametrize("stop, num_beams, early_stopping", [("\n", 3, False), (" of", 2, True), (".", 3, "never")])
+def test_embedded_model_stop_strings_equal_model_generate(embedded, stop, num_beams, early_stopping):
+    model, tok, ids, mask = embedded
+    kw = dict(num_beams=num_beams, max_new_tokens=12, num_return_sequences=num_beams, early_stopping=early_stopping,
+              pad_token_id=tok.eos_token_id, stop_strings=[stop])
+    out = generate(model, tok, PROMPTS, output_scores=True, output_logits=True, **kw)
+    assert_same(out, hf_beams(model, ids, mask, tokenizer=tok, **kw), model)
+    assert "stop_strings" in out.finish_reasons
+    for text, reason in zip(out.texts, out.finish_reasons):
+        assert reason in ("stop_strings", "max_new_tokens", "eos") and (reason != "stop_strings" or stop in text)
+
+
+def test_without_eos_short_hypotheses_are_padded_with_the_pad_not_minus_one(embedded):
+    """The one difference from transformers: with no eos it fills positions past a hypothesis' end with -1 (not
+    a token); we fill them with the pad id."""
+    model, tok, ids, mask = embedded
+    pad = tok.eos_token_id
+    kw = dict(num_beams=3, max_new_tokens=10, num_return_sequences=3, pad_token_id=pad, stop_strings=["\n"])
+    out = generate(model, tok, PROMPTS[:1], ignore_eos=True, **kw)
+    saved = model.generation_config.eos_token_id, model.config.eos_token_id
+    model.generation_config.eos_token_id = model.config.eos_token_id = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = model.generate(input_ids=tok(PROMPTS[0], return_tensors="pt")["input_ids"], do_sample=False,
+                                 tokenizer=tok, **kw)
+    finally:
+        model.generation_config.eos_token_id, model.config.eos_token_id = saved
+    assert bool((ref == -1).any())
+    assert torch.equal(out.sequences, torch.where(ref == -1, pad, ref))

@@ -1,7 +1,9 @@
 """`max_length`: stop when a sequence, prompt included, reaches n tokens (transformers' MaxLengthCriteria).
 
-As transformers, the length is that of the (left-padded) batch: `input_ids.shape[-1] >= n`. A length limit
-(`is_length_limit`). Warns once in `prepare` when n exceeds the model's position embeddings.
+As transformers, the length is that of the (left-padded) batch, `input_ids.shape[-1] >= n`, so every row stops at
+the same step (a shorter prompt does not buy a row more tokens). A length limit (`is_length_limit`). `prepare`
+warns when n exceeds the model's position embeddings, and when the padded prompt already has n tokens (each row then
+gets one new token; transformers' generate() refuses such a prompt).
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ class MaxLength(StoppingCriterion):
     is_length_limit = True
 
     def prepare(self, setup: StopSetup) -> None:
+        if setup.prompt_length >= self.params.n:
+            warnings.warn(
+                f"max_length = {self.params.n} but the (padded) prompt already has {setup.prompt_length} tokens: "
+                f"each row gets one new token; raise max_length or use max_new_tokens",
+                UserWarning,
+                stacklevel=2,
+            )
         limit = setup.max_positions
         if limit is not None and self.params.n > limit:
             warnings.warn(

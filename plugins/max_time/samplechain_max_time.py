@@ -1,6 +1,8 @@
 """`max_time`: stop every row once the generation has run for `seconds` (transformers' MaxTimeCriteria).
 
-The clock starts when the generation starts (`StopSetup.start_time`, time.monotonic()).
+The clock starts when the generation starts (`StopSetup.start_time`, time.monotonic(); a setup that leaves it
+unset, 0.0, starts it at `prepare`). Every row stops at once; transformers compares time.time() against its
+`initial_timestamp` the same way (strictly more than `seconds`).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import time
 
 import attrs
 
-from samplechain import StopContext, StoppingCriterion, finite, hookimpl, in_range
+from samplechain import StopContext, StoppingCriterion, StopSetup, finite, hookimpl, in_range
 
 
 @attrs.frozen
@@ -22,8 +24,18 @@ class MaxTime(StoppingCriterion):
     Params = MaxTimeParams
     summary = "stop every row after a wall-clock budget"
 
+    def __init__(self, params: MaxTimeParams) -> None:
+        super().__init__(params)
+        self._started = 0.0
+
+    def prepare(self, setup: StopSetup) -> None:
+        self._started = time.monotonic()
+
     def check(self, ctx: StopContext) -> bool:
-        return time.monotonic() - ctx.setup.start_time > self.params.seconds  # the same answer for every row
+        if not (ctx.setup.start_time or self._started):  # neither the loop nor prepare started the clock
+            self._started = time.monotonic()
+        start = ctx.setup.start_time or self._started
+        return time.monotonic() - start > self.params.seconds  # the same answer for every row
 
 
 @hookimpl

@@ -1,26 +1,43 @@
-"""`stop_strings`: stop a row when the text it decodes to contains a stop string that ends in its last token.
+"""`stop_strings`: stop a row when its text contains a stop string whose end falls inside the row's last token.
 
-Tokenizer-aware, as transformers' StopStringCriteria: the match runs on the bytes the tokens decode to, so a stop
-string spanning several tokens is caught, and so is one that ends inside the last token (the token "overhangs"
-it: stop string "stop", tokens ["las", "topper"]). Only the last token decides: a stop string that ended in an
-earlier token was caught at that step.
+Tokenizer-aware, with transformers' StopStringCriteria semantics: the match runs on what the tokens decode to, so
+a stop string spanning several tokens is caught (stop string "stop", tokens ["s", "to", "p"]), and so is one that
+ends inside the last token, which overhangs it (["las", "topper"]) or holds it whole after other text
+(["xstop"]). A stop string needs at least one byte of the last token: one that ended in an earlier token was caught
+at that step, so text already in the prompt never stops a generation by itself; one that starts in the prompt and
+ends in a generated token does (as in transformers; vLLM looks at the generated text only).
 
-Precompute, once per tokenizer and cached: every token id's bytes in a (V, L) table (GPT-2 byte-level tokens
-through the byte-to-unicode map, SentencePiece "▁" as a space and <0xNN> byte tokens as their byte, anything
-else by decoding it after a fixed prefix). Special tokens decode to nothing, as decode(skip_special_tokens=True)
-shows them. Per step: gather the bytes of each row's last N tokens (N = longest stop string in bytes + 1),
-right-align them in a (B, N * L) buffer, and compare every stop string at every end position inside the last
-token, all rows at once. The cost depends on N, L and the batch, never on the vocabulary size.
+What a token "decodes to" is decided as transformers decides it (`StopStringCriteria.clean_tokenizer_vocab`):
+byte-level tokenizers (GPT-2 style) map each token through the byte-to-unicode table to its bytes, so a multi-byte
+character split over several tokens matches; byte-fallback tokenizers (Llama style) read `<0xNN>` as that byte;
+every other token is `convert_tokens_to_string` after a fixed prefix, minus the prefix (so a SentencePiece "▁"
+is the space it stands for and a WordPiece "##" continuation has none). Matching is on UTF-8 bytes throughout.
 
-One difference from transformers (it catches more, never less): transformers requires the stop string to
-overlap the *start* of the last token (stop_string[-i:] == token[:i]), so a stop string lying inside the last
-token after other text ("xstop" as one token, stop string "stop") is never caught. Here any end position inside
-the last token counts. Multi-byte characters split over byte-level tokens match in both. Left padding is not
-text: positions before a row's prompt are ignored (transformers reads the padding tokens as text).
+Where it differs from transformers (everything else agrees, tested on random token sequences):
+- special tokens (`tokenizer.all_special_ids`: eos, bos, pad, unk ...) are no text, as in the decoded output
+  (`skip_special_tokens=True`); transformers matches their literal text ("<|endoftext|>" contains "end"), so a
+  stop string never fires on a special token here, and text on both sides of one joins up;
+- left padding is no text: positions before a row's prompt are ignored; transformers reads the pad tokens as text;
+- ids outside the tokenizer (a model whose vocabulary is padded past it) are no text either; transformers maps them
+  to an entry that matches nothing, so one also breaks a stop string it sits inside.
+
+Precompute, once per tokenizer and cached (a WeakKeyDictionary on the tokenizer object, then a small LRU keyed by
+its vocabulary fingerprint, so equal tokenizers share it; the stop strings are not part of the key, so requests
+with other stop strings reuse it): every token id's bytes in a (V, L) uint8 table, and their lengths. Per step:
+gather the table rows of each row's last M + 1 tokens (M = the longest stop string in bytes), read the last
+L' + M - 1 bytes of each row out of them (L' = the longest last token in the batch), and compare every stop string
+at every end position inside the last token, all rows and all stop strings in one tensor expression. The cost
+depends on M, L', the number of stop strings and the batch, never on the vocabulary size; there is no Python loop
+over rows, and one host read (L').
+
+The window of M + 1 tokens holds any match whose tokens all have text; a stop string whose text is interrupted by
+more than one special token (text on both sides joins up, see above) can fall outside it.
 """
 
 from __future__ import annotations
 
+import json
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -29,7 +46,9 @@ import torch
 
 from samplechain import ConfigError, StopContext, StoppingCriterion, StopSetup, hookimpl
 
-_CACHE: OrderedDict[tuple, "ByteTable"] = OrderedDict()
+_PREFIX = "abcdef"  # transformers' static prefix for tokens it cannot map to bytes directly
+_BY_VOCAB: OrderedDict[tuple, ByteTable] = OrderedDict()
+_BY_OBJECT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _CACHE_SIZE = 8
 
 
@@ -38,7 +57,7 @@ def _valid(_inst, _attr, value) -> None:
         raise ValueError('give at least one stop string, e.g. ["\\n\\n"]')
     for i, s in enumerate(value):
         if s == "":
-            raise ValueError(f"stop string {i} is empty; an empty string would stop at once: remove it")
+            raise ValueError(f"stop string {i} is empty ({s!r}); an empty string would stop at once: remove it")
 
 
 @attrs.frozen
@@ -46,19 +65,32 @@ class StopStringsParams:
     strings: tuple[str, ...] = attrs.field(validator=_valid)
 
 
-@attrs.frozen
 class ByteTable:
-    """bytes: (V, L) uint8, token id -> its bytes left-aligned; lengths: (V,) int64."""
+    """The per-tokenizer precompute. bytes: (V, L) uint8, token id -> its bytes left-aligned; lengths: (V,) int64.
+    Copies on other devices are made once and kept (`on(device)`)."""
 
-    bytes: torch.Tensor
-    lengths: torch.Tensor
+    def __init__(self, data: torch.Tensor, lengths: torch.Tensor) -> None:
+        self.bytes = data
+        self.lengths = lengths
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {data.device: (data, lengths)}
 
     @property
     def vocab_size(self) -> int:
         return self.lengths.shape[0]
 
+    @property
+    def width(self) -> int:
+        return self.bytes.shape[1]
+
+    def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        device = torch.device(device)
+        if device not in self._on:
+            self._on[device] = (self.bytes.to(device), self.lengths.to(device))
+        return self._on[device]
+
 
 def _gpt2_byte_decoder() -> dict[str, int]:
+    """GPT-2's bytes_to_unicode, inverted: the printable character each byte is written as -> the byte."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
@@ -70,65 +102,106 @@ def _gpt2_byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
-def _decoder_kind(tokenizer: Any) -> str:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    text = repr(getattr(backend, "decoder", None)) if backend is not None else ""
-    if "ByteLevel" in text:
-        return "bytelevel"
-    if "Metaspace" in text or "▁" in text or getattr(tokenizer, "sp_model", None) is not None:
-        return "metaspace"
-    return "generic"
+def _has_type(config: Any, name: str) -> bool:
+    if isinstance(config, dict):
+        return config.get("type") == name or any(_has_type(v, name) for v in config.values())
+    if isinstance(config, list):
+        return any(_has_type(v, name) for v in config)
+    return False
+
+
+def matching_mode(tokenizer: Any) -> str | None:
+    """"byte_level", "byte_fallback" or None, from the tokenizer's decoder, as transformers decides it."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    if decoder is None:
+        return None
+    if type(decoder).__name__ == "ByteLevel":
+        return "byte_level"
+    try:
+        state = decoder.__getstate__()
+        config = json.loads(state.decode() if isinstance(state, bytes) else state)
+    except Exception:  # a decoder without a JSON state
+        return None
+    if _has_type(config, "ByteFallback"):
+        return "byte_fallback"
+    if _has_type(config, "ByteLevel"):
+        return "byte_level"
+    return None
 
 
 def token_bytes(tokenizer: Any) -> list[bytes]:
-    """Each token id's bytes as they appear in decoded text (special tokens: b"")."""
+    """Each token id's bytes as the token adds them to decoded text (special tokens and gaps: b"")."""
     n = len(tokenizer)
     pieces = tokenizer.convert_ids_to_tokens(list(range(n)))
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    kind = _decoder_kind(tokenizer)
+    special = set(getattr(tokenizer, "all_special_ids", None) or [])
+    mode = matching_mode(tokenizer)
+    byte_decoder = _gpt2_byte_decoder() if mode == "byte_level" else None
+    base: list[str] | None = None
     out: list[bytes] = []
-    byte_decoder = _gpt2_byte_decoder() if kind == "bytelevel" else None
-    prefix = tokenizer.encode("a", add_special_tokens=False) if kind == "generic" else []
-    prefix_text = tokenizer.decode(prefix) if prefix else ""
     for i, piece in enumerate(pieces):
         if i in special or piece is None:
             out.append(b"")
         elif byte_decoder is not None and all(ch in byte_decoder for ch in piece):
             out.append(bytes(byte_decoder[ch] for ch in piece))
-        elif kind == "metaspace" and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        elif (mode == "byte_fallback" and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">")
+              and all(ch in "0123456789abcdefABCDEF" for ch in piece[3:5])):
             out.append(bytes([int(piece[3:5], 16)]))
-        elif kind == "metaspace":
-            out.append(piece.replace("▁", " ").encode("utf-8"))
         else:
-            text = tokenizer.decode(prefix + [i], clean_up_tokenization_spaces=False)
-            out.append(text[len(prefix_text):].encode("utf-8") if text.startswith(prefix_text) else text.encode())
+            if base is None:
+                base = tokenizer.convert_ids_to_tokens(tokenizer(_PREFIX, add_special_tokens=False)["input_ids"])
+            text = tokenizer.convert_tokens_to_string(base + [piece])
+            at = text.find(_PREFIX)
+            if at < 0:  # the prefix did not survive (an unusual decoder): the token decoded alone
+                text = tokenizer.decode([i], clean_up_tokenization_spaces=False)
+            else:
+                text = text[at + len(_PREFIX):]
+            out.append(text.encode("utf-8"))
     return out
 
 
 def _fingerprint(tokenizer: Any) -> tuple:
+    """The vocabulary's identity: class, name, size, decoding mode, special ids and a spread of its entries."""
     n = len(tokenizer)
-    sample = list(range(min(n, 64))) + list(range(max(n - 64, 0), n))
-    return (type(tokenizer).__name__, getattr(tokenizer, "name_or_path", ""), n,
-            tuple(tokenizer.convert_ids_to_tokens(sample)))
+    sample = sorted(set(range(0, n, max(n // 256, 1))) | set(range(max(n - 64, 0), n)))
+    special = tuple(sorted(getattr(tokenizer, "all_special_ids", None) or []))
+    return (type(tokenizer).__name__, getattr(tokenizer, "name_or_path", ""), n, matching_mode(tokenizer), special,
+            hash(tuple(tokenizer.convert_ids_to_tokens(sample))))
+
+
+def _build(pieces: list[bytes]) -> ByteTable:
+    lengths = torch.tensor([len(p) for p in pieces], dtype=torch.int64)
+    width = max(int(lengths.max()) if len(pieces) else 1, 1)
+    data = torch.zeros((len(pieces), width), dtype=torch.uint8)
+    flat = b"".join(pieces)
+    if flat:  # scatter every byte to (its token, its offset) in one go
+        values = torch.frombuffer(bytearray(flat), dtype=torch.uint8)
+        rows = torch.repeat_interleave(torch.arange(len(pieces)), lengths)
+        starts = torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
+        data[rows, torch.arange(values.numel()) - starts] = values
+    return ByteTable(data, lengths)
 
 
 def byte_table(tokenizer: Any) -> ByteTable:
-    """The cached per-tokenizer precompute (built once per distinct tokenizer)."""
-    key = _fingerprint(tokenizer)
-    table = _CACHE.get(key)
-    if table is not None:
-        _CACHE.move_to_end(key)
+    """The cached per-tokenizer precompute (built once per distinct vocabulary)."""
+    try:
+        size, table = _BY_OBJECT.get(tokenizer, (None, None))
+    except TypeError:  # not weakly referenceable / hashable
+        size, table = None, None
+    if table is not None and size == len(tokenizer):  # added tokens change the size: look again
         return table
-    pieces = token_bytes(tokenizer)
-    width = max(max((len(p) for p in pieces), default=1), 1)
-    data = torch.zeros((len(pieces), width), dtype=torch.uint8)
-    for i, p in enumerate(pieces):
-        if p:
-            data[i, : len(p)] = torch.frombuffer(bytearray(p), dtype=torch.uint8)
-    table = ByteTable(data, torch.tensor([len(p) for p in pieces], dtype=torch.int64))
-    _CACHE[key] = table
-    while len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
+    key = _fingerprint(tokenizer)
+    table = _BY_VOCAB.get(key)
+    if table is None:
+        table = _build(token_bytes(tokenizer))
+        _BY_VOCAB[key] = table
+        while len(_BY_VOCAB) > _CACHE_SIZE:
+            _BY_VOCAB.popitem(last=False)
+    else:
+        _BY_VOCAB.move_to_end(key)
+    try:
+        _BY_OBJECT[tokenizer] = (len(tokenizer), table)
+    except TypeError:
+        pass
     return table
 
 
@@ -140,51 +213,60 @@ class StopStrings(StoppingCriterion):
     def __init__(self, params: StopStringsParams) -> None:
         super().__init__(params)
         self._table: ByteTable | None = None
+        self._match: tuple[torch.Tensor, torch.Tensor] | None = None
         self._targets = [s.encode("utf-8") for s in params.strings]
-        self.window = max(len(t) for t in self._targets) + 1
+        self.longest = max(len(t) for t in self._targets)
+        self.window = self.longest + 1  # tokens: each non-empty token holds at least one byte of a match
 
     def prepare(self, setup: StopSetup) -> None:
         if setup.tokenizer is None:
             raise ConfigError("stop_strings needs the tokenizer to read text: pass tokenizer= to generate() (or to "
                               "as_stopping_criteria)")
-        table = byte_table(setup.tokenizer)
-        self._table = ByteTable(table.bytes.to(setup.device), table.lengths.to(setup.device))
-        self._strings = [torch.tensor(list(t), dtype=torch.int16, device=setup.device) for t in self._targets]
+        self._table = byte_table(setup.tokenizer)
+        # the stop strings right-aligned in an (S, M) table; `care` marks their bytes (the rest is left fill)
+        targets = torch.zeros((len(self._targets), self.longest), dtype=torch.int16)
+        care = torch.zeros((len(self._targets), self.longest), dtype=torch.bool)
+        for i, t in enumerate(self._targets):
+            targets[i, self.longest - len(t):] = torch.tensor(list(t), dtype=torch.int16)
+            care[i, self.longest - len(t):] = True
+        self._match = (targets.to(setup.device), care.to(setup.device))
 
     def check(self, ctx: StopContext) -> torch.Tensor:
         if self._table is None:
             self.prepare(ctx.setup)
-        table = self._table
-        ids = ctx.input_ids[:, -self.window:]
+        device = ctx.input_ids.device
+        table_bytes, table_lengths = self._table.on(device)
+        vocab, span = table_lengths.shape[0], table_bytes.shape[1]
+        ids = ctx.input_ids[:, -self.window:].flip(1)  # (B, n), the last token first
         batch, n = ids.shape
         total = ctx.input_ids.shape[1]
-        # left padding is not text: position p of row b is real when p >= total - (its prompt + generated)
-        first_real = ctx.setup.prompt_length - ctx.setup.prompt_lengths.to(ids.device)  # (B,)
-        pos = torch.arange(total - n, total, device=ids.device)
-        real = (pos[None, :] >= first_real[:, None]) & (ids < table.vocab_size) & (ids >= 0)
-        safe = torch.where(real, ids, torch.zeros_like(ids))
-        lengths = torch.where(real, table.lengths[safe], torch.zeros_like(safe))  # (B, n)
-        chunk = table.bytes[safe].to(torch.int16)  # (B, n, L)
-        width = n * chunk.shape[2]
-        suffix = lengths.flip(1).cumsum(1).flip(1)  # bytes from token j to the end, j included
-        start = width - suffix  # (B, n) where token j's bytes begin in the right-aligned buffer
-        offs = torch.arange(chunk.shape[2], device=ids.device)
-        where = start[:, :, None] + offs  # (B, n, L)
-        inside = offs[None, None, :] < lengths[:, :, None]
-        where = torch.where(inside, where, torch.full_like(where, width))  # padding bytes go to a spare column
-        buf = torch.full((batch, width + 1), -1, dtype=torch.int16, device=ids.device)
-        buf.scatter_(1, where.reshape(batch, -1), chunk.reshape(batch, -1))
-        buf = buf[:, :width]
-        last = lengths[:, -1]  # (B,) the last token's bytes occupy [width - last, width)
-        hit = torch.zeros(batch, dtype=torch.bool, device=ids.device)
-        for target in self._strings:
-            m = target.shape[0]
-            if m > width:
-                continue
-            match = (buf.unfold(1, m, 1) == target).all(dim=-1)  # (B, width - m + 1): start k, end k + m
-            ends = torch.arange(m, width + 1, device=ids.device)
-            hit |= (match & (ends[None, :] > (width - last)[:, None])).any(dim=1)
-        return hit
+        # left padding is not text: row b's tokens start at prompt_length - prompt_lengths[b]
+        first_real = ctx.setup.prompt_length - ctx.setup.prompt_lengths.to(device)
+        pos = torch.arange(total - 1, total - n - 1, -1, device=device)
+        real = (pos[None, :] >= first_real[:, None]) & (ids >= 0) & (ids < vocab)
+        flat = torch.where(real, ids, torch.zeros_like(ids)).reshape(-1)
+        lengths = table_lengths.index_select(0, flat).view(batch, n) * real  # (B, n)
+        chunk = table_bytes.index_select(0, flat).view(batch, n * span)  # (B, n * L); not table_bytes[ids]: slow
+        # the last L' + M - 1 bytes of each row, counted from its end (k = 0 is the last byte): a match ends inside
+        # the last token (L' = the longest last token of the batch) and is at most M bytes long
+        last = int(lengths[:, 0].max()) if batch else 0  # one host read (the combiner reads the answer anyway)
+        if last == 0:
+            return torch.zeros(batch, dtype=torch.bool, device=device)
+        width = last + self.longest - 1
+        k = torch.arange(width, device=device).repeat(batch, 1)
+        after = lengths.cumsum(1)  # (B, n) bytes in tokens 0..j
+        token = torch.searchsorted(after, k, right=True)  # (B, W) the token byte k belongs to; n: before the window
+        inside = token < n
+        token = token.clamp(max=n - 1)
+        offset = after.gather(1, token) - 1 - k  # from the start of its token
+        text = chunk.gather(1, token * span + offset.clamp(min=0)).to(torch.int16)
+        text = torch.where(inside, text, torch.full_like(text, -1)).flip(1)  # (B, W) in reading order, -1: none
+        # every stop string at every end position inside the last token, all rows and strings at once
+        targets, care = self._match
+        windows = text.unfold(1, self.longest, 1)  # (B, L', M): window j ends at j + M
+        match = ((windows[:, :, None, :] == targets) | ~care).all(dim=-1).any(dim=-1)  # (B, L')
+        ends_inside_last = torch.arange(self.longest, width + 1, device=device)[None, :] > (width - lengths[:, :1])
+        return (match & ends_inside_last).any(dim=1)
 
 
 @hookimpl

@@ -3,12 +3,17 @@
 The same vectorised algorithm as transformers (5.x): per prompt, the top K = max(2, 1 + #eos) * num_beams
 continuations of all beams by accumulated log-probability; a continuation that hits a stopping criterion (eos,
 the length limit, stop strings, any custom criterion) becomes a finished hypothesis scored
-`sum_logprobs / generated_length ** length_penalty`; the best num_beams unfinished continuations run on; the
+`sum_logprobs / generated_length ** length_penalty` (generated_length counted from the padded prompt width, as
+transformers' `cur_len + 1 - decoder_prompt_len`); the best num_beams unfinished continuations run on; the
 search ends when no running beam can beat the finished ones (the early-stopping heuristic: `early_stopping`
 True / False / "never" as transformers defines them), or when every continuation hits a criterion.
 
 The chain's transforms and filters run on the log-probabilities of every beam (as transformers runs its logits
-processors there); the selector is not used: beam search picks by score, so the chain must end in `greedy`.
+processors there); the selector is not used: beam search picks by score, so a chain must end in `greedy` (one
+ending in a sampling selector such as `dist` is refused). Each beam is a request of its own in the chain's store,
+cloned from its prompt's request, so per-request parameters hold for every beam of a prompt.
+One deliberate difference: where no eos id is set, transformers fills the positions past a shorter finished
+hypothesis with -1; we fill them with the pad id (with an eos id both fill with pad, or eos when pad is 0).
 Outputs: sequences, sequences_scores, beam_indices, per-step processed log-probabilities (output_scores), raw
 logits (output_logits), per-token `logprobs` (the transition scores transformers' compute_transition_scores
 gives), finish reasons, texts.
@@ -121,8 +126,14 @@ class _BeamSearch:
         running_reason = torch.full((batch, nb), -1, dtype=torch.int64, device=device)  # never set while running
         reason = running_reason.clone()
 
-        beam_rids = [rid for rid in g.request_ids for _ in range(nb)]
         processes = len(g.chain.samplers) > 1
+        # every beam is a request of its own in the store (a batch holds an id once), with its prompt's parameters;
+        # process() accepts nothing, so the beams' state never diverges and needs no reordering
+        beam_rids = [f"{rid}.beam{j}" for rid in g.request_ids for j in range(nb)]
+        if processes:
+            for rid in g.request_ids:
+                for j in range(nb):
+                    g.store.clone(rid, f"{rid}.beam{j}")
         scores_out: list[torch.Tensor] = []
         logits_out: list[torch.Tensor] = []
         batch_offset = torch.arange(batch, device=device).view(-1, 1) * nb

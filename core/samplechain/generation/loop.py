@@ -332,8 +332,12 @@ class Generation:
             gc = self.generation_config
             if getattr(gc, "max_new_tokens", None):
                 stopping.add(self._criterion("max_new_tokens", {"n": int(gc.max_new_tokens)}))
-            else:
-                stopping.add(self._criterion("max_length", {"n": int(getattr(gc, "max_length", None) or 20)}))
+            elif getattr(gc, "max_length", None):
+                stopping.add(self._criterion("max_length", {"n": int(gc.max_length)}))
+            else:  # transformers 5: 20 new tokens, within the model's positions
+                stopping.add(self._criterion("max_new_tokens", {"n": 20}))
+                if (limit := max_positions(self.model.config)) is not None:
+                    stopping.add(self._criterion("max_length", {"n": limit}))
         return stopping
 
     def _vocab_limit(self) -> int | None:
