@@ -1,0 +1,92 @@
+"""`bad_words`: transformers' NoBadWordsLogitsProcessor.
+
+`ids` is an array of token-id sequences. A one-token sequence is always banned (-inf); a longer one bans its
+last token when the row's history ends with the sequence's other tokens. Sequences equal to `[eos]` for an id in
+`eos_ids` are dropped, as transformers drops them. Chain-level; empty = no-op. Strings (vLLM's `bad_words`) need
+a tokenizer: tokenize them yourself (with and without a leading space, as vLLM does) and pass the ids.
+Difference: transformers skips a sequence longer than the (padded) input; here a sequence applies as soon as the
+row has as many real tokens as its prefix; left padding (-1) never matches.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from samplechain import Candidates, Sampler, SamplingError, Stage, StepContext, hookimpl
+
+
+def _check_ids(_inst, attr: attrs.Attribute, value) -> None:
+    for seq in value:
+        if not seq:
+            raise ValueError("every sequence needs at least one token id")
+        if any(t < 0 for t in seq):
+            raise ValueError(f"token ids must be non-negative, got {list(seq)}")
+
+
+@attrs.frozen
+class BadWordsParams:
+    ids: tuple[tuple[int, ...], ...] = attrs.field(default=(), validator=_check_ids)
+    eos_ids: tuple[int, ...] = attrs.field(default=())
+
+
+class SequenceMatcher:
+    """Sequences grouped by prefix length (as in sequence_bias): one batched comparison per length, not per row."""
+
+    def __init__(self, pairs, owner: str) -> None:
+        self.owner = owner
+        self.groups: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        by_len: dict[int, list] = {}
+        for seq, b in pairs:
+            by_len.setdefault(len(seq) - 1, []).append((seq, b))
+        for p, items in by_len.items():
+            prefixes = torch.tensor([s[:-1] for s, _ in items], dtype=torch.int64).reshape(len(items), p)
+            lasts = torch.tensor([s[-1] for s, _ in items], dtype=torch.int64)
+            self.groups[p] = (prefixes, lasts, torch.tensor([b for _, b in items], dtype=torch.float32))
+        self.max_id = max((max(s) for s, _ in pairs), default=-1)
+
+    def bias(self, history: torch.Tensor | None, vocab: int, batch: int, device) -> torch.Tensor:
+        """(B, V) float32: the summed bias of every sequence the next token would complete."""
+        if self.max_id >= vocab:
+            raise SamplingError(f"{self.owner}: token id {self.max_id} is outside the vocabulary (size {vocab})")
+        out = torch.zeros(batch, vocab, dtype=torch.float32, device=device)
+        for p, (prefixes, lasts, values) in self.groups.items():
+            prefixes, lasts, values = prefixes.to(device), lasts.to(device), values.to(device)
+            if p == 0:
+                hit = torch.ones(batch, len(lasts), dtype=torch.bool, device=device)
+            elif history is None or history.shape[1] < p:
+                continue
+            else:
+                hit = (history[:, None, -p:] == prefixes[None, :, :]).all(dim=-1)  # (B, S)
+            add = torch.where(hit, values[None, :], torch.zeros((), device=device))
+            out.scatter_add_(1, lasts[None, :].expand(batch, -1), add)
+        return out
+
+
+class BadWords(Sampler):
+    name = "bad_words"
+    stage = Stage.TRANSFORM
+    Params = BadWordsParams
+    summary = "ban the last token of a sequence whose prefix the row ends with"
+
+    def __init__(self, params: BadWordsParams) -> None:
+        super().__init__(params)
+        eos = {(e,) for e in params.eos_ids}
+        pairs = [(tuple(s), float("-inf")) for s in dict.fromkeys(tuple(s) for s in params.ids) if s not in eos]
+        self.matcher = SequenceMatcher(pairs, self.qualified_name())
+
+    def needs_history(self) -> bool:
+        return any(p > 0 for p in self.matcher.groups)
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        if not self.matcher.groups:
+            return cand
+        ban = self.matcher.bias(ctx.history, cand.vocab_size, cand.batch_size, cand.logits.device) < 0
+        if cand.ids is not None:
+            ban = ban.gather(1, cand.ids)
+        return cand.masked(~ban)
+
+
+@hookimpl
+def register_samplers(register):
+    register(BadWords)

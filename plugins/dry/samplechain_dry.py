@@ -1,0 +1,213 @@
+"""`dry`: llama.cpp's DRY ("don't repeat yourself") sampler, `llama_sampler_init_dry`.
+
+Over the last `penalty_last_n` tokens of the history (prompt then generated, as llama-server feeds the prompt to
+the sampler; -1 = all, 0 disables): for each earlier position whose preceding tokens repeat the end of the
+context for `len >= allowed_length` tokens, the token that followed it would extend the repetition; it gets
+`logit -= multiplier * base ** (len - allowed_length)` (the largest len per token; the exponent capped at
+`88.7228391 / ln(base)` so the penalty never overflows float32). Sequence breakers cut repetitions: a match never
+reaches back past the most recent breaker occurrence, and a single-token breaker is never penalised.
+
+Breakers are `breaker_ids` (token-id sequences: head then tail, as llama.cpp's processed breakers) and
+`breakers` (strings, resolved through a tokenizer as llama.cpp's `get_overlapping_token_sequences`: every token
+containing the string is a single-token breaker; a token ending in a prefix of it, followed by the tokenized rest,
+is a sequence). Strings need a tokenizer: call `prepare(setup)` with an object carrying `.tokenizer` (a
+StopSetup does); without one, give breakers as `breaker_ids`.
+
+The repeat lengths are the Z-array of the reversed window (llama.cpp computes it with the Z-algorithm); here they
+come from a comparison of all shifts at once, one vectorised pass per matched length, batched over rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+
+from samplechain import Candidates, Sampler, SamplingError, Stage, StepContext, finite, hookimpl, in_range
+
+FLOAT_MAX_LOG = 88.7228391  # as llama.cpp: ~ln(FLT_MAX)
+MAX_TAIL = 20  # llama.cpp's MAX_SEQ_LEN: a breaker's tail is cut to 20 tokens
+LLAMA_CPP_BREAKERS = ("\n", ":", '"', "*")
+
+
+def _ids_ok(_inst, _attr, value) -> None:
+    for seq in value:
+        if not seq or any(t < 0 for t in seq):
+            raise ValueError(f"each breaker is a non-empty sequence of non-negative token ids, got {list(seq)}")
+
+
+def _strings_ok(_inst, _attr, value) -> None:
+    for s in value:
+        if not s:
+            raise ValueError("a sequence breaker must be a non-empty string")
+
+
+@attrs.frozen
+class DryParams:
+    multiplier: float = attrs.field(default=0.0, validator=[finite, in_range(0.0, None, hint="0 disables")])
+    base: float = attrs.field(default=1.75, validator=[finite, in_range(1.0, None)])
+    allowed_length: int = attrs.field(default=2, validator=in_range(0, None))
+    penalty_last_n: int = attrs.field(default=-1, validator=in_range(-1, None, hint="-1 = whole context, 0 disables"))
+    breakers: tuple[str, ...] = attrs.field(default=(), validator=_strings_ok)
+    breaker_ids: tuple[tuple[int, ...], ...] = attrs.field(default=(), validator=_ids_ok)
+
+
+def resolve_breaker(tokenizer: Any, text: str, words: list[str]) -> tuple[tuple[int, ...], ...]:
+    """llama.cpp's get_overlapping_token_sequences for one string: (head, *tail) id sequences. words[i] is the
+    text of token i (decoded once per tokenizer by the caller); one pass over the vocabulary."""
+    out: dict[tuple[int, ...], None] = {}
+    for token_id, word in enumerate(words):
+        if text in word:
+            out[(token_id,)] = None
+            continue
+        pos = word.find(text[0])
+        while pos != -1:
+            i = 1
+            while i < len(text) and pos + i < len(word) and word[pos + i] == text[i]:
+                i += 1
+            if i == len(text) or pos + i == len(word):
+                tail = tokenizer.encode(text[i:], add_special_tokens=False)[:MAX_TAIL] if i < len(text) else []
+                out[(token_id, *tail)] = None
+            pos = word.find(text[0], pos + 1)
+    return tuple(out)
+
+
+class Dry(Sampler):
+    name = "dry"
+    stage = Stage.TRANSFORM
+    Params = DryParams
+    request_aliases = {
+        "dry_multiplier": "multiplier",
+        "dry_base": "base",
+        "dry_allowed_length": "allowed_length",
+        "dry_penalty_last_n": "penalty_last_n",
+    }
+    summary = "DRY: penalise tokens that would extend a repeated sequence"
+
+    def __init__(self, params: DryParams) -> None:
+        super().__init__(params)
+        self._tokenizer = None
+        self._set_breakers(tuple(tuple(s[: MAX_TAIL + 1]) for s in params.breaker_ids))
+
+    def needs_history(self) -> bool:
+        return True
+
+    # ---------------------------------------------------------------- breakers
+    def prepare(self, setup: Any) -> None:
+        """Resolve string breakers through `setup.tokenizer` (the hook a generation would call once)."""
+        tokenizer = getattr(setup, "tokenizer", setup)
+        if tokenizer is None or tokenizer is self._tokenizer:
+            return
+        seqs = list(tuple(s[: MAX_TAIL + 1]) for s in self.params.breaker_ids)
+        words = [tokenizer.decode([i]) for i in range(len(tokenizer))] if self.params.breakers else []
+        for text in self.params.breakers:
+            seqs.extend(resolve_breaker(tokenizer, text, words))
+        self._tokenizer = tokenizer
+        self._set_breakers(tuple(dict.fromkeys(seqs)))
+
+    def _set_breakers(self, seqs: tuple[tuple[int, ...], ...]) -> None:
+        self._single = torch.tensor(sorted({s[0] for s in seqs if len(s) == 1}), dtype=torch.int64)
+        groups: dict[int, list[tuple[int, ...]]] = {}
+        for s in seqs:
+            if len(s) > 1:
+                groups.setdefault(len(s), []).append(s)
+        self._multi = {n: torch.tensor(v, dtype=torch.int64) for n, v in groups.items()}
+
+    # ---------------------------------------------------------------- apply
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        if ctx.scalar("multiplier") == 0.0 or ctx.scalar("penalty_last_n") == 0:
+            return cand
+        if self.params.breakers and self._tokenizer is None:
+            raise SamplingError(
+                "dry.v1: string sequence breakers need a tokenizer: call prepare() with one, or give them as "
+                "breaker_ids (token-id sequences), or set breakers = []"
+            )
+        mult, base = ctx.param("multiplier"), ctx.param("base")
+        allowed, last_n = ctx.param("allowed_length"), ctx.param("penalty_last_n")
+        history = ctx.history
+        device = history.device
+        B, L = history.shape
+        valid = history >= 0
+        count_valid = valid.sum(dim=1)
+        n_rep = torch.where(last_n < 0, count_valid, torch.minimum(count_valid, last_n.clamp(min=0)))  # (B,)
+        off = (mult == 0.0) | (base < 1.0) | (last_n == 0) | (n_rep <= allowed)
+        if bool(off.all()):
+            return cand
+        N = int(n_rep.max())
+        window = history[:, L - N :]
+        from_end = torch.arange(N - 1, -1, -1, device=device)[None, :]
+        inside = from_end < n_rep[:, None]
+        # outside a row's window: distinct negative sentinels, equal to nothing (not even each other)
+        window = torch.where(inside, window, -1 - torch.arange(N, device=device)[None, :])
+
+        # step 1: the most recent breaker bounds the repeat length (rep_limit)
+        heads: list[torch.Tensor] = []  # per breaker group: (B,) index from the end of the most recent head
+        tails: list[int] = []
+        big = torch.full((), N + 1, dtype=torch.int64, device=device)
+        if self._single.numel():
+            hit = torch.isin(window, self._single.to(device))
+            heads.append(torch.where(hit, from_end, big).amin(dim=1))
+            tails.append(0)
+        for n, seqs in self._multi.items():
+            if N < n:
+                continue
+            grams = window.unfold(1, n, 1)  # (B, N - n + 1, n): grams[:, p] starts at window position p
+            hit = (grams[:, :, None, :] == seqs.to(device)[None, None, :, :]).all(dim=-1).any(dim=-1)
+            heads.append(torch.where(hit, from_end[:, : N - n + 1], big).amin(dim=1))
+            tails.append(n - 1)
+        rep_limit = n_rep
+        if heads:
+            head = torch.stack(heads, dim=1)  # (B, G)
+            first = head.amin(dim=1)  # llama.cpp stops at the most recent head ...
+            tail = torch.where(head == first[:, None], torch.tensor(tails, device=device)[None, :], -1).amax(dim=1)
+            rep_limit = torch.where(first <= N, first - tail, n_rep)  # ... and takes its longest breaker there
+        off |= rep_limit < allowed
+        if bool(off.all()):
+            return cand
+
+        # step 2: repeat[k] = how far the context read backwards from its end matches itself shifted by k
+        rev = window.flip(1)  # rev[:, 0] is the latest token
+        repeat = torch.zeros(B, N, dtype=torch.int64, device=device)
+        alive = torch.ones(B, N, dtype=torch.bool, device=device)
+        alive[:, 0] = False
+        limit = int(torch.where(off, 0, rep_limit).max())
+        for n in range(min(limit, N - 1)):
+            alive[:, N - n :] = False  # n + k < N
+            alive[:, 1 : N - n] &= rev[:, n + 1 :] == rev[:, n : n + 1]
+            if not bool(alive.any()):
+                break
+            repeat += alive
+        repeat = torch.minimum(repeat, rep_limit[:, None])
+
+        # step 3: the token after each repeat would extend it; keep the longest per token
+        ks = torch.arange(N, device=device)[None, :]
+        counts = (ks >= 1) & (ks < n_rep[:, None]) & (repeat >= allowed[:, None]) & ~off[:, None]
+        follower = torch.roll(rev, 1, dims=1)  # follower[:, k] = rev[:, k - 1]
+        vocab = cand.vocab_size
+        ok = counts & (follower >= 0) & (follower < vocab)
+        best = torch.full((B, vocab + 1), -1, dtype=torch.int64, device=device)
+        best.scatter_reduce_(1, torch.where(ok, follower, vocab), torch.where(ok, repeat, -1), reduce="amax")
+        best = best[:, :vocab]
+        if self._single.numel():
+            best[:, self._single[self._single < vocab].to(device)] = -1  # single-token breakers: never penalised
+
+        # step 4: the penalty, exponent capped against float overflow
+        exp = best - allowed[:, None]
+        hot = base > 1.000001
+        max_exp = torch.where(hot, (torch.tensor(FLOAT_MAX_LOG) / torch.log(torch.where(hot, base, 2.0))).trunc(), 0.0)
+        max_exp = max_exp.to(torch.int64)[:, None]
+        exp = torch.where((max_exp > 0) & (exp > max_exp), max_exp, exp)
+        # float penalty = multiplier * std::pow(base, exp): pow in double, stored as float
+        penalty = (mult.double()[:, None] * torch.pow(base.double()[:, None], exp.double())).to(torch.float32)
+        has = best >= 0
+        if cand.ids is not None:
+            penalty, has = penalty.gather(1, cand.ids), has.gather(1, cand.ids)
+        x = cand.logits
+        out = torch.where(has, x - penalty, x)
+        return cand.replace_logits(out)
+
+
+@hookimpl
+def register_samplers(register):
+    register(Dry)

@@ -1,0 +1,57 @@
+"""`forced_eos`: transformers' ForcedEOSTokenLogitsProcessor.
+
+When a row holds `max_length - 1` tokens (prompt + generated), every candidate becomes -inf except the ids in
+`eos_ids`, which become 0, so the row's last token is an eos. transformers counts the padded width of the batch;
+here each row counts its own real tokens (the same for unpadded rows). `max_length` may differ per row; 0
+disables. `eos_ids` is chain-level and required. Put it first in a chain: a filter before it could remove eos.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from samplechain import Candidates, Sampler, Stage, StepContext, hookimpl, in_range
+
+
+def _eos_ok(_inst, _attr, value) -> None:
+    if not value or any(t < 0 for t in value):
+        raise ValueError("give the non-negative end-of-sequence token ids, e.g. eos_ids = [2]")
+
+
+@attrs.frozen
+class ForcedEosParams:
+    eos_ids: tuple[int, ...] = attrs.field(validator=_eos_ok)
+    max_length: int = attrs.field(default=0, validator=in_range(0, None, hint="0 disables"))
+
+
+class ForcedEos(Sampler):
+    name = "forced_eos"
+    stage = Stage.TRANSFORM
+    Params = ForcedEosParams
+    request_aliases = {"forced_eos_max_length": "max_length"}
+    summary = "force an eos token as the last token a row may have"
+
+    def __init__(self, params: ForcedEosParams) -> None:
+        super().__init__(params)
+        self._ids = torch.tensor(params.eos_ids, dtype=torch.int64)
+
+    def needs_history(self) -> bool:
+        return True
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        if ctx.scalar("max_length") == 0:
+            return cand
+        limit = ctx.param("max_length")
+        last = ((ctx.history >= 0).sum(dim=1) == limit - 1) & (limit > 0)
+        if not bool(last.any()):
+            return cand
+        tokens = cand.token_ids()
+        chosen = torch.isin(tokens, self._ids.to(tokens.device))
+        forced = torch.where(chosen, 0.0, float("-inf")).to(cand.logits.dtype)
+        return cand.replace_logits(torch.where(last[:, None], forced, cand.logits), is_sorted=False)
+
+
+@hookimpl
+def register_samplers(register):
+    register(ForcedEos)

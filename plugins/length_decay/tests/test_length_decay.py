@@ -1,0 +1,59 @@
+"""length_decay.v1 against transformers' ExponentialDecayLengthPenalty (probabilities within 1e-5, logits
+allclose 1e-6); per-row start / factor equal rows alone; factor = 1 a no-op."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.generation.logits_process import ExponentialDecayLengthPenalty
+
+from samplechain import Chain, ConfigError
+
+EOS = [3, 77]
+
+
+def chain(**params):
+    return Chain.load({"samplers": [{"use": "length_decay", "eos_ids": EOS, **params}, {"use": "greedy"}]})
+
+
+@pytest.mark.parametrize("generated", (0, 3, 4, 9))
+@pytest.mark.parametrize(("start", "factor"), [(3, 1.5), (0, 1.1), (5, 0.7)])
+def test_matches_transformers(generated, start, factor):
+    g = torch.Generator().manual_seed(generated)
+    logits = torch.randn(3, 100, generator=g) * 3
+    logits[0, 3] = float("-inf")  # a masked eos stays masked
+    prompt = 6
+    history = torch.randint(0, 100, (3, prompt + generated), generator=g)
+    ref = ExponentialDecayLengthPenalty((start, factor), EOS, prompt)(history, logits.clone())
+    ours = chain(start=start, factor=factor).sample(logits, history=history,
+                                                    prompt_lengths=torch.full((3,), prompt), return_scores=True)
+    torch.testing.assert_close(ours.scores, ref, rtol=1e-6, atol=1e-6)
+    assert (torch.softmax(ours.scores, -1) - torch.softmax(ref, -1)).abs().max() < 1e-5
+
+
+def test_per_row_equals_rows_alone_and_factor_one_is_a_no_op():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 100, generator=g)
+    history = torch.randint(0, 100, (3, 12), generator=g)
+    history[2, :4] = -1
+    prompt_lengths = torch.tensor([4, 4, 2])
+    rows = [{"length_decay_factor": 1.0}, {"length_decay_start": 2, "length_decay_factor": 1.3},
+            {"length_decay_start": 1, "length_decay_factor": 2.0}]
+    c = chain()
+    store = c.new_store()
+    for i, p in enumerate(rows):
+        store.add(f"r{i}", p)
+    batch = c.sample(logits, store, ["r0", "r1", "r2"], history=history, prompt_lengths=prompt_lengths,
+                     return_scores=True).scores
+    assert torch.equal(batch[0], logits[0])
+    for b in (1, 2):
+        row = history[b][history[b] >= 0][None, :]
+        p = rows[b]
+        ref = ExponentialDecayLengthPenalty((p["length_decay_start"], p["length_decay_factor"]), EOS,
+                                            int(prompt_lengths[b]))(row, logits[b : b + 1].clone())
+        torch.testing.assert_close(batch[b : b + 1], ref, rtol=1e-6, atol=1e-6)
+
+
+def test_eos_ids_are_required():
+    with pytest.raises(ConfigError, match="eos_ids"):
+        Chain.load({"samplers": [{"use": "length_decay", "factor": 1.2}, {"use": "greedy"}]})

@@ -1,0 +1,101 @@
+"""`penalties`: repeat, frequency and presence penalties, as llama.cpp's `llama_sampler_init_penalties`.
+
+For every candidate token seen `count > 0` times in the counted tokens:
+repeat divides a positive logit by `repeat` and multiplies a non-positive one by it; then
+`logit -= count * frequency + (count > 0) * presence`.
+
+`scope` says which tokens are counted (prompt tokens included unless stated):
+- "llama.cpp": the last `last_n` tokens of the history, prompt then generated (llama.cpp's ring buffer of
+  accepted tokens; llama-server accepts the prompt too); -1 = the whole history, 0 disables.
+- "transformers": RepetitionPenaltyLogitsProcessor: the whole history (prompt + output), no window;
+  `last_n` is not used. frequency / presence (which transformers lacks) count the same tokens.
+- "vllm": repetition over prompt + output, frequency / presence over the generated tokens only; `last_n` unused.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, one_of
+
+SCOPES = ("llama.cpp", "transformers", "vllm")
+
+
+@attrs.frozen
+class PenaltiesParams:
+    repeat: float = attrs.field(default=1.0, validator=[finite, in_range(0.0, None, low_open=True, hint="1 disables")])
+    frequency: float = attrs.field(default=0.0, validator=[finite])
+    presence: float = attrs.field(default=0.0, validator=[finite])
+    last_n: int = attrs.field(default=64, validator=in_range(-1, None, hint="-1 = whole context, 0 disables"))
+    scope: str = attrs.field(default="llama.cpp", validator=one_of(*SCOPES))
+
+
+def token_counts(history: torch.Tensor, counted: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(B, V) float32: how often each token occurs among the history entries where counted (B, L) is True."""
+    counted = counted & (history >= 0) & (history < vocab)
+    out = torch.zeros(history.shape[0], vocab, dtype=torch.float32, device=history.device)
+    return out.scatter_add_(1, history.clamp(0, vocab - 1), counted.to(torch.float32))
+
+
+class Penalties(Sampler):
+    name = "penalties"
+    stage = Stage.TRANSFORM
+    Params = PenaltiesParams
+    request_aliases = {
+        "repeat_penalty": "repeat",
+        "repetition_penalty": "repeat",
+        "frequency_penalty": "frequency",
+        "presence_penalty": "presence",
+        "penalty_last_n": "last_n",
+        "repeat_last_n": "last_n",
+    }
+    summary = "repeat / frequency / presence penalties over a window of previous tokens"
+
+    def needs_history(self) -> bool:
+        return True
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        scope = self.params.scope
+        s = ctx.scalar
+        if s("repeat") == 1.0 and s("frequency") == 0.0 and s("presence") == 0.0:
+            return cand
+        if scope == "llama.cpp" and s("last_n") == 0:
+            return cand
+        rep, freq, pres = ctx.param("repeat"), ctx.param("frequency"), ctx.param("presence")
+        off = (rep == 1.0) & (freq == 0.0) & (pres == 0.0)
+        history = ctx.history
+        B, L = history.shape
+        from_end = torch.arange(L - 1, -1, -1, device=history.device)[None, :]  # 0 = the latest token
+        valid = history >= 0
+        if scope == "llama.cpp":
+            last_n = ctx.param("last_n")
+            off |= last_n == 0
+            counted = valid & ((last_n[:, None] < 0) | (from_end < last_n[:, None]))
+            rep_counted = freq_counted = counted
+        else:
+            rep_counted = freq_counted = valid
+            if scope == "vllm":
+                generated = valid.sum(dim=1) - ctx.prompt_lengths
+                freq_counted = valid & (from_end < generated[:, None])
+        vocab = cand.vocab_size
+        counts = token_counts(history, freq_counted, vocab)
+        seen = counts > 0 if rep_counted is freq_counted else token_counts(history, rep_counted, vocab) > 0
+        if cand.ids is not None:
+            counts, seen = counts.gather(1, cand.ids), seen.gather(1, cand.ids)
+        x = cand.logits
+        r = rep[:, None]
+        out = torch.where(seen, torch.where(x <= 0, x * r, x / r), x)
+        if scope == "vllm":  # vLLM subtracts the two terms one after the other
+            out = out - counts * freq[:, None]
+            out = out - (counts > 0).to(x.dtype) * pres[:, None]
+        else:  # llama.cpp: logit -= count * freq + (count > 0) * presence
+            out = out - (counts * freq[:, None] + (counts > 0).to(x.dtype) * pres[:, None])
+        if bool(off.any()):
+            out = torch.where(off[:, None], x, out)
+        return cand.replace_logits(out)
+
+
+@hookimpl
+def register_samplers(register):
+    register(Penalties)

@@ -1,0 +1,104 @@
+"""`sequence_bias`: transformers' SequenceBiasLogitsProcessor.
+
+`bias` is an array of `[[token ids...], bias]`. A one-token sequence biases its token always; a longer one
+biases its last token when the row's history ends with the sequence's other tokens. Biases of sequences ending
+in the same token add up. A bias may be -inf (bans); +inf and NaN are refused. Chain-level; empty = no-op.
+Difference: transformers skips a sequence longer than the (padded) input; here a sequence applies as soon as the
+row has as many real tokens as its prefix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+
+from samplechain import Candidates, Sampler, SamplingError, Stage, StepContext, hookimpl
+
+
+def sequence_pairs(value: Any) -> tuple[tuple[tuple[int, ...], float], ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ValueError("expected an array of [[token ids...], bias] pairs")
+    out = []
+    for item in value:
+        if isinstance(item, (str, bytes)) or not isinstance(item, (list, tuple)) or len(item) != 2:
+            raise ValueError(f"expected [[token ids...], bias], got {item!r}")
+        seq, b = item
+        if isinstance(seq, (str, bytes)) or not isinstance(seq, (list, tuple)) or not seq:
+            raise ValueError(f"expected a non-empty array of token ids, got {seq!r}")
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in seq):
+            raise ValueError(f"token ids must be non-negative integers, got {list(seq)!r}")
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or b != b or b == float("inf"):
+            raise ValueError(f"bias {b!r} of {list(seq)} must be a number (or -inf)")
+        out.append((tuple(seq), float(b)))
+    return tuple(out)
+
+
+def _check(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
+    sequence_pairs(value)
+
+
+@attrs.frozen
+class SequenceBiasParams:
+    bias: Any = attrs.field(factory=tuple, validator=_check)
+
+
+class SequenceMatcher:
+    """Sequences grouped by prefix length: one batched comparison per distinct length, never per row."""
+
+    def __init__(self, pairs, owner: str) -> None:
+        self.owner = owner
+        self.groups: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        by_len: dict[int, list] = {}
+        for seq, b in pairs:
+            by_len.setdefault(len(seq) - 1, []).append((seq, b))
+        for p, items in by_len.items():
+            prefixes = torch.tensor([s[:-1] for s, _ in items], dtype=torch.int64).reshape(len(items), p)
+            lasts = torch.tensor([s[-1] for s, _ in items], dtype=torch.int64)
+            self.groups[p] = (prefixes, lasts, torch.tensor([b for _, b in items], dtype=torch.float32))
+        self.max_id = max((max(s) for s, _ in pairs), default=-1)
+
+    def bias(self, history: torch.Tensor | None, vocab: int, batch: int, device) -> torch.Tensor:
+        """(B, V) float32: the summed bias of every sequence the next token would complete."""
+        if self.max_id >= vocab:
+            raise SamplingError(f"{self.owner}: token id {self.max_id} is outside the vocabulary (size {vocab})")
+        out = torch.zeros(batch, vocab, dtype=torch.float32, device=device)
+        for p, (prefixes, lasts, values) in self.groups.items():
+            prefixes, lasts, values = prefixes.to(device), lasts.to(device), values.to(device)
+            if p == 0:
+                hit = torch.ones(batch, len(lasts), dtype=torch.bool, device=device)
+            elif history is None or history.shape[1] < p:
+                continue
+            else:
+                hit = (history[:, None, -p:] == prefixes[None, :, :]).all(dim=-1)  # (B, S)
+            add = torch.where(hit, values[None, :], torch.zeros((), device=device))
+            out.scatter_add_(1, lasts[None, :].expand(batch, -1), add)
+        return out
+
+
+class SequenceBias(Sampler):
+    name = "sequence_bias"
+    stage = Stage.TRANSFORM
+    Params = SequenceBiasParams
+    summary = "bias a token when it would complete a given token sequence"
+
+    def __init__(self, params: SequenceBiasParams) -> None:
+        super().__init__(params)
+        self.matcher = SequenceMatcher(sequence_pairs(params.bias), self.qualified_name())
+
+    def needs_history(self) -> bool:
+        return any(p > 0 for p in self.matcher.groups)
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        if not self.matcher.groups:
+            return cand
+        bias = self.matcher.bias(ctx.history, cand.vocab_size, cand.batch_size, cand.logits.device)
+        if cand.ids is not None:
+            bias = bias.gather(1, cand.ids)
+        return cand.replace_logits(cand.logits + bias)
+
+
+@hookimpl
+def register_samplers(register):
+    register(SequenceBias)
