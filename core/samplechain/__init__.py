@@ -15,6 +15,8 @@ from .contracts import (
     StepContext,
     StopContext,
     StoppingCriterion,
+    EosIds,
+    SamplerSetup,
     StopSetup,
     max_positions,
     token_id_list,
@@ -30,7 +32,7 @@ from .errors import (
     UnknownPluginError,
 )
 from .hookspecs import hookimpl
-from .params import finite, in_range, one_of, seed_field
+from .params import finite, in_range, one_of, seed_field, token_ids_field
 from .plugins import PluginHost, PluginInfo, PluginWarning, get_host, reset_host
 from .registry import Registry, load_registry
 from .state import RequestStore
@@ -64,6 +66,8 @@ __all__ = [
     "StepContext",
     "StopContext",
     "StopResult",
+    "EosIds",
+    "SamplerSetup",
     "StopSetup",
     "Stopping",
     "StoppingCriterion",
@@ -79,6 +83,7 @@ __all__ = [
     "one_of",
     "reset_host",
     "seed_field",
+    "token_ids_field",
     "select_backend",
     "token_id_list",
 ]

@@ -32,7 +32,7 @@ import torch
 
 from .backends import select_backend
 from .config import ChainConfig, load_config
-from .contracts import Backend, Candidates, Sampler, StepContext
+from .contracts import Backend, Candidates, Sampler, SamplerSetup, StepContext, token_id_list
 from .errors import ConfigError, RequestError, SamplechainError, SamplingError
 from .plugins import PluginHost, get_host
 from .state import RequestStore, StoreLayout
@@ -64,6 +64,7 @@ class Chain:
         self._backends: dict[str, Backend] = {}
         self._stateful = [i for i, s in enumerate(self.samplers) if s.is_stateful()]
         self.needs_history = any(s.needs_history() for s in self.samplers)
+        self.setup: SamplerSetup | None = None  # the last prepare()'s
         if self.backend_name != "auto":  # an explicit backend must exist and run here, now
             self._backend_for(None)
 
@@ -92,6 +93,41 @@ class Chain:
         table = {k: v for k, v in registry.presets[name].items() if k != "summary"}
         config = load_config({"name": name, **table}, host=host, name=f"{registry.source.name}: presets.{name}")
         return cls(config, host=host, backend=backend)
+
+    # ----------------------------------------------------------------- preparation
+    def prepare(
+        self,
+        *,
+        tokenizer: Any = None,
+        model_config: Any = None,
+        generation_config: Any = None,
+        vocab_size: int | None = None,
+        eos_token_ids: Any = None,
+        **extra: Any,
+    ) -> SamplerSetup:
+        """Give every sampler what it reads once per generation (`Sampler.prepare`): the tokenizer, the model and
+        generation configs, the vocabulary size and eos ids (found in the tokenizer and configs when not given).
+        `generate()` calls it; call it yourself before `sample()` when a chain has samplers that need it (DRY's
+        breaker strings, bad_words strings, grammar). Returns the setup it gave."""
+        if eos_token_ids is None:
+            eos: list[int] = []
+            for src in (getattr(tokenizer, "eos_token_id", None), getattr(generation_config, "eos_token_id", None),
+                        getattr(model_config, "eos_token_id", None)):
+                for i in token_id_list(src):
+                    if i not in eos:
+                        eos.append(i)
+        else:
+            eos = token_id_list(eos_token_ids)
+        if vocab_size is None and model_config is not None:
+            vocab_size = getattr(model_config, "vocab_size", None)
+        setup = SamplerSetup(vocab_size, tokenizer, model_config, generation_config, tuple(eos), extra)
+        for i, sampler in enumerate(self.samplers):
+            try:
+                sampler.prepare(setup)
+            except Exception as exc:
+                raise self._wrap(i, exc, phase="prepare") from exc
+        self.setup = setup
+        return setup
 
     # ----------------------------------------------------------------- requests
     def new_store(self, *, device: torch.device | str | None = None, capacity: int = 8) -> RequestStore:

@@ -20,6 +20,8 @@ __all__ = [
     "StoppingCriterion",
     "StopSetup",
     "StopContext",
+    "SamplerSetup",
+    "EosIds",
     "Backend",
     "max_positions",
     "token_id_list",
@@ -223,6 +225,11 @@ class Sampler:
         """Per-request state columns: name -> (dtype, per-row shape, initial value)."""
         return {}
 
+    def prepare(self, setup: SamplerSetup) -> None:
+        """Once per generation (or `chain.prepare(...)`), before the first step: read what the sampler needs from
+        the tokenizer and model (DRY resolves its breaker strings, min_new_tokens its eos ids, grammar compiles).
+        May raise ConfigError / ValueError naming the missing piece; the chain reports it with the plugin."""
+
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
         raise NotImplementedError(f"{self.qualified_name()} is a {self.stage.value} sampler without apply()")
 
@@ -233,6 +240,47 @@ class Sampler:
     def accept(self, ctx: StepContext, token_ids: torch.Tensor) -> Mapping[str, torch.Tensor]:
         """Given the chosen tokens (B,), return updated state columns (B, ...) for this batch."""
         return {}
+
+
+@attrs.define(slots=True)
+class SamplerSetup:
+    """What samplers may read once per generation in `Sampler.prepare` (every field may be None / empty when the
+    chain runs on bare logits without a model).
+
+    vocab_size: the logits' width, when known. tokenizer: a Hugging Face tokenizer (or None).
+    eos_token_ids: the ids that end a row (generation config, model config or tokenizer, as transformers).
+    """
+
+    vocab_size: int | None = None
+    tokenizer: Any = None
+    model_config: Any = None
+    generation_config: Any = None
+    eos_token_ids: tuple[int, ...] = ()
+    extra: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+class EosIds:
+    """Mixin for samplers with an `eos_ids` parameter: when it is empty, the generation's eos ids are used
+    (`SamplerSetup.eos_token_ids`, from the tokenizer / generation config / model config as transformers reads
+    them). `self.eos_tensor()` is the ids as an int64 tensor; with neither it raises an error saying what to do."""
+
+    _setup_eos: tuple[int, ...] = ()
+
+    def prepare(self, setup: SamplerSetup) -> None:
+        self._setup_eos = tuple(setup.eos_token_ids)
+
+    def eos_tensor(self, device: Any = None) -> torch.Tensor:
+        ids = tuple(self.params.eos_ids) or self._setup_eos  # type: ignore[attr-defined]
+        if not ids:
+            raise ValueError(
+                "no eos ids: set eos_ids = [...] in the chain, or run it through generate() / "
+                "chain.prepare(tokenizer=...) so the tokenizer's eos id is used"
+            )
+        cached = getattr(self, "_eos_cache", None)
+        if cached is None or cached[0] != ids or cached[1].device != torch.device(device or "cpu"):
+            cached = (ids, torch.tensor(sorted(set(ids)), dtype=torch.int64, device=device))
+            self._eos_cache = cached
+        return cached[1]
 
 
 def max_positions(config: Any) -> int | None:

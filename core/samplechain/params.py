@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import attrs
 
-__all__ = ["in_range", "finite", "one_of", "seed_field", "is_seed_field"]
+__all__ = ["in_range", "finite", "one_of", "seed_field", "is_seed_field", "token_ids_field"]
 
 _SEED = "samplechain.seed"
 
@@ -64,3 +64,14 @@ def seed_field() -> Any:
 
 def is_seed_field(field: attrs.Attribute) -> bool:
     return bool(field.metadata.get(_SEED))
+
+
+def _token_ids_ok(_inst: Any, _attr: attrs.Attribute, value: tuple[int, ...]) -> None:
+    if any(not isinstance(t, int) or t < 0 for t in value):
+        raise ValueError(f"must be a list of non-negative token ids, got {list(value)}")
+
+
+def token_ids_field() -> Any:
+    """A list of token ids, empty by default (e.g. `eos_ids`: empty = the generation's eos ids, see
+    `contracts.EosIds`)."""
+    return attrs.field(default=(), validator=_token_ids_ok)

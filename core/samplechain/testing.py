@@ -19,6 +19,7 @@ from .plugins import PluginHost
 
 __all__ = [
     "RecordingBackend", "ScriptedLogits", "ArgmaxSelector", "host_with", "run_chain", "byte_bpe_tokenizer", "tiny_gpt2",
+    "check_eos_ids_from_setup",
 ]
 
 
@@ -147,3 +148,28 @@ def tiny_gpt2(vocab_size: int = 300, *, seed: int = 0, n_positions: int = 128, e
     config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=vocab_size, n_positions=n_positions,
                         bos_token_id=bos_token_id, eos_token_id=eos_token_id, initializer_range=init)
     return GPT2LMHeadModel(config).eval()
+
+
+def check_eos_ids_from_setup(entry: Mapping[str, Any], logits: torch.Tensor, eos: Sequence[int],
+                             **sample_args: Any) -> None:
+    """Contract test for samplers with an `eos_ids` parameter (contracts.EosIds): without ids and without
+    `chain.prepare` a step fails naming eos_ids; after `chain.prepare(eos_token_ids=eos)` the chain behaves exactly
+    as with `eos_ids = eos` given; negative ids are refused at load naming the key. `entry` is the sampler's chain
+    entry without eos_ids; sample_args go to `chain.sample` (history=, prompt_lengths=)."""
+    import pytest
+
+    from .errors import ConfigError, SamplingError
+
+    def load(extra: Mapping[str, Any]) -> Chain:
+        return Chain.load({"samplers": [{**entry, **extra}, {"use": "greedy"}]})
+
+    bare = load({})
+    with pytest.raises(SamplingError, match="eos_ids"):
+        bare.sample(logits.clone(), **sample_args)
+    bare.prepare(eos_token_ids=list(eos))
+    got = bare.sample(logits.clone(), return_scores=True, **sample_args).scores
+    want = load({"eos_ids": list(eos)}).sample(logits.clone(), return_scores=True, **sample_args).scores
+    assert torch.equal(got, want)
+    assert not torch.equal(got, logits), "the sampler must act in this case for the check to mean anything"
+    with pytest.raises(ConfigError, match="eos_ids"):
+        load({"eos_ids": [-1]})

@@ -49,7 +49,7 @@ class DryParams:
     base: float = attrs.field(default=1.75, validator=[finite, in_range(1.0, None)])
     allowed_length: int = attrs.field(default=2, validator=in_range(0, None))
     penalty_last_n: int = attrs.field(default=-1, validator=in_range(-1, None, hint="-1 = whole context, 0 disables"))
-    breakers: tuple[str, ...] = attrs.field(default=(), validator=_strings_ok)
+    breakers: tuple[str, ...] = attrs.field(default=LLAMA_CPP_BREAKERS, validator=_strings_ok)
     breaker_ids: tuple[tuple[int, ...], ...] = attrs.field(default=(), validator=_ids_ok)
 
 

@@ -3,7 +3,7 @@
 When a row holds `max_length - 1` tokens (prompt + generated), every candidate becomes -inf except the ids in
 `eos_ids`, which become 0, so the row's last token is an eos. transformers counts the padded width of the batch;
 here each row counts its own real tokens (the same for unpadded rows). `max_length` may differ per row; 0
-disables. `eos_ids` is chain-level and required. Put it first in a chain: a filter before it could remove eos.
+disables. `eos_ids` is chain-level; empty (the default) means the generation's eos ids. Put it first in a chain: a filter before it could remove eos.
 """
 
 from __future__ import annotations
@@ -11,30 +11,22 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, hookimpl, in_range
-
-
-def _eos_ok(_inst, _attr, value) -> None:
-    if not value or any(t < 0 for t in value):
-        raise ValueError("give the non-negative end-of-sequence token ids, e.g. eos_ids = [2]")
+from samplechain import Candidates, EosIds, Sampler, Stage, StepContext, hookimpl, in_range, token_ids_field
 
 
 @attrs.frozen
 class ForcedEosParams:
-    eos_ids: tuple[int, ...] = attrs.field(validator=_eos_ok)
+    eos_ids: tuple[int, ...] = token_ids_field()  # empty: the generation's eos ids
     max_length: int = attrs.field(default=0, validator=in_range(0, None, hint="0 disables"))
 
 
-class ForcedEos(Sampler):
+class ForcedEos(EosIds, Sampler):
     name = "forced_eos"
     stage = Stage.TRANSFORM
     Params = ForcedEosParams
     request_aliases = {"forced_eos_max_length": "max_length"}
     summary = "force an eos token as the last token a row may have"
 
-    def __init__(self, params: ForcedEosParams) -> None:
-        super().__init__(params)
-        self._ids = torch.tensor(params.eos_ids, dtype=torch.int64)
 
     def needs_history(self) -> bool:
         return True
@@ -47,7 +39,7 @@ class ForcedEos(Sampler):
         if not bool(last.any()):
             return cand
         tokens = cand.token_ids()
-        chosen = torch.isin(tokens, self._ids.to(tokens.device))
+        chosen = torch.isin(tokens, self.eos_tensor(tokens.device))
         forced = torch.where(chosen, 0.0, float("-inf")).to(cand.logits.dtype)
         return cand.replace_logits(torch.where(last[:, None], forced, cand.logits), is_sorted=False)
 

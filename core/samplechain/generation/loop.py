@@ -188,6 +188,8 @@ class Generation:
             generation_config=self.generation_config,
         )
         self.vocab_limit = self._vocab_limit()
+        self.chain.prepare(tokenizer=tokenizer, model_config=model.config, generation_config=self.generation_config,
+                           vocab_size=getattr(model.config, "vocab_size", None), eos_token_ids=self.eos_ids)
         self.finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
         self.finish_reasons: list[str | None] = [None] * ids.shape[0]
         self.num_generated = torch.zeros(ids.shape[0], dtype=torch.int64)  # set when a row finishes

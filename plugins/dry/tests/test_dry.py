@@ -23,6 +23,8 @@ TOL = 1e-5
 
 
 def chain(**params):
+    """A DRY chain; without string breakers unless given (the default, llama.cpp's four, needs a tokenizer)."""
+    params.setdefault("breakers", [])
     return Chain.load({"samplers": [{"use": "dry", **params}, {"use": "greedy"}]})
 
 
@@ -172,7 +174,8 @@ def test_after_top_k_penalises_the_same_candidates():
     logits = torch.randn(3, 30, generator=g)
     history = torch.tensor([random_history(g, 50, 8) for _ in range(3)])
     full = run(chain(multiplier=1.0), logits, history)
-    c = Chain.load({"samplers": [{"use": "top_k", "k": 12}, {"use": "dry", "multiplier": 1.0}, {"use": "greedy"}]})
+    c = Chain.load({"samplers": [{"use": "top_k", "k": 12}, {"use": "dry", "multiplier": 1.0, "breakers": []},
+                                 {"use": "greedy"}]})
     top = logits.topk(12, dim=-1).indices
     want = torch.full_like(logits, float("-inf")).scatter_(1, top, full.gather(1, top))
     assert torch.equal(run(c, logits, history), want)
@@ -188,7 +191,7 @@ def test_string_breakers_resolve_through_the_tokenizer_as_llama_cpp():
     with pytest.raises(SamplingError, match="need a tokenizer"):
         run(c, torch.zeros(1, len(tok)), torch.zeros(1, 5, dtype=torch.long))
     dry = c.samplers[0]
-    dry.prepare(type("Setup", (), {"tokenizer": tok})())
+    c.prepare(tokenizer=tok)
     newline = {i for i in range(len(tok)) if "\n" in tok.decode([i])}
     assert newline and newline <= set(dry._single.tolist())
     for seq in (s for n, v in dry._multi.items() for s in v.tolist()):  # "a:b" split across tokens: head + tail
@@ -203,6 +206,20 @@ def test_string_breakers_resolve_through_the_tokenizer_as_llama_cpp():
     plain = run(chain(multiplier=1.0), logits, history)
     assert plain[0, d] < 0
     assert torch.equal(run(c, logits, history), logits)
+
+
+def test_default_breakers_are_llama_cpp_s_and_resolve_in_prepare():
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.AutoTokenizer.from_pretrained(TOKENIZER)
+    c = Chain.load({"samplers": [{"use": "dry", "multiplier": 0.8}, {"use": "greedy"}]})
+    assert c.samplers[0].params.breakers == ("\n", ":", '"', "*")
+    history = torch.tensor([tok.encode('x "a" b "a" b "a"')])
+    with pytest.raises(SamplingError, match="need a tokenizer"):
+        run(c, torch.zeros(1, len(tok)), history)
+    c.prepare(tokenizer=tok)
+    single = set(c.samplers[0]._single.tolist())
+    for text in ("\n", ":", '"', "*"):
+        assert {i for i in range(len(tok)) if text in tok.decode([i])} <= single
 
 
 def test_bad_values_are_configuration_errors():

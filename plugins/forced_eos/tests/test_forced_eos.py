@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers.generation.logits_process import ForcedEOSTokenLogitsProcessor
 
-from samplechain import Chain, ConfigError
+from samplechain import Chain
+from samplechain.testing import check_eos_ids_from_setup
 
 EOS = [2, 7]
 
@@ -37,6 +38,6 @@ def test_per_row_max_length_with_left_padding():
     assert torch.equal(out.scores[1], ForcedEOSTokenLogitsProcessor(5, EOS)(torch.zeros(1, 4), logits[1:2].clone())[0])
 
 
-def test_eos_ids_are_required():
-    with pytest.raises(ConfigError, match="eos_ids"):
-        Chain.load({"samplers": [{"use": "forced_eos", "max_length": 5}, {"use": "greedy"}]})
+def test_eos_ids_default_to_the_generations():
+    logits = torch.randn(3, 60, generator=torch.Generator().manual_seed(5))
+    check_eos_ids_from_setup({"use": "forced_eos", "max_length": 5}, logits, EOS, history=torch.zeros(3, 4, dtype=torch.long), prompt_lengths=torch.full((3,), 2))

@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers.generation.logits_process import ExponentialDecayLengthPenalty
 
-from samplechain import Chain, ConfigError
+from samplechain import Chain
+from samplechain.testing import check_eos_ids_from_setup
 
 EOS = [3, 77]
 
@@ -54,6 +55,6 @@ def test_per_row_equals_rows_alone_and_factor_one_is_a_no_op():
         torch.testing.assert_close(batch[b : b + 1], ref, rtol=1e-6, atol=1e-6)
 
 
-def test_eos_ids_are_required():
-    with pytest.raises(ConfigError, match="eos_ids"):
-        Chain.load({"samplers": [{"use": "length_decay", "factor": 1.2}, {"use": "greedy"}]})
+def test_eos_ids_default_to_the_generations():
+    logits = torch.randn(3, 60, generator=torch.Generator().manual_seed(5))
+    check_eos_ids_from_setup({"use": "length_decay", "factor": 1.2}, logits, EOS, history=torch.zeros(3, 8, dtype=torch.long), prompt_lengths=torch.full((3,), 2))

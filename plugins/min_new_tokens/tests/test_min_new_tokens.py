@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers.generation.logits_process import MinNewTokensLengthLogitsProcessor
 
-from samplechain import Chain, ConfigError
+from samplechain import Chain
+from samplechain.testing import check_eos_ids_from_setup
 
 EOS = [2, 50]
 
@@ -62,6 +63,6 @@ def test_after_top_k():
     assert int(torch.isfinite(out).sum()) == 3 * 3
 
 
-def test_eos_ids_are_required():
-    with pytest.raises(ConfigError, match="eos_ids"):
-        Chain.load({"samplers": [{"use": "min_new_tokens", "n": 3}, {"use": "greedy"}]})
+def test_eos_ids_default_to_the_generations():
+    logits = torch.randn(3, 60, generator=torch.Generator().manual_seed(5))
+    check_eos_ids_from_setup({"use": "min_new_tokens", "n": 3}, logits, EOS, history=torch.zeros(3, 4, dtype=torch.long), prompt_lengths=torch.full((3,), 4))
