@@ -194,3 +194,41 @@ def test_every_preset_is_a_valid_chain(name):
 def test_unknown_preset_suggests_the_close_one():
     with pytest.raises(ConfigError, match=r"presets.lama.cpp: no such preset; did you mean 'llama.cpp'"):
         Chain.load("preset:lama.cpp")
+
+
+# ---------------------------------------------------------------- pitfalls: warned, never refused
+def _warnings_of(entries):
+    import warnings
+
+    from samplechain import ChainWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chain = Chain.load({"samplers": entries})
+    return chain, [str(w.message) for w in caught if issubclass(w.category, ChainWarning)]
+
+
+def test_penalty_or_bias_after_a_truncation_is_warned_and_still_runs():
+    chain, msgs = _warnings_of([{"use": "top_k", "k": 5}, {"use": "penalties", "repeat": 1.3},
+                                {"use": "logit_bias", "bias": {"3": 2.0}}, {"use": "greedy"}])
+    assert len(msgs) == 2
+    assert "samplers[1].use = 'penalties'" in msgs[0] and "'top_k' (samplers[0])" in msgs[0]
+    assert "only touch the tokens that survived" in msgs[0] and "move it before 'top_k'" in msgs[0]
+    assert "samplers[2].use = 'logit_bias'" in msgs[1] and "biases first" in msgs[1]
+    assert len(chain.samplers) == 4
+
+
+def test_truncation_before_mirostat_is_warned():
+    _, msgs = _warnings_of([{"use": "top_p", "p": 0.9}, {"use": "temperature", "t": 0.8},
+                            {"use": "mirostat_v2", "tau": 5.0, "eta": 0.1}])
+    assert len(msgs) == 1 and "llama.cpp drops truncation samplers" in msgs[0] and "'top_p'" in msgs[0]
+
+
+def test_reference_orders_raise_no_warning():
+    for entries in (
+        [{"use": "penalties"}, {"use": "dry", "breakers": []}, {"use": "top_k", "k": 40}, {"use": "dist"}],
+        [{"use": "temperature", "t": 0.8}, {"use": "mirostat", "tau": 5.0, "eta": 0.1}],
+        [{"use": "allowed_tokens", "ids": [1, 2]}, {"use": "top_k", "k": 2}, {"use": "allowed_tokens", "id": "again", "ids": [1]},
+         {"use": "greedy"}],
+    ):
+        assert _warnings_of(entries)[1] == []

@@ -23,6 +23,7 @@ from .contracts import (
 )
 from .errors import (
     BackendError,
+    ChainWarning,
     ConfigError,
     PluginError,
     PluginLoadError,
@@ -44,6 +45,7 @@ __all__ = [
     "ALL_DEVICES",
     "Backend",
     "BackendError",
+    "ChainWarning",
     "Candidates",
     "Chain",
     "ChainConfig",

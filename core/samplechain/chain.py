@@ -64,6 +64,7 @@ class Chain:
         self._backends: dict[str, Backend] = {}
         self._stateful = [i for i, s in enumerate(self.samplers) if s.is_stateful()]
         self.needs_history = any(s.needs_history() for s in self.samplers)
+        self.needs_unconditional_logits = any(s.needs_unconditional_logits() for s in self.samplers)
         self.setup: SamplerSetup | None = None  # the last prepare()'s
         if self.backend_name != "auto":  # an explicit backend must exist and run here, now
             self._backend_for(None)
@@ -169,6 +170,7 @@ class Chain:
         *,
         history: torch.Tensor | None = None,
         prompt_lengths: torch.Tensor | None = None,
+        unconditional_logits: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the transforms and filters (not the selector) and return the processed scores (B, V) float32,
         -inf where a token was removed: what a transformers LogitsProcessorList returns. Nothing is accepted,
@@ -182,9 +184,10 @@ class Chain:
         if logits.shape[0] == 0:
             return logits.clone()
         hist = self._history(history, prompt_lengths, positions, logits)
+        uncond = self._unconditional(unconditional_logits, logits)
         for i, sampler in enumerate(self.samplers[:-1]):
             try:
-                cand = sampler.apply(cand, self._context(store, view, positions, backend, i, hist))
+                cand = sampler.apply(cand, self._context(store, view, positions, backend, i, hist, uncond))
             except Exception as exc:
                 raise self._wrap(i, exc) from exc
         return cand.scores()
@@ -224,6 +227,7 @@ class Chain:
         return_scores: bool = False,
         history: torch.Tensor | None = None,
         prompt_lengths: torch.Tensor | None = None,
+        unconditional_logits: torch.Tensor | None = None,
     ) -> SampleOutput:
         """Choose one token per row. Without a store, each row is a fresh request with the chain's parameters."""
         logits, writable = self._check_logits(logits)
@@ -237,10 +241,11 @@ class Chain:
             return SampleOutput(empty, empty.float(), logits.clone() if return_scores else None)
 
         hist = self._history(history, prompt_lengths, positions, logits)
+        uncond = self._unconditional(unconditional_logits, logits)
         cand = Candidates(logits, None, vocab, False, writable)
         last = len(self.samplers) - 1
         for i, sampler in enumerate(self.samplers):
-            ctx = self._context(store, view, positions, backend, i, hist)
+            ctx = self._context(store, view, positions, backend, i, hist, uncond)
             try:
                 if i == last:
                     # the normaliser of what the selector sees, taken first: right after the previous pass over
@@ -285,11 +290,28 @@ class Chain:
         store.advance(view, updates)
 
     def _context(self, store: RequestStore, view, positions, backend: Backend, i: int,
-                 hist: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepContext:
+                 hist: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 uncond: torch.Tensor | None = None) -> StepContext:
         state = store.state_of(view, i) if i in self._stateful else {}
         history, lengths = hist if hist is not None else (None, None)
         return StepContext(backend, view.params[i], view.scalars[i], positions, i, view.request_ids, state,
-                           history, lengths)
+                           history, lengths, unconditional_logits=uncond)
+
+    def _unconditional(self, uncond: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor | None:
+        """Check the unconditional logits a guidance sampler (cfg) needs: the same shape as the logits."""
+        if uncond is None:
+            if self.needs_unconditional_logits:
+                names = [s.qualified_name() for s in self.samplers if s.needs_unconditional_logits()]
+                raise SamplingError(
+                    f"{', '.join(names)} need the unconditional logits of a second forward (the negative prompt): "
+                    "pass unconditional_logits= (B, V) to chain.sample; samplechain.generation.generate runs that "
+                    "forward for you"
+                )
+            return None
+        if not isinstance(uncond, torch.Tensor) or tuple(uncond.shape) != tuple(logits.shape):
+            got = tuple(uncond.shape) if isinstance(uncond, torch.Tensor) else type(uncond).__name__
+            raise SamplingError(f"unconditional_logits must have the logits' shape {tuple(logits.shape)}, got {got}")
+        return uncond.to(device=logits.device, dtype=torch.float32)
 
     def _history(self, history: torch.Tensor | None, prompt_lengths: torch.Tensor | None, positions: torch.Tensor,
                  logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -12,6 +12,7 @@ import typing
 import math
 import numbers
 import sys
+import warnings
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -28,7 +29,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .contracts import Stage
-from .errors import ConfigError, UnknownPluginError
+from .errors import ChainWarning, ConfigError, UnknownPluginError
 from .plugins import PluginHost, get_host
 
 __all__ = ["ChainConfig", "EntrySpec", "load_config", "parse_params", "converter"]
@@ -265,6 +266,31 @@ def _check_shape(samplers: list[EntrySpec], source: str) -> list[str]:
     return problems
 
 
+def _pitfalls(samplers: list[EntrySpec], source: str) -> list[str]:
+    """Known pitfalls of an order that is valid (warned, never refused)."""
+    out = []
+    truncation = next((s for s in samplers if s.cls.effective_role() == "truncation"), None)
+    if truncation is None:
+        return out
+    first = samplers.index(truncation)
+    for s in samplers[first + 1:]:
+        role = s.cls.effective_role()
+        if role in ("penalty", "bias"):
+            out.append(
+                f"{source}: {s.path}.use = {s.use!r}: a {role} placed after the truncation {truncation.use!r} "
+                f"({truncation.path}) can only touch the tokens that survived it, never bring back one it removed; "
+                f"llama.cpp, transformers and vLLM apply {'penalties' if role == 'penalty' else 'biases'} first "
+                f"(move it before {truncation.use!r})"
+            )
+        elif s.cls.replaces_truncation:
+            out.append(
+                f"{source}: {s.path}.use = {s.use!r} chooses its own candidate set, and llama.cpp drops truncation "
+                f"samplers ({truncation.use!r} at {truncation.path}) when mirostat is on; here they run first and "
+                f"{s.use} sees only their survivors (keep only temperature before {s.use!r} for llama.cpp's behaviour)"
+            )
+    return out
+
+
 def load_config(
     source: str | Path | Mapping[str, Any], *, host: PluginHost | None = None, name: str | None = None
 ) -> ChainConfig:
@@ -315,6 +341,8 @@ def load_config(
             problems.append(_line(label, f"{prefix}backend", backend, str(exc)))
     if problems:
         raise ConfigError("\n".join(problems))
+    for text in _pitfalls(samplers, label):
+        warnings.warn(text, ChainWarning, stacklevel=3)
     return ChainConfig(
         samplers=tuple(samplers),
         stop=tuple(stop),

@@ -154,6 +154,8 @@ class StepContext:
     history: (B, L) int64 every token of each row so far, prompt then generated, left-padded with -1; given to
              samplers that declare `needs_history()` (penalties, DRY, n-gram bans), None otherwise.
     prompt_lengths: (B,) int64 how many of a row's history tokens are its prompt (the rest were generated).
+    unconditional_logits: (B, V) float32 logits of the same step's unconditional forward (the negative prompt
+             and the tokens so far), for samplers that declare `needs_unconditional_logits()` (cfg); else None.
     selected_candidates / selected: in the selector's `accept` after a `sample()` of the same step, the candidates
              it chose from and the positions it returned (None when tokens are accepted without a draw, e.g.
              `chain.accept` of forced tokens).
@@ -170,6 +172,7 @@ class StepContext:
     prompt_lengths: torch.Tensor | None = None
     selected_candidates: Candidates | None = None
     selected: torch.Tensor | None = None
+    unconditional_logits: torch.Tensor | None = None
 
     def param(self, name: str) -> torch.Tensor:
         return self.params[name]
@@ -198,6 +201,14 @@ class Sampler:
     summary: ClassVar[str] = ""
     # Flat per-request parameter names (as vLLM's SamplingParams / MindIE's SamplingParam) -> Params field.
     request_aliases: ClassVar[Mapping[str, str]] = {}
+    # What the sampler does, for chain validation: "truncation" (removes tokens by probability: top-k, top-p ...),
+    # "penalty" / "bias" (moves particular tokens' logits), "mask" (removes particular tokens: grammar, allowed
+    # tokens), "shape" (reshapes the whole distribution: temperature), "guidance". Empty: a FILTER counts as a
+    # truncation, a TRANSFORM as a shape.
+    role: ClassVar[str] = ""
+    # A selector that chooses its own candidate set (mirostat): reference engines drop truncation samplers in
+    # front of it, so the chain warns when there are some.
+    replaces_truncation: ClassVar[bool] = False
 
     def __init__(self, params: Any) -> None:
         self.params = params  # the chain's validated defaults (an instance of Params)
@@ -205,6 +216,12 @@ class Sampler:
     @classmethod
     def qualified_name(cls) -> str:
         return f"{cls.name}.v{cls.version}"
+
+    @classmethod
+    def effective_role(cls) -> str:
+        if cls.role:
+            return cls.role
+        return {Stage.FILTER: "truncation", Stage.TRANSFORM: "shape"}.get(cls.stage, "select")
 
     def is_argmax_invariant(self) -> bool:
         """True when the sampler never changes which token greedy decoding would pick."""
@@ -216,6 +233,11 @@ class Sampler:
 
     def needs_history(self) -> bool:
         """True when the sampler reads previous tokens (penalties, DRY ...)."""
+        return False
+
+    def needs_unconditional_logits(self) -> bool:
+        """True when the sampler needs a second forward per step on a negative prompt (classifier-free guidance):
+        `generate()` runs it and passes the logits as `ctx.unconditional_logits`."""
         return False
 
     def supported_devices(self) -> frozenset[str]:

@@ -47,3 +47,7 @@ class RequestError(SamplechainError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class ChainWarning(UserWarning):
+    """A chain that is valid but probably not what was meant (a known pitfall); it runs as written."""

@@ -25,6 +25,7 @@ class AllowedTokensParams:
 class AllowedTokens(Sampler):
     name = "allowed_tokens"
     stage = Stage.FILTER
+    role = "mask"
     Params = AllowedTokensParams
     summary = "keep only the given token ids"
 

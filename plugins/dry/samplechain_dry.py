@@ -76,6 +76,7 @@ def resolve_breaker(tokenizer: Any, text: str, words: list[str]) -> tuple[tuple[
 class Dry(Sampler):
     name = "dry"
     stage = Stage.TRANSFORM
+    role = "penalty"
     Params = DryParams
     request_aliases = {
         "dry_multiplier": "multiplier",

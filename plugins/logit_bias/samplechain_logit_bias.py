@@ -49,6 +49,7 @@ class LogitBiasParams:
 class LogitBias(Sampler):
     name = "logit_bias"
     stage = Stage.TRANSFORM
+    role = "bias"
     Params = LogitBiasParams
     summary = "add a fixed bias to the logits of chosen token ids"
 

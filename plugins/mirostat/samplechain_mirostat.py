@@ -66,6 +66,7 @@ def mirostat_k(logits: torch.Tensor, mu: torch.Tensor, m: torch.Tensor, vocab_si
 class Mirostat(Sampler):
     name = "mirostat"
     stage = Stage.SELECT
+    replaces_truncation = True
     Params = MirostatParams
     request_aliases = {"mirostat_tau": "tau", "mirostat_eta": "eta", "mirostat_m": "m", "seed": "seed"}
     summary = "llama.cpp's mirostat (v1): Zipf estimate, top-k from mu, sample, steer mu toward tau"

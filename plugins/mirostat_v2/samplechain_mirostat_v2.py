@@ -29,6 +29,7 @@ class MirostatV2Params:
 class MirostatV2(Sampler):
     name = "mirostat_v2"
     stage = Stage.SELECT
+    replaces_truncation = True
     Params = MirostatV2Params
     request_aliases = {"mirostat_tau": "tau", "mirostat_eta": "eta", "seed": "seed"}
     summary = "llama.cpp's mirostat v2: keep tokens with surprise <= mu, sample, steer mu toward tau"

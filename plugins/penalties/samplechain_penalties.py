@@ -41,6 +41,7 @@ def token_counts(history: torch.Tensor, counted: torch.Tensor, vocab: int) -> to
 class Penalties(Sampler):
     name = "penalties"
     stage = Stage.TRANSFORM
+    role = "penalty"
     Params = PenaltiesParams
     request_aliases = {
         "repeat_penalty": "repeat",

@@ -80,6 +80,7 @@ class SequenceMatcher:
 class SequenceBias(Sampler):
     name = "sequence_bias"
     stage = Stage.TRANSFORM
+    role = "bias"
     Params = SequenceBiasParams
     summary = "bias a token when it would complete a given token sequence"
 

@@ -55,6 +55,9 @@ def beam_generate(model: Any, tokenizer: Any = None, prompts: Any = None, *, num
     kwargs.pop("seed", None)  # beam search draws nothing
     gen = Generation(model, tokenizer, prompts, **kwargs)
     chain = gen.chain
+    if chain.needs_unconditional_logits:
+        raise ConfigError("classifier-free guidance (cfg) is not supported with beam search here: use it with greedy "
+                          "or sampling (num_beams = 1)")
     if chain.samplers[-1].name != "greedy":
         raise ConfigError(
             f"beam search picks continuations by score, so the chain must end in greedy, not "

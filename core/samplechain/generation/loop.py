@@ -133,6 +133,9 @@ class Generation:
         generation_config: Any = None,
         host: PluginHost | None = None,
         logits_processor: Any = None,
+        negative_prompt: str | Sequence[str] | None = None,
+        negative_prompt_ids: torch.Tensor | None = None,
+        negative_prompt_attention_mask: torch.Tensor | None = None,
     ) -> None:
         self.model = model
         # a transformers LogitsProcessorList (or any fn(input_ids, scores) -> scores) run before the chain
@@ -176,6 +179,8 @@ class Generation:
             warnings.warn(self._pad_note, GenerationWarning, stacklevel=3)
         self.store = self.chain.new_store(device=ids.device.type, capacity=len(self.request_ids))
         self._add_requests(params, seed)
+        self.uncond_ids, self.uncond_mask = self._unconditional_inputs(
+            negative_prompt, negative_prompt_ids, negative_prompt_attention_mask, device)
 
         self.stopping = self._stopping(stop, max_new_tokens, max_length, max_time, stop_strings, ignore_eos)
         self.setup = StopSetup(
@@ -290,6 +295,47 @@ class Generation:
             return torch.ones_like(ids)
         return (ids != pad).to(torch.int64)
 
+    def _unconditional_inputs(self, text, ids, mask, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The context of classifier-free guidance's second forward, one row per request, left-padded."""
+        if not self.chain.needs_unconditional_logits:
+            if text is not None or ids is not None:
+                raise ConfigError("a negative prompt was given but the chain has no guidance sampler to use it: put "
+                                  "{ use = \"cfg\", scale = 1.5 } first in the chain")
+            return None, None
+        if text is None and ids is None:
+            texts = [getattr(s.params, "negative_prompt", "") for s in self.chain.samplers
+                     if s.needs_unconditional_logits()]
+            text = next((t for t in texts if t), None)
+        if ids is not None:
+            ids = torch.as_tensor(ids)
+            ids = ids[None] if ids.ndim == 1 else ids
+            mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask)
+            if mask.shape != ids.shape:
+                raise ConfigError(f"negative_prompt_attention_mask shape {tuple(mask.shape)} differs from "
+                                  f"negative_prompt_ids shape {tuple(ids.shape)}")
+        elif text is not None:
+            if self.tokenizer is None:
+                raise ConfigError("a negative prompt given as text needs a tokenizer; or pass negative_prompt_ids")
+            texts = [text] if isinstance(text, str) else list(text)
+            rows = [list(self.tokenizer(t)["input_ids"]) or [self.pad_id] for t in texts]
+            width = max(len(r) for r in rows)
+            ids = torch.full((len(rows), width), self.pad_id, dtype=torch.int64)
+            mask = torch.zeros((len(rows), width), dtype=torch.int64)
+            for i, row in enumerate(rows):
+                ids[i, width - len(row):] = torch.tensor(row)
+                mask[i, width - len(row):] = 1
+        else:  # transformers without negative_prompt_ids: each row's last prompt token
+            last = self.input_ids[:, -1:]
+            return last.clone(), torch.ones_like(last)
+        if ids.shape[0] not in (1, self.num_prompts):
+            raise ConfigError(f"{ids.shape[0]} negative prompts for {self.num_prompts} prompts: give one, or one per "
+                              "prompt")
+        ids = ids.expand(self.num_prompts, -1) if ids.shape[0] == 1 else ids
+        mask = mask.expand(self.num_prompts, -1) if mask.shape[0] == 1 else mask
+        if self.n > 1:
+            ids, mask = ids.repeat_interleave(self.n, dim=0), mask.repeat_interleave(self.n, dim=0)
+        return ids.to(device=device, dtype=torch.int64).contiguous(), mask.to(device).contiguous()
+
     def _is_greedy(self) -> bool:
         return self.chain.samplers[-1].name == "greedy"
 
@@ -364,29 +410,37 @@ class Generation:
     def steps(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Run to the end, yielding (token_ids (B,), active (B,) bool: rows that produced a real token)."""
         runner = ModelRunner(self.model, self.input_ids, self.attention_mask)
+        guidance = None if self.uncond_ids is None else ModelRunner(self.model, self.uncond_ids, self.uncond_mask)
         self.setup.start_time = time.monotonic()
         self.stopping.prepare(self.setup)
         with torch.inference_mode():
             logits = runner.prefill()
+            uncond = guidance.prefill() if guidance is not None else None
             step = 0
             while True:
                 step += 1
-                token_ids, active = self._one_step(logits, step)
+                token_ids, active = self._one_step(logits, step, uncond)
                 yield token_ids, active
                 if self._all_finished:
                     break
                 logits = runner.step(self.input_ids)
+                if guidance is not None:  # the unconditional context continues with the same tokens
+                    self.uncond_ids = torch.cat([self.uncond_ids, token_ids[:, None]], dim=-1)
+                    uncond = guidance.step(self.uncond_ids)
 
-    def _one_step(self, logits: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _one_step(self, logits: torch.Tensor, step: int,
+                  uncond: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if self.output_logits:
             self.raw_logits.append(logits.clone())
         if self.vocab_limit is not None:
             logits[:, self.vocab_limit:] = float("-inf")
+            if uncond is not None:
+                uncond[:, self.vocab_limit:] = float("-inf")
         if self.logits_processor is not None:
             logits = self.logits_processor(self.input_ids, logits)
         want_scores = self.output_scores or self.top_logprobs > 0
         out = self.chain.sample(logits, self.store, self.request_ids, return_scores=want_scores,
-                                **self.history_args(self.input_ids))
+                                unconditional_logits=uncond, **self.history_args(self.input_ids))
         tokens, logprobs = out.token_ids, out.logprobs
         if self._any_finished:  # finished rows get the pad token (and a 0 logprob)
             active = ~self.finished

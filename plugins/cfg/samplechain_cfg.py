@@ -1,0 +1,58 @@
+"""`cfg`: classifier-free guidance, as transformers' UnbatchedClassifierFreeGuidanceLogitsProcessor.
+
+Each step the generation loop runs a second forward of the model on the unconditional context (the negative
+prompt followed by the tokens generated so far, with its own KV cache) and passes its last-position logits as
+`ctx.unconditional_logits`. With c = log_softmax(logits) and u = log_softmax(unconditional logits):
+
+    guided = scale * (c - u) + u
+
+`scale` (transformers' `guidance_scale`) may differ per row; 1 disables (the row passes unchanged: transformers
+returns log_softmax(logits) there, the same distribution). scale > 1 pushes away from the negative prompt, 0 < scale
+< 1 toward it. The negative prompt: `generate(negative_prompt=...)` (one string, or one per prompt) or
+`negative_prompt_ids=`, else this chain's `negative_prompt`, else, as transformers does without
+`negative_prompt_ids`, each row's last prompt token. Put cfg first in a chain, as transformers does: after a
+truncation it guides only the survivors (renormalised among them).
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
+
+
+@attrs.frozen
+class CfgParams:
+    scale: float = attrs.field(default=1.0, validator=[finite, in_range(0.0, None, hint="1 disables")])
+    negative_prompt: str = ""  # chain-level; "" = generate()'s negative prompt, else the last prompt token
+
+
+class Cfg(Sampler):
+    name = "cfg"
+    stage = Stage.TRANSFORM
+    role = "guidance"
+    Params = CfgParams
+    request_aliases = {"guidance_scale": "scale", "cfg_scale": "scale"}
+    summary = "classifier-free guidance against a negative prompt (a second forward per step)"
+
+    def needs_unconditional_logits(self) -> bool:
+        return True
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        if ctx.scalar("scale") == 1.0:
+            return cand
+        scale = ctx.param("scale")
+        on = scale != 1.0  # (B,)
+        uncond = torch.log_softmax(ctx.unconditional_logits, dim=-1)  # over the whole vocabulary
+        if cand.ids is not None:
+            uncond = uncond.gather(1, cand.ids)
+        cond = torch.log_softmax(cand.logits, dim=-1)
+        guided = scale[:, None] * (cond - uncond) + uncond
+        guided = torch.where(torch.isfinite(cand.logits), guided, cand.logits)  # removed stays removed
+        return cand.replace_logits(torch.where(on[:, None], guided, cand.logits), is_sorted=False)
+
+
+@hookimpl
+def register_samplers(register):
+    register(Cfg)

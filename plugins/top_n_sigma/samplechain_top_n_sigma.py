@@ -1,0 +1,72 @@
+"""`top_n_sigma`: keep the candidates whose logit is within n standard deviations of the top logit.
+
+llama.cpp's `llama_sampler_top_n_sigma` (src/llama-sampler.cpp), per row: over the finite candidates (-inf ones
+are skipped, as llama.cpp skips them), mean and population standard deviation of the logits; every candidate
+with `logit < max - n * std` is removed. `n <= 0` is a no-op (llama.cpp since PR #13345; its default is -1), and
+so is a row with fewer than two candidates. llama.cpp has no min_keep; here at least `min_keep` (default 1, which
+changes nothing: the top logit always survives) candidates are kept.
+
+Mean, std and the threshold are computed in float64 from the float32 logits (llama.cpp accumulates in float32),
+so the two can differ only for a logit within float32 rounding of the threshold.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
+
+
+@attrs.frozen
+class TopNSigmaParams:
+    n: float = attrs.field(validator=finite)  # <= 0 disables (llama.cpp's default is -1)
+    min_keep: int = attrs.field(default=1, validator=in_range(0, None))
+
+
+def sigma_threshold(logits: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """(B,) float64 `max - n * std` over each row's finite logits (population std, as llama.cpp)."""
+    x = logits.double()
+    valid = torch.isfinite(x)
+    count = valid.sum(dim=-1).clamp(min=1).double()
+    zero = torch.zeros((), dtype=torch.float64, device=x.device)
+    mean = torch.where(valid, x, zero).sum(dim=-1) / count
+    dev = torch.where(valid, x - mean[:, None], zero)
+    std = torch.sqrt((dev * dev).sum(dim=-1) / count)
+    top = torch.where(valid, x, torch.full_like(x, float("-inf"))).amax(dim=-1)
+    return top - n.double() * std
+
+
+class TopNSigma(Sampler):
+    name = "top_n_sigma"
+    stage = Stage.FILTER
+    Params = TopNSigmaParams
+    request_aliases = {"top_n_sigma": "n", "min_keep": "min_keep"}
+    summary = "keep tokens with logit >= max - n * std of the logits (llama.cpp's top-n-sigma)"
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        shared = ctx.scalar("n")
+        if shared is not None and shared <= 0.0:
+            return cand
+        n, min_keep = ctx.param("n"), ctx.param("min_keep")
+        width = cand.width
+        finite_count = torch.isfinite(cand.logits).sum(dim=-1)
+        off = (n <= 0.0) | (finite_count <= 1)
+        if bool(off.all()):
+            return cand
+        threshold = sigma_threshold(cand.logits, n)
+        keep = cand.logits.double() >= threshold[:, None]  # a prefix of the descending order, ties included
+        counts = torch.clamp(torch.maximum(keep.sum(dim=-1), min_keep), max=width)
+        counts = torch.where(off, width, counts)
+        if cand.is_sorted:
+            return cand.keep_first(counts)
+        if bool((counts >= width).all()):
+            return cand
+        kmax = int(torch.where(off, 0, counts).max())
+        values, index = ctx.backend.topk(cand.logits, kmax)
+        return cand.restrict(values, index, counts, off | (counts >= width))
+
+
+@hookimpl
+def register_samplers(register):
+    register(TopNSigma)

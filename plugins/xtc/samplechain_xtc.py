@@ -1,0 +1,146 @@
+"""`xtc`: Exclude Top Choices: with probability `probability` per step, remove every token whose probability is
+at least `threshold`, except the least likely of them.
+
+llama.cpp's `llama_sampler_xtc` (src/llama-sampler.cpp), per row:
+- `probability <= 0` or `threshold > 0.5` is a no-op (above 0.5 at most one token can meet the threshold), as is
+  a row with fewer than two candidates;
+- a uniform draw u per row and step; XTC acts iff u < probability (webui's `random.random() >= probability`
+  skips; llama.cpp skips when u > probability: the same but for u == probability exactly). The draw is
+  counter-based, keyed by (seed, stream, position), so a seeded request draws the same alone or in any batch;
+- p = softmax over the current candidates (-inf ones count as removed); the m tokens with p >= threshold are a
+  prefix of the descending order; when m >= 2 the m - 1 most likely are removed, unless fewer than `min_keep`
+  candidates would remain (then the row is left as is, as llama.cpp). Equal probabilities at the least likely
+  qualifying level keep the one at the highest candidate position (llama.cpp's sort leaves this unspecified).
+
+`keep_special` (text-generation-webui's `XTCLogitsWarper`): when "\\n" or an eos token would be removed, the row is
+left unchanged for that step. The ids come from `prepare()`: the last token of the tokenizer's encoding of "\\n"
+and the generation's eos ids (only the eos ids without a tokenizer).
+
+Probabilities are compared in logit space (`logit >= log(threshold) + logsumexp`), in float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import torch
+
+from samplechain import (
+    Candidates,
+    Sampler,
+    SamplerSetup,
+    Stage,
+    StepContext,
+    finite,
+    hookimpl,
+    in_range,
+    seed_field,
+)
+
+NEG_INF = float("-inf")
+
+
+@attrs.frozen
+class XtcParams:
+    probability: float = attrs.field(validator=[finite, in_range(0.0, 1.0, hint="0 disables")])
+    threshold: float = attrs.field(default=0.1, validator=[finite, in_range(0.0, 1.0, hint="> 0.5 disables")])
+    min_keep: int = attrs.field(default=1, validator=in_range(0, None))
+    keep_special: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    seed: int | None = seed_field()
+
+
+def newline_id(tokenizer) -> int | None:
+    """The last token of the tokenizer's encoding of "\\n" (text-generation-webui's choice), or None."""
+    try:
+        ids = tokenizer.encode("\n", add_special_tokens=False)
+    except TypeError:  # a tokenizer without the keyword
+        ids = tokenizer.encode("\n")
+    ids = list(ids)
+    return int(ids[-1]) if ids else None
+
+
+def removal_mask(logits: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """(B, K) bool: the candidates XTC removes when it acts: every candidate with p >= threshold except the least
+    likely of them (ties: the highest position is kept); nothing when fewer than two qualify."""
+    x = logits.double()
+    valid = torch.isfinite(x)
+    top = torch.where(valid, x, torch.full_like(x, NEG_INF)).amax(dim=-1, keepdim=True)
+    lse = top + torch.log(torch.where(valid, torch.exp(x - top), torch.zeros_like(x)).sum(dim=-1, keepdim=True))
+    cut = torch.log(threshold.double())[:, None] + lse  # log(0) = -inf: every finite candidate qualifies
+    qualify = valid & (x >= cut)
+    lowest = torch.where(qualify, x, torch.full_like(x, math.inf)).amin(dim=-1, keepdim=True)
+    positions = torch.arange(x.shape[1], device=x.device)[None, :]
+    last = torch.where(qualify & (x == lowest), positions, -1).amax(dim=-1, keepdim=True)
+    remove = qualify & (positions != last)
+    return remove & (qualify.sum(dim=-1, keepdim=True) >= 2)
+
+
+class Xtc(Sampler):
+    name = "xtc"
+    stage = Stage.FILTER
+    Params = XtcParams
+    request_aliases = {
+        "xtc_probability": "probability",
+        "xtc_threshold": "threshold",
+        "min_keep": "min_keep",
+        "seed": "seed",
+    }
+    summary = "exclude top choices: with some probability, remove all but the least likely token above a threshold"
+
+    _protected: tuple[int, ...] = ()
+
+    def prepare(self, setup: SamplerSetup) -> None:
+        ids = list(setup.eos_token_ids)
+        if setup.tokenizer is not None:
+            nl = newline_id(setup.tokenizer)
+            if nl is not None:
+                ids.append(nl)
+        self._protected = tuple(sorted(set(int(i) for i in ids)))
+
+    def protected_ids(self) -> tuple[int, ...]:
+        """The ids `keep_special` protects (from the last `prepare()`)."""
+        return self._protected
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        s = ctx.scalar
+        if (s("probability") is not None and s("probability") <= 0.0) or (
+            s("threshold") is not None and s("threshold") > 0.5
+        ):
+            return cand
+        probability, threshold = ctx.param("probability"), ctx.param("threshold")
+        logits = cand.logits
+        n = torch.isfinite(logits).sum(dim=-1)
+        off = (probability <= 0.0) | (threshold > 0.5) | (n < 2)
+        if bool(off.all()):
+            return cand
+        draw_ids = torch.zeros(cand.batch_size, 1, dtype=torch.int64, device=logits.device)
+        u = ctx.backend.uniform(ctx.param("seed"), ctx.positions, draw_ids, ctx.stream)[:, 0]  # (B,) float64
+        act = ~off & (u < probability.double())
+        if not bool(act.any()):
+            return cand
+        remove = removal_mask(logits, threshold) & act[:, None]
+        removed = remove.sum(dim=-1)
+        act &= (n - removed) >= ctx.param("min_keep")  # llama.cpp: too few left -> the row is unchanged
+        if self._protected:
+            special = torch.tensor(self._protected, dtype=torch.int64, device=logits.device)
+            hits = (remove & torch.isin(cand.token_ids(), special)).any(dim=-1)
+            act &= ~(ctx.param("keep_special") & hits)
+        remove &= act[:, None]
+        if not bool(remove.any()):
+            return cand
+        if not cand.is_sorted:
+            return cand.masked(~remove)
+        # sorted rows: the removed candidates are the first `shift` of each row; rotate them to the end (as -inf)
+        # so the row stays in descending order and the ids stay a permutation
+        shift = remove.sum(dim=-1)
+        width = cand.width
+        index = (torch.arange(width, device=logits.device)[None, :] + shift[:, None]) % width
+        wrapped = torch.arange(width, device=logits.device)[None, :] >= (width - shift)[:, None]
+        values = logits.gather(1, index).masked_fill(wrapped, NEG_INF)
+        return cand.take(values, index, is_sorted=True)
+
+
+@hookimpl
+def register_samplers(register):
+    register(Xtc)
