@@ -4,7 +4,7 @@ import samplechain
 
 EXPECTED = {
     "ALL_DEVICES", "Backend", "BackendError", "ChainWarning", "Candidates", "Chain", "ChainConfig", "ConfigError", "EntrySpec",
-    "EosIds", "SamplerSetup", "token_ids_field", "NoParams", "PluginError", "PluginHost", "PluginInfo", "PluginLoadError", "PluginWarning", "Registry",
+    "EosIds", "SamplerSetup", "MixedChains", "MixedStore", "token_ids_field", "NoParams", "PluginError", "PluginHost", "PluginInfo", "PluginLoadError", "PluginWarning", "Registry",
     "RequestError", "RequestStore", "SampleOutput", "Sampler", "SamplechainError", "SamplingError", "Stage",
     "StepContext", "StopContext", "StopResult", "StopSetup", "Stopping", "StoppingCriterion", "UnknownPluginError", "__version__", "finite", "get_host", "hookimpl",
     "in_range", "load_config", "load_registry", "one_of", "reset_host", "seed_field", "select_backend", "token_id_list", "max_positions",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .backends import select_backend
 from .chain import Chain, SampleOutput
+from .mixed import MixedChains, MixedStore
 from .config import ChainConfig, EntrySpec, load_config
 from .contracts import (
     ALL_DEVICES,
@@ -48,6 +49,8 @@ __all__ = [
     "ChainWarning",
     "Candidates",
     "Chain",
+    "MixedChains",
+    "MixedStore",
     "ChainConfig",
     "ConfigError",
     "EntrySpec",

@@ -95,6 +95,11 @@ class Chain:
         config = load_config({"name": name, **table}, host=host, name=f"{registry.source.name}: presets.{name}")
         return cls(config, host=host, backend=backend)
 
+    @property
+    def is_greedy(self) -> bool:
+        """The chain ends in greedy (its result does not depend on any seed)."""
+        return self.samplers[-1].name == "greedy"
+
     # ----------------------------------------------------------------- preparation
     def prepare(
         self,
@@ -223,13 +228,17 @@ class Chain:
         store: RequestStore | None = None,
         request_ids: Sequence[str] | None = None,
         *,
-        accept: bool = True,
+        accept: bool | str = True,
         return_scores: bool = False,
         history: torch.Tensor | None = None,
         prompt_lengths: torch.Tensor | None = None,
         unconditional_logits: torch.Tensor | None = None,
     ) -> SampleOutput:
-        """Choose one token per row. Without a store, each row is a fresh request with the chain's parameters."""
+        """Choose one token per row. Without a store, each row is a fresh request with the chain's parameters.
+
+        accept=False leaves the store untouched (call `accept` later); accept="defer" returns (output, commit):
+        the state updates are computed but only written when commit() is called (MixedChains uses it so a failure
+        in any group of a mixed batch changes no request)."""
         logits, writable = self._check_logits(logits)
         batch, vocab = logits.shape
         store, request_ids = self._store_for(logits, store, request_ids)
@@ -238,7 +247,8 @@ class Chain:
         positions = store.positions(view)
         if batch == 0:
             empty = torch.zeros(0, dtype=torch.int64, device=logits.device)
-            return SampleOutput(empty, empty.float(), logits.clone() if return_scores else None)
+            out = SampleOutput(empty, empty.float(), logits.clone() if return_scores else None)
+            return (out, lambda: None) if accept == "defer" else out  # type: ignore[return-value]
 
         hist = self._history(history, prompt_lengths, positions, logits)
         uncond = self._unconditional(unconditional_logits, logits)
@@ -263,9 +273,13 @@ class Chain:
         if not math.isfinite(float(logprobs.sum())):  # one reduction: NaN and inf both survive a sum of logprobs
             raise self._bad_rows(~torch.isfinite(logprobs), lse, view.request_ids)
         scores = cand.scores() if return_scores else None
+        out = SampleOutput(token_ids, logprobs, scores)
+        if accept == "defer":  # MixedChains: every group computes its update before any is committed
+            updates = self._updates(store, view, positions, backend, token_ids, hist, selection=(cand, chosen))
+            return out, lambda: store.advance(view, updates)  # type: ignore[return-value]
         if accept:
             self._accept(store, view, positions, backend, token_ids, hist, selection=(cand, chosen))
-        return SampleOutput(token_ids, logprobs, scores)
+        return out
 
     def accept(self, store: RequestStore, request_ids: Sequence[str], token_ids: torch.Tensor) -> None:
         """Record chosen tokens (as llama.cpp's accept) when sample() ran with accept=False."""
@@ -276,6 +290,12 @@ class Chain:
     def _accept(self, store: RequestStore, view, positions, backend: Backend, token_ids: torch.Tensor,
                 hist: tuple[torch.Tensor, torch.Tensor] | None = None,
                 selection: tuple[Candidates, torch.Tensor] | None = None) -> None:
+        store.advance(view, self._updates(store, view, positions, backend, token_ids, hist, selection))
+
+    def _updates(self, store: RequestStore, view, positions, backend: Backend, token_ids: torch.Tensor,
+                 hist: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 selection: tuple[Candidates, torch.Tensor] | None = None) -> dict[tuple[int, str], torch.Tensor]:
+        """Every stateful sampler's new state rows; nothing is written to the store here."""
         updates: dict[tuple[int, str], torch.Tensor] = {}
         last = len(self.samplers) - 1
         for i in self._stateful:  # compute everything first: a failure here commits nothing
@@ -287,7 +307,7 @@ class Chain:
                     updates[(i, name)] = rows
             except Exception as exc:
                 raise self._wrap(i, exc, phase="accept") from exc
-        store.advance(view, updates)
+        return updates
 
     def _context(self, store: RequestStore, view, positions, backend: Backend, i: int,
                  hist: tuple[torch.Tensor, torch.Tensor] | None = None,

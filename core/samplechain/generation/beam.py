@@ -27,6 +27,7 @@ import torch
 
 from ..contracts import StopContext, StopSetup
 from ..errors import ConfigError
+from ..mixed import MixedChains
 from .loop import Generation
 from .model import ModelRunner
 from .outputs import GenerationOutput
@@ -55,6 +56,8 @@ def beam_generate(model: Any, tokenizer: Any = None, prompts: Any = None, *, num
     kwargs.pop("seed", None)  # beam search draws nothing
     gen = Generation(model, tokenizer, prompts, **kwargs)
     chain = gen.chain
+    if isinstance(chain, MixedChains):
+        raise ConfigError("beam search runs one chain over all beams: give one chain, not one per prompt")
     if chain.needs_unconditional_logits:
         raise ConfigError("classifier-free guidance (cfg) is not supported with beam search here: use it with greedy "
                           "or sampling (num_beams = 1)")

@@ -21,6 +21,7 @@ import torch
 from ..chain import Chain
 from ..contracts import StopContext, StopSetup, max_positions, token_id_list
 from ..errors import ConfigError, SamplechainError
+from ..mixed import MixedChains
 from ..plugins import PluginHost, get_host
 from ..stopping import Stopping
 from .model import ModelRunner
@@ -97,11 +98,22 @@ def _as_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bo
         warnings.warn(f"the model's generation config asks for {', '.join(asked + _unmapped_settings(generation_config))}; "
                       "the chain given replaces it (the chain alone decides the decoding)", GenerationWarning,
                       stacklevel=4)
-    if isinstance(chain, Chain):
+    if isinstance(chain, (Chain, MixedChains)):
         return chain
     if isinstance(chain, (str, Path, Mapping)):
         return Chain.load(chain, host=host)
-    raise ConfigError(f"chain={chain!r}: pass a Chain, a TOML file path, a dict, or 'preset:NAME'")
+    if isinstance(chain, (list, tuple)) and chain:  # one chain per prompt: a mixed batch
+        loaded = [_as_chain(c, None, host, check=False) for c in chain]
+        if any(isinstance(c, MixedChains) for c in loaded):
+            raise ConfigError("chain=[...]: each entry is one prompt's chain, not a list of chains")
+        keys: dict[int, str] = {}
+        for c in loaded:
+            keys.setdefault(id(c), str(len(keys)))
+        mixed = MixedChains({keys[id(c)]: c for c in loaded})
+        mixed.row_chains = [keys[id(c)] for c in loaded]  # prompt i -> its chain's key
+        return mixed
+    raise ConfigError(f"chain={chain!r}: pass a Chain, a TOML file path, a dict, 'preset:NAME', or one of these per "
+                      "prompt in a list")
 
 
 class Generation:
@@ -161,6 +173,11 @@ class Generation:
         # the model's own config is checked for settings a given chain overrides; an explicit generation_config
         # comes from a caller (the custom_generate adapter) that has dealt with them
         self.chain = _as_chain(chain, self.generation_config, self.host, check=generation_config is None)
+        if isinstance(self.chain, MixedChains):
+            rows = getattr(self.chain, "row_chains", None)
+            if rows is None or len(rows) != self.num_prompts:
+                raise ConfigError(f"chain= lists {len(rows or [])} chains for {self.num_prompts} prompts: give one "
+                                  "chain per prompt")
         if num_return_sequences > 1 and self._is_greedy():
             raise ConfigError(
                 f"num_return_sequences = {num_return_sequences} with a greedy chain would return the same sequence "
@@ -337,7 +354,7 @@ class Generation:
         return ids.to(device=device, dtype=torch.int64).contiguous(), mask.to(device).contiguous()
 
     def _is_greedy(self) -> bool:
-        return self.chain.samplers[-1].name == "greedy"
+        return self.chain.is_greedy
 
     def _add_requests(self, params: Any, seed: int | None) -> None:
         if params is None or isinstance(params, Mapping):
@@ -347,20 +364,27 @@ class Generation:
             if len(per_prompt) != self.num_prompts:
                 raise ConfigError(f"params has {len(per_prompt)} entries for {self.num_prompts} prompts: give one "
                                   "mapping per prompt, or one mapping for all")
-        seeded = "seed" in self.store.layout.aliases
+        mixed = isinstance(self.chain, MixedChains)
         for i, p in enumerate(per_prompt):
+            key = self.chain.row_chains[i] if mixed else None
+            seeded = self.store.seeded(key) if mixed else "seed" in self.store.layout.aliases
             for j in range(self.n):
                 q = dict(p)
                 base = q.get("seed", seed)
                 if seeded and base is not None:
                     q["seed"] = int(base) + j  # return sequence j of a request: its own stream
-                self.store.add(self.request_ids[i * self.n + j], q)
+                rid = self.request_ids[i * self.n + j]
+                if mixed:
+                    self.store.add(rid, q, chain=key)
+                else:
+                    self.store.add(rid, q)
 
     def _criterion(self, name: str, params: dict[str, Any]) -> Any:
         return Stopping.criterion(name, params, host=self.host)
 
     def _stopping(self, extra, max_new_tokens, max_length, max_time, stop_strings, ignore_eos) -> Stopping:
-        stopping = Stopping.from_entries(self.chain.config.stop, extra, require_length_limit=False)
+        entries = self.chain.stop_entries if isinstance(self.chain, MixedChains) else self.chain.config.stop
+        stopping = Stopping.from_entries(entries, extra, require_length_limit=False)
         if stop_strings:
             strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
             stopping.add(self._criterion("stop_strings", {"strings": strings}))

@@ -1,0 +1,57 @@
+"""`eta`: eta sampling (Hewitt et al. 2022, "Truncation Sampling as Language Model Desmoothing").
+
+Over the current candidates, with p = softmax and H = -sum p log p (the entropy), the cutoff is
+eta = min(epsilon, sqrt(epsilon) * exp(-H)); candidates with p >= eta are kept, and the min_keep most likely
+always survive (with every candidate tied with the min_keep-th in logit), as transformers' EtaLogitsWarper.
+epsilon = 0 is a no-op. min_keep 0 counts as 1 (a row never ends up empty). Probabilities and entropy are float64.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
+
+
+@attrs.frozen
+class EtaParams:
+    epsilon: float = attrs.field(validator=[finite, in_range(0.0, 1.0, high_open=True, hint="0 disables")])
+    min_keep: int = attrs.field(default=1, validator=in_range(0, None))
+
+
+def kth_largest(cand: Candidates, ctx: StepContext, k: torch.Tensor) -> torch.Tensor:
+    """(B,) the k[b]-th largest logit of each row (k >= 1, clamped to the width)."""
+    k = torch.clamp(k, 1, cand.width)
+    if cand.is_sorted:
+        return cand.logits.gather(1, (k - 1)[:, None]).squeeze(1)
+    values, _ = ctx.backend.topk(cand.logits, int(k.max()))
+    return values.gather(1, (k - 1)[:, None]).squeeze(1)
+
+
+class Eta(Sampler):
+    name = "eta"
+    stage = Stage.FILTER
+    Params = EtaParams
+    request_aliases = {"eta_cutoff": "epsilon", "min_keep": "min_keep"}
+    summary = "keep tokens with probability >= min(epsilon, sqrt(epsilon) * exp(-entropy))"
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        shared = ctx.scalar("epsilon")
+        if shared is not None and shared <= 0.0:
+            return cand
+        eps = ctx.param("epsilon").double()
+        off = eps <= 0.0
+        logp = torch.log_softmax(cand.logits.double(), dim=-1)
+        prob = torch.exp(logp)
+        entropy = -torch.where(prob > 0, prob * logp, 0.0).sum(dim=-1)
+        eta = torch.minimum(eps, torch.sqrt(eps) * torch.exp(-entropy))
+        keep = prob >= eta[:, None]
+        floor = kth_largest(cand, ctx, ctx.param("min_keep"))
+        keep |= (cand.logits >= floor[:, None]) | off[:, None]
+        return cand.masked(keep)
+
+
+@hookimpl
+def register_samplers(register):
+    register(Eta)
