@@ -264,7 +264,7 @@ def test_history_reaches_samplers_that_declare_they_read_it():
     host = host_with(LastTokenBan)
     chain = Chain.load({"samplers": [{"use": "last_token_ban"}, {"use": "greedy"}]}, host=host)
     logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 1.0]])
-    with pytest.raises(SamplingError, match=r"last_token_ban.v1 read the tokens so far: pass history="):
+    with pytest.raises(SamplingError, match=r"last_token_ban.v1 reads the tokens so far: pass history="):
         chain.sample(logits)
     history = torch.tensor([[-1, 2, 1], [0, 1, 0]])
     out = chain.sample(logits, history=history)

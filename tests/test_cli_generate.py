@@ -42,7 +42,9 @@ def test_json_output_matches_the_streamed_text(folder, capsys):
     assert code == 0 and streamed == "The quick" + row["text"] + "\n"
     assert len(row["token_ids"]) == len(row["logprobs"]) == len(row["top_logprobs"]) == 10
     assert row["finish_reason"] == "max_new_tokens" and data["seed"] == 5
-    assert [s["name"] for s in data["chain"]] == ["top_k.v1", "top_p.v1", "min_p.v1", "temperature.v1", "dist.v1"]
+    assert [s["name"] for s in data["chain"]] == [
+        "penalties.v1", "dry.v1", "top_n_sigma.v1", "top_k.v1", "typical.v1", "top_p.v1", "min_p.v1", "xtc.v1",
+        "temp_ext.v1", "dist.v1"]
 
 
 def test_set_preset_and_batch(folder, capsys):

@@ -314,8 +314,13 @@ class Chain:
                  uncond: torch.Tensor | None = None) -> StepContext:
         state = store.state_of(view, i) if i in self._stateful else {}
         history, lengths = hist if hist is not None else (None, None)
+        missing = None
+        if history is None and self.samplers[i].needs_history():
+            missing = (f"{self.samplers[i].qualified_name()} reads the tokens so far: pass history= (B, L) token ids "
+                       "(prompt then generated, left padding as -1) to chain.sample; "
+                       "samplechain.generation.generate does this for you")
         return StepContext(backend, view.params[i], view.scalars[i], positions, i, view.request_ids, state,
-                           history, lengths, unconditional_logits=uncond)
+                           history, lengths, unconditional_logits=uncond, missing_history=missing)
 
     def _unconditional(self, uncond: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor | None:
         """Check the unconditional logits a guidance sampler (cfg) needs: the same shape as the logits."""
@@ -337,12 +342,6 @@ class Chain:
                  logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Check the token history a chain with history-reading samplers needs; default prompt lengths."""
         if history is None:
-            if self.needs_history:
-                names = [s.qualified_name() for s in self.samplers if s.needs_history()]
-                raise SamplingError(
-                    f"{', '.join(names)} read the tokens so far: pass history= (B, L) token ids (prompt then generated, "
-                    "left padding as -1) to chain.sample; samplechain.generation.generate does this for you"
-                )
             return None
         if not (isinstance(history, torch.Tensor) and history.ndim == 2 and history.shape[0] == logits.shape[0]
                 and history.dtype in (torch.int64, torch.int32)):

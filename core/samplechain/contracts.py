@@ -152,7 +152,9 @@ class StepContext:
     stream: this sampler's index in the chain: random samplers draw independent noise per stream.
     state: per-request state columns of this sampler, (B, ...) tensors gathered for this batch.
     history: (B, L) int64 every token of each row so far, prompt then generated, left-padded with -1; given to
-             samplers that declare `needs_history()` (penalties, DRY, n-gram bans), None otherwise.
+             samplers that declare `needs_history()` (penalties, DRY, n-gram bans), None otherwise. When a chain
+             that needs it runs without one, reading it raises an error that says how to pass it (a sampler that
+             is off for the whole batch never reads it, so such chains still run on bare logits).
     prompt_lengths: (B,) int64 how many of a row's history tokens are its prompt (the rest were generated).
     unconditional_logits: (B, V) float32 logits of the same step's unconditional forward (the negative prompt
              and the tokens so far), for samplers that declare `needs_unconditional_logits()` (cfg); else None.
@@ -168,11 +170,20 @@ class StepContext:
     stream: int
     request_ids: tuple[str, ...]
     state: Mapping[str, torch.Tensor] = attrs.field(factory=dict)
-    history: torch.Tensor | None = None
+    _history: torch.Tensor | None = None
     prompt_lengths: torch.Tensor | None = None
     selected_candidates: Candidates | None = None
     selected: torch.Tensor | None = None
     unconditional_logits: torch.Tensor | None = None
+    missing_history: str | None = None  # why history is None although a sampler declared it needs it
+
+    @property
+    def history(self) -> torch.Tensor | None:
+        if self._history is None and self.missing_history is not None:
+            from .errors import SamplingError  # contracts stays importable without the rest of the core
+
+            raise SamplingError(self.missing_history)
+        return self._history
 
     def param(self, name: str) -> torch.Tensor:
         return self.params[name]

@@ -54,10 +54,14 @@ def run_demo(args: argparse.Namespace, console: Console) -> int:
     out = model(input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                 use_cache=True)
     generated: list[list[int]] = [[] for _ in prompts]
+    history = input_ids.masked_fill(mask == 0, -1)  # for samplers that read the tokens so far (penalties, DRY)
+    lengths = mask.sum(-1)
     sample_s = 0.0
     for _ in range(args.max_new_tokens):
         t0 = time.perf_counter()
-        step = chain.sample(out.logits[:, -1, :], store, ids)
+        extra = {"history": history, "prompt_lengths": lengths} if chain.needs_history else {}
+        step = chain.sample(out.logits[:, -1, :], store, ids, **extra)
+        history = torch.cat([history, step.token_ids[:, None]], dim=1)
         sample_s += time.perf_counter() - t0
         for row, tok in enumerate(step.token_ids.tolist()):
             generated[row].append(tok)

@@ -36,7 +36,7 @@ def banned_by_ngrams(history: torch.Tensor, n: int, vocab: int) -> torch.Tensor:
 class NoRepeatNGram(Sampler):
     name = "no_repeat_ngram"
     stage = Stage.TRANSFORM
-    role = "penalty"
+    role = "mask"
     Params = NoRepeatNGramParams
     request_aliases = {"no_repeat_ngram_size": "n"}
     summary = "ban tokens that would repeat an n-gram of the sequence"

@@ -52,3 +52,34 @@ def test_empty_is_a_no_op():
 def test_malformed_ids_are_configuration_errors(bad):
     with pytest.raises(ConfigError, match="ids"):
         Chain.load({"samplers": [{"use": "bad_words", "ids": bad}, {"use": "greedy"}]})
+
+
+def test_words_are_tokenised_as_vllm_does_and_banned():
+    from pathlib import Path
+
+    import samplechain
+    from samplechain import SamplingError
+    from transformers import AutoTokenizer
+    from transformers.generation.logits_process import NoBadWordsLogitsProcessor
+
+    tok = AutoTokenizer.from_pretrained(Path(samplechain.__file__).parent / "models" / "docs-gpt2")
+    words = ["list", " dictionary", "foo bar"]
+    c = Chain.load({"samplers": [{"use": "bad_words", "words": words}, {"use": "greedy"}]})
+    with pytest.raises(SamplingError, match="chain.prepare"):
+        c.sample(torch.zeros(1, len(tok)), history=torch.zeros(1, 2, dtype=torch.long))
+    c.prepare(tokenizer=tok)
+    # vLLM's rule, written out: the bare word, plus the spaced form when it is a distinct word-start of equal length
+    expected = []
+    for w in words:
+        bare = tok.encode(w.lstrip(), add_special_tokens=False)
+        spaced = tok.encode(" " + w.lstrip(), add_special_tokens=False)
+        expected.append(bare)
+        if spaced[0] != bare[0] and len(spaced) == len(bare):
+            expected.append(spaced)
+    assert any(len(e) == 1 for e in expected) and any(len(e) > 1 for e in expected)
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, len(tok), generator=g)
+    history = torch.tensor([tok.encode("x foo"), tok.encode("a b"), tok.encode("foo x")])
+    ours = c.sample(logits.clone(), history=history, return_scores=True).scores
+    ref = NoBadWordsLogitsProcessor(expected, eos_token_id=None)(history, logits.clone())
+    assert torch.equal(torch.isinf(ours), torch.isinf(ref))
