@@ -328,8 +328,8 @@ def test_without_a_mask_pad_tokens_are_padding_as_transformers_infers(model):
 def test_generation_config_settings_no_chain_applies_are_named(model):
     from transformers import GenerationConfig
 
-    with pytest.warns(GenerationWarning, match=r"repetition_penalty=1.3.*does not apply"):
-        samplechain.generation.chain_from_generation_config(GenerationConfig(repetition_penalty=1.3))
+    with pytest.warns(GenerationWarning, match=r"encoder_repetition_penalty=1.3.*no samplechain sampler carries"):
+        samplechain.generation.chain_from_generation_config(GenerationConfig(encoder_repetition_penalty=1.3))
     saved = model.generation_config
     model.generation_config = GenerationConfig(do_sample=True, top_k=5)
     try:
@@ -338,3 +338,34 @@ def test_generation_config_settings_no_chain_applies_are_named(model):
                      max_new_tokens=2, pad_token_id=0)
     finally:
         model.generation_config = saved
+
+
+def test_a_generation_config_maps_to_transformers_processors_in_their_order(model):
+    """Every mapped GenerationConfig setting at once: the chain's processed scores equal the LogitsProcessorList that
+    model.generate builds for the same config (probabilities within 1e-5), step after step of a real history."""
+    from transformers import GenerationConfig
+
+    cfg = GenerationConfig(
+        do_sample=True, temperature=0.9, top_k=40, top_p=0.95, min_p=0.02, typical_p=0.97, epsilon_cutoff=1e-4,
+        eta_cutoff=1e-4, repetition_penalty=1.3, no_repeat_ngram_size=3, bad_words_ids=[[5], [7, 8]],
+        sequence_bias={(3,): 1.5, (4, 9): -2.0}, suppress_tokens=[11, 12], exponential_decay_length_penalty=(2, 1.1),
+        min_new_tokens=3, eos_token_id=2, renormalize_logits=True,
+    )
+    chain = samplechain.generation.chain_from_generation_config(cfg)
+    names = [s.name for s in chain.samplers]
+    assert names == ["sequence_bias", "penalties", "no_repeat_ngram", "bad_words", "min_new_tokens", "length_decay",
+                     "suppress_tokens", "temperature", "top_k", "top_p", "min_p", "typical", "epsilon", "eta",
+                     "renormalize", "dist"]
+    prompt = torch.tensor([[1, 4, 3, 6, 5, 6]])
+    ids = prompt.clone()
+    model._prepare_special_tokens(cfg, kwargs_has_attention_mask=False, device="cpu")
+    for step in range(5):
+        processors = model._get_logits_processor(
+            generation_config=cfg, input_ids_seq_length=prompt.shape[1], encoder_input_ids=prompt,
+            prefix_allowed_tokens_fn=None, logits_processor=None, device="cpu")
+        logits = model(ids).logits[:, -1, :].detach()
+        ref = processors(ids, logits.clone())
+        ours = chain.process(logits.clone(), history=ids, prompt_lengths=torch.tensor([prompt.shape[1]]))
+        assert torch.equal(torch.isfinite(ours), torch.isfinite(ref)), step
+        assert torch.allclose(torch.softmax(ours, -1), torch.softmax(ref, -1), atol=1e-5), step
+        ids = torch.cat([ids, ref.argmax(-1, keepdim=True)], dim=-1)

@@ -24,6 +24,7 @@ from ..errors import ConfigError, SamplechainError
 from ..mixed import MixedChains
 from ..plugins import PluginHost, get_host
 from ..stopping import Stopping
+from .from_config import asked_settings, chain_from_generation_config
 from .model import ModelRunner
 from .outputs import GenerationOutput
 from .streaming import IncrementalDecoder
@@ -46,56 +47,13 @@ class StreamEvent:
     finish_reason: str | None = None
 
 
-# GenerationConfig fields that change decoding and that no chain built from it carries (with their defaults)
-_UNMAPPED = {"repetition_penalty": 1.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
-             "no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0, "bad_words_ids": None,
-             "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None, "min_new_tokens": None,
-             "min_length": 0, "diversity_penalty": 0.0, "top_h": None, "guidance_scale": None}
-
-
-def _unmapped_settings(config: Any) -> list[str]:
-    out = []
-    for key, default in _UNMAPPED.items():
-        value = getattr(config, key, default)
-        if value is not None and value != default:
-            out.append(f"{key}={value!r}")
-    return out
-
-
-def chain_from_generation_config(config: Any, *, host: PluginHost | None = None) -> Chain:
-    """The chain transformers would run for a GenerationConfig: greedy, or temperature/top-k/top-p/min-p + dist.
-    Settings no chain carries here (repetition_penalty, typical_p, ...) are named in a GenerationWarning."""
-    unmapped = _unmapped_settings(config) if config is not None else []
-    if unmapped:
-        warnings.warn(f"the generation config asks for {', '.join(unmapped)}, which the chain built from it does "
-                      "not apply: pass a chain that does, or run it inside model.generate with the adapters",
-                      GenerationWarning, stacklevel=3)
-    if config is None or not getattr(config, "do_sample", False):
-        return Chain.load({"name": "greedy (generation config)", "samplers": [{"use": "greedy"}]}, host=host)
-    samplers: list[dict[str, Any]] = []
-    t = getattr(config, "temperature", None)
-    if t is not None and t != 1.0:
-        samplers.append({"use": "temperature", "t": float(t)})
-    k = getattr(config, "top_k", None)
-    if k:
-        samplers.append({"use": "top_k", "k": int(k)})
-    p = getattr(config, "top_p", None)
-    if p is not None and p < 1.0:
-        samplers.append({"use": "top_p", "p": float(p)})
-    m = getattr(config, "min_p", None)
-    if m:
-        samplers.append({"use": "min_p", "p": float(m)})
-    samplers.append({"use": "dist"})
-    return Chain.load({"name": "sampling (generation config)", "samplers": samplers}, host=host)
-
-
 def _as_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bool = True) -> Chain:
     if chain is None:
         return chain_from_generation_config(generation_config, host=host)
     if check and generation_config is not None and (getattr(generation_config, "do_sample", False)
-                                          or _unmapped_settings(generation_config)):
+                                          or asked_settings(generation_config)):
         asked = ["do_sample=True"] if getattr(generation_config, "do_sample", False) else []
-        warnings.warn(f"the model's generation config asks for {', '.join(asked + _unmapped_settings(generation_config))}; "
+        warnings.warn(f"the model's generation config asks for {', '.join(asked + asked_settings(generation_config))}; "
                       "the chain given replaces it (the chain alone decides the decoding)", GenerationWarning,
                       stacklevel=4)
     if isinstance(chain, (Chain, MixedChains)):

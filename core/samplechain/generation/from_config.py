@@ -1,0 +1,145 @@
+"""The chain transformers would run for a GenerationConfig, in the order of `GenerationMixin._get_logits_processor`.
+
+Processors (always): cfg (guidance_scale), sequence_bias, penalties (repetition_penalty, transformers scope),
+no_repeat_ngram, bad_words, min_new_tokens, forced_bos, forced_eos, inf_nan_remove (remove_invalid_values),
+length_decay (exponential_decay_length_penalty), suppress_tokens, begin_suppress_tokens; then, with do_sample,
+the warpers temperature, top_h, top_k, top_p, min_p, typical, epsilon, eta; then watermark and renormalize; then
+dist (do_sample) or greedy. Settings no sampler carries (min_length, encoder_repetition_penalty, diversity_penalty,
+penalty_alpha ...) are named in a GenerationWarning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from ..chain import Chain
+from ..contracts import token_id_list
+from ..plugins import PluginHost
+
+__all__ = ["chain_from_generation_config", "asked_settings", "unmapped_settings"]
+
+# GenerationConfig fields that change decoding and that no sampler carries (with their defaults)
+_UNMAPPED = {"encoder_repetition_penalty": 1.0, "min_length": 0, "diversity_penalty": 0.0, "penalty_alpha": None,
+             "encoder_no_repeat_ngram_size": 0, "num_beam_groups": 1, "dola_layers": None}
+# fields the mapping reads (with their defaults): a chain passed explicitly replaces what they ask for
+_MAPPED = {"repetition_penalty": 1.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+           "no_repeat_ngram_size": 0, "bad_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None,
+           "sequence_bias": None, "min_new_tokens": None, "top_h": None, "guidance_scale": None,
+           "forced_bos_token_id": None, "forced_eos_token_id": None, "remove_invalid_values": False,
+           "exponential_decay_length_penalty": None, "watermarking_config": None, "renormalize_logits": False}
+
+
+def _non_default(config: Any, table: dict[str, Any]) -> list[str]:
+    out = []
+    for key, default in table.items():
+        value = getattr(config, key, default)
+        if value is not None and value != default and value != []:
+            out.append(f"{key}={value!r}")
+    return out
+
+
+def unmapped_settings(config: Any) -> list[str]:
+    return _non_default(config, _UNMAPPED)
+
+
+def asked_settings(config: Any) -> list[str]:
+    """Every non-default decoding setting of the config (what a chain given explicitly replaces)."""
+    return _non_default(config, _MAPPED) + _non_default(config, _UNMAPPED)
+
+
+def _sequence_bias(value: Any) -> list[list[Any]]:
+    items = value.items() if isinstance(value, dict) else value
+    return [[list(seq), float(b)] for seq, b in items]
+
+
+def _processors(config: Any) -> list[dict[str, Any]]:
+    g = lambda key, default=None: getattr(config, key, default)  # noqa: E731
+    eos = token_id_list(g("eos_token_id")) if g("eos_token_id") is not None else []
+    out: list[dict[str, Any]] = []
+    if g("guidance_scale") is not None and g("guidance_scale") != 1:
+        out.append({"use": "cfg", "scale": float(g("guidance_scale"))})
+    if g("sequence_bias"):
+        out.append({"use": "sequence_bias", "bias": _sequence_bias(g("sequence_bias"))})
+    if g("repetition_penalty") is not None and g("repetition_penalty") != 1.0:
+        out.append({"use": "penalties", "repeat": float(g("repetition_penalty")), "scope": "transformers"})
+    if g("no_repeat_ngram_size"):
+        out.append({"use": "no_repeat_ngram", "n": int(g("no_repeat_ngram_size"))})
+    if g("bad_words_ids"):
+        out.append({"use": "bad_words", "ids": [list(s) for s in g("bad_words_ids")], "eos_ids": eos})
+    if g("min_new_tokens"):
+        out.append({"use": "min_new_tokens", "n": int(g("min_new_tokens")), "eos_ids": eos})
+    if g("forced_bos_token_id") is not None:
+        out.append({"use": "forced_bos", "bos_id": int(g("forced_bos_token_id"))})
+    if g("forced_eos_token_id") is not None and g("max_length"):
+        out.append({"use": "forced_eos", "eos_ids": token_id_list(g("forced_eos_token_id")),
+                    "max_length": int(g("max_length"))})
+    if g("remove_invalid_values"):
+        out.append({"use": "inf_nan_remove"})
+    if g("exponential_decay_length_penalty") is not None:
+        start, factor = g("exponential_decay_length_penalty")
+        out.append({"use": "length_decay", "start": int(start), "factor": float(factor), "eos_ids": eos})
+    if g("suppress_tokens"):
+        out.append({"use": "suppress_tokens", "ids": [int(t) for t in g("suppress_tokens")]})
+    if g("begin_suppress_tokens"):
+        out.append({"use": "begin_suppress_tokens", "ids": [int(t) for t in g("begin_suppress_tokens")]})
+    return out
+
+
+def _warpers(config: Any) -> list[dict[str, Any]]:
+    g = lambda key, default=None: getattr(config, key, default)  # noqa: E731
+    out: list[dict[str, Any]] = []
+    if g("temperature") is not None and g("temperature") != 1.0:
+        out.append({"use": "temperature", "t": float(g("temperature"))})
+    if g("top_h") is not None:
+        out.append({"use": "top_h", "top_h": float(g("top_h"))})
+    if g("top_k"):
+        out.append({"use": "top_k", "k": int(g("top_k"))})
+    if g("top_p") is not None and g("top_p") < 1.0:
+        out.append({"use": "top_p", "p": float(g("top_p"))})
+    if g("min_p") is not None:
+        out.append({"use": "min_p", "p": float(g("min_p"))})
+    if g("typical_p") is not None and g("typical_p") < 1.0:
+        out.append({"use": "typical", "p": float(g("typical_p")), "semantics": "transformers"})
+    if g("epsilon_cutoff") is not None and 0.0 < g("epsilon_cutoff") < 1.0:
+        out.append({"use": "epsilon", "epsilon": float(g("epsilon_cutoff"))})
+    if g("eta_cutoff") is not None and 0.0 < g("eta_cutoff") < 1.0:
+        out.append({"use": "eta", "epsilon": float(g("eta_cutoff"))})
+    return out
+
+
+def _finishers(config: Any) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    wm = getattr(config, "watermarking_config", None)
+    if wm is not None:
+        entry: dict[str, Any] = {"use": "watermark"}
+        for key in ("greenlist_ratio", "bias", "hashing_key", "seeding_scheme", "context_width"):
+            value = wm.get(key) if isinstance(wm, dict) else getattr(wm, key, None)
+            if value is not None:
+                entry[key] = value
+        out.append(entry)
+    if getattr(config, "renormalize_logits", False):
+        out.append({"use": "renormalize"})
+    return out
+
+
+def chain_from_generation_config(config: Any, *, host: PluginHost | None = None) -> Chain:
+    """The chain transformers would run for a GenerationConfig (see the module docstring for the order)."""
+    unmapped = unmapped_settings(config) if config is not None else []
+    if unmapped:
+        warnings.warn(f"the generation config asks for {', '.join(unmapped)}, which no samplechain sampler carries: "
+                      "they are not applied (run the chain inside model.generate with the adapters to keep them)",
+                      _warning_class(), stacklevel=3)
+    if config is None:
+        return Chain.load({"name": "greedy (generation config)", "samplers": [{"use": "greedy"}]}, host=host)
+    sampling = bool(getattr(config, "do_sample", False))
+    samplers = _processors(config) + (_warpers(config) if sampling else []) + _finishers(config)
+    samplers.append({"use": "dist" if sampling else "greedy"})
+    name = "sampling (generation config)" if sampling else "greedy (generation config)"
+    return Chain.load({"name": name, "samplers": samplers}, host=host)
+
+
+def _warning_class() -> type[Warning]:
+    from .loop import GenerationWarning
+
+    return GenerationWarning
