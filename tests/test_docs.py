@@ -24,3 +24,17 @@ def test_readme_states_the_two_commands_and_ci_runs_the_test_one():
     readme = (ROOT / "README.md").read_text()
     assert "`make run`" in readme and "`make test`" in readme
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_sampler_catalogue_is_current_and_every_sampler_has_a_page():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "sampler_catalogue.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in (ROOT / "docs" / "samplers" / "README.md").read_text().splitlines()
+            if line.startswith("| `")]
+    assert len(rows) >= 39
+    for row in rows:
+        assert row.rstrip().endswith(".md) |") or "semantics.md#" in row, f"no documentation page: {row[:60]}"

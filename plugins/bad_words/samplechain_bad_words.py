@@ -87,6 +87,7 @@ class SequenceMatcher:
 class BadWords(Sampler):
     name = "bad_words"
     stage = Stage.TRANSFORM
+    role = "mask"
     Params = BadWordsParams
     summary = "ban the last token of a sequence whose prefix the row ends with"
 

@@ -31,6 +31,7 @@ def force(cand: Candidates, rows: torch.Tensor, ids: torch.Tensor) -> Candidates
 class ForcedBos(Sampler):
     name = "forced_bos"
     stage = Stage.TRANSFORM
+    role = "mask"
     Params = ForcedBosParams
     request_aliases = {"forced_bos_token_id": "bos_id"}
     summary = "force the bos token as a row's first generated token"

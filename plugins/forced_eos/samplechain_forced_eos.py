@@ -23,6 +23,7 @@ class ForcedEosParams:
 class ForcedEos(EosIds, Sampler):
     name = "forced_eos"
     stage = Stage.TRANSFORM
+    role = "mask"
     Params = ForcedEosParams
     request_aliases = {"forced_eos_max_length": "max_length"}
     summary = "force an eos token as the last token a row may have"

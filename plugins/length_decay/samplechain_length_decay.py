@@ -25,6 +25,7 @@ class LengthDecayParams:
 class LengthDecay(EosIds, Sampler):
     name = "length_decay"
     stage = Stage.TRANSFORM
+    role = "bias"
     Params = LengthDecayParams
     request_aliases = {"length_decay_start": "start", "length_decay_factor": "factor"}
     summary = "exponentially raise eos logits after `start` generated tokens"

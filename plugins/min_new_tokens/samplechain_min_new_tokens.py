@@ -22,6 +22,7 @@ class MinNewTokensParams:
 class MinNewTokens(EosIds, Sampler):
     name = "min_new_tokens"
     stage = Stage.TRANSFORM
+    role = "mask"
     Params = MinNewTokensParams
     request_aliases = {"min_new_tokens": "n", "min_tokens": "n"}
     summary = "mask eos / stop ids until a row has generated n tokens"

@@ -43,6 +43,7 @@ def id_mask(cand: Candidates, ids: torch.Tensor) -> torch.Tensor:
 class SuppressTokens(Sampler):
     name = "suppress_tokens"
     stage = Stage.TRANSFORM
+    role = "mask"
     Params = SuppressTokensParams
     summary = "mask chosen token ids at every step"
 
@@ -59,6 +60,7 @@ class SuppressTokens(Sampler):
 class BeginSuppressTokens(Sampler):
     name = "begin_suppress_tokens"
     stage = Stage.TRANSFORM
+    role = "mask"
     Params = BeginSuppressTokensParams
     request_aliases = {"begin_suppress_at": "at"}
     summary = "mask chosen token ids when a row has generated exactly `at` tokens"
