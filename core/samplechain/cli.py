@@ -19,7 +19,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from .chain import Chain
+from .cli_convert import add_convert_parser
 from .cli_generate import add_generate_parser
+from .cli_plugin_tools import add_plugin_tools_parser
+from .cli_trace import add_trace_parser
 from .errors import SamplechainError
 from .plugins import PluginWarning, get_host
 
@@ -153,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="seed every request (default: fresh seeds)")
     p.set_defaults(func=cmd_demo)
     add_generate_parser(sub)
+    add_convert_parser(sub)
+    add_trace_parser(sub)
+    add_plugin_tools_parser(sub)
     return parser
 
 

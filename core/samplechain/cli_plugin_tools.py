@@ -1,0 +1,9 @@
+"""`samplechain plugin_tools` (placeholder: being written)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def add_plugin_tools_parser(sub: Any) -> None:
+    """Register the subcommand(s) of this module on the `samplechain` parser."""
