@@ -25,6 +25,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, SamplingError, Stage, StepContext, finite, hookimpl, in_range
+from samplechain.tokens import per_token_reduce, write_tokens
 
 FLOAT_MAX_LOG = 88.7228391  # as llama.cpp: ~ln(FLT_MAX)
 MAX_TAIL = 20  # llama.cpp's MAX_SEQ_LEN: a breaker's tail is cut to 20 tokens
@@ -187,6 +188,8 @@ class Dry(Sampler):
         follower = torch.roll(rev, 1, dims=1)  # follower[:, k] = rev[:, k - 1]
         vocab = cand.vocab_size
         ok = counts & (follower >= 0) & (follower < vocab)
+        if cand.ids is None:  # the full vocabulary: penalise the followers in place, never touch the other tokens
+            return self._sparse(cand, follower, repeat, ok, mult, base, allowed)
         best = torch.full((B, vocab + 1), -1, dtype=torch.int64, device=device)
         best.scatter_reduce_(1, torch.where(ok, follower, vocab), torch.where(ok, repeat, -1), reduce="amax")
         best = best[:, :vocab]
@@ -194,19 +197,41 @@ class Dry(Sampler):
             best[:, self._single[self._single < vocab].to(device)] = -1  # single-token breakers: never penalised
 
         # step 4: the penalty, exponent capped against float overflow
-        exp = best - allowed[:, None]
-        hot = base > 1.000001
-        max_exp = torch.where(hot, (torch.tensor(FLOAT_MAX_LOG) / torch.log(torch.where(hot, base, 2.0))).trunc(), 0.0)
-        max_exp = max_exp.to(torch.int64)[:, None]
-        exp = torch.where((max_exp > 0) & (exp > max_exp), max_exp, exp)
-        # float penalty = multiplier * std::pow(base, exp): pow in double, stored as float
-        penalty = (mult.double()[:, None] * torch.pow(base.double()[:, None], exp.double())).to(torch.float32)
+        penalty = dry_penalty(best, mult, base, allowed)
         has = best >= 0
         if cand.ids is not None:
             penalty, has = penalty.gather(1, cand.ids), has.gather(1, cand.ids)
         x = cand.logits
         out = torch.where(has, x - penalty, x)
         return cand.replace_logits(out)
+
+
+    def _sparse(self, cand: Candidates, follower: torch.Tensor, repeat: torch.Tensor, ok: torch.Tensor,
+                mult: torch.Tensor, base: torch.Tensor, allowed: torch.Tensor) -> Candidates:
+        """Steps 3-4 at the history positions only: each follower token gets its longest repeat (grouped by token
+        within the row) and the same penalty as the dense path, written to those tokens alone."""
+        if self._single.numel():  # single-token breakers are never penalised
+            ok = ok & ~torch.isin(follower, self._single.to(follower.device))
+        if not bool(ok.any()):
+            return cand
+        ids = follower.clamp(0, cand.vocab_size - 1)
+        best = per_token_reduce(ids, repeat, ok, ok, reduce="amax")  # (B, N) the longest repeat of each follower
+        penalty = dry_penalty(best, mult, base, allowed)
+        x = cand.logits.gather(1, ids)
+        out = cand if cand.writable else cand.replace_logits(cand.logits.clone())
+        write_tokens(out.logits, ids, x - penalty, ok)
+        return out
+
+
+def dry_penalty(best: torch.Tensor, mult: torch.Tensor, base: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """multiplier * base ** (len - allowed_length), the exponent capped against float overflow (llama.cpp): pow in
+    double, stored as float. best: (B, X) repeat lengths; the rest (B,)."""
+    exp = best - allowed[:, None]
+    hot = base > 1.000001
+    max_exp = torch.where(hot, (torch.tensor(FLOAT_MAX_LOG) / torch.log(torch.where(hot, base, 2.0))).trunc(), 0.0)
+    max_exp = max_exp.to(torch.int64)[:, None]
+    exp = torch.where((max_exp > 0) & (exp > max_exp), max_exp, exp)
+    return (mult.double()[:, None] * torch.pow(base.double()[:, None], exp.double())).to(torch.float32)
 
 
 @hookimpl

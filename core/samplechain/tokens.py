@@ -1,0 +1,48 @@
+"""Sparse per-token work on token histories: what penalties and DRY need without touching the whole vocabulary.
+
+A history is (B, L) token ids. These helpers group a row's positions by token id (a sort per row, O(L log L))
+instead of scattering into a (B, V) table, so a penalty over 64 or 4096 history tokens costs in L, not in V.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["per_token_reduce", "write_tokens"]
+
+
+def per_token_reduce(ids: torch.Tensor, values: torch.Tensor, targets: torch.Tensor, include: torch.Tensor,
+                     reduce: str = "sum") -> torch.Tensor:
+    """At every target position (b, l): the reduction of `values` over the target positions of row b whose id
+    equals ids[b, l] and where `include` is True. Non-target positions get the reduction's identity (0 for "sum",
+    -1 for "amax", which assumes non-negative values). ids, values (float or int), targets, include: (B, L)."""
+    B, L = ids.shape
+    if L == 0:
+        return torch.zeros_like(values)
+    lane = torch.arange(L, device=ids.device)
+    key = torch.where(targets, ids, -1 - lane[None, :])  # a non-target position is a group of its own
+    sorted_key, order = key.sort(dim=1, stable=True)
+    starts = torch.ones(B, L, dtype=torch.bool, device=ids.device)
+    starts[:, 1:] = sorted_key[:, 1:] != sorted_key[:, :-1]
+    group = starts.cumsum(dim=1) - 1  # (B, L) group number of each sorted position
+    vals = values.gather(1, order)
+    inc = include.gather(1, order)
+    if reduce == "sum":
+        acc = torch.zeros_like(vals).scatter_add_(1, group, torch.where(inc, vals, torch.zeros_like(vals)))
+        identity = 0
+    elif reduce == "amax":
+        acc = torch.full_like(vals, -1).scatter_reduce_(1, group, torch.where(inc, vals, torch.full_like(vals, -1)),
+                                                         reduce="amax")
+        identity = -1
+    else:
+        raise ValueError(f"reduce must be 'sum' or 'amax', got {reduce!r}")
+    out = torch.empty_like(vals).scatter_(1, order, acc.gather(1, group))
+    return torch.where(targets, out, torch.full_like(out, identity))
+
+
+def write_tokens(logits: torch.Tensor, ids: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> None:
+    """logits[b, ids[b, l]] = values[b, l] wherever mask[b, l], in place. Positions of one row that share an id
+    must carry the same value (per_token_reduce gives that)."""
+    rows, cols = mask.nonzero(as_tuple=True)
+    if rows.numel():
+        logits[rows, ids[rows, cols]] = values[rows, cols]

@@ -1,0 +1,74 @@
+"""samplechain.tokens (per-token reductions over histories) and the sparse paths of penalties and DRY built on it:
+bitwise the same processed logits as their dense (B, V) paths, which run on compacted candidates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from samplechain import Chain
+from samplechain.tokens import per_token_reduce, write_tokens
+
+V = 120
+
+
+def test_per_token_reduce_equals_brute_force():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 9, (4, 30), generator=g)
+    values = torch.randint(0, 7, (4, 30), generator=g)
+    targets = torch.rand(4, 30, generator=g) > 0.3
+    include = torch.rand(4, 30, generator=g) > 0.4
+    for reduce in ("sum", "amax"):
+        got = per_token_reduce(ids, values, targets, include, reduce)
+        for b in range(4):
+            for l in range(30):
+                same = [values[b, j].item() for j in range(30)
+                        if ids[b, j] == ids[b, l] and include[b, j] and targets[b, j]]
+                want = (sum(same) if reduce == "sum" else max(same, default=-1)) if targets[b, l] else \
+                    (0 if reduce == "sum" else -1)
+                assert got[b, l].item() == want, (reduce, b, l)
+    with pytest.raises(ValueError, match="reduce"):
+        per_token_reduce(ids, values, targets, include, "mean")
+
+
+def test_write_tokens_writes_only_masked_positions():
+    logits = torch.zeros(2, 5)
+    write_tokens(logits, torch.tensor([[1, 1, 3], [0, 4, 4]]), torch.tensor([[7.0, 7.0, 9.0], [1.0, 2.0, 2.0]]),
+                 torch.tensor([[True, True, False], [False, True, True]]))
+    assert logits.tolist() == [[0, 7, 0, 0, 0], [0, 0, 0, 0, 2]]
+
+
+def _history(seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randint(0, 25, (5, 40), generator=g)
+    h[1, 30:40] = h[1, 10:20]  # the context ends in a long repeat: DRY penalises what followed it
+    h[4, 36:40] = h[4, 2:6]
+    h[2, :6] = -1  # left padding
+    return h
+
+
+def _dense_and_sparse(entry: dict, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + seed)
+    logits = torch.randn(5, V, generator=g) * 3
+    logits[0, 3] = float("-inf")
+    history, prompt = _history(seed), torch.tensor([20, 30, 25, 40, 10])
+    sparse = Chain.load({"samplers": [entry, {"use": "greedy"}]})
+    # allowed_tokens with every id compacts the candidates (ids given, K = V): the penalty runs its dense path
+    dense = Chain.load({"samplers": [{"use": "allowed_tokens", "ids": list(range(V))}, entry, {"use": "greedy"}]})
+    kw = dict(history=history, prompt_lengths=prompt)
+    return sparse.process(logits.clone(), **kw), dense.process(logits.clone(), **kw)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("entry", [
+    {"use": "penalties", "repeat": 1.3, "frequency": 0.4, "presence": 0.2, "last_n": 16, "scope": "llama.cpp"},
+    {"use": "penalties", "repeat": 0.8, "frequency": 0.1, "last_n": -1, "scope": "llama.cpp"},
+    {"use": "penalties", "repeat": 1.5, "frequency": 0.3, "presence": 0.5, "scope": "transformers"},
+    {"use": "penalties", "repeat": 1.2, "frequency": 0.6, "presence": 0.3, "scope": "vllm"},
+    {"use": "dry", "multiplier": 0.8, "base": 1.75, "allowed_length": 2, "breakers": [], "breaker_ids": [[7]]},
+    {"use": "dry", "multiplier": 2.0, "base": 3.0, "allowed_length": 1, "penalty_last_n": 25, "breakers": []},
+], ids=["llama-window", "llama-all", "transformers", "vllm", "dry", "dry-window"])
+def test_sparse_path_equals_dense_path_bitwise(entry, seed):
+    sparse, dense = _dense_and_sparse(entry, seed)
+    assert torch.equal(sparse, dense)
+    assert not torch.equal(sparse, _dense_and_sparse({"use": "temperature", "t": 1.0}, seed)[0]), "nothing changed"
