@@ -75,18 +75,26 @@ def _plugin_rows(available: bool) -> list[dict[str, Any]]:
 
 
 def cmd_plugins(args: argparse.Namespace, console: Console) -> int:
+    from .plugin_tools import installed_index, normalize_distribution
+
     rows = _plugin_rows(args.available)
+    added = installed_index()  # what `samplechain install` put into this environment
+    for r in rows:
+        r["installed"] = added.get(normalize_distribution(r["distribution"])) if r["distribution"] else None
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     table = Table(title="samplechain plugins" + (" (installed and available)" if args.available else ""))
-    for col in ("name", "kind", "version", "distribution", "status", "provides"):
+    for col in ("name", "kind", "version", "distribution", "status", "provides", "added"):
         table.add_column(col)
     if args.available:
         table.add_column("install")
     for r in rows:
         status = {"loaded": "[green]loaded", "broken": "[red]broken"}.get(r["status"], r["status"])
-        cells = [r["name"], r["kind"], r["version"] or "-", r["distribution"] or "-", status, ", ".join(r["provides"])]
+        rec = r["installed"]
+        when = f"{rec['installed_at'][:10]} ({rec['source']})" if rec else "-"
+        cells = [r["name"], r["kind"], r["version"] or "-", r["distribution"] or "-", status, ", ".join(r["provides"]),
+                 escape(when)]
         if args.available:
             cells.append(r.get("install", ""))
         table.add_row(*cells)

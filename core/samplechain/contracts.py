@@ -126,6 +126,23 @@ class Candidates:
         keep |= keep_all[:, None]
         return self.masked(keep)
 
+    def keep_best(self, counts: torch.Tensor, off: torch.Tensor, backend: Backend) -> Candidates:
+        """Keep, per row, the counts[b] (<= width) highest-logit candidates; rows where off[b] is True keep all.
+
+        For filters whose survivors are a prefix of the descending order (top-a, top-n-sigma): sorted rows are cut
+        with `keep_first`; otherwise one partial top-k of the largest count and `restrict` (which of equal logits
+        at the boundary survives is the partial sort's choice). Returns self when every row keeps all.
+        """
+        width = self.width
+        counts = torch.where(off, width, counts)
+        if self.is_sorted:
+            return self.keep_first(counts)
+        if bool((counts >= width).all()):
+            return self
+        kmax = int(torch.where(off, 0, counts).max())
+        values, index = backend.topk(self.logits, kmax)
+        return self.restrict(values, index, counts, off | (counts >= width))
+
     def sorted(self, backend: Backend) -> Candidates:
         """Rows in descending logit order (a full sort: filters that can should use a partial top-k)."""
         if self.is_sorted:

@@ -12,28 +12,13 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
+from samplechain.filters import with_min_keep
 
 
 @attrs.frozen
 class EpsilonParams:
     epsilon: float = attrs.field(validator=[finite, in_range(0.0, 1.0, high_open=True, hint="0 disables")])
     min_keep: int = attrs.field(default=1, validator=in_range(0, None))
-
-
-def kth_largest(cand: Candidates, ctx: StepContext, k: torch.Tensor) -> torch.Tensor:
-    """(B,) the k[b]-th largest logit of each row (k >= 1, clamped to the width)."""
-    k = torch.clamp(k, 1, cand.width)
-    if cand.is_sorted:
-        return cand.logits.gather(1, (k - 1)[:, None]).squeeze(1)
-    values, _ = ctx.backend.topk(cand.logits, int(k.max()))
-    return values.gather(1, (k - 1)[:, None]).squeeze(1)
-
-
-def cutoff_keep(cand: Candidates, ctx: StepContext, prob: torch.Tensor, cutoff: torch.Tensor) -> torch.Tensor:
-    """(B, K) keep mask: prob >= cutoff[b], or a logit >= the min_keep-th largest."""
-    keep = prob >= cutoff[:, None]
-    floor = kth_largest(cand, ctx, ctx.param("min_keep"))
-    return keep | (cand.logits >= floor[:, None])
 
 
 class Epsilon(Sampler):
@@ -50,7 +35,8 @@ class Epsilon(Sampler):
         eps = ctx.param("epsilon")
         off = eps <= 0.0
         prob = torch.softmax(cand.logits.double(), dim=-1)
-        keep = cutoff_keep(cand, ctx, prob, eps.double()) | off[:, None]
+        keep = with_min_keep(cand, ctx.backend, prob >= eps.double()[:, None], ctx.param("min_keep"))
+        keep |= off[:, None]
         return cand.masked(keep)
 
 

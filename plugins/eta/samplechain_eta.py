@@ -12,21 +12,13 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
+from samplechain.filters import with_min_keep
 
 
 @attrs.frozen
 class EtaParams:
     epsilon: float = attrs.field(validator=[finite, in_range(0.0, 1.0, high_open=True, hint="0 disables")])
     min_keep: int = attrs.field(default=1, validator=in_range(0, None))
-
-
-def kth_largest(cand: Candidates, ctx: StepContext, k: torch.Tensor) -> torch.Tensor:
-    """(B,) the k[b]-th largest logit of each row (k >= 1, clamped to the width)."""
-    k = torch.clamp(k, 1, cand.width)
-    if cand.is_sorted:
-        return cand.logits.gather(1, (k - 1)[:, None]).squeeze(1)
-    values, _ = ctx.backend.topk(cand.logits, int(k.max()))
-    return values.gather(1, (k - 1)[:, None]).squeeze(1)
 
 
 class Eta(Sampler):
@@ -46,9 +38,8 @@ class Eta(Sampler):
         prob = torch.exp(logp)
         entropy = -torch.where(prob > 0, prob * logp, 0.0).sum(dim=-1)
         eta = torch.minimum(eps, torch.sqrt(eps) * torch.exp(-entropy))
-        keep = prob >= eta[:, None]
-        floor = kth_largest(cand, ctx, ctx.param("min_keep"))
-        keep |= (cand.logits >= floor[:, None]) | off[:, None]
+        keep = with_min_keep(cand, ctx.backend, prob >= eta[:, None], ctx.param("min_keep"))
+        keep |= off[:, None]
         return cand.masked(keep)
 
 

@@ -57,14 +57,7 @@ class TopNSigma(Sampler):
         threshold = sigma_threshold(cand.logits, n)
         keep = cand.logits.double() >= threshold[:, None]  # a prefix of the descending order, ties included
         counts = torch.clamp(torch.maximum(keep.sum(dim=-1), min_keep), max=width)
-        counts = torch.where(off, width, counts)
-        if cand.is_sorted:
-            return cand.keep_first(counts)
-        if bool((counts >= width).all()):
-            return cand
-        kmax = int(torch.where(off, 0, counts).max())
-        values, index = ctx.backend.topk(cand.logits, kmax)
-        return cand.restrict(values, index, counts, off | (counts >= width))
+        return cand.keep_best(counts, off, ctx.backend)
 
 
 @hookimpl

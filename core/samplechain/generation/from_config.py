@@ -53,8 +53,21 @@ def _sequence_bias(value: Any) -> list[list[Any]]:
     return [[list(seq), float(b)] for seq, b in items]
 
 
+def _getter(config: Any):
+    """config.key, or transformers' global default when the config leaves it None (transformers 5 fills those in
+    generate(): an unset top_k samples with top_k 50)."""
+    defaults_of = getattr(config, "_get_default_generation_params", None)
+    defaults = defaults_of() if callable(defaults_of) else {}
+
+    def get(key: str, default: Any = None) -> Any:
+        value = getattr(config, key, None)
+        return value if value is not None else defaults.get(key, default)
+
+    return get
+
+
 def _processors(config: Any) -> list[dict[str, Any]]:
-    g = lambda key, default=None: getattr(config, key, default)  # noqa: E731
+    g = _getter(config)
     eos = token_id_list(g("eos_token_id")) if g("eos_token_id") is not None else []
     out: list[dict[str, Any]] = []
     if g("guidance_scale") is not None and g("guidance_scale") != 1:
@@ -87,7 +100,7 @@ def _processors(config: Any) -> list[dict[str, Any]]:
 
 
 def _warpers(config: Any) -> list[dict[str, Any]]:
-    g = lambda key, default=None: getattr(config, key, default)  # noqa: E731
+    g = _getter(config)
     out: list[dict[str, Any]] = []
     if g("temperature") is not None and g("temperature") != 1.0:
         out.append({"use": "temperature", "t": float(g("temperature"))})

@@ -8,6 +8,7 @@ import torch
 from transformers.generation.logits_process import NoBadWordsLogitsProcessor
 
 from samplechain import Chain, ConfigError
+from samplechain.testing import top_k_only
 
 BAD = [[7], [3, 9], [1, 2, 9], [4, 4, 4, 11], [5, 12], [6, 12], [8, 13], [0]]
 
@@ -38,8 +39,7 @@ def test_after_top_k():
     logits, history = case(1)
     logits[:, [7, 9, 11, 12, 13]] += 10.0
     ref = NoBadWordsLogitsProcessor(BAD)(history, logits.clone())
-    top = logits.topk(30, dim=-1).indices
-    want = torch.full_like(logits, float("-inf")).scatter_(1, top, ref.gather(1, top))
+    want = top_k_only(ref, 30, by=logits)
     assert torch.equal(run(logits, history, before=[{"use": "top_k", "k": 30}], ids=BAD), want)
 
 

@@ -18,6 +18,9 @@ import torch
 
 import samplechain
 from samplechain import Chain, ConfigError, SamplingError
+from samplechain.testing import (
+    assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, sampler_chain, top_k_only,
+)
 
 TOL = 1e-5
 
@@ -25,17 +28,11 @@ TOL = 1e-5
 def chain(**params):
     """A DRY chain; without string breakers unless given (the default, llama.cpp's four, needs a tokenizer)."""
     params.setdefault("breakers", [])
-    return Chain.load({"samplers": [{"use": "dry", **params}, {"use": "greedy"}]})
+    return sampler_chain({"use": "dry", **params})
 
 
 def run(c, logits, history, per_row=None):
-    if per_row is None:
-        return c.sample(logits, history=history, return_scores=True).scores
-    store = c.new_store()
-    ids = [f"r{i}" for i in range(len(per_row))]
-    for rid, p in zip(ids, per_row):
-        store.add(rid, p)
-    return c.sample(logits, store, ids, history=history, return_scores=True).scores
+    return processed_scores(c, logits, per_row, history=history)
 
 
 # (probs, last_tokens, expected, multiplier, base, allowed_length, penalty_last_n, breakers) -- verbatim
@@ -162,11 +159,9 @@ def test_per_row_parameters_equal_rows_alone_and_disabled_rows_pass_unchanged():
             {"dry_multiplier": 1.5, "dry_allowed_length": 4, "dry_base": 1.3}, {"dry_multiplier": 1.0,
                                                                                 "dry_penalty_last_n": 0}]
     c = chain(breaker_ids=[[3]])
-    batch = run(c, logits, history, rows)
-    for i, p in enumerate(rows):
-        assert torch.equal(batch[i], run(c, logits[i : i + 1], history[i : i + 1], [p])[0]), i
+    batch = assert_rows_equal_alone(c, logits, rows, history=history)
     assert torch.equal(batch[0], logits[0]) and torch.equal(batch[4], logits[4])
-    assert torch.equal(run(chain(), logits, history), logits)  # multiplier defaults to 0
+    assert_bitwise_no_op(chain(), logits, history=history)  # multiplier defaults to 0
 
 
 def test_after_top_k_penalises_the_same_candidates():
@@ -176,8 +171,7 @@ def test_after_top_k_penalises_the_same_candidates():
     full = run(chain(multiplier=1.0), logits, history)
     c = Chain.load({"samplers": [{"use": "top_k", "k": 12}, {"use": "dry", "multiplier": 1.0, "breakers": []},
                                  {"use": "greedy"}]})
-    top = logits.topk(12, dim=-1).indices
-    want = torch.full_like(logits, float("-inf")).scatter_(1, top, full.gather(1, top))
+    want = top_k_only(full, 12, by=logits)
     assert torch.equal(run(c, logits, history), want)
 
 
@@ -211,7 +205,7 @@ def test_string_breakers_resolve_through_the_tokenizer_as_llama_cpp():
 def test_default_breakers_are_llama_cpp_s_and_resolve_in_prepare():
     transformers = pytest.importorskip("transformers")
     tok = transformers.AutoTokenizer.from_pretrained(TOKENIZER)
-    c = Chain.load({"samplers": [{"use": "dry", "multiplier": 0.8}, {"use": "greedy"}]})
+    c = sampler_chain({"use": "dry", "multiplier": 0.8})
     assert c.samplers[0].params.breakers == ("\n", ":", '"', "*")
     history = torch.tensor([tok.encode('x "a" b "a" b "a"')])
     with pytest.raises(SamplingError, match="need a tokenizer"):

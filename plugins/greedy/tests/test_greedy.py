@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from samplechain import Chain
+from samplechain.testing import top_k_only
 
 SEEDS = (0, 1, 2)
 VOCABS = (50, 1000, 32000)
@@ -58,8 +59,7 @@ def test_after_compaction_returns_token_ids_not_positions(vocab):
     logits = logits_for(6, vocab)
     out = greedy({"use": "top_k", "k": 5}).sample(logits, return_scores=True)
     assert torch.equal(out.token_ids, logits.argmax(dim=-1))
-    top5 = logits.topk(5, dim=-1).indices
-    expected_scores = torch.full_like(logits, float("-inf")).scatter_(1, top5, logits.gather(1, top5))
+    expected_scores = top_k_only(logits, 5)
     assert torch.equal(out.scores, expected_scores)
     # logprob under the processed (top-5) distribution
     expected = torch.log_softmax(logits.topk(5, dim=-1).values.double(), dim=-1)[:, 0]

@@ -17,7 +17,7 @@ import torch
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from samplechain import Chain, ConfigError, SamplingError
-from samplechain.testing import byte_bpe_tokenizer
+from samplechain.testing import byte_bpe_tokenizer, processed_scores, sampler_chain
 
 F32 = np.float32
 INF = float("inf")
@@ -39,19 +39,9 @@ def pieces(tok):
 
 
 def chain(tok, **params) -> Chain:
-    c = Chain.load({"samplers": [{"use": "infill", **params}, {"use": "greedy"}]})
+    c = sampler_chain({"use": "infill", **params})
     c.prepare(tokenizer=tok)
     return c
-
-
-def scores(c: Chain, logits: torch.Tensor, per_row: list[dict] | None = None) -> torch.Tensor:
-    if per_row is None:
-        return c.sample(logits, return_scores=True).scores
-    store = c.new_store()
-    ids = [f"r{i}" for i in range(len(per_row))]
-    for rid, params in zip(ids, per_row):
-        store.add(rid, params)
-    return c.sample(logits, store, ids, return_scores=True).scores
 
 
 def row_with(tok, probs: dict[str, float], vocab: int = 300) -> torch.Tensor:
@@ -146,11 +136,11 @@ def test_prefix_merge_then_cuts(tok):
     ' t' is a prefix of ' the' (less likely): ' the' = .69; 'h' of 'he': 'he' = .3. Cut .2 keeps ' the', 'he',
     eos; n_non_eog = 2, cut 1/3 drops 'he' (.3). Left: ' the' .69/.70 and eos .01/.70."""
     row = row_with(tok, {"Ġthe": 0.4, "Ġt": 0.29, "he": 0.2, "h": 0.1, "<|endoftext|>": 0.01})
-    out = scores(chain(tok), row[None])[0]
+    out = processed_scores(chain(tok), row[None])[0]
     the = tok.convert_tokens_to_ids("Ġthe")
     assert survivors(out) == {the: pytest.approx(math.log(0.4)), 0: pytest.approx(math.log(0.01))}
     assert out[the] == row[the] and out[0] == row[0]  # llama.cpp keeps the logits: dist re-softmaxes them
-    probs = scores(chain(tok, output="probs"), row[None])[0]
+    probs = processed_scores(chain(tok, output="probs"), row[None])[0]
     assert probs[the].exp().item() == pytest.approx(0.69 / 0.70, abs=1e-6)
     assert probs[0].exp().item() == pytest.approx(0.01 / 0.70, abs=1e-6)
 
@@ -159,13 +149,13 @@ def test_merge_goes_into_the_more_likely_token(tok):
     """' t' .6 is more likely than ' the' .4: ' the' merges into ' t' (p = 1), which alone survives."""
     row = row_with(tok, {"Ġthe": 0.4, "Ġt": 0.6})
     t = tok.convert_tokens_to_ids("Ġt")
-    assert list(survivors(scores(chain(tok), row[None])[0])) == [t]
+    assert list(survivors(processed_scores(chain(tok), row[None])[0])) == [t]
 
 
 def test_eog_only_when_eog_is_likely_enough(tok):
     """eos .1 and four text tokens .225 (n = 5): 3 * .1 * 5 = 1.5 > .9: only the EOG token is kept."""
     row = row_with(tok, {"<|endoftext|>": 0.1, "a": 0.225, "b": 0.225, "c": 0.225, "s": 0.225})
-    out = scores(chain(tok), row[None])[0]
+    out = processed_scores(chain(tok), row[None])[0]
     assert survivors(out) == {0: pytest.approx(math.log(0.1))}
 
 
@@ -174,15 +164,15 @@ def test_eot_fallback_when_no_text_token_reaches_the_cut(tok):
     becomes the single EOT token with logit 1 (llama.cpp sets it so)."""
     names = ["a", "b", "c", "d", "f", "g", "k"]
     row = row_with(tok, {**{n: (1 - 1e-4) / 7 for n in names}, "<|endoftext|>": 1e-4})
-    out = scores(chain(tok), row[None])[0]
+    out = processed_scores(chain(tok), row[None])[0]
     assert survivors(out) == {0: 1.0}
-    assert survivors(scores(chain(tok, eot_id=5), row[None])[0]) == {5: 1.0}
+    assert survivors(processed_scores(chain(tok, eot_id=5), row[None])[0]) == {5: 1.0}
 
 
 def test_eot_fallback_after_top_k_when_eot_is_not_a_candidate(tok):
     names = ["a", "b", "c", "d", "f", "g", "k"]
     row = row_with(tok, {n: 1 / 7 for n in names})
-    c = Chain.load({"samplers": [{"use": "top_k", "k": 7}, {"use": "infill"}, {"use": "greedy"}]})
+    c = sampler_chain({"use": "infill"}, before=[{"use": "top_k", "k": 7}])
     c.prepare(tokenizer=tok)
     out = c.sample(row[None], return_scores=True)
     assert survivors(out.scores[0]) == {0: 1.0}
@@ -213,7 +203,7 @@ def random_rows(seed: int, vocab: int = 300) -> torch.Tensor:
 @pytest.mark.parametrize("output", ("logits", "probs"))
 def test_matches_the_cpp_step_by_step(tok, pieces, seed, output):
     logits = random_rows(seed)
-    out = scores(chain(tok, output=output), logits)
+    out = processed_scores(chain(tok, output=output), logits)
     for b in range(logits.shape[0]):
         want = llama_infill_reference(logits[b].numpy(), pieces, {0}, 0, output == "probs")
         got = survivors(out[b])
@@ -267,8 +257,8 @@ def test_sentencepiece_style_pieces():
 
 def test_after_top_k_equals_full_vocabulary(tok):
     logits = random_rows(3)
-    full = scores(chain(tok), logits)
-    c = Chain.load({"samplers": [{"use": "top_k", "k": 300}, {"use": "infill"}, {"use": "greedy"}]})
+    full = processed_scores(chain(tok), logits)
+    c = sampler_chain({"use": "infill"}, before=[{"use": "top_k", "k": 300}])
     c.prepare(tokenizer=tok)
     assert torch.equal(c.sample(logits, return_scores=True).scores, full)
 
@@ -278,21 +268,21 @@ def test_per_row_equals_rows_alone_and_disabled_rows_pass_through(tok):
     logits = random_rows(4)
     rows = [{"infill": bool(i % 3)} for i in range(8)]
     c = chain(tok)
-    batch = scores(c, logits, rows)
+    batch = processed_scores(c, logits, rows)
     for i, params in enumerate(rows):
-        assert torch.equal(batch[i], scores(c, logits[i : i + 1], [params])[0]), f"row {i}"
+        assert torch.equal(batch[i], processed_scores(c, logits[i : i + 1], [params])[0]), f"row {i}"
         if not params["infill"]:
             assert torch.equal(batch[i], logits[i])
 
 
 def test_disabled_is_a_bitwise_no_op_even_without_prepare():
     logits = torch.randn(3, 50)
-    c = Chain.load({"samplers": [{"use": "infill", "enabled": False}, {"use": "greedy"}]})
+    c = sampler_chain({"use": "infill", "enabled": False})
     assert torch.equal(c.sample(logits, return_scores=True).scores, logits)
 
 
 def test_without_prepare_the_error_says_what_to_do():
-    c = Chain.load({"samplers": [{"use": "infill"}, {"use": "greedy"}]})
+    c = sampler_chain({"use": "infill"})
     with pytest.raises(SamplingError, match=r"chain\.prepare\(tokenizer=\.\.\.\)"):
         c.sample(torch.randn(2, 50))
 
@@ -301,8 +291,8 @@ def test_extra_eog_ids(tok):
     """eog_ids adds end-of-generation tokens: 'a' counted as EOG turns the row into the EOG-only branch."""
     row = row_with(tok, {"a": 0.1, "b": 0.3, "c": 0.3, "d": 0.3})
     a = tok.convert_tokens_to_ids("a")
-    assert set(survivors(scores(chain(tok, eog_ids=[a]), row[None])[0])) == {a}
-    assert a not in survivors(scores(chain(tok), row[None])[0])
+    assert set(survivors(processed_scores(chain(tok, eog_ids=[a]), row[None])[0])) == {a}
+    assert a not in survivors(processed_scores(chain(tok), row[None])[0])
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,9 @@ import torch
 from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper
 
 from samplechain import Chain
+from samplechain.testing import (
+    assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain,
+)
 
 SEEDS = (0, 1, 2)
 VOCABS = (50, 1000, 32000)
@@ -29,23 +32,11 @@ MAX_AMBIGUOUS = 4
 
 
 def logits_for(seed: int, vocab: int, scale: float = 2.0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(B, vocab, generator=g) * scale
+    return random_logits(seed, B, vocab, scale)
 
 
 def chain(p: float = 0.0, min_keep: int = 1, before: list | None = None) -> Chain:
-    entries = [*(before or []), {"use": "min_p", "p": p, "min_keep": min_keep}, {"use": "greedy"}]
-    return Chain.load({"samplers": entries})
-
-
-def scores(c: Chain, logits: torch.Tensor, per_row: list[dict] | None = None) -> torch.Tensor:
-    if per_row is None:
-        return c.sample(logits, return_scores=True).scores
-    store = c.new_store()
-    ids = [f"r{i}" for i in range(len(per_row))]
-    for rid, params in zip(ids, per_row):
-        store.add(rid, params)
-    return c.sample(logits, store, ids, return_scores=True).scores
+    return sampler_chain({"use": "min_p", "p": p, "min_keep": min_keep}, before=before)
 
 
 def assert_matches(ours: torch.Tensor, logits: torch.Tensor, p: float, min_keep: int = 1) -> None:
@@ -67,20 +58,20 @@ def assert_matches(ours: torch.Tensor, logits: torch.Tensor, p: float, min_keep:
 @pytest.mark.parametrize("p", (0.01, 0.05, 0.1, 0.3, 0.9, 1.0))
 def test_shared_p_matches_transformers_allclose(seed, vocab, p):
     logits = logits_for(seed, vocab)
-    assert_matches(scores(chain(p), logits), logits, p)
+    assert_matches(processed_scores(chain(p), logits), logits, p)
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
 @pytest.mark.parametrize(("p", "min_keep"), [(0.9, 5), (1.0, 3), (0.5, 2), (0.05, 4)])
 def test_min_keep_matches_transformers_allclose(vocab, p, min_keep):
     logits = logits_for(3, vocab)
-    assert_matches(scores(chain(p, min_keep), logits), logits, p, min_keep)
+    assert_matches(processed_scores(chain(p, min_keep), logits), logits, p, min_keep)
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
 def test_p_one_with_min_keep_three_keeps_exactly_three(vocab):
     logits = logits_for(4, vocab)
-    ours = scores(chain(1.0, 3), logits)
+    ours = processed_scores(chain(1.0, 3), logits)
     expected = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, logits.topk(3, dim=-1).indices, True)
     assert torch.equal(torch.isfinite(ours), expected)
 
@@ -88,15 +79,15 @@ def test_p_one_with_min_keep_three_keeps_exactly_three(vocab):
 @pytest.mark.parametrize("vocab", VOCABS)
 def test_p_zero_is_a_bitwise_no_op(vocab):
     logits = logits_for(9, vocab)
-    assert torch.equal(scores(chain(0.0), logits), logits)
-    assert torch.equal(scores(chain(0.0, 5), logits), logits)
+    assert_bitwise_no_op(chain(0.0), logits)
+    assert_bitwise_no_op(chain(0.0, 5), logits)
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
 def test_p_one_keeps_only_the_maxima(vocab):
     logits = logits_for(10, vocab)
     logits[0, :3] = logits[0].max() + 1.0  # a three-way tie at the top: all three have max probability
-    ours = scores(chain(1.0, 0), logits)
+    ours = processed_scores(chain(1.0, 0), logits)
     assert torch.equal(torch.isfinite(ours), logits == logits.amax(dim=-1, keepdim=True))
 
 
@@ -116,10 +107,8 @@ def test_per_row_p_equals_rows_alone_and_transformers(seed, vocab):
         {"min_p": 0.9, "min_keep": 2},
     ]
     logits = logits_for(seed, vocab)
-    batch = scores(chain(), logits, rows)
+    batch = assert_rows_equal_alone(chain(), logits, rows)
     for i, params in enumerate(rows):
-        alone = scores(chain(), logits[i : i + 1], [params])[0]
-        assert torch.equal(batch[i], alone), f"row {i} {params}: batch != alone"
         p, keep = params["min_p"], params.get("min_keep", 1)
         if p <= 0.0:
             assert torch.equal(batch[i], logits[i])
@@ -132,7 +121,7 @@ def test_per_row_p_equals_rows_alone_and_transformers(seed, vocab):
 def test_after_top_k_matches_transformers_pipeline(vocab, p):
     """On sorted, compacted candidates (after top_k): same set as transformers' TopK -> MinP pipeline."""
     logits = logits_for(12, vocab)
-    ours = scores(chain(p, before=[{"use": "top_k", "k": 40}]), logits)
+    ours = processed_scores(chain(p, before=[{"use": "top_k", "k": 40}]), logits)
     after_k = TopKLogitsWarper(40)(None, logits.clone())
     assert_matches(ours, after_k, p)
 
@@ -140,6 +129,6 @@ def test_after_top_k_matches_transformers_pipeline(vocab, p):
 def test_existing_minus_inf_entries_stay_masked():
     logits = logits_for(6, 1000)
     logits[:, 1::3] = float("-inf")
-    ours = scores(chain(0.05), logits)
+    ours = processed_scores(chain(0.05), logits)
     assert not bool(torch.isfinite(ours[:, 1::3]).any())
     assert_matches(ours, logits, 0.05)

@@ -8,20 +8,15 @@ import torch
 from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor
 
 from samplechain import Chain
+from samplechain.testing import assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, sampler_chain
 
 
 def chain(**params) -> Chain:
-    return Chain.load({"samplers": [{"use": "no_repeat_ngram", **params}, {"use": "greedy"}]})
+    return sampler_chain({"use": "no_repeat_ngram", **params})
 
 
 def run(c, logits, history, per_row=None):
-    if per_row is None:
-        return c.sample(logits, history=history, return_scores=True).scores
-    store = c.new_store()
-    ids = [f"r{i}" for i in range(len(per_row))]
-    for rid, p in zip(ids, per_row):
-        store.add(rid, p)
-    return c.sample(logits, store, ids, history=history, return_scores=True).scores
+    return processed_scores(c, logits, per_row, history=history)
 
 
 def case(seed, B=5, V=300, L=50, span=8):
@@ -55,16 +50,14 @@ def test_per_row_n_equals_rows_alone_and_zero_is_a_no_op():
     logits, history = case(3)
     rows = [{"no_repeat_ngram_size": k} for k in (0, 2, 3, 2, 5)]
     c = chain()
-    batch = run(c, logits, history, rows)
-    for i, p in enumerate(rows):
-        assert torch.equal(batch[i], run(c, logits[i : i + 1], history[i : i + 1], [p])[0])
+    batch = assert_rows_equal_alone(c, logits, rows, history=history)
     assert torch.equal(batch[0], logits[0])
-    assert torch.equal(run(chain(n=0), logits, history), logits)
+    assert_bitwise_no_op(chain(n=0), logits, history=history)
 
 
 def test_after_top_k_masks_the_same_tokens():
     logits, history = case(4)
-    c = Chain.load({"samplers": [{"use": "top_k", "k": 40}, {"use": "no_repeat_ngram", "n": 2}, {"use": "greedy"}]})
+    c = sampler_chain({"use": "no_repeat_ngram", "n": 2}, before=[{"use": "top_k", "k": 40}])
     ref = NoRepeatNGramLogitsProcessor(2)(history, logits.clone())
     keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, logits.topk(40, dim=-1).indices, True)
     assert torch.equal(run(c, logits, history), ref.masked_fill(~keep, float("-inf")))

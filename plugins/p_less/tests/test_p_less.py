@@ -14,29 +14,21 @@ import torch
 from transformers.generation.logits_process import TopKLogitsWarper
 
 from samplechain import Chain, ConfigError, RequestError
+from samplechain.testing import (
+    assert_bitwise_no_op, assert_kept_logits_bitwise, assert_probs_close, assert_rows_equal_alone, processed_scores,
+    random_logits, sampler_chain,
+)
 
 B = 6
 ATOL = 1e-5
 
 
 def logits_for(seed: int, vocab: int, scale: float = 2.0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(B, vocab, generator=g) * scale
+    return random_logits(seed, B, vocab, scale)
 
 
 def chain(before: list | None = None, **params) -> Chain:
-    entry = {"use": "p_less", **params}
-    return Chain.load({"samplers": [*(before or []), entry, {"use": "greedy"}]})
-
-
-def process(c: Chain, logits: torch.Tensor, per_row: list[dict] | None = None) -> torch.Tensor:
-    if per_row is None:
-        return c.process(logits)
-    store = c.new_store()
-    ids = [f"r{i}" for i in range(len(per_row))]
-    for rid, params in zip(ids, per_row):
-        store.add(rid, params)
-    return c.process(logits, store, ids)
+    return sampler_chain({"use": "p_less", **params}, before=before)
 
 
 def reference(logits: torch.Tensor, tolerance: float = 1e-5, min_keep: int = 1) -> torch.Tensor:
@@ -49,11 +41,9 @@ def reference(logits: torch.Tensor, tolerance: float = 1e-5, min_keep: int = 1) 
 
 
 def assert_close_to(ours: torch.Tensor, logits: torch.Tensor, ref: torch.Tensor) -> None:
-    kept = torch.isfinite(ours)
-    assert torch.equal(ours[kept], logits.float()[kept]), "kept logits must be the input logits, bitwise"
+    kept = assert_kept_logits_bitwise(ours, logits)
     assert torch.equal(kept, torch.isfinite(ref)), f"kept sets differ at {(kept != torch.isfinite(ref)).nonzero()[:8]}"
-    got, want = torch.softmax(ours.double(), dim=-1), torch.softmax(ref.double(), dim=-1)
-    assert torch.allclose(got, want, atol=ATOL, rtol=0)
+    assert_probs_close(ours, ref, ATOL)
 
 
 # ---------------------------------------------------------------- llama.cpp test-sampling.cpp (PR #26035), verbatim
@@ -68,7 +58,7 @@ LLAMA_CPP_P_LESS = [
 @pytest.mark.parametrize(("probs", "expected"), LLAMA_CPP_P_LESS)
 def test_llama_cpp_vectors(probs, expected):
     logits = torch.tensor([[math.log(v) for v in probs]], dtype=torch.float32)
-    ours = process(chain(min_keep=0), logits)[0]
+    ours = processed_scores(chain(min_keep=0), logits, process=True)[0]
     kept = torch.isfinite(ours)
     got = torch.softmax(ours[kept].double(), dim=-1).tolist()  # dist: softmax over the survivors, token order
     assert len(got) == len(expected)
@@ -80,10 +70,10 @@ def test_uniform_row_needs_the_tolerance():
     """Without the tolerance, float rounding of sum p^2 can put the threshold above 1/n on a uniform row (what
     llama.cpp's epsilon guards against); the top candidate (all of them here: they tie) always survives."""
     logits = torch.zeros(1, 5)
-    assert int(torch.isfinite(process(chain(), logits)).sum()) == 5
-    strict = int(torch.isfinite(process(chain(tolerance=0.0), logits)).sum())
+    assert int(torch.isfinite(processed_scores(chain(), logits, process=True)).sum()) == 5
+    strict = int(torch.isfinite(processed_scores(chain(tolerance=0.0), logits, process=True)).sum())
     assert strict == 5  # a tie group at the top survives whole
-    assert int(torch.isfinite(process(chain(tolerance=0.0, min_keep=0), logits)).sum()) == 5
+    assert int(torch.isfinite(processed_scores(chain(tolerance=0.0, min_keep=0), logits, process=True)).sum()) == 5
 
 
 # ---------------------------------------------------------------- the rule on random logits
@@ -93,14 +83,14 @@ def test_uniform_row_needs_the_tolerance():
 def test_matches_the_rule_on_random_logits(vocab, seed, scale):
     logits = logits_for(seed, vocab, scale)
     for tol in (1e-5, 0.0):
-        assert_close_to(process(chain(tolerance=tol), logits), logits, reference(logits, tol))
+        assert_close_to(processed_scores(chain(tolerance=tol), logits, process=True), logits, reference(logits, tol))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_input_with_ties(dtype):
     logits = logits_for(5, 4000, 3.0).to(dtype)
     up = logits.double()
-    ours = process(chain(), logits)
+    ours = processed_scores(chain(), logits, process=True)
     assert_close_to(ours, up, reference(up))
     kept = torch.isfinite(ours)
     # tied tokens share a fate
@@ -111,7 +101,7 @@ def test_half_precision_input_with_ties(dtype):
 def test_minus_inf_entries_are_never_kept():
     logits = logits_for(6, 1000)
     logits[:, 1::3] = float("-inf")
-    ours = process(chain(), logits)
+    ours = processed_scores(chain(), logits, process=True)
     assert not bool(torch.isfinite(ours[:, 1::3]).any())
     assert_close_to(ours, logits, reference(logits))
 
@@ -119,21 +109,21 @@ def test_minus_inf_entries_are_never_kept():
 @pytest.mark.parametrize("min_keep", (3, 25))
 def test_min_keep(min_keep):
     logits = logits_for(3, 1000, 4.0)
-    ours = process(chain(min_keep=min_keep), logits)
+    ours = processed_scores(chain(min_keep=min_keep), logits, process=True)
     assert_close_to(ours, logits, reference(logits, min_keep=min_keep))
     assert bool((torch.isfinite(ours).sum(dim=-1) >= min_keep).all())
 
 
 def test_after_top_k_uses_the_survivors_distribution():
     logits = logits_for(12, 5000)
-    ours = process(chain(before=[{"use": "top_k", "k": 40}]), logits)
+    ours = processed_scores(chain(before=[{"use": "top_k", "k": 40}]), logits, process=True)
     after_k = TopKLogitsWarper(40)(None, logits.clone())
     assert_close_to(ours, after_k, reference(after_k))
 
 
 def test_top_token_always_survives():
     logits = logits_for(4, 32000, 0.05)
-    ours = process(chain(tolerance=0.0, min_keep=0), logits)
+    ours = processed_scores(chain(tolerance=0.0, min_keep=0), logits, process=True)
     assert torch.equal(ours.argmax(dim=-1), logits.argmax(dim=-1))
 
 
@@ -150,10 +140,8 @@ def test_per_row_params_equal_rows_alone():
         {"p_less": True, key: 0.01},
     ]
     logits = logits_for(7, 3000, 3.0)
-    batch = process(c, logits, rows)
+    batch = assert_rows_equal_alone(c, logits, rows, process=True)
     for i, params in enumerate(rows):
-        alone = process(c, logits[i : i + 1], [params])[0]
-        assert torch.equal(batch[i], alone), f"row {i} {params}"
         if not params["p_less"]:
             assert torch.equal(batch[i], logits[i])
         else:
@@ -164,7 +152,7 @@ def test_per_row_params_equal_rows_alone():
 @pytest.mark.parametrize("vocab", (50, 32000))
 def test_disabled_is_a_bitwise_no_op(vocab):
     logits = logits_for(9, vocab)
-    assert torch.equal(process(chain(enabled=False, min_keep=5), logits), logits)
+    assert_bitwise_no_op(chain(enabled=False, min_keep=5), logits, process=True)
     out = chain(enabled=False).sample(logits, return_scores=True)
     assert torch.equal(out.scores, logits)
 

@@ -18,22 +18,17 @@ import torch
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from samplechain import Chain, ConfigError
+from samplechain.testing import assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, sampler_chain
 
 TOL = 1e-5
 
 
 def chain(**params) -> Chain:
-    return Chain.load({"samplers": [{"use": "penalties", **params}, {"use": "greedy"}]})
+    return sampler_chain({"use": "penalties", **params})
 
 
 def scores(c: Chain, logits, history, prompt_lengths=None, per_row=None):
-    if per_row is None:
-        return c.sample(logits, history=history, prompt_lengths=prompt_lengths, return_scores=True).scores
-    store = c.new_store()
-    ids = [f"r{i}" for i in range(len(per_row))]
-    for rid, p in zip(ids, per_row):
-        store.add(rid, p)
-    return c.sample(logits, store, ids, history=history, prompt_lengths=prompt_lengths, return_scores=True).scores
+    return processed_scores(c, logits, per_row, history=history, prompt_lengths=prompt_lengths)
 
 
 # (probs, last_tokens, expected, repeat, frequency, presence) -- test-sampling.cpp verbatim
@@ -157,17 +152,14 @@ def test_per_row_parameters_equal_rows_alone_and_disabled_rows_are_untouched():
         {"presence_penalty": 1.0, "penalty_last_n": 3},
     ]
     c = chain()
-    batch = scores(c, logits, history, per_row=rows)
-    for i, p in enumerate(rows):
-        alone = scores(c, logits[i : i + 1], history[i : i + 1], per_row=[p])
-        assert torch.equal(batch[i], alone[0]), f"row {i}"
+    batch = assert_rows_equal_alone(c, logits, rows, history=history)
     assert torch.equal(batch[0], logits[0]) and torch.equal(batch[3], logits[3])
 
 
 def test_defaults_are_a_bitwise_no_op():
     logits, history = random_case(5)
-    assert torch.equal(scores(chain(), logits, history), logits)
-    assert torch.equal(scores(chain(repeat=1.5, last_n=0), logits, history), logits)
+    assert_bitwise_no_op(chain(), logits, history=history)
+    assert_bitwise_no_op(chain(repeat=1.5, last_n=0), logits, history=history)
 
 
 def test_after_top_k_equals_penalties_then_top_k():

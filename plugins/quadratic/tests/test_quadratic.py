@@ -11,13 +11,15 @@ import pytest
 import torch
 
 from samplechain import Chain, ConfigError
+from samplechain.testing import (
+    assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain,
+)
 
 B = 8
 
 
 def logits_for(seed: int, vocab: int, scale: float = 3.0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(B, vocab, generator=g) * scale
+    return random_logits(seed, B, vocab, scale)
 
 
 def webui_quadratic(scores: torch.Tensor, smoothing_factor: float, smoothing_curve: float) -> torch.Tensor:
@@ -38,17 +40,7 @@ def webui_rows(logits: torch.Tensor, factor: float, curve: float) -> torch.Tenso
 
 
 def chain(**params) -> Chain:
-    return Chain.load({"samplers": [{"use": "quadratic", **params}, {"use": "greedy"}]})
-
-
-def scores(c: Chain, logits: torch.Tensor, per_row: list[dict] | None = None) -> torch.Tensor:
-    if per_row is None:
-        return c.sample(logits, return_scores=True).scores
-    store = c.new_store()
-    ids = [f"r{i}" for i in range(len(per_row))]
-    for rid, params in zip(ids, per_row):
-        store.add(rid, params)
-    return c.sample(logits, store, ids, return_scores=True).scores
+    return sampler_chain({"use": "quadratic", **params})
 
 
 def with_edges(logits: torch.Tensor) -> torch.Tensor:
@@ -64,14 +56,14 @@ def with_edges(logits: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize(("factor", "curve"), [(0.25, 1.0), (0.5, 1.0), (1.0, 2.0), (3.0, 1.5), (0.125, 4.0)])
 def test_bitwise_equals_webui_for_representable_values(seed, vocab, factor, curve):
     logits = with_edges(logits_for(seed, vocab))
-    ours = scores(chain(factor=factor, curve=curve), logits)
+    ours = processed_scores(chain(factor=factor, curve=curve), logits)
     assert torch.equal(ours, webui_rows(logits, factor, curve))
 
 
 @pytest.mark.parametrize(("factor", "curve"), [(0.3, 1.0), (0.23, 2.7), (1.7, 1.1)])
 def test_other_values_match_webui_probabilities(factor, curve):
     logits = with_edges(logits_for(3, 1000))
-    ours = torch.softmax(scores(chain(factor=factor, curve=curve), logits).double(), dim=-1)
+    ours = torch.softmax(processed_scores(chain(factor=factor, curve=curve), logits).double(), dim=-1)
     ref = torch.softmax(webui_rows(logits, factor, curve).double(), dim=-1)
     assert torch.allclose(ours, ref, atol=1e-5)
 
@@ -79,14 +71,14 @@ def test_other_values_match_webui_probabilities(factor, curve):
 def test_hand_computed_vector():
     """logits (2, 1, 0), factor 0.5, curve 1 (k = 1, s = 0): 2 - 0.5 * d**2 = (2, 1.5, 0)."""
     logits = torch.tensor([[2.0, 1.0, 0.0, float("-inf")]])
-    assert scores(chain(factor=0.5, curve=1.0), logits).tolist() == [[2.0, 1.5, 0.0, float("-inf")]]
+    assert processed_scores(chain(factor=0.5, curve=1.0), logits).tolist() == [[2.0, 1.5, 0.0, float("-inf")]]
     # curve 3: k = 0, s = 1: 2 + 0.5 * d**3 = (2, 1.5, -2)
-    assert scores(chain(factor=0.5, curve=3.0), logits).tolist() == [[2.0, 1.5, -2.0, float("-inf")]]
+    assert processed_scores(chain(factor=0.5, curve=3.0), logits).tolist() == [[2.0, 1.5, -2.0, float("-inf")]]
 
 
 def test_half_precision_input():
     logits = logits_for(4, 1000).to(torch.bfloat16)
-    ours = scores(chain(factor=0.5, curve=1.5), logits)
+    ours = processed_scores(chain(factor=0.5, curve=1.5), logits)
     assert ours.dtype == torch.float32
     assert torch.equal(ours, webui_rows(logits.float(), 0.5, 1.5))
 
@@ -95,7 +87,7 @@ def test_half_precision_input():
 @pytest.mark.parametrize("curve", (1.0, 2.5))
 def test_factor_zero_is_a_bitwise_no_op(vocab, curve):
     logits = with_edges(logits_for(9, vocab))
-    assert torch.equal(scores(chain(factor=0.0, curve=curve), logits), logits)
+    assert_bitwise_no_op(chain(factor=0.0, curve=curve), logits)
 
 
 def test_per_row_equals_rows_alone_and_webui():
@@ -111,10 +103,8 @@ def test_per_row_equals_rows_alone_and_webui():
     ]
     logits = with_edges(logits_for(5, 1000))
     c = chain()
-    batch = scores(c, logits, rows)
+    batch = assert_rows_equal_alone(c, logits, rows)
     for i, params in enumerate(rows):
-        alone = scores(c, logits[i : i + 1], [params])[0]
-        assert torch.equal(batch[i], alone), f"row {i} {params}"
         factor, curve = params["smoothing_factor"], params.get("smoothing_curve", 1.0)
         want = logits[i] if factor == 0.0 else webui_quadratic(logits[i : i + 1], factor, curve)[0]
         assert torch.equal(batch[i], want), f"row {i} {params} differs from webui"

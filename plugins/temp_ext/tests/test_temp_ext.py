@@ -16,27 +16,19 @@ import pytest
 import torch
 
 from samplechain import Chain, ConfigError
+from samplechain.testing import (
+    assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain,
+)
 
 B = 8
 
 
 def logits_for(seed: int, vocab: int, scale: float = 3.0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(B, vocab, generator=g) * scale
+    return random_logits(seed, B, vocab, scale)
 
 
 def chain(**params) -> Chain:
-    return Chain.load({"samplers": [{"use": "temp_ext", **params}, {"use": "greedy"}]})
-
-
-def scores(c: Chain, logits: torch.Tensor, per_row: list[dict] | None = None) -> torch.Tensor:
-    if per_row is None:
-        return c.sample(logits, return_scores=True).scores
-    store = c.new_store()
-    ids = [f"r{i}" for i in range(len(per_row))]
-    for rid, params in zip(ids, per_row):
-        store.add(rid, params)
-    return c.sample(logits, store, ids, return_scores=True).scores
+    return sampler_chain({"use": "temp_ext", **params})
 
 
 # --------------------------------------------------------------------------- references
@@ -111,7 +103,7 @@ def probs_of(s: torch.Tensor) -> torch.Tensor:
 )
 def test_llama_cpp_test_sampling_vectors(probs, expected, t, delta, exponent):
     logits = torch.tensor([probs], dtype=torch.float32).log()
-    got = torch.softmax(scores(chain(t=t, delta=delta, exponent=exponent), logits), dim=-1)[0]
+    got = torch.softmax(processed_scores(chain(t=t, delta=delta, exponent=exponent), logits), dim=-1)[0]
     assert torch.allclose(got.double(), torch.tensor(expected, dtype=torch.float64), atol=1e-5)
 
 
@@ -119,14 +111,14 @@ def test_llama_cpp_test_sampling_vectors(probs, expected, t, delta, exponent):
 def test_hand_computed_uniform_vector(formula):
     """Uniform 4 tokens: H / log n = 1, so T = t + delta: still uniform; the logits are divided by t + delta."""
     logits = torch.full((1, 4), 2.0)
-    out = scores(chain(t=1.0, delta=0.5, exponent=1.0, formula=formula), logits)
+    out = processed_scores(chain(t=1.0, delta=0.5, exponent=1.0, formula=formula), logits)
     assert torch.allclose(out, torch.full((1, 4), 2.0 / 1.5), atol=1e-6)
 
 
 def test_hand_computed_two_token_vector():
     """p = (0.8, 0.2): H = 0.500402, H / ln 2 = 0.721928; t = 1, delta = 1, exponent = 2: T = 2 * 0.521180."""
     logits = torch.tensor([[math.log(0.8), math.log(0.2)]])
-    out = scores(chain(t=1.0, delta=1.0, exponent=2.0), logits)
+    out = processed_scores(chain(t=1.0, delta=1.0, exponent=2.0), logits)
     h = -(0.8 * math.log(0.8) + 0.2 * math.log(0.2))
     temp = 0.0 + 2.0 * (h / math.log(2)) ** 2
     assert abs(temp - 1.0423604) < 1e-6
@@ -144,7 +136,7 @@ def test_dynamic_matches_llama_cpp_port(seed, vocab, t, delta, exponent):
     logits = logits_for(seed, vocab, scale=2.0)
     logits[0, ::3] = float("-inf")  # removed candidates are not part of cur_p
     logits[1, 1] = logits[1, 0]  # a tie
-    got = probs_of(scores(chain(t=t, delta=delta, exponent=exponent), logits))
+    got = probs_of(processed_scores(chain(t=t, delta=delta, exponent=exponent), logits))
     for b in range(B):
         want = torch.from_numpy(llama_temp_ext_probs(logits[b], t, delta, exponent))
         assert torch.allclose(got[b], want, atol=1e-5), f"row {b}"
@@ -153,13 +145,13 @@ def test_dynamic_matches_llama_cpp_port(seed, vocab, t, delta, exponent):
 def test_single_live_candidate_row_is_unchanged_llama_cpp():
     logits = torch.full((1, 6), float("-inf"))
     logits[0, 2] = 3.0
-    assert torch.equal(scores(chain(t=1.0, delta=0.5), logits), logits)
+    assert_bitwise_no_op(chain(t=1.0, delta=0.5), logits)
 
 
 def test_dyn_temp_zero_keeps_only_the_argmax():
     """t = delta: lo = 0, and a one-hot-like distribution (H ~ 0) gives T = 0 with exponent large."""
     logits = torch.tensor([[50.0, 0.0, -10.0, -20.0]])
-    out = scores(chain(t=0.5, delta=0.5, exponent=8.0), logits)
+    out = processed_scores(chain(t=0.5, delta=0.5, exponent=8.0), logits)
     assert torch.isfinite(out).tolist() == [[True, False, False, False]]
     assert out[0, 0] == 50.0
 
@@ -172,7 +164,7 @@ def test_webui_formula_matches_webui(seed, vocab, t, delta, exponent):
     logits = logits_for(seed, vocab, scale=2.0)
     logits[0, ::3] = float("-inf")
     logits[2, 1:] = float("-inf")  # a single live token: webui uses T = high there
-    out = scores(chain(t=t, delta=delta, exponent=exponent, formula="webui"), logits)
+    out = processed_scores(chain(t=t, delta=delta, exponent=exponent, formula="webui"), logits)
     for b in range(B):
         want = webui_dynatemp(logits[b], t - delta, t + delta, exponent)
         assert torch.allclose(probs_of(out[b]), probs_of(want), atol=1e-5), f"row {b}"
@@ -184,13 +176,13 @@ def test_webui_formula_matches_webui(seed, vocab, t, delta, exponent):
 def test_formulas_differ_where_the_references_do():
     """Same row, t - delta < 0: llama.cpp clamps lo to 0, webui would divide by a negative T (refused)."""
     logits = logits_for(3, 50)
-    a = scores(chain(t=1.0, delta=0.5), logits)
-    b = scores(chain(t=1.0, delta=0.5, formula="webui"), logits)
+    a = processed_scores(chain(t=1.0, delta=0.5), logits)
+    b = processed_scores(chain(t=1.0, delta=0.5, formula="webui"), logits)
     assert torch.allclose(probs_of(a), probs_of(b), atol=1e-5)  # same range, same H: same result
     single = torch.full((1, 5), float("-inf"))
     single[0, 0] = 4.0
-    assert torch.equal(scores(chain(t=1.0, delta=0.5), single), single)  # llama.cpp: n <= 1 untouched
-    assert scores(chain(t=1.0, delta=0.5, formula="webui"), single)[0, 0] == pytest.approx(4.0 / 1.5)
+    assert torch.equal(processed_scores(chain(t=1.0, delta=0.5), single), single)  # llama.cpp: n <= 1 untouched
+    assert processed_scores(chain(t=1.0, delta=0.5, formula="webui"), single)[0, 0] == pytest.approx(4.0 / 1.5)
 
 
 # --------------------------------------------------------------------------- plain temperature, no-op, per row
@@ -200,14 +192,14 @@ def test_delta_not_positive_is_the_temperature_plugin_bitwise(t, delta):
     logits = logits_for(5, 1000)
     want = Chain.load({"samplers": [{"use": "temperature", "t": t}, {"use": "greedy"}]}).sample(
         logits, return_scores=True).scores
-    assert torch.equal(scores(chain(t=t, delta=delta), logits), want)
+    assert torch.equal(processed_scores(chain(t=t, delta=delta), logits), want)
 
 
 @pytest.mark.parametrize("formula", ("llama.cpp", "webui"))
 def test_t_one_delta_zero_is_a_bitwise_no_op(formula):
     logits = logits_for(7, 1000)
     logits[0, :5] = float("-inf")
-    assert torch.equal(scores(chain(t=1.0, delta=0.0, formula=formula), logits), logits)
+    assert_bitwise_no_op(chain(t=1.0, delta=0.0, formula=formula), logits)
 
 
 @pytest.mark.parametrize("formula", ("llama.cpp", "webui"))
@@ -224,9 +216,7 @@ def test_per_row_equals_rows_alone(formula):
     ]
     logits = logits_for(11, 500)
     c = chain(formula=formula)
-    batch = scores(c, logits, rows)
-    for i, params in enumerate(rows):
-        assert torch.equal(batch[i], scores(c, logits[i : i + 1], [params])[0]), f"row {i} {params}"
+    batch = assert_rows_equal_alone(c, logits, rows)
     assert torch.equal(batch[0], logits[0])
 
 
@@ -238,9 +228,9 @@ def test_argmax_invariant():
 
 def test_half_precision_input():
     logits = logits_for(4, 300).to(torch.bfloat16)
-    out = scores(chain(t=1.0, delta=0.5), logits)
+    out = processed_scores(chain(t=1.0, delta=0.5), logits)
     assert out.dtype == torch.float32
-    want = scores(chain(t=1.0, delta=0.5), logits.float())
+    want = processed_scores(chain(t=1.0, delta=0.5), logits.float())
     assert torch.equal(out, want)
 
 

@@ -11,6 +11,7 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper
 
 from samplechain import Chain
+from samplechain.testing import assert_bitwise_no_op, assert_rows_equal_alone, random_logits, sampler_chain
 
 SEEDS = (0, 1, 2)
 VOCABS = (50, 1000, 32000)
@@ -18,29 +19,17 @@ B = 8
 
 
 def logits_for(seed: int, vocab: int, scale: float = 3.0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(B, vocab, generator=g) * scale
+    return random_logits(seed, B, vocab, scale)
 
 
 def chain(t: float = 1.0) -> Chain:
-    return Chain.load({"samplers": [{"use": "temperature", "t": t}, {"use": "greedy"}]})
+    return sampler_chain({"use": "temperature", "t": t})
 
 
 def scores_per_row(logits: torch.Tensor, ts: list[float]) -> torch.Tensor:
-    """Processed scores of a batch whose row i has its own temperature ts[i] (store.add per request)."""
-    c = chain()
-    store = c.new_store()
-    ids = [f"r{i}" for i in range(len(ts))]
-    for rid, t in zip(ids, ts):
-        store.add(rid, {"temperature": t})
-    return c.sample(logits, store, ids, return_scores=True).scores
-
-
-def row_alone(logits_row: torch.Tensor, t: float) -> torch.Tensor:
-    c = chain()
-    store = c.new_store()
-    store.add("alone", {"temperature": t})
-    return c.sample(logits_row[None], store, ["alone"], return_scores=True).scores[0]
+    """Processed scores of a batch whose row i has its own temperature ts[i] (a request per row), checked to equal
+    each row run alone, bitwise."""
+    return assert_rows_equal_alone(chain(), logits, [{"temperature": t} for t in ts])
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
@@ -66,13 +55,12 @@ def test_per_row_t_bitwise_equals_transformers_and_rows_alone(seed, vocab):
     for i, t in enumerate(ts):
         ref = TemperatureLogitsWarper(float(t))(None, logits[i : i + 1].clone())[0]
         assert torch.equal(batch[i], ref), f"row {i} (t={t}) differs from transformers"
-        assert torch.equal(batch[i], row_alone(logits[i], t)), f"row {i} (t={t}) differs from the row alone"
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
 def test_t_one_is_a_bitwise_no_op(vocab):
     logits = logits_for(7, vocab)
-    assert torch.equal(chain(1.0).sample(logits, return_scores=True).scores, logits)
+    assert_bitwise_no_op(chain(1.0), logits)
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
@@ -102,7 +90,6 @@ def test_mixed_zero_and_positive_rows_equal_rows_alone():
     ts = [0.0, 0.8, 0.0, 1.0, 2.5, 0.0, 0.4, 1.0]
     batch = scores_per_row(logits, ts)
     for i, t in enumerate(ts):
-        assert torch.equal(batch[i], row_alone(logits[i], t)), f"row {i} (t={t})"
         if t == 0.0:
             assert int(torch.isfinite(batch[i]).sum()) == 1
         else:

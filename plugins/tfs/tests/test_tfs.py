@@ -18,6 +18,9 @@ import pytest
 import torch
 
 from samplechain import Chain, ConfigError, RequestError
+from samplechain.testing import (
+    assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain,
+)
 
 NEG_INF = float("-inf")
 
@@ -69,23 +72,11 @@ def webui_tfs(scores: torch.Tensor, tfs: float, min_tokens_to_keep: int = 1) -> 
 
 # ----------------------------------------------------------------- helpers
 def chain(z: float = 1.0, min_keep: int = 1, variant: str = "llama.cpp", before: list | None = None) -> Chain:
-    entry = {"use": "tfs", "z": z, "min_keep": min_keep, "variant": variant}
-    return Chain.load({"samplers": [*(before or []), entry, {"use": "greedy"}]})
-
-
-def scores(c: Chain, logits: torch.Tensor, per_row: list[dict] | None = None) -> torch.Tensor:
-    if per_row is None:
-        return c.sample(logits, return_scores=True).scores
-    store = c.new_store()
-    ids = [f"r{i}" for i in range(len(per_row))]
-    for rid, params in zip(ids, per_row):
-        store.add(rid, params)
-    return c.sample(logits, store, ids, return_scores=True).scores
+    return sampler_chain({"use": "tfs", "z": z, "min_keep": min_keep, "variant": variant}, before=before)
 
 
 def logits_for(seed: int, B: int = 6, V: int = 400, scale: float = 2.0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, V, generator=g) * scale
+    x = random_logits(seed, B, V, scale)
     x[0, 10:90] = NEG_INF
     x[1] = x[1] * 2.5
     x[2, 1::3] = NEG_INF
@@ -114,7 +105,7 @@ def assert_kept(ours: torch.Tensor, logits: torch.Tensor, counts: list[int]) -> 
 )
 def test_llama_cpp_vectors(probs, expected, z):
     logits = torch.tensor(probs, dtype=torch.float32).log()[None, :]
-    out = scores(chain(z, min_keep=1), logits)[0]
+    out = processed_scores(chain(z, min_keep=1), logits)[0]
     kept = torch.isfinite(out)
     p = torch.softmax(logits[0], dim=-1)[kept].sort(descending=True).values  # llama.cpp does not renormalise
     assert p.shape[0] == len(expected)
@@ -126,19 +117,19 @@ def test_llama_cpp_vectors(probs, expected, z):
 def test_matches_llama_cpp_formula(seed, z):
     logits = logits_for(seed)
     counts = [llama_tfs_count(row, z, 1) for row in logits.double().tolist()]
-    assert_kept(scores(chain(z), logits), logits, counts)
+    assert_kept(processed_scores(chain(z), logits), logits, counts)
 
 
 @pytest.mark.parametrize(("z", "min_keep"), [(0.3, 5), (0.9, 30), (0.0, 0)])
 def test_min_keep_matches_llama_cpp(z, min_keep):
     logits = logits_for(3)
     counts = [llama_tfs_count(row, z, min_keep) for row in logits.double().tolist()]
-    assert_kept(scores(chain(z, min_keep), logits), logits, counts)
+    assert_kept(processed_scores(chain(z, min_keep), logits), logits, counts)
 
 
 def test_flat_second_derivative_is_uniform_and_tiny_rows_pass():
     logits = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0], [1.0, 0.5, NEG_INF, NEG_INF, NEG_INF]])
-    out = scores(chain(0.5), logits)
+    out = processed_scores(chain(0.5), logits)
     # row 0: d2 = 0 -> weights 1/3 each; cdf 1/3, 2/3: cut at i = 1 -> one token
     assert int(torch.isfinite(out[0]).sum()) == 1
     assert torch.equal(out[1], logits[1])  # two candidates: a no-op
@@ -149,7 +140,7 @@ def test_half_precision_input(dtype):
     logits = logits_for(4).to(dtype)
     x = logits.float()
     counts = [llama_tfs_count(row, 0.9, 1) for row in x.double().tolist()]
-    assert_kept(scores(chain(0.9), logits), x, counts)
+    assert_kept(processed_scores(chain(0.9), logits), x, counts)
 
 
 # ----------------------------------------------------------------- text-generation-webui
@@ -159,7 +150,7 @@ def test_webui_variant_matches_webui(seed, z, min_keep):
     logits = logits_for(seed)
     ref = webui_tfs(logits.double(), z, min_keep)
     counts = torch.isfinite(ref).sum(dim=-1).tolist()
-    assert_kept(scores(chain(z, min_keep, "webui"), logits), logits, counts)
+    assert_kept(processed_scores(chain(z, min_keep, "webui"), logits), logits, counts)
 
 
 @pytest.mark.parametrize("k", (3, 40, 399))
@@ -169,14 +160,14 @@ def test_webui_variant_after_top_k_matches_webui_on_the_full_vocabulary(k):
     idx = logits.topk(k, dim=-1).indices
     after_k.scatter_(1, idx, logits.gather(1, idx))
     ref = webui_tfs(after_k.double(), 0.8)
-    ours = scores(chain(0.8, variant="webui", before=[{"use": "top_k", "k": k}]), logits)
+    ours = processed_scores(chain(0.8, variant="webui", before=[{"use": "top_k", "k": k}]), logits)
     assert_kept(ours, after_k, torch.isfinite(ref).sum(dim=-1).tolist())
 
 
 def test_variants_differ_by_the_token_at_the_cut():
     logits = logits_for(6)
-    a = torch.isfinite(scores(chain(0.7), logits)).sum(dim=-1)
-    b = torch.isfinite(scores(chain(0.7, variant="webui"), logits)).sum(dim=-1)
+    a = torch.isfinite(processed_scores(chain(0.7), logits)).sum(dim=-1)
+    b = torch.isfinite(processed_scores(chain(0.7, variant="webui"), logits)).sum(dim=-1)
     assert not torch.equal(a, b)
 
 
@@ -184,8 +175,8 @@ def test_variants_differ_by_the_token_at_the_cut():
 @pytest.mark.parametrize("variant", ("llama.cpp", "webui"))
 def test_z_one_is_a_bitwise_no_op(variant):
     logits = logits_for(7)
-    assert torch.equal(scores(chain(1.0, variant=variant), logits), logits)
-    assert torch.equal(scores(chain(1.0, 9, variant), logits), logits)
+    assert_bitwise_no_op(chain(1.0, variant=variant), logits)
+    assert_bitwise_no_op(chain(1.0, 9, variant), logits)
 
 
 @pytest.mark.parametrize("variant", ("llama.cpp", "webui"))
@@ -200,10 +191,8 @@ def test_per_row_parameters_equal_rows_alone(variant):
     ]
     logits = logits_for(8)
     c = chain(variant=variant)
-    batch = scores(c, logits, rows)
+    batch = assert_rows_equal_alone(c, logits, rows)
     for i, params in enumerate(rows):
-        alone = scores(c, logits[i : i + 1], [params])[0]
-        assert torch.equal(batch[i], alone), f"row {i} {params}: batch != alone"
         z, keep = params["tfs"], params.get("min_keep", 1)
         if z >= 1.0:
             assert torch.equal(batch[i], logits[i])

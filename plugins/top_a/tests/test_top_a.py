@@ -15,6 +15,9 @@ import pytest
 import torch
 
 from samplechain import Chain, ConfigError, RequestError
+from samplechain.testing import (
+    assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain, top_k_only,
+)
 
 NEG_INF = float("-inf")
 EPS = 1e-5
@@ -33,23 +36,11 @@ def webui_top_a(scores: torch.Tensor, top_a: float, min_tokens_to_keep: int = 1)
 
 
 def chain(a: float = 0.0, min_keep: int = 1, before: list | None = None) -> Chain:
-    entries = [*(before or []), {"use": "top_a", "a": a, "min_keep": min_keep}, {"use": "greedy"}]
-    return Chain.load({"samplers": entries})
-
-
-def scores(c: Chain, logits: torch.Tensor, per_row: list[dict] | None = None) -> torch.Tensor:
-    if per_row is None:
-        return c.sample(logits, return_scores=True).scores
-    store = c.new_store()
-    ids = [f"r{i}" for i in range(len(per_row))]
-    for rid, params in zip(ids, per_row):
-        store.add(rid, params)
-    return c.sample(logits, store, ids, return_scores=True).scores
+    return sampler_chain({"use": "top_a", "a": a, "min_keep": min_keep}, before=before)
 
 
 def logits_for(seed: int, B: int = 6, V: int = 500, scale: float = 1.5) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, V, generator=g) * scale
+    x = random_logits(seed, B, V, scale)
     x[0, 3:60] = NEG_INF
     x[1, :] = torch.round(x[1, :] * 2) / 2  # ties
     x[2, 0:3] = x[2].max() + 2.0  # a tie at the top
@@ -77,41 +68,39 @@ def assert_matches(ours: torch.Tensor, logits: torch.Tensor, a: float, min_keep:
 @pytest.mark.parametrize("a", (0.01, 0.1, 0.2, 0.5, 1.0))
 def test_matches_webui(seed, a):
     logits = logits_for(seed)
-    assert_matches(scores(chain(a), logits), logits, a)
+    assert_matches(processed_scores(chain(a), logits), logits, a)
 
 
 @pytest.mark.parametrize("scale", (4.0, 8.0))
 def test_peaked_distributions_match_webui(scale):
     logits = logits_for(7, scale=scale)
     for a in (0.05, 0.3, 0.9):
-        assert_matches(scores(chain(a), logits), logits, a)
+        assert_matches(processed_scores(chain(a), logits), logits, a)
 
 
 @pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
 def test_half_precision_input(dtype):
     logits = logits_for(3).to(dtype)
-    assert_matches(scores(chain(0.2), logits), logits.float(), 0.2)
+    assert_matches(processed_scores(chain(0.2), logits), logits.float(), 0.2)
 
 
 @pytest.mark.parametrize(("a", "min_keep"), [(1.0, 5), (0.5, 3), (0.2, 40)])
 def test_min_keep_matches_webui(a, min_keep):
     logits = logits_for(4, scale=4.0)
-    assert_matches(scores(chain(a, min_keep), logits), logits, a, min_keep)
+    assert_matches(processed_scores(chain(a, min_keep), logits), logits, a, min_keep)
 
 
 def test_after_top_k_matches_webui_pipeline():
     logits = logits_for(5)
-    ours = scores(chain(0.3, before=[{"use": "top_k", "k": 40}]), logits)
-    after_k = torch.full_like(logits, NEG_INF)
-    idx = logits.topk(40, dim=-1).indices
-    after_k.scatter_(1, idx, logits.gather(1, idx))
+    ours = processed_scores(chain(0.3, before=[{"use": "top_k", "k": 40}]), logits)
+    after_k = top_k_only(logits, 40)
     assert_matches(ours, after_k, 0.3)
 
 
 def test_a_zero_is_a_bitwise_no_op():
     logits = logits_for(6)
-    assert torch.equal(scores(chain(0.0), logits), logits)
-    assert torch.equal(scores(chain(0.0, 9), logits), logits)
+    assert_bitwise_no_op(chain(0.0), logits)
+    assert_bitwise_no_op(chain(0.0, 9), logits)
 
 
 @pytest.mark.parametrize("seed", (0, 1))
@@ -125,10 +114,8 @@ def test_per_row_parameters_equal_rows_alone(seed):
         {"top_a": 0.6},
     ]
     logits = logits_for(seed, scale=3.0)
-    batch = scores(chain(), logits, rows)
+    batch = assert_rows_equal_alone(chain(), logits, rows)
     for i, params in enumerate(rows):
-        alone = scores(chain(), logits[i : i + 1], [params])[0]
-        assert torch.equal(batch[i], alone), f"row {i} {params}: batch != alone"
         if params["top_a"] == 0.0:
             assert torch.equal(batch[i], logits[i])
         else:

@@ -12,6 +12,9 @@ import torch
 from transformers.generation.logits_process import TopKLogitsWarper
 
 from samplechain import Chain
+from samplechain.testing import (
+    assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain,
+)
 
 SEEDS = (0, 1, 2)
 VOCABS = (50, 1000, 32000)
@@ -19,23 +22,11 @@ B = 8
 
 
 def logits_for(seed: int, vocab: int, scale: float = 2.0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(B, vocab, generator=g) * scale
+    return random_logits(seed, B, vocab, scale)
 
 
 def chain(k: int = 0, min_keep: int = 1, before: list | None = None) -> Chain:
-    entries = [*(before or []), {"use": "top_k", "k": k, "min_keep": min_keep}, {"use": "greedy"}]
-    return Chain.load({"samplers": entries})
-
-
-def scores(c: Chain, logits: torch.Tensor, per_row: list[dict] | None = None) -> torch.Tensor:
-    if per_row is None:
-        return c.sample(logits, return_scores=True).scores
-    store = c.new_store()
-    ids = [f"r{i}" for i in range(len(per_row))]
-    for rid, params in zip(ids, per_row):
-        store.add(rid, params)
-    return c.sample(logits, store, ids, return_scores=True).scores
+    return sampler_chain({"use": "top_k", "k": k, "min_keep": min_keep}, before=before)
 
 
 def assert_no_tie_at(logits: torch.Tensor, k: int) -> None:
@@ -56,7 +47,7 @@ def assert_same(ours: torch.Tensor, ref: torch.Tensor) -> None:
 def test_shared_k_bitwise_equals_transformers(seed, vocab, k):
     logits = logits_for(seed, vocab)
     assert_no_tie_at(logits, min(k, vocab))
-    ours = scores(chain(k), logits)
+    ours = processed_scores(chain(k), logits)
     ref = TopKLogitsWarper(k)(None, logits.clone())
     assert_same(ours, ref)
     assert torch.equal(torch.isfinite(ours).sum(dim=-1), torch.full((B,), min(k, vocab)))
@@ -68,7 +59,7 @@ def test_min_keep_bitwise_equals_transformers(vocab, k, min_keep):
     """transformers keeps max(top_k, min_tokens_to_keep); so does top_k.v1 (min_keep 0 is llama.cpp's default)."""
     logits = logits_for(5, vocab)
     assert_no_tie_at(logits, max(k, min_keep))
-    ours = scores(chain(k, min_keep), logits)
+    ours = processed_scores(chain(k, min_keep), logits)
     ref = TopKLogitsWarper(k, min_tokens_to_keep=max(min_keep, 1))(None, logits.clone())
     assert_same(ours, ref)
 
@@ -78,14 +69,14 @@ def test_min_keep_bitwise_equals_transformers(vocab, k, min_keep):
 def test_k_not_positive_is_a_no_op(vocab, k):
     """llama.cpp: k <= 0 disables top-k (transformers rejects it)."""
     logits = logits_for(9, vocab)
-    assert torch.equal(scores(chain(k), logits), logits)
+    assert_bitwise_no_op(chain(k), logits)
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
 def test_k_at_least_vocab_is_a_no_op(vocab):
     logits = logits_for(9, vocab)
     for k in (vocab, vocab + 1, 10 * vocab):
-        assert torch.equal(scores(chain(k), logits), logits)
+        assert_bitwise_no_op(chain(k), logits)
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
@@ -105,10 +96,8 @@ def test_per_row_k_equals_transformers_and_rows_alone(seed, vocab):
     ]
     logits = logits_for(seed, vocab)
     c = chain(0)
-    batch = scores(c, logits, rows)
+    batch = assert_rows_equal_alone(c, logits, rows)
     for i, params in enumerate(rows):
-        alone = scores(chain(0), logits[i : i + 1], [params])[0]
-        assert torch.equal(batch[i], alone), f"row {i} {params}: batch != alone"
         k, keep = params["top_k"], params.get("min_keep", 1)
         if k <= 0:
             assert torch.equal(batch[i], logits[i])
@@ -122,7 +111,7 @@ def test_per_row_k_equals_transformers_and_rows_alone(seed, vocab):
 def test_after_a_filter_bitwise_equals_transformers_pipeline(vocab):
     """Second top-k on already compacted, sorted candidates (the keep_first path) still scatters back exactly."""
     logits = logits_for(4, vocab)
-    ours = scores(chain(7, before=[{"use": "top_k", "k": 100, "id": "coarse"}]), logits)
+    ours = processed_scores(chain(7, before=[{"use": "top_k", "k": 100, "id": "coarse"}]), logits)
     ref = TopKLogitsWarper(7)(None, TopKLogitsWarper(100)(None, logits.clone()))
     assert_same(ours, ref)
 
@@ -130,7 +119,7 @@ def test_after_a_filter_bitwise_equals_transformers_pipeline(vocab):
 def test_existing_minus_inf_entries_stay_masked():
     logits = logits_for(6, 50)
     logits[:, ::2] = float("-inf")  # 25 finite candidates per row
-    ours = scores(chain(10), logits)
+    ours = processed_scores(chain(10), logits)
     ref = TopKLogitsWarper(10)(None, logits.clone())
     assert_same(ours, ref)
     assert torch.equal(torch.isfinite(ours).sum(dim=-1), torch.full((B,), 10))

@@ -15,24 +15,16 @@ import pytest
 import torch
 
 from samplechain import Chain, ConfigError, RequestError
+from samplechain.testing import (
+    assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain, top_k_only,
+)
 
 NEG_INF = float("-inf")
 EPS = 1e-5
 
 
 def chain(n: float = 0.0, min_keep: int = 1, before: list | None = None) -> Chain:
-    entries = [*(before or []), {"use": "top_n_sigma", "n": n, "min_keep": min_keep}, {"use": "greedy"}]
-    return Chain.load({"samplers": entries})
-
-
-def scores(c: Chain, logits: torch.Tensor, per_row: list[dict] | None = None) -> torch.Tensor:
-    if per_row is None:
-        return c.sample(logits, return_scores=True).scores
-    store = c.new_store()
-    ids = [f"r{i}" for i in range(len(per_row))]
-    for rid, params in zip(ids, per_row):
-        store.add(rid, params)
-    return c.sample(logits, store, ids, return_scores=True).scores
+    return sampler_chain({"use": "top_n_sigma", "n": n, "min_keep": min_keep}, before=before)
 
 
 def llama_top_n_sigma(row: list[float], n: float) -> tuple[list[bool], float]:
@@ -48,8 +40,7 @@ def llama_top_n_sigma(row: list[float], n: float) -> tuple[list[bool], float]:
 
 
 def logits_for(seed: int, B: int = 6, V: int = 300) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, V, generator=g) * 2.0
+    x = random_logits(seed, B, V, 2.0)
     x[0, 5:40] = NEG_INF  # masked candidates are skipped in mean and std
     x[1, :] = torch.round(x[1, :])  # many ties, some on the threshold's side
     x[2, 1::2] = NEG_INF
@@ -81,7 +72,7 @@ def assert_matches_llama(ours: torch.Tensor, logits: torch.Tensor, ns: list[floa
 )
 def test_llama_cpp_vectors(probs, expected, n):
     logits = torch.tensor(probs, dtype=torch.float32).log()[None, :]  # logf(p), as the tester
-    out = scores(chain(n, min_keep=0), logits)
+    out = processed_scores(chain(n, min_keep=0), logits)
     got = torch.softmax(out, dim=-1)[0]  # dist's softmax, in token order
     assert torch.allclose(got, torch.tensor(expected), atol=1e-5, rtol=0), got.tolist()
 
@@ -91,29 +82,27 @@ def test_llama_cpp_vectors(probs, expected, n):
 @pytest.mark.parametrize("n", (0.3, 1.0, 2.0, 3.5))
 def test_matches_llama_cpp_formula(seed, n):
     logits = logits_for(seed)
-    assert_matches_llama(scores(chain(n), logits), logits, [n] * logits.shape[0])
+    assert_matches_llama(processed_scores(chain(n), logits), logits, [n] * logits.shape[0])
 
 
 @pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
 def test_half_precision_input(dtype):
     logits = logits_for(3).to(dtype)
     as_float = logits.float()
-    assert_matches_llama(scores(chain(1.0), logits), as_float, [1.0] * logits.shape[0])
+    assert_matches_llama(processed_scores(chain(1.0), logits), as_float, [1.0] * logits.shape[0])
 
 
 def test_min_keep_keeps_the_most_likely():
     logits = logits_for(4)
-    ours = scores(chain(0.05, min_keep=7), logits)
+    ours = processed_scores(chain(0.05, min_keep=7), logits)
     assert bool((torch.isfinite(ours).sum(dim=-1) >= 7).all())
     assert_matches_llama(ours, logits, [0.05] * logits.shape[0], min_keep=7)
 
 
 def test_after_top_k_sorted_candidates_match_unsorted_llama():
     logits = logits_for(5)
-    ours = scores(chain(1.0, before=[{"use": "top_k", "k": 40}]), logits)
-    after_k = torch.full_like(logits, NEG_INF)
-    idx = logits.topk(40, dim=-1).indices
-    after_k.scatter_(1, idx, logits.gather(1, idx))
+    ours = processed_scores(chain(1.0, before=[{"use": "top_k", "k": 40}]), logits)
+    after_k = top_k_only(logits, 40)
     assert_matches_llama(ours, after_k, [1.0] * logits.shape[0])
 
 
@@ -121,15 +110,15 @@ def test_after_top_k_sorted_candidates_match_unsorted_llama():
 @pytest.mark.parametrize("n", (0.0, -1.0))
 def test_n_le_zero_is_a_bitwise_no_op(n):
     logits = logits_for(6)
-    assert torch.equal(scores(chain(n), logits), logits)
-    assert torch.equal(scores(chain(n, min_keep=9), logits), logits)
+    assert_bitwise_no_op(chain(n), logits)
+    assert_bitwise_no_op(chain(n, min_keep=9), logits)
 
 
 def test_single_candidate_rows_pass_through():
     logits = torch.full((2, 10), NEG_INF)
     logits[0, 3] = 1.5
     logits[1, 7] = -2.0
-    assert torch.equal(scores(chain(1.0), logits), logits)
+    assert_bitwise_no_op(chain(1.0), logits)
 
 
 @pytest.mark.parametrize("seed", (0, 1))
@@ -143,10 +132,8 @@ def test_per_row_parameters_equal_rows_alone(seed):
         {"top_n_sigma": 0.01, "min_keep": 3},
     ]
     logits = logits_for(seed)
-    batch = scores(chain(), logits, rows)
+    batch = assert_rows_equal_alone(chain(), logits, rows)
     for i, params in enumerate(rows):
-        alone = scores(chain(), logits[i : i + 1], [params])[0]
-        assert torch.equal(batch[i], alone), f"row {i} {params}: batch != alone"
         if params["top_n_sigma"] <= 0:
             assert torch.equal(batch[i], logits[i])
         else:

@@ -20,6 +20,9 @@ import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from samplechain import Chain
+from samplechain.testing import (
+    assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain,
+)
 
 SEEDS = (0, 1, 2)
 VOCABS = (50, 1000, 32000)
@@ -29,23 +32,11 @@ MAX_AMBIGUOUS = 4  # per row: the band must stay narrow for the comparison to me
 
 
 def logits_for(seed: int, vocab: int, scale: float = 2.0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(B, vocab, generator=g) * scale
+    return random_logits(seed, B, vocab, scale)
 
 
 def chain(p: float = 1.0, min_keep: int = 1, before: list | None = None) -> Chain:
-    entries = [*(before or []), {"use": "top_p", "p": p, "min_keep": min_keep}, {"use": "greedy"}]
-    return Chain.load({"samplers": entries})
-
-
-def scores(c: Chain, logits: torch.Tensor, per_row: list[dict] | None = None) -> torch.Tensor:
-    if per_row is None:
-        return c.sample(logits, return_scores=True).scores
-    store = c.new_store()
-    ids = [f"r{i}" for i in range(len(per_row))]
-    for rid, params in zip(ids, per_row):
-        store.add(rid, params)
-    return c.sample(logits, store, ids, return_scores=True).scores
+    return sampler_chain({"use": "top_p", "p": p, "min_keep": min_keep}, before=before)
 
 
 def ambiguous(logits: torch.Tensor, p: float, min_keep: int) -> torch.Tensor:
@@ -89,7 +80,7 @@ def assert_matches(ours: torch.Tensor, logits: torch.Tensor, p: float, min_keep:
 @pytest.mark.parametrize("p", (0.1, 0.5, 0.9, 0.99))
 def test_shared_p_matches_transformers_allclose(seed, vocab, p):
     logits = logits_for(seed, vocab)
-    assert_matches(scores(chain(p), logits), logits, p)
+    assert_matches(processed_scores(chain(p), logits), logits, p)
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
@@ -99,14 +90,14 @@ def test_flat_and_peaked_rows_match_transformers_allclose(vocab, scale):
     guess; peaked rows (scale 4) keep a handful."""
     logits = logits_for(21, vocab, scale)
     for p in (0.3, 0.8, 0.97):
-        assert_matches(scores(chain(p), logits), logits, p)
+        assert_matches(processed_scores(chain(p), logits), logits, p)
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
 @pytest.mark.parametrize(("p", "min_keep"), [(0.1, 5), (0.5, 3), (0.01, 2), (0.9, 1)])
 def test_min_keep_matches_transformers_allclose(vocab, p, min_keep):
     logits = logits_for(3, vocab)
-    ours = scores(chain(p, min_keep), logits)
+    ours = processed_scores(chain(p, min_keep), logits)
     assert_matches(ours, logits, p, min_keep)
     assert bool((torch.isfinite(ours).sum(dim=-1) >= min_keep).all())
 
@@ -114,7 +105,7 @@ def test_min_keep_matches_transformers_allclose(vocab, p, min_keep):
 @pytest.mark.parametrize("vocab", VOCABS)
 def test_p_one_is_a_bitwise_no_op(vocab):
     logits = logits_for(9, vocab)
-    assert torch.equal(scores(chain(1.0), logits), logits)
+    assert_bitwise_no_op(chain(1.0), logits)
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
@@ -122,7 +113,7 @@ def test_p_one_is_a_bitwise_no_op(vocab):
 def test_p_zero_keeps_exactly_min_keep(vocab, min_keep, kept):
     """llama.cpp: p = 0 stops at the first token unless min_keep asks for more (top_p(0.0, min_keep=3) keeps 3)."""
     logits = logits_for(4, vocab)
-    ours = scores(chain(0.0, min_keep), logits)
+    ours = processed_scores(chain(0.0, min_keep), logits)
     top = logits.topk(kept, dim=-1).indices
     expected = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, top, True)
     assert torch.equal(torch.isfinite(ours), expected)
@@ -138,7 +129,7 @@ def test_p_zero_with_min_keep_zero_keeps_the_top_token():
 @pytest.mark.parametrize("vocab", VOCABS)
 def test_tiny_p_keeps_the_top_token(vocab):
     logits = logits_for(8, vocab)
-    ours = scores(chain(1e-9), logits)
+    ours = processed_scores(chain(1e-9), logits)
     assert torch.equal(torch.isfinite(ours).sum(dim=-1), torch.ones(B, dtype=torch.int64))
     assert torch.equal(ours.argmax(dim=-1), logits.argmax(dim=-1))
 
@@ -159,10 +150,8 @@ def test_per_row_p_equals_rows_alone_and_transformers(seed, vocab):
         {"top_p": 0.95},
     ]
     logits = logits_for(seed, vocab)
-    batch = scores(chain(), logits, rows)
+    batch = assert_rows_equal_alone(chain(), logits, rows)
     for i, params in enumerate(rows):
-        alone = scores(chain(), logits[i : i + 1], [params])[0]
-        assert torch.equal(batch[i], alone), f"row {i} {params}: batch != alone"
         p, keep = params["top_p"], params.get("min_keep", 1)
         if p >= 1.0:
             assert torch.equal(batch[i], logits[i])
@@ -176,7 +165,7 @@ def test_after_top_k_matches_transformers_pipeline(vocab, p):
     """On sorted, compacted candidates (after top_k) the mass is renormalised over the survivors, as in
     llama.cpp and in transformers' TopK -> TopP pipeline."""
     logits = logits_for(12, vocab)
-    ours = scores(chain(p, before=[{"use": "top_k", "k": 40}]), logits)
+    ours = processed_scores(chain(p, before=[{"use": "top_k", "k": 40}]), logits)
     after_k = TopKLogitsWarper(40)(None, logits.clone())
     assert_matches(ours, after_k, p)
 
@@ -184,7 +173,7 @@ def test_after_top_k_matches_transformers_pipeline(vocab, p):
 def test_existing_minus_inf_entries_stay_masked():
     logits = logits_for(6, 1000)
     logits[:, 1::3] = float("-inf")
-    ours = scores(chain(0.9), logits)
+    ours = processed_scores(chain(0.9), logits)
     assert not bool(torch.isfinite(ours[:, 1::3]).any())
     assert_matches(ours, logits, 0.9)
 
@@ -192,7 +181,7 @@ def test_existing_minus_inf_entries_stay_masked():
 def test_mass_exactly_at_p_from_float32_logits():
     """llama.cpp's test_top_p({0.1, 0.2, 0.3, 0.4}, p = 0.7) on logits logf(p): 0.4 + 0.3 reaches p, the 0.2 goes."""
     logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))
-    ours = scores(chain(0.7), logits)
+    ours = processed_scores(chain(0.7), logits)
     ref = TopPLogitsWarper(0.7)(None, logits.clone())
     assert torch.isfinite(ref).tolist() == [[False, False, True, True]]
     assert torch.equal(torch.isfinite(ours), torch.isfinite(ref))

@@ -13,29 +13,21 @@ import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TypicalLogitsWarper
 
 from samplechain import Chain, ConfigError, RequestError
+from samplechain.testing import (
+    assert_bitwise_no_op, assert_kept_logits_bitwise, assert_probs_close, assert_rows_equal_alone, processed_scores,
+    random_logits, sampler_chain,
+)
 
 B = 6
 ATOL = 1e-5
 
 
 def logits_for(seed: int, vocab: int, scale: float = 2.0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(B, vocab, generator=g) * scale
+    return random_logits(seed, B, vocab, scale)
 
 
 def chain(p: float = 1.0, min_keep: int = 1, semantics: str = "llama.cpp", before: list | None = None) -> Chain:
-    entry = {"use": "typical", "p": p, "min_keep": min_keep, "semantics": semantics}
-    return Chain.load({"samplers": [*(before or []), entry, {"use": "greedy"}]})
-
-
-def process(c: Chain, logits: torch.Tensor, per_row: list[dict] | None = None) -> torch.Tensor:
-    if per_row is None:
-        return c.process(logits)
-    store = c.new_store()
-    ids = [f"r{i}" for i in range(len(per_row))]
-    for rid, params in zip(ids, per_row):
-        store.add(rid, params)
-    return c.process(logits, store, ids)
+    return sampler_chain({"use": "typical", "p": p, "min_keep": min_keep, "semantics": semantics}, before=before)
 
 
 def reference(logits: torch.Tensor, p: float, min_keep: int = 1) -> torch.Tensor:
@@ -43,11 +35,8 @@ def reference(logits: torch.Tensor, p: float, min_keep: int = 1) -> torch.Tensor
 
 
 def assert_close_to(ours: torch.Tensor, logits: torch.Tensor, ref: torch.Tensor) -> None:
-    kept = torch.isfinite(ours)
-    assert torch.equal(ours[kept], logits.float()[kept]), "kept logits must be the input logits, bitwise"
-    got = torch.softmax(ours.double(), dim=-1)
-    want = torch.softmax(ref.double(), dim=-1)
-    assert torch.allclose(got, want, atol=ATOL, rtol=0), f"max diff {(got - want).abs().max().item():.3g}"
+    assert_kept_logits_bitwise(ours, logits)
+    assert_probs_close(ours, ref, ATOL)
 
 
 # ---------------------------------------------------------------- llama.cpp tests/test-sampling.cpp, verbatim
@@ -62,7 +51,7 @@ LLAMA_CPP_TYPICAL = [
 @pytest.mark.parametrize(("probs", "expected", "p"), LLAMA_CPP_TYPICAL)
 def test_llama_cpp_vectors(probs, expected, p):
     logits = torch.tensor([[math.log(v) for v in probs]], dtype=torch.float32)
-    ours = process(chain(p, 0), logits)[0]
+    ours = processed_scores(chain(p, 0), logits, process=True)[0]
     kept = torch.isfinite(ours)
     prob = torch.softmax(logits[0].double(), dim=-1)
     entropy = -(prob * prob.log()).sum()
@@ -83,13 +72,14 @@ def test_matches_transformers_on_random_logits(semantics, vocab, seed, p):
     """Continuous random logits have no ties and no running mass exactly equal to p, so both semantics give
     transformers' set."""
     logits = logits_for(seed, vocab)
-    assert_close_to(process(chain(p, semantics=semantics), logits), logits, reference(logits, p))
+    assert_close_to(processed_scores(chain(p, semantics=semantics), logits, process=True), logits, reference(logits, p))
 
 
 @pytest.mark.parametrize("semantics", ["transformers", "llama.cpp"])
 def test_matches_transformers_on_a_full_size_vocabulary(semantics):
     logits = logits_for(2, 32000)
-    assert_close_to(process(chain(0.9, semantics=semantics), logits), logits, reference(logits, 0.9))
+    ours = processed_scores(chain(0.9, semantics=semantics), logits, process=True)
+    assert_close_to(ours, logits, reference(logits, 0.9))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -100,7 +90,7 @@ def test_half_precision_input_with_ties_matches_transformers(dtype, p):
     logits = logits_for(5, 2000).to(dtype)
     up = logits.double()
     assert int((up[0][:, None] == up[0][None, :]).sum()) > 2000 + 100, "the test needs ties"
-    ours = process(chain(p, semantics="transformers"), logits)
+    ours = processed_scores(chain(p, semantics="transformers"), logits, process=True)
     assert_close_to(ours, up, reference(up, p))
 
 
@@ -108,7 +98,7 @@ def test_half_precision_input_with_ties_matches_transformers(dtype, p):
 def test_minus_inf_entries_are_never_kept(semantics):
     logits = logits_for(6, 1000)
     logits[:, 1::3] = float("-inf")
-    ours = process(chain(0.9, semantics=semantics), logits)
+    ours = processed_scores(chain(0.9, semantics=semantics), logits, process=True)
     assert not bool(torch.isfinite(ours[:, 1::3]).any())
     assert_close_to(ours, logits, reference(logits, 0.9))
 
@@ -117,7 +107,7 @@ def test_minus_inf_entries_are_never_kept(semantics):
 @pytest.mark.parametrize("semantics", ["transformers", "llama.cpp"])
 def test_min_keep_matches_transformers(p, min_keep, semantics):
     logits = logits_for(3, 1000)
-    ours = process(chain(p, min_keep, semantics), logits)
+    ours = processed_scores(chain(p, min_keep, semantics), logits, process=True)
     assert_close_to(ours, logits, reference(logits, p, min_keep))
     assert bool((torch.isfinite(ours).sum(dim=-1) >= min_keep).all())
 
@@ -126,7 +116,7 @@ def test_min_keep_matches_transformers(p, min_keep, semantics):
 def test_after_top_k_matches_transformers_pipeline(semantics):
     """On sorted, compacted candidates (after top_k) the softmax is over the survivors, as the HF pipeline."""
     logits = logits_for(12, 5000)
-    ours = process(chain(0.6, semantics=semantics, before=[{"use": "top_k", "k": 40}]), logits)
+    ours = processed_scores(chain(0.6, semantics=semantics, before=[{"use": "top_k", "k": 40}]), logits, process=True)
     after_k = TopKLogitsWarper(40)(None, logits.clone())
     assert_close_to(ours, after_k, reference(after_k, 0.6))
 
@@ -135,8 +125,8 @@ def test_semantics_differ_on_ties_at_the_cut():
     """Uniform over 4: the running mass is 0.25, 0.5, 0.75. llama.cpp stops at the first mass > 0.5 and keeps 3
     (by position); transformers cuts at the first mass >= 0.5 and keeps every token as typical as it: all 4."""
     logits = torch.zeros(1, 4)
-    assert int(torch.isfinite(process(chain(0.5, 0), logits)).sum()) == 3
-    assert int(torch.isfinite(process(chain(0.5, 0, "transformers"), logits)).sum()) == 4
+    assert int(torch.isfinite(processed_scores(chain(0.5, 0), logits, process=True)).sum()) == 3
+    assert int(torch.isfinite(processed_scores(chain(0.5, 0, "transformers"), logits, process=True)).sum()) == 4
     assert int(torch.isfinite(reference(logits, 0.5)).sum()) == 4
 
 
@@ -153,10 +143,8 @@ def test_per_row_params_equal_rows_alone(semantics):
     ]
     logits = logits_for(7, 3000)
     c = chain(semantics=semantics)
-    batch = process(c, logits, rows)
+    batch = assert_rows_equal_alone(c, logits, rows, process=True)
     for i, params in enumerate(rows):
-        alone = process(c, logits[i : i + 1], [params])[0]
-        assert torch.equal(batch[i], alone), f"row {i} {params}"
         if params["typical_p"] >= 1.0:
             assert torch.equal(batch[i], logits[i])
         else:
@@ -171,7 +159,7 @@ def test_per_row_params_equal_rows_alone(semantics):
 def test_p_one_is_a_bitwise_no_op(vocab):
     logits = logits_for(9, vocab)
     for semantics in ("llama.cpp", "transformers"):
-        assert torch.equal(process(chain(1.0, 5, semantics), logits), logits)
+        assert_bitwise_no_op(chain(1.0, 5, semantics), logits, process=True)
         out = chain(1.0, semantics=semantics).sample(logits, return_scores=True)
         assert torch.equal(out.scores, logits)
         assert torch.equal(out.token_ids, logits.argmax(dim=-1))
@@ -179,7 +167,7 @@ def test_p_one_is_a_bitwise_no_op(vocab):
 
 def test_p_zero_keeps_the_most_typical_token():
     logits = logits_for(4, 500)
-    ours = process(chain(0.0, 0), logits)
+    ours = processed_scores(chain(0.0, 0), logits, process=True)
     assert torch.equal(torch.isfinite(ours).sum(dim=-1), torch.ones(B, dtype=torch.int64))
 
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from samplechain import Chain, ConfigError, RequestError, rng
+from samplechain.testing import assert_bitwise_no_op, processed_scores, sampler_chain
 
 NEG_INF = float("-inf")
 
@@ -45,18 +46,7 @@ class FakeTokenizer:
 
 # ----------------------------------------------------------------- helpers
 def chain(probability: float = 0.0, threshold: float = 0.1, before: list | None = None, **extra) -> Chain:
-    entry = {"use": "xtc", "probability": probability, "threshold": threshold, **extra}
-    return Chain.load({"samplers": [*(before or []), entry, {"use": "greedy"}]})
-
-
-def scores(c: Chain, logits: torch.Tensor, per_row: list[dict] | None = None) -> torch.Tensor:
-    if per_row is None:
-        return c.sample(logits, return_scores=True).scores
-    store = c.new_store()
-    ids = [f"r{i}" for i in range(len(per_row))]
-    for rid, params in zip(ids, per_row):
-        store.add(rid, params)
-    return c.sample(logits, store, ids, return_scores=True).scores
+    return sampler_chain({"use": "xtc", "probability": probability, "threshold": threshold, **extra}, before=before)
 
 
 def logits_for(seed: int, B: int = 8, V: int = 200) -> torch.Tensor:
@@ -91,7 +81,7 @@ def test_llama_cpp_vectors(probs, expected, p, t, force):
     p = 1.0 if force else p  # 1.0: always acts, whatever the draw
     seed = first_seed_below(0.99)
     logits = torch.tensor(probs, dtype=torch.float32).log()[None, :]
-    out = scores(chain(p, t, min_keep=0, seed=seed), logits)[0]
+    out = processed_scores(chain(p, t, min_keep=0, seed=seed), logits)[0]
     kept = torch.isfinite(out)
     got = torch.softmax(logits[0], dim=-1)[kept].sort(descending=True).values  # not renormalised
     assert got.shape[0] == len(expected)
@@ -101,9 +91,9 @@ def test_llama_cpp_vectors(probs, expected, p, t, force):
 
 def test_probability_zero_and_threshold_above_half_are_bitwise_no_ops():
     logits = logits_for(0)
-    assert torch.equal(scores(chain(0.0, 0.05), logits), logits)
-    assert torch.equal(scores(chain(1.0, 0.51), logits), logits)
-    assert torch.equal(scores(chain(1.0, 1.0, keep_special=True), logits), logits)
+    assert_bitwise_no_op(chain(0.0, 0.05), logits)
+    assert_bitwise_no_op(chain(1.0, 0.51), logits)
+    assert_bitwise_no_op(chain(1.0, 1.0, keep_special=True), logits)
 
 
 # ----------------------------------------------------------------- webui as oracle
@@ -111,7 +101,7 @@ def test_probability_zero_and_threshold_above_half_are_bitwise_no_ops():
 @pytest.mark.parametrize("threshold", (0.0, 0.02, 0.05, 0.1, 0.2, 0.5))
 def test_matches_webui_when_acting(seed, threshold):
     logits = logits_for(seed)
-    ours = scores(chain(1.0, threshold), logits)
+    ours = processed_scores(chain(1.0, threshold), logits)
     for b in range(logits.shape[0]):
         if threshold == 0.0 and not bool(torch.isfinite(logits[b]).all()):
             # webui's threshold 0 keeps only the last sorted token, a -inf one here (an empty row); ours treats
@@ -129,7 +119,7 @@ def test_matches_webui_when_acting(seed, threshold):
 def test_half_precision_input(dtype):
     logits = (logits_for(3) * 2).to(dtype)
     x = logits.float()
-    ours = scores(chain(1.0, 0.1), logits)
+    ours = processed_scores(chain(1.0, 0.1), logits)
     for b in range(x.shape[0]):
         ref = webui_xtc(x[b : b + 1].double(), 0.1, [])
         # rounding to 8 bits makes ties: which of equal logits is kept is each sort's choice, so compare multisets
@@ -149,8 +139,8 @@ def test_keep_special_matches_webui(use_tokenizer):
     c.prepare(tokenizer=FakeTokenizer() if use_tokenizer else None, eos_token_ids=[eos])
     assert c.samplers[0].protected_ids() == ((eos, newline) if use_tokenizer else (eos,))
     special = [newline, eos] if use_tokenizer else [eos]
-    ours = scores(c, logits)
-    plain = scores(chain(1.0, 0.05), logits)
+    ours = processed_scores(c, logits)
+    plain = processed_scores(chain(1.0, 0.05), logits)
     changed = 0
     for b in range(logits.shape[0]):
         ref = webui_xtc(logits[b : b + 1].double(), 0.05, special)
@@ -164,7 +154,7 @@ def test_keep_special_false_removes_special_tokens():
     logits[1, 13] = logits[1].max() + 1.0
     c = chain(1.0, 0.05)
     c.prepare(tokenizer=FakeTokenizer(), eos_token_ids=[2])
-    ours = scores(c, logits)
+    ours = processed_scores(c, logits)
     assert not bool(torch.isfinite(ours[1, 13]))
 
 
@@ -173,15 +163,15 @@ def test_min_keep_is_all_or_nothing():
     probs = torch.tensor([[0.4, 0.3, 0.2, 0.1]])
     logits = probs.log()
     # threshold 0.19: 3 qualify, 2 removed, 2 remain
-    assert int(torch.isfinite(scores(chain(1.0, 0.19, min_keep=2), logits)).sum()) == 2
-    assert torch.equal(scores(chain(1.0, 0.19, min_keep=3), logits), logits)
+    assert int(torch.isfinite(processed_scores(chain(1.0, 0.19, min_keep=2), logits)).sum()) == 2
+    assert_bitwise_no_op(chain(1.0, 0.19, min_keep=3), logits)
 
 
 def test_ties_keep_the_highest_position_and_sorted_path_agrees():
     logits = torch.tensor([[1.0, 2.0, 2.0, 0.0, 2.0, -1.0]])
-    out = scores(chain(1.0, 0.2), logits)[0]
+    out = processed_scores(chain(1.0, 0.2), logits)[0]
     assert torch.isfinite(out).tolist() == [True, False, False, True, True, True]
-    sorted_out = scores(chain(1.0, 0.2, before=[{"use": "top_k", "k": 6}]), logits)[0]
+    sorted_out = processed_scores(chain(1.0, 0.2, before=[{"use": "top_k", "k": 6}]), logits)[0]
     assert torch.equal(torch.isfinite(sorted_out).sum(), torch.isfinite(out).sum())
     assert torch.equal(sorted_out.sort().values, out.sort().values)
 
@@ -189,7 +179,7 @@ def test_ties_keep_the_highest_position_and_sorted_path_agrees():
 @pytest.mark.parametrize("k", (5, 40))
 def test_after_top_k_matches_webui(k):
     logits = logits_for(5)
-    ours = scores(chain(1.0, 0.08, before=[{"use": "top_k", "k": k}]), logits)
+    ours = processed_scores(chain(1.0, 0.08, before=[{"use": "top_k", "k": k}]), logits)
     after_k = torch.full_like(logits, NEG_INF)
     idx = logits.topk(k, dim=-1).indices
     after_k.scatter_(1, idx, logits.gather(1, idx))
@@ -205,7 +195,7 @@ def test_acting_fraction_matches_probability():
     B = 3000
     logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1])).expand(B, -1).contiguous()
     c = chain()
-    out = scores(c, logits, [{"xtc_probability": 0.3, "xtc_threshold": 0.15, "seed": s} for s in range(B)])
+    out = processed_scores(c, logits, [{"xtc_probability": 0.3, "xtc_threshold": 0.15, "seed": s} for s in range(B)])
     acted = (~torch.isfinite(out)).any(dim=-1).float().mean().item()
     assert abs(acted - 0.3) < 0.035, acted
 
