@@ -18,17 +18,18 @@ scores against the finite entries of samplechain's `return_scores=True` scores, 
     python benchmarks/bench_chain.py --markdown --json out.json --reps 50 --rounds 4
     python benchmarks/bench_chain.py --breakdown          # also the time of each stage of both pipelines
 
+A progress bar over rounds x cells is drawn on stderr when it is a terminal (--no-progress: never, --progress:
+always), only between timed blocks: stdout (--markdown) and the timings are the same with or without it.
+
 Importable: `run(batches, vocabs, reps)` returns one dict per (logits kind, B, V).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import inspect
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -38,6 +39,11 @@ from typing import Any
 import torch
 
 import samplechain
+from samplechain.bench import LOGIT_KINDS, environment, make_logits, transformers_step
+from samplechain.bench import summary as _summary
+from samplechain.bench import time_blocks as _time
+from samplechain.bench import warmup_for as _warmup_for
+from samplechain.progress import progress_bar
 
 __all__ = ["CHAIN", "LOGIT_KINDS", "make_logits", "build_chain", "build_transformers", "run", "breakdown", "main"]
 
@@ -56,27 +62,8 @@ CHAIN: dict[str, Any] = {
     }
 }
 
-LOGIT_KINDS = {
-    "randn": "torch.randn(B, V) * 3: flat, every row has thousands of near-top tokens",
-    "peaked": "Zipf-like, logit = -1.5 * ln(rank) + 0.1 * randn, ranks shuffled per row (top token p ~ 0.4)",
-}
-
 
 # --------------------------------------------------------------------------- inputs and pipelines
-def make_logits(kind: str, batch: int, vocab: int, seed: int = 0) -> torch.Tensor:
-    """Seeded float32 logits (B, V), contiguous."""
-    g = torch.Generator().manual_seed(seed)
-    if kind == "randn":
-        return torch.randn(batch, vocab, generator=g) * 3.0
-    if kind == "peaked":
-        # what a trained LM looks like: a heavy head and a long Zipfian tail spanning ~18 nats
-        rank_logits = -1.5 * torch.log(torch.arange(1, vocab + 1, dtype=torch.float32))  # (V,) descending
-        perm = torch.argsort(torch.rand(batch, vocab, generator=g), dim=-1)  # a random token order per row
-        logits = torch.empty(batch, vocab).scatter_(1, perm, rank_logits.expand(batch, -1).contiguous())
-        return logits + 0.1 * torch.randn(batch, vocab, generator=g)
-    raise ValueError(f"unknown logits kind {kind!r}; choose from {', '.join(LOGIT_KINDS)}")
-
-
 def build_chain() -> samplechain.Chain:
     return samplechain.Chain.load(CHAIN)
 
@@ -96,46 +83,6 @@ def build_transformers() -> Any:
         TopPLogitsWarper(TOP_P),
         MinPLogitsWarper(MIN_P),
     ])
-
-
-def transformers_step(processors: Any, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """What transformers' sampling loop does per step (GenerationMixin._sample): process, softmax, multinomial."""
-    scores = processors(input_ids, logits)
-    probs = torch.softmax(scores, dim=-1)
-    return torch.multinomial(probs, num_samples=1).squeeze(1)
-
-
-# --------------------------------------------------------------------------- timing
-def _time(fns: dict[str, Callable[[], Any]], reps: int, warmup: int, block: int = 5) -> dict[str, list[float]]:
-    """Milliseconds of reps calls of each fn, after warmup calls of each.
-
-    The functions take turns in blocks of `block` consecutive calls, so a slow spell of the machine (shared
-    virtual CPUs stall for tens of milliseconds at times) lands on every pipeline alike instead of on one.
-    """
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    while any(len(t) < reps for t in times.values()):
-        for name, fn in fns.items():
-            for _ in range(min(block, reps - len(times[name]))):
-                t0 = time.perf_counter()
-                fn()
-                times[name].append((time.perf_counter() - t0) * 1e3)
-    return times
-
-
-def _summary(times: list[float]) -> dict[str, float]:
-    times = sorted(times)
-
-    def pct(q: float) -> float:
-        return times[min(len(times) - 1, max(0, round(q * (len(times) - 1))))]
-
-    return {"median": statistics.median(times), "p10": pct(0.10), "p90": pct(0.90)}
-
-
-def _warmup_for(reps: int) -> int:
-    return max(3, reps // 5)
 
 
 # --------------------------------------------------------------------------- candidate-set check
@@ -170,6 +117,7 @@ def run(
     threads: int = 2,
     warmup: int | None = None,
     check: bool = True,
+    progress: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Time samplechain, transformers and the read floor for every (kind, B, V). One dict per combination.
 
@@ -177,6 +125,9 @@ def run(
     whole run, and the samples pooled: a slow spell of a shared machine then spoils a part of every cell's samples
     rather than all of one cell's. Times are milliseconds per step: {"median", "p10", "p90"}; the ratios are
     ratios of medians. torch's thread count is set to `threads` for the run and restored afterwards.
+
+    progress: a bar over rounds x cells on stderr (None: when stderr is a terminal); it is drawn after a cell's
+    timing ends, by this thread, never during a timed call.
     """
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -186,26 +137,29 @@ def run(
     samples: dict[tuple[str, int, int], dict[str, list[float]]] = {cell: {} for cell in cells}
     checks: dict[tuple[str, int, int], dict[str, Any]] = {}
     try:
-        for _ in range(rounds):
-            for kind, batch, vocab in cells:
-                logits = make_logits(kind, batch, vocab)
-                before = logits.clone()
-                input_ids = torch.zeros(batch, 1, dtype=torch.long)  # the processors here ignore it
-                store = chain.new_store(capacity=batch)
-                ids = [f"req{i}" for i in range(batch)]
-                store.add_many(ids)
-                if check and (kind, batch, vocab) not in checks:
-                    checks[(kind, batch, vocab)] = compare_candidates(chain, processors, logits)
-                times = _time({
-                    "ours": lambda: chain.sample(logits, store, ids),
-                    "transformers": lambda: transformers_step(processors, input_ids, logits),
-                    "read": lambda: logits.max(dim=-1),  # one pass with indices: what any top-k/argmax pays
-                    "read_amax": lambda: logits.amax(dim=-1),  # one vectorised pass, no indices
-                }, reps, warmup)
-                if not torch.equal(logits, before):
-                    raise AssertionError("a pipeline modified the caller's logits in place")
-                for name, t in times.items():
-                    samples[(kind, batch, vocab)].setdefault(name, []).extend(t)
+        with progress_bar(rounds * len(cells), "bench_chain", progress, auto_refresh=False) as bar:
+            for r in range(rounds):
+                for kind, batch, vocab in cells:
+                    bar.update(status=f"round {r + 1}/{rounds}: {kind} B={batch} V={vocab}")  # drawn before timing
+                    logits = make_logits(kind, batch, vocab)
+                    before = logits.clone()
+                    input_ids = torch.zeros(batch, 1, dtype=torch.long)  # the processors here ignore it
+                    store = chain.new_store(capacity=batch)
+                    ids = [f"req{i}" for i in range(batch)]
+                    store.add_many(ids)
+                    if check and (kind, batch, vocab) not in checks:
+                        checks[(kind, batch, vocab)] = compare_candidates(chain, processors, logits)
+                    times = _time({
+                        "ours": lambda: chain.sample(logits, store, ids),
+                        "transformers": lambda: transformers_step(processors, input_ids, logits),
+                        "read": lambda: logits.max(dim=-1),  # one pass with indices: what any top-k/argmax pays
+                        "read_amax": lambda: logits.amax(dim=-1),  # one vectorised pass, no indices
+                    }, reps, warmup)
+                    if not torch.equal(logits, before):
+                        raise AssertionError("a pipeline modified the caller's logits in place")
+                    for name, t in times.items():
+                        samples[(kind, batch, vocab)].setdefault(name, []).extend(t)
+                    bar.advance()  # drawn after timing
     finally:
         torch.set_num_threads(previous_threads)
     results = []
@@ -288,33 +242,6 @@ def breakdown(batch: int, vocab: int, reps: int = 50, *, kind: str = "randn", th
 
 
 # --------------------------------------------------------------------------- output
-def environment(threads: int) -> dict[str, Any]:
-    import transformers
-
-    return {
-        "date": datetime.date.today().isoformat(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "samplechain": getattr(samplechain, "__version__", "?"),
-        "python": platform.python_version(),
-        "cpu": _cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": threads,
-        "platform": platform.platform(),
-    }
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 HEADERS = ["logits", "B", "V", "samplechain ms", "transformers ms", "read ms (max(dim=-1))", "amax ms",
            "transformers / samplechain", "samplechain / read", "same candidates"]
 
@@ -388,6 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the results and the environment as JSON")
     parser.add_argument("--no-check", action="store_true", help="skip the candidate-set comparison")
     parser.add_argument("--breakdown", action="store_true", help="also time each stage, at every B and the largest V")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="a bar over the cells on stderr, drawn between timed blocks (default: when stderr is a "
+                             "terminal)")
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
 
@@ -397,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for k in kinds:
         print(f"  {k}: {LOGIT_KINDS.get(k, '?')}")
     results = run(args.batch, args.vocab, args.reps, kinds=kinds, rounds=args.rounds, threads=args.threads,
-                  warmup=args.warmup, check=not args.no_check)
+                  warmup=args.warmup, check=not args.no_check, progress=args.progress)
     print_table(results, markdown=args.markdown)
     if not args.no_check:
         bad = [r for r in results if not r["candidates"]["agree"]]

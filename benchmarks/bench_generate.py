@@ -14,6 +14,9 @@ chain and stopping criteria add (time inside chain.sample and Stopping.check, di
 
     python benchmarks/bench_generate.py                       # the default grid
     python benchmarks/bench_generate.py --markdown --json out.json --reps 5 --new-tokens 32
+
+A progress bar over the timed repetitions is drawn on stderr when it is a terminal (--no-progress: never,
+--progress: always), only between repetitions, never inside a timed generation; stdout is the same either way.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import torch
 
 from samplechain import Chain
 from samplechain.generation import Generation
+from samplechain.progress import Bar, progress_bar
 
 SAMPLING = {"samplers": [{"use": "temperature", "t": 0.8}, {"use": "top_k", "k": 40}, {"use": "top_p", "p": 0.95},
                          {"use": "dist", "seed": 1234}]}
@@ -101,7 +105,16 @@ def _theirs(model: Any, ids: torch.Tensor, sampling: bool, n: int) -> tuple[floa
     return time.perf_counter() - start, out
 
 
-def run(models: dict[str, Any], batches: list[int], n: int, reps: int, prompt_len: int) -> list[dict[str, Any]]:
+def run(models: dict[str, Any], batches: list[int], n: int, reps: int, prompt_len: int, *,
+        progress: bool | None = None) -> list[dict[str, Any]]:
+    """One row per (model, batch, setting). progress: a bar over all timed repetitions on stderr (None: when stderr
+    is a terminal), drawn by this thread between repetitions only (no refresh thread)."""
+    with progress_bar(len(models) * len(batches) * 2 * reps, "bench_generate", progress, auto_refresh=False) as bar:
+        return _run(models, batches, n, reps, prompt_len, bar)
+
+
+def _run(models: dict[str, Any], batches: list[int], n: int, reps: int, prompt_len: int,
+         bar: Bar) -> list[dict[str, Any]]:
     rows = []
     for mname, model in models.items():
         vocab = model.config.vocab_size
@@ -110,6 +123,7 @@ def run(models: dict[str, Any], batches: list[int], n: int, reps: int, prompt_le
             ids = torch.randint(10, vocab, (b, prompt_len), generator=g)
             for setting in ("greedy", "sampling"):
                 chain = Chain.load(SAMPLING if setting == "sampling" else GREEDY)
+                bar.update(status=f"{mname} B={b} {setting}")
                 _ours(model, ids, chain, 4)  # warm-up both
                 _theirs(model, ids, setting == "sampling", 4)
                 ours_t, theirs_t, added = [], [], []
@@ -125,6 +139,7 @@ def run(models: dict[str, Any], batches: list[int], n: int, reps: int, prompt_le
                     theirs_t.append(wall2)
                     if setting == "greedy":
                         same = bool(torch.equal(seq, ref)) if same in (None, True) else False
+                    bar.advance()  # between repetitions: no timer is running
                 mo, mt = statistics.median(ours_t), statistics.median(theirs_t)
                 rows.append({
                     "model": mname, "setting": setting, "batch": b, "new_tokens": n, "prompt_len": prompt_len,
@@ -162,10 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="a bar over the repetitions on stderr, drawn between timed runs (default: when stderr is a "
+                         "terminal)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     models = load_models(args.models.split(","))
-    rows = run(models, [int(b) for b in args.batch.split(",")], args.new_tokens, args.reps, args.prompt_len)
+    rows = run(models, [int(b) for b in args.batch.split(",")], args.new_tokens, args.reps, args.prompt_len,
+               progress=args.progress)
     print(markdown(rows) if args.markdown else json.dumps(rows, indent=2))
     if args.json:
         import transformers

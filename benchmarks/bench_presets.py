@@ -35,6 +35,9 @@ The same is done for "llama.cpp: off" against its transformers list.
 
     python benchmarks/bench_presets.py --reps 20 --rounds 3 --markdown --breakdown --json out.json
 
+A progress bar over rounds x kinds is drawn on stderr when it is a terminal (--no-progress: never, --progress:
+always), only between timed blocks: stdout and the timings are the same with or without it.
+
 Importable: `run(reps, rounds, ...)` returns one dict per (logits kind, configuration).
 """
 
@@ -54,9 +57,11 @@ from typing import Any
 import torch
 
 import samplechain
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_chain import LOGIT_KINDS, _summary, _time, _warmup_for, environment, make_logits  # noqa: E402
+from samplechain.bench import LOGIT_KINDS, environment, make_history, make_logits, transformers_step
+from samplechain.bench import summary as _summary
+from samplechain.bench import time_blocks as _time
+from samplechain.bench import warmup_for as _warmup_for
+from samplechain.progress import progress_bar
 
 __all__ = ["CONFIGS", "BREAKER_IDS", "make_history", "build_llama_cpp", "build_transformers_preset",
            "build_hf", "run", "breakdown", "main"]
@@ -78,34 +83,6 @@ CONFIGS: dict[str, tuple[str, dict[str, Any], str, str]] = {
     "transformers": ("transformers", {"repetition_penalty": 1.1, "temperature": 0.8, "top_k": 50, "top_p": 0.95},
                      "hf_transformers", "same samplers on both sides"),
 }
-
-
-# --------------------------------------------------------------------------- inputs
-def make_history(batch: int = BATCH, vocab: int = VOCAB, length: int = PROMPT + GENERATED,
-                 seed: int = 0) -> torch.Tensor:
-    """(B, L) int64 token ids: random tokens in [100, V) mixed with phrases of 3-8 tokens from a pool of 16 shared
-    by all rows, each row ending in the first 5 tokens of a phrase it used earlier, so DRY finds repeats that the
-    next token would extend, and penalties see repeated tokens. Never contains the breaker ids (< 100)."""
-    g = torch.Generator().manual_seed(seed)
-    pool = [torch.randint(100, vocab, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g) for _ in range(16)]
-    rows = []
-    for _ in range(batch):
-        parts: list[torch.Tensor] = []
-        used: list[int] = []
-        n = 0
-        while n < length - 5:
-            if float(torch.rand((), generator=g)) < 0.35:
-                i = int(torch.randint(len(pool), (1,), generator=g))
-                used.append(i)
-                parts.append(pool[i])
-            else:
-                parts.append(torch.randint(100, vocab, (int(torch.randint(1, 5, (1,), generator=g)),), generator=g))
-            n += len(parts[-1])
-        row = torch.cat(parts)[: length - 5]
-        tail = pool[used[int(torch.randint(len(used), (1,), generator=g))] if used else 0]
-        tail = torch.cat([tail, tail])[:5] if len(tail) < 5 else tail[:5]
-        rows.append(torch.cat([row, tail]))
-    return torch.stack(rows)
 
 
 # --------------------------------------------------------------------------- pipelines
@@ -143,12 +120,6 @@ def build_hf(name: str) -> Any:
         return LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.1), TemperatureLogitsWarper(0.8),
                                     TopKLogitsWarper(50), TopPLogitsWarper(0.95)])
     raise ValueError(name)
-
-
-def transformers_step(processors: Any, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    scores = processors(input_ids, logits)
-    probs = torch.softmax(scores, dim=-1)
-    return torch.multinomial(probs, num_samples=1).squeeze(1)
 
 
 class Setup:
@@ -193,8 +164,11 @@ CHECKS = {"transformers": "hf_transformers", "llama.cpp: off": "hf_llama"}
 # --------------------------------------------------------------------------- the benchmark
 def run(reps: int = 20, rounds: int = 3, *, kinds: Sequence[str] = tuple(LOGIT_KINDS), batch: int = BATCH,
         vocab: int = VOCAB, threads: int | None = None, warmup: int | None = None,
-        check: bool = True) -> list[dict[str, Any]]:
-    """Time every configuration and transformers pipeline for each logits kind; one dict per (kind, config)."""
+        check: bool = True, progress: bool | None = None) -> list[dict[str, Any]]:
+    """Time every configuration and transformers pipeline for each logits kind; one dict per (kind, config).
+
+    progress: a bar over rounds x kinds on stderr (None: when stderr is a terminal), drawn by this thread between
+    timed blocks only (no refresh thread)."""
     previous = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -205,27 +179,30 @@ def run(reps: int = 20, rounds: int = 3, *, kinds: Sequence[str] = tuple(LOGIT_K
     samples: dict[str, dict[str, list[float]]] = {k: {} for k in kinds}
     checks: dict[tuple[str, str], dict[str, Any]] = {}
     try:
-        for _ in range(rounds):
-            for kind in kinds:
-                logits = make_logits(kind, batch, vocab)
-                before = logits.clone()
-                if check and not any(k == kind for k, _ in checks):
-                    for cfg, hf in CHECKS.items():
-                        preset, params = CONFIGS[cfg][0], CONFIGS[cfg][1]
-                        checks[(kind, cfg)] = compare_scores(s.chains[preset], params, s.hf[hf], logits, history,
-                                                             lengths)
-                fns: dict[str, Callable[[], Any]] = {}
-                for name, (preset, _p, _hf, _n) in CONFIGS.items():
-                    chain, store = s.chains[preset], s.stores[name]
-                    fns[name] = (lambda c=chain, st=store: c.sample(logits, st, s.ids, history=history,
-                                                                    prompt_lengths=lengths))
-                for hf, procs in s.hf.items():
-                    fns[hf] = lambda p=procs: transformers_step(p, history, logits)
-                times = _time(fns, reps, warmup)
-                if not torch.equal(logits, before):
-                    raise AssertionError("a pipeline modified the caller's logits in place")
-                for name, t in times.items():
-                    samples[kind].setdefault(name, []).extend(t)
+        with progress_bar(rounds * len(kinds), "bench_presets", progress, auto_refresh=False) as bar:
+            for r in range(rounds):
+                for kind in kinds:
+                    bar.update(status=f"round {r + 1}/{rounds}: {kind}")  # drawn before timing
+                    logits = make_logits(kind, batch, vocab)
+                    before = logits.clone()
+                    if check and not any(k == kind for k, _ in checks):
+                        for cfg, hf in CHECKS.items():
+                            preset, params = CONFIGS[cfg][0], CONFIGS[cfg][1]
+                            checks[(kind, cfg)] = compare_scores(s.chains[preset], params, s.hf[hf], logits, history,
+                                                                 lengths)
+                    fns: dict[str, Callable[[], Any]] = {}
+                    for name, (preset, _p, _hf, _n) in CONFIGS.items():
+                        chain, store = s.chains[preset], s.stores[name]
+                        fns[name] = (lambda c=chain, st=store: c.sample(logits, st, s.ids, history=history,
+                                                                        prompt_lengths=lengths))
+                    for hf, procs in s.hf.items():
+                        fns[hf] = lambda p=procs: transformers_step(p, history, logits)
+                    times = _time(fns, reps, warmup)
+                    if not torch.equal(logits, before):
+                        raise AssertionError("a pipeline modified the caller's logits in place")
+                    for name, t in times.items():
+                        samples[kind].setdefault(name, []).extend(t)
+                    bar.advance()  # drawn after timing
     finally:
         torch.set_num_threads(previous)
     results = []
@@ -388,6 +365,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--breakdown", action="store_true",
                         help="also time each sampler of 'llama.cpp: pen+DRY' and 'transformers' "
                              "(first logits kind, --reps steps)")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="a bar over rounds x kinds on stderr, drawn between timed blocks (default: when stderr "
+                             "is a terminal)")
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     threads = args.threads or torch.get_num_threads()
@@ -401,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {k}: {LOGIT_KINDS.get(k, '?')}")
     t0 = time.perf_counter()
     results = run(args.reps, args.rounds, kinds=kinds, threads=threads, warmup=args.warmup,
-                  check=not args.no_check)
+                  check=not args.no_check, progress=args.progress)
     print_table(results, markdown=args.markdown)
     for r in results:
         if "check" in r and not r["check"]["agree"]:

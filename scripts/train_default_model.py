@@ -9,6 +9,9 @@ versions reproduces the same weights.
     .venv/bin/python scripts/train_default_model.py                       # the committed model
     .venv/bin/python scripts/train_default_model.py --steps 200 --out /tmp/m  # a quick try
 
+A progress bar over the optimizer steps, with the loss, is drawn on stderr when it is a terminal (--no-progress:
+never); it only reads the loss, so the weights are the same with or without it.
+
 Output: a folder loadable with AutoModelForCausalLM / AutoTokenizer.from_pretrained (safetensors, no pickles).
 """
 
@@ -177,9 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2,
                     help="torch CPU threads; keep it the same to reproduce weights bit for bit")
     ap.add_argument("--seed", type=int, default=20261123, help="seeds the split, the batches and the init")
+    ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="a bar over the steps with the loss on stderr (default: when stderr is a terminal)")
     args = ap.parse_args(argv)
 
     from transformers import GPT2Config, GPT2LMHeadModel, GenerationConfig
+
+    from samplechain.progress import progress_bar
 
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
@@ -236,19 +243,21 @@ def main(argv: list[str] | None = None) -> int:
         return sum(losses) / len(losses)
 
     model.train()
-    for step in range(args.steps):
-        starts = torch.randint(0, span, (args.batch,), generator=gen)
-        batch = torch.stack([train_ids[s : s + args.seq] for s in starts.tolist()])
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step)
-        loss = model(batch, labels=batch).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if step % 100 == 0 or step == args.steps - 1:
-            print(f"step {step:5d}  loss {loss.item():.3f}  lr {lr_at(step):.2e}  {time.time() - t0:7.0f} s",
-                  flush=True)
+    with progress_bar(args.steps, "training", args.progress, transient=False) as bar:
+        for step in range(args.steps):
+            starts = torch.randint(0, span, (args.batch,), generator=gen)
+            batch = torch.stack([train_ids[s : s + args.seq] for s in starts.tolist()])
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step)
+            loss = model(batch, labels=batch).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            bar.advance(status=f"loss {loss.item():.3f}" if bar.enabled else None)
+            if step % 100 == 0 or step == args.steps - 1:
+                print(f"step {step:5d}  loss {loss.item():.3f}  lr {lr_at(step):.2e}  {time.time() - t0:7.0f} s",
+                      flush=True)
     val = held_out_loss()
     print(f"held-out loss {val:.3f} (uniform: {math.log(len(tok)):.3f}); {time.time() - t0:.0f} s", flush=True)
 
@@ -262,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": sys.version.split()[0], "torch": torch.__version__, "documents": len(docs), "characters": chars,
         "train_tokens": len(train_ids), "held_out_tokens": len(val_ids), "parameters": params,
         "held_out_loss": round(val, 4), "seconds": round(time.time() - t0), "args": {
-            k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "out"},
+            k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("out", "progress")},
     }, indent=2) + "\n")
     # The held-out split, one document per paragraph block: the tests measure loss and English-ness against it.
     (args.out / "held_out.txt").write_text(HELD_OUT_SEPARATOR.join(val_docs) + "\n")

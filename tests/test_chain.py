@@ -215,10 +215,16 @@ def test_a_store_from_another_chain_is_refused():
 
 
 def test_an_explicit_backend_that_does_not_exist_is_an_error_not_a_fallback():
-    with pytest.raises(sc.ConfigError, match="backend = 'cuda': unknown backend 'cuda'"):
-        Chain.load({"samplers": [{"use": "greedy"}], "backend": "cuda"})
+    with pytest.raises(sc.ConfigError, match="backend = 'tpu': unknown backend 'tpu'"):
+        Chain.load({"samplers": [{"use": "greedy"}], "backend": "tpu"})
     with pytest.raises(sc.BackendError, match="unknown backend 'metal'"):
         Chain.load({"samplers": [{"use": "greedy"}]}, backend="metal")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_an_installed_backend_that_cannot_run_here_is_an_error_not_a_fallback():
+    with pytest.raises(sc.BackendError, match="backend 'cuda' is installed but cannot run here: .*built without CUDA"):
+        Chain.load({"samplers": [{"use": "greedy"}], "backend": "cuda"})
 
 
 def test_accept_false_leaves_positions_for_an_explicit_accept():

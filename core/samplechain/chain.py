@@ -190,11 +190,7 @@ class Chain:
             return logits.clone()
         hist = self._history(history, prompt_lengths, positions, logits)
         uncond = self._unconditional(unconditional_logits, logits)
-        for i, sampler in enumerate(self.samplers[:-1]):
-            try:
-                cand = sampler.apply(cand, self._context(store, view, positions, backend, i, hist, uncond))
-            except Exception as exc:
-                raise self._wrap(i, exc) from exc
+        cand = self._filter(cand, store, view, positions, backend, hist, uncond)
         return cand.scores()
 
     def _store_for(
@@ -253,19 +249,15 @@ class Chain:
         hist = self._history(history, prompt_lengths, positions, logits)
         uncond = self._unconditional(unconditional_logits, logits)
         cand = Candidates(logits, None, vocab, False, writable)
+        cand = self._filter(cand, store, view, positions, backend, hist, uncond)
         last = len(self.samplers) - 1
-        for i, sampler in enumerate(self.samplers):
-            ctx = self._context(store, view, positions, backend, i, hist, uncond)
-            try:
-                if i == last:
-                    # the normaliser of what the selector sees, taken first: right after the previous pass over
-                    # the logits the worker threads are still awake (measurably cheaper than after the selector)
-                    lse = torch.logsumexp(cand.logits, dim=-1)
-                    chosen = sampler.select(cand, ctx)
-                else:
-                    cand = sampler.apply(cand, ctx)
-            except Exception as exc:
-                raise self._wrap(i, exc) from exc
+        try:
+            # the normaliser of what the selector sees, taken first: right after the previous pass over the
+            # logits the worker threads are still awake (measurably cheaper than after the selector)
+            lse = torch.logsumexp(cand.logits, dim=-1)
+            chosen = self.samplers[last].select(cand, self._context(store, view, positions, backend, last, hist, uncond))
+        except Exception as exc:
+            raise self._wrap(last, exc) from exc
         self._check_selection(last, chosen, cand)
 
         token_ids = cand.ids_at(chosen[:, None]).squeeze(1)
@@ -308,6 +300,25 @@ class Chain:
             except Exception as exc:
                 raise self._wrap(i, exc, phase="accept") from exc
         return updates
+
+    def _filter(self, cand: Candidates, store: RequestStore, view, positions, backend: Backend,
+                hist: tuple[torch.Tensor, torch.Tensor] | None, uncond: torch.Tensor | None) -> Candidates:
+        """Run every sampler but the selector. An order-preserving transform (temperature, t > 0) right before a
+        rank-only filter (top_k) runs after it instead, on the k survivors rather than the whole vocabulary: the
+        same values, one (B, V) pass fewer."""
+        i, last = 0, len(self.samplers) - 1
+        while i < last:
+            ctx = self._context(store, view, positions, backend, i, hist, uncond)
+            swap = i + 1 < last and self.samplers[i + 1].is_rank_only() and self.samplers[i].preserves_order(ctx)
+            steps = [(i + 1, self._context(store, view, positions, backend, i + 1, hist, uncond)), (i, ctx)] \
+                if swap else [(i, ctx)]
+            for j, ctx_j in steps:
+                try:
+                    cand = self.samplers[j].apply(cand, ctx_j)
+                except Exception as exc:
+                    raise self._wrap(j, exc) from exc
+            i += len(steps)
+        return cand
 
     def _context(self, store: RequestStore, view, positions, backend: Backend, i: int,
                  hist: tuple[torch.Tensor, torch.Tensor] | None = None,

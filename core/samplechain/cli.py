@@ -1,4 +1,4 @@
-"""The `samplechain` command: generate, plugins, validate, presets, demo."""
+"""The `samplechain` command: generate, plugins, validate, presets, demo, bench."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .chain import Chain
+from .cli_bench import add_bench_parser
 from .cli_convert import add_convert_parser
 from .cli_generate import add_generate_parser
 from .cli_plugin_tools import add_plugin_tools_parser
@@ -167,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_convert_parser(sub)
     add_trace_parser(sub)
     add_plugin_tools_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .errors import ConfigError
+from .progress import LONG_RUN_TOKENS, progress_bar
 
 try:
     import tomllib
@@ -82,6 +83,10 @@ def add_generate_parser(sub: Any) -> None:
     p.add_argument("--top-logprobs", type=int, default=0, help="with --json: the N most likely tokens per step")
     p.add_argument("--backend", default=None, help="override the chain's backend (e.g. cpu)")
     p.add_argument("--json", action="store_true", help="print the structured output as JSON instead of streaming")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar over the steps on stderr (default: on when stderr is a terminal and the run "
+                   f"is long: several prompts, or more than {LONG_RUN_TOKENS} new tokens without streaming to a "
+                   "terminal; never with beam search)")
     p.set_defaults(func=cmd_generate)
 
 
@@ -138,12 +143,17 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     max_new = args.max_new_tokens if args.max_new_tokens is not None else (None if has_limit else 96)
     kwargs: dict[str, Any] = dict(chain=chain, params=params, seed=args.seed, max_new_tokens=max_new,
                                   stop_strings=[unescape(s) for s in args.stop] if args.stop else None)
+    streaming = not (args.json or args.num_beams > 1 or len(prompts) > 1)
+    bar = progress_bar(max_new, "generating", _show_progress(args, prompts, max_new, streaming), console=err)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", GenerationWarning)
         start = time.perf_counter()
-        if args.json or args.num_beams > 1 or len(prompts) > 1:
-            out = generate(model, tokenizer, prompts, num_beams=args.num_beams, top_logprobs=args.top_logprobs,
-                           **kwargs)
+        if not streaming:
+            with bar as b:  # closed before anything is printed
+                if b.enabled:
+                    kwargs["progress"] = lambda step, total: b.update(completed=step, total=total)
+                out = generate(model, tokenizer, prompts, num_beams=args.num_beams, top_logprobs=args.top_logprobs,
+                               **kwargs)
             elapsed = time.perf_counter() - start
             if args.json:
                 print(json.dumps(_as_json(out, prompts, tokenizer, chain, folder, args, elapsed), indent=2,
@@ -157,14 +167,17 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
         else:
             result: list[Any] = []
             tty = sys.stdout.isatty()
-            sys.stdout.write(f"\033[1m{prompts[0]}\033[0m" if tty else prompts[0])
-            sys.stdout.flush()
-            for event in stream(model, tokenizer, prompts, result=result, **kwargs):
-                if event.text:
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
-            sys.stdout.write("\n")
-            sys.stdout.flush()
+            with bar as b:
+                if b.enabled:
+                    kwargs["progress"] = lambda step, total: b.update(completed=step, total=total)
+                sys.stdout.write(f"\033[1m{prompts[0]}\033[0m" if tty else prompts[0])
+                sys.stdout.flush()
+                for event in stream(model, tokenizer, prompts, result=result, **kwargs):
+                    if event.text:
+                        sys.stdout.write(event.text)
+                        sys.stdout.flush()
+                sys.stdout.write("\n")
+                sys.stdout.flush()
             elapsed = time.perf_counter() - start
             out = result[0]
             n = int(out.num_generated[0])
@@ -175,6 +188,18 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
             continue
         err.print(f"[yellow]warning:[/yellow] {escape(str(w.message))}", highlight=False)
     return 0
+
+
+def _show_progress(args: argparse.Namespace, prompts: list[str], max_new: int | None, streaming: bool) -> bool | None:
+    """--progress/--no-progress decide; by default (None: when stderr is a terminal) only long runs get a bar, and
+    not a single prompt streaming its text to the terminal (the text is the progress there). Beam search has no
+    per-step hook: no bar."""
+    if args.num_beams > 1:
+        return False
+    if args.progress is not None:
+        return args.progress
+    long_run = len(prompts) > 1 or (max_new or 0) > LONG_RUN_TOKENS
+    return None if long_run and not (streaming and sys.stdout.isatty()) else False
 
 
 def _as_json(out: Any, prompts: list[str], tokenizer: Any, chain: Any, folder: str, args: argparse.Namespace,

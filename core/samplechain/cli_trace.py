@@ -13,10 +13,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from .errors import ConfigError
+from .progress import LONG_RUN_TOKENS, progress_bar
 
 __all__ = ["add_trace_parser", "cmd_trace"]
-
-PROGRESS_FROM = 48  # runs asking for more new tokens than this show a progress bar (on stderr)
 
 
 def add_trace_parser(sub: Any) -> None:
@@ -43,7 +42,9 @@ def add_trace_parser(sub: Any) -> None:
     p.add_argument("--out", default="trace", help="output path stem: writes OUT.png and OUT.html (default: trace)")
     p.add_argument("--no-table", action="store_true", help="do not print the table")
     p.add_argument("--max-rows", type=int, default=None, help="print at most N steps in the table")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar, even on long runs")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar over the steps on stderr (default: on when stderr is a terminal and more "
+                   f"than {LONG_RUN_TOKENS} new tokens are asked for)")
     p.set_defaults(func=cmd_trace, prompts=None)
 
 
@@ -78,15 +79,10 @@ def cmd_trace(args: argparse.Namespace, console: Console) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", GenerationWarning)
         start = time.perf_counter()
-        if not args.no_progress and (max_new or 0) > PROGRESS_FROM:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            with Progress(TextColumn("tracing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          console=err, transient=True) as bar:
-                task = bar.add_task("trace", total=max_new)
-                trace = trace_generation(model, tokenizer, prompts[0],
-                                         progress=lambda step, total: bar.update(task, completed=step), **kwargs)
-        else:
+        show = args.progress if args.progress is not None else (None if (max_new or 0) > LONG_RUN_TOKENS else False)
+        with progress_bar(max_new, "tracing", show, console=err) as bar:
+            if bar.enabled:
+                kwargs["progress"] = lambda step, total: bar.update(completed=step)
             trace = trace_generation(model, tokenizer, prompts[0], **kwargs)
         elapsed = time.perf_counter() - start
         png = trace.to_png(stem.with_suffix(".png"))

@@ -255,6 +255,16 @@ class Sampler:
         """True when the sampler never changes which token greedy decoding would pick."""
         return False
 
+    def is_rank_only(self) -> bool:
+        """True when apply() depends only on the order of each row's logits and keeps their values (top_k): an
+        order-preserving transform right before it may then run after it, on the survivors only."""
+        return False
+
+    def preserves_order(self, ctx: StepContext) -> bool:
+        """True when apply() on this step's batch maps every row's logits through a non-decreasing function and
+        nothing else (temperature with t > 0): the executor may run a following rank-only filter first."""
+        return False
+
     def is_stateful(self) -> bool:
         """True when the sampler keeps per-request state in the store (see `state_spec`)."""
         return False
@@ -470,6 +480,17 @@ class Backend:
     def sort_desc(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows sorted by descending logit, and the permutation. (B, K) -> (B, K) x2."""
         raise NotImplementedError
+
+    def at_least(self, logits: torch.Tensor, threshold: torch.Tensor, k: int = 0
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row, the entries >= threshold[b] (B,) in descending order, and at least the k best: values and
+        positions (B, J) with J = max(count, k) (a row's entries past its count may be anything) and the count
+        of entries >= threshold per row (B,). Default: count, then one partial top-k; backends may do better
+        (the cpu backend only reads the chunks whose maximum reaches the threshold)."""
+        counts = (logits >= threshold[:, None]).sum(dim=-1)
+        width = min(max(int(counts.max()), k, 1), logits.shape[-1])
+        values, index = self.topk(logits, width)
+        return values, index, counts
 
     def gumbel(self, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int) -> torch.Tensor:
         """Counter-based Gumbel(0, 1) noise (B, K) float64, a pure function of (seed, stream, position, id)."""

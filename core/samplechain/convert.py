@@ -349,8 +349,28 @@ def _load_generation_config(source: Any) -> tuple[Any, str]:
             warnings.simplefilter("ignore")
             config = GenerationConfig.from_dict(raw)
     except Exception as exc:  # noqa: BLE001 - transformers raises ValueError / TypeError on bad settings
-        raise ConfigError(f"{label}: not a valid GenerationConfig: {exc}") from None
+        raise ConfigError(f"{label}: not a valid GenerationConfig: {_wrong_kinds(raw)}{exc}") from None
     return config, label
+
+
+def _wrong_kinds(settings: Mapping[str, Any]) -> str:
+    """'top_k = 'many' (expected int, e.g. 50): ' for settings whose JSON kind differs from generate()'s default:
+    transformers' own message ("invalid literal for int() ...") names no key."""
+    from transformers import GenerationConfig
+
+    defaults = getattr(GenerationConfig(), "_get_default_generation_params", dict)()
+
+    def same(value: Any, default: Any) -> bool:  # a bool is no number here; an int is a valid float
+        if isinstance(default, bool) or isinstance(value, bool):
+            return isinstance(value, bool) and isinstance(default, bool)
+        if isinstance(default, (int, float)):
+            return isinstance(value, int) or (isinstance(value, float) and isinstance(default, float))
+        return isinstance(value, type(default))
+
+    culprits = [f"{k} = {v!r} (expected {type(defaults[k]).__name__}, e.g. {defaults[k]!r})"
+                for k, v in settings.items() if defaults.get(k) is not None and v is not None
+                and not same(v, defaults[k])]
+    return f"{'; '.join(culprits)}: " if culprits else ""
 
 
 def from_transformers(source: Any) -> dict[str, Any]:
@@ -375,7 +395,7 @@ def from_transformers(source: Any) -> dict[str, Any]:
         except ConfigError as exc:
             raise ConfigError(f"{label}: the generation settings make an invalid chain: {exc}") from None
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{label}: not a valid GenerationConfig: {exc}") from None
+            raise ConfigError(f"{label}: not a valid GenerationConfig: {_wrong_kinds(diff)}{exc}") from None
     for w in caught:
         warnings.warn(f"{label}: {w.message}", ConvertWarning, stacklevel=2)
     out = chain_to_dict(chain)

@@ -134,7 +134,8 @@ def check_requirements(path: Path, *, label: str | None = None) -> None:
         _check_one(req, env, seen, failed)
     if failed:
         raise ImportError(f"Missing requirements in your local environment for `{label or path.parent.parent}`:\n"
-                          + "\n".join(failed))
+                          + "\n".join(failed)
+                          + f"\ninstall or upgrade them (pip install -r {path}) and load the repository again")
 
 
 def _import_package(folder: Path, label: str) -> tuple[str, ModuleType]:

@@ -339,7 +339,7 @@ class PluginHost:
             why = info.error or (
                 "not in SAMPLECHAIN_PLUGINS" if info.status == "disabled" else "in SAMPLECHAIN_BLOCK_PLUGINS"
             )
-            return f"{text}: its plugin {info.describe()} is {info.status}: {why}"
+            return f"{text}: its {info.describe()} is {info.status}: {why}"
         if entry is not None:
             return f"{text}: it is provided by distribution {entry.distribution}, which is not installed; " + (
                 entry.install_hint(registry.root)

@@ -40,17 +40,21 @@ class MinP(Sampler):
             threshold = top + math.log(shared)
         else:
             threshold = top + torch.log(torch.where(off, torch.ones_like(p), p))
-        keep = cand.logits >= threshold[:, None]  # (B, K)
-        counts = torch.clamp(torch.maximum(keep.sum(dim=-1), min_keep), max=width)
-        counts = torch.where(off, width, counts)
         if cand.is_sorted:
-            return cand.keep_first(counts)
-        if bool(off.all()) or bool((counts >= width).all()):
+            keep = cand.logits >= threshold[:, None]  # (B, K)
+            counts = torch.clamp(torch.maximum(keep.sum(dim=-1), min_keep), max=width)
+            return cand.keep_first(torch.where(off, width, counts))
+        if bool(off.all()):
             return cand
-        # survivors are exactly the counts[b] largest logits: compact them with one partial top-k
-        kmax = int(torch.where(off, 0, counts).max())
-        values, index = ctx.backend.topk(cand.logits, kmax)
-        return cand.restrict(values, index, counts, off)
+        # the survivors are the counts[b] largest logits: found and compacted in one backend call that reads
+        # only the parts of the row that can hold them
+        need = int(torch.where(off, 0, min_keep).max())
+        values, index, above = ctx.backend.at_least(cand.logits, threshold, need)
+        counts = torch.clamp(torch.maximum(above, min_keep), max=width)
+        counts = torch.where(off, width, counts)
+        if bool((counts >= width).all()):
+            return cand
+        return cand.restrict(values, index, counts, off | (counts >= width))
 
 
 @hookimpl

@@ -24,6 +24,10 @@ class Temperature(Sampler):
     def is_argmax_invariant(self) -> bool:
         return True
 
+    def preserves_order(self, ctx: StepContext) -> bool:
+        shared = ctx.scalar("t")  # x / t with t > 0 never reorders a row (rounding may tie, never invert)
+        return shared is not None and shared > 0
+
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
         shared = ctx.scalar("t")
         if shared == 1.0:

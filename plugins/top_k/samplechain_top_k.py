@@ -26,6 +26,9 @@ class TopK(Sampler):
     request_aliases = {"top_k": "k", "min_keep": "min_keep"}
     summary = "keep the k most likely tokens"
 
+    def is_rank_only(self) -> bool:
+        return True
+
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
         width = cand.width
         k, min_keep = ctx.scalar("k"), ctx.scalar("min_keep")

@@ -48,6 +48,37 @@ def kept_counts(
     return torch.clamp(torch.maximum(counts, min_keep), min=1, max=values.shape[1])
 
 
+_WIDE = 16384  # from this many candidates on, the cut is located from a histogram of the probabilities
+_BUCKET_SHIFT = 20  # float32 bits >> 20: sign, exponent and 3 mantissa bits, 2048 buckets ~9% wide, in order
+_MASS_MARGIN = 1e-4  # the histogram is float32: aim past p by this much so the kept set is surely covered
+
+
+def wide_row_mass(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For wide rows: float32 probabilities from one fused softmax, and the top logit and normaliser in float64.
+
+    probs = exp(x - top) / S' with S' softmax's own float32 sum (which may be off by ~1e-5 on 10^5 terms), and
+    p_top = 1 / S'; torch's sum of the probabilities is cascaded (~1e-7), so S = sum(probs) / p_top recovers the
+    true normaliser to float32 accuracy without a float64 pass over the row."""
+    probs = torch.softmax(logits, dim=-1)
+    top, arg = logits.max(dim=-1, keepdim=True)
+    total = probs.sum(dim=-1).double() / probs.gather(1, arg).squeeze(1).double()
+    return probs, top.double(), total
+
+
+def superset_threshold(probs: torch.Tensor, top: torch.Tensor, total: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """A logit per row (B,) at or below the last token top-p keeps, without a sort: the probabilities are
+    bucketed by their float32 bit pattern (monotone in the value), the bucket mass accumulated from the top, and
+    the lower edge of the bucket where it passes p (plus a margin) turned back into a logit (minus a margin)."""
+    buckets = 1 << (31 - _BUCKET_SHIFT)
+    keys = (probs.view(torch.int32) >> _BUCKET_SHIFT).long()
+    hist = torch.zeros(probs.shape[0], buckets, dtype=probs.dtype, device=probs.device).scatter_add_(1, keys, probs)
+    from_top = hist.flip(1).cumsum(dim=1, dtype=torch.float64)
+    before = (from_top < (p.double() + _MASS_MARGIN)[:, None]).sum(dim=1)  # buckets entirely above the cut
+    key = torch.clamp(buckets - 1 - before, min=0)
+    edge = (key << _BUCKET_SHIFT).to(torch.int32).view(torch.float32).double()  # smallest prob in that bucket
+    return (top.squeeze(1) + torch.log(edge * total) - 1e-3).float()
+
+
 class TopP(Sampler):
     name = "top_p"
     stage = Stage.FILTER
@@ -62,18 +93,29 @@ class TopP(Sampler):
         p, min_keep = ctx.param("p"), ctx.param("min_keep")
         off = p >= 1.0  # (B,)
         width = cand.width
-        top, total = row_mass(cand.logits)  # over all current candidates, as llama.cpp's softmax
+        if cand.is_sorted or width < _WIDE:
+            top, total = row_mass(cand.logits)  # over all current candidates, as llama.cpp's softmax
         if cand.is_sorted:
             counts = kept_counts(cand.logits, top, total, p, min_keep)
             return cand.keep_first(torch.where(off, width, counts))
-        j = min(_FIRST_GUESS, width)
-        while True:
+        need = int(torch.where(off, 0, min_keep).max())
+        if width >= _WIDE:
+            # locate the cut first, then read only what lies above it: no growing top-k, no sort
+            probs, top, total = wide_row_mass(cand.logits)
+            threshold = superset_threshold(probs, top, total, p)
+            threshold = torch.where(off, top.squeeze(1).float(), threshold)  # off rows must not widen the read
+            values, index, _ = ctx.backend.at_least(cand.logits, threshold, need)
+            counts = kept_counts(values, top, total, p, min_keep)
+            j = values.shape[1]
+        else:
+            j = min(_FIRST_GUESS, width)
             values, index = ctx.backend.topk(cand.logits, j)
             counts = kept_counts(values, top, total, p, min_keep)
-            # the cut is inside the top j unless every one of them was kept (the mass may continue below)
-            if j == width or bool(((counts < j) | off).all()):
-                break
+        # the cut is inside the top j unless every one of them was kept (the mass may continue below)
+        while j < width and bool(((counts >= j) & ~off).any()):
             j = min(j * 8, width)
+            values, index = ctx.backend.topk(cand.logits, j)
+            counts = kept_counts(values, top, total, p, min_keep)
         counts = torch.where(off, width, counts)
         return cand.restrict(values, index, counts, off)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -490,34 +490,57 @@ class Generation:
         )
 
 
+ProgressCallback = Callable[[int, int | None], None]  # (step, max_new_tokens or None)
+
+
+def _steps(gen: Generation, progress: ProgressCallback | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """gen.steps(), reporting each finished step to `progress` (a progress bar, outside the decoding itself)."""
+    if progress is None:
+        yield from gen.steps()
+        return
+    total = gen.stopping.max_new_tokens(gen.setup)
+    for step, item in enumerate(gen.steps(), start=1):
+        yield item
+        progress(step, total)
+
+
 def generate(model: Any, tokenizer: Any = None, prompts: str | Sequence[str] | None = None, *,
              num_beams: int = 1, length_penalty: float = 1.0, early_stopping: bool | str = False,
-             **kwargs: Any) -> GenerationOutput:
+             progress: ProgressCallback | None = None, **kwargs: Any) -> GenerationOutput:
     """Generate from a causal LM through a chain. See `Generation` for the arguments; `num_beams > 1` runs beam
-    search (`length_penalty`, `early_stopping`, `num_return_sequences` as transformers)."""
+    search (`length_penalty`, `early_stopping`, `num_return_sequences` as transformers).
+
+    progress: called as progress(step, max_new_tokens) once after every step (step counts from 1), so a caller
+    can draw a progress bar; max_new_tokens is the tightest bound the length limits set (None when none states
+    one), the run may end earlier (eos, stop strings). It sees the loop, never changes it. Not with beam search."""
     if not isinstance(num_beams, int) or num_beams < 1:
         raise ConfigError(f"num_beams = {num_beams!r}: must be an integer >= 1")
     if num_beams > 1:
+        if progress is not None:
+            raise ConfigError("progress= is not available with beam search (num_beams > 1): drop progress=, or use "
+                              "num_beams=1")
         from .beam import beam_generate
 
         return beam_generate(model, tokenizer, prompts, num_beams=num_beams, length_penalty=length_penalty,
                              early_stopping=early_stopping, **kwargs)
     gen = Generation(model, tokenizer, prompts, **kwargs)
-    for _ in gen.steps():
+    for _ in _steps(gen, progress):
         pass
     return gen.output()
 
 
 def stream(model: Any, tokenizer: Any, prompts: str | Sequence[str] | None = None, *,
-           result: list[GenerationOutput] | None = None, **kwargs: Any) -> Iterator[StreamEvent]:
+           result: list[GenerationOutput] | None = None, progress: ProgressCallback | None = None,
+           **kwargs: Any) -> Iterator[StreamEvent]:
     """Yield text deltas per request as tokens are chosen; the deltas of a request concatenate to its decoded
-    text and never split a multi-byte character. Pass `result=[]` to receive the final GenerationOutput."""
+    text and never split a multi-byte character. Pass `result=[]` to receive the final GenerationOutput;
+    `progress` as in `generate()`, called after a step's events are yielded."""
     if tokenizer is None:
         raise ConfigError("streaming text needs a tokenizer: stream(model, tokenizer, prompts)")
     gen = Generation(model, tokenizer, prompts, **kwargs)
     decoders = [IncrementalDecoder(tokenizer) for _ in gen.request_ids]
     try:
-        for tokens, active in gen.steps():
+        for tokens, active in _steps(gen, progress):
             for b in active.nonzero().flatten().tolist():
                 token = int(tokens[b])
                 text = decoders[b].push(token)

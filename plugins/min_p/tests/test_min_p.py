@@ -132,3 +132,20 @@ def test_existing_minus_inf_entries_stay_masked():
     ours = processed_scores(chain(0.05), logits)
     assert not bool(torch.isfinite(ours[:, 1::3]).any())
     assert_matches(ours, logits, 0.05)
+
+
+def test_wide_vocab_mixed_rows_through_the_chunked_path():
+    """Vocabularies wide enough for the backend's chunked at-least path: peaked and flat rows, masked entries,
+    per-row p including off rows and a min_keep above the survivor count; each row matches transformers."""
+    logits = random_logits(9, 6, 128256, 2.0)
+    logits[1] = random_logits(10, 1, 128256, 25.0)[0]  # a handful of survivors
+    logits[3, ::3] = float("-inf")
+    per_row = [{"min_p": 0.05}, {"min_p": 0.1}, {"min_p": 0.0}, {"min_p": 0.3}, {"min_p": 0.9, "min_keep": 50},
+               {"min_p": 0.001}]
+    ours = processed_scores(chain(0.05), logits, per_row)
+    for row, params in enumerate(per_row):
+        if params["min_p"] == 0.0:
+            assert torch.equal(ours[row], logits[row])
+        else:
+            assert_matches(ours[row:row + 1], logits[row:row + 1], params["min_p"], params.get("min_keep", 1))
+    assert int(torch.isfinite(ours[4]).sum()) == 50

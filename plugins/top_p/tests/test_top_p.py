@@ -185,3 +185,19 @@ def test_mass_exactly_at_p_from_float32_logits():
     ref = TopPLogitsWarper(0.7)(None, logits.clone())
     assert torch.isfinite(ref).tolist() == [[False, False, True, True]]
     assert torch.equal(torch.isfinite(ours), torch.isfinite(ref))
+
+
+def test_wide_vocab_mixed_rows_find_the_width_in_one_estimate():
+    """Rows that need thousands of candidates next to rows that need a handful and rows with top_p off: the
+    width estimate covers the flat rows only, and every row still matches transformers."""
+    logits = random_logits(5, 6, 128256, 3.0)
+    logits[1] = random_logits(6, 1, 128256, 30.0)[0]  # peaked: a few tokens reach p
+    logits[4, ::2] = float("-inf")
+    per_row = [{"top_p": 0.9}, {"top_p": 0.9}, {"top_p": 1.0}, {"top_p": 0.5}, {"top_p": 0.99}, {"top_p": 0.9}]
+    ours = processed_scores(chain(0.9), logits, per_row)
+    for row, params in enumerate(per_row):
+        if params["top_p"] == 1.0:
+            assert torch.equal(ours[row], logits[row])  # off: the row passes through
+        else:
+            assert_matches(ours[row:row + 1], logits[row:row + 1], params["top_p"])
+    assert int(torch.isfinite(ours[0]).sum()) > 1000 and int(torch.isfinite(ours[1]).sum()) < 64

@@ -1,0 +1,111 @@
+"""Executor fast paths keep results: an order-preserving temperature before a rank-only top_k runs after it (on the
+k survivors), with the same processed scores and the same tokens as the two samplers in the written order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
+
+from samplechain import Chain
+from samplechain.testing import random_logits, request_store
+
+
+def _chain(*entries) -> Chain:
+    return Chain.load({"chain": {"samplers": [*entries, {"use": "dist", "seed": 3}]}})
+
+
+def _widths(chain: Chain, monkeypatch) -> list[tuple[str, int]]:
+    seen: list[tuple[str, int]] = []
+    for sampler in chain.samplers[:-1]:
+        apply = sampler.apply
+
+        def spy(cand, ctx, _apply=apply, _name=sampler.name):
+            seen.append((_name, cand.width))
+            return _apply(cand, ctx)
+
+        monkeypatch.setattr(sampler, "apply", spy)
+    return seen
+
+
+def test_temperature_runs_after_top_k_with_identical_scores_and_tokens(monkeypatch):
+    logits = random_logits(0, 6, 50257, scale=3.0)
+    swapped = _chain({"use": "temperature", "t": 0.7}, {"use": "top_k", "k": 40})
+    seen = _widths(swapped, monkeypatch)
+    scores = swapped.process(logits)
+    assert seen == [("top_k", 50257), ("temperature", 40)]
+    ref = TopKLogitsWarper(40)(None, TemperatureLogitsWarper(0.7)(None, logits.clone()))
+    assert torch.equal(scores, ref)  # x / t then top-k == top-k then x / t, bitwise
+    # the written order, forced: the same tokens from the same seeds
+    written = _chain({"use": "temperature", "t": 0.7}, {"use": "top_k", "k": 40})
+    monkeypatch.setattr(written.samplers[0], "preserves_order", lambda ctx: False)
+    for step in range(3):
+        a = swapped.sample(logits, accept=False).token_ids
+        b = written.sample(logits, accept=False).token_ids
+        assert torch.equal(a, b), step
+
+
+def test_no_swap_for_per_row_temperatures_or_zero(monkeypatch):
+    logits = random_logits(1, 3, 4096)
+    chain = _chain({"use": "temperature", "t": 0.7}, {"use": "top_k", "k": 40})
+    seen = _widths(chain, monkeypatch)
+    store, ids = request_store(chain, [{"temperature": 0.5}, {"temperature": 0.0}, {}])
+    chain.sample(logits, store, ids)
+    assert seen == [("temperature", 4096), ("top_k", 4096)]  # t = 0 keeps the first argmax of the full row
+
+
+def test_no_swap_before_filters_that_read_probabilities(monkeypatch):
+    chain = _chain({"use": "temperature", "t": 0.7}, {"use": "top_p", "p": 0.9})
+    seen = _widths(chain, monkeypatch)
+    chain.process(random_logits(2, 2, 4096))
+    assert [name for name, _ in seen] == ["temperature", "top_p"]
+
+
+# ---------------------------------------------------------------- the cpu backend against the plain reference
+CHAINS = {
+    "llama.cpp": [{"use": "penalties", "repeat": 1.1, "presence": 0.2, "last_n": 64}, {"use": "top_k", "k": 40},
+                  {"use": "top_p", "p": 0.95}, {"use": "min_p", "p": 0.05}, {"use": "temperature", "t": 0.8}],
+    "top_p": [{"use": "top_p", "p": 0.9}],
+    "min_p": [{"use": "min_p", "p": 0.05}, {"use": "temperature", "t": 0.8}],
+    "temperature_first": [{"use": "temperature", "t": 0.7}, {"use": "top_k", "k": 50}, {"use": "top_p", "p": 0.9}],
+}
+PER_ROW = [{}, {"top_p": 0.5, "min_p": 0.2, "seed": 11}, {"top_k": 5, "temperature": 1.3}, {"top_p": 1.0, "min_p": 0.0},
+           {"min_keep": 60, "seed": 5}, {"top_k": 0, "top_p": 0.99}]
+
+
+def _wide_logits(kind: str) -> torch.Tensor:
+    x = random_logits(7, len(PER_ROW), 50257, scale=3.0)
+    if kind == "ties":
+        x = torch.round(x)
+    elif kind == "masked":
+        x[:, 1::2] = float("-inf")
+    elif kind == "extreme":
+        x[:, ::101] += 80.0  # a wide band of huge logits (distinct: ties are the "ties" case)
+        x[:, 3::97] = -1e30
+    return x
+
+
+@pytest.mark.parametrize("kind", ["randn", "ties", "masked", "extreme"])
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_cpu_fast_paths_give_the_reference_tokens(name, kind):
+    """The cpu backend (chunked top-k and at-least) against the plain reference primitives (torch.topk, count then
+    top-k): the same seeded tokens, the same kept sets, per-row parameters differing across rows."""
+    from samplechain.testing import host_with
+
+    logits = _wide_logits(kind)
+    history = torch.randint(0, 50257, (len(PER_ROW), 96), generator=torch.Generator().manual_seed(3))
+    config = {"samplers": [*CHAINS[name], {"use": "dist", "seed": 42}]}
+    results = []
+    for backend in ("cpu", "recording"):
+        chain = Chain.load({**config, "backend": backend}, host=host_with())
+        names = {alias for sampler in chain.samplers for alias in sampler.request_aliases}
+        store, ids = request_store(chain, [{k: v for k, v in row.items() if k in names} for row in PER_ROW])
+        steps = [chain.sample(logits, store, ids, history=history, return_scores=True) for _ in range(3)]
+        results.append(steps)
+    for fast, ref in zip(*results):
+        kept_fast, kept_ref = torch.isfinite(fast.scores), torch.isfinite(ref.scores)
+        if kind != "ties":  # tied logits at the k-th place may resolve to other tokens (torch.topk's is unspecified)
+            assert torch.equal(fast.token_ids, ref.token_ids)
+            assert torch.equal(kept_fast, kept_ref)
+        assert torch.equal(kept_fast.sum(dim=-1), kept_ref.sum(dim=-1))
+        assert torch.equal(fast.scores[kept_fast].sort().values, ref.scores[kept_ref].sort().values)
