@@ -71,6 +71,35 @@ def chunked_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int, widt
     return values, positions.gather(1, where), counts
 
 
+def compacted_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Backend.at_least for many entries per row (thousands: flat rows): the entries >= threshold compacted
+    with one nonzero into (B, max count) and sorted there, about half the cost of a top-k of that many from the
+    whole row. None when k asks for more than a row holds above its threshold (the caller takes the top-k)."""
+    keep = logits >= threshold[:, None]
+    counts = keep.sum(dim=-1)
+    width = int(counts.max())
+    if k > int(counts.min()) or width == 0:
+        return None
+    rows, cols = keep.nonzero(as_tuple=True)  # row-major: each row's entries are contiguous, in column order
+    slot = torch.arange(rows.numel(), device=logits.device) - (torch.cumsum(counts, 0) - counts)[rows]
+    values = torch.full((logits.shape[0], width), float("-inf"), dtype=logits.dtype, device=logits.device)
+    positions = torch.zeros((logits.shape[0], width), dtype=torch.int64, device=logits.device)
+    values[rows, slot] = logits[rows, cols]
+    positions[rows, slot] = cols
+    # a shorter row's spare slots take distinct tokens it does not keep (as -inf): the s-th id missing from its
+    # ascending survivors is s + #{i : col_i - i <= s}, so positions stay unique per row
+    ranks = torch.arange(width, device=logits.device)
+    spare = ranks[None, :] >= counts[:, None]
+    if bool(spare.any()):
+        gaps = torch.where(spare, torch.iinfo(torch.int64).max, positions - ranks)  # non-decreasing per row
+        wanted = (ranks[None, :] - counts[:, None]).clamp(min=0)
+        missing = wanted + torch.searchsorted(gaps, wanted, right=True)
+        positions = torch.where(spare, missing, positions)
+    values, order = torch.sort(values, dim=-1, descending=True, stable=True)
+    return values, positions.gather(1, order), counts
+
+
 class CpuBackend(Backend):
     """Reference backend. Other backends state their equivalence to this one."""
 
@@ -90,6 +119,9 @@ class CpuBackend(Backend):
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if logits.ndim == 2 and logits.is_contiguous() and logits.shape[-1] >= _MIN_VOCAB:
             found = chunked_at_least(logits, threshold, k, _CHUNK)
+            if found is not None:
+                return found
+            found = compacted_at_least(logits, threshold, k)
             if found is not None:
                 return found
         return super().at_least(logits, threshold, k)

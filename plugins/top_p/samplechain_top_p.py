@@ -48,7 +48,9 @@ def kept_counts(
     return torch.clamp(torch.maximum(counts, min_keep), min=1, max=values.shape[1])
 
 
-_WIDE = 16384  # from this many candidates on, the cut is located from a histogram of the probabilities
+_WIDE = 16384  # from this many candidates on, the cut is searched in the chunks holding the largest logits
+_CHUNK = 64
+_FIRST_CHUNKS = 128  # ~8000 gathered tokens on a 128256 vocabulary: enough for peaked rows in one go
 _BUCKET_SHIFT = 20  # float32 bits >> 20: sign, exponent and 3 mantissa bits, 2048 buckets ~9% wide, in order
 _MASS_MARGIN = 1e-4  # the histogram is float32: aim past p by this much so the kept set is surely covered
 
@@ -57,18 +59,51 @@ def wide_row_mass(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     """For wide rows: float32 probabilities from one fused softmax, and the top logit and normaliser in float64.
 
     probs = exp(x - top) / S' with S' softmax's own float32 sum (which may be off by ~1e-5 on 10^5 terms), and
-    p_top = 1 / S'; torch's sum of the probabilities is cascaded (~1e-7), so S = sum(probs) / p_top recovers the
-    true normaliser to float32 accuracy without a float64 pass over the row."""
+    max(probs) = 1 / S'; torch's sum of the probabilities is cascaded (~1e-7), so S = sum(probs) / max(probs)
+    recovers the true normaliser to float32 accuracy without a float64 pass over the row."""
     probs = torch.softmax(logits, dim=-1)
-    top, arg = logits.max(dim=-1, keepdim=True)
-    total = probs.sum(dim=-1).double() / probs.gather(1, arg).squeeze(1).double()
-    return probs, top.double(), total
+    top = logits.amax(dim=-1, keepdim=True).double()
+    total = probs.sum(dim=-1).double() / probs.amax(dim=-1).double()
+    return probs, top, total
+
+
+def chunked_cut(logits: torch.Tensor, top: torch.Tensor, total: torch.Tensor, p: torch.Tensor,
+                min_keep: torch.Tensor, off: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The top-p cut of wide rows from the chunks that hold the largest logits, or None (flat rows).
+
+    The row is cut into chunks of 64; the n chunks with the largest maxima are gathered (plus the tail that fills
+    no chunk). Every token outside them is <= U, the (n+1)-th largest chunk maximum, so the gathered tokens
+    above U are exactly the row's largest, in order, and the mass above each of them is exact. When the cut lies
+    among them in every row, it is the cut of the whole row; otherwise n grows (x4) while the gather stays small.
+    Returns sorted values and positions (B, J) and the kept counts, as the top-k path does.
+    """
+    batch, vocab = logits.shape
+    chunks = vocab // _CHUNK
+    body = chunks * _CHUNK
+    maxima = logits[:, :body].reshape(batch, chunks, _CHUNK).amax(dim=-1)  # (B, C)
+    offsets = torch.arange(_CHUNK, device=logits.device)
+    tail = torch.arange(body, vocab, device=logits.device).expand(batch, -1)
+    need = int(torch.where(off, 0, min_keep).max())
+    n = max(8, min(_FIRST_CHUNKS, vocab // (_CHUNK * 8)))
+    while n < chunks and n * _CHUNK * 4 <= vocab:
+        best_max, best = torch.topk(maxima, n + 1, dim=-1)  # sorted: column n is the largest maximum left out
+        positions = torch.cat([(best[:, :n, None] * _CHUNK + offsets).reshape(batch, n * _CHUNK), tail], dim=1)
+        gathered = logits.gather(1, positions)
+        above = (gathered > best_max[:, n:]).sum(dim=-1)  # (B,) tokens ranked above everything not gathered
+        j = min(max(int(above.max()) + 1, need, 1), gathered.shape[1])
+        values, where = torch.topk(gathered, j, dim=-1)
+        counts = kept_counts(values, top, total, p, min_keep)
+        if bool((off | (counts <= above)).all()):
+            return values, positions.gather(1, where), counts
+        n *= 4
+    return None
 
 
 def superset_threshold(probs: torch.Tensor, top: torch.Tensor, total: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """A logit per row (B,) at or below the last token top-p keeps, without a sort: the probabilities are
-    bucketed by their float32 bit pattern (monotone in the value), the bucket mass accumulated from the top, and
-    the lower edge of the bucket where it passes p (plus a margin) turned back into a logit (minus a margin)."""
+    """For flat rows: a logit per row (B,) at or below the last token top-p keeps, without a sort. The
+    probabilities are bucketed by their float32 bit pattern (monotone in the value), the bucket masses summed
+    from the top, and the lower edge of the bucket where the sum passes p (plus a margin) turned back into a
+    logit (minus a margin). The caller checks the cut it then finds and widens if it must."""
     buckets = 1 << (31 - _BUCKET_SHIFT)
     keys = (probs.view(torch.int32) >> _BUCKET_SHIFT).long()
     hist = torch.zeros(probs.shape[0], buckets, dtype=probs.dtype, device=probs.device).scatter_add_(1, keys, probs)
@@ -93,28 +128,32 @@ class TopP(Sampler):
         p, min_keep = ctx.param("p"), ctx.param("min_keep")
         off = p >= 1.0  # (B,)
         width = cand.width
-        if cand.is_sorted or width < _WIDE:
-            top, total = row_mass(cand.logits)  # over all current candidates, as llama.cpp's softmax
         if cand.is_sorted:
+            top, total = row_mass(cand.logits)  # over all current candidates, as llama.cpp's softmax
             counts = kept_counts(cand.logits, top, total, p, min_keep)
             return cand.keep_first(torch.where(off, width, counts))
-        need = int(torch.where(off, 0, min_keep).max())
         if width >= _WIDE:
-            # locate the cut first, then read only what lies above it: no growing top-k, no sort
+            # one normaliser per row whichever path finds the cut, so a row's cut never depends on its batch
             probs, top, total = wide_row_mass(cand.logits)
-            threshold = superset_threshold(probs, top, total, p)
-            threshold = torch.where(off, top.squeeze(1).float(), threshold)  # off rows must not widen the read
-            values, index, _ = ctx.backend.at_least(cand.logits, threshold, need)
-            counts = kept_counts(values, top, total, p, min_keep)
-            j = values.shape[1]
+            found = chunked_cut(cand.logits, top, total, p, min_keep, off) if cand.logits.is_contiguous() else None
+            if found is not None:
+                values, index, counts = found
+                return cand.restrict(values, index, torch.where(off, width, counts), off)
+            # flat rows (thousands of tokens above the cut): read what lies above a threshold found from a
+            # histogram of the probabilities, in one backend call
+            threshold = torch.where(off, top.squeeze(1).float(), superset_threshold(probs, top, total, p))
+            values, index, trusted = ctx.backend.at_least(cand.logits, threshold,
+                                                          int(torch.where(off, 0, min_keep).max()))
         else:
-            j = min(_FIRST_GUESS, width)
-            values, index = ctx.backend.topk(cand.logits, j)
-            counts = kept_counts(values, top, total, p, min_keep)
-        # the cut is inside the top j unless every one of them was kept (the mass may continue below)
-        while j < width and bool(((counts >= j) & ~off).any()):
-            j = min(j * 8, width)
-            values, index = ctx.backend.topk(cand.logits, j)
+            top, total = row_mass(cand.logits)  # float64: exact where a cut may sit right on p
+            values, index = ctx.backend.topk(cand.logits, min(_FIRST_GUESS, width))
+            trusted = torch.full_like(p, values.shape[1], dtype=torch.int64)
+        counts = kept_counts(values, top, total, p, min_keep)
+        # a row's first `trusted` values are its largest in order; its cut is found unless it reached them all
+        # (then the mass may continue below)
+        while values.shape[1] < width and bool(((counts >= trusted) & ~off).any()):
+            values, index = ctx.backend.topk(cand.logits, min(values.shape[1] * 8, width))
+            trusted = torch.full_like(trusted, values.shape[1])
             counts = kept_counts(values, top, total, p, min_keep)
         counts = torch.where(off, width, counts)
         return cand.restrict(values, index, counts, off)

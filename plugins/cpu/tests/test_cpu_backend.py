@@ -104,3 +104,16 @@ def test_at_least_takes_the_chunked_path_only_when_it_reads_little():
     x = _logits("randn", 3, 128256)
     assert cpu.chunked_at_least(x, x.amax(dim=-1) - 1.0, 0, 64) is not None
     assert cpu.chunked_at_least(x, x.amax(dim=-1) - 100.0, 0, 64) is None  # everything qualifies
+
+
+def test_compacted_at_least_keeps_positions_unique_in_short_rows():
+    x = _logits("randn", 4, 50257)
+    threshold = x.amax(dim=-1) - torch.tensor([9.0, 2.0, 0.0, 6.0])  # very different counts per row
+    values, index, counts = cpu.compacted_at_least(x, threshold, 1)
+    for row in range(4):
+        n = int(counts[row])
+        assert torch.equal(values[row, :n], torch.topk(x[row], n).values)
+        assert torch.equal(x[row].gather(0, index[row, :n]), values[row, :n])
+        assert index[row].unique().numel() == index.shape[1], "a spare slot repeats a token"
+        assert not bool(torch.isfinite(values[row, n:]).any())
+        assert not bool((x[row].gather(0, index[row, n:]) >= threshold[row]).any()), "a spare slot holds a survivor"
