@@ -85,6 +85,13 @@ class Candidates:
         """Same candidates, new logits (which the chain owns)."""
         return Candidates(logits, self.ids, self.vocab_size, self.is_sorted if is_sorted is None else is_sorted, True)
 
+    def owned(self, backend: Backend) -> Candidates:
+        """These candidates with logits the chain may write: self when they already are, else a copy into the
+        backend's reusable workspace (never the caller's tensor)."""
+        if self.writable:
+            return self
+        return self.replace_logits(backend.scratch("candidates", self.logits).copy_(self.logits))
+
     def take(self, values: torch.Tensor, index: torch.Tensor, *, is_sorted: bool) -> Candidates:
         """Compact to candidates at positions index (B, K'), whose logits are values (B, K')."""
         return Candidates(values, self.ids_at(index), self.vocab_size, is_sorted, True)
@@ -472,6 +479,19 @@ class Backend:
 
     def kernel(self, name: str) -> Callable[..., Any] | None:
         return self.kernels.get(name)
+
+    def scratch(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """A contiguous tensor shaped like `like` (contents undefined), reused from step to step under `name`.
+
+        A (B, V) temporary allocated afresh every step costs its page faults, several times the copy itself; the
+        buffer grows to the largest size asked for and is shared by nothing else. A backend belongs to one chain,
+        and a chain runs one step at a time, so a step's buffer is free again at the next step."""
+        cache: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = self.__dict__.setdefault("_scratch", {})
+        key = (name, like.dtype, like.device)
+        buf = cache.get(key)
+        if buf is None or buf.numel() < like.numel():
+            buf = cache[key] = torch.empty(like.numel(), dtype=like.dtype, device=like.device)
+        return buf[: like.numel()].view(like.shape)
 
     def topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The k largest logits per row, in descending order, and their positions. (B, K) -> (B, k) x2."""

@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, SamplingError, Stage, StepContext, finite, hookimpl, in_range
+from samplechain import Backend, Candidates, Sampler, SamplingError, Stage, StepContext, finite, hookimpl, in_range
 from samplechain.tokens import per_token_reduce, write_tokens
 
 FLOAT_MAX_LOG = 88.7228391  # as llama.cpp: ~ln(FLT_MAX)
@@ -189,7 +189,7 @@ class Dry(Sampler):
         vocab = cand.vocab_size
         ok = counts & (follower >= 0) & (follower < vocab)
         if cand.ids is None:  # the full vocabulary: penalise the followers in place, never touch the other tokens
-            return self._sparse(cand, follower, repeat, ok, mult, base, allowed)
+            return self._sparse(cand, follower, repeat, ok, mult, base, allowed, ctx.backend)
         best = torch.full((B, vocab + 1), -1, dtype=torch.int64, device=device)
         best.scatter_reduce_(1, torch.where(ok, follower, vocab), torch.where(ok, repeat, -1), reduce="amax")
         best = best[:, :vocab]
@@ -207,7 +207,7 @@ class Dry(Sampler):
 
 
     def _sparse(self, cand: Candidates, follower: torch.Tensor, repeat: torch.Tensor, ok: torch.Tensor,
-                mult: torch.Tensor, base: torch.Tensor, allowed: torch.Tensor) -> Candidates:
+                mult: torch.Tensor, base: torch.Tensor, allowed: torch.Tensor, backend: Backend) -> Candidates:
         """Steps 3-4 at the history positions only: each follower token gets its longest repeat (grouped by token
         within the row) and the same penalty as the dense path, written to those tokens alone."""
         if self._single.numel():  # single-token breakers are never penalised
@@ -218,7 +218,7 @@ class Dry(Sampler):
         best = per_token_reduce(ids, repeat, ok, ok, reduce="amax")  # (B, N) the longest repeat of each follower
         penalty = dry_penalty(best, mult, base, allowed)
         x = cand.logits.gather(1, ids)
-        out = cand if cand.writable else cand.replace_logits(cand.logits.clone())
+        out = cand.owned(backend)
         write_tokens(out.logits, ids, x - penalty, ok)
         return out
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, one_of
+from samplechain import Backend, Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, one_of
 from samplechain.tokens import per_token_reduce, write_tokens
 
 SCOPES = ("llama.cpp", "transformers", "vllm")
@@ -82,7 +82,7 @@ class Penalties(Sampler):
                 freq_counted = valid & (from_end < generated[:, None])
         vocab = cand.vocab_size
         if cand.ids is None:  # the full vocabulary: only the tokens in the history change
-            return self._sparse(cand, history, rep_counted, freq_counted, rep, freq, pres, off, scope)
+            return self._sparse(cand, history, rep_counted, freq_counted, rep, freq, pres, off, scope, ctx.backend)
         counts = token_counts(history, freq_counted, vocab)
         seen = counts > 0 if rep_counted is freq_counted else token_counts(history, rep_counted, vocab) > 0
         if cand.ids is not None:
@@ -102,7 +102,8 @@ class Penalties(Sampler):
 
     @staticmethod
     def _sparse(cand: Candidates, history: torch.Tensor, rep_counted: torch.Tensor, freq_counted: torch.Tensor,
-                rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor, off: torch.Tensor, scope: str) -> Candidates:
+                rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor, off: torch.Tensor, scope: str,
+                backend: Backend) -> Candidates:
         """The same arithmetic as the dense path, computed at the history positions and written back to those
         tokens only: O(B * L log L) instead of O(B * V) passes over the logits."""
         vocab = cand.vocab_size
@@ -123,7 +124,7 @@ class Penalties(Sampler):
             new = new - (counts > 0).to(x.dtype) * pres[:, None]
         else:
             new = new - (counts * freq[:, None] + (counts > 0).to(x.dtype) * pres[:, None])
-        out = cand if cand.writable else cand.replace_logits(cand.logits.clone())
+        out = cand.owned(backend)
         write_tokens(out.logits, ids, new, targets)
         return out
 

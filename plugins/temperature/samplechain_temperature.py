@@ -36,7 +36,7 @@ class Temperature(Sampler):
             if cand.writable:
                 cand.logits.div_(shared)
                 return cand
-            return cand.replace_logits(cand.logits / shared)
+            return cand.replace_logits(torch.div(cand.logits, shared, out=ctx.backend.scratch("candidates", cand.logits)))
         t = ctx.param("t")[:, None]  # (B, 1)
         hot = t > 0
         logits = cand.logits / torch.where(hot, t, torch.ones_like(t))
