@@ -58,3 +58,22 @@ def test_consecutive_positions_are_uncorrelated():
 def test_large_seeds_are_valid(seed):
     u = rng.uniform(torch.tensor([seed]), torch.tensor([2**40]), torch.arange(10)[None])
     assert torch.isfinite(u).all()
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 15, 1000, 70_000, 1_000_003])  # scalar tails and vectorised bodies
+def test_int32_mix_is_bit_identical_to_the_int64_mix(n):
+    x = torch.from_numpy(np.random.default_rng(n).integers(0, 2**32, n, dtype=np.int64))
+    x[: min(n, 5)] = torch.tensor([0, 1, 2**31 - 1, 2**31, 2**32 - 1][: min(n, 5)])
+    got = rng._mix32_i32(rng._as_i32(x)).to(torch.int64) & 0xFFFFFFFF
+    assert torch.equal(got, rng.mix32(x))
+
+
+def test_wide_noise_paths_agree_with_the_small_batch_path():
+    """Above 65536 elements the noise is computed with int32 torch ops, below with numpy: the same bits."""
+    ids = torch.randint(0, 2**31 - 1, (3, 40_000), generator=torch.Generator().manual_seed(1))
+    seed = torch.tensor([0, 2**63 - 1, 123456789012345])
+    pos = torch.tensor([0, 7, 2**40])
+    wide = rng.uniform(seed, pos, ids, stream=3)  # 120000 elements: the torch path
+    for row in range(3):
+        alone = rng.uniform(seed[row:row + 1], pos[row:row + 1], ids[row:row + 1, :20_000], stream=3)  # numpy
+        assert torch.equal(wide[row, :20_000], alone[0])

@@ -77,6 +77,25 @@ def row_keys(seed: torch.Tensor, position: torch.Tensor, stream: int) -> tuple[t
     return k, mix32(k ^ 0x5BD1E995)
 
 
+def _as_i32(x: torch.Tensor) -> torch.Tensor:
+    """int64 values in [0, 2**32) as int32 with the same 32 bits (two's complement)."""
+    return (x - ((x >> 31) << 32)).to(torch.int32)
+
+
+_C1_I32, _C2_I32 = 0x7FEB352D, 0x846CA68B - (1 << 32)
+
+
+def _mix32_i32(x: torch.Tensor) -> torch.Tensor:
+    """mix32 on int32 tensors holding the 32 bits: multiplication wraps modulo 2**32 (as the vectorised CPU and the
+    CUDA integer multiplies do) and the right shifts are made logical by masking the sign extension. Bit-identical
+    to the int64 version (tests/test_rng.py), ~4x faster: half the bytes and a third of the operations."""
+    x = x ^ ((x >> 16) & 0xFFFF)
+    x = x * _C1_I32
+    x = x ^ ((x >> 15) & 0x1FFFF)
+    x = x * _C2_I32
+    return x ^ ((x >> 16) & 0xFFFF)
+
+
 def uniform(seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int = 0) -> torch.Tensor:
     """U(0, 1) noise, float64 (B, K), for token ids (B, K) of rows with seed/position (B,)."""
     if ids.device.type == "cpu" and seed.device.type == "cpu" and position.device.type == "cpu" \
@@ -86,8 +105,13 @@ def uniform(seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, strea
         bits = _mix32_np(_mix32_np(x) ^ k2[:, None])
         return torch.from_numpy((bits.astype(np.float64) + 0.5) * (1.0 / 4294967296.0))
     k1, k2 = row_keys(seed, position, stream)
-    bits = mix32(mix32((ids + k1[:, None]) & _M32) ^ k2[:, None])
-    return (bits.to(torch.float64) + 0.5) * (1.0 / 4294967296.0)
+    # token ids are < 2**31, so their int32 sum with the key wraps exactly as the int64 sum modulo 2**32
+    bits = _mix32_i32(_mix32_i32(ids.to(torch.int32) + _as_i32(k1)[:, None]) ^ _as_i32(k2)[:, None])
+    # flipping the sign bit gives s = bits - 2**31 as a signed int32; (s + 2**31 + 0.5) / 2**32, computed as
+    # 2**-32 * s + (0.5 + 2**-33), is exact in float64 (33 significant bits): the same u as the int64 path
+    signed = (bits ^ torch.iinfo(torch.int32).min).to(torch.float64)
+    half = torch.full((), 0.5 + 0.5 / 4294967296.0, dtype=torch.float64, device=signed.device)
+    return torch.add(half, signed, alpha=1.0 / 4294967296.0)
 
 
 def exponential(seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int = 0) -> torch.Tensor:
@@ -97,7 +121,7 @@ def exponential(seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, s
 
 def gumbel(seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int = 0) -> torch.Tensor:
     """Gumbel(0, 1) noise, float64 (B, K): argmax(logits + G) is a draw from softmax(logits)."""
-    return -torch.log(exponential(seed, position, ids, stream))
+    return torch.log(uniform(seed, position, ids, stream)).neg_().log_().neg_()  # -log(-log u), in place
 
 
 def fresh_seed() -> int:
