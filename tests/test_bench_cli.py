@@ -153,3 +153,16 @@ def test_bench_targets_script_passes_options_through_to_samplechain_bench():
                    "--markdown")
     assert done.returncode == 0, done.stderr
     assert "| min-p | randn | float32 | 1 |" in done.stdout
+
+
+def test_llamacpp_comparison_runs_and_keeps_the_same_sets_when_llama_cpp_is_installed():
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is built from source by hand (docs/performance.md)")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_llamacpp", ROOT / "benchmarks" / "bench_llamacpp.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.run([1, 2], 5000, ["peaked"], reps=2, rounds=1, progress=False)
+    assert [r["batch"] for r in rows] == [1, 2]
+    assert all(r["check"] == "same sets, 4/4 rows" for r in rows), [r["check"] for r in rows]
+    assert all(r["samplechain"]["median"] > 0 and r["llama.cpp"]["median"] > 0 for r in rows)
