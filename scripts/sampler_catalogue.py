@@ -386,6 +386,22 @@ def _presets_prose() -> list[str]:
     ]
 
 
+def _plugin_section(name: str, cls: type, versions: dict, kind: str, facts: str, link: str | None, *,
+                    per_request: bool) -> list[str]:
+    """One reference section: heading (### for the newest version, #### for older ones), a line of facts with the
+    providing distribution and the page, the description and the parameter table."""
+    return [
+        f"### `{name}`" if cls is _newest(versions) else f"#### `{cls.qualified_name()}`",
+        "",
+        f"`{cls.qualified_name()}`{facts} · from {_provider(kind, cls)}" + (f" · {link}" if link else ""),
+        "",
+        _description(cls),
+        "",
+        *_param_table(name, cls, per_request=per_request),
+        "",
+    ]
+
+
 def render_reference() -> str:
     """docs/reference.md: the chain file's keys, then every sampler, criterion and backend with its schema."""
     from samplechain.contracts import Backend, Stage
@@ -416,36 +432,16 @@ def render_reference() -> str:
                 continue
             for cls in (versions[v] for v in sorted(versions, reverse=True)):
                 role = "" if stage is Stage.SELECT else f" ({cls.effective_role()})"
-                link = _doc_link(name, DOCS)
-                out += [
-                    f"### `{name}`" if cls is _newest(versions) else f"#### `{cls.qualified_name()}`",
-                    "",
-                    f"`{cls.qualified_name()}` · {stage.value}{role} · from {_provider('sampler', cls)}"
-                    + (f" · {link}" if link else ""),
-                    "",
-                    _description(cls),
-                    "",
-                    *_param_table(name, cls, per_request=True),
-                    "",
-                ]
+                out += _plugin_section(name, cls, versions, "sampler", f" · {stage.value}{role}",
+                                       _doc_link(name, DOCS), per_request=True)
     out += ["## Stopping criteria", "",
             f"Registered through the `{_HOOKS['stopping_criterion']}` hook; entries of `stop = [...]`. A row stops",
             "when any criterion says so; its finish reason is the reason of the first one that did.", ""]
     for name, versions in _ours("stopping_criterion").items():
         for cls in (versions[v] for v in sorted(versions, reverse=True)):
-            link = _section_link(name, DOCS / "stopping.md", DOCS)
             limit = " · a length limit" if cls.is_length_limit else ""
-            out += [
-                f"### `{name}`" if cls is _newest(versions) else f"#### `{cls.qualified_name()}`",
-                "",
-                f"`{cls.qualified_name()}`{limit} · from {_provider('stopping_criterion', cls)}"
-                + (f" · {link}" if link else ""),
-                "",
-                _description(cls),
-                "",
-                *_param_table(name, cls, per_request=False),
-                "",
-            ]
+            out += _plugin_section(name, cls, versions, "stopping_criterion", limit,
+                                   _section_link(name, DOCS / "stopping.md", DOCS), per_request=False)
     out += ["## Backends", "",
             f"Registered through the `{_HOOKS['backend']}` hook; chosen with `backend = ...` (see above).", "",
             "| backend | device | equivalence to the reference | availability | from | description |",

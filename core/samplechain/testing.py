@@ -27,7 +27,7 @@ from .state import RequestStore
 
 __all__ = [
     "RecordingBackend", "ScriptedLogits", "ArgmaxSelector", "host_with", "run_chain", "byte_bpe_tokenizer", "tiny_gpt2",
-    "check_eos_ids_from_setup", "random_logits", "top_k_only", "sampler_chain", "request_store", "processed_scores",
+    "check_eos_ids_from_setup", "random_logits", "hard_logits", "top_k_only", "sampler_chain", "request_store", "processed_scores",
     "assert_rows_equal_alone", "assert_bitwise_no_op", "assert_kept_logits_bitwise", "assert_probs_close",
     "CutoffWarperTests",
 ]
@@ -191,6 +191,18 @@ def random_logits(seed: int, batch: int, vocab: int, scale: float = 1.0) -> torc
     tensor on every machine and run)."""
     g = torch.Generator().manual_seed(seed)
     return torch.randn(batch, vocab, generator=g) * scale
+
+
+def hard_logits(batch: int = 6, vocab: int = 50257, seed: int = 0) -> torch.Tensor:
+    """Rounded randn x 3 (ties everywhere, the k-th place included) with 30% -inf, huge values every 997th column
+    and a last row with only 5 finite entries (fewer than most k): inputs where backends' fast paths can slip."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.round(torch.randn(batch, vocab, generator=g) * 3)
+    x[torch.rand(batch, vocab, generator=g) < 0.3] = float("-inf")
+    x[:, ::997] = 3e38
+    x[-1] = float("-inf")
+    x[-1, :5] = 1.0
+    return x
 
 
 def top_k_only(values: torch.Tensor, k: int, *, by: torch.Tensor | None = None) -> torch.Tensor:

@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import samplechain_cpu
 import samplechain_cuda as cuda
 from samplechain import BackendError, Chain, PluginHost, rng
+from samplechain.testing import hard_logits
 
 REF = samplechain_cpu.CpuBackend()
 HAS_CUDA = torch.cuda.is_available()
@@ -33,15 +34,7 @@ def clean_env(monkeypatch):
     return monkeypatch
 
 
-def _logits(batch: int = 6, vocab: int = 50257, seed: int = 0) -> torch.Tensor:
-    """Rounded randn (ties everywhere, the k-th place included) with -inf, huge values and a nearly empty row."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.round(torch.randn(batch, vocab, generator=g) * 3)
-    x[torch.rand(batch, vocab, generator=g) < 0.3] = float("-inf")
-    x[:, ::997] = 3e38
-    x[-1] = float("-inf")
-    x[-1, :5] = 1.0
-    return x
+_logits = hard_logits
 
 
 def _noise_args(batch: int, width: int, seed: int = 3):
@@ -117,8 +110,9 @@ def _calls(fn) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("fn", [*(getattr(cuda.CudaBackend, p) for p in PRIMITIVES), rng.mix32, rng._mul32],
-                         ids=[*PRIMITIVES, "rng.mix32", "rng._mul32"])
+@pytest.mark.parametrize("fn", [*(getattr(cuda.CudaBackend, p) for p in PRIMITIVES), rng.mix32, rng._mul32,
+                                rng._mix32_i32, rng._as_i32],
+                         ids=[*PRIMITIVES, "rng.mix32", "rng._mul32", "rng._mix32_i32", "rng._as_i32"])
 def test_primitive_source_reads_nothing_on_the_host(fn):
     forbidden = {"item", "tolist", "bool", "int", "float", "nonzero", "cpu", "numpy", "synchronize"}
     assert not set(_calls(fn)) & forbidden, f"{fn.__qualname__} calls {set(_calls(fn)) & forbidden}"

@@ -12,7 +12,7 @@ import torch
 import samplechain_cpu
 import samplechain_mps as mps
 from samplechain import BackendError, Chain, PluginHost
-from samplechain.testing import host_with
+from samplechain.testing import hard_logits, host_with
 
 REF = samplechain_cpu.CpuBackend()
 PRIMITIVES = ("topk", "sort_desc", "gumbel", "uniform")
@@ -31,15 +31,7 @@ def backend(monkeypatch):
     return mps.MpsBackend(device="cpu")
 
 
-def _logits(batch: int = 6, vocab: int = 50257, seed: int = 0) -> torch.Tensor:
-    """Rounded randn (ties everywhere, the k-th place included) with masked and extreme entries."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.round(torch.randn(batch, vocab, generator=g) * 3)
-    x[torch.rand(batch, vocab, generator=g) < 0.3] = float("-inf")
-    x[:, ::997] = 3e38
-    x[-1] = float("-inf")
-    x[-1, :5] = 1.0  # a row with fewer finite entries than k
-    return x
+_logits = hard_logits
 
 
 def _noise_args(batch: int = 5, width: int = 300):
