@@ -109,3 +109,54 @@ def test_cpu_fast_paths_give_the_reference_tokens(name, kind):
             assert torch.equal(kept_fast, kept_ref)
         assert torch.equal(kept_fast.sum(dim=-1), kept_ref.sum(dim=-1))
         assert torch.equal(fast.scores[kept_fast].sort().values, ref.scores[kept_ref].sort().values)
+
+
+# ---------------------------------------------------------------- penalties -> top_k without the (B, V) copy
+def _fusion_case(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(6, 50257, generator=g) * 3
+    history = torch.randint(0, 50257, (6, 80), generator=g)
+    # row 1: its history holds the 60 largest logits (more changed tokens than the first guess of 16 extra)
+    top60 = logits[1].topk(60).indices
+    history[1, -60:] = top60
+    logits[4, 40:] = float("-inf")  # row 4: fewer finite tokens than some rows keep
+    history[4, -3:] = torch.tensor([3, 7, 11])
+    return logits, history
+
+
+FUSED_CHAIN = [{"use": "penalties", "repeat": 1.3, "frequency": 0.2, "presence": -0.5, "last_n": 64},
+               {"use": "dry", "multiplier": 0.0, "breakers": []}, {"use": "top_n_sigma", "n": -1.0},
+               {"use": "top_k", "k": 40}, {"use": "dist", "seed": 9}]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_penalties_then_top_k_fused_equals_the_two_in_turn(seed, monkeypatch):
+    logits, history = _fusion_case(seed)
+    per_row = [{}, {"top_k": 50}, {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
+               {"top_k": 3, "penalty_last_n": -1}, {}, {"min_keep": 45}]
+    results = []
+    for fused in (True, False):
+        chain = Chain.load({"samplers": FUSED_CHAIN})
+        calls = []
+        original = chain.samplers[0].apply
+        monkeypatch.setattr(chain.samplers[0], "apply", lambda c, x, _o=original: calls.append(1) or _o(c, x))
+        if not fused:
+            monkeypatch.setattr(chain.samplers[0], "sparse_changes", lambda c, x: None)
+        store, ids = request_store(chain, per_row)
+        out = chain.sample(logits, store, ids, history=history, return_scores=True)
+        results.append((out, len(calls)))
+    (fast, fast_calls), (ref, ref_calls) = results
+    assert ref_calls == 1 and fast_calls <= 1  # row 4 sends the batch to the usual path (fewer finite than kept)
+    assert torch.equal(fast.scores, ref.scores)
+    assert torch.equal(fast.token_ids, ref.token_ids)
+
+
+def test_the_fusion_runs_when_every_row_has_enough_candidates(monkeypatch):
+    logits, history = _fusion_case(0)
+    logits, history = logits[:4], history[:4]
+    chain = Chain.load({"samplers": FUSED_CHAIN})
+    monkeypatch.setattr(chain.samplers[0], "apply", lambda c, x: pytest.fail("penalties copied the logits"))
+    out = chain.process(logits, history=history)
+    plain = Chain.load({"samplers": FUSED_CHAIN})
+    monkeypatch.setattr(plain.samplers[0], "sparse_changes", lambda c, x: None)
+    assert torch.equal(out, plain.process(logits, history=history))

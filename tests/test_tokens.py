@@ -72,3 +72,18 @@ def test_sparse_path_equals_dense_path_bitwise(entry, seed):
     sparse, dense = _dense_and_sparse(entry, seed)
     assert torch.equal(sparse, dense)
     assert not torch.equal(sparse, _dense_and_sparse({"use": "temperature", "t": 1.0}, seed)[0]), "nothing changed"
+
+
+def test_first_occurrence_marks_each_token_once_per_row():
+    from samplechain.tokens import TokenGroups, first_occurrence
+
+    ids = torch.tensor([[5, 3, 5, 7, 3, 5], [1, 1, 1, 2, 2, 9]])
+    mask = torch.tensor([[True, True, True, False, True, True], [False, True, True, True, True, True]])
+    want = torch.tensor([[True, True, False, False, False, False], [False, True, False, True, False, True]])
+    assert torch.equal(first_occurrence(ids, mask), want)
+    groups = TokenGroups.of(ids, mask)
+    assert torch.equal(groups.first(), want)
+    counts = groups.reduce(torch.ones(ids.shape), mask)
+    assert counts[0].tolist() == [3, 2, 3, 0, 2, 3] and counts[1].tolist() == [0, 2, 2, 2, 2, 1]
+    empty = torch.zeros(2, 0, dtype=torch.int64)
+    assert first_occurrence(empty, empty.bool()).shape == (2, 0)

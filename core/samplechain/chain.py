@@ -34,6 +34,7 @@ from .backends import select_backend
 from .config import ChainConfig, load_config
 from .contracts import Backend, Candidates, Sampler, SamplerSetup, StepContext, token_id_list
 from .errors import ConfigError, RequestError, SamplechainError, SamplingError
+from .filters import patched_top
 from .plugins import PluginHost, get_host
 from .state import RequestStore, StoreLayout
 
@@ -63,6 +64,8 @@ class Chain:
         self.backend_name = backend or config.backend
         self._backends: dict[str, Backend] = {}
         self._stateful = [i for i, s in enumerate(self.samplers) if s.is_stateful()]
+        # samplers that can describe their change of the full vocabulary sparsely (executor fusion with top_k)
+        self._sparse = {i for i, s in enumerate(self.samplers) if type(s).sparse_changes is not Sampler.sparse_changes}
         self.needs_history = any(s.needs_history() for s in self.samplers)
         self.needs_unconditional_logits = any(s.needs_unconditional_logits() for s in self.samplers)
         self.setup: SamplerSetup | None = None  # the last prepare()'s
@@ -309,6 +312,11 @@ class Chain:
         i, last = 0, len(self.samplers) - 1
         while i < last:
             ctx = self._context(store, view, positions, backend, i, hist, uncond)
+            if i in self._sparse and cand.ids is None and not cand.writable:
+                fused = self._fuse_sparse_then_rank(cand, ctx, i, store, view, positions, backend, hist, uncond)
+                if fused is not None:
+                    cand, i = fused
+                    continue
             swap = i + 1 < last and self.samplers[i + 1].is_rank_only() and self.samplers[i].preserves_order(ctx)
             steps = [(i + 1, self._context(store, view, positions, backend, i + 1, hist, uncond)), (i, ctx)] \
                 if swap else [(i, ctx)]
@@ -319,6 +327,35 @@ class Chain:
                     raise self._wrap(j, exc) from exc
             i += len(steps)
         return cand
+
+    def _fuse_sparse_then_rank(self, cand: Candidates, ctx: StepContext, i: int, store: RequestStore, view,
+                               positions, backend: Backend, hist, uncond) -> tuple[Candidates, int] | None:
+        """Sampler i changes a few tokens of the full vocabulary (penalties) and the next sampler that is not
+        disabled this step keeps the k best (top_k): take the k best of the changed rows from a partial top-k of
+        the original ones (filters.patched_top) instead of copying (B, V) to write the change. The same candidates
+        and logits as running the two in turn; None when the pattern does not apply."""
+        last = len(self.samplers) - 1
+        j = i + 1
+        while j < last:
+            ctx_j = self._context(store, view, positions, backend, j, hist, uncond)
+            if not self._call(j, self.samplers[j].is_noop, ctx_j):
+                break
+            j += 1
+        if j >= last or not self.samplers[j].is_rank_only():
+            return None
+        counts = self._call(j, self.samplers[j].rank_counts, cand, ctx_j)
+        changes = None if counts is None else self._call(i, self.samplers[i].sparse_changes, cand, ctx)
+        if changes is None:
+            return None
+        fused = self._call(j, patched_top, cand, changes, counts, backend)
+        return None if fused is None else (fused, j + 1)
+
+    def _call(self, i: int, fn, *args):
+        """fn(*args) on behalf of sampler i: an exception names the sampler and the step."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            raise self._wrap(i, exc) from exc
 
     def _context(self, store: RequestStore, view, positions, backend: Backend, i: int,
                  hist: tuple[torch.Tensor, torch.Tensor] | None = None,

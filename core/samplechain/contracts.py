@@ -262,6 +262,24 @@ class Sampler:
         """True when the sampler never changes which token greedy decoding would pick."""
         return False
 
+    def is_noop(self, ctx: StepContext) -> bool:
+        """True when apply() returns its input unchanged on this step's batch (a disabled sampler): the executor may
+        look past it when it fuses its neighbours."""
+        return False
+
+    def sparse_changes(self, cand: Candidates, ctx: StepContext
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """On the full untouched vocabulary (cand.ids is None): what apply() would change, as token ids (B, L),
+        their new logits (B, L) and a mask (B, L) of the changes, each id at most once per row; None when the
+        sampler cannot say (the executor then calls apply). Lets a following rank-only filter run on the changed
+        row without the (B, V) copy apply() must write into."""
+        return None
+
+    def rank_counts(self, cand: Candidates, ctx: StepContext) -> torch.Tensor | None:
+        """For rank-only filters: how many of the best candidates each row keeps (B,), or None when a row keeps
+        every candidate."""
+        return None
+
     def is_rank_only(self) -> bool:
         """True when apply() depends only on the order of each row's logits and keeps their values (top_k): an
         order-preserving transform right before it may then run after it, on the survivors only."""

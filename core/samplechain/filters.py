@@ -6,6 +6,9 @@
   survive, with every candidate tied with the min_keep-th in logit (transformers' `min_tokens_to_keep` of
   EpsilonLogitsWarper / EtaLogitsWarper); min_keep 0 counts as 1.
 
+- `patched_top(cand, changes, counts, backend)`: the counts[b] best candidates of rows changed at a few positions,
+  without writing the change into a copy of the rows (the executor's penalties -> top_k fusion).
+
 For filters whose survivors are a prefix of the descending order, see `Candidates.keep_best`.
 """
 
@@ -15,7 +18,7 @@ import torch
 
 from .contracts import Backend, Candidates
 
-__all__ = ["kth_largest", "with_min_keep"]
+__all__ = ["kth_largest", "patched_top", "with_min_keep"]
 
 
 def kth_largest(cand: Candidates, backend: Backend, k: torch.Tensor) -> torch.Tensor:
@@ -31,3 +34,35 @@ def with_min_keep(cand: Candidates, backend: Backend, keep: torch.Tensor, min_ke
     """(B, K) keep | (logit >= the min_keep[b]-th largest logit of the row): ties at the boundary all survive."""
     floor = kth_largest(cand, backend, min_keep)
     return keep | (cand.logits >= floor[:, None])
+
+
+_FIRST_EXTRA = 16
+
+
+def patched_top(cand: Candidates, changes: tuple[torch.Tensor, torch.Tensor, torch.Tensor], counts: torch.Tensor,
+                backend: Backend) -> Candidates | None:
+    """The counts[b] largest logits of each row of `cand` (the full vocabulary) after `changes` = (ids, new logits,
+    mask) (B, L), each id at most once per row, are applied; sorted and compacted, as top_k leaves them. None when
+    a row has fewer finite candidates than it keeps (the caller applies the change and filters the usual way).
+
+    The k best of the changed row are the changed tokens (with their new logits) and unchanged ones: the best
+    unchanged tokens, which are the best unchanged of the original row. A partial top-k of k + m of the original
+    holds k unchanged tokens unless more than m of its entries are changed ones; m = 16 first, then L (which
+    always suffices). One partial top-k of ~k instead of a (B, V) copy and a top-k of it.
+    """
+    ids, new, mask = changes
+    width = int(mask.sum(dim=1).max())  # compact the changes: the masked ones first, as many columns as needed
+    order = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)[:, :width]
+    ids, new, mask = ids.gather(1, order), new.gather(1, order), mask.gather(1, order)
+    kmax = int(counts.max())
+    for extra in (min(width, _FIRST_EXTRA), width):  # a few more than k first; k + L always suffices
+        values, index = backend.topk(cand.logits, min(kmax + extra, cand.width))
+        changed = ((index[:, :, None] == ids[:, None, :]) & mask[:, None, :]).any(dim=-1)  # (B, J)
+        if bool(((~changed).sum(dim=1) >= counts).all()) or index.shape[1] == cand.width:
+            break  # every row's k best unchanged tokens are among these
+    pool = torch.cat([values.masked_fill(changed, float("-inf")), new.masked_fill(~mask, float("-inf"))], dim=1)
+    positions = torch.cat([index, ids], dim=1)
+    top, where = torch.topk(pool, kmax, dim=-1)
+    if not bool(torch.isfinite(top).all()):  # -inf fillers could repeat an id: leave such rows to the usual path
+        return None
+    return Candidates(top, cand.ids_at(positions.gather(1, where)), cand.vocab_size, True, True).keep_first(counts)

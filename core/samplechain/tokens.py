@@ -6,9 +6,52 @@ instead of scattering into a (B, V) table, so a penalty over 64 or 4096 history 
 
 from __future__ import annotations
 
+import attrs
 import torch
 
-__all__ = ["per_token_reduce", "write_tokens"]
+__all__ = ["TokenGroups", "first_occurrence", "per_token_reduce", "write_tokens"]
+
+
+@attrs.frozen
+class TokenGroups:
+    """The target positions of each row (B, L) grouped by token id, from one stable sort; a non-target position
+    is a group of its own. Reused for several reductions over the same positions."""
+
+    targets: torch.Tensor
+    order: torch.Tensor  # (B, L) the sort permutation
+    starts: torch.Tensor  # (B, L) a group starts at this sorted position
+    group: torch.Tensor  # (B, L) group number of each sorted position
+
+    @classmethod
+    def of(cls, ids: torch.Tensor, targets: torch.Tensor) -> TokenGroups:
+        B, L = ids.shape
+        lane = torch.arange(L, device=ids.device)
+        key = torch.where(targets, ids, -1 - lane[None, :])
+        sorted_key, order = key.sort(dim=1, stable=True)  # stable: the first position of a run is the earliest
+        starts = torch.ones(B, L, dtype=torch.bool, device=ids.device)
+        starts[:, 1:] = sorted_key[:, 1:] != sorted_key[:, :-1]
+        return cls(targets, order, starts, starts.cumsum(dim=1) - 1)
+
+    def reduce(self, values: torch.Tensor, include: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
+        """At every target position: the reduction of `values` over its group's positions where `include` is True;
+        the reduction's identity elsewhere (0 for "sum", -1 for "amax", which assumes non-negative values)."""
+        vals = values.gather(1, self.order)
+        inc = include.gather(1, self.order)
+        if reduce == "sum":
+            acc = torch.zeros_like(vals).scatter_add_(1, self.group, torch.where(inc, vals, torch.zeros_like(vals)))
+            identity = 0
+        elif reduce == "amax":
+            acc = torch.full_like(vals, -1).scatter_reduce_(
+                1, self.group, torch.where(inc, vals, torch.full_like(vals, -1)), reduce="amax")
+            identity = -1
+        else:
+            raise ValueError(f"reduce must be 'sum' or 'amax', got {reduce!r}")
+        out = torch.empty_like(vals).scatter_(1, self.order, acc.gather(1, self.group))
+        return torch.where(self.targets, out, torch.full_like(out, identity))
+
+    def first(self) -> torch.Tensor:
+        """(B, L) bool: the first target position of each token of a row (later repeats False)."""
+        return torch.zeros_like(self.targets).scatter_(1, self.order, self.starts) & self.targets
 
 
 def per_token_reduce(ids: torch.Tensor, values: torch.Tensor, targets: torch.Tensor, include: torch.Tensor,
@@ -16,28 +59,16 @@ def per_token_reduce(ids: torch.Tensor, values: torch.Tensor, targets: torch.Ten
     """At every target position (b, l): the reduction of `values` over the target positions of row b whose id
     equals ids[b, l] and where `include` is True. Non-target positions get the reduction's identity (0 for "sum",
     -1 for "amax", which assumes non-negative values). ids, values (float or int), targets, include: (B, L)."""
-    B, L = ids.shape
-    if L == 0:
+    if ids.shape[1] == 0:
         return torch.zeros_like(values)
-    lane = torch.arange(L, device=ids.device)
-    key = torch.where(targets, ids, -1 - lane[None, :])  # a non-target position is a group of its own
-    sorted_key, order = key.sort(dim=1, stable=True)
-    starts = torch.ones(B, L, dtype=torch.bool, device=ids.device)
-    starts[:, 1:] = sorted_key[:, 1:] != sorted_key[:, :-1]
-    group = starts.cumsum(dim=1) - 1  # (B, L) group number of each sorted position
-    vals = values.gather(1, order)
-    inc = include.gather(1, order)
-    if reduce == "sum":
-        acc = torch.zeros_like(vals).scatter_add_(1, group, torch.where(inc, vals, torch.zeros_like(vals)))
-        identity = 0
-    elif reduce == "amax":
-        acc = torch.full_like(vals, -1).scatter_reduce_(1, group, torch.where(inc, vals, torch.full_like(vals, -1)),
-                                                         reduce="amax")
-        identity = -1
-    else:
-        raise ValueError(f"reduce must be 'sum' or 'amax', got {reduce!r}")
-    out = torch.empty_like(vals).scatter_(1, order, acc.gather(1, group))
-    return torch.where(targets, out, torch.full_like(out, identity))
+    return TokenGroups.of(ids, targets).reduce(values, include, reduce)
+
+
+def first_occurrence(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, L) bool: True at the first masked position of each distinct id of a row (later repeats False)."""
+    if ids.shape[1] == 0:
+        return mask.clone()
+    return TokenGroups.of(ids, mask).first()
 
 
 def write_tokens(logits: torch.Tensor, ids: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> None:

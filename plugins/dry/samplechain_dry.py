@@ -117,8 +117,11 @@ class Dry(Sampler):
         self._multi = {n: torch.tensor(v, dtype=torch.int64) for n, v in groups.items()}
 
     # ---------------------------------------------------------------- apply
+    def is_noop(self, ctx: StepContext) -> bool:
+        return ctx.scalar("multiplier") == 0.0 or ctx.scalar("penalty_last_n") == 0
+
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
-        if ctx.scalar("multiplier") == 0.0 or ctx.scalar("penalty_last_n") == 0:
+        if self.is_noop(ctx):
             return cand
         if self.params.breakers and self._tokenizer is None:
             raise SamplingError(

@@ -17,8 +17,8 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import Backend, Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, one_of
-from samplechain.tokens import per_token_reduce, write_tokens
+from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, one_of
+from samplechain.tokens import TokenGroups, write_tokens
 
 SCOPES = ("llama.cpp", "transformers", "vllm")
 
@@ -57,13 +57,23 @@ class Penalties(Sampler):
     def needs_history(self) -> bool:
         return True
 
-    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
-        scope = self.params.scope
+    def is_noop(self, ctx: StepContext) -> bool:
         s = ctx.scalar
         if s("repeat") == 1.0 and s("frequency") == 0.0 and s("presence") == 0.0:
-            return cand
-        if scope == "llama.cpp" and s("last_n") == 0:
-            return cand
+            return True
+        return self.params.scope == "llama.cpp" and s("last_n") == 0
+
+    def sparse_changes(self, cand: Candidates, ctx: StepContext
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        if cand.ids is not None or self.is_noop(ctx):
+            return None
+        ids, new, targets, groups = self._changes(cand, *self._windows(ctx))
+        return ids, new, groups.first()
+
+    def _windows(self, ctx: StepContext) -> tuple[torch.Tensor, ...]:
+        """The history and, per position, whether it counts for the repeat and for the frequency / presence terms
+        under this scope; the per-row parameters and the rows where the sampler is off."""
+        scope = self.params.scope
         rep, freq, pres = ctx.param("repeat"), ctx.param("frequency"), ctx.param("presence")
         off = (rep == 1.0) & (freq == 0.0) & (pres == 0.0)
         history = ctx.history
@@ -80,9 +90,22 @@ class Penalties(Sampler):
             if scope == "vllm":
                 generated = valid.sum(dim=1) - ctx.prompt_lengths
                 freq_counted = valid & (from_end < generated[:, None])
+        return history, rep_counted, freq_counted, rep, freq, pres, off
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        if self.is_noop(ctx):
+            return cand
+        windows = self._windows(ctx)
+        history, rep_counted, freq_counted, rep, freq, pres, off = windows
+        scope = self.params.scope
         vocab = cand.vocab_size
         if cand.ids is None:  # the full vocabulary: only the tokens in the history change
-            return self._sparse(cand, history, rep_counted, freq_counted, rep, freq, pres, off, scope, ctx.backend)
+            ids, new, targets, _ = self._changes(cand, *windows)
+            if not bool(targets.any()):
+                return cand
+            out = cand.owned(ctx.backend)
+            write_tokens(out.logits, ids, new, targets)
+            return out
         counts = token_counts(history, freq_counted, vocab)
         seen = counts > 0 if rep_counted is freq_counted else token_counts(history, rep_counted, vocab) > 0
         if cand.ids is not None:
@@ -100,33 +123,29 @@ class Penalties(Sampler):
         return cand.replace_logits(out)
 
 
-    @staticmethod
-    def _sparse(cand: Candidates, history: torch.Tensor, rep_counted: torch.Tensor, freq_counted: torch.Tensor,
-                rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor, off: torch.Tensor, scope: str,
-                backend: Backend) -> Candidates:
-        """The same arithmetic as the dense path, computed at the history positions and written back to those
-        tokens only: O(B * L log L) instead of O(B * V) passes over the logits."""
+    def _changes(self, cand: Candidates, history: torch.Tensor, rep_counted: torch.Tensor,
+                 freq_counted: torch.Tensor, rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor,
+                 off: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, TokenGroups]:
+        """The dense path's arithmetic at the history positions only, O(B * L log L) instead of O(B * V): the
+        token ids (B, L), their new logits, where a change applies (positions of one token carry one value) and
+        the positions grouped by token."""
         vocab = cand.vocab_size
         inside = (history >= 0) & (history < vocab)
         targets = (rep_counted | freq_counted) & inside & ~off[:, None]
-        if not bool(targets.any()):
-            return cand
         ids = history.clamp(0, vocab - 1)
         ones = torch.ones(history.shape, dtype=torch.float32, device=history.device)
-        counts = per_token_reduce(ids, ones, targets, freq_counted & inside)
-        seen = counts > 0 if rep_counted is freq_counted else per_token_reduce(ids, ones, targets,
-                                                                               rep_counted & inside) > 0
+        groups = TokenGroups.of(ids, targets)
+        counts = groups.reduce(ones, freq_counted & inside)
+        seen = counts > 0 if rep_counted is freq_counted else groups.reduce(ones, rep_counted & inside) > 0
         x = cand.logits.gather(1, ids)  # (B, L) the current logits of the history's tokens
         r = rep[:, None]
         new = torch.where(seen, torch.where(x <= 0, x * r, x / r), x)
-        if scope == "vllm":
+        if self.params.scope == "vllm":
             new = new - counts * freq[:, None]
             new = new - (counts > 0).to(x.dtype) * pres[:, None]
         else:
             new = new - (counts * freq[:, None] + (counts > 0).to(x.dtype) * pres[:, None])
-        out = cand.owned(backend)
-        write_tokens(out.logits, ids, new, targets)
-        return out
+        return ids, new, targets, groups
 
 
 @hookimpl

@@ -29,6 +29,12 @@ class TopK(Sampler):
     def is_rank_only(self) -> bool:
         return True
 
+    def rank_counts(self, cand: Candidates, ctx: StepContext) -> torch.Tensor | None:
+        k = ctx.param("k")
+        if bool((k <= 0).any()):
+            return None
+        return torch.clamp(torch.maximum(k, ctx.param("min_keep")), max=cand.width)
+
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
         width = cand.width
         k, min_keep = ctx.scalar("k"), ctx.scalar("min_keep")

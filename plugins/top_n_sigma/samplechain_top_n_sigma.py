@@ -44,9 +44,12 @@ class TopNSigma(Sampler):
     request_aliases = {"top_n_sigma": "n", "min_keep": "min_keep"}
     summary = "keep tokens with logit >= max - n * std of the logits (llama.cpp's top-n-sigma)"
 
-    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+    def is_noop(self, ctx: StepContext) -> bool:
         shared = ctx.scalar("n")
-        if shared is not None and shared <= 0.0:
+        return shared is not None and shared <= 0.0
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        if self.is_noop(ctx):
             return cand
         n, min_keep = ctx.param("n"), ctx.param("min_keep")
         width = cand.width
