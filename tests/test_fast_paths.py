@@ -160,3 +160,40 @@ def test_the_fusion_runs_when_every_row_has_enough_candidates(monkeypatch):
     plain = Chain.load({"samplers": FUSED_CHAIN})
     monkeypatch.setattr(plain.samplers[0], "sparse_changes", lambda c, x: None)
     assert torch.equal(out, plain.process(logits, history=history))
+
+
+# ---------------------------------------------------------------- full-vocabulary masks compact when they keep few
+def test_a_wide_mask_that_keeps_few_compacts_in_token_order():
+    from samplechain import Candidates
+
+    logits = random_logits(4, 3, 50257, scale=3.0)
+    keep = logits > 7.0
+    keep[2] = False
+    keep[2, [5, 70000 % 50257, 50256]] = True  # a row with 3 survivors among longer rows
+    cand = Candidates(logits, None, 50257, False, False).masked(keep)
+    assert cand.ids is not None and cand.width == int(keep.sum(dim=-1).max())
+    assert torch.equal(cand.scores(), torch.where(keep, logits, float("-inf")))
+    for row in range(3):
+        kept = cand.ids[row][torch.isfinite(cand.logits[row])]
+        assert torch.equal(kept, keep[row].nonzero().flatten())  # ascending ids: argmax ties resolve as before
+        assert cand.ids[row].unique().numel() == cand.width
+    # keeping much of the row masks in place, as before
+    wide = Candidates(logits, None, 50257, False, False).masked(logits > -1.0)
+    assert wide.ids is None and wide.width == 50257
+
+
+@pytest.mark.parametrize("name", ["epsilon", "eta", "typical", "p_less"])
+def test_mask_filters_give_the_same_tokens_compacted_or_not(name, monkeypatch):
+    import samplechain.contracts as contracts
+
+    params = {"epsilon": {"epsilon": 3e-4}, "eta": {"epsilon": 3e-4}, "typical": {"p": 0.5}, "p_less": {}}[name]
+    logits = random_logits(6, 4, 32768, scale=4.0)
+    outs = []
+    for width in (contracts._COMPACT_WIDTH, 10**9):
+        monkeypatch.setattr(contracts, "_COMPACT_WIDTH", width)
+        chain = Chain.load({"samplers": [{"use": name, **params}, {"use": "dist", "seed": 2}]})
+        outs.append([chain.sample(logits, return_scores=True, accept=False) for _ in range(2)])
+    for compact, full in zip(*outs):
+        assert torch.equal(compact.scores, full.scores)
+        assert torch.equal(compact.token_ids, full.token_ids)
+        assert torch.allclose(compact.logprobs, full.logprobs)

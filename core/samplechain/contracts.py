@@ -41,6 +41,32 @@ class Stage(str, enum.Enum):
     SELECT = "select"  # picks one token per row: greedy, dist, mirostat ...
 
 
+def compact_kept(logits: torch.Tensor, keep: torch.Tensor, counts: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The entries of each row where keep (B, V) is True, compacted in column order into (B, max count): values
+    (-inf past a row's count), positions and the counts (B,). A shorter row's spare slots take distinct columns
+    it does not keep, so positions stay unique per row: the s-th column missing from its ascending survivors is
+    s + #{i : col_i - i <= s}."""
+    counts = keep.sum(dim=-1) if counts is None else counts
+    batch, width = logits.shape[0], int(counts.max()) if counts.numel() else 0
+    rows, cols = keep.nonzero(as_tuple=True)  # row-major: each row's entries are contiguous, in column order
+    slot = torch.arange(rows.numel(), device=logits.device) - (torch.cumsum(counts, 0) - counts)[rows]
+    values = torch.full((batch, width), NEG_INF, dtype=logits.dtype, device=logits.device)
+    positions = torch.zeros((batch, width), dtype=torch.int64, device=logits.device)
+    values[rows, slot] = logits[rows, cols]
+    positions[rows, slot] = cols
+    ranks = torch.arange(width, device=logits.device)
+    spare = ranks[None, :] >= counts[:, None]
+    if bool(spare.any()):
+        gaps = torch.where(spare, torch.iinfo(torch.int64).max, positions - ranks)  # non-decreasing per row
+        wanted = (ranks[None, :] - counts[:, None]).clamp(min=0)
+        positions = torch.where(spare, wanted + torch.searchsorted(gaps, wanted, right=True), positions)
+    return values, positions, counts
+
+
+_COMPACT_WIDTH = 16384  # full-vocabulary masks this wide are compacted when they keep few (<= 1/8) candidates
+
+
 @attrs.frozen
 class NoParams:
     """Params class of a sampler that takes none."""
@@ -97,7 +123,14 @@ class Candidates:
         return Candidates(values, self.ids_at(index), self.vocab_size, is_sorted, True)
 
     def masked(self, keep: torch.Tensor) -> Candidates:
-        """Set every candidate where keep (B, K) is False to -inf (no compaction)."""
+        """Set every candidate where keep (B, K) is False to -inf. On the full vocabulary of a wide row, when every
+        row keeps at most 1/8 of it, the survivors are compacted instead (in token-id order, as they stood), so
+        later samplers and the selector read K survivors, not the vocabulary: the same candidates either way."""
+        if self.ids is None and self.width >= _COMPACT_WIDTH:
+            counts = keep.sum(dim=-1)
+            if int(counts.max()) * 8 <= self.width:
+                values, positions, _ = compact_kept(self.logits, keep, counts)
+                return Candidates(values, positions, self.vocab_size, False, True)
         if self.writable:
             self.logits.masked_fill_(~keep, NEG_INF)
             return self

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from samplechain import Backend, hookimpl, rng
+from samplechain.contracts import compact_kept
 
 # chunked top-k pays when the k best chunks are a small part of the row (their gather and second top-k stay cheap)
 _CHUNK = 64
@@ -81,21 +82,7 @@ def compacted_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int
     width = int(counts.max())
     if k > int(counts.min()) or width == 0:
         return None
-    rows, cols = keep.nonzero(as_tuple=True)  # row-major: each row's entries are contiguous, in column order
-    slot = torch.arange(rows.numel(), device=logits.device) - (torch.cumsum(counts, 0) - counts)[rows]
-    values = torch.full((logits.shape[0], width), float("-inf"), dtype=logits.dtype, device=logits.device)
-    positions = torch.zeros((logits.shape[0], width), dtype=torch.int64, device=logits.device)
-    values[rows, slot] = logits[rows, cols]
-    positions[rows, slot] = cols
-    # a shorter row's spare slots take distinct tokens it does not keep (as -inf): the s-th id missing from its
-    # ascending survivors is s + #{i : col_i - i <= s}, so positions stay unique per row
-    ranks = torch.arange(width, device=logits.device)
-    spare = ranks[None, :] >= counts[:, None]
-    if bool(spare.any()):
-        gaps = torch.where(spare, torch.iinfo(torch.int64).max, positions - ranks)  # non-decreasing per row
-        wanted = (ranks[None, :] - counts[:, None]).clamp(min=0)
-        missing = wanted + torch.searchsorted(gaps, wanted, right=True)
-        positions = torch.where(spare, missing, positions)
+    values, positions, _ = compact_kept(logits, keep, counts)
     values, order = torch.sort(values, dim=-1, descending=True, stable=True)
     return values, positions.gather(1, order), counts
 
