@@ -166,3 +166,15 @@ def test_llamacpp_comparison_runs_and_keeps_the_same_sets_when_llama_cpp_is_inst
     assert [r["batch"] for r in rows] == [1, 2]
     assert all(r["check"] == "same sets, 4/4 rows" for r in rows), [r["check"] for r in rows]
     assert all(r["samplechain"]["median"] > 0 and r["llama.cpp"]["median"] > 0 for r in rows)
+
+
+def test_every_sampler_benchmark_runs_on_a_tiny_matrix(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_samplers", ROOT / "benchmarks" / "bench_samplers.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--batch", "2", "--vocab", "3000", "--reps", "2", "--no-progress"]) == 0
+    table = capsys.readouterr().out
+    for name in [*bench.CASES, *bench.SELECTORS]:
+        assert f"| {name} |" in table
