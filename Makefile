@@ -21,3 +21,6 @@ test-fast: setup
 bench: setup
 	$(PY) benchmarks/bench_chain.py
 	$(PY) benchmarks/bench_generate.py --markdown
+	$(PY) benchmarks/bench_presets.py --markdown
+	$(PY) benchmarks/bench_targets.py --markdown
+	$(PY) benchmarks/bench_samplers.py --markdown
