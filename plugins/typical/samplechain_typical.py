@@ -21,6 +21,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, one_of
+from samplechain.contracts import compact_kept
 
 SEMANTICS = ("llama.cpp", "transformers")
 
@@ -42,18 +43,74 @@ def typical_keep(
     prob = torch.exp(logp)
     entropy = -torch.where(valid, prob * logp, 0.0).sum(dim=-1, keepdim=True)
     distance = torch.where(valid, (-logp - entropy).abs(), float("inf"))
+    if x.shape[1] >= _WIDE:
+        keep = _wide_keep(distance, prob, p, min_keep, semantics)
+        if keep is not None:
+            return keep
+    return _ranked_keep(distance, prob, p, min_keep, semantics)
+
+
+_WIDE = 16384  # from this width on, only the candidates that can be kept are ranked
+_BUCKET_SHIFT = 20  # float32 bits >> 20: ~9% wide buckets of the distance, in order
+_MASS_MARGIN = 1e-4
+
+
+def _wide_keep(distance: torch.Tensor, prob: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor,
+               semantics: str) -> torch.Tensor | None:
+    """typical's keep mask without ranking the whole row: the mass of the probabilities bucketed by distance (the
+    float32 bit pattern of a distance >= 0 is monotone in it) gives a distance D whose set {distance <= D} holds
+    more than p (plus a margin) and at least min_keep candidates; the stable ranking restricted to that set (kept
+    in candidate order) is the ranking's prefix, so the cut found there is the cut of the row. None when a row's
+    set would be most of the row, or when the cut is not found inside it (then the whole row is ranked)."""
+    batch, width = distance.shape
+    buckets = 1 << (31 - _BUCKET_SHIFT)
+    finite = torch.isfinite(distance)
+    keys = (distance.float().clamp(max=3e38).view(torch.int32) >> _BUCKET_SHIFT).long()
+    probs32 = torch.where(finite, prob, 0.0).float()
+    hist = torch.zeros(batch, buckets, dtype=torch.float32, device=distance.device).scatter_add_(1, keys, probs32)
+    counts_hist = torch.zeros(batch, buckets, dtype=torch.int64, device=distance.device).scatter_add_(
+        1, keys, finite.long())
+    mass_upto = hist.cumsum(dim=1, dtype=torch.float64)
+    count_upto = counts_hist.cumsum(dim=1)
+    enough = (mass_upto > (p.double() + _MASS_MARGIN)[:, None]) & (count_upto >= min_keep[:, None])
+    # rows that never get there (p near 1, few finite candidates) take every finite candidate
+    key = torch.where(enough.any(dim=1), enough.int().argmax(dim=1), buckets - 1)
+    upper = ((key + 1) << _BUCKET_SHIFT).clamp(max=0x7F7FFFFF).to(torch.int32).view(torch.float32).double()
+    inside = distance <= upper[:, None]  # every candidate of a bucket <= key (and a little more)
+    size = inside.sum(dim=1)
+    if int(size.max()) * 4 > width:
+        return None
+    dist_s, pos, size = compact_kept(distance, inside, size)  # candidate order kept: a stable rank restricted
+    spare = torch.arange(dist_s.shape[1], device=dist_s.device)[None, :] >= size[:, None]
+    dist_s = dist_s.masked_fill(spare, float("inf"))  # spare slots rank last and weigh nothing
+    prob_s = prob.gather(1, pos).masked_fill(spare, 0.0)
+    keep_s = _ranked_keep(dist_s, prob_s, p, min_keep, semantics, size)
+    if keep_s is None:
+        return None
+    return torch.zeros_like(finite).scatter_(1, pos, keep_s) & finite
+
+
+def _ranked_keep(distance: torch.Tensor, prob: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor,
+                 semantics: str, size: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Rank by distance (stable) and cut at mass p. With `size` (B,), the rows hold only their first size[b]
+    candidates of the ranking: None when a row's cut is not certainly among them."""
     ranked, order = torch.sort(distance, dim=-1, stable=True)
     mass = torch.cumsum(prob.gather(1, order), dim=-1)
-    width = x.shape[1]
-    rank = torch.arange(width, device=x.device)[None, :]
+    width = distance.shape[1]
+    rank = torch.arange(width, device=distance.device)[None, :]
     pp = p.double()[:, None]
     if semantics == "llama.cpp":
         # the first rank where the running mass exceeds p is the last kept (all kept when it never does)
         counts = (mass <= pp).sum(dim=-1) + 1
+        if size is not None and bool((torch.maximum(counts, min_keep) > size).any()):
+            return None
         counts = torch.clamp(torch.maximum(counts, min_keep), max=width)
         kept_ranked = rank < counts[:, None]
     else:
-        cut = (mass < pp).sum(dim=-1).clamp(max=width - 1)
+        cut = (mass < pp).sum(dim=-1)
+        if size is not None and bool(((cut >= size) | (min_keep > size)).any()):
+            return None
+        cut = cut.clamp(max=width - 1)
         kept_ranked = (ranked <= ranked.gather(1, cut[:, None])) | (rank < min_keep[:, None])
     kept_ranked &= torch.isfinite(ranked)
     return torch.zeros_like(kept_ranked).scatter_(1, order, kept_ranked)

@@ -191,3 +191,20 @@ def test_chain_with_dist_loads_and_samples():
     c = Chain.load({"samplers": [{"use": "typical", "p": 0.9}, {"use": "dist"}]})
     out = c.sample(logits_for(0, 100), return_scores=True)
     assert bool(torch.isfinite(out.scores.gather(1, out.token_ids[:, None])).all())
+
+
+@pytest.mark.parametrize("semantics", ["llama.cpp", "transformers"])
+@pytest.mark.parametrize("scale", [1.0, 3.0, 12.0])
+def test_wide_rows_rank_only_what_can_be_kept(semantics, scale, monkeypatch):
+    """On wide rows typical ranks only the candidates a histogram of the mass says can be kept: the same mask
+    as ranking the whole row, for per-row p (p near 1 included), min_keep and masked entries."""
+    import samplechain_typical as typical
+
+    logits = random_logits(13, 6, 40000, scale)
+    logits[2, ::2] = float("-inf")
+    logits[4, 5:] = float("-inf")  # a row with 5 finite candidates
+    p = torch.tensor([0.2, 0.9, 0.5, 0.999, 0.9, 0.7], dtype=torch.float32)
+    min_keep = torch.tensor([1, 1, 3, 1, 1, 500])
+    fast = typical.typical_keep(logits, p, min_keep, semantics)
+    monkeypatch.setattr(typical, "_WIDE", 10**9)
+    assert torch.equal(fast, typical.typical_keep(logits, p, min_keep, semantics))
