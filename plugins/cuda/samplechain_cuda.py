@@ -8,9 +8,10 @@ captured in a CUDA graph.
     topk        torch.topk (radix select on the GPU)    bitwise values; which of equal logits at the k-th place is
                                                         returned is unspecified (as with the cpu chunked top-k)
     sort_desc   torch.sort(stable=True)                 bitwise values and permutation
-    uniform     rng.uniform on the device: int64 hash   bitwise: the hash's multiplies are split into 16-bit halves
-                with split multiplies, exact float64    (no int64 overflow on any device) and the float64 conversion
-                conversion                              and scaling are exact
+    uniform     rng.uniform on the device: row keys     bitwise: the row keys' int64 multiplies are split into
+                by the int64 hash, per-candidate bits   16-bit halves (no overflow), the int32 multiplies wrap
+                by the int32 hash; exact float64        modulo 2**32 on CUDA as on the CPU, and the float64
+                conversion                              conversion and scaling are exact
     gumbel      rng.gumbel: -log(-log(uniform))         allclose: CUDA's float64 log and the CPU's are each within
                                                         1 ulp, not always the same ulp (differences ~1e-15)
 
@@ -109,7 +110,7 @@ class CudaBackend(Backend):
         return values, index
 
     def gumbel(self, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int) -> torch.Tensor:
-        # the reference hash itself: on device tensors rng takes its torch path (int64, split multiplies)
+        # the reference hash itself: on device tensors rng takes its torch path (int64 row keys, int32 per token)
         return rng.gumbel(seed, position, ids, stream)
 
     def uniform(self, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int) -> torch.Tensor:
