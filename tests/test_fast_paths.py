@@ -131,6 +131,7 @@ FUSED_CHAIN = [{"use": "penalties", "repeat": 1.3, "frequency": 0.2, "presence":
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_penalties_then_top_k_fused_equals_the_two_in_turn(seed, monkeypatch):
+    monkeypatch.setattr("samplechain.chain._FUSE_MIN", 0)  # fuse at this small size too
     logits, history = _fusion_case(seed)
     per_row = [{}, {"top_k": 50}, {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
                {"top_k": 3, "penalty_last_n": -1}, {}, {"min_keep": 45}]
@@ -152,6 +153,7 @@ def test_penalties_then_top_k_fused_equals_the_two_in_turn(seed, monkeypatch):
 
 
 def test_the_fusion_runs_when_every_row_has_enough_candidates(monkeypatch):
+    monkeypatch.setattr("samplechain.chain._FUSE_MIN", 0)  # fuse at this small size too
     logits, history = _fusion_case(0)
     logits, history = logits[:4], history[:4]
     chain = Chain.load({"samplers": FUSED_CHAIN})
@@ -197,3 +199,14 @@ def test_mask_filters_give_the_same_tokens_compacted_or_not(name, monkeypatch):
         assert torch.equal(compact.scores, full.scores)
         assert torch.equal(compact.token_ids, full.token_ids)
         assert torch.allclose(compact.logprobs, full.logprobs)
+
+
+def test_small_batches_are_not_fused(monkeypatch):
+    """Below ~1 M logits the (B, V) copy is cheaper than the fusion's extra calls: penalties apply as written."""
+    logits, history = _fusion_case(0)
+    chain = Chain.load({"samplers": FUSED_CHAIN})
+    calls = []
+    original = chain.samplers[0].apply
+    monkeypatch.setattr(chain.samplers[0], "apply", lambda c, x: calls.append(1) or original(c, x))
+    chain.process(logits[:4], history=history[:4])
+    assert calls == [1]

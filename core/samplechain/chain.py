@@ -53,6 +53,9 @@ class SampleOutput:
     scores: torch.Tensor | None = None
 
 
+_FUSE_MIN = 1 << 20  # logits elements from which skipping the (B, V) copy pays for the fusion's extra calls
+
+
 class Chain:
     """A validated sampler chain bound to a backend. Build with Chain.load(file | dict | "preset:NAME")."""
 
@@ -312,7 +315,7 @@ class Chain:
         i, last = 0, len(self.samplers) - 1
         while i < last:
             ctx = self._context(store, view, positions, backend, i, hist, uncond)
-            if i in self._sparse and cand.ids is None and not cand.writable:
+            if i in self._sparse and cand.ids is None and not cand.writable and cand.logits.numel() >= _FUSE_MIN:
                 fused = self._fuse_sparse_then_rank(cand, ctx, i, store, view, positions, backend, hist, uncond)
                 if fused is not None:
                     cand, i = fused

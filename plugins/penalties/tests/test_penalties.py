@@ -180,3 +180,36 @@ def test_bad_values_are_configuration_errors():
         chain(scope="openai")
     with pytest.raises(ConfigError, match="last_n"):
         chain(last_n=-2)
+
+
+@pytest.mark.parametrize("scope", ["llama.cpp", "transformers", "vllm"])
+def test_numpy_changes_equal_the_torch_changes_bitwise(scope, monkeypatch):
+    """Small CPU batches compute the sparse changes with numpy: the same ids, new logits, targets and first
+    positions, bit for bit, as the torch path (per-row parameters, -1 padding, -inf logits, repeats)."""
+    import samplechain_penalties as penalties
+    from samplechain import Candidates
+
+    g = torch.Generator().manual_seed(5)
+    for trial in range(10):
+        batch, length, vocab = 3, int(torch.randint(1, 200, (1,), generator=g)), 500
+        logits = torch.randn(batch, vocab, generator=g) * 4
+        logits[0, ::7] = float("-inf")
+        history = torch.randint(-1, vocab, (batch, length), generator=g)
+        history[:, : min(3, length)] = -1
+        chain = Chain.load({"samplers": [{"use": "penalties", "repeat": 1.3, "frequency": 0.4, "presence": -0.2,
+                                          "last_n": 17, "scope": scope}, {"use": "greedy"}]})
+        store = chain.new_store()
+        ids = [f"r{i}" for i in range(batch)]
+        for i, rid in enumerate(ids):
+            store.add(rid, {"repeat_penalty": [1.3, 1.0, 0.8][i], "frequency_penalty": [0.4, 0.0, 0.1][i]})
+        view = store.batch(ids)
+        ctx = chain._context(store, view, store.positions(view), chain._backend_for("cpu"), 0,
+                             (history, torch.full((batch,), length // 2)))
+        sampler, cand = chain.samplers[0], Candidates(logits, None, vocab, False, False)
+        windows = sampler._windows(ctx)
+        fast = sampler._changes(cand, *windows)
+        monkeypatch.setattr(penalties, "_NP_SMALL", -1)
+        slow = sampler._changes(cand, *windows)
+        monkeypatch.undo()
+        for a, b in zip(fast, slow):
+            assert torch.equal(a, b), trial
