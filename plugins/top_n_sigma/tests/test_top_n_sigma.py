@@ -156,3 +156,21 @@ def test_bad_request_value_is_refused():
     store = chain(1.0).new_store()
     with pytest.raises(RequestError, match="min_keep"):
         store.add("a", {"min_keep": -3})
+
+
+@pytest.mark.parametrize("scale", [1.0, 3.0, 20.0])
+def test_wide_rows_keep_what_the_float64_path_keeps(scale, monkeypatch):
+    """Rows of >= 16384 candidates use float32 statistics and an at_least read: the same kept sets and logits as
+    the float64 path, with per-row n (off rows included), min_keep and -inf entries."""
+    import samplechain_top_n_sigma as top_n_sigma
+    from samplechain.testing import processed_scores, random_logits, sampler_chain
+
+    logits = random_logits(8, 5, 40000, scale)
+    logits[1, ::3] = float("-inf")
+    logits[4, 2:] = float("-inf")  # two finite candidates
+    per_row = [{"top_n_sigma": 1.0}, {"top_n_sigma": 0.5}, {"top_n_sigma": -1.0}, {"top_n_sigma": 2.0, "min_keep": 40},
+               {"top_n_sigma": 1.0}]
+    chain = sampler_chain({"use": "top_n_sigma", "n": 1.0})
+    fast = processed_scores(chain, logits, per_row)
+    monkeypatch.setattr(top_n_sigma, "_WIDE", 10**9)
+    assert torch.equal(fast, processed_scores(chain, logits, per_row))
