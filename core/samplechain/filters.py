@@ -18,7 +18,9 @@ import torch
 
 from .contracts import Backend, Candidates
 
-__all__ = ["kth_largest", "patched_top", "with_min_keep"]
+__all__ = ["WIDE", "kth_largest", "patched_top", "with_min_keep"]
+
+WIDE = 16384  # rows at least this wide take the fast paths (float32 passes, chunked reads)
 
 
 def kth_largest(cand: Candidates, backend: Backend, k: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,8 @@
 Keep the candidates whose probability (softmax over the current candidates) is at least epsilon; the min_keep
 most likely candidates always survive (with every candidate tied with the min_keep-th in logit), as transformers'
 EpsilonLogitsWarper. epsilon = 0 is a no-op. min_keep 0 counts as 1: the top candidate always survives, so a row
-never ends up empty. Probabilities are float64.
+never ends up empty. Probabilities are float64 on rows narrower than 16384 candidates, float32 (transformers'
+own precision) on wider ones.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
-from samplechain.filters import with_min_keep
+from samplechain.filters import WIDE, with_min_keep
 
 
 @attrs.frozen
@@ -34,7 +35,8 @@ class Epsilon(Sampler):
             return cand
         eps = ctx.param("epsilon")
         off = eps <= 0.0
-        prob = torch.softmax(cand.logits.double(), dim=-1)
+        # wide rows: a float32 softmax (transformers' own precision); narrow ones float64
+        prob = torch.softmax(cand.logits if cand.width >= WIDE else cand.logits.double(), dim=-1)
         keep = with_min_keep(cand, ctx.backend, prob >= eps.double()[:, None], ctx.param("min_keep"))
         keep |= off[:, None]
         return cand.masked(keep)

@@ -3,7 +3,9 @@
 Over the current candidates, with p = softmax and H = -sum p log p (the entropy), the cutoff is
 eta = min(epsilon, sqrt(epsilon) * exp(-H)); candidates with p >= eta are kept, and the min_keep most likely
 always survive (with every candidate tied with the min_keep-th in logit), as transformers' EtaLogitsWarper.
-epsilon = 0 is a no-op. min_keep 0 counts as 1 (a row never ends up empty). Probabilities and entropy are float64.
+epsilon = 0 is a no-op. min_keep 0 counts as 1 (a row never ends up empty). Probabilities and entropy are float64
+on rows narrower than 16384 candidates; on wider ones float32 (transformers' own precision), summed by torch's
+cascaded reductions, which is 2-4x faster.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
-from samplechain.filters import with_min_keep
+from samplechain.filters import WIDE, with_min_keep
 
 
 @attrs.frozen
@@ -34,9 +36,11 @@ class Eta(Sampler):
             return cand
         eps = ctx.param("epsilon").double()
         off = eps <= 0.0
-        logp = torch.log_softmax(cand.logits.double(), dim=-1)
+        # wide rows: float32 passes (transformers' own precision) with torch's cascaded sums; narrow: float64
+        x = cand.logits if cand.width >= WIDE else cand.logits.double()
+        logp = torch.log_softmax(x, dim=-1)
         prob = torch.exp(logp)
-        entropy = -torch.where(prob > 0, prob * logp, 0.0).sum(dim=-1)
+        entropy = -torch.where(prob > 0, prob * logp, 0.0).sum(dim=-1).double()
         eta = torch.minimum(eps, torch.sqrt(eps) * torch.exp(-entropy))
         keep = with_min_keep(cand, ctx.backend, prob >= eta[:, None], ctx.param("min_keep"))
         keep |= off[:, None]
