@@ -27,19 +27,16 @@ Importable: `run(batches, vocabs, reps)` returns one dict per (logits kind, B, V
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
-import statistics
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 import samplechain
-from samplechain.bench import LOGIT_KINDS, environment, make_logits, transformers_step
+from samplechain.bench import LOGIT_KINDS, environment, make_logits, stage_medians, transformers_step
 from samplechain.bench import summary as _summary
 from samplechain.bench import time_blocks as _time
 from samplechain.bench import warmup_for as _warmup_for
@@ -192,50 +189,8 @@ def breakdown(batch: int, vocab: int, reps: int = 50, *, kind: str = "randn", th
         ids = [f"req{i}" for i in range(batch)]
         store.add_many(ids)
         input_ids = torch.zeros(batch, 1, dtype=torch.long)
-        step: dict[str, float] = {}
-
-        def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                t0 = time.perf_counter()
-                out = fn(*args, **kwargs)
-                step[label] = step.get(label, 0.0) + (time.perf_counter() - t0) * 1e3
-                return out
-            return wrapper
-
-        last = len(chain.samplers) - 1
-        for i, sampler in enumerate(chain.samplers):  # instance attributes shadow the methods, this chain only
-            method = "select" if i == last else "apply"
-            setattr(sampler, method, timed(f"{i}: {sampler.qualified_name()}", getattr(sampler, method)))
-        wrapped = [(proc, timed(type(proc).__name__, proc)) for proc in processors]
-        softmax = timed("softmax", torch.softmax)
-        multinomial = timed("multinomial", torch.multinomial)
-
-        def ours_step() -> None:
-            chain.sample(logits, store, ids)
-
-        def theirs_step() -> None:
-            scores = logits
-            for proc, fn in wrapped:  # what LogitsProcessorList.__call__ does, each processor timed
-                inspect.signature(proc.__call__)
-                scores = fn(input_ids, scores)
-            multinomial(softmax(scores, dim=-1), num_samples=1)
-
-        samples: dict[str, list[dict[str, float]]] = {"ours": [], "transformers": []}
-        rest = {"ours": "executor (rest of sample())", "transformers": "LogitsProcessorList (rest)"}
-        for n in range(_warmup_for(reps) + reps):
-            for name, fn in (("ours", ours_step), ("transformers", theirs_step)):
-                step.clear()
-                t0 = time.perf_counter()
-                fn()
-                total = (time.perf_counter() - t0) * 1e3
-                stages = dict(step)
-                stages[rest[name]] = total - sum(step.values())
-                stages["total"] = total
-                if n >= _warmup_for(reps):
-                    samples[name].append(stages)
         out: dict[str, Any] = {"kind": kind, "batch": batch, "vocab": vocab, "reps": reps}
-        for name, rows in samples.items():
-            out[name] = {label: statistics.median(r[label] for r in rows) for label in rows[0]}
+        out.update(stage_medians(chain, processors, lambda: chain.sample(logits, store, ids), input_ids, logits, reps))
         return out
     finally:
         torch.set_num_threads(previous_threads)

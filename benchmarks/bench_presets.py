@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import inspect
 import json
 import os
 import statistics
@@ -57,7 +56,7 @@ from typing import Any
 import torch
 
 import samplechain
-from samplechain.bench import LOGIT_KINDS, environment, make_history, make_logits, transformers_step
+from samplechain.bench import LOGIT_KINDS, environment, make_history, make_logits, stage_medians, transformers_step
 from samplechain.bench import summary as _summary
 from samplechain.bench import time_blocks as _time
 from samplechain.bench import warmup_for as _warmup_for
@@ -236,49 +235,10 @@ def breakdown(config: str, reps: int = 40, *, kind: str = "randn", batch: int = 
         logits = make_logits(kind, batch, vocab)
         history = make_history(batch, vocab)
         lengths = torch.full((batch,), PROMPT, dtype=torch.int64)
-        step: dict[str, float] = {}
-
-        def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                t0 = time.perf_counter()
-                out = fn(*args, **kwargs)
-                step[label] = step.get(label, 0.0) + (time.perf_counter() - t0) * 1e3
-                return out
-            return wrapper
-
-        last = len(chain.samplers) - 1
-        for i, sampler in enumerate(chain.samplers):
-            method = "select" if i == last else "apply"
-            setattr(sampler, method, timed(f"{i}: {sampler.qualified_name()}", getattr(sampler, method)))
-        wrapped = [(proc, timed(type(proc).__name__, proc)) for proc in processors]
-        softmax, multinomial = timed("softmax", torch.softmax), timed("multinomial", torch.multinomial)
-
-        def ours_step() -> None:
-            chain.sample(logits, store, ids, history=history, prompt_lengths=lengths)
-
-        def theirs_step() -> None:
-            scores = logits
-            for proc, fn in wrapped:
-                inspect.signature(proc.__call__)
-                scores = fn(history, scores)
-            multinomial(softmax(scores, dim=-1), num_samples=1)
-
-        samples: dict[str, list[dict[str, float]]] = {"ours": [], "transformers": []}
-        rest = {"ours": "executor (rest of sample())", "transformers": "LogitsProcessorList (rest)"}
-        for n in range(_warmup_for(reps) + reps):
-            for name, fn in (("ours", ours_step), ("transformers", theirs_step)):
-                step.clear()
-                t0 = time.perf_counter()
-                fn()
-                total = (time.perf_counter() - t0) * 1e3
-                stages = dict(step)
-                stages[rest[name]] = total - sum(step.values())
-                stages["total"] = total
-                if n >= _warmup_for(reps):
-                    samples[name].append(stages)
         out: dict[str, Any] = {"config": config, "kind": kind, "batch": batch, "vocab": vocab, "reps": reps}
-        for name, rows in samples.items():
-            out[name] = {label: statistics.median(r.get(label, 0.0) for r in rows) for label in rows[0]}
+        out.update(stage_medians(chain, processors,
+                                 lambda: chain.sample(logits, store, ids, history=history, prompt_lengths=lengths),
+                                 history, logits, reps))
         return out
     finally:
         torch.set_num_threads(previous)

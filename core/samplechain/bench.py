@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
+import inspect
 import os
 import platform
 import statistics
@@ -33,7 +34,7 @@ from .errors import ConfigError
 
 __all__ = [
     "LOGIT_KINDS", "DTYPES", "CONFIGS", "BenchConfig", "Target", "make_logits", "make_history", "transformers_step",
-    "time_blocks", "summary", "warmup_for", "environment", "run_matrix", "main",
+    "time_blocks", "stage_medians", "summary", "warmup_for", "environment", "run_matrix", "main",
 ]
 
 LOGIT_KINDS = {
@@ -112,6 +113,55 @@ def time_blocks(fns: dict[str, Callable[[], Any]], reps: int, warmup: int, block
                 fn()
                 times[name].append((time.perf_counter() - t0) * 1e3)
     return times
+
+
+def stage_medians(chain: Any, processors: Any, ours: Callable[[], Any], input_ids: torch.Tensor,
+                  logits: torch.Tensor, reps: int) -> dict[str, dict[str, float]]:
+    """Median ms of each stage of both pipelines, their steps alternating: for samplechain each sampler's
+    apply()/select() of `chain` (timers set as instance attributes: this chain only) and "executor (rest of
+    sample())"; for transformers each processor of `processors` on (input_ids, logits), softmax, multinomial and
+    "LogitsProcessorList (rest)" (its per-step inspect.signature of every processor). `ours()` runs one step of
+    the chain; a stage a step skipped (a fused one) counts 0 there."""
+    step: dict[str, float] = {}
+
+    def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            step[label] = step.get(label, 0.0) + (time.perf_counter() - t0) * 1e3
+            return out
+        return wrapper
+
+    last = len(chain.samplers) - 1
+    for i, sampler in enumerate(chain.samplers):
+        method = "select" if i == last else "apply"
+        setattr(sampler, method, timed(f"{i}: {sampler.qualified_name()}", getattr(sampler, method)))
+    wrapped = [(proc, timed(type(proc).__name__, proc)) for proc in processors]
+    softmax, multinomial = timed("softmax", torch.softmax), timed("multinomial", torch.multinomial)
+
+    def theirs() -> None:
+        scores = logits
+        for proc, fn in wrapped:  # what LogitsProcessorList.__call__ does, each processor timed
+            inspect.signature(proc.__call__)
+            scores = fn(input_ids, scores)
+        multinomial(softmax(scores, dim=-1), num_samples=1)
+
+    samples: dict[str, list[dict[str, float]]] = {"ours": [], "transformers": []}
+    rest = {"ours": "executor (rest of sample())", "transformers": "LogitsProcessorList (rest)"}
+    warmup = warmup_for(reps)
+    for n in range(warmup + reps):
+        for name, fn in (("ours", ours), ("transformers", theirs)):
+            step.clear()
+            t0 = time.perf_counter()
+            fn()
+            total = (time.perf_counter() - t0) * 1e3
+            stages = dict(step)
+            stages[rest[name]] = total - sum(step.values())
+            stages["total"] = total
+            if n >= warmup:
+                samples[name].append(stages)
+    return {name: {label: statistics.median(r.get(label, 0.0) for r in rows) for label in rows[0]}
+            for name, rows in samples.items()}
 
 
 def summary(times: list[float]) -> dict[str, float]:

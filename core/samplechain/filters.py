@@ -6,6 +6,8 @@
   survive, with every candidate tied with the min_keep-th in logit (transformers' `min_tokens_to_keep` of
   EpsilonLogitsWarper / EtaLogitsWarper); min_keep 0 counts as 1.
 
+- `bucket_keys(values)`, `bucket_sums(keys, weights)`, `bucket_edge(keys)`: a sort-free histogram of
+  non-negative float32 values (probabilities, distances) by their bit pattern, for cuts by mass (top_p, typical).
 - `patched_top(cand, changes, counts, backend)`: the counts[b] best candidates of rows changed at a few positions,
   without writing the change into a copy of the rows (the executor's penalties -> top_k fusion).
 
@@ -18,9 +20,13 @@ import torch
 
 from .contracts import Backend, Candidates
 
-__all__ = ["WIDE", "kth_largest", "patched_top", "with_min_keep"]
+__all__ = ["BUCKETS", "MASS_MARGIN", "WIDE", "bucket_edge", "bucket_keys", "bucket_sums", "kth_largest",
+           "patched_top", "with_min_keep"]
 
-WIDE = 16384  # rows at least this wide take the fast paths (float32 passes, chunked reads)
+WIDE = 16384  # rows at least this wide take the fast paths (float32 passes, chunked reads); read at call time
+_BUCKET_SHIFT = 20  # float32 bits >> 20: sign, exponent and 3 mantissa bits
+BUCKETS = 1 << (31 - _BUCKET_SHIFT)  # 2048 buckets of non-negative float32 values, ~9% wide, in value order
+MASS_MARGIN = 1e-4  # bucket sums are float32: aim past a mass by this much so a wanted set is surely covered
 
 
 def kth_largest(cand: Candidates, backend: Backend, k: torch.Tensor) -> torch.Tensor:
@@ -68,3 +74,19 @@ def patched_top(cand: Candidates, changes: tuple[torch.Tensor, torch.Tensor, tor
     if not bool(torch.isfinite(top).all()):  # -inf fillers could repeat an id: leave such rows to the usual path
         return None
     return Candidates(top, cand.ids_at(positions.gather(1, where)), cand.vocab_size, True, True).keep_first(counts)
+
+
+def bucket_keys(values: torch.Tensor) -> torch.Tensor:
+    """(B, K) int64 bucket of each non-negative finite float32 value: its bit pattern >> 20, monotone in the value."""
+    return (values.view(torch.int32) >> _BUCKET_SHIFT).long()
+
+
+def bucket_sums(keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """(B, BUCKETS) the sum of weights (B, K) in each bucket of keys (B, K)."""
+    out = torch.zeros(keys.shape[0], BUCKETS, dtype=weights.dtype, device=weights.device)
+    return out.scatter_add_(1, keys, weights)
+
+
+def bucket_edge(keys: torch.Tensor) -> torch.Tensor:
+    """float64 smallest value of each bucket in keys (a key past the last float32 gives float32's largest)."""
+    return (keys << _BUCKET_SHIFT).clamp(max=0x7F7FFFFF).to(torch.int32).view(torch.float32).double()

@@ -13,7 +13,8 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
-from samplechain.filters import WIDE, with_min_keep
+from samplechain import filters
+from samplechain.filters import with_min_keep
 
 
 @attrs.frozen
@@ -36,7 +37,7 @@ class Epsilon(Sampler):
         eps = ctx.param("epsilon")
         off = eps <= 0.0
         # wide rows: a float32 softmax (transformers' own precision); narrow ones float64
-        prob = torch.softmax(cand.logits if cand.width >= WIDE else cand.logits.double(), dim=-1)
+        prob = torch.softmax(cand.logits if cand.width >= filters.WIDE else cand.logits.double(), dim=-1)
         keep = with_min_keep(cand, ctx.backend, prob >= eps.double()[:, None], ctx.param("min_keep"))
         keep |= off[:, None]
         return cand.masked(keep)

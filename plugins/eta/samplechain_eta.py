@@ -14,7 +14,8 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
-from samplechain.filters import WIDE, with_min_keep
+from samplechain import filters
+from samplechain.filters import with_min_keep
 
 
 @attrs.frozen
@@ -37,7 +38,7 @@ class Eta(Sampler):
         eps = ctx.param("epsilon").double()
         off = eps <= 0.0
         # wide rows: float32 passes (transformers' own precision) with torch's cascaded sums; narrow: float64
-        x = cand.logits if cand.width >= WIDE else cand.logits.double()
+        x = cand.logits if cand.width >= filters.WIDE else cand.logits.double()
         logp = torch.log_softmax(x, dim=-1)
         prob = torch.exp(logp)
         entropy = -torch.where(prob > 0, prob * logp, 0.0).sum(dim=-1).double()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
+from samplechain import Candidates, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
 
 
 @attrs.frozen
@@ -59,7 +59,7 @@ class TopNSigma(Sampler):
         off = (n <= 0.0) | (finite_count <= 1)
         if bool(off.all()):
             return cand
-        if width >= _WIDE and not cand.is_sorted:
+        if width >= filters.WIDE and not cand.is_sorted:  # float32 statistics and an at_least read
             return self._wide(cand, ctx, n, min_keep, off)
         threshold = sigma_threshold(cand.logits, n)
         keep = cand.logits.double() >= threshold[:, None]  # a prefix of the descending order, ties included
@@ -88,9 +88,6 @@ class TopNSigma(Sampler):
         values, index, above = ctx.backend.at_least(x, up, int(torch.where(off, 0, min_keep).max()))
         counts = torch.clamp(torch.maximum(above, min_keep), max=cand.width)
         return cand.restrict(values, index, torch.where(off, cand.width, counts), off)
-
-
-_WIDE = 16384  # from this width on: float32 statistics and an at_least read
 
 
 @hookimpl

@@ -15,7 +15,8 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
+from samplechain import Candidates, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
+from samplechain.filters import BUCKETS, MASS_MARGIN, bucket_edge, bucket_keys, bucket_sums
 
 _FIRST_GUESS = 64  # partial top-k width tried first on unsorted candidates
 
@@ -48,11 +49,8 @@ def kept_counts(
     return torch.clamp(torch.maximum(counts, min_keep), min=1, max=values.shape[1])
 
 
-_WIDE = 16384  # from this many candidates on, the cut is searched in the chunks holding the largest logits
 _CHUNK = 64
 _FIRST_CHUNKS = 128  # ~8000 gathered tokens on a 128256 vocabulary: enough for peaked rows in one go
-_BUCKET_SHIFT = 20  # float32 bits >> 20: sign, exponent and 3 mantissa bits, 2048 buckets ~9% wide, in order
-_MASS_MARGIN = 1e-4  # the histogram is float32: aim past p by this much so the kept set is surely covered
 
 
 def wide_row_mass(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -104,13 +102,9 @@ def superset_threshold(probs: torch.Tensor, top: torch.Tensor, total: torch.Tens
     probabilities are bucketed by their float32 bit pattern (monotone in the value), the bucket masses summed
     from the top, and the lower edge of the bucket where the sum passes p (plus a margin) turned back into a
     logit (minus a margin). The caller checks the cut it then finds and widens if it must."""
-    buckets = 1 << (31 - _BUCKET_SHIFT)
-    keys = (probs.view(torch.int32) >> _BUCKET_SHIFT).long()
-    hist = torch.zeros(probs.shape[0], buckets, dtype=probs.dtype, device=probs.device).scatter_add_(1, keys, probs)
-    from_top = hist.flip(1).cumsum(dim=1, dtype=torch.float64)
-    before = (from_top < (p.double() + _MASS_MARGIN)[:, None]).sum(dim=1)  # buckets entirely above the cut
-    key = torch.clamp(buckets - 1 - before, min=0)
-    edge = (key << _BUCKET_SHIFT).to(torch.int32).view(torch.float32).double()  # smallest prob in that bucket
+    from_top = bucket_sums(bucket_keys(probs), probs).flip(1).cumsum(dim=1, dtype=torch.float64)
+    before = (from_top < (p.double() + MASS_MARGIN)[:, None]).sum(dim=1)  # buckets entirely above the cut
+    edge = bucket_edge(torch.clamp(BUCKETS - 1 - before, min=0))  # smallest prob in the bucket of the cut
     return (top.squeeze(1) + torch.log(edge * total) - 1e-3).float()
 
 
@@ -132,7 +126,7 @@ class TopP(Sampler):
             top, total = row_mass(cand.logits)  # over all current candidates, as llama.cpp's softmax
             counts = kept_counts(cand.logits, top, total, p, min_keep)
             return cand.keep_first(torch.where(off, width, counts))
-        if width >= _WIDE:
+        if width >= filters.WIDE:  # the cut is searched in the chunks holding the largest logits
             # one normaliser per row whichever path finds the cut, so a row's cut never depends on its batch
             probs, top, total = wide_row_mass(cand.logits)
             found = chunked_cut(cand.logits, top, total, p, min_keep, off) if cand.logits.is_contiguous() else None

@@ -20,8 +20,9 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, one_of
+from samplechain import Candidates, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range, one_of
 from samplechain.contracts import compact_kept
+from samplechain.filters import BUCKETS, MASS_MARGIN, bucket_edge, bucket_keys, bucket_sums
 
 SEMANTICS = ("llama.cpp", "transformers")
 
@@ -43,16 +44,13 @@ def typical_keep(
     prob = torch.exp(logp)
     entropy = -torch.where(valid, prob * logp, 0.0).sum(dim=-1, keepdim=True)
     distance = torch.where(valid, (-logp - entropy).abs(), float("inf"))
-    if x.shape[1] >= _WIDE:
+    if x.shape[1] >= filters.WIDE:  # only the candidates that can be kept are ranked
         keep = _wide_keep(distance, prob, p, min_keep, semantics)
         if keep is not None:
             return keep
     return _ranked_keep(distance, prob, p, min_keep, semantics)
 
 
-_WIDE = 16384  # from this width on, only the candidates that can be kept are ranked
-_BUCKET_SHIFT = 20  # float32 bits >> 20: ~9% wide buckets of the distance, in order
-_MASS_MARGIN = 1e-4
 
 
 def _wide_keep(distance: torch.Tensor, prob: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor,
@@ -63,19 +61,14 @@ def _wide_keep(distance: torch.Tensor, prob: torch.Tensor, p: torch.Tensor, min_
     in candidate order) is the ranking's prefix, so the cut found there is the cut of the row. None when a row's
     set would be most of the row, or when the cut is not found inside it (then the whole row is ranked)."""
     batch, width = distance.shape
-    buckets = 1 << (31 - _BUCKET_SHIFT)
     finite = torch.isfinite(distance)
-    keys = (distance.float().clamp(max=3e38).view(torch.int32) >> _BUCKET_SHIFT).long()
-    probs32 = torch.where(finite, prob, 0.0).float()
-    hist = torch.zeros(batch, buckets, dtype=torch.float32, device=distance.device).scatter_add_(1, keys, probs32)
-    counts_hist = torch.zeros(batch, buckets, dtype=torch.int64, device=distance.device).scatter_add_(
-        1, keys, finite.long())
-    mass_upto = hist.cumsum(dim=1, dtype=torch.float64)
-    count_upto = counts_hist.cumsum(dim=1)
-    enough = (mass_upto > (p.double() + _MASS_MARGIN)[:, None]) & (count_upto >= min_keep[:, None])
+    keys = bucket_keys(distance.float().clamp(max=3e38))
+    mass_upto = bucket_sums(keys, torch.where(finite, prob, 0.0).float()).cumsum(dim=1, dtype=torch.float64)
+    count_upto = bucket_sums(keys, finite.long()).cumsum(dim=1)
+    enough = (mass_upto > (p.double() + MASS_MARGIN)[:, None]) & (count_upto >= min_keep[:, None])
     # rows that never get there (p near 1, few finite candidates) take every finite candidate
-    key = torch.where(enough.any(dim=1), enough.int().argmax(dim=1), buckets - 1)
-    upper = ((key + 1) << _BUCKET_SHIFT).clamp(max=0x7F7FFFFF).to(torch.int32).view(torch.float32).double()
+    key = torch.where(enough.any(dim=1), enough.int().argmax(dim=1), BUCKETS - 1)
+    upper = bucket_edge(key + 1)
     inside = distance <= upper[:, None]  # every candidate of a bucket <= key (and a little more)
     size = inside.sum(dim=1)
     if int(size.max()) * 4 > width:

@@ -206,5 +206,5 @@ def test_wide_rows_rank_only_what_can_be_kept(semantics, scale, monkeypatch):
     p = torch.tensor([0.2, 0.9, 0.5, 0.999, 0.9, 0.7], dtype=torch.float32)
     min_keep = torch.tensor([1, 1, 3, 1, 1, 500])
     fast = typical.typical_keep(logits, p, min_keep, semantics)
-    monkeypatch.setattr(typical, "_WIDE", 10**9)
+    monkeypatch.setattr("samplechain.filters.WIDE", 10**9)
     assert torch.equal(fast, typical.typical_keep(logits, p, min_keep, semantics))
