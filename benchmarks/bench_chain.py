@@ -36,7 +36,9 @@ from typing import Any
 import torch
 
 import samplechain
-from samplechain.bench import LOGIT_KINDS, environment, make_logits, stage_medians, transformers_step
+from samplechain.bench import (
+    LOGIT_KINDS, environment, make_logits, print_breakdown, print_rows, stage_medians, transformers_step,
+)
 from samplechain.bench import summary as _summary
 from samplechain.bench import time_blocks as _time
 from samplechain.bench import warmup_for as _warmup_for
@@ -212,44 +214,6 @@ def _cells(r: dict[str, Any]) -> list[str]:
             f"{r['ours_over_read']:.2f}x", same]
 
 
-def markdown_table(results: Sequence[dict[str, Any]]) -> str:
-    align = ["---"] + ["---:"] * (len(HEADERS) - 1)
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(_cells(r)) + " |" for r in results]
-    return "\n".join(lines)
-
-
-def print_table(results: Sequence[dict[str, Any]], *, markdown: bool) -> None:
-    if not markdown:
-        try:
-            from rich.console import Console
-            from rich.table import Table
-        except ImportError:
-            markdown = True
-    if markdown:
-        print(markdown_table(results))
-        return
-    console = Console()
-    if not console.is_terminal:  # piped: rich would wrap at 80 columns
-        console = Console(width=200)
-    table = Table(title="ms per step: median (p10–p90)")
-    for i, h in enumerate(HEADERS):
-        table.add_column(h, justify="left" if i == 0 else "right")
-    for r in results:
-        table.add_row(*_cells(r))
-    console.print(table)
-
-
-def print_breakdown(b: dict[str, Any]) -> None:
-    print(f"\nstage breakdown, {b['kind']} logits, B={b['batch']} V={b['vocab']} (median ms per step, each stage"
-          f" its own median):")
-    for name in ("ours", "transformers"):
-        print(f"  {'samplechain' if name == 'ours' else name}: total {b[name]['total']:.3f}")
-        for label, ms in b[name].items():
-            if label != "total":
-                print(f"    {label:40s} {ms:8.3f}")
-
-
 def _int_list(text: str) -> list[int]:
     return [int(x) for x in text.replace(",", " ").split()]
 
@@ -283,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {k}: {LOGIT_KINDS.get(k, '?')}")
     results = run(args.batch, args.vocab, args.reps, kinds=kinds, rounds=args.rounds, threads=args.threads,
                   warmup=args.warmup, check=not args.no_check, progress=args.progress)
-    print_table(results, markdown=args.markdown)
+    print_rows(HEADERS, [_cells(r) for r in results], range(1, len(HEADERS)), markdown=args.markdown)
     if not args.no_check:
         bad = [r for r in results if not r["candidates"]["agree"]]
         print("candidate sets: " + ("identical in every checked row" if not bad else
@@ -293,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for k in kinds:
             for batch in args.batch:
                 b = breakdown(batch, max(args.vocab), args.reps * args.rounds, kind=k, threads=args.threads)
-                print_breakdown(b)
+                print_breakdown(b, f"{b['kind']} logits, B={b['batch']} V={b['vocab']}")
                 extra.append(b)
     if args.json:
         with open(args.json, "w") as f:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 import samplechain
-from samplechain.bench import environment, make_history, make_logits, summary, time_blocks, warmup_for
+from samplechain.bench import environment, make_history, make_logits, markdown_rows, summary, time_blocks, warmup_for
 from samplechain.progress import progress_bar
 
 LAST_N, REPEAT, TOP_K, TOP_P, MIN_P, TEMP, SEED = 64, 1.1, 40, 0.95, 0.05, 0.8, 1234
@@ -160,12 +160,10 @@ def markdown(results: Sequence[dict[str, Any]]) -> str:
     def ms(t: dict[str, float]) -> str:
         return f"{t['median']:.3f} ({t['p10']:.3f}–{t['p90']:.3f})"
 
-    lines = ["| logits | B | samplechain ms | llama.cpp ms | llama.cpp / samplechain | read ms | check |",
-             "|---|---:|---:|---:|---:|---:|---|"]
-    for r in results:
-        lines.append(f"| {r['kind']} | {r['batch']} | {ms(r['samplechain'])} | {ms(r['llama.cpp'])} | "
-                     f"{r['llama_over_ours']:.2f}x | {r['read']['median']:.3f} | {r['check']} |")
-    return "\n".join(lines)
+    headers = ["logits", "B", "samplechain ms", "llama.cpp ms", "llama.cpp / samplechain", "read ms", "check"]
+    rows = [[r["kind"], str(r["batch"]), ms(r["samplechain"]), ms(r["llama.cpp"]), f"{r['llama_over_ours']:.2f}x",
+             f"{r['read']['median']:.3f}", r["check"]] for r in results]
+    return markdown_rows(headers, rows, range(1, 6))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

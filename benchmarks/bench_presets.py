@@ -56,7 +56,9 @@ from typing import Any
 import torch
 
 import samplechain
-from samplechain.bench import LOGIT_KINDS, environment, make_history, make_logits, stage_medians, transformers_step
+from samplechain.bench import (
+    LOGIT_KINDS, environment, make_history, make_logits, print_breakdown, print_rows, stage_medians, transformers_step,
+)
 from samplechain.bench import summary as _summary
 from samplechain.bench import time_blocks as _time
 from samplechain.bench import warmup_for as _warmup_for
@@ -272,44 +274,6 @@ def _cells(r: dict[str, Any]) -> list[str]:
             f"{r['ratio_transformers_over_ours']:.1f}x", pipeline, check]
 
 
-def markdown_table(results: Sequence[dict[str, Any]]) -> str:
-    align = ["---", "---", "---:", "---:", "---:", "---", "---"]
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(_cells(r)) + " |" for r in results]
-    return "\n".join(lines)
-
-
-def print_table(results: Sequence[dict[str, Any]], *, markdown: bool) -> None:
-    if not markdown:
-        try:
-            from rich.console import Console
-            from rich.table import Table
-        except ImportError:
-            markdown = True
-    if markdown:
-        print(markdown_table(results))
-        return
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=220)
-    table = Table(title="ms per step: median (p10–p90)")
-    for i, h in enumerate(HEADERS):
-        table.add_column(h, justify="right" if 2 <= i <= 4 else "left")
-    for r in results:
-        table.add_row(*_cells(r))
-    console.print(table)
-
-
-def print_breakdown(b: dict[str, Any]) -> None:
-    print(f"\nstage breakdown, {b['config']}, {b['kind']} logits, B={b['batch']} V={b['vocab']} (median ms per step,"
-          f" each stage its own median):")
-    for name in ("ours", "transformers"):
-        print(f"  {'samplechain' if name == 'ours' else name}: total {b[name]['total']:.3f}")
-        for label, ms in b[name].items():
-            if label != "total":
-                print(f"    {label:40s} {ms:8.3f}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -342,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     results = run(args.reps, args.rounds, kinds=kinds, threads=threads, warmup=args.warmup,
                   check=not args.no_check, progress=args.progress)
-    print_table(results, markdown=args.markdown)
+    print_rows(HEADERS, [_cells(r) for r in results], {2, 3, 4}, markdown=args.markdown)
     for r in results:
         if "check" in r and not r["check"]["agree"]:
             print(f"check: {r['kind']} {r['config']}: finite sets differ: {r['check']}")
@@ -350,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.breakdown:
         for cfg in ("llama.cpp: pen+DRY", "transformers"):
             b = breakdown(cfg, args.reps, kind=kinds[0], threads=threads)
-            print_breakdown(b)
+            print_breakdown(b, f"{b['config']}, {b['kind']} logits, B={b['batch']} V={b['vocab']}")
             extra.append(b)
     print(f"total {time.perf_counter() - t0:.0f} s")
     if args.json:

@@ -18,7 +18,9 @@ from typing import Any
 import torch
 
 import samplechain
-from samplechain.bench import environment, make_logits, summary, time_blocks, transformers_step, warmup_for
+from samplechain.bench import (
+    environment, make_logits, markdown_rows, summary, time_blocks, transformers_step, warmup_for,
+)
 from samplechain.progress import progress_bar
 
 # sampler entry (before dist), transformers processor factory or None
@@ -80,15 +82,13 @@ def run(batch: int, vocab: int, kind: str, reps: int, progress: bool | None) -> 
 
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
-    out = ["| sampler (then dist) | ours ms | transformers ms | transformers / ours | ours / read |",
-           "|---|---:|---:|---:|---:|"]
+    headers = ["sampler (then dist)", "ours ms", "transformers ms", "transformers / ours", "ours / read"]
+    cells = []
     for r in rows:
-        theirs = r.get("transformers")
-        out.append(f"| {r['sampler']} | {r['ours']['median']:.2f} | "
-                   f"{theirs['median']:.2f} | {theirs['median'] / r['ours']['median']:.1f}x | " if theirs else
-                   f"| {r['sampler']} | {r['ours']['median']:.2f} | — | — | ")
-        out[-1] += f"{r['ours']['median'] / r['read']['median']:.1f}x |"
-    return "\n".join(out)
+        ours, theirs = r["ours"]["median"], r.get("transformers")
+        cells.append([r["sampler"], f"{ours:.2f}", f"{theirs['median']:.2f}" if theirs else "—",
+                      f"{theirs['median'] / ours:.1f}x" if theirs else "—", f"{ours / r['read']['median']:.1f}x"])
+    return markdown_rows(headers, cells, range(1, 5))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

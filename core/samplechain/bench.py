@@ -24,7 +24,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import attrs
@@ -34,7 +34,7 @@ from .errors import ConfigError
 
 __all__ = [
     "LOGIT_KINDS", "DTYPES", "CONFIGS", "BenchConfig", "Target", "make_logits", "make_history", "transformers_step",
-    "time_blocks", "stage_medians", "summary", "warmup_for", "environment", "run_matrix", "main",
+    "time_blocks", "stage_medians", "markdown_rows", "rich_rows", "print_rows", "print_breakdown", "summary", "warmup_for", "environment", "run_matrix", "main",
 ]
 
 LOGIT_KINDS = {
@@ -162,6 +162,49 @@ def stage_medians(chain: Any, processors: Any, ours: Callable[[], Any], input_id
                 samples[name].append(stages)
     return {name: {label: statistics.median(r.get(label, 0.0) for r in rows) for label in rows[0]}
             for name, rows in samples.items()}
+
+
+def markdown_rows(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int]) -> str:
+    """A markdown table; the columns numbered in `right` right-aligned."""
+    align = ["---:" if i in right else "---" for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def rich_rows(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int], title: str) -> Any:
+    """The same table as a rich Table (cells may carry rich markup)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="right" if i in right else "left")
+    for r in rows:
+        table.add_row(*r)
+    return table
+
+
+def print_rows(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int], *, markdown: bool,
+               title: str = "ms per step: median (p10–p90)") -> None:
+    """Print the table as markdown, or with rich (200 columns when piped: rich would wrap at 80)."""
+    if markdown:
+        print(markdown_rows(headers, rows, right))
+        return
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)
+    console.print(rich_rows(headers, rows, right, title))
+
+
+def print_breakdown(b: dict[str, Any], what: str) -> None:
+    """Print stage_medians' result for `what` (e.g. "randn logits, B=32 V=128256")."""
+    print(f"\nstage breakdown, {what} (median ms per step, each stage its own median):")
+    for name in ("ours", "transformers"):
+        print(f"  {'samplechain' if name == 'ours' else name}: total {b[name]['total']:.3f}")
+        for label, ms in b[name].items():
+            if label != "total":
+                print(f"    {label:40s} {ms:8.3f}")
 
 
 def summary(times: list[float]) -> dict[str, float]:

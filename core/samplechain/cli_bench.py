@@ -87,22 +87,24 @@ def _cells(r: dict[str, Any]) -> list[str]:
             _x(r["ours_over_baseline"], 3) if r["baseline"] is not None else "—", r["target"], met]
 
 
+_RIGHT = range(4, 11)  # the numeric columns
+
+
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    align = ["---"] * 4 + ["---:"] * 7 + ["---", "---"]
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
-    return "\n".join(lines)
+    from .bench import markdown_rows
+
+    return markdown_rows(HEADERS, [_cells(r) for r in rows], _RIGHT)
 
 
 def _rich_table(rows: Sequence[dict[str, Any]], vocab: int) -> Table:
-    table = Table(title=f"ms per step at V={vocab}: median (p10–p90)")
-    for i, h in enumerate(HEADERS):
-        table.add_column(h, justify="right" if 3 <= i <= 10 else "left")
+    from .bench import rich_rows
+
+    cells = []
     for r in rows:
-        cells = [escape(c) for c in _cells(r)]
-        cells[-1] = {"yes": "[green]yes", "NO": "[red]NO"}.get(cells[-1], cells[-1])
-        table.add_row(*cells)
-    return table
+        row = [escape(c) for c in _cells(r)]
+        row[-1] = {"yes": "[green]yes", "NO": "[red]NO"}.get(row[-1], row[-1])
+        cells.append(row)
+    return rich_rows(HEADERS, cells, range(3, 11), f"ms per step at V={vocab}: median (p10–p90)")
 
 
 # --------------------------------------------------------------------------- plot
