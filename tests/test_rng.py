@@ -77,3 +77,23 @@ def test_wide_noise_paths_agree_with_the_small_batch_path():
     for row in range(3):
         alone = rng.uniform(seed[row:row + 1], pos[row:row + 1], ids[row:row + 1, :20_000], stream=3)  # numpy
         assert torch.equal(wide[row, :20_000], alone[0])
+
+
+@pytest.mark.parametrize("implicit", [True, False])
+def test_fused_gumbel_argmax_is_the_same_index_as_argmax_of_logits_plus_noise(implicit):
+    """rng.gumbel_argmax (in place on workspaces, M - x with argmin) against argmax(x.double() + gumbel): the same
+    index on wide rows with -inf entries, ties at the top, huge values and permuted ids, over several positions."""
+    g = torch.Generator().manual_seed(5)
+    B, V = 4, 40000
+    x = torch.randn(B, V, generator=g) * 3
+    x[0, ::5] = float("-inf")
+    x[1, 10] = x[1, 11] = 60.0  # a tie that the noise breaks
+    x[2, ::3] = 1e30
+    x[3] = float("-inf")  # every candidate masked: index 0 either way
+    seed = torch.tensor([1, 2**40 + 3, 99, 7])
+    ids = None if implicit else torch.stack([torch.randperm(V, generator=g) for _ in range(B)])
+    full = torch.arange(V).expand(B, -1) if implicit else ids
+    for pos in range(4):
+        position = torch.full((B,), pos, dtype=torch.int64)
+        want = (x.double() + rng.gumbel(seed, position, full)).argmax(dim=-1)
+        assert torch.equal(rng.gumbel_argmax(x, seed, position, ids), want), pos

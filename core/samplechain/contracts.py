@@ -570,3 +570,10 @@ class Backend:
     def uniform(self, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int) -> torch.Tensor:
         """Counter-based U(0, 1) noise (B, K) float64."""
         raise NotImplementedError
+
+    def gumbel_argmax(self, logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor,
+                      ids: torch.Tensor | None, stream: int) -> torch.Tensor:
+        """(B,) argmax(logits.double() + gumbel noise) per row, first index on ties: a Gumbel-max draw. ids None
+        means ids[b, j] == j. Backends may fuse it (the cpu backend hashes in place); the index must be the same."""
+        full = torch.arange(logits.shape[1], device=logits.device).expand(logits.shape[0], -1) if ids is None else ids
+        return (logits.double() + self.gumbel(seed, position, full, stream)).argmax(dim=-1)

@@ -18,7 +18,7 @@ import os
 import numpy as np
 import torch
 
-__all__ = ["mix32", "row_keys", "uniform", "gumbel", "exponential", "fresh_seed", "SEED_MAX"]
+__all__ = ["mix32", "row_keys", "uniform", "gumbel", "gumbel_argmax", "exponential", "fresh_seed", "SEED_MAX"]
 
 _M32 = 0xFFFFFFFF
 SEED_MAX = 2**63 - 1
@@ -122,6 +122,42 @@ def exponential(seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, s
 def gumbel(seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int = 0) -> torch.Tensor:
     """Gumbel(0, 1) noise, float64 (B, K): argmax(logits + G) is a draw from softmax(logits)."""
     return torch.log(uniform(seed, position, ids, stream)).neg_().log_().neg_()  # -log(-log u), in place
+
+
+def _mix32_i32_(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """`_mix32_i32` in place on x, with t (same shape, int32) as the only temporary: the same bits, no allocation."""
+    for shift, mask, mult in ((16, 0xFFFF, _C1_I32), (15, 0x1FFFF, _C2_I32), (16, 0xFFFF, None)):
+        torch.bitwise_right_shift(x, shift, out=t).bitwise_and_(mask)
+        x.bitwise_xor_(t)
+        if mult is not None:
+            x.mul_(mult)
+    return x
+
+
+def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None,
+                  stream: int = 0, work: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+                  ) -> torch.Tensor:
+    """argmax(logits.double() + gumbel(seed, position, ids, stream)) per row (B,), the same index bit for bit
+    (first index on ties), computed in place on three (B, K) workspaces (int32, int32, float64) instead of a dozen
+    fresh temporaries. ids None means ids[b, j] == j. `work` (contents undefined) may be given to reuse buffers.
+
+    It forms the same float64 u, then M = log(-log u) and M - x (= -(x + G) exactly: IEEE negation and subtraction
+    are exact mirrors), whose first argmin is the first argmax of x + G."""
+    B, K = logits.shape
+    if logits.device.type != "cpu" or B * K <= _NP_SMALL:
+        full = torch.arange(K, device=logits.device).expand(B, -1) if ids is None else ids
+        return (logits.double() + gumbel(seed, position, full, stream)).argmax(dim=-1)
+    x, t, g = work if work is not None else (
+        torch.empty(B, K, dtype=torch.int32), torch.empty(B, K, dtype=torch.int32), torch.empty(B, K, dtype=torch.float64))
+    k1, k2 = row_keys(seed, position, stream)
+    if ids is None:
+        torch.add(torch.arange(K, dtype=torch.int32)[None, :], _as_i32(k1)[:, None], out=x)
+    else:
+        x.copy_(ids).add_(_as_i32(k1)[:, None])
+    _mix32_i32_(_mix32_i32_(x, t).bitwise_xor_(_as_i32(k2)[:, None]), t)
+    x.bitwise_xor_(torch.iinfo(torch.int32).min)
+    g.copy_(x).mul_(1.0 / 4294967296.0).add_(0.5 + 0.5 / 4294967296.0)  # exact, as in uniform()
+    return g.log_().neg_().log_().sub_(logits).argmin(dim=-1)
 
 
 def fresh_seed() -> int:

@@ -123,6 +123,15 @@ class CpuBackend(Backend):
     def uniform(self, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int) -> torch.Tensor:
         return rng.uniform(seed, position, ids, stream)
 
+    def gumbel_argmax(self, logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor,
+                      ids: torch.Tensor | None, stream: int) -> torch.Tensor:
+        work = None
+        if logits.numel() > (1 << 16):  # the hash and the float64 noise in reusable workspaces
+            i32 = torch.empty((), dtype=torch.int32).expand(logits.shape)
+            work = (self.scratch("gumbel.bits", i32), self.scratch("gumbel.temp", i32),
+                    self.scratch("gumbel.noise", torch.empty((), dtype=torch.float64).expand(logits.shape)))
+        return rng.gumbel_argmax(logits, seed, position, ids, stream, work)
+
 
 @hookimpl
 def register_backends(register):

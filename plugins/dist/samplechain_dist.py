@@ -27,8 +27,8 @@ class Dist(Sampler):
     summary = "seeded sampling from the processed distribution (Gumbel-max)"
 
     def select(self, cand: Candidates, ctx: StepContext) -> torch.Tensor:
-        noise = ctx.gumbel(cand, ctx.param("seed"))  # (B, K) float64, keyed by token id
-        return (cand.logits.double() + noise).argmax(dim=-1)  # -inf candidates can never win
+        # argmax(logits + G), G (B, K) float64 keyed by token id; -inf candidates can never win
+        return ctx.backend.gumbel_argmax(cand.logits, ctx.param("seed"), ctx.positions, cand.ids, ctx.stream)
 
 
 @hookimpl

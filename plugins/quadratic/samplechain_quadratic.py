@@ -31,12 +31,18 @@ def coefficients(factor: torch.Tensor, curve: torch.Tensor) -> tuple[torch.Tenso
     return ((3.0 - c) / 2.0 * f).float(), ((c - 1.0) / 2.0 * f).float()
 
 
-def smooth(x: torch.Tensor, kf: torch.Tensor, sf: torch.Tensor) -> torch.Tensor:
-    """The webui transform of rows x (B, K) with per-row coefficients kf, sf (B,): same operations, same order."""
+def smooth(x: torch.Tensor, kf: torch.Tensor, sf: torch.Tensor, cubic: bool = True) -> torch.Tensor:
+    """The webui transform of rows x (B, K) with per-row coefficients kf, sf (B,): the same float32 operations in
+    the same order (d**2 is d * d and d**3 is d * d * d in torch), in place on two buffers. `cubic=False` (every
+    sf is 0) skips the s * d**3 term, which then only adds zeros (webui's 0 * d**3 is NaN where d**3 overflows;
+    there the quadratic alone gives -inf)."""
     top = x.amax(dim=-1, keepdim=True)
     d = x - top
-    out = -(kf[:, None] * d**2) + (sf[:, None] * d**3) + top
-    return torch.where(x != float("-inf"), out, x)
+    out = torch.mul(d, d).mul_(kf[:, None]).neg_()  # -(k * factor * d**2)
+    if cubic:
+        out.add_(d.pow_(3).mul_(sf[:, None]))  # + s * factor * d**3
+    out.add_(top)
+    return out.masked_fill_(x == float("-inf"), float("-inf"))
 
 
 class Quadratic(Sampler):
@@ -53,7 +59,7 @@ class Quadratic(Sampler):
         factor, curve = ctx.param("factor"), ctx.param("curve")
         off = factor == 0.0
         kf, sf = coefficients(factor, curve)
-        out = smooth(cand.logits, kf, sf)
+        out = smooth(cand.logits, kf, sf, cubic=ctx.scalar("curve") != 1.0)
         if bool(off.any()):
             out = torch.where(off[:, None], cand.logits, out)
         return cand.replace_logits(out)

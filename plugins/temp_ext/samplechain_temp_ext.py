@@ -22,6 +22,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, one_of
+from samplechain import filters
 
 FORMULAS = ("llama.cpp", "webui")
 
@@ -44,9 +45,19 @@ class TempExtParams:
 
 
 def _row_entropy(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row: entropy (nats, float64) of softmax over the finite logits, and the count of finite logits."""
+    """Per row: entropy (nats, float64) of softmax over the finite logits, and the count of finite logits.
+
+    Rows of at least `filters.WIDE` candidates compute it in float32 (llama.cpp's precision) as
+    H = log S - sum(e * z) / S with z = x - max, e = exp(z), S = sum(e): four passes instead of a float64 softmax."""
     live = torch.isfinite(x)
     n = live.sum(dim=-1)
+    if x.shape[1] >= filters.WIDE:
+        top = x.amax(dim=-1, keepdim=True)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        z = (x - top).clamp_(min=torch.finfo(x.dtype).min)  # -inf -> the lowest float: e = 0 and e * z = -0
+        e = torch.exp(z)
+        total = e.sum(dim=-1)
+        return (torch.log(total) - torch.linalg.vecdot(e, z) / total).double(), n
     xd = x.double()
     top = torch.where(live, xd, float("-inf")).amax(dim=-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
@@ -116,7 +127,8 @@ class TempExt(Sampler):
             keep_rows = dyn & untouched
         temp = temp[:, None]
         hot = temp > 0
-        out = x / torch.where(hot, temp, torch.ones_like(temp))
+        divisor = torch.where(hot, temp, torch.ones_like(temp))
+        out = x.div_(divisor) if cand.writable and bool(hot.all()) and not bool(keep_rows.any()) else x / divisor
         if not bool(hot.all()):  # T <= 0: only the first maximum survives, its logit unchanged (llama.cpp)
             top = x.argmax(dim=-1, keepdim=True)
             only_top = torch.zeros_like(x, dtype=torch.bool).scatter_(1, top, True)

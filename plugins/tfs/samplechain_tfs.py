@@ -13,8 +13,12 @@ sum 1, cdf = cumsum(d2). `z >= 1` is a no-op. Two references, which differ by on
   sorted token always is; the first min_keep are kept. No guard for a zero d2 sum (the cdf is NaN: only the last
   token is removed).
 
-Probabilities and the cdf are float64 from the float32 logits. Needs a full sort of the candidates (the d2
-normaliser runs over all of them): put a top_k before it to bound the cost.
+Probabilities and the cdf are float64 from the float32 logits. The d2 normaliser runs over every candidate, so the
+plain path sorts the whole row. Rows of at least `filters.WIDE` unsorted candidates first try the M best (M = 256,
+then 4096, a partial top-k): in sorted order d2[i] <= (p[i] - p[i+1]) + (p[i+1] - p[i+2]), so the d2 of the unseen
+tail telescope to at most p[M-2] + p[M-1], which brackets the normaliser. When the first cdf crossing is the same
+for both ends of the bracket (with a 1e-9 relative margin for rounding), that crossing is the reference's own; any
+row left undecided (the cut in the tail, a near-uniform row, a margin too close) sends the batch to the full sort.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, one_of
+from samplechain import filters
 
 VARIANTS = ("llama.cpp", "webui")
 
@@ -81,6 +86,59 @@ def webui_counts(logits: torch.Tensor, z: torch.Tensor, min_keep: torch.Tensor, 
     return kept.sum(dim=-1).clamp(min=1)
 
 
+_TRIES = (256, 4096)  # widths of the partial top-k the bracket is tried on
+_MARGIN = 1e-9  # relative: far above float64 rounding of the sums, far below any real change in the cdf
+
+
+def bracketed_counts(values: torch.Tensor, row_sum: torch.Tensor, z: torch.Tensor, min_keep: torch.Tensor,
+                     off: torch.Tensor, variant: str) -> torch.Tensor | None:
+    """(B,) kept counts from the M best logits of each row (values (B, M), descending) when every row's cut is
+    decided by the bracket on the d2 normaliser, else None. row_sum (B,): sum of exp(x - max) over the whole row,
+    float32 (only for llama.cpp's 1e-6 uniform rule, which is decided with a 1e-4 margin). Rows where off[b] are
+    not looked at (the caller keeps them whole)."""
+    q = torch.exp(values.double() - values[:, :1].double())  # p up to the row's normaliser, which cancels in cdf
+    M = values.shape[1]
+    d2 = second_derivatives(q)  # (B, M - 2): d2[i] for i < M - 2, all inside the M best
+    finite = torch.isfinite(values)
+    n_top = finite.sum(dim=-1)  # == M: the row may go on past the M best
+    complete = n_top < M  # llama.cpp: nothing past the M best counts; webui counts the zeros after them too
+    if variant != "llama.cpp":
+        complete = torch.zeros_like(complete)
+    i = torch.arange(M - 2, device=values.device)[None, :]
+    if variant == "llama.cpp":
+        inside = i < (n_top - 2)[:, None]
+        d2 = torch.where(inside, d2, torch.zeros_like(d2))
+    else:
+        inside = torch.ones_like(d2, dtype=torch.bool)
+    head = d2.sum(dim=-1)
+    tail = torch.where(complete, torch.zeros_like(head), q[:, M - 2] + q[:, M - 1])  # telescoped bound
+    lo, hi = head * (1.0 - _MARGIN), (head + tail) * (1.0 + _MARGIN)
+    if variant == "llama.cpp":  # the uniform rule must be decided: total / normaliser vs 1e-6, on both ends
+        scale = row_sum.double()
+        if not bool(((lo / (scale * (1 + 1e-4)) > 1e-6) | complete & (n_top <= 2) | off).all()):
+            return None
+    elif not bool(((lo > 0) & (min_keep < M - 2) | off).all()):
+        return None
+    cum = torch.cumsum(d2, dim=-1)
+    zz = z.double()[:, None]
+    allowed = inside & (i >= min_keep[:, None]) if variant == "llama.cpp" else inside
+    possible = allowed & (cum > zz * lo[:, None])
+    certain = allowed & (cum > zz * hi[:, None])
+    far = torch.full_like(i, M)
+    first_possible = torch.where(possible, i, far).amin(dim=-1)
+    first_certain = torch.where(certain, i, far).amin(dim=-1)
+    found = first_possible < M
+    decided = found & (first_possible == first_certain) | ~found & complete
+    if variant == "llama.cpp":
+        decided |= n_top <= 2
+    if not bool((decided | off).all()):
+        return None
+    if variant == "llama.cpp":
+        counts = torch.where(found, first_possible, n_top)
+        return torch.where(n_top <= 2, n_top, counts).clamp(min=1)
+    return torch.maximum(first_possible + 1, min_keep).clamp(min=1)
+
+
 class Tfs(Sampler):
     name = "tfs"
     stage = Stage.FILTER
@@ -96,6 +154,16 @@ class Tfs(Sampler):
         off = z >= 1.0
         if bool(off.all()):
             return cand
+        if not cand.is_sorted and cand.width >= filters.WIDE and (self.params.variant == "llama.cpp"
+                                                                 or cand.width == cand.vocab_size):
+            x = cand.logits
+            top = x.amax(dim=-1, keepdim=True)
+            row_sum = torch.exp(x - top).sum(dim=-1)
+            for width in _TRIES:
+                values, index = ctx.backend.topk(x, min(width, cand.width))
+                counts = bracketed_counts(values, row_sum, z, min_keep, off, self.params.variant)
+                if counts is not None:
+                    return cand.restrict(values, index, torch.where(off, values.shape[1], counts), off)
         ordered = cand.sorted(ctx.backend)
         if self.params.variant == "webui":
             counts = webui_counts(ordered.logits, z, min_keep, cand.vocab_size)

@@ -16,7 +16,9 @@ llama.cpp's `llama_sampler_xtc` (src/llama-sampler.cpp), per row:
 left unchanged for that step. The ids come from `prepare()`: the last token of the tokenizer's encoding of "\\n"
 and the generation's eos ids (only the eos ids without a tokenizer).
 
-Probabilities are compared in logit space (`logit >= log(threshold) + logsumexp`), in float64.
+Probabilities are compared in logit space (`logit >= log(threshold) + logsumexp`), in float64; rows of at least
+`filters.WIDE` unsorted candidates use float32 (llama.cpp's own precision) and read only the qualifying candidates
+(`Backend.at_least`), on the rows that act this step.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import attrs
 import torch
 
 from samplechain import (
+    Backend,
     Candidates,
     Sampler,
     SamplerSetup,
@@ -37,6 +40,7 @@ from samplechain import (
     in_range,
     seed_field,
 )
+from samplechain import filters
 
 NEG_INF = float("-inf")
 
@@ -76,6 +80,24 @@ def removal_mask(logits: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
     return remove & (qualify.sum(dim=-1, keepdim=True) >= 2)
 
 
+def wide_removals(logits: torch.Tensor, threshold: torch.Tensor, backend: Backend
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`removal_mask` for wide unsorted rows, in float32, without a (B, K) mask: (rows, positions) of the removed
+    candidates and the (B,) count removed per row. The qualifying candidates are the few >= the cut, read in
+    descending order by `at_least`; of the least likely level, the highest position stays, as in removal_mask."""
+    top = logits.amax(dim=-1, keepdim=True)
+    lse = top + torch.log(torch.exp(logits - top).sum(dim=-1, keepdim=True))  # -inf candidates weigh exp(-inf) = 0
+    cut = (torch.log(threshold.float())[:, None] + lse)[:, 0]
+    values, positions, counts = backend.at_least(logits, cut)
+    j = torch.arange(values.shape[1], device=logits.device)[None, :]
+    inside = j < counts[:, None]
+    lowest = values.gather(1, (counts - 1).clamp(min=0)[:, None])
+    last = torch.where(inside & (values == lowest), positions, -1).amax(dim=-1, keepdim=True)
+    remove = inside & (positions != last) & (counts >= 2)[:, None]
+    rows, cols = remove.nonzero(as_tuple=True)
+    return rows, positions[rows, cols], remove.sum(dim=-1)
+
+
 class Xtc(Sampler):
     name = "xtc"
     stage = Stage.FILTER
@@ -110,15 +132,15 @@ class Xtc(Sampler):
             return cand
         probability, threshold = ctx.param("probability"), ctx.param("threshold")
         logits = cand.logits
-        n = torch.isfinite(logits).sum(dim=-1)
-        off = (probability <= 0.0) | (threshold > 0.5) | (n < 2)
-        if bool(off.all()):
-            return cand
         draw_ids = torch.zeros(cand.batch_size, 1, dtype=torch.int64, device=logits.device)
         u = ctx.backend.uniform(ctx.param("seed"), ctx.positions, draw_ids, ctx.stream)[:, 0]  # (B,) float64
-        act = ~off & (u < probability.double())
+        act = (probability > 0.0) & (threshold <= 0.5) & (u < probability.double())
         if not bool(act.any()):
             return cand
+        if not cand.is_sorted and cand.width >= filters.WIDE:
+            return self._wide(cand, ctx, act)
+        n = torch.isfinite(logits).sum(dim=-1)
+        act &= n >= 2
         remove = removal_mask(logits, threshold) & act[:, None]
         removed = remove.sum(dim=-1)
         act &= (n - removed) >= ctx.param("min_keep")  # llama.cpp: too few left -> the row is unchanged
@@ -139,6 +161,27 @@ class Xtc(Sampler):
         wrapped = torch.arange(width, device=logits.device)[None, :] >= (width - shift)[:, None]
         values = logits.gather(1, index).masked_fill(wrapped, NEG_INF)
         return cand.take(values, index, is_sorted=True)
+
+
+    def _wide(self, cand: Candidates, ctx: StepContext, act: torch.Tensor) -> Candidates:
+        """The rows that act, in float32: their qualifying candidates set to -inf in the chain's own logits."""
+        rows = act.nonzero().flatten()
+        sub = cand.logits.index_select(0, rows) if len(rows) < cand.batch_size else cand.logits
+        n = torch.isfinite(sub).sum(dim=-1)
+        removed_rows, positions, removed = wide_removals(sub, ctx.param("threshold")[rows], ctx.backend)
+        ok = (n >= 2) & ((n - removed) >= ctx.param("min_keep")[rows])  # llama.cpp: too few left -> unchanged
+        if self._protected:
+            special = torch.tensor(self._protected, dtype=torch.int64, device=sub.device)
+            tokens = positions if cand.ids is None else cand.ids[rows[removed_rows], positions]
+            hit = torch.isin(tokens, special)
+            spoiled = torch.zeros_like(ok).index_fill_(0, removed_rows[hit], True)
+            ok &= ~(ctx.param("keep_special")[rows] & spoiled)
+        take = ok[removed_rows]
+        if not bool(take.any()):
+            return cand
+        out = cand.owned(ctx.backend)
+        out.logits[rows[removed_rows[take]], positions[take]] = NEG_INF
+        return out
 
 
 @hookimpl

@@ -142,6 +142,24 @@ def test_dynamic_matches_llama_cpp_port(seed, vocab, t, delta, exponent):
         assert torch.allclose(got[b], want, atol=1e-5), f"row {b}"
 
 
+@pytest.mark.parametrize("formula", ["llama.cpp", "webui"])
+def test_wide_rows_compute_the_entropy_in_float32(formula, monkeypatch):
+    """Rows of >= 16384 candidates take a float32 entropy (llama.cpp's precision): the same temperatures as the
+    float64 path to float32 accuracy, with -inf entries, a single live candidate and per-row parameters."""
+    logits = logits_for(3, 20000, scale=2.0)
+    logits[0, ::3] = float("-inf")
+    logits[2, 1:] = float("-inf")
+    c = chain(t=0.9, delta=0.5, exponent=1.5, formula=formula)
+    per_row = [{}, {"dynatemp_range": 0.3}, {}, {"temperature": 1.4, "dynatemp_exponent": 0.5}]
+    fast = processed_scores(c, logits, per_row[:B] + [{}] * (B - len(per_row)))
+    monkeypatch.setattr("samplechain.filters.WIDE", 10**9)
+    ref = processed_scores(c, logits, per_row[:B] + [{}] * (B - len(per_row)))
+    assert torch.equal(torch.isfinite(fast), torch.isfinite(ref))
+    live = torch.isfinite(ref)
+    assert torch.allclose(fast[live], ref[live], rtol=1e-5, atol=1e-5)
+    assert not torch.equal(fast, logits)  # the dynamic temperature did change the rows
+
+
 def test_single_live_candidate_row_is_unchanged_llama_cpp():
     logits = torch.full((1, 6), float("-inf"))
     logits[0, 2] = 3.0

@@ -203,6 +203,42 @@ def test_per_row_parameters_equal_rows_alone(variant):
             assert_kept(batch[i : i + 1], logits[i : i + 1], torch.isfinite(ref).sum(dim=-1).tolist())
 
 
+def _zipf_rows(seed: int, B: int, V: int, slope: float) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    ranks = torch.stack([torch.randperm(V, generator=g) for _ in range(B)]).double() + 1
+    return (-slope * ranks.log() + 0.05 * torch.randn(B, V, generator=g, dtype=torch.float64)).float()
+
+
+@pytest.mark.parametrize("variant", ["llama.cpp", "webui"])
+def test_wide_rows_bracket_the_normaliser_and_keep_what_the_full_sort_keeps(variant, monkeypatch):
+    """Rows of >= 16384 candidates: the cut decided from the 256 / 4096 best (the unseen tail's d2 bounded by
+    telescoping) equals the full-sort cut; per-row z, min_keep, off rows, -inf entries, a near-flat row (which
+    sends the batch to the full sort) all agree."""
+    import samplechain_tfs as tfs
+
+    logits = _zipf_rows(4, 6, 30000, 1.5)
+    logits[1, ::2] = float("-inf")
+    logits[3] = _zipf_rows(5, 1, 30000, 1.1)[0]  # a slower decay: the cut lies deeper
+    per_row = [{"tfs": 0.95}, {"tfs": 0.5}, {"tfs": 1.0}, {"tfs": 0.95, "min_keep": 30}, {"tfs": 0.2},
+               {"tfs": 0.9, "min_keep": 3}]
+    c = chain(z=0.95, variant=variant)
+    calls = []
+    real = tfs.bracketed_counts
+    monkeypatch.setattr(tfs, "bracketed_counts", lambda *a: calls.append(real(*a)) or calls[-1])
+    fast = processed_scores(c, logits, per_row)
+    assert calls and calls[-1] is not None  # decided without the full sort
+    monkeypatch.setattr("samplechain.filters.WIDE", 10**9)
+    ref = processed_scores(c, logits, per_row)
+    assert torch.equal(fast, ref)
+    flat = torch.randn(6, 30000, generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr("samplechain.filters.WIDE", 16384)
+    calls.clear()
+    fast = processed_scores(c, flat, per_row)
+    assert calls[-1] is None  # undecided: the full sort ran
+    monkeypatch.setattr("samplechain.filters.WIDE", 10**9)
+    assert torch.equal(fast, processed_scores(c, flat, per_row))
+
+
 @pytest.mark.parametrize(("entry", "key"), [
     ({"z": 1.5}, "z"),
     ({"z": -0.1}, "z"),

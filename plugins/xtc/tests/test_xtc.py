@@ -190,6 +190,33 @@ def test_after_top_k_matches_webui(k):
     assert torch.equal(ours[kept], logits[kept])
 
 
+def test_wide_rows_remove_what_the_float64_path_removes(monkeypatch):
+    """Rows of >= 16384 unsorted candidates: float32, only the acting rows, only the qualifying candidates read;
+    the same removals as the float64 mask (per-row thresholds, min_keep, -inf entries, ties at the lowest level,
+    keep_special, rows that do not act)."""
+    logits = logits_for(21, B=7, V=40000)
+    logits[:, :6] += 3.0  # several tokens above the thresholds on a wide row
+    logits[2, 1] = logits[2, 2] = logits[2, 4] = 30.0  # a three-way tie at the least likely qualifying level
+    logits[3, 2:] = NEG_INF  # two finite candidates
+    logits[5, ::2] = NEG_INF
+    rows = [{"xtc_probability": 1.0, "xtc_threshold": 0.001, "seed": 1},
+            {"xtc_probability": 1.0, "xtc_threshold": 0.05, "seed": 2, "min_keep": 39996},
+            {"xtc_probability": 1.0, "xtc_threshold": 0.1, "seed": 3},
+            {"xtc_probability": 1.0, "xtc_threshold": 0.1, "seed": 4},
+            {"xtc_probability": 0.0, "xtc_threshold": 0.1, "seed": 5},
+            {"xtc_probability": 1.0, "xtc_threshold": 0.0005, "seed": 6},
+            {"xtc_probability": 1.0, "xtc_threshold": 0.1, "seed": 7, "xtc.keep_special": True}]
+    c = chain(0.5, 0.1, keep_special=False)
+    c.samplers[0]._protected = (int(logits[6].argmax()),)  # as prepare() sets them from a tokenizer
+    fast = processed_scores(c, logits, rows)
+    assert not torch.equal(torch.isfinite(fast), torch.isfinite(logits))  # it did remove tokens
+    assert torch.equal(fast[6], logits[6]) and torch.equal(fast[4], logits[4])
+    assert torch.isfinite(fast[2]).sum() == torch.isfinite(logits[2]).sum() - 2  # of the tie, position 4 stays
+    assert torch.isfinite(fast[2, 4])
+    monkeypatch.setattr("samplechain.filters.WIDE", 10**9)
+    assert torch.equal(fast, processed_scores(c, logits, rows))
+
+
 # ----------------------------------------------------------------- the draw
 def test_acting_fraction_matches_probability():
     B = 3000
