@@ -98,6 +98,9 @@ CHAIN_KEY_DOC = {
                  "last"),
     "stop": ("array of entry tables", "stopping criteria, combined by OR (the generation loop uses them)"),
     "backend": ("string", "`\"auto\"` (the installed backend for the logits' device) or a backend name"),
+    "nonfinite": ("string", "`\"error\"` (default): NaN or +inf logits are a `SamplingError` naming the request; "
+                  "`\"sanitize\"`: NaN becomes 0.0 and a row with +inf keeps only its +inf tokens (at 0.0), as "
+                  "transformers' InfNanRemoveLogitsProcessor; -inf stays masked either way"),
     "name": ("string", "a label for the chain (a preset's is its name)"),
     "description": ("string", "free text"),
 }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import math
 import re
 import shutil
 import textwrap
@@ -90,16 +91,17 @@ class Trial:
     monkeypatch: pytest.MonkeyPatch
     stores: list[tuple[RequestStore, str]] = attrs.field(factory=list)
 
-    def step_chain(self, samplers: list[dict[str, Any]] | None = None, *, host: PluginHost | None = None
-                   ) -> tuple[Chain, RequestStore]:
-        """A stateful chain (mirostat v2's mu, RNG positions) with requests "a" and "b" one accepted step in; the
-        store's serialised state is recorded now and compared after the failure."""
+    def step_chain(self, samplers: list[dict[str, Any]] | None = None, *, host: PluginHost | None = None,
+                   nonfinite: str = "error", **inputs: Any) -> tuple[Chain, RequestStore]:
+        """A stateful chain (mirostat v2's mu, RNG positions) with requests "a" and "b" one accepted step in (given
+        `inputs`, e.g. history=, to that step); the store's serialised state is recorded now and compared after the
+        failure."""
         samplers = samplers or [{"use": "temperature", "t": 0.8}, {"use": "mirostat_v2", "tau": 3.0}]
-        chain = Chain.load({"samplers": samplers}, host=host)
+        chain = Chain.load({"samplers": samplers, "nonfinite": nonfinite}, host=host)
         store = chain.new_store()
         store.add("a", {"seed": 1})
         store.add("b", {"seed": 2})
-        chain.sample(torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(0)), store, ["a", "b"])
+        chain.sample(torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(0)), store, ["a", "b"], **inputs)
         self.stores.append((store, serialised(store)))
         return chain, store
 
@@ -267,6 +269,34 @@ def _(t: Trial) -> None:
         """)
 
 
+@case("config_bad_nonfinite_policy")
+def _(t: Trial) -> None:
+    _load_toml(t, """\
+        [chain]
+        nonfinite = "clip"
+        samplers = [ { use = "top_k", k = 40 }, { use = "dist" } ]
+        """)
+
+
+def _param_ranges() -> types.ModuleType:
+    """tests/test_param_ranges.py, whose cases come from the samplers' schemas (tests are not importable by name
+    under --import-mode=importlib)."""
+    import importlib.util
+
+    path = Path(__file__).with_name("test_param_ranges.py")
+    spec = importlib.util.spec_from_file_location("param_ranges_cases", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+@case("param_out_of_range_every_sampler")
+def _(t: Trial) -> None:
+    ranges = _param_ranges()
+    first = ranges.CASES[0]  # tests/test_param_ranges.py checks every one of them, in a config and per request
+    Chain.load(ranges.chain_config(first, **{first.field: first.value}))
+
+
 @case("config_unknown_preset")
 def _(t: Trial) -> None:
     Chain.load("preset:llamacpp")
@@ -338,12 +368,85 @@ def _(t: Trial) -> None:
     chain.sample(logits(), store, ["a", "b"])
 
 
+class FragileState(Sampler):
+    """A third-party stateful transform whose state update breaks from a request's second token on."""
+
+    name = "fragile_state"
+    stage = Stage.TRANSFORM
+
+    def is_stateful(self) -> bool:
+        return True
+
+    def state_spec(self):
+        return {"seen": (torch.int64, (), 0)}
+
+    def apply(self, cand, ctx):
+        return cand
+
+    def accept(self, ctx, token_ids):
+        if bool((ctx.positions > 0).any()):
+            raise ValueError("state column 'seen' got shape (3,) for a batch of 2")
+        return {"seen": ctx.state["seen"] + 1}
+
+
+@hookimpl
+def _register_fragile(register):
+    register(FragileState)
+
+
+@case("plugin_raises_in_accept", step=True)
+def _(t: Trial) -> None:
+    host = PluginHost(strict=True, use_env=False)
+    plugin = types.ModuleType("acme_fragile")
+    plugin.register_samplers = _register_fragile  # type: ignore[attr-defined]
+    host.register_plugin(plugin, name="acme-fragile")
+    samplers = [{"use": "temperature", "t": 0.8}, {"use": "fragile_state"}, {"use": "mirostat_v2"}]
+    chain, store = t.step_chain(samplers, host=host)
+    chain.sample(logits(), store, ["a", "b"])
+
+
 # ------------------------------------------------------------------------------------------------ sampling steps
 @case("sampling_nan_logits", step=True)
 def _(t: Trial) -> None:
     chain, store = t.step_chain()
     x = logits()
     x[1, 3] = float("nan")
+    chain.sample(x, store, ["a", "b"])
+
+
+@case("sampling_posinf_logits", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain()
+    x = logits()
+    x[0, 5] = x[0, 9] = float("inf")
+    chain.sample(x, store, ["a", "b"])
+
+
+@case("sampling_chain_overflow", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain()
+    x = logits()
+    x[0, 2] = 3e38  # finite in float32; temperature 0.8 divides it past the largest float32
+    chain.sample(x, store, ["a", "b"])
+
+
+CFG = [{"use": "cfg", "scale": 1.5}, {"use": "mirostat_v2", "tau": 3.0}]
+
+
+@case("sampling_unconditional_logits_nan", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain(CFG, unconditional_logits=torch.zeros(2, VOCAB))
+    uncond = torch.zeros(2, VOCAB)
+    uncond[0, 0] = float("nan")
+    chain.sample(logits(), store, ["a", "b"], unconditional_logits=uncond)
+
+
+@case("sampling_sanitize_row_all_masked", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain(nonfinite="sanitize")
+    x = logits()
+    x[0] = float("-inf")
+    x[1, 3] = float("nan")  # sanitised to 0: row b alone would sample
     chain.sample(x, store, ["a", "b"])
 
 
@@ -361,10 +464,110 @@ def _(t: Trial) -> None:
     chain.sample(logits()[0], store, ["a"])
 
 
+@case("sampling_logits_3d", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain()
+    chain.sample(logits()[:, None, :], store, ["a", "b"])
+
+
+@case("sampling_logits_not_tensor", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain()
+    chain.sample(logits().numpy(), store, ["a", "b"])
+
+
 @case("sampling_logits_int_dtype", step=True)
 def _(t: Trial) -> None:
     chain, store = t.step_chain()
     chain.sample(logits().to(torch.int64), store, ["a", "b"])
+
+
+@case("sampling_logits_bool_dtype", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain()
+    chain.sample(logits() > 0, store, ["a", "b"])
+
+
+@case("sampling_logits_empty_vocab", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain()
+    chain.sample(torch.zeros(2, 0), store, ["a", "b"])
+
+
+@case("sampling_logits_meta_device", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain()
+    chain.sample(torch.empty(2, VOCAB, device="meta"), store, ["a", "b"])
+
+
+@case("sampling_store_on_other_device", step=True)
+def _(t: Trial) -> None:
+    chain, _store = t.step_chain()
+    elsewhere = chain.new_store(device="meta")  # the one non-cpu device every torch build has
+    elsewhere.add_many(["a", "b"])
+    chain.sample(logits(), elsewhere, ["a", "b"])
+
+
+@case("sampling_store_of_other_chain", step=True)
+def _(t: Trial) -> None:
+    _chain, store = t.step_chain()
+    Chain.load({"samplers": [{"use": "temperature", "t": 0.8}, {"use": "mirostat_v2", "tau": 3.0}]}).sample(
+        logits(), store, ["a", "b"])
+
+
+@case("sampling_store_without_request_ids", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain()
+    chain.sample(logits(), store)
+
+
+@case("sampling_duplicate_request_in_batch", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain()
+    chain.sample(logits(), store, ["a", "a"])
+
+
+PENALTIES = [{"use": "penalties", "repeat": 1.3}, {"use": "mirostat_v2", "tau": 3.0}]
+
+
+def _history(rows: int = 2, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    return torch.tensor([[-1, 1, 2, 3], [4, 5, 6, 7], [7, 8, 9, 10]], dtype=dtype)[:rows]
+
+
+@case("sampling_history_missing", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain(PENALTIES, history=_history())
+    chain.sample(logits(), store, ["a", "b"])
+
+
+@case("sampling_history_batch_mismatch", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain(PENALTIES, history=_history())
+    chain.sample(logits(), store, ["a", "b"], history=_history(3))
+
+
+@case("sampling_history_wrong_dtype", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain(PENALTIES, history=_history())
+    chain.sample(logits(), store, ["a", "b"], history=_history(dtype=torch.float32))
+
+
+@case("sampling_prompt_lengths_mismatch", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain(PENALTIES, history=_history())
+    chain.sample(logits(), store, ["a", "b"], history=_history(), prompt_lengths=torch.tensor([3, 4, 4]))
+
+
+@case("sampling_unconditional_missing", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain(CFG, unconditional_logits=torch.zeros(2, VOCAB))
+    chain.sample(logits(), store, ["a", "b"])
+
+
+@case("sampling_unconditional_shape_mismatch", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain(CFG, unconditional_logits=torch.zeros(2, VOCAB))
+    chain.sample(logits(), store, ["a", "b"], unconditional_logits=torch.zeros(3, VOCAB))
 
 
 @case("sampling_batch_size_mismatch", step=True)
@@ -467,3 +670,161 @@ def test_every_row_has_a_trigger_and_every_trigger_a_row() -> None:
 def test_sampling_rows_are_the_step_cases() -> None:
     """A row whose case is a failed sampling step is checked for an unchanged store (its id starts sampling_)."""
     assert {i for i in doc_rows() if i.startswith("sampling_")} <= STEP_CASES
+
+
+# ------------------------------------------------------------------------------------------------ the nonfinite policy
+# docs/errors.md "NaN and infinite logits": "error" (the default) and "sanitize", whose oracle is transformers'
+# InfNanRemoveLogitsProcessor (the same distribution after a softmax; -inf stays masked).
+def _broken_logits() -> torch.Tensor:
+    """Row 0 NaN at two tokens, row 1 +inf at two tokens, row 2 NaN, +inf and -inf, row 3 finite with -inf."""
+    x = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(3)) * 3
+    x[0, [2, 7]] = float("nan")
+    x[1, [4, 11]] = float("inf")
+    x[2, 1], x[2, 6], x[2, 9] = float("nan"), float("inf"), float("-inf")
+    x[3, :5] = float("-inf")
+    return x
+
+
+def _seeded(chain: Chain, rows: int) -> tuple[RequestStore, list[str]]:
+    store, ids = chain.new_store(), [f"r{i}" for i in range(rows)]
+    for i, rid in enumerate(ids):
+        store.add(rid, {"seed": 100 + i})
+    return store, ids
+
+
+def test_the_nonfinite_policy_defaults_to_error():
+    chain = Chain.load({"samplers": [{"use": "dist"}]})
+    assert chain.config.nonfinite == "error"
+    with pytest.raises(samplechain.SamplingError, match=r"NaN or \+inf for request\(s\) \['row0', 'row1', 'row2'\]"):
+        chain.sample(_broken_logits())
+
+
+FILTERS = [{"use": "top_k", "k": 3}, {"use": "top_p", "p": 0.9}, {"use": "min_p", "p": 0.1},
+           {"use": "typical", "p": 0.9}, {"use": "top_n_sigma", "n": 1.0}]
+
+
+@pytest.mark.parametrize("first", FILTERS, ids=lambda f: f["use"])
+def test_error_names_nan_and_inf_rows_whatever_the_filters_made_of_them(first: dict[str, Any]):
+    """A filter may turn a NaN row into an all-masked one; the error still blames the logits, with the token."""
+    x = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(7))
+    x[0, 3], x[1, 5], x[2] = float("nan"), float("inf"), float("-inf")
+    with pytest.raises(samplechain.SamplingError) as caught:
+        Chain.load({"samplers": [first, {"use": "dist"}]}).sample(x)
+    text = str(caught.value)
+    assert "logits contain NaN or +inf for request(s) ['row0', 'row1'] ('row0': NaN at token 3; 'row1': +inf at " \
+           "token 5)" in text, text
+    assert "every token is masked (-inf) for request(s) ['row2']" in text, text
+
+
+@pytest.mark.parametrize("first", FILTERS, ids=lambda f: f["use"])
+def test_sanitize_runs_through_every_filter(first: dict[str, Any]):
+    x = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(8))
+    x[0, 3], x[1, 5] = float("nan"), float("inf")
+    out = Chain.load({"samplers": [first, {"use": "dist"}], "nonfinite": "sanitize"}).sample(x)
+    assert out.token_ids[1] == 5 and torch.isfinite(out.logprobs).all()
+
+
+def test_sanitize_gives_the_distribution_of_transformers_inf_nan_remove():
+    from transformers.generation.logits_process import InfNanRemoveLogitsProcessor
+
+    x = _broken_logits()
+    ours = Chain.load({"samplers": [{"use": "greedy"}], "nonfinite": "sanitize"}).process(x)
+    theirs = InfNanRemoveLogitsProcessor()(torch.zeros(4, 1, dtype=torch.int64), x.clone())
+    torch.testing.assert_close(ours.softmax(-1), theirs.softmax(-1))
+
+
+def test_sanitize_maps_nan_to_zero_and_keeps_only_the_inf_tokens_of_a_row():
+    x = _broken_logits()
+    ours = Chain.load({"samplers": [{"use": "greedy"}], "nonfinite": "sanitize"}).process(x)
+    assert ours[0, 2] == ours[0, 7] == 0.0 and torch.isfinite(ours[0]).all()
+    inf_row = torch.full((VOCAB,), float("-inf"))
+    inf_row[[4, 11]] = 0.0
+    assert torch.equal(ours[1], inf_row)
+    assert ours[2, 6] == 0.0 and torch.isinf(ours[2]).sum() == VOCAB - 1  # +inf wins over the NaN made 0
+    assert torch.equal(ours[3], x[3])  # -inf stays masked, finite rows are untouched
+
+
+def test_sanitize_draws_the_tokens_the_clean_logits_draw():
+    """NaN -> 0 is exactly the chain on torch.nan_to_num(nan=0) (same seeds, same tokens, same logprobs)."""
+    samplers = [{"use": "top_k", "k": 8}, {"use": "temperature", "t": 0.7}, {"use": "dist"}]
+    x = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(4))
+    x[0, 3] = x[2, [0, 5]] = float("nan")
+    sanitize = Chain.load({"samplers": samplers, "nonfinite": "sanitize"})
+    clean = Chain.load({"samplers": samplers})
+    got = sanitize.sample(x, *_seeded(sanitize, 3))
+    want = clean.sample(torch.nan_to_num(x, nan=0.0), *_seeded(clean, 3))
+    assert torch.equal(got.token_ids, want.token_ids)
+    torch.testing.assert_close(got.logprobs, want.logprobs)
+
+
+def test_sanitize_inf_survives_a_later_temperature_and_picks_only_inf_tokens():
+    """transformers' finfo.max divided by a temperature below 1 overflows back to +inf; 0 cannot."""
+    chain = Chain.load({"samplers": [{"use": "temperature", "t": 0.25}, {"use": "dist"}], "nonfinite": "sanitize"})
+    x = torch.randn(64, VOCAB, generator=torch.Generator().manual_seed(5))
+    x[:, [3, 12]] = float("inf")
+    out = chain.sample(x)
+    assert set(out.token_ids.tolist()) == {3, 12}
+    torch.testing.assert_close(out.logprobs, torch.full((64,), -math.log(2)))
+
+
+def test_sanitize_never_writes_the_callers_logits_and_advances_the_store():
+    chain = Chain.load({"samplers": [{"use": "mirostat_v2", "tau": 3.0}], "nonfinite": "sanitize"})
+    store, ids = _seeded(chain, 4)
+    x = _broken_logits()
+    kept = x.clone()
+    chain.sample(x, store, ids)
+    torch.testing.assert_close(x, kept, equal_nan=True)
+    assert [row["position"] for row in store.snapshot().values()] == [1, 1, 1, 1]
+
+
+def test_sanitize_cleans_the_unconditional_logits_too():
+    samplers = [{"use": "cfg", "scale": 1.5}, {"use": "greedy"}]
+    uncond = torch.zeros(2, VOCAB)
+    uncond[0, 3] = float("nan")
+    x = logits()
+    out = Chain.load({"samplers": samplers, "nonfinite": "sanitize"}).sample(x, unconditional_logits=uncond)
+    want = Chain.load({"samplers": samplers}).sample(x, unconditional_logits=torch.zeros(2, VOCAB))
+    assert torch.equal(out.token_ids, want.token_ids)
+
+
+# ------------------------------------------------------------------------------------------------ accepted inputs
+# docs/errors.md "Inputs that are accepted, not errors": each gives the tokens the plain input gives.
+ACCEPTING = [{"use": "penalties", "repeat": 1.3}, {"use": "top_k", "k": 6}, {"use": "temperature", "t": 0.8},
+             {"use": "dist"}]
+
+
+def _draw(x: torch.Tensor, **inputs: Any) -> samplechain.SampleOutput:
+    chain = Chain.load({"samplers": ACCEPTING})
+    inputs.setdefault("history", torch.tensor([[-1, 1, 2], [3, 3, 4], [5, 0, 9]]))
+    return chain.sample(x, *_seeded(chain, 3), **inputs)
+
+
+def _plain() -> torch.Tensor:
+    return torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(6))
+
+
+@pytest.mark.parametrize("variant", ["transposed", "strided", "float16", "bfloat16", "float64", "requires_grad"])
+def test_accepted_logits_give_the_tokens_of_plain_float32_logits(variant: str):
+    x = _plain()
+    if variant in ("float16", "bfloat16"):
+        x = x.to(getattr(torch, variant)).float()  # the values the low-precision tensor holds
+    given = {
+        "transposed": lambda: x.t().contiguous().t(),
+        "strided": lambda: torch.stack([x, x], dim=2)[:, :, 0],
+        "float16": lambda: x.half(),
+        "bfloat16": lambda: x.bfloat16(),
+        "float64": lambda: x.double(),
+        "requires_grad": lambda: x.clone().requires_grad_(),
+    }[variant]()
+    assert variant not in ("transposed", "strided") or not given.is_contiguous()
+    got, want = _draw(given), _draw(x)
+    assert torch.equal(got.token_ids, want.token_ids)
+    torch.testing.assert_close(got.logprobs, want.logprobs)
+
+
+def test_int32_history_and_list_prompt_lengths_are_accepted():
+    x = _plain()
+    history = torch.tensor([[-1, 1, 2], [3, 3, 4], [5, 0, 9]])
+    want = _draw(x, history=history, prompt_lengths=torch.tensor([2, 3, 3]))
+    got = _draw(x, history=history.to(torch.int32), prompt_lengths=[2, 3, 3])
+    assert torch.equal(got.token_ids, want.token_ids)

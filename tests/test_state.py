@@ -155,3 +155,13 @@ def test_removed_requests_free_their_slots():
         for rid in ids:
             store.remove(rid)
     assert store._capacity == 4 and len(store) == 0
+
+
+def test_a_chain_level_text_setting_cannot_be_overridden_per_request():
+    """Text and structured settings (penalties' scope) are one value per chain: a per-request override is refused,
+    never accepted and silently ignored, and nothing is added."""
+    chain = Chain.load({"samplers": [{"use": "penalties", "repeat": 1.1}, {"use": "dist"}]})
+    store = chain.new_store()
+    with pytest.raises(RequestError, match=r"request 'r': penalties.scope = 'vllm': this setting is the chain's"):
+        store.add("r", {"penalties.scope": "vllm"})
+    assert "r" not in store and len(store) == 0

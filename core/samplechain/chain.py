@@ -4,7 +4,8 @@ One step of `Chain.sample(logits, store, request_ids)`, in order:
 
 1. Check the logits: a (B, V) tensor of float32, float16 or bfloat16 (float64 accepted) on the backend's device.
    Anything not float32 or not contiguous is copied once into a float32 buffer the chain owns; a float32
-   contiguous input is never modified in place.
+   contiguous input is never modified in place (nor is one that requires grad: it is detached). With
+   `nonfinite = "sanitize"` NaN and +inf are replaced here (see `_sanitized`), one sum over (B, V) when there are none.
 2. Gather the batch from the request store: slots (B,), each sampler's parameters as (B,) tensors (cached while
    the batch composition is unchanged), RNG positions (B,).
 3. Run the transforms and filters in the declared order over the candidate set (logits (B, K) float32, token
@@ -12,7 +13,8 @@ One step of `Chain.sample(logits, store, request_ids)`, in order:
    vocabulary again. Masked candidates are -inf.
 4. The selector (last entry) returns a candidate position per row; token id = ids[position].
 5. logprob of the chosen token = logit - logsumexp over the candidates the selector saw (the processed
-   distribution). A row with no finite candidate, or with NaN / +inf, is an error naming its request.
+   distribution). A row with no finite candidate, or with NaN / +inf, is an error naming its request: the check is
+   one reduction over the B logprobs (no pass over the vocabulary); only a failing step looks closer.
 6. Optionally scatter the processed logits back to (B, V) scores (-inf for removed tokens), as transformers does.
 7. Accept (unless accept=False): stateful samplers compute their new state rows, then the store commits them and
    advances every row's RNG position by one. Nothing in the store changes before this point, so a step that
@@ -41,6 +43,7 @@ from .state import RequestStore, StoreLayout
 __all__ = ["Chain", "SampleOutput"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_INF = float("inf")
 
 
 @attrs.frozen
@@ -158,20 +161,34 @@ class Chain:
         return backend
 
     def _check_logits(self, logits: Any) -> tuple[torch.Tensor, bool]:
+        """(float32 contiguous logits, whether the chain owns them); with nonfinite = "sanitize" also cleaned."""
         if not isinstance(logits, torch.Tensor):
-            raise SamplingError(f"logits must be a torch.Tensor of shape (batch, vocab), got {type(logits).__name__}")
-        if logits.ndim != 2:
-            fix = "; add a batch dimension with logits[None]" if logits.ndim == 1 else ""
-            raise SamplingError(f"logits must have shape (batch, vocab), got {tuple(logits.shape)}{fix}")
-        if logits.dtype not in _FLOATS:
+            fix = "; convert with torch.as_tensor(logits)" if hasattr(logits, "__array__") or isinstance(
+                logits, (list, tuple)) else ""
             raise SamplingError(
-                f"logits dtype {logits.dtype} is not supported: pass float32, float16 or bfloat16 logits"
-            )
+                f"logits must be a torch.Tensor of shape (batch, vocab), got {type(logits).__name__}{fix}")
+        if logits.ndim != 2:
+            fix = {1: "; add a batch dimension with logits[None]",
+                   3: "; a model's output (batch, seq, vocab) holds every position: pass the last, logits[:, -1, :]"}
+            raise SamplingError(f"logits must have shape (batch, vocab), got {tuple(logits.shape)}"
+                                f"{fix.get(logits.ndim, '')}")
+        if logits.dtype not in _FLOATS:
+            raise SamplingError(f"logits dtype {logits.dtype} is not supported: pass the model's floating-point logits "
+                                "(float32, float16, bfloat16 or float64)")
         if logits.shape[1] == 0:
-            raise SamplingError("logits have an empty vocabulary axis (shape (B, 0))")
+            raise SamplingError(f"logits have an empty vocabulary axis (shape {tuple(logits.shape)}): pass one score "
+                                "per vocabulary token")
+        if logits.device.type == "meta":
+            raise SamplingError("logits are on the meta device (a shape without values): run the model on a real "
+                                "device (cpu, cuda, ...) and pass its logits")
+        if logits.requires_grad:  # a model run outside torch.no_grad(): sampling is not differentiable anyway
+            logits = logits.detach()
+        writable = False
         if logits.dtype != torch.float32 or not logits.is_contiguous():
-            return logits.to(torch.float32, memory_format=torch.contiguous_format).contiguous(), True
-        return logits, False
+            logits, writable = logits.to(torch.float32, memory_format=torch.contiguous_format).contiguous(), True
+        if self.config.nonfinite == "sanitize":
+            return _sanitized(logits, writable)
+        return logits, writable
 
     def process(
         self,
@@ -241,6 +258,7 @@ class Chain:
         accept=False leaves the store untouched (call `accept` later); accept="defer" returns (output, commit):
         the state updates are computed but only written when commit() is called (MixedChains uses it so a failure
         in any group of a mixed batch changes no request)."""
+        given = logits  # as the caller passed them: a failing step names the NaN / +inf it finds there
         logits, writable = self._check_logits(logits)
         batch, vocab = logits.shape
         store, request_ids = self._store_for(logits, store, request_ids)
@@ -269,7 +287,7 @@ class Chain:
         token_ids = cand.ids_at(chosen[:, None]).squeeze(1)
         logprobs = cand.logits.gather(1, chosen[:, None]).squeeze(1) - lse
         if not math.isfinite(float(logprobs.sum())):  # one reduction: NaN and inf both survive a sum of logprobs
-            raise self._bad_rows(~torch.isfinite(logprobs), lse, view.request_ids)
+            raise self._bad_rows(~torch.isfinite(logprobs), lse, view.request_ids, given, unconditional_logits)
         scores = cand.scores() if return_scores else None
         out = SampleOutput(token_ids, logprobs, scores)
         if accept == "defer":  # MixedChains: every group computes its update before any is committed
@@ -378,30 +396,49 @@ class Chain:
         if uncond is None:
             if self.needs_unconditional_logits:
                 names = [s.qualified_name() for s in self.samplers if s.needs_unconditional_logits()]
+                verb = "needs" if len(names) == 1 else "need"
                 raise SamplingError(
-                    f"{', '.join(names)} need the unconditional logits of a second forward (the negative prompt): "
+                    f"{', '.join(names)} {verb} the unconditional logits of a second forward (the negative prompt): "
                     "pass unconditional_logits= (B, V) to chain.sample; samplechain.generation.generate runs that "
                     "forward for you"
                 )
             return None
         if not isinstance(uncond, torch.Tensor) or tuple(uncond.shape) != tuple(logits.shape):
             got = tuple(uncond.shape) if isinstance(uncond, torch.Tensor) else type(uncond).__name__
-            raise SamplingError(f"unconditional_logits must have the logits' shape {tuple(logits.shape)}, got {got}")
-        return uncond.to(device=logits.device, dtype=torch.float32)
+            raise SamplingError(f"unconditional_logits must have the logits' shape {tuple(logits.shape)} (one row per "
+                                f"logits row, the same vocabulary), got {got}")
+        if uncond.dtype not in _FLOATS:
+            raise SamplingError(f"unconditional_logits dtype {uncond.dtype} is not supported: pass the second "
+                                "forward's floating-point logits")
+        uncond = uncond.detach().to(device=logits.device, dtype=torch.float32)
+        return _sanitized(uncond, False)[0] if self.config.nonfinite == "sanitize" else uncond
 
     def _history(self, history: torch.Tensor | None, prompt_lengths: torch.Tensor | None, positions: torch.Tensor,
                  logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Check the token history a chain with history-reading samplers needs; default prompt lengths."""
+        batch = logits.shape[0]
         if history is None:
+            if prompt_lengths is not None:
+                raise SamplingError("prompt_lengths were given without history: pass history= (B, L) token ids too")
             return None
-        if not (isinstance(history, torch.Tensor) and history.ndim == 2 and history.shape[0] == logits.shape[0]
+        if not (isinstance(history, torch.Tensor) and history.ndim == 2
                 and history.dtype in (torch.int64, torch.int32)):
             got = f"{history.dtype} {tuple(history.shape)}" if isinstance(history, torch.Tensor) else type(history)
-            raise SamplingError(f"history must be a (B={logits.shape[0]}, L) integer tensor of token ids, got {got}")
+            raise SamplingError(f"history must be a (B={batch}, L) int64 or int32 tensor of token ids (left padding "
+                                f"as -1), got {got}")
+        if history.shape[0] != batch:
+            raise SamplingError(f"history has {history.shape[0]} rows but the logits have {batch}: pass one row of "
+                                "token ids per logits row, in the same order")
         history = history.to(device=logits.device, dtype=torch.int64)
         if prompt_lengths is None:
             known = (history >= 0).sum(dim=1)
             prompt_lengths = (known - positions.to(known.device)).clamp(min=0)
+        else:
+            lengths = prompt_lengths if isinstance(prompt_lengths, torch.Tensor) else torch.as_tensor(prompt_lengths)
+            if lengths.shape != (batch,) or lengths.dtype.is_floating_point or lengths.dtype.is_complex:
+                raise SamplingError(f"prompt_lengths must be a (B={batch},) integer tensor (each row's prompt length), "
+                                    f"got {lengths.dtype} {tuple(lengths.shape)}")
+            prompt_lengths = lengths
         return history, prompt_lengths.to(device=logits.device, dtype=torch.int64)
 
     def _wrap(self, i: int, exc: Exception, phase: str = "step") -> SamplechainError:
@@ -419,17 +456,32 @@ class Chain:
             got = f"{chosen.dtype} {tuple(chosen.shape)}" if isinstance(chosen, torch.Tensor) else type(chosen).__name__
             raise self._wrap(last, TypeError(f"select() must return a (B,) int64 tensor of positions, got {got}"))
 
-    @staticmethod
-    def _bad_rows(bad: torch.Tensor, lse: torch.Tensor, request_ids: Sequence[str]) -> SamplingError:
+    def _bad_rows(self, bad: torch.Tensor, lse: torch.Tensor, request_ids: Sequence[str], given: torch.Tensor,
+                  uncond: Any) -> SamplingError:
+        """The error of a step whose chosen logprob is not finite (the slow path: only a failing step gets here).
+        Each bad row is blamed on what made it so: NaN / +inf in the logits as given, then in the unconditional
+        logits (neither under "sanitize": those were replaced); else every candidate masked; else a sampler."""
         rows = bad.nonzero().flatten().tolist()
-        masked = [request_ids[r] for r in rows if lse[r].item() == float("-inf")]
-        broken = [request_ids[r] for r in rows if lse[r].item() != float("-inf")]
         parts = []
+        sources = () if self.config.nonfinite == "sanitize" else (("logits", given), ("unconditional_logits", uncond))
+        for label, tensor in sources:
+            found = {r: what for r in rows if isinstance(tensor, torch.Tensor) and (what := _nonfinite_at(tensor[r]))}
+            if not found:
+                continue
+            details = "; ".join(f"{request_ids[r]!r}: {what}" for r, what in list(found.items())[:8])
+            parts.append(f"{label} contain NaN or +inf for request(s) {[request_ids[r] for r in found]} ({details}): "
+                         f"check the model's output (a float16 overflow, bad weights), or set nonfinite = "
+                         f"\"sanitize\" in the chain to replace them as transformers' remove_invalid_values does")
+            rows = [r for r in rows if r not in found]
+        masked = [request_ids[r] for r in rows if lse[r].item() == -_INF]
         if masked:
             parts.append(f"every token is masked (-inf) for request(s) {masked}: relax the chain's filters or "
                          f"bias for those rows")
-        if broken:
-            parts.append(f"logits contain NaN or +inf for request(s) {broken}: check the model's output")
+        rest = [request_ids[r] for r in rows if lse[r].item() != -_INF]
+        if rest:
+            parts.append(f"the chain turned finite logits into NaN or +inf for request(s) {rest}: a sampler "
+                         f"overflowed float32 (a temperature near 0, a huge bias?); chain.process() shows the scores "
+                         f"after the transforms and filters")
         return SamplingError("; ".join(parts) + "; no request state was changed")
 
     # ----------------------------------------------------------------- description
@@ -450,4 +502,35 @@ class Chain:
     def __repr__(self) -> str:
         steps = " -> ".join(s["name"] for s in self.describe())
         return f"Chain({self.config.name or self.config.source}: {steps}, backend={self.backend_name})"
+
+
+def _sanitized(x: torch.Tensor, writable: bool) -> tuple[torch.Tensor, bool]:
+    """nonfinite = "sanitize", transformers' InfNanRemoveLogitsProcessor in effect: NaN -> 0; a row holding +inf keeps
+    only its +inf tokens, at 0 each (transformers writes finfo.max there, so its softmax is the same uniform
+    distribution over them; 0 cannot overflow in a later temperature or bias); -inf stays -inf, masked (transformers'
+    finfo.min differs only in a row that is all -inf: here that row is still the every-token-masked error).
+    x is only written when the chain owns it (writable)."""
+    total = float(x.sum())  # one reduction: a NaN or +inf anywhere makes the sum NaN or +inf (+inf plus -inf is NaN)
+    if not (math.isnan(total) or total == _INF):  # a finite overflow to +inf only costs the exact look below
+        return x, writable
+    nan, posinf = x.isnan(), x == _INF
+    if not bool(nan.any()) and not bool(posinf.any()):
+        return x, writable
+    out = x if writable else x.clone()
+    out.masked_fill_(nan, 0.0)
+    rows = posinf.any(dim=1, keepdim=True)  # (B, 1)
+    out.masked_fill_(rows & ~posinf, -_INF).masked_fill_(posinf, 0.0)
+    return out, True
+
+
+def _nonfinite_at(row: torch.Tensor) -> str:
+    """"2 NaN (first at token 5), +inf at token 3" for one row of logits; "" when it has neither."""
+    out = []
+    for name, hit in (("NaN", row.isnan()), ("+inf", row == _INF)):
+        where = hit.nonzero().flatten().tolist()
+        if len(where) == 1:
+            out.append(f"{name} at token {where[0]}")
+        elif where:
+            out.append(f"{len(where)} {name} (first at token {where[0]})")
+    return ", ".join(out)
 

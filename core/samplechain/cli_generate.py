@@ -106,8 +106,15 @@ def _load_model(path: str | None) -> tuple[Any, Any, str]:
                               "(config.json, model.safetensors, tokenizer files)")
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder)
+    try:  # never a folder's own model code: transformers would otherwise ask on the terminal and run it
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=False, use_safetensors=True)
+    except ValueError as exc:
+        if "trust_remote_code" not in str(exc):
+            raise
+        raise ConfigError(f"--model {folder}: the folder's model needs its own Python code (auto_map), which "
+                          "`samplechain generate` never runs; load it in Python with transformers and "
+                          "trust_remote_code=True if you trust it, and call samplechain.generate()") from None
     model.eval()
     return model, tokenizer, str(folder)
 

@@ -34,7 +34,9 @@ from .plugins import PluginHost, get_host
 
 __all__ = ["ChainConfig", "EntrySpec", "load_config", "parse_params", "converter"]
 
-_CHAIN_KEYS = ("samplers", "stop", "backend", "name", "description")
+_CHAIN_KEYS = ("samplers", "stop", "backend", "nonfinite", "name", "description")
+_KEYS = _CHAIN_KEYS
+NONFINITE = ("error", "sanitize")  # what a NaN or +inf logit does; chain.py's _sanitized says how "sanitize" cleans
 
 
 @attrs.frozen
@@ -56,6 +58,7 @@ class ChainConfig:
     name: str | None = None
     description: str = ""
     source: str = "<dict>"
+    nonfinite: str = "error"  # one of NONFINITE
 
 
 def _strict(kind: type, expect: str):  # cattrs' defaults would turn "0.9" into 0.9 and "false" into True
@@ -315,9 +318,9 @@ def load_config(
         raise ConfigError(f"{label}: chain: expected a table [chain] with samplers = [...]")
     problems = [
         _line(label, f"{prefix}{k}", chain[k], f"unknown key; expected one of {', '.join(_CHAIN_KEYS)}"
-              + (f"; did you mean {c[0]!r}?" if (c := difflib.get_close_matches(k, _CHAIN_KEYS, n=1)) else ""))
+              + (f"; did you mean {c[0]!r}?" if (c := difflib.get_close_matches(k, _KEYS, n=1)) else ""))
         for k in chain
-        if k not in _CHAIN_KEYS
+        if k not in _KEYS
     ]
     if "samplers" not in chain:
         problems.append(f"{label}: {prefix}samplers: required key missing (an array of sampler tables)")
@@ -325,6 +328,11 @@ def load_config(
                              ("description", str, "a string")):
         if key in chain and not isinstance(chain[key], typ):
             problems.append(_line(label, f"{prefix}{key}", chain[key], f"expected {expect}"))
+    if chain.get("nonfinite", "error") not in NONFINITE:
+        problems.append(_line(label, f"{prefix}nonfinite", chain["nonfinite"],
+                              f"must be one of {', '.join(map(repr, NONFINITE))} (what a NaN or +inf logit does: "
+                              f"\"error\" raises naming the request, \"sanitize\" replaces it as transformers' "
+                              f"remove_invalid_values does)"))
     samplers, more = _resolve_entries(chain.get("samplers", []), "sampler", source=label,
                                       path=f"{prefix}samplers", host=host)
     problems += more
@@ -350,4 +358,5 @@ def load_config(
         name=chain.get("name"),
         description=chain.get("description", ""),
         source=label,
+        nonfinite=chain.get("nonfinite", "error"),
     )

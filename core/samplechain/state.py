@@ -247,6 +247,15 @@ class RequestStore:
                 )
             for i, field in targets:
                 overrides.setdefault(i, {})[field] = value
+        columns = {(col.entry, col.field) for col in self.layout.columns}
+        for i, fields in overrides.items():
+            for field in fields:
+                if (i, field) not in columns:  # a text or structured setting: one value for the whole chain
+                    raise RequestError(
+                        f"request {request_id!r}: {entries[i].id}.{field} = {fields[field]!r}: this setting is the "
+                        f"chain's, not per request (only numbers and flags vary by request); set it in the chain "
+                        f"file, or load a second chain for these requests"
+                    )
         resolved: dict[tuple[int, str], Any] = {}
         for i, entry in enumerate(entries):
             merged = attrs.asdict(entry.params, recurse=False)
