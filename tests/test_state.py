@@ -165,3 +165,29 @@ def test_a_chain_level_text_setting_cannot_be_overridden_per_request():
     with pytest.raises(RequestError, match=r"request 'r': penalties.scope = 'vllm': this setting is the chain's"):
         store.add("r", {"penalties.scope": "vllm"})
     assert "r" not in store and len(store) == 0
+
+
+def test_a_parameter_at_the_edge_of_its_range_survives_snapshot_restore_and_update():
+    """float32 columns are written back as the shortest decimal of their float32 value: decay = 0.99 (the top of
+    [0, 0.99]) restores and updates, rather than failing as 0.9900000095367432."""
+    chain = Chain.load({"samplers": [{"use": "adaptive_p", "target": 0.3, "decay": 0.99}]})
+    store = chain.new_store()
+    store.add("a", {"seed": 3})
+    restored = chain.new_store()
+    restored.restore(store.snapshot())
+    assert restored.snapshot() == store.snapshot()
+    store.update("a", {"adaptive_target": 0.5})
+    assert store.snapshot()["a"]["params"] == {"adaptive_p.target": 0.5, "adaptive_p.decay": 0.99, "adaptive_p.seed": 3}
+
+
+def test_a_mixed_store_clones_a_request_onto_its_own_chain():
+    from samplechain import MixedChains
+
+    mixed = MixedChains({"a": Chain.load(CHAIN), "b": Chain.load({"samplers": [{"use": "mirostat"}]})})
+    store = mixed.new_store()
+    store.add("r", {"seed": 5}, chain="b")
+    store.clone("r", "r2")
+    assert store.chain_of("r2") == "b"
+    assert store.stores["b"].snapshot(["r2"])["r2"] == store.stores["b"].snapshot(["r"])["r"]
+    with pytest.raises(RequestError, match="already exists"):
+        store.clone("r", "r2")

@@ -60,6 +60,15 @@ class MixedStore:
         self.stores[self.chain_of(request_id)].remove(request_id)
         del self.route[request_id]
 
+    def clone(self, source: str, target: str) -> None:
+        """Fork a request onto its own chain: every parameter, the position and all sampler state."""
+        if target in self.route:
+            raise RequestError(f"request {target!r} already exists (on chain {self.route[target]!r}); clone() needs "
+                               "a new id")
+        chain = self.chain_of(source)
+        self.stores[chain].clone(source, target)
+        self.route[target] = chain
+
     def seeded(self, chain: str) -> bool:
         return "seed" in self.stores[chain].layout.aliases
 

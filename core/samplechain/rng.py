@@ -53,7 +53,31 @@ def _mix32_np(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(16))
 
 
+def _mix32_int(x: int) -> int:
+    """mix32 on one Python int in [0, 2**32): a handful of rows costs less this way than in numpy's per-call cost."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def _row_key_int(seed: int, position: int, stream: int) -> tuple[int, int]:
+    k = _mix32_int((seed >> 32) & _M32 ^ ((stream * 0x9E3779B9) & _M32))
+    k = _mix32_int((seed & _M32) ^ k)
+    k = _mix32_int(k ^ (position & _M32))
+    k = _mix32_int(k ^ ((position >> 32) & _M32))
+    return k, _mix32_int(k ^ 0x5BD1E995)
+
+
+_FEW_ROWS = 8  # up to this many rows, the row keys are Python ints
+
+
 def _row_keys_np(seed: np.ndarray, position: np.ndarray, stream: int) -> tuple[np.ndarray, np.ndarray]:
+    if seed.size <= _FEW_ROWS:
+        keys = [_row_key_int(int(a), int(b), stream) for a, b in zip(seed.tolist(), position.tolist())]
+        return (np.array([k for k, _ in keys], dtype=np.uint64).reshape(seed.shape),
+                np.array([k for _, k in keys], dtype=np.uint64).reshape(seed.shape))
     seed = seed.astype(np.uint64)
     position = position.astype(np.uint64)
     k = _mix32_np((seed >> np.uint64(32)) & _NP_M32 ^ np.uint64((stream * 0x9E3779B9) & _M32))
@@ -146,7 +170,7 @@ def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tens
     B, K = logits.shape
     if logits.device.type != "cpu" or B * K <= _NP_SMALL:
         full = torch.arange(K, device=logits.device).expand(B, -1) if ids is None else ids
-        return (logits.double() + gumbel(seed, position, full, stream)).argmax(dim=-1)
+        return torch.log(uniform(seed, position, full, stream)).neg_().log_().sub_(logits).argmin(dim=-1)
     x, t, g = work if work is not None else (
         torch.empty(B, K, dtype=torch.int32), torch.empty(B, K, dtype=torch.int32), torch.empty(B, K, dtype=torch.float64))
     k1, k2 = row_keys(seed, position, stream)

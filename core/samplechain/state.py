@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import numpy as np
 import torch
 
 from . import rng
@@ -24,6 +25,15 @@ from .errors import ConfigError, RequestError
 __all__ = ["Column", "StoreLayout", "RequestStore", "BatchView"]
 
 _DTYPES = {float: torch.float32, int: torch.int64, bool: torch.bool}
+
+
+def _stored(column: torch.Tensor, slot: int) -> Any:
+    """A stored parameter as plain data that validates again: a float32 value as the shortest decimal that rounds
+    back to it (0.99, not 0.9900000095367432, which a [0, 0.99] range would refuse on restore() or update())."""
+    value = column[slot].item()
+    if column.dtype == torch.float32:
+        return float(str(np.float32(value)))
+    return value
 
 
 @attrs.frozen
@@ -172,7 +182,7 @@ class RequestStore:
         """Change some parameters of a request in place (validated first: a bad value changes nothing)."""
         slot = self._slot(request_id)
         current = {
-            f"{self.layout.entries[c.entry].id}.{c.field}": self._params[(c.entry, c.field)][slot].item()
+            f"{self.layout.entries[c.entry].id}.{c.field}": _stored(self._params[(c.entry, c.field)], slot)
             for c in self.layout.columns
         }
         values = self._resolve(request_id, {**current, **params})
@@ -317,7 +327,7 @@ class RequestStore:
         for rid in request_ids if request_ids is not None else self._slots:
             slot = self._slot(rid)
             out[rid] = {
-                "params": {f"{self.layout.entries[i].id}.{f}": t[slot].item() for (i, f), t in self._params.items()},
+                "params": {f"{self.layout.entries[i].id}.{f}": _stored(t, slot) for (i, f), t in self._params.items()},
                 "position": int(self._positions[slot]),
                 "state": {f"{self.layout.entries[i].id}.{n}": t[slot].tolist() for (i, n), t in self._state.items()},
             }

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 from ..contracts import max_positions
-from .loop import Generation, GenerationWarning, StreamEvent, chain_from_generation_config, generate, stream
+from .loop import (
+    CHECKPOINT_FORMAT,
+    Generation,
+    GenerationWarning,
+    StreamEvent,
+    chain_from_generation_config,
+    generate,
+    load_checkpoint,
+    stream,
+)
 from .model import ModelRunner
 from .outputs import GenerationOutput
 from .streaming import IncrementalDecoder
 
 __all__ = [
+    "CHECKPOINT_FORMAT",
     "Generation",
     "GenerationOutput",
     "GenerationWarning",
@@ -17,6 +27,7 @@ __all__ = [
     "StreamEvent",
     "chain_from_generation_config",
     "generate",
+    "load_checkpoint",
     "max_positions",
     "stream",
 ]

@@ -5,10 +5,18 @@ store, so per-request parameters and seeds hold) -> rows that already finished g
 criteria answer per row -> the next forward pass runs on the KV cache. The whole batch keeps running through the
 model until every row has finished (as transformers does: the same batch gives the same logits); a finished row
 no longer changes.
+
+Checkpoints: `Generation.checkpoint()` between two steps returns plain JSON data (the prompts, the tokens so far,
+finished rows, the step count, the request store's snapshot); `Generation(..., resume=checkpoint)` (and
+`generate` / `stream` with `resume=`) continues it, in this process or another, with the tokens the uninterrupted
+run gives. Resuming replays the model over the tokens so far one step at a time, the forward passes the original
+run made, so the KV cache and every later logit are bit-identical (a single prefill of prompt + tokens would be
+numerically close, not equal).
 """
 
 from __future__ import annotations
 
+import json
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,7 +37,10 @@ from .model import ModelRunner
 from .outputs import GenerationOutput
 from .streaming import IncrementalDecoder
 
-__all__ = ["generate", "stream", "Generation", "StreamEvent", "chain_from_generation_config", "GenerationWarning"]
+__all__ = ["generate", "stream", "Generation", "StreamEvent", "chain_from_generation_config", "GenerationWarning",
+           "CHECKPOINT_FORMAT", "load_checkpoint"]
+
+CHECKPOINT_FORMAT = "samplechain.generation.checkpoint/1"
 
 
 class GenerationWarning(UserWarning):
@@ -74,8 +85,33 @@ def _as_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bo
                       "prompt in a list")
 
 
+def load_checkpoint(source: Mapping[str, Any] | str | Path) -> dict[str, Any]:
+    """A checkpoint from `Generation.checkpoint()`: the dict itself, or the path of a JSON file holding it."""
+    if isinstance(source, (str, Path)):
+        try:
+            data = json.loads(Path(source).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"resume={str(source)!r}: cannot read a checkpoint JSON file ({exc})") from None
+    elif isinstance(source, Mapping):
+        data = dict(source)
+    else:
+        raise ConfigError(f"resume={source!r}: pass the dict from Generation.checkpoint() or the path of its JSON file")
+    if data.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(f"resume: format {data.get('format')!r} is not {CHECKPOINT_FORMAT!r}; pass what "
+                          "Generation.checkpoint() returned (this version reads only its own format)")
+    return data
+
+
+def _chain_fingerprint(chain: Chain | MixedChains) -> Any:
+    """What a checkpoint must be resumed with: every sampler's entry id and versioned name, in order."""
+    if isinstance(chain, MixedChains):
+        return {key: _chain_fingerprint(c) for key, c in chain.chains.items()}
+    return [f"{spec.id}={spec.cls.qualified_name()}" for spec in chain.config.samplers]
+
+
 class Generation:
-    """One prepared generation: inputs, chain and store, criteria. `steps()` runs it; `output()` collects."""
+    """One prepared generation: inputs, chain and store, criteria. `steps()` runs it; `output()` collects;
+    `checkpoint()` saves it between two steps and `resume=` continues a saved one."""
 
     def __init__(
         self,
@@ -106,7 +142,23 @@ class Generation:
         negative_prompt: str | Sequence[str] | None = None,
         negative_prompt_ids: torch.Tensor | None = None,
         negative_prompt_attention_mask: torch.Tensor | None = None,
+        resume: Mapping[str, Any] | str | Path | None = None,
     ) -> None:
+        ckpt = None if resume is None else load_checkpoint(resume)
+        if ckpt is not None:
+            given = [name for name, value in (("prompts", prompts), ("input_ids", input_ids),
+                                              ("attention_mask", attention_mask), ("params", params), ("seed", seed),
+                                              ("negative_prompt", negative_prompt),
+                                              ("negative_prompt_ids", negative_prompt_ids)) if value is not None]
+            if given:
+                raise ConfigError(f"resume= restores {', '.join(given)} from the checkpoint: drop {', '.join(given)} "
+                                  "(pass the same chain, criteria and model as the interrupted run)")
+            if num_return_sequences not in (1, ckpt["num_return_sequences"]):
+                raise ConfigError(f"num_return_sequences = {num_return_sequences}, but the checkpoint was made with "
+                                  f"{ckpt['num_return_sequences']}: drop num_return_sequences when resuming")
+            num_return_sequences = ckpt["num_return_sequences"]
+            eos_token_id = ckpt["eos_token_id"] if eos_token_id is None else eos_token_id
+            pad_token_id = ckpt["pad_token_id"] if pad_token_id is None else pad_token_id
         self.model = model
         # a transformers LogitsProcessorList (or any fn(input_ids, scores) -> scores) run before the chain
         self.logits_processor = logits_processor or None
@@ -125,8 +177,14 @@ class Generation:
         self._pad_note: str | None = None
         self.pad_id = self._pad_id(pad_token_id)
         device = getattr(model, "device", torch.device("cpu"))
-        ids, mask, self.prompt_lengths = self._inputs(prompts, input_ids, attention_mask, device)
-        self.num_prompts = ids.shape[0]
+        if ckpt is None:
+            ids, mask, self.prompt_lengths = self._inputs(prompts, input_ids, attention_mask, device)
+            self.num_prompts = ids.shape[0]
+        else:  # rows as the interrupted run had them: padded, repeated for num_return_sequences
+            ids, mask = self._checkpoint_tensor(ckpt, "input_ids", device), self._checkpoint_tensor(
+                ckpt, "attention_mask", device)
+            self.prompt_lengths = mask.sum(dim=1).cpu()
+            self.num_prompts = ids.shape[0] // num_return_sequences
 
         # the model's own config is checked for settings a given chain overrides; an explicit generation_config
         # comes from a caller (the custom_generate adapter) that has dealt with them
@@ -142,7 +200,7 @@ class Generation:
                 f"{num_return_sequences} times: use a sampling chain (ending in dist) or beam search (num_beams)"
             )
         self.n = num_return_sequences
-        if self.n > 1:
+        if self.n > 1 and ckpt is None:
             ids = ids.repeat_interleave(self.n, dim=0)
             mask = mask.repeat_interleave(self.n, dim=0)
             self.prompt_lengths = self.prompt_lengths.repeat_interleave(self.n)
@@ -153,9 +211,15 @@ class Generation:
         if self._pad_note and len(self.request_ids) > 1:  # a single row is never padded: nothing to say
             warnings.warn(self._pad_note, GenerationWarning, stacklevel=3)
         self.store = self.chain.new_store(device=ids.device.type, capacity=len(self.request_ids))
-        self._add_requests(params, seed)
-        self.uncond_ids, self.uncond_mask = self._unconditional_inputs(
-            negative_prompt, negative_prompt_ids, negative_prompt_attention_mask, device)
+        if ckpt is None:
+            self._add_requests(params, seed)
+            self.uncond_ids, self.uncond_mask = self._unconditional_inputs(
+                negative_prompt, negative_prompt_ids, negative_prompt_attention_mask, device)
+        else:
+            self._restore_requests(ckpt)
+            self.uncond_ids, self.uncond_mask = self._restore_unconditional(ckpt, device)
+        # the unconditional context's own width: the tokens after it are the generated ones (checkpoints)
+        self._uncond_width = 0 if self.uncond_ids is None else self.uncond_ids.shape[1]
 
         self.stopping = self._stopping(stop, max_new_tokens, max_length, max_time, stop_strings, ignore_eos)
         self.setup = StopSetup(
@@ -181,6 +245,100 @@ class Generation:
         self.scores: list[torch.Tensor] = []
         self.raw_logits: list[torch.Tensor] = []
         self.tops: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._replay = 0  # tokens at the end of input_ids that steps() feeds the model before sampling (resume)
+        self._elapsed = 0.0  # seconds the interrupted run had taken (max_time goes on counting from there)
+        if ckpt is not None:
+            self._restore_progress(ckpt)
+
+    # ----------------------------------------------------------------- checkpoints
+    def checkpoint(self) -> dict[str, Any]:
+        """The whole generation between two steps as plain JSON-able data: prompts, the tokens so far and their
+        logprobs, finished rows and reasons, the step count, and the request store's snapshot (parameters, seeds,
+        RNG positions, sampler state: mirostat mu, adaptive-p EMA; penalties, DRY and grammar read the tokens so
+        far). Pass it (or its JSON file) as `resume=` to continue with the same tokens. scores, logits and
+        top_logprobs are not kept: after a resume they hold the steps run since."""
+        width = self.setup.prompt_length
+        started = self.setup.start_time
+        elapsed = time.monotonic() - started if started else self._elapsed  # steps() started the clock at -elapsed
+        uncond = None
+        if self.uncond_ids is not None:
+            uncond = {"input_ids": self.uncond_ids[:, : self._uncond_width].tolist(),
+                      "attention_mask": self.uncond_mask.tolist()}
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "chain": _chain_fingerprint(self.chain),
+            "request_ids": list(self.request_ids),
+            "num_return_sequences": self.n,
+            "input_ids": self.input_ids[:, :width].tolist(),
+            "attention_mask": self.attention_mask.tolist(),
+            "generated": self.input_ids[:, width:].tolist(),
+            "logprobs": torch.stack(self.logprobs, dim=1).tolist() if self.logprobs else [[] for _ in self.request_ids],
+            "step": self._steps,
+            "finished": self.finished.tolist(),
+            "finish_reasons": list(self.finish_reasons),
+            "num_generated": self.num_generated.tolist(),
+            "pad_token_id": self.pad_id,
+            "eos_token_id": list(self.eos_ids),
+            "elapsed": elapsed,
+            "unconditional": uncond,
+            "store": self.store.snapshot(),
+        }
+
+    @staticmethod
+    def _checkpoint_tensor(ckpt: Mapping[str, Any], key: str, device: Any) -> torch.Tensor:
+        t = torch.tensor(ckpt[key], dtype=torch.int64)
+        if t.ndim != 2:
+            raise ConfigError(f"resume: checkpoint[{key!r}] must be a (batch, length) list of lists, got shape "
+                              f"{tuple(t.shape)}; the checkpoint is damaged")
+        return t.to(device)
+
+    def _restore_requests(self, ckpt: Mapping[str, Any]) -> None:
+        if ckpt["chain"] != _chain_fingerprint(self.chain):
+            raise ConfigError(f"resume: the checkpoint was made with the chain {ckpt['chain']}, this generation has "
+                              f"{_chain_fingerprint(self.chain)}: resume with the chain of the interrupted run")
+        if list(ckpt["request_ids"]) != self.request_ids:
+            raise ConfigError(f"resume: the checkpoint's requests {ckpt['request_ids']} do not match its prompts; the "
+                              "checkpoint is damaged")
+        self.store.restore(ckpt["store"])
+
+    def _restore_unconditional(self, ckpt: Mapping[str, Any], device: Any) -> tuple[Any, Any]:
+        uncond = ckpt.get("unconditional")
+        if (uncond is None) == self.chain.needs_unconditional_logits:
+            has = "has no" if uncond is None else "has a"
+            raise ConfigError(f"resume: the checkpoint {has} negative-prompt context but this chain "
+                              f"{'needs' if uncond is None else 'has no guidance sampler to use'} one: resume with the "
+                              "chain of the interrupted run")
+        if uncond is None:
+            return None, None
+        return self._checkpoint_tensor(uncond, "input_ids", device), self._checkpoint_tensor(uncond, "attention_mask",
+                                                                                             device)
+
+    def _restore_progress(self, ckpt: Mapping[str, Any]) -> None:
+        """Tokens so far, logprobs, finished rows and the step count; steps() replays the tokens through the model."""
+        batch = self.input_ids.shape[0]
+        generated = self._checkpoint_tensor(ckpt, "generated", self.input_ids.device) if ckpt["step"] else \
+            torch.zeros((batch, 0), dtype=torch.int64, device=self.input_ids.device)
+        steps = int(ckpt["step"])
+        if generated.shape != (batch, steps) or len(ckpt["finished"]) != batch:
+            raise ConfigError(f"resume: the checkpoint has {tuple(generated.shape)} generated tokens for {batch} rows "
+                              f"and {steps} steps; the checkpoint is damaged")
+        vocab = getattr(self.model.config, "vocab_size", None)
+        if steps and isinstance(vocab, int) and int(generated.max()) >= vocab:
+            raise ConfigError(f"resume: the checkpoint holds token id {int(generated.max())} but the model has "
+                              f"{vocab} tokens: resume with the model of the interrupted run")
+        self.input_ids = torch.cat([self.input_ids, generated], dim=-1)
+        if self.uncond_ids is not None:  # the unconditional context grows with the same tokens
+            self.uncond_ids = torch.cat([self.uncond_ids, generated], dim=-1)
+        self.logprobs = list(torch.tensor(ckpt["logprobs"], dtype=torch.float32).reshape(batch, steps)
+                             .to(self.input_ids.device).unbind(1))
+        self.finished = torch.tensor(ckpt["finished"], dtype=torch.bool, device=self.input_ids.device)
+        self.finish_reasons = list(ckpt["finish_reasons"])
+        self.num_generated = torch.tensor(ckpt["num_generated"], dtype=torch.int64)
+        self._any_finished = bool(self.finished.any())
+        self._all_finished = bool(self.finished.all()) and batch > 0
+        self._steps = steps
+        self._replay = steps
+        self._elapsed = float(ckpt.get("elapsed", 0.0))
 
     # ----------------------------------------------------------------- preparation
     def _eos_from_model(self) -> list[int]:
@@ -391,14 +549,24 @@ class Generation:
     # ----------------------------------------------------------------- running
     def steps(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Run to the end, yielding (token_ids (B,), active (B,) bool: rows that produced a real token)."""
-        runner = ModelRunner(self.model, self.input_ids, self.attention_mask)
-        guidance = None if self.uncond_ids is None else ModelRunner(self.model, self.uncond_ids, self.uncond_mask)
-        self.setup.start_time = time.monotonic()
+        if self._all_finished:  # a resumed generation whose every row had finished
+            return
+        width = self.input_ids.shape[1] - self._replay
+        uwidth = 0 if self.uncond_ids is None else self.uncond_ids.shape[1] - self._replay
+        runner = ModelRunner(self.model, self.input_ids[:, :width], self.attention_mask)
+        guidance = None if self.uncond_ids is None else ModelRunner(
+            self.model, self.uncond_ids[:, :uwidth], self.uncond_mask)
+        self.setup.start_time = time.monotonic() - self._elapsed
         self.stopping.prepare(self.setup)
         with torch.inference_mode():
             logits = runner.prefill()
             uncond = guidance.prefill() if guidance is not None else None
-            step = 0
+            for j in range(1, self._replay + 1):  # resume: the forward passes of the steps before the checkpoint
+                logits = runner.step(self.input_ids[:, : width + j])
+                if guidance is not None:
+                    uncond = guidance.step(self.uncond_ids[:, : uwidth + j])
+            self._replay = 0
+            step = self._steps
             while True:
                 step += 1
                 token_ids, active = self._one_step(logits, step, uncond)
@@ -512,10 +680,16 @@ def generate(model: Any, tokenizer: Any = None, prompts: str | Sequence[str] | N
 
     progress: called as progress(step, max_new_tokens) once after every step (step counts from 1), so a caller
     can draw a progress bar; max_new_tokens is the tightest bound the length limits set (None when none states
-    one), the run may end earlier (eos, stop strings). It sees the loop, never changes it. Not with beam search."""
+    one), the run may end earlier (eos, stop strings). It sees the loop, never changes it. Not with beam search.
+
+    resume: a `Generation.checkpoint()` (or the path of its JSON file): continue that generation, with the same
+    chain, criteria and model, instead of starting from prompts."""
     if not isinstance(num_beams, int) or num_beams < 1:
         raise ConfigError(f"num_beams = {num_beams!r}: must be an integer >= 1")
     if num_beams > 1:
+        if kwargs.get("resume") is not None:
+            raise ConfigError("resume= continues a greedy or sampling generation; beam search (num_beams > 1) has "
+                              "no checkpoints: drop resume=, or use num_beams=1")
         if progress is not None:
             raise ConfigError("progress= is not available with beam search (num_beams > 1): drop progress=, or use "
                               "num_beams=1")
@@ -534,11 +708,18 @@ def stream(model: Any, tokenizer: Any, prompts: str | Sequence[str] | None = Non
            **kwargs: Any) -> Iterator[StreamEvent]:
     """Yield text deltas per request as tokens are chosen; the deltas of a request concatenate to its decoded
     text and never split a multi-byte character. Pass `result=[]` to receive the final GenerationOutput;
-    `progress` as in `generate()`, called after a step's events are yielded."""
+    `progress` as in `generate()`, called after a step's events are yielded. With `resume=`, events carry the text
+    after the checkpoint."""
     if tokenizer is None:
         raise ConfigError("streaming text needs a tokenizer: stream(model, tokenizer, prompts)")
     gen = Generation(model, tokenizer, prompts, **kwargs)
     decoders = [IncrementalDecoder(tokenizer) for _ in gen.request_ids]
+    if gen._steps:  # resumed: the decoders start from the tokens so far, so the next delta is what it would have been
+        width = gen.setup.prompt_length
+        for b, row in enumerate(gen.input_ids[:, width:].tolist()):
+            n = int(gen.num_generated[b]) if bool(gen.finished[b]) else len(row)
+            for token in row[:n]:
+                decoders[b].push(token)
     try:
         for tokens, active in _steps(gen, progress):
             for b in active.nonzero().flatten().tolist():
