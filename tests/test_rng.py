@@ -82,8 +82,8 @@ def test_wide_noise_paths_agree_with_the_small_batch_path():
 @pytest.mark.parametrize("V", [40000, 300])
 @pytest.mark.parametrize("implicit", [True, False])
 def test_fused_gumbel_argmax_is_the_same_index_as_argmax_of_logits_plus_noise(implicit, V):
-    """rng.gumbel_argmax (in place on workspaces, M - x with argmin) against argmax(x.double() + gumbel): the same
-    index on wide rows with -inf entries, ties at the top, huge values and permuted ids, over several positions."""
+    """rng.gumbel_argmax (in place on workspaces, M - x with argmin) against argmax(shifted(x) + gumbel): the same
+    index on wide rows with -inf entries, ties at the top, huge values (a shifted row) and permuted ids."""
     g = torch.Generator().manual_seed(5)
     B = 4  # V = 40000: the in-place path; V = 300: the small one (numpy noise, torch logs)
     x = torch.randn(B, V, generator=g) * 3
@@ -96,5 +96,16 @@ def test_fused_gumbel_argmax_is_the_same_index_as_argmax_of_logits_plus_noise(im
     full = torch.arange(V).expand(B, -1) if implicit else ids
     for pos in range(4):
         position = torch.full((B,), pos, dtype=torch.int64)
-        want = (x.double() + rng.gumbel(seed, position, full)).argmax(dim=-1)
+        want = (rng.shifted(x).double() + rng.gumbel(seed, position, full)).argmax(dim=-1)
         assert torch.equal(rng.gumbel_argmax(x, seed, position, ids), want), pos
+
+
+def test_huge_logits_keep_their_noise():
+    """Two equal logits of 1e30: float64 would absorb the Gumbel noise (ulp ~1e14) and always pick the first; the
+    row is shifted by its maximum, so both are drawn, about half the time each. Rows within +-2**24 are unshifted
+    (the same float64 sums as ever)."""
+    x = torch.full((1, 2), 1e30)
+    picks = [int(rng.gumbel_argmax(x, torch.tensor([s]), torch.tensor([0]), None)) for s in range(400)]
+    assert 150 < sum(picks) < 250
+    normal = torch.tensor([[3.0, -1e6, 2**23]])
+    assert rng.shifted(normal) is normal

@@ -12,6 +12,8 @@ from typing import Any, Callable, ClassVar
 import attrs
 import torch
 
+from . import rng
+
 __all__ = [
     "Stage",
     "Candidates",
@@ -62,6 +64,32 @@ def compact_kept(logits: torch.Tensor, keep: torch.Tensor, counts: torch.Tensor 
         wanted = (ranks[None, :] - counts[:, None]).clamp(min=0)
         positions = torch.where(spare, wanted + torch.searchsorted(gaps, wanted, right=True), positions)
     return values, positions, counts
+
+
+def settle_ties(values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor, logits: torch.Tensor,
+                ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Make "keep the counts[b] best" independent of how it was computed: where the counts[b]-th and the next
+    value of a row's partial sort (values, index: (B, W), descending, W > counts[b] where the row has more
+    candidates) are equal, the tied candidates kept are those with the lowest token ids, not the ones the partial
+    sort happened to pick (its choice changes with its width, so with the batch). Rows without a tie at their
+    boundary (nearly always) are untouched; a tied row is settled by one scan of logits[b] (the candidates the
+    partial sort ran on; ids None: token id = position)."""
+    width = values.shape[1]
+    c = counts.clamp(min=1, max=width)
+    at = values.gather(1, (c - 1)[:, None])[:, 0]
+    after = values.gather(1, c.clamp(max=width - 1)[:, None])[:, 0]
+    tied = (c < width) & (at == after) & (at > NEG_INF)
+    if not bool(tied.any()):
+        return values, index
+    values, index = values.clone(), index.clone()
+    for b in tied.nonzero().flatten().tolist():
+        row, v = logits[b], at[b]
+        above = int((row > v).sum())  # all of them lead the partial sort, in its first `above` places
+        n = int((values[b] == v).sum())  # the partial sort's places holding v: above .. above + n - 1
+        equal = (row == v).nonzero().flatten()
+        order = (equal if ids is None else ids[b, equal]).argsort()
+        index[b, above:above + n] = equal[order[:n]]  # every place of v, not just the kept ones: ids stay unique
+    return values, index
 
 
 _COMPACT_WIDTH = 16384  # full-vocabulary masks this wide are compacted when they keep few (<= 1/8) candidates
@@ -176,12 +204,21 @@ class Candidates:
         width = self.width
         counts = torch.where(off, width, counts)
         if self.is_sorted:
-            return self.keep_first(counts)
+            return self.keep_first_settled(counts)
         if bool((counts >= width).all()):
             return self
         kmax = int(torch.where(off, 0, counts).max())
-        values, index = backend.topk(self.logits, kmax)
+        values, index = settle_ties(*backend.topk(self.logits, min(kmax + 1, width)), counts, self.logits, self.ids)
         return self.restrict(values, index, counts, off | (counts >= width))
+
+    def keep_first_settled(self, counts: torch.Tensor) -> Candidates:
+        """keep_first(counts) where, at a row's cut, candidates equal to the last kept one are chosen by lowest
+        token id (settle_ties), not by the order an earlier sort left them in."""
+        positions = torch.arange(self.width, device=self.logits.device).expand(self.batch_size, -1)
+        values, index = settle_ties(self.logits, positions, counts, self.logits, self.ids)
+        if index is positions:
+            return self.keep_first(counts)
+        return self.take(values, index, is_sorted=True).keep_first(counts)
 
     def sorted(self, backend: Backend) -> Candidates:
         """Rows in descending logit order (a full sort: filters that can should use a partial top-k)."""
@@ -573,7 +610,8 @@ class Backend:
 
     def gumbel_argmax(self, logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor,
                       ids: torch.Tensor | None, stream: int) -> torch.Tensor:
-        """(B,) argmax(logits.double() + gumbel noise) per row, first index on ties: a Gumbel-max draw. ids None
+        """(B,) argmax(rng.shifted(logits) + gumbel noise) per row, first index on ties: a Gumbel-max draw (rows of
+        huge logits shifted by their maximum, so the noise is not lost next to them). ids None
         means ids[b, j] == j. Backends may fuse it (the cpu backend hashes in place); the index must be the same."""
         full = torch.arange(logits.shape[1], device=logits.device).expand(logits.shape[0], -1) if ids is None else ids
-        return (logits.double() + self.gumbel(seed, position, full, stream)).argmax(dim=-1)
+        return (rng.shifted(logits).double() + self.gumbel(seed, position, full, stream)).argmax(dim=-1)

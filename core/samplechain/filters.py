@@ -73,6 +73,13 @@ def patched_top(cand: Candidates, changes: tuple[torch.Tensor, torch.Tensor, tor
     top, where = torch.topk(pool, kmax, dim=-1)
     if not bool(torch.isfinite(top).all()):  # -inf fillers could repeat an id: leave such rows to the usual path
         return None
+    # a tie at a row's cut is settled by token id (contracts.settle_ties), which needs the whole changed row: when
+    # the pool holds more of the cut value than the row keeps, or tokens outside the pool could equal it, the
+    # usual path (apply the change, then top_k) decides instead
+    cut = top.gather(1, (counts - 1)[:, None])
+    kept_equal = ((top == cut) & (torch.arange(kmax, device=top.device)[None, :] < counts[:, None])).sum(dim=1)
+    if bool(((pool == cut).sum(dim=1) > kept_equal).any() or (cut[:, 0] <= values[:, -1]).any()):
+        return None
     return Candidates(top, cand.ids_at(positions.gather(1, where)), cand.vocab_size, True, True).keep_first(counts)
 
 

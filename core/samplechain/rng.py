@@ -158,19 +158,37 @@ def _mix32_i32_(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return x
 
 
+HUGE = float(2**24)  # beyond this a row's logits are shifted by its maximum before the noise is added
+
+
+def shifted(logits: torch.Tensor) -> torch.Tensor:
+    """The logits the Gumbel noise is added to: unchanged (float32, promoted exactly) in every row whose largest
+    finite logit is within +-2**24, else that row minus its maximum, in float64. float64 keeps G to ~1e-9 next to
+    logits up to 2**24; next to 1e30 (ulp ~1e14) G would vanish and the first maximum would always win. The choice
+    is per row, so a row draws the same in any batch."""
+    top = logits.amax(dim=-1)
+    huge = top.abs() > HUGE
+    if not bool((huge & torch.isfinite(top)).any()):
+        return logits
+    shift = torch.where(huge & torch.isfinite(top), top, torch.zeros_like(top)).double()
+    return logits.double() - shift[:, None]
+
+
 def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None,
                   stream: int = 0, work: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
                   ) -> torch.Tensor:
-    """argmax(logits.double() + gumbel(seed, position, ids, stream)) per row (B,), the same index bit for bit
+    """argmax(shifted(logits) + gumbel(seed, position, ids, stream)) per row (B,), the same index bit for bit
     (first index on ties), computed in place on three (B, K) workspaces (int32, int32, float64) instead of a dozen
     fresh temporaries. ids None means ids[b, j] == j. `work` (contents undefined) may be given to reuse buffers.
 
     It forms the same float64 u, then M = log(-log u) and M - x (= -(x + G) exactly: IEEE negation and subtraction
-    are exact mirrors), whose first argmin is the first argmax of x + G."""
+    are exact mirrors), whose first argmin is the first argmax of x + G. Rows with huge logits are shifted by
+    their maximum first (`shifted`)."""
     B, K = logits.shape
+    base = shifted(logits)
     if logits.device.type != "cpu" or B * K <= _NP_SMALL:
         full = torch.arange(K, device=logits.device).expand(B, -1) if ids is None else ids
-        return torch.log(uniform(seed, position, full, stream)).neg_().log_().sub_(logits).argmin(dim=-1)
+        return torch.log(uniform(seed, position, full, stream)).neg_().log_().sub_(base).argmin(dim=-1)
     x, t, g = work if work is not None else (
         torch.empty(B, K, dtype=torch.int32), torch.empty(B, K, dtype=torch.int32), torch.empty(B, K, dtype=torch.float64))
     k1, k2 = row_keys(seed, position, stream)
@@ -181,7 +199,7 @@ def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tens
     _mix32_i32_(_mix32_i32_(x, t).bitwise_xor_(_as_i32(k2)[:, None]), t)
     x.bitwise_xor_(torch.iinfo(torch.int32).min)
     g.copy_(x).mul_(1.0 / 4294967296.0).add_(0.5 + 0.5 / 4294967296.0)  # exact, as in uniform()
-    return g.log_().neg_().log_().sub_(logits).argmin(dim=-1)
+    return g.log_().neg_().log_().sub_(base).argmin(dim=-1)
 
 
 def fresh_seed() -> int:

@@ -207,9 +207,9 @@ def hard_logits(batch: int = 6, vocab: int = 50257, seed: int = 0) -> torch.Tens
 
 def top_k_only(values: torch.Tensor, k: int, *, by: torch.Tensor | None = None) -> torch.Tensor:
     """values (B, V) with every entry outside each row's k largest of `by` (default: values itself) set to -inf:
-    what a `top_k` sampler in front of another leaves (which of tied entries at the k-th place stays is topk's
-    choice, as in the sampler)."""
-    index = (values if by is None else by).topk(k, dim=-1).indices
+    what a `top_k` sampler in front of another leaves (of tied entries at the k-th place, the lowest ids stay, as
+    in the sampler: a stable descending sort keeps equal entries in id order)."""
+    index = torch.sort(values if by is None else by, dim=-1, descending=True, stable=True).indices[:, :k]
     return torch.full_like(values, float("-inf")).scatter_(1, index, values.gather(1, index))
 
 

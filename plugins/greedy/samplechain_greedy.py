@@ -1,4 +1,6 @@
-"""`greedy`: pick the most likely candidate (the first of equal maxima, as llama.cpp's greedy sampler)."""
+"""`greedy`: pick the most likely candidate; of equal maxima the lowest token id (llama.cpp's greedy sampler takes
+the first in its vocabulary-ordered array: the same token). By id, not by candidate position, so the pick never
+depends on the order an earlier filter left the candidates in (which may change with the batch)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,11 @@ class Greedy(Sampler):
         return True
 
     def select(self, cand: Candidates, ctx: StepContext) -> torch.Tensor:
-        return cand.logits.argmax(dim=-1)  # (B,) first maximum in candidate order
+        if cand.ids is None:  # position == token id
+            return cand.logits.argmax(dim=-1)  # (B,) the first maximum
+        top = cand.logits.amax(dim=-1, keepdim=True)
+        ids = torch.where(cand.logits == top, cand.ids, torch.iinfo(torch.int64).max)
+        return ids.argmin(dim=-1)  # the position of the lowest id among the maxima
 
 
 @hookimpl

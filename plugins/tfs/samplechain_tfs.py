@@ -48,6 +48,8 @@ def llama_counts(logits: torch.Tensor, z: torch.Tensor, min_keep: torch.Tensor) 
     """(B,) kept count per row of sorted logits (B, K), llama.cpp's rule (n <= 2 rows keep n)."""
     x = logits.double()
     n = torch.isfinite(x).sum(dim=-1)  # the finite candidates come first in a sorted row
+    if x.shape[1] <= 2:  # no second difference at all: n <= 2 rows are a no-op
+        return n.clamp(min=1)
     probs = torch.softmax(x, dim=-1)
     d2 = second_derivatives(probs)  # (B, K - 2)
     i = torch.arange(d2.shape[1], device=x.device)[None, :]

@@ -2,7 +2,8 @@
 
 llama.cpp semantics: k <= 0 is a no-op and k is clipped to the candidate count. transformers'
 TopKLogitsWarper keeps max(top_k, min_tokens_to_keep) tokens and rejects k <= 0. Equal logits at the k-th
-place: which of them survives is torch.topk's choice (unspecified); everything else is exact.
+place: the lowest token ids among them survive (`settle_ties`), so the kept set is a function of the row alone,
+never of the batch around it (torch.topk's own choice among ties changes with its width).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, hookimpl, in_range
+from samplechain.contracts import settle_ties
 
 
 @attrs.frozen
@@ -44,10 +46,11 @@ class TopK(Sampler):
             k = min(max(k, min_keep), width)
             if k >= width:
                 return cand
+            counts = torch.full((cand.batch_size,), k, device=cand.logits.device)
             if cand.is_sorted:
-                return cand.keep_first(torch.full((cand.batch_size,), k, device=cand.logits.device))
-            values, index = ctx.backend.topk(cand.logits, k)
-            return cand.take(values, index, is_sorted=True)
+                return cand.keep_first_settled(counts)
+            values, index = settle_ties(*ctx.backend.topk(cand.logits, k + 1), counts, cand.logits, cand.ids)
+            return cand.take(values[:, :k], index[:, :k], is_sorted=True)
         k = ctx.param("k")
         off = k <= 0
         counts = torch.clamp(torch.maximum(k, ctx.param("min_keep")), max=width)  # (B,)
@@ -55,9 +58,10 @@ class TopK(Sampler):
         if bool((counts >= width).all()):
             return cand
         if cand.is_sorted:
-            return cand.keep_first(counts)
+            return cand.keep_first_settled(counts)
         kmax = int(torch.where(off, 0, counts).max())
-        values, index = ctx.backend.topk(cand.logits, kmax)
+        values, index = settle_ties(*ctx.backend.topk(cand.logits, min(kmax + 1, width)), counts, cand.logits,
+                                    cand.ids)
         return cand.restrict(values, index, counts, off | (counts >= width))
 
 
