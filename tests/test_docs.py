@@ -160,3 +160,20 @@ def test_readme_links_every_docs_page():
     pages = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))
     missing = [p for p in pages if f"({p})" not in readme]
     assert not missing, f"README.md does not link {missing}: add them to its Documentation table"
+
+
+def test_guarantees_name_only_tests_that_exist():
+    """docs/guarantees.md pairs each promise with the tests that hold it: every `path::test_name` it names is a
+    test function in that file, and every path it names exists."""
+    import ast
+    import re
+
+    text = (ROOT / "docs" / "guarantees.md").read_text()
+    named = re.findall(r"`((?:tests|plugins)/[\w/]+\.py)(?:::(\w+))?`", text)
+    assert len(named) >= 30, "guarantees.md should name the tests behind its promises"
+    for path, test in named:
+        source = ROOT / path
+        assert source.is_file(), f"guarantees.md names {path}, which does not exist"
+        if test:
+            functions = {n.name for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.FunctionDef)}
+            assert test in functions, f"guarantees.md names {path}::{test}, which is not a test there"
