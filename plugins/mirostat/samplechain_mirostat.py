@@ -87,9 +87,9 @@ class Mirostat(Sampler):
         tau, eta = ctx.param("tau"), ctx.param("eta")
         mu = torch.where(ctx.state["started"], ctx.state["mu"], 2.0 * tau)
         k = mirostat_k(logits, mu, ctx.param("m"), cand.vocab_size)
-        kept = logits.masked_fill(~keep_top(logits, k, ctx.backend), float("-inf"))
-        noise = ctx.gumbel(cand, ctx.param("seed"))
-        chosen = (kept.double() + noise).argmax(dim=-1)
+        keep = keep_top(logits, k, ctx.backend)
+        kept = logits.masked_fill(~keep, float("-inf"))
+        chosen = cand.draw(keep, ctx, ctx.param("seed"))  # the noise of the k kept tokens only
         p_kept = torch.softmax(kept, dim=-1).gather(1, chosen[:, None]).squeeze(1)
         surprise = -torch.log2(p_kept)
         self._pending = (ctx.request_ids, ctx.positions.clone(), mu - eta * (surprise - tau))

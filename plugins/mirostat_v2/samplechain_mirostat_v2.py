@@ -53,8 +53,7 @@ class MirostatV2(Sampler):
         keep = -torch.log2(p) <= mu[:, None]  # masked candidates: p = 0, surprise inf, never kept
         keep.scatter_(1, logits.argmax(dim=-1, keepdim=True), True)  # llama.cpp keeps at least one
         kept = logits.masked_fill(~keep, float("-inf"))
-        noise = ctx.gumbel(cand, ctx.param("seed"))
-        chosen = (kept.double() + noise).argmax(dim=-1)
+        chosen = cand.draw(keep, ctx, ctx.param("seed"))  # the noise of the kept tokens only
         p_kept = torch.softmax(kept, dim=-1).gather(1, chosen[:, None]).squeeze(1)
         surprise = -torch.log2(p_kept)
         self._pending = (ctx.request_ids, ctx.positions.clone(), mu - eta * (surprise - tau))

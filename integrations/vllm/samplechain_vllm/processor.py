@@ -1,0 +1,326 @@
+"""A vLLM v1 logits processor that runs samplechain chains on vLLM's persistent batch.
+
+vLLM calls, per engine step (vllm/v1/sample/logits_processor/interface.py):
+
+    update_state(BatchUpdate | None)   requests removed, added (index, SamplingParams, prompt ids, live output ids)
+                                       and moved (a -> b, or a <-> b) in the persistent batch
+    apply(logits (B, V))               before vLLM's penalties, temperature and top-k/top-p
+
+Each request that asks for samplechain (SamplingParams.extra_args, see requests.py) becomes one request in the
+store of its chain; requests naming the same chain share one loaded chain and store, so a step is one batched
+`Chain.sample` per chain in use. The chain's selector decides: apply() leaves only the chosen token finite in the
+row, so vLLM's own sampling (greedy, or random at any temperature / top-k / top-p) can only pick that token.
+
+Equal to samplechain's own `generate()`: the store position of a request is its number of generated tokens (as
+generate()'s), its seed is SamplingParams.seed (or params["seed"]), and history-reading samplers get prompt +
+output so far. Where vLLM samples a row whose token it then discards (a chunked prefill that is not finished, a
+preempted request resumed with output already), the position is re-synchronised from the output length before
+the step, so the noise for (seed, position, token) stays the one generate() uses.
+
+Errors: a bad chain, preset, file or parameter is caught in `validate_params`, which vLLM's frontend runs when the
+request arrives: the request gets HTTP 400 with samplechain's message and never reaches the engine. A failure
+while sampling (every token masked for a row ...) must not take the engine down with the other requests: the
+failing row alone is isolated, logged, and ended with the end-of-sequence token.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from samplechain import Chain
+from samplechain.state import RequestStore
+
+from .requests import ChainSpec, RequestSpec, RequestSpecError, parse_request
+
+try:  # the processor is a vLLM plugin; the request parsing above works without vLLM
+    from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+except ImportError:  # pragma: no cover - only without vLLM
+    BatchUpdate = Any  # type: ignore[assignment,misc]
+    LogitsProcessor = object  # type: ignore[assignment,misc]
+    MoveDirectionality = None  # type: ignore[assignment]
+
+__all__ = ["SamplechainLogitsProcessor", "load_chain", "request_params"]
+
+logger = logging.getLogger("samplechain_vllm")
+_CHAIN_CACHE_SIZE = 32
+_chains: OrderedDict[str, Chain] = OrderedDict()  # per process: the frontend validates, the engine runs
+
+
+def load_chain(spec: ChainSpec) -> Chain:
+    """The chain of a spec, loaded once per process (LRU of 32): every request naming it reuses the object."""
+    chain = _chains.get(spec.key)
+    if chain is not None:
+        _chains.move_to_end(spec.key)
+        return chain
+    chain = Chain.load(spec.source)
+    _chains[spec.key] = chain
+    while len(_chains) > _CHAIN_CACHE_SIZE:
+        _chains.popitem(last=False)
+    return chain
+
+
+def request_params(chain: Chain, spec: RequestSpec) -> dict[str, Any]:
+    """The request's store parameters: its params, plus SamplingParams.seed when the chain is seeded (as
+    generate(seed=...) does; a greedy chain has no seed and ignores it)."""
+    params = dict(spec.params)
+    if spec.seed is not None and "seed" not in params and "seed" in chain.layout.aliases:
+        params["seed"] = spec.seed
+    return params
+
+
+def _check(sampling_params: Any) -> tuple[RequestSpec, Chain] | None:
+    """Parse and load what a request asks for; any problem is a ValueError naming it and the fix."""
+    spec = parse_request(getattr(sampling_params, "extra_args", None), getattr(sampling_params, "seed", None))
+    if spec is None:
+        return None
+    try:
+        chain = load_chain(spec.chain)
+        chain.new_store(capacity=1).add("extra_args", request_params(chain, spec))
+    except RequestSpecError:
+        raise
+    except Exception as exc:  # ConfigError, RequestError, PluginError ...: one clear line for the HTTP 400
+        raise RequestSpecError(f"samplechain: {exc}".replace("\n", " ")) from exc
+    return spec, chain
+
+
+@attrs.define(eq=False)
+class _Group:
+    """A chain in use and its request store."""
+
+    chain: Chain
+    store: RequestStore
+    rows: int = 0  # live requests
+
+
+@attrs.define(eq=False)
+class _Row:
+    """A request in the persistent batch. `output` is vLLM's live list of the request's generated tokens."""
+
+    rid: str
+    group: _Group | None
+    prompt: list[int]
+    output: list[int]
+    failed: str | None = None
+
+
+class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-type]
+    """Registered in the `vllm.logits_processors` entry-point group; vLLM builds one per engine."""
+
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        _check(sampling_params)
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        model_config = getattr(vllm_config, "model_config", None)
+        self._model_config = model_config
+        self._hf_config = getattr(model_config, "hf_config", None)
+        self._device = torch.device(device)
+        self._tokenizer: Any = None
+        self._tokenizer_loaded = False
+        self._tokenizer_size: int | None = None
+        self._groups: dict[str, _Group] = {}
+        self._rows: dict[int, _Row] = {}
+        self._ids = itertools.count()
+        self._plan: list[tuple[_Group, list[int], torch.Tensor, tuple[str, ...]]] | None = None
+
+    def is_argmax_invariant(self) -> bool:
+        """False: the chain chooses the token, greedy requests included."""
+        return False
+
+    # ------------------------------------------------------------------ batch bookkeeping
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
+        for index in batch_update.removed:
+            self._release(self._rows.pop(index, None))
+        for index, params, prompt, output in batch_update.added:
+            self._release(self._rows.pop(index, None))  # an added request may replace the index's occupant
+            row = self._join(params, prompt, output)
+            if row is not None:
+                self._rows[index] = row
+        for a, b, direction in batch_update.moved:
+            row_a, row_b = self._rows.pop(a, None), self._rows.pop(b, None)
+            if row_a is not None:
+                self._rows[b] = row_a
+            if row_b is not None:
+                if direction == MoveDirectionality.SWAP:
+                    self._rows[a] = row_b
+                else:  # a one-way move overwrote b
+                    self._release(row_b)
+        self._plan = None
+
+    def _join(self, params: Any, prompt: Sequence[int] | None, output: list[int]) -> _Row | None:
+        rid = f"vllm-{next(self._ids)}"
+        try:
+            checked = _check(params)
+        except ValueError as exc:  # validated by the frontend already; a direct engine user may skip that
+            logger.error("samplechain: request %s refused: %s", rid, exc)
+            return _Row(rid, None, list(prompt or ()), output, failed=str(exc))
+        if checked is None:
+            return None
+        spec, chain = checked
+        try:  # a failure here must not leave update_state half done (vLLM would stop the engine)
+            group = self._groups.get(spec.chain.key)
+            if group is None:
+                self._prepare(chain)
+                group = self._groups[spec.chain.key] = _Group(chain, chain.new_store(device=self._device.type))
+            group.store.add(rid, request_params(chain, spec))
+        except Exception as exc:
+            logger.error("samplechain: request %s cannot join its chain %s: %s", rid, spec.chain.key, exc)
+            return _Row(rid, None, list(prompt or ()), output, failed=f"{type(exc).__name__}: {exc}")
+        group.rows += 1
+        row = _Row(rid, group, list(prompt or ()), output)
+        if _generated(output):  # resumed after preemption: continue at its position
+            self._set_position(row, _generated(output))
+        return row
+
+    def _release(self, row: _Row | None) -> None:
+        if row is None or row.group is None:
+            return
+        group, row.group = row.group, None
+        group.store.remove(row.rid)
+        group.rows -= 1
+        if group.rows == 0 and len(self._groups) > _CHAIN_CACHE_SIZE:  # forget idle chains beyond the cache
+            for key, g in list(self._groups.items()):
+                if g is group:
+                    del self._groups[key]
+
+    def _prepare(self, chain: Chain) -> None:
+        """What generate() gives every sampler once: tokenizer (DRY breakers, bad-word strings), model config,
+        vocabulary size, eos ids."""
+        chain.prepare(tokenizer=self._load_tokenizer(), model_config=self._hf_config,
+                      vocab_size=getattr(self._hf_config, "vocab_size", None))
+
+    def _load_tokenizer(self) -> Any:
+        if not self._tokenizer_loaded:
+            self._tokenizer_loaded = True
+            name = getattr(self._model_config, "tokenizer", None)
+            if name:
+                try:
+                    from transformers import AutoTokenizer
+
+                    self._tokenizer = AutoTokenizer.from_pretrained(
+                        name, revision=getattr(self._model_config, "tokenizer_revision", None),
+                        trust_remote_code=bool(getattr(self._model_config, "trust_remote_code", False)))
+                    self._tokenizer_size = len(self._tokenizer)
+                except Exception as exc:  # samplers that need it say so in prepare()
+                    logger.warning("samplechain: could not load the tokenizer %r: %s", name, exc)
+        return self._tokenizer
+
+    # ------------------------------------------------------------------ the step
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self._rows:
+            return logits
+        if self._plan is None:
+            self._plan = self._make_plan()
+        for group, indices, index, rids in self._plan:
+            rows = [self._rows[i] for i in indices]
+            self._sync_positions(group, rows, rids)
+            try:
+                tokens = self._sample(group, logits.index_select(0, index), rows, rids)
+            except Exception:
+                self._plan = None  # the composition changes: the failing rows leave their group
+                tokens = self._isolate(group, logits, indices, rows)
+            _keep_only(logits, index, tokens)
+        failed = [i for i, r in self._rows.items() if r.failed is not None]
+        if failed:
+            self._end(logits, failed)
+        return logits
+
+    def _make_plan(self) -> list[tuple[_Group, list[int], torch.Tensor, tuple[str, ...]]]:
+        by_group: dict[int, tuple[_Group, list[int]]] = {}
+        for i in sorted(self._rows):
+            row = self._rows[i]
+            if row.group is not None and row.failed is None:
+                by_group.setdefault(id(row.group), (row.group, []))[1].append(i)
+        return [(g, idx, torch.tensor(idx, dtype=torch.int64, device=self._device),
+                 tuple(self._rows[i].rid for i in idx)) for g, idx in by_group.values()]
+
+    def _sample(self, group: _Group, logits: torch.Tensor, rows: Sequence[_Row], rids: Sequence[str]) -> torch.Tensor:
+        limit = self._vocab_limit(logits.shape[1])
+        if limit is not None:  # as generate(): columns past the tokenizer are tokens nobody can decode
+            logits[:, limit:] = float("-inf")
+        kwargs = _history(rows, logits.device) if group.chain.needs_history else {}
+        return group.chain.sample(logits, group.store, rids, **kwargs).token_ids
+
+    def _isolate(self, group: _Group, logits: torch.Tensor, indices: Sequence[int],
+                 rows: Sequence[_Row]) -> torch.Tensor:
+        """A batched step failed: sample each row alone so only the culprits fail (nothing was accepted)."""
+        tokens = torch.zeros(len(rows), dtype=torch.int64, device=logits.device)
+        for k, (i, row) in enumerate(zip(indices, rows)):
+            try:
+                tokens[k] = self._sample(group, logits[i:i + 1].clone(), [row], [row.rid])[0]
+            except Exception as exc:
+                row.failed = f"{type(exc).__name__}: {exc}"
+                logger.error("samplechain: request %s (batch row %d, prompt %r...) failed and is ended with the "
+                             "end-of-sequence token: %s", row.rid, i, row.prompt[:8], row.failed)
+                self._release(row)
+        return tokens
+
+    def _end(self, logits: torch.Tensor, indices: Sequence[int]) -> None:
+        """Failed requests finish: the end-of-sequence token is the only finite one (vLLM then stops them)."""
+        eos = self._eos_id()
+        index = torch.tensor(indices, dtype=torch.int64, device=logits.device)
+        logits.index_fill_(0, index, float("-inf"))
+        logits[index, eos] = 0.0
+
+    def _eos_id(self) -> int:
+        for src in (getattr(self._load_tokenizer(), "eos_token_id", None), getattr(self._hf_config, "eos_token_id",
+                                                                                     None)):
+            if isinstance(src, int):
+                return src
+            if isinstance(src, (list, tuple)) and src:
+                return int(src[0])
+        return 0
+
+    def _vocab_limit(self, width: int) -> int | None:
+        n = self._tokenizer_size
+        return n if n is not None and width > n else None
+
+    # ------------------------------------------------------------------ positions
+    def _sync_positions(self, group: _Group, rows: Sequence[_Row], rids: Sequence[str]) -> None:
+        """The store position must be the number of tokens the request has generated (what generate() uses for
+        the noise): a discarded sample (unfinished chunked prefill) leaves it one ahead; fix those rows."""
+        have = group.store.positions(group.store.batch(rids)).tolist()
+        for row, pos in zip(rows, have):
+            n = _generated(row.output)
+            if pos != n:
+                self._set_position(row, n)
+
+    @staticmethod
+    def _set_position(row: _Row, position: int) -> None:
+        store = row.group.store  # type: ignore[union-attr]
+        snap = store.snapshot([row.rid])
+        snap[row.rid]["position"] = position
+        store.remove(row.rid)
+        store.restore(snap)
+
+
+def _generated(output: Sequence[int]) -> int:
+    """Generated tokens so far, without async scheduling's trailing -1 placeholders."""
+    n = len(output)
+    while n and output[n - 1] == -1:
+        n -= 1
+    return n
+
+
+def _history(rows: Sequence[_Row], device: torch.device) -> dict[str, torch.Tensor]:
+    """history (B, L): prompt then generated ids, left-padded with -1; prompt_lengths (B,) (as generate())."""
+    seqs = [row.prompt + row.output[:_generated(row.output)] for row in rows]
+    width = max(1, max(len(s) for s in seqs))
+    hist = torch.tensor([[-1] * (width - len(s)) + s for s in seqs], dtype=torch.int64)  # one copy, not B
+    lengths = torch.tensor([len(row.prompt) for row in rows], dtype=torch.int64)
+    return {"history": hist.to(device), "prompt_lengths": lengths.to(device)}
+
+
+def _keep_only(logits: torch.Tensor, index: torch.Tensor, tokens: torch.Tensor) -> None:
+    """Rows `index` keep only their chosen token finite (0.0): any sampler after this one picks it."""
+    logits.index_fill_(0, index, float("-inf"))
+    logits[index, tokens.to(logits.device)] = 0.0

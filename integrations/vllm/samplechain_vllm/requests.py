@@ -1,0 +1,171 @@
+"""What a request asks for: the chain and the per-request parameters in `SamplingParams.extra_args`.
+
+Kept free of vLLM imports so the frontend's `validate_params` and the unit tests share exactly this code.
+
+    extra_args = {"samplechain": "llama.cpp"}                                  a preset
+    extra_args = {"samplechain": {"preset": "llama.cpp", "params": {"top_k": 20}}}
+    extra_args = {"samplechain": {"chain": "creative.toml"}}                   a file in SAMPLECHAIN_VLLM_CHAIN_DIR
+    extra_args = {"samplechain": {"chain": {"samplers": [...]}}}               an inline chain table
+    extra_args = {"samplechain": {"params": {"temperature": 0.5}}}             the server's default chain
+    extra_args = {"samplechain": "off"}                                        opt out of a server default
+
+The OpenAI-compatible server passes `vllm_xargs` as extra_args, and it only takes flat values (strings, numbers,
+lists of them), so there the same reads:
+
+    vllm_xargs = {"samplechain": "llama.cpp", "samplechain.top_k": 20, "samplechain.seed": 7}
+    vllm_xargs = {"samplechain": "{\"chain\": {\"samplers\": [{\"use\": \"greedy\"}]}}"}   JSON in a string
+
+The seed of a seeded chain is `params["seed"]`, else `SamplingParams.seed`, else a fresh one (as generate()).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+__all__ = ["EXTRA_KEY", "ChainSpec", "RequestSpec", "RequestSpecError", "parse_request", "DEFAULT_CHAIN_ENV",
+           "CHAIN_DIR_ENV"]
+
+EXTRA_KEY = "samplechain"
+PARAM_PREFIX = EXTRA_KEY + "."  # flat per-request parameters: "samplechain.top_k": 20
+_OFF = ("off", "none")  # and False (the Python API)
+DEFAULT_CHAIN_ENV = "SAMPLECHAIN_VLLM_CHAIN"  # a chain for requests that name none ("preset:llama.cpp", a file)
+CHAIN_DIR_ENV = "SAMPLECHAIN_VLLM_CHAIN_DIR"  # the only folder requests may name chain files from
+_KEYS = ("preset", "chain", "params")
+
+
+class RequestSpecError(ValueError):
+    """extra_args["samplechain"] is malformed; vLLM turns a ValueError from validate_params into HTTP 400."""
+
+
+@attrs.frozen
+class ChainSpec:
+    """One chain, identified by `key` (equal keys share a loaded chain and its request store)."""
+
+    key: str
+    source: Any  # what Chain.load takes: "preset:NAME", a Path, or a dict
+
+
+@attrs.frozen
+class RequestSpec:
+    chain: ChainSpec
+    params: Mapping[str, Any]
+    seed: int | None = None  # SamplingParams.seed: used by a seeded chain when params give no seed
+
+
+def _preset(name: str) -> ChainSpec:
+    name = name[len("preset:"):] if name.startswith("preset:") else name
+    if not name:
+        raise RequestSpecError("samplechain: empty preset name; give one such as \"llama.cpp\"")
+    return ChainSpec(f"preset:{name}", f"preset:{name}")
+
+
+def _chain_file(name: str, *, trusted: bool) -> ChainSpec:
+    """A chain file. From a request only inside SAMPLECHAIN_VLLM_CHAIN_DIR (a request must not make the server
+    read arbitrary paths); the server's own default (trusted) may be anywhere."""
+    path = Path(name).expanduser()
+    if not trusted:
+        root = os.environ.get(CHAIN_DIR_ENV)
+        if not root:
+            raise RequestSpecError(
+                f"samplechain: chain file {name!r} refused: the server allows no chain files; start it with "
+                f"{CHAIN_DIR_ENV}=/path/to/chains, or send the chain inline ({{\"chain\": {{\"samplers\": [...]}}}})"
+            )
+        base = Path(root).expanduser().resolve()
+        path = (base / path).resolve()
+        if base not in path.parents:
+            raise RequestSpecError(f"samplechain: chain file {name!r} is outside {CHAIN_DIR_ENV} ({base}); name a "
+                                   "file inside that folder")
+    if not path.is_file():
+        raise RequestSpecError(f"samplechain: chain file {name!r} not found (looked at {path})")
+    return ChainSpec(f"file:{path}:{path.stat().st_mtime_ns}", path)
+
+
+def _chain(value: Any, *, trusted: bool = False) -> ChainSpec:
+    if isinstance(value, Mapping):
+        try:
+            key = json.dumps(value, sort_keys=True)
+        except (TypeError, ValueError) as exc:
+            raise RequestSpecError(f"samplechain: inline chain is not plain JSON data: {exc}") from None
+        return ChainSpec(f"inline:{key}", dict(value))
+    if not isinstance(value, str):
+        raise RequestSpecError(f"samplechain: chain must be a preset name, a chain file name or a chain table, got "
+                               f"{type(value).__name__}")
+    if value.startswith("preset:"):
+        return _preset(value)
+    if value.endswith((".toml", ".json")) or "/" in value:
+        return _chain_file(value, trusted=trusted)
+    return _preset(value)
+
+
+def default_chain() -> ChainSpec | None:
+    """The server-wide chain from SAMPLECHAIN_VLLM_CHAIN, or None (requests without extra_args run unchanged)."""
+    value = os.environ.get(DEFAULT_CHAIN_ENV, "").strip()
+    return _chain(value, trusted=True) if value else None
+
+
+def parse_request(extra_args: Mapping[str, Any] | None, seed: int | None = None) -> RequestSpec | None:
+    """The request's chain and parameters, or None when samplechain does not apply to it.
+
+    `seed` is SamplingParams.seed; it seeds a seeded chain unless params give their own."""
+    extra = extra_args or {}
+    raw = extra.get(EXTRA_KEY, None)
+    flat = {k[len(PARAM_PREFIX):]: v for k, v in extra.items() if isinstance(k, str) and k.startswith(PARAM_PREFIX)}
+    if raw is False or (isinstance(raw, str) and raw.strip().lower() in _OFF):
+        if flat:
+            raise RequestSpecError(f"samplechain: {raw!r} turns samplechain off but parameters were given "
+                                   f"({', '.join(PARAM_PREFIX + k for k in flat)})")
+        return None
+    if isinstance(raw, str) and raw.lstrip().startswith("{"):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise RequestSpecError(f"samplechain: the value starts with '{{' but is not valid JSON: {exc}") from None
+    if raw is None and flat:
+        raw = {}
+    params: dict[str, Any] = {}
+    if raw is None or raw is True:
+        chain = default_chain()
+        if chain is None:
+            if raw is True:
+                raise RequestSpecError(f"samplechain: true asks for the server's default chain but none is set "
+                                       f"({DEFAULT_CHAIN_ENV}); name a preset: {{\"samplechain\": \"llama.cpp\"}}")
+            return None
+    elif isinstance(raw, str):
+        chain = _chain(raw)
+    elif isinstance(raw, Mapping):
+        unknown = sorted(set(raw) - set(_KEYS))
+        if unknown:
+            raise RequestSpecError(f"samplechain: unknown key(s) {unknown}; use {', '.join(_KEYS)}")
+        if "preset" in raw and "chain" in raw:
+            raise RequestSpecError("samplechain: give either preset or chain, not both")
+        if "preset" in raw:
+            if not isinstance(raw["preset"], str):
+                raise RequestSpecError(f"samplechain: preset must be a name, got {raw['preset']!r}")
+            chain = _preset(raw["preset"])
+        elif "chain" in raw:
+            chain = _chain(raw["chain"])
+        else:
+            found = default_chain()
+            if found is None:
+                raise RequestSpecError(f"samplechain: no chain named and the server has no default "
+                                       f"({DEFAULT_CHAIN_ENV}); add \"preset\" or \"chain\"")
+            chain = found
+        given = raw.get("params", {}) or {}
+        if not isinstance(given, Mapping) or not all(isinstance(k, str) for k in given):
+            raise RequestSpecError(f"samplechain: params must be an object of parameter names, got {given!r}")
+        params = dict(given)
+    else:
+        raise RequestSpecError(f"samplechain: expected a preset name or an object with preset / chain / params, "
+                               f"got {type(raw).__name__}")
+    clash = sorted(set(params) & set(flat))
+    if clash:
+        raise RequestSpecError(f"samplechain: parameter(s) {clash} given both in params and as "
+                               f"{PARAM_PREFIX}NAME; give each once")
+    params.update(flat)
+    return RequestSpec(chain, params, None if seed is None else int(seed))

@@ -1,0 +1,185 @@
+"""The processor against vLLM's own BatchUpdate objects, without a server: requests added, removed and moved map
+onto the chain stores; each row's token is the chain's (same seeds, positions and history as a direct
+Chain.sample); a discarded sample does not move a request's position; a failing row is ended alone."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="needs vLLM: run `make test-vllm`")
+
+from transformers import AutoConfig  # noqa: E402
+from vllm import SamplingParams  # noqa: E402
+from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402
+
+from samplechain import Chain  # noqa: E402
+from samplechain.models import default_model_path  # noqa: E402
+from samplechain_vllm import RequestSpecError, SamplechainLogitsProcessor, parse_request  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+V = 4096
+
+
+def make_processor() -> SamplechainLogitsProcessor:
+    path = str(default_model_path())
+    config = types.SimpleNamespace(model_config=types.SimpleNamespace(
+        tokenizer=path, tokenizer_revision=None, trust_remote_code=False, hf_config=AutoConfig.from_pretrained(path)))
+    return SamplechainLogitsProcessor(config, torch.device("cpu"), False)
+
+
+def params(xargs: dict | None, seed: int | None = None) -> SamplingParams:
+    return SamplingParams(seed=seed, extra_args=xargs, max_tokens=8)
+
+
+def update(batch_size: int, removed=(), added=(), moved=()) -> BatchUpdate:
+    return BatchUpdate(batch_size=batch_size, removed=list(removed), added=list(added), moved=list(moved))
+
+
+class Reference:
+    """The same requests driven through Chain.sample directly, one row at a time."""
+
+    def __init__(self, chain: str, seed: int | None, prompt: list[int]) -> None:
+        self.chain = Chain.load(chain)
+        self.chain.prepare(tokenizer=make_processor()._load_tokenizer(),
+                           model_config=AutoConfig.from_pretrained(default_model_path()), vocab_size=V)
+        self.store = self.chain.new_store()
+        self.store.add("r", {"seed": seed} if seed is not None else {})
+        self.prompt = prompt
+
+    def step(self, logits: torch.Tensor, output: list[int]) -> int:
+        hist = torch.tensor([self.prompt + output])
+        kwargs = {"history": hist, "prompt_lengths": torch.tensor([len(self.prompt)])} \
+            if self.chain.needs_history else {}
+        return int(self.chain.sample(logits[None].clone(), self.store, ["r"], **kwargs).token_ids[0])
+
+
+def test_rows_follow_their_requests_through_add_move_remove() -> None:
+    proc = make_processor()
+    assert proc.is_argmax_invariant() is False
+    prompts = [[5, 6, 7], [8, 9], [10], [11, 12]]
+    outputs: list[list[int]] = [[], [], [], []]
+    chains = [("preset:llama.cpp", 11), ("preset:greedy", None), (None, None), ("preset:llama.cpp", 12)]
+    xargs = [{"samplechain": "llama.cpp"}, {"samplechain": "greedy"}, None, {"samplechain": "llama.cpp"}]
+    refs = {k: Reference(c, s, prompts[k]) for k, (c, s) in enumerate(chains) if c is not None}
+    proc.update_state(update(4, added=[(k, params(xargs[k], chains[k][1]), prompts[k], outputs[k])
+                                       for k in range(4)]))
+    where = {0: 0, 1: 1, 2: 2, 3: 3}  # request -> batch row
+    gen = torch.Generator().manual_seed(0)
+    for step in range(6):
+        if step == 2:  # request 1 finishes: vLLM removes it and condenses the batch (3 moves to 1)
+            proc.update_state(update(3, removed=[1], moved=[(3, 1, MoveDirectionality.UNIDIRECTIONAL)]))
+            del where[1]
+            where[3] = 1
+        if step == 4:  # a swap
+            proc.update_state(update(3, moved=[(0, 2, MoveDirectionality.SWAP)]))
+            where[0], where[2] = 2, 0
+        rows = len(where)
+        logits = torch.randn(rows, V, generator=gen) * 3
+        raw = logits.clone()
+        out = proc.apply(logits)
+        for k, b in where.items():
+            if k in refs:
+                want = refs[k].step(raw[b], outputs[k])
+                finite = torch.isfinite(out[b]).nonzero().flatten().tolist()
+                assert finite == [want], f"step {step}: request {k} at row {b}"
+                outputs[k].append(want)  # vLLM appends the sampled token to the live output list
+            else:
+                assert torch.equal(out[b], raw[b]), "a request without samplechain is left alone"
+                outputs[k].append(int(raw[b].argmax()))
+
+
+def test_a_discarded_sample_does_not_move_the_position() -> None:
+    proc = make_processor()
+    output: list[int] = []
+    proc.update_state(update(1, added=[(0, params({"samplechain": "llama.cpp"}, 3), [5, 6], output)]))
+    logits = torch.randn(1, V, generator=torch.Generator().manual_seed(1)) * 3
+    first = proc.apply(logits.clone()).isfinite().nonzero()[0, 1].item()
+    again = proc.apply(logits.clone()).isfinite().nonzero()[0, 1].item()  # output did not grow: same draw
+    assert first == again
+    output.append(first)
+    other = Reference("preset:llama.cpp", 3, [5, 6])
+    other.step(logits[0], [])
+    logits2 = torch.randn(1, V, generator=torch.Generator().manual_seed(2)) * 3
+    got = proc.apply(logits2.clone()).isfinite().nonzero()[0, 1].item()
+    assert got == other.step(logits2[0], [first])
+
+
+def test_a_resumed_request_continues_at_its_position() -> None:
+    ref = Reference("preset:llama.cpp", 9, [1, 2])
+    gen = torch.Generator().manual_seed(3)
+    steps = [torch.randn(V, generator=gen) * 3 for _ in range(3)]
+    output: list[int] = []
+    for logits in steps[:2]:
+        output.append(ref.step(logits, output))
+    proc = make_processor()  # preempted and re-added with 2 tokens generated
+    proc.update_state(update(1, added=[(0, params({"samplechain": "llama.cpp"}, 9), [1, 2], output)]))
+    got = proc.apply(steps[2][None].clone()).isfinite().nonzero()[0, 1].item()
+    assert got == ref.step(steps[2], output)
+
+
+def test_a_failing_row_is_ended_alone() -> None:
+    proc = make_processor()
+    proc.update_state(update(2, added=[(0, params({"samplechain": "llama.cpp"}, 1), [5], []),
+                                       (1, params({"samplechain": "llama.cpp"}, 2), [6], [])]))
+    logits = torch.randn(2, V, generator=torch.Generator().manual_seed(4))
+    logits[1] = float("-inf")  # nothing left to choose for request 1 (vLLM's bad_words / allowed ids could do it)
+    out = proc.apply(logits)
+    assert torch.isfinite(out[0]).sum() == 1
+    assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [0]  # eos: vLLM finishes the request
+    out = proc.apply(torch.randn(2, V))  # the next step: still ended, the other row still sampled
+    assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [0]
+    assert torch.isfinite(out[0]).sum() == 1
+
+
+@pytest.mark.parametrize("xargs, words", [
+    ({"samplechain": "no-such"}, ["no such preset"]),
+    ({"samplechain": "llama.cpp", "samplechain.min_p": -1}, ["min_p"]),
+    ({"samplechain": "x.toml"}, ["refused"]),
+    ({"samplechain": {"preset": "greedy", "chain": "greedy"}}, ["either preset or chain"]),
+    ({"samplechain.top_k": 3}, ["no chain named"]),
+    ({"samplechain": "greedy", "samplechain.seed": 3}, ["unknown parameter", "seed"]),
+])
+def test_validate_params_names_the_problem(xargs, words) -> None:
+    with pytest.raises(ValueError) as info:
+        SamplechainLogitsProcessor.validate_params(params(xargs))
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_request_forms(tmp_path, monkeypatch) -> None:
+    assert parse_request(None) is None
+    assert parse_request({"samplechain": "off"}) is None
+    spec = parse_request({"samplechain": {"preset": "llama.cpp", "params": {"top_k": 3}}}, seed=5)
+    assert (spec.chain.key, dict(spec.params), spec.seed) == ("preset:llama.cpp", {"top_k": 3}, 5)
+    flat = parse_request({"samplechain": "preset:llama.cpp", "samplechain.top_k": 3})
+    assert flat.chain == spec.chain and dict(flat.params) == {"top_k": 3}
+    (tmp_path / "mine.toml").write_text('[chain]\nsamplers = [{ use = "greedy" }]\n')
+    monkeypatch.setenv("SAMPLECHAIN_VLLM_CHAIN_DIR", str(tmp_path))
+    assert parse_request({"samplechain": "mine.toml"}).chain.source == tmp_path / "mine.toml"
+    with pytest.raises(RequestSpecError, match="outside"):
+        parse_request({"samplechain": "../etc/x.toml"})
+    monkeypatch.setenv("SAMPLECHAIN_VLLM_CHAIN", "preset:greedy")
+    assert parse_request(None).chain.key == "preset:greedy"  # the server default covers plain requests
+    assert parse_request({"samplechain": "off"}) is None
+    SamplechainLogitsProcessor.validate_params(params({"samplechain": "mine.toml"}))
+
+
+def test_a_request_that_cannot_join_is_ended_and_the_engine_goes_on(monkeypatch) -> None:
+    proc = make_processor()
+
+    def broken(chain) -> None:
+        raise RuntimeError("prepare exploded")
+
+    monkeypatch.setattr(proc, "_prepare", broken)  # update_state must not raise: vLLM would stop the engine
+    proc.update_state(update(2, added=[(0, params({"samplechain": "llama.cpp"}, 1), [5], []),
+                                       (1, params(None), [6], [])]))
+    logits = torch.randn(2, V)
+    raw = logits.clone()
+    out = proc.apply(logits)
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [0]  # ended with eos
+    assert torch.equal(out[1], raw[1])  # the plain request is untouched
+    proc.update_state(update(1, removed=[0], moved=[(1, 0, MoveDirectionality.UNIDIRECTIONAL)]))
+    assert torch.equal(proc.apply(raw[1:].clone()), raw[1:])
