@@ -28,6 +28,7 @@ import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, one_of
 from samplechain import filters
+from samplechain.contracts import settle_ties
 
 VARIANTS = ("llama.cpp", "webui")
 
@@ -165,6 +166,7 @@ class Tfs(Sampler):
                 values, index = ctx.backend.topk(x, min(width, cand.width))
                 counts = bracketed_counts(values, row_sum, z, min_keep, off, self.params.variant)
                 if counts is not None:
+                    values, index = settle_ties(values, index, counts, x, cand.ids)
                     return cand.restrict(values, index, torch.where(off, values.shape[1], counts), off)
         ordered = cand.sorted(ctx.backend)
         if self.params.variant == "webui":
@@ -174,7 +176,7 @@ class Tfs(Sampler):
         counts = torch.where(off, ordered.width, counts)
         if bool((counts >= ordered.width).all()):
             return cand
-        return ordered.keep_first(counts)
+        return ordered.keep_first_settled(counts)
 
 
 @hookimpl

@@ -4,7 +4,8 @@ llama.cpp semantics: probabilities are the softmax over the current candidates; 
 candidates, the token at which the cumulative mass first reaches p is the last one kept (so a candidate is kept
 iff the mass strictly above it is < p); p >= 1 is a no-op; at least min_keep survive. transformers'
 TopPLogitsWarper removes tokens whose ascending cumulative mass is <= 1 - p: the same set, rounded in float32
-instead of our float64 cumulative sum.
+instead of our float64 cumulative sum. Equal logits at the cut: the lowest token ids are kept (`settle_ties`),
+so the kept set never depends on the batch.
 
 Without a preceding top-k the candidates are unsorted and a full sort of the vocabulary would dominate the
 step, so the cut is found on a partial top-k that grows (x8) until its mass reaches p in every row.
@@ -16,6 +17,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
+from samplechain.contracts import settle_ties
 from samplechain.filters import BUCKETS, MASS_MARGIN, bucket_edge, bucket_keys, bucket_sums
 
 _FIRST_GUESS = 64  # partial top-k width tried first on unsorted candidates
@@ -125,13 +127,14 @@ class TopP(Sampler):
         if cand.is_sorted:
             top, total = row_mass(cand.logits)  # over all current candidates, as llama.cpp's softmax
             counts = kept_counts(cand.logits, top, total, p, min_keep)
-            return cand.keep_first(torch.where(off, width, counts))
+            return cand.keep_first_settled(torch.where(off, width, counts))
         if width >= filters.WIDE:  # the cut is searched in the chunks holding the largest logits
             # one normaliser per row whichever path finds the cut, so a row's cut never depends on its batch
             probs, top, total = wide_row_mass(cand.logits)
             found = chunked_cut(cand.logits, top, total, p, min_keep, off) if cand.logits.is_contiguous() else None
             if found is not None:
                 values, index, counts = found
+                values, index = settle_ties(values, index, counts, cand.logits, cand.ids)
                 return cand.restrict(values, index, torch.where(off, width, counts), off)
             # flat rows (thousands of tokens above the cut): read what lies above a threshold found from a
             # histogram of the probabilities, in one backend call
@@ -149,6 +152,7 @@ class TopP(Sampler):
             values, index = ctx.backend.topk(cand.logits, min(values.shape[1] * 8, width))
             trusted = torch.full_like(trusted, values.shape[1])
             counts = kept_counts(values, top, total, p, min_keep)
+        values, index = settle_ties(values, index, counts, cand.logits, cand.ids)  # ties at the cut: lowest ids
         counts = torch.where(off, width, counts)
         return cand.restrict(values, index, counts, off)
 

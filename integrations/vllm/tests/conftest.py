@@ -44,10 +44,12 @@ def server_env() -> dict[str, str]:
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the plugin implements the v1 logits processor interface
     env.pop(DEFAULT_CHAIN, None)
+    env["SAMPLECHAIN_VLLM_CHAIN_DIR"] = str(CHAIN_DIR)  # requests may name the chain files of tests/chains
     return env
 
 
 DEFAULT_CHAIN = "SAMPLECHAIN_VLLM_CHAIN"
+CHAIN_DIR = Path(__file__).resolve().parent / "chains"
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import requests
 
-from conftest import MODEL_NAME
+from conftest import CHAIN_DIR, MODEL_NAME
 from reference import reference_tokens
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -46,6 +46,7 @@ CASES: list[tuple[str, dict[str, Any], Any, list[int | None], dict[str, Any] | N
                                          "samplechain.temperature": 1.5}, "preset:llama.cpp", SEEDS,
      {"top_k": 5, "temperature": 1.5}),
     ("inline chain as JSON", {"samplechain": json.dumps({"chain": INLINE})}, INLINE, SEEDS, None),
+    ("chain file", {"samplechain": "creative.toml"}, str(CHAIN_DIR / "creative.toml"), SEEDS, None),
 ]
 
 
@@ -74,7 +75,7 @@ def references() -> dict[str, dict[str, list[list[int]]]]:
 
 def test_serving_equals_generate_for_16_concurrent_prompts_per_chain(server: str, references) -> None:
     jobs = [(p, xargs, s) for _, xargs, _, seeds, _ in CASES for p, s in zip(PROMPTS, seeds)]
-    responses = run_all(server, jobs)  # 64 requests, four chains, all in flight together
+    responses = run_all(server, jobs)  # 80 requests, five chains, all in flight together
     k = 0
     for name, *_ in CASES:
         for i, prompt in enumerate(PROMPTS):
@@ -104,7 +105,7 @@ BAD = [
     ({"samplechain": "llama.cp"}, ["did you mean", "llama.cpp"]),
     ({"samplechain": "llama.cpp", "samplechain.top_p": 1.5}, ["top_p", "1.5"]),
     ({"samplechain": "llama.cpp", "samplechain.top_q": 0.5}, ["unknown parameter", "top_q"]),
-    ({"samplechain": "/etc/passwd.toml"}, ["refused", "SAMPLECHAIN_VLLM_CHAIN_DIR"]),
+    ({"samplechain": "/etc/passwd.toml"}, ["outside", "SAMPLECHAIN_VLLM_CHAIN_DIR"]),
     ({"samplechain": json.dumps({"chain": {"samplers": [{"use": "top_k", "k": 5}]}})}, ["selector"]),
     ({"samplechain": "{not json"}, ["not valid JSON"]),
 ]
