@@ -17,6 +17,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
+from samplechain import filters
 
 
 @attrs.frozen
@@ -37,8 +38,9 @@ class PLess(Sampler):
         if ctx.scalar("enabled") is False:
             return cand
         on = ctx.param("enabled")
-        prob = torch.softmax(cand.logits.double(), dim=-1)
-        threshold = (prob * prob).sum(dim=-1) - ctx.param("tolerance").double()
+        wide = cand.width >= filters.WIDE  # float32 on wide rows (~1e-7): no float64 copy of the vocabulary
+        prob = torch.softmax(cand.logits if wide else cand.logits.double(), dim=-1)
+        threshold = torch.linalg.vecdot(prob, prob) - ctx.param("tolerance").to(prob.dtype)
         keep = prob >= threshold[:, None]
         # the min_keep (at least 1: rounding can put L above a uniform row's 1/n) most likely always survive
         k = torch.clamp(ctx.param("min_keep"), 1, cand.width)

@@ -5,8 +5,9 @@ are the softmax over the current candidates; a token is removed iff `p < a * p_m
 most likely) survive; `a = 0` is a no-op (webui adds the warper only for 0 < a <= 1, koboldcpp returns on a <= 0).
 
 Computed in logit space without a softmax over the vocabulary: `p < a * p_max^2` is
-`logit < log(a) + 2 * max_logit - logsumexp(logits)`, in float64 from the float32 logits; the kept set can differ
-from a float32 softmax comparison only for a token within rounding of the threshold.
+`logit < log(a) + 2 * max_logit - logsumexp(logits)`, in float64 from the float32 logits (the log-sum-exp in
+float32 on rows of at least `filters.WIDE`); the kept set can differ from a float32 softmax comparison only for a
+token within rounding of the threshold.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
+from samplechain import filters
 
 
 @attrs.frozen
@@ -24,11 +26,13 @@ class TopAParams:
 
 
 def top_a_threshold(logits: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-    """(B,) float64 logit threshold log(a) + 2 * max - logsumexp: keep logit >= threshold."""
-    x = logits.double()
+    """(B,) float64 logit threshold log(a) + 2 * max - logsumexp: keep logit >= threshold. Rows of at least
+    `filters.WIDE` candidates take the log-sum-exp in float32 (a cascaded sum, ~1e-7 relative) instead of a float64
+    copy of the row."""
+    x = logits if logits.shape[1] >= filters.WIDE else logits.double()
     top = x.amax(dim=-1)
     lse = top + torch.log(torch.exp(x - top[:, None]).sum(dim=-1))
-    return torch.log(a.double()) + 2.0 * top - lse  # a = 0 gives -inf: everything kept
+    return torch.log(a.double()) + 2.0 * top.double() - lse.double()  # a = 0 gives -inf: everything kept
 
 
 class TopA(Sampler):
@@ -46,8 +50,11 @@ class TopA(Sampler):
         off = a <= 0.0
         width = cand.width
         threshold = top_a_threshold(cand.logits, torch.where(off, torch.ones_like(a), a))
-        keep = cand.logits.double() >= threshold[:, None]  # a prefix of the descending order, ties included
-        counts = torch.clamp(torch.maximum(keep.sum(dim=-1), min_keep), min=1, max=width)
+        # x >= t for float32 x is x >= t rounded up to float32: an exact comparison without a float64 copy
+        up = threshold.float()
+        up = torch.where(up.double() < threshold, torch.nextafter(up, torch.full_like(up, float("inf"))), up)
+        kept = (cand.logits >= up[:, None]).sum(dim=-1)  # a prefix of the descending order, ties included
+        counts = torch.clamp(torch.maximum(kept, min_keep), min=1, max=width)
         return cand.keep_best(counts, off, ctx.backend)
 
 

@@ -137,3 +137,20 @@ def test_bad_request_value_is_refused():
     store = chain(0.2).new_store()
     with pytest.raises(RequestError, match="top_a.a"):
         store.add("r", {"top_a": 2.0})
+
+
+@pytest.mark.parametrize("scale", [1.0, 3.0, 8.0])
+def test_wide_rows_keep_what_the_float64_path_keeps(scale, monkeypatch):
+    """Rows of >= 16384 candidates compute in float32 (a cascaded sum, ~1e-7): the same kept sets as the float64
+    path on random rows (-inf entries, per-row min_keep), where no token sits within rounding of the threshold."""
+    from samplechain.testing import processed_scores, random_logits, sampler_chain
+
+    logits = random_logits(11, 4, 40000, scale)
+    logits[1, ::3] = float("-inf")
+    entry = {"use": "top_a", "a": 0.05}
+    per_row = [{}, {}, {"min_keep": 50}, {}]
+    chain = sampler_chain(entry)
+    fast = processed_scores(chain, logits, per_row)
+    monkeypatch.setattr("samplechain.filters.WIDE", 10**9)
+    assert torch.equal(fast, processed_scores(chain, logits, per_row))
+    assert bool(torch.isfinite(fast).sum(dim=-1).lt(40000).any())  # it did filter
