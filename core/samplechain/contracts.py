@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, ClassVar
 
 import attrs
+import numpy as np
 import torch
 
 from . import rng
@@ -66,6 +67,31 @@ def compact_kept(logits: torch.Tensor, keep: torch.Tensor, counts: torch.Tensor 
     return values, positions, counts
 
 
+def tied_rows(values: torch.Tensor, counts: torch.Tensor) -> list[int]:
+    """Rows b whose counts[b]-th and next value in values (B, W) (descending) are equal and finite: where keeping
+    "the counts[b] best" must choose among equal logits. Small CPU batches are checked with numpy (a few
+    microseconds instead of a handful of torch calls: this runs on every top-k / top-p step)."""
+    width = values.shape[1]
+    if values.device.type == "cpu" and counts.device.type == "cpu" and values.shape[0] <= 256 \
+            and values.dtype == torch.float32 and not values.requires_grad:
+        v = values.numpy()
+        if len(v) <= 8:  # a few rows: plain Python over two values each
+            out = []
+            for b, c in enumerate(counts.tolist()):
+                c = min(max(c, 1), width)
+                if c < width and v[b, c - 1] == v[b, c] and v[b, c - 1] > -np.inf:
+                    out.append(b)
+            return out
+        c = np.clip(counts.numpy(), 1, width)
+        r = np.arange(len(c))
+        at, after = v[r, c - 1], v[r, np.minimum(c, width - 1)]
+        return np.flatnonzero((c < width) & (at == after) & (at > -np.inf)).tolist()
+    c = counts.clamp(min=1, max=width)
+    at = values.gather(1, (c - 1)[:, None])[:, 0]
+    after = values.gather(1, c.clamp(max=width - 1)[:, None])[:, 0]
+    return ((c < width) & (at == after) & (at > NEG_INF)).nonzero().flatten().tolist()
+
+
 def settle_ties(values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor, logits: torch.Tensor,
                 ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Make "keep the counts[b] best" independent of how it was computed: where the counts[b]-th and the next
@@ -74,16 +100,13 @@ def settle_ties(values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor,
     sort happened to pick (its choice changes with its width, so with the batch). Rows without a tie at their
     boundary (nearly always) are untouched; a tied row is settled by one scan of logits[b] (the candidates the
     partial sort ran on; ids None: token id = position)."""
-    width = values.shape[1]
-    c = counts.clamp(min=1, max=width)
-    at = values.gather(1, (c - 1)[:, None])[:, 0]
-    after = values.gather(1, c.clamp(max=width - 1)[:, None])[:, 0]
-    tied = (c < width) & (at == after) & (at > NEG_INF)
-    if not bool(tied.any()):
+    rows = tied_rows(values, counts)
+    if not rows:
         return values, index
     values, index = values.clone(), index.clone()
-    for b in tied.nonzero().flatten().tolist():
-        row, v = logits[b], at[b]
+    width = values.shape[1]
+    for b in rows:
+        row, v = logits[b], values[b, min(max(int(counts[b]), 1), width) - 1]
         above = int((row > v).sum())  # all of them lead the partial sort, in its first `above` places
         n = int((values[b] == v).sum())  # the partial sort's places holding v: above .. above + n - 1
         equal = (row == v).nonzero().flatten()
@@ -214,10 +237,10 @@ class Candidates:
     def keep_first_settled(self, counts: torch.Tensor) -> Candidates:
         """keep_first(counts) where, at a row's cut, candidates equal to the last kept one are chosen by lowest
         token id (settle_ties), not by the order an earlier sort left them in."""
+        if not tied_rows(self.logits, counts):
+            return self.keep_first(counts)
         positions = torch.arange(self.width, device=self.logits.device).expand(self.batch_size, -1)
         values, index = settle_ties(self.logits, positions, counts, self.logits, self.ids)
-        if index is positions:
-            return self.keep_first(counts)
         return self.take(values, index, is_sorted=True).keep_first(counts)
 
     def sorted(self, backend: Backend) -> Candidates:

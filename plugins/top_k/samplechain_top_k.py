@@ -50,7 +50,7 @@ class TopK(Sampler):
             if cand.is_sorted:
                 return cand.keep_first_settled(counts)
             values, index = settle_ties(*ctx.backend.topk(cand.logits, k + 1), counts, cand.logits, cand.ids)
-            return cand.take(values[:, :k], index[:, :k], is_sorted=True)
+            return cand.take(values[:, :k].contiguous(), index[:, :k].contiguous(), is_sorted=True)
         k = ctx.param("k")
         off = k <= 0
         counts = torch.clamp(torch.maximum(k, ctx.param("min_keep")), max=width)  # (B,)
