@@ -107,11 +107,10 @@ def settle_ties(values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor,
     width = values.shape[1]
     for b in rows:
         row, v = logits[b], values[b, min(max(int(counts[b]), 1), width) - 1]
-        above = int((row > v).sum())  # all of them lead the partial sort, in its first `above` places
-        n = int((values[b] == v).sum())  # the partial sort's places holding v: above .. above + n - 1
-        equal = (row == v).nonzero().flatten()
+        places = (values[b] == v).nonzero().flatten()  # where the partial sort put v (sorted rows may hold -inf
+        equal = (row == v).nonzero().flatten()  # holes, so not simply after the larger values)
         order = (equal if ids is None else ids[b, equal]).argsort()
-        index[b, above:above + n] = equal[order[:n]]  # every place of v, not just the kept ones: ids stay unique
+        index[b, places] = equal[order[: len(places)]]  # every place of v, not just the kept ones: ids stay unique
     return values, index
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, hookimpl
-from samplechain.contracts import tied_rows
 
 
 class Greedy(Sampler):
@@ -21,8 +20,6 @@ class Greedy(Sampler):
     def select(self, cand: Candidates, ctx: StepContext) -> torch.Tensor:
         if cand.ids is None:  # position == token id
             return cand.logits.argmax(dim=-1)  # (B,) the first maximum
-        if cand.is_sorted and not tied_rows(cand.logits, torch.ones(cand.batch_size, dtype=torch.int64)):
-            return torch.zeros(cand.batch_size, dtype=torch.int64, device=cand.logits.device)  # a unique top
         top = cand.logits.amax(dim=-1, keepdim=True)
         ids = torch.where(cand.logits == top, cand.ids, torch.iinfo(torch.int64).max)
         return ids.argmin(dim=-1)  # the position of the lowest id among the maxima
