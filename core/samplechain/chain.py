@@ -59,6 +59,24 @@ class SampleOutput:
 _FUSE_MIN = 1 << 20  # logits elements from which skipping the (B, V) copy pays for the fusion's extra calls
 
 
+_LSE64_WIDTH = 65536  # up to this many candidates the normaliser is accumulated in float64
+
+
+def _row_lse(x: torch.Tensor) -> torch.Tensor:
+    """(B,) float32 log-sum-exp of each row. Up to 65536 candidates it is accumulated in float64, so the sum's
+    rounding does not depend on how a reduction splits the row (its width, which after truncation follows the
+    batch) and a row's logprob is the same to the bit alone and in any batch. Wider rows (the full vocabulary,
+    where a float64 pass would cost several times the rest of the step) use torch's float32 logsumexp: a row that
+    is truncated alone but full-width in a batch may then differ in the last bit of its logprob (never its token).
+    """
+    if x.shape[1] > _LSE64_WIDTH:
+        return torch.logsumexp(x, dim=-1)
+    top = x.amax(dim=-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    total = torch.exp(x.double() - top.double()).sum(dim=-1)
+    return (top[:, 0].double() + torch.log(total)).float()
+
+
 class Chain:
     """A validated sampler chain bound to a backend. Build with Chain.load(file | dict | "preset:NAME")."""
 
@@ -278,7 +296,7 @@ class Chain:
         try:
             # the normaliser of what the selector sees, taken first: right after the previous pass over the
             # logits the worker threads are still awake (measurably cheaper than after the selector)
-            lse = torch.logsumexp(cand.logits, dim=-1)
+            lse = _row_lse(cand.logits)
             chosen = self.samplers[last].select(cand, self._context(store, view, positions, backend, last, hist, uncond))
         except Exception as exc:
             raise self._wrap(last, exc) from exc

@@ -233,6 +233,25 @@ class Candidates:
         values, index = settle_ties(*backend.topk(self.logits, min(kmax + 1, width)), counts, self.logits, self.ids)
         return self.restrict(values, index, counts, off | (counts >= width))
 
+    def best(self) -> torch.Tensor:
+        """(B,) the position of each row's largest logit; of equal maxima the lowest token id (not the first in
+        candidate order, which earlier filters may have set differently in another batch)."""
+        if self.ids is None:  # position == token id: the first maximum is the lowest id
+            return self.logits.argmax(dim=-1)
+        top = self.logits.amax(dim=-1, keepdim=True)
+        return torch.where(self.logits == top, self.ids, torch.iinfo(torch.int64).max).argmin(dim=-1)
+
+    def best_first(self) -> tuple[Candidates, torch.Tensor]:
+        """(candidates, (B, 1) positions of best()). Sorted candidates keep their finite values first: the lowest-
+        id maximum is swapped into position 0 (it holds the same value, so the row stays sorted) and the positions
+        are 0; unsorted ones are returned as they are, with best()'s positions."""
+        if not self.is_sorted or self.ids is None:
+            return self, self.best()[:, None]
+        pos = self.best()[:, None]
+        ids = self.ids.clone()
+        ids.scatter_(1, pos, self.ids[:, :1]).scatter_(1, torch.zeros_like(pos), self.ids.gather(1, pos))
+        return Candidates(self.logits, ids, self.vocab_size, True, self.writable), torch.zeros_like(pos)
+
     def keep_first_settled(self, counts: torch.Tensor) -> Candidates:
         """keep_first(counts) where, at a row's cut, candidates equal to the last kept one are chosen by lowest
         token id (settle_ties), not by the order an earlier sort left them in."""

@@ -18,11 +18,7 @@ class Greedy(Sampler):
         return True
 
     def select(self, cand: Candidates, ctx: StepContext) -> torch.Tensor:
-        if cand.ids is None:  # position == token id
-            return cand.logits.argmax(dim=-1)  # (B,) the first maximum
-        top = cand.logits.amax(dim=-1, keepdim=True)
-        ids = torch.where(cand.logits == top, cand.ids, torch.iinfo(torch.int64).max)
-        return ids.argmin(dim=-1)  # the position of the lowest id among the maxima
+        return cand.best()  # (B,) of equal maxima the lowest token id
 
 
 @hookimpl

@@ -13,6 +13,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
+from samplechain.contracts import settle_ties
 
 
 @attrs.frozen
@@ -43,14 +44,15 @@ class MinP(Sampler):
         if cand.is_sorted:
             keep = cand.logits >= threshold[:, None]  # (B, K)
             counts = torch.clamp(torch.maximum(keep.sum(dim=-1), min_keep), max=width)
-            return cand.keep_first(torch.where(off, width, counts))
+            return cand.keep_first_settled(torch.where(off, width, counts))  # min_keep inside ties: lowest ids
         if bool(off.all()):
             return cand
         # the survivors are the counts[b] largest logits: found and compacted in one backend call that reads
         # only the parts of the row that can hold them
         need = int(torch.where(off, 0, min_keep).max())
-        values, index, above = ctx.backend.at_least(cand.logits, threshold, need)
+        values, index, above = ctx.backend.at_least(cand.logits, threshold, min(need + 1, width) if need else 0)
         counts = torch.clamp(torch.maximum(above, min_keep), max=width)
+        values, index = settle_ties(values, index, counts, cand.logits, cand.ids)  # min_keep inside ties
         counts = torch.where(off, width, counts)
         if bool((counts >= width).all()):
             return cand

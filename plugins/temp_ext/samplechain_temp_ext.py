@@ -130,7 +130,7 @@ class TempExt(Sampler):
         divisor = torch.where(hot, temp, torch.ones_like(temp))
         out = x.div_(divisor) if cand.writable and bool(hot.all()) and not bool(keep_rows.any()) else x / divisor
         if not bool(hot.all()):  # T <= 0: only the first maximum survives, its logit unchanged (llama.cpp)
-            top = x.argmax(dim=-1, keepdim=True)
+            cand, top = cand.best_first()  # of equal maxima the lowest id (sorted rows: moved to the front)
             only_top = torch.zeros_like(x, dtype=torch.bool).scatter_(1, top, True)
             out = torch.where(hot, out, x.masked_fill(~only_top, -math.inf))
         if bool(keep_rows.any()):

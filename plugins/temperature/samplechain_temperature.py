@@ -41,7 +41,7 @@ class Temperature(Sampler):
         hot = t > 0
         logits = cand.logits / torch.where(hot, t, torch.ones_like(t))
         if not bool(hot.all()):  # t = 0 rows: only the first maximum survives
-            top = cand.logits.argmax(dim=-1, keepdim=True)
+            cand, top = cand.best_first()  # of equal maxima the lowest id (sorted rows: moved to the front)
             cold_keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, top, True)
             logits = logits.masked_fill(~hot & ~cold_keep, float("-inf"))
         return cand.replace_logits(logits)
