@@ -124,7 +124,12 @@ class Typical(Sampler):
         off = p >= 1.0
         if bool(off.all()):
             return cand
-        keep = typical_keep(cand.logits, p, min_keep, self.params.semantics)
+        if cand.ids is None:  # candidate order is token-id order: equal distances rank by id
+            keep = typical_keep(cand.logits, p, min_keep, self.params.semantics)
+        else:  # rank equal distances by token id, not by the order earlier filters left (batch invariance)
+            by_id = cand.ids.argsort(dim=-1)
+            keep_by_id = typical_keep(cand.logits.gather(1, by_id), p, min_keep, self.params.semantics)
+            keep = torch.zeros_like(keep_by_id).scatter_(1, by_id, keep_by_id)
         keep |= off[:, None]
         return cand.masked(keep)
 
