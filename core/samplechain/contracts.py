@@ -242,15 +242,19 @@ class Candidates:
         return torch.where(self.logits == top, self.ids, torch.iinfo(torch.int64).max).argmin(dim=-1)
 
     def best_first(self) -> tuple[Candidates, torch.Tensor]:
-        """(candidates, (B, 1) positions of best()). Sorted candidates keep their finite values first: the lowest-
-        id maximum is swapped into position 0 (it holds the same value, so the row stays sorted) and the positions
-        are 0; unsorted ones are returned as they are, with best()'s positions."""
+        """(candidates, (B, 1) positions of best()). Sorted candidates get the lowest-id maximum swapped into
+        position 0 (with its logit: position 0 holds either an equal maximum or a -inf hole, so the row stays
+        sorted) and the positions are 0; unsorted ones are returned as they are, with best()'s positions."""
         if not self.is_sorted or self.ids is None:
             return self, self.best()[:, None]
         pos = self.best()[:, None]
-        ids = self.ids.clone()
-        ids.scatter_(1, pos, self.ids[:, :1]).scatter_(1, torch.zeros_like(pos), self.ids.gather(1, pos))
-        return Candidates(self.logits, ids, self.vocab_size, True, self.writable), torch.zeros_like(pos)
+        first = torch.zeros_like(pos)
+
+        def swapped(t: torch.Tensor) -> torch.Tensor:  # position 0 <-> pos, per row
+            return t.clone().scatter_(1, pos, t[:, :1]).scatter_(1, first, t.gather(1, pos))
+
+        # logits move with their ids: position 0 may hold a -inf hole (sorted rows may have them), not the max
+        return Candidates(swapped(self.logits), swapped(self.ids), self.vocab_size, True, True), first
 
     def keep_first_settled(self, counts: torch.Tensor) -> Candidates:
         """keep_first(counts) where, at a row's cut, candidates equal to the last kept one are chosen by lowest

@@ -18,6 +18,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
+from samplechain.contracts import settle_ties
 
 
 @attrs.frozen
@@ -85,8 +86,10 @@ class TopNSigma(Sampler):
         up = threshold.float()
         up = torch.where(up.double() < threshold, torch.nextafter(up, torch.full_like(up, float("inf"))), up)
         up = torch.where(off, top.float(), up)  # off rows must not widen the read
-        values, index, above = ctx.backend.at_least(x, up, int(torch.where(off, 0, min_keep).max()))
+        need = int(torch.where(off, 0, min_keep).max())
+        values, index, above = ctx.backend.at_least(x, up, min(need + 1, cand.width) if need else 0)
         counts = torch.clamp(torch.maximum(above, min_keep), max=cand.width)
+        values, index = settle_ties(values, index, counts, x, cand.ids)  # min_keep inside ties: lowest ids
         return cand.restrict(values, index, torch.where(off, cand.width, counts), off)
 
 
