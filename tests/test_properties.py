@@ -428,8 +428,17 @@ def test_seeded_selection_ignores_threads_on_wide_rows(data, seed, chain):
     logits = hard_logits(4, 40000, seed)
     per_row = row_params(data.draw, chain, 4)
     steps = [logits, logits.roll(1, dims=1)]
-    one = seeded_tokens(chain, steps, per_row, range(4), threads=1)
-    assert seeded_tokens(chain, steps, per_row, range(4), threads=2) == one
+
+    def outcome(threads: int) -> Any:
+        """The tokens, or the documented error when a temperature below 1 overflows the 3e38 entries to +inf
+        (nonfinite = "error"): either way the same on 1 and 2 threads."""
+        try:
+            return seeded_tokens(chain, steps, per_row, range(4), threads=threads)
+        except SamplingError as exc:
+            assert "overflowed float32" in str(exc), exc
+            return str(exc)
+
+    assert outcome(2) == outcome(1)
 
 
 # ----------------------------------------------------------------- minimal cases the properties above found

@@ -33,15 +33,20 @@ class MirostatParams:
     seed: int | None = seed_field()
 
 
-def keep_top(logits: torch.Tensor, k: torch.Tensor, backend) -> torch.Tensor:
-    """(B, K) bool: the k[b] largest logits of each row (1 <= k[b] <= finite count); ties keep lower positions.
-    Decided by the k-th value, so a row's set does not depend on the other rows' k (batch invariance)."""
+def keep_top(logits: torch.Tensor, k: torch.Tensor, backend, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, K) bool: the k[b] largest logits of each row (1 <= k[b] <= finite count); of logits tied at the k-th
+    place the lowest token ids (ids None: positions). Decided by the k-th value and the ids, so a row's set
+    depends neither on the other rows' k nor on the order earlier filters left the candidates in."""
     values, _ = backend.topk(logits, int(k.max()))
     kth = values.gather(1, (k - 1)[:, None])
     above = logits > kth
     tied = logits == kth
     room = k - above.sum(dim=-1)
-    return above | (tied & (tied.cumsum(dim=-1) <= room[:, None]))
+    if ids is None:
+        return above | (tied & (tied.cumsum(dim=-1) <= room[:, None]))
+    order = torch.where(tied, ids, torch.iinfo(torch.int64).max).argsort(dim=-1)  # tied ones first, by id
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+    return above | (tied & (rank < room[:, None]))
 
 
 def mirostat_k(logits: torch.Tensor, mu: torch.Tensor, m: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -87,7 +92,7 @@ class Mirostat(Sampler):
         tau, eta = ctx.param("tau"), ctx.param("eta")
         mu = torch.where(ctx.state["started"], ctx.state["mu"], 2.0 * tau)
         k = mirostat_k(logits, mu, ctx.param("m"), cand.vocab_size)
-        keep = keep_top(logits, k, ctx.backend)
+        keep = keep_top(logits, k, ctx.backend, cand.ids)
         kept = logits.masked_fill(~keep, float("-inf"))
         chosen = cand.draw(keep, ctx, ctx.param("seed"))  # the noise of the k kept tokens only
         p_kept = torch.softmax(kept, dim=-1).gather(1, chosen[:, None]).squeeze(1)
