@@ -357,15 +357,21 @@ def _register_exploding(register):
     register(Exploding)
 
 
-@case("plugin_raises_mid_chain", step=True)
-def _(t: Trial) -> None:
+def _two_steps_with_plugin(t: Trial, module: str, register: Any, sampler: str) -> None:
+    """A strict host with one in-process plugin `module` registering `sampler`; temperature -> it -> mirostat_v2,
+    and a step of requests a and b (whose second token is where the plugin breaks)."""
     host = PluginHost(strict=True, use_env=False)
-    plugin = types.ModuleType("acme_exploding")
-    plugin.register_samplers = _register_exploding  # type: ignore[attr-defined]
-    host.register_plugin(plugin, name="acme-exploding")
-    samplers = [{"use": "temperature", "t": 0.8}, {"use": "exploding"}, {"use": "mirostat_v2"}]
+    plugin = types.ModuleType(module)
+    plugin.register_samplers = register  # type: ignore[attr-defined]
+    host.register_plugin(plugin, name=module.replace("_", "-"))
+    samplers = [{"use": "temperature", "t": 0.8}, {"use": sampler}, {"use": "mirostat_v2"}]
     chain, store = t.step_chain(samplers, host=host)
     chain.sample(logits(), store, ["a", "b"])
+
+
+@case("plugin_raises_mid_chain", step=True)
+def _(t: Trial) -> None:
+    _two_steps_with_plugin(t, "acme_exploding", _register_exploding, "exploding")
 
 
 class FragileState(Sampler):
@@ -396,13 +402,7 @@ def _register_fragile(register):
 
 @case("plugin_raises_in_accept", step=True)
 def _(t: Trial) -> None:
-    host = PluginHost(strict=True, use_env=False)
-    plugin = types.ModuleType("acme_fragile")
-    plugin.register_samplers = _register_fragile  # type: ignore[attr-defined]
-    host.register_plugin(plugin, name="acme-fragile")
-    samplers = [{"use": "temperature", "t": 0.8}, {"use": "fragile_state"}, {"use": "mirostat_v2"}]
-    chain, store = t.step_chain(samplers, host=host)
-    chain.sample(logits(), store, ["a", "b"])
+    _two_steps_with_plugin(t, "acme_fragile", _register_fragile, "fragile_state")
 
 
 # ------------------------------------------------------------------------------------------------ sampling steps

@@ -29,6 +29,7 @@ __all__ = [
     "RecordingBackend", "ScriptedLogits", "ArgmaxSelector", "host_with", "run_chain", "byte_bpe_tokenizer", "tiny_gpt2",
     "check_eos_ids_from_setup", "random_logits", "hard_logits", "top_k_only", "sampler_chain", "request_store", "processed_scores",
     "assert_rows_equal_alone", "assert_bitwise_no_op", "assert_kept_logits_bitwise", "assert_probs_close",
+    "assert_wide_path_keeps",
     "CutoffWarperTests",
 ]
 
@@ -447,3 +448,18 @@ class CutoffWarperTests:
         c = sampler_chain({"use": self.sampler, self.field: 0.01}, selector="dist")
         out = c.sample(self.logits(0, 100), return_scores=True)
         assert bool(torch.isfinite(out.scores.gather(1, out.token_ids[:, None])).all())
+
+
+def assert_wide_path_keeps(entry: Mapping[str, Any], monkeypatch: Any, per_row: Sequence[Mapping[str, Any]],
+                           scale: float, seed: int = 11, vocab: int = 40000) -> torch.Tensor:
+    """A sampler's wide-row fast path (rows >= filters.WIDE) against its plain path (WIDE raised past the row) on
+    random rows of `vocab` (every third entry of row 1 -inf): bitwise the same processed scores, and the sampler
+    did remove tokens. Returns the scores. `monkeypatch` is pytest's fixture."""
+    logits = random_logits(seed, len(per_row), vocab, scale)
+    logits[1, ::3] = float("-inf")
+    chain = sampler_chain(entry)
+    fast = processed_scores(chain, logits, per_row)
+    monkeypatch.setattr("samplechain.filters.WIDE", 10**9)
+    assert torch.equal(fast, processed_scores(chain, logits, per_row))
+    assert bool(torch.isfinite(fast).sum(dim=-1).lt(vocab).any()), "the sampler removed nothing: a vacuous check"
+    return fast
