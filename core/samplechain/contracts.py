@@ -199,17 +199,24 @@ class Candidates:
         return Candidates(logits, ids, self.vocab_size, True, logits is not self.logits or self.writable)
 
     def restrict(
-        self, values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor, keep_all: torch.Tensor
+        self, values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor, keep_all: torch.Tensor,
+        *, settle: bool = True,
     ) -> Candidates:
         """Keep, per row, the counts[b] best candidates given by a partial sort (values, index: (B, J), descending).
 
         Rows where keep_all[b] is True keep every candidate (a disabled parameter). Compacts K to max(counts)
-        when no row keeps all; otherwise masks in place of compaction (K unchanged).
+        when no row keeps all; otherwise masks in place of compaction (K unchanged). Equal logits at a row's cut
+        are settled by token id here (settle_ties), for every filter that cuts a partial sort: give the partial
+        sort one column more than the largest count so a tie at the cut can be seen. settle=False keeps the
+        partial sort's own choice (top_h, which follows transformers' torch.topk tie for tie).
         """
+        if settle:
+            values, index = settle_ties(values, index, torch.where(keep_all, values.shape[1], counts), self.logits,
+                                        self.ids)
         if not bool(keep_all.any()):
             return self.take(values, index, is_sorted=True).keep_first(counts)
         if self.is_sorted:
-            return self.keep_first(torch.where(keep_all, self.width, counts))
+            return self.keep_first_settled(torch.where(keep_all, self.width, counts))
         ranks = torch.arange(index.shape[1], device=index.device)[None, :]
         keep = torch.zeros(self.logits.shape, dtype=torch.bool, device=self.logits.device)
         keep.scatter_(1, index, ranks < counts[:, None])
@@ -230,7 +237,7 @@ class Candidates:
         if bool((counts >= width).all()):
             return self
         kmax = int(torch.where(off, 0, counts).max())
-        values, index = settle_ties(*backend.topk(self.logits, min(kmax + 1, width)), counts, self.logits, self.ids)
+        values, index = backend.topk(self.logits, min(kmax + 1, width))  # one column more: restrict sees ties
         return self.restrict(values, index, counts, off | (counts >= width))
 
     def best(self) -> torch.Tensor:

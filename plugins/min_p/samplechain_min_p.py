@@ -13,7 +13,6 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
-from samplechain.contracts import settle_ties
 
 
 @attrs.frozen
@@ -52,7 +51,6 @@ class MinP(Sampler):
         need = int(torch.where(off, 0, min_keep).max())
         values, index, above = ctx.backend.at_least(cand.logits, threshold, min(need + 1, width) if need else 0)
         counts = torch.clamp(torch.maximum(above, min_keep), max=width)
-        values, index = settle_ties(values, index, counts, cand.logits, cand.ids)  # min_keep inside ties
         counts = torch.where(off, width, counts)
         if bool((counts >= width).all()):
             return cand

@@ -28,7 +28,6 @@ import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, one_of
 from samplechain import filters
-from samplechain.contracts import settle_ties
 
 VARIANTS = ("llama.cpp", "webui")
 
@@ -166,7 +165,6 @@ class Tfs(Sampler):
                 values, index = ctx.backend.topk(x, min(width, cand.width))
                 counts = bracketed_counts(values, row_sum, z, min_keep, off, self.params.variant)
                 if counts is not None:
-                    values, index = settle_ties(values, index, counts, x, cand.ids)
                     return cand.restrict(values, index, torch.where(off, values.shape[1], counts), off)
         ordered = cand.sorted(ctx.backend)
         if self.params.variant == "webui":

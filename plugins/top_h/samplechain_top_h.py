@@ -51,7 +51,7 @@ class TopH(Sampler):
         running = torch.cumsum(terms, dim=-1)
         counts = ((running <= tau[:, None]) & inside).sum(dim=-1)  # terms >= 0: the kept ones are a prefix
         counts = torch.where(off, j, torch.maximum(counts, min_keep))
-        return cand.restrict(values, index, counts, off)
+        return cand.restrict(values, index, counts, off, settle=False)  # transformers' topk choice among ties
 
 
 @hookimpl

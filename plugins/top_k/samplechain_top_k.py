@@ -60,8 +60,7 @@ class TopK(Sampler):
         if cand.is_sorted:
             return cand.keep_first_settled(counts)
         kmax = int(torch.where(off, 0, counts).max())
-        values, index = settle_ties(*ctx.backend.topk(cand.logits, min(kmax + 1, width)), counts, cand.logits,
-                                    cand.ids)
+        values, index = ctx.backend.topk(cand.logits, min(kmax + 1, width))  # one more: restrict settles ties
         return cand.restrict(values, index, counts, off | (counts >= width))
 
 

@@ -18,7 +18,6 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
-from samplechain.contracts import settle_ties
 
 
 @attrs.frozen
@@ -89,7 +88,6 @@ class TopNSigma(Sampler):
         need = int(torch.where(off, 0, min_keep).max())
         values, index, above = ctx.backend.at_least(x, up, min(need + 1, cand.width) if need else 0)
         counts = torch.clamp(torch.maximum(above, min_keep), max=cand.width)
-        values, index = settle_ties(values, index, counts, x, cand.ids)  # min_keep inside ties: lowest ids
         return cand.restrict(values, index, torch.where(off, cand.width, counts), off)
 
 

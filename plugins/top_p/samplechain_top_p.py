@@ -17,7 +17,6 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
-from samplechain.contracts import settle_ties
 from samplechain.filters import BUCKETS, MASS_MARGIN, bucket_edge, bucket_keys, bucket_sums
 
 _FIRST_GUESS = 64  # partial top-k width tried first on unsorted candidates
@@ -134,7 +133,6 @@ class TopP(Sampler):
             found = chunked_cut(cand.logits, top, total, p, min_keep, off) if cand.logits.is_contiguous() else None
             if found is not None:
                 values, index, counts = found
-                values, index = settle_ties(values, index, counts, cand.logits, cand.ids)
                 return cand.restrict(values, index, torch.where(off, width, counts), off)
             # flat rows (thousands of tokens above the cut): read what lies above a threshold found from a
             # histogram of the probabilities, in one backend call
@@ -152,7 +150,6 @@ class TopP(Sampler):
             values, index = ctx.backend.topk(cand.logits, min(values.shape[1] * 8, width))
             trusted = torch.full_like(trusted, values.shape[1])
             counts = kept_counts(values, top, total, p, min_keep)
-        values, index = settle_ties(values, index, counts, cand.logits, cand.ids)  # ties at the cut: lowest ids
         counts = torch.where(off, width, counts)
         return cand.restrict(values, index, counts, off)
 
