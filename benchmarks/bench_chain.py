@@ -37,7 +37,8 @@ import torch
 
 import samplechain
 from samplechain.bench import (
-    LOGIT_KINDS, environment, make_logits, print_breakdown, print_rows, stage_medians, transformers_step,
+    LOGIT_KINDS, environment, make_logits, print_breakdown, print_rows, stage_medians, timing_arguments,
+    transformers_step,
 )
 from samplechain.bench import summary as _summary
 from samplechain.bench import time_blocks as _time
@@ -225,18 +226,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vocab", type=_int_list, default=[50257, 128256],
                         help="vocabulary sizes (default 50257,128256)")
     parser.add_argument("--kinds", default=",".join(LOGIT_KINDS), help=f"logits kinds: {', '.join(LOGIT_KINDS)}")
-    parser.add_argument("--reps", type=int, default=30, help="timed calls per pipeline per round (default 30)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="measure every cell this many times, spread over the run, samples pooled (default 3)")
+    timing_arguments(parser, reps=30, rounds=3)
     parser.add_argument("--warmup", type=int, default=None, help="untimed warm-up calls (default reps // 5, >= 3)")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
-    parser.add_argument("--markdown", action="store_true", help="print a markdown table instead of a rich one")
     parser.add_argument("--json", metavar="PATH", help="also write the results and the environment as JSON")
     parser.add_argument("--no-check", action="store_true", help="skip the candidate-set comparison")
     parser.add_argument("--breakdown", action="store_true", help="also time each stage, at every B and the largest V")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="a bar over the cells on stderr, drawn between timed blocks (default: when stderr is a "
-                             "terminal)")
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
 

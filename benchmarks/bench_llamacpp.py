@@ -28,7 +28,9 @@ import numpy as np
 import torch
 
 import samplechain
-from samplechain.bench import environment, make_history, make_logits, markdown_rows, summary, time_blocks, warmup_for
+from samplechain.bench import (
+    environment, make_history, make_logits, markdown_rows, summary, time_blocks, timing_arguments, warmup_for,
+)
 from samplechain.progress import progress_bar
 
 LAST_N, REPEAT, TOP_K, TOP_P, MIN_P, TEMP, SEED = 64, 1.1, 40, 0.95, 0.05, 0.8, 1234
@@ -171,11 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", default="1,8,32", help="batch sizes (default 1,8,32)")
     parser.add_argument("--vocab", type=int, default=128256)
     parser.add_argument("--kinds", default="peaked,randn")
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--markdown", action="store_true")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    timing_arguments(parser, reps=20, rounds=3)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     results = run([int(b) for b in args.batch.split(",")], args.vocab, args.kinds.split(","), args.reps, args.rounds,

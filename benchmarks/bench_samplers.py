@@ -19,7 +19,7 @@ import torch
 
 import samplechain
 from samplechain.bench import (
-    environment, make_logits, markdown_rows, summary, time_blocks, transformers_step, warmup_for,
+    environment, make_logits, markdown_rows, summary, time_blocks, timing_arguments, transformers_step, warmup_for,
 )
 from samplechain.progress import progress_bar
 
@@ -96,10 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--vocab", type=int, default=128256)
     parser.add_argument("--kind", default="peaked")
-    parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--markdown", action="store_true")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    timing_arguments(parser, reps=10)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = run(args.batch, args.vocab, args.kind, args.reps, args.progress)

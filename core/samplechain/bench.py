@@ -17,6 +17,7 @@ transformers is imported only when a pipeline is built; without it its columns a
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import importlib.util
 import inspect
@@ -205,6 +206,20 @@ def print_breakdown(b: dict[str, Any], what: str) -> None:
         for label, ms in b[name].items():
             if label != "total":
                 print(f"    {label:40s} {ms:8.3f}")
+
+
+def timing_arguments(parser: Any, *, reps: int, rounds: int | None = None, threads: int | None = 2) -> None:
+    """The options every benchmark script shares: --reps, --rounds (when the script pools rounds), --threads,
+    --markdown and --progress, with the script's own defaults."""
+    parser.add_argument("--reps", type=int, default=reps, help=f"timed calls per pipeline per round (default {reps})")
+    if rounds is not None:
+        parser.add_argument("--rounds", type=int, default=rounds,
+                            help=f"measure every cell this many times, spread over the run, samples pooled "
+                                 f"(default {rounds})")
+    parser.add_argument("--threads", type=int, default=threads, help=f"torch.set_num_threads (default {threads})")
+    parser.add_argument("--markdown", action="store_true", help="print a markdown table instead of a rich one")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="a bar on stderr, drawn between timed blocks (default: when stderr is a terminal)")
 
 
 def summary(times: list[float]) -> dict[str, float]:
