@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
