@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import sys
 
-from samplechain.bench import main
+from samplechain.cli import main
 
 ISSUE_SETTINGS = ["--vocab", "128256", "--kinds", "peaked", "--batch", "1,8,32", "--dtypes",
                   "float32,float16,bfloat16", "--threads", "2", "--reps", "20", "--rounds", "3"]
 
 if __name__ == "__main__":
-    sys.exit(main([*ISSUE_SETTINGS, *sys.argv[1:]]))
+    sys.exit(main(["bench", *ISSUE_SETTINGS, *sys.argv[1:]]))

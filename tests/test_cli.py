@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import sysconfig
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +63,20 @@ def test_demo_generates_with_a_real_transformers_model():
     done = cli("demo", "--max-new-tokens", "8", "--seed", "1")
     assert done.returncode == 0, done.stderr
     assert "ms/step" in done.stdout
+
+
+
+@pytest.mark.parametrize("args, code, begins", [
+    (["--help"], 0, "usage: samplechain "),
+    (["presets", "--json"], 0, "{"),
+    (["validate", "preset:no-such-preset"], 1, "error: registry.toml: presets.no-such-preset: no such preset"),
+    ([], 2, "usage: samplechain "),  # argparse: the subcommand is required
+], ids=["help", "presets", "error", "usage"])
+def test_python_m_samplechain_is_the_samplechain_command(args, code, begins):
+    script = Path(sysconfig.get_path("scripts")) / "samplechain"
+    assert script.exists(), f"{script}: the console script is missing; install the core (pip install -e .)"
+    module = subprocess.run([sys.executable, "-m", "samplechain", *args], capture_output=True, text=True)
+    command = subprocess.run([str(script), *args], capture_output=True, text=True)
+    assert (module.returncode, module.stdout, module.stderr) == (command.returncode, command.stdout, command.stderr)
+    assert module.returncode == code, module.stderr
+    assert (module.stdout + module.stderr).startswith(begins)

@@ -35,7 +35,7 @@ from .errors import ConfigError
 
 __all__ = [
     "LOGIT_KINDS", "DTYPES", "CONFIGS", "BenchConfig", "Target", "make_logits", "make_history", "transformers_step",
-    "time_blocks", "stage_medians", "markdown_rows", "rich_rows", "print_rows", "print_breakdown", "summary", "warmup_for", "environment", "run_matrix", "main",
+    "time_blocks", "stage_medians", "markdown_rows", "rich_rows", "print_rows", "print_breakdown", "summary", "warmup_for", "environment", "run_matrix",
 ]
 
 LOGIT_KINDS = {
@@ -528,11 +528,3 @@ def _row(cell: tuple[str, str, str, int], times: dict[str, list[float]], vocab: 
     row["met"] = False if False in results else (None if None in results or not results else True)
     return row
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`samplechain bench` (the same options), for scripts: main(["--markdown"])."""
-    import sys
-
-    from .cli import main as cli_main
-
-    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])

@@ -51,3 +51,7 @@ class RequestError(SamplechainError, KeyError):
 
 class ChainWarning(UserWarning):
     """A chain that is valid but probably not what was meant (a known pitfall); it runs as written."""
+
+
+class GenerationWarning(UserWarning):
+    """Something about the inputs was fixed up (pad token from eos, an empty prompt given bos, ...)."""

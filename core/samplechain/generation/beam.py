@@ -28,9 +28,9 @@ import torch
 from ..contracts import StopContext, StopSetup
 from ..errors import ConfigError
 from ..mixed import MixedChains
-from .loop import Generation
 from .model import ModelRunner
 from .outputs import GenerationOutput
+from .session import Generation
 
 __all__ = ["beam_generate"]
 

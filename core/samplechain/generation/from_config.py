@@ -15,6 +15,7 @@ from typing import Any
 
 from ..chain import Chain
 from ..contracts import token_id_list
+from ..errors import GenerationWarning
 from ..plugins import PluginHost
 
 __all__ = ["chain_from_generation_config", "asked_settings", "unmapped_settings"]
@@ -142,7 +143,7 @@ def chain_from_generation_config(config: Any, *, host: PluginHost | None = None)
     if unmapped:
         warnings.warn(f"the generation config asks for {', '.join(unmapped)}, which no samplechain sampler carries: "
                       "they are not applied (run the chain inside model.generate with the adapters to keep them)",
-                      _warning_class(), stacklevel=3)
+                      GenerationWarning, stacklevel=3)
     if config is None:
         return Chain.load({"name": "greedy (generation config)", "samplers": [{"use": "greedy"}]}, host=host)
     sampling = bool(getattr(config, "do_sample", False))
@@ -150,9 +151,3 @@ def chain_from_generation_config(config: Any, *, host: PluginHost | None = None)
     samplers.append({"use": "dist" if sampling else "greedy"})
     name = "sampling (generation config)" if sampling else "greedy (generation config)"
     return Chain.load({"name": name, "samplers": samplers}, host=host)
-
-
-def _warning_class() -> type[Warning]:
-    from .loop import GenerationWarning
-
-    return GenerationWarning

@@ -1,0 +1,642 @@
+"""`Generation`: one prepared generation of a Hugging Face causal LM through a chain, the loop that runs it step by
+step, and its checkpoints. `generate()` and `stream()` (loop.py) and beam search (beam.py) are built on it.
+
+Per step: the model's last-position logits (B, V) -> `chain.sample` (each row its own request in the chain's
+store, so per-request parameters and seeds hold) -> rows that already finished get the pad token -> the stopping
+criteria answer per row -> the next forward pass runs on the KV cache. The whole batch keeps running through the
+model until every row has finished (as transformers does: the same batch gives the same logits); a finished row
+no longer changes.
+
+Checkpoints: `Generation.checkpoint()` between two steps returns plain JSON data (the prompts, the tokens so far,
+finished rows, the step count, the request store's snapshot); `Generation(..., resume=checkpoint)` (and
+`generate` / `stream` with `resume=`) continues it, in this process or another, with the tokens the uninterrupted
+run gives. Resuming replays the model over the tokens so far one step at a time, the forward passes the original
+run made, so the KV cache and every later logit are bit-identical (a single prefill of prompt + tokens would be
+numerically close, not equal).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..chain import Chain
+from ..contracts import StopContext, StopSetup, max_positions, token_id_list
+from ..errors import ConfigError, GenerationWarning
+from ..mixed import MixedChains
+from ..plugins import PluginHost, get_host
+from ..stopping import Stopping
+from .from_config import asked_settings, chain_from_generation_config
+from .model import ModelRunner
+from .outputs import GenerationOutput
+
+__all__ = ["Generation", "CHECKPOINT_FORMAT", "load_checkpoint"]
+
+CHECKPOINT_FORMAT = "samplechain.generation.checkpoint/1"
+
+
+def _as_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bool = True) -> Chain:
+    if chain is None:
+        return chain_from_generation_config(generation_config, host=host)
+    if check and generation_config is not None and (getattr(generation_config, "do_sample", False)
+                                          or asked_settings(generation_config)):
+        asked = ["do_sample=True"] if getattr(generation_config, "do_sample", False) else []
+        warnings.warn(f"the model's generation config asks for {', '.join(asked + asked_settings(generation_config))}; "
+                      "the chain given replaces it (the chain alone decides the decoding)", GenerationWarning,
+                      stacklevel=4)
+    if isinstance(chain, (Chain, MixedChains)):
+        return chain
+    if isinstance(chain, (str, Path, Mapping)):
+        return Chain.load(chain, host=host)
+    if isinstance(chain, (list, tuple)) and chain:  # one chain per prompt: a mixed batch
+        loaded = [_as_chain(c, None, host, check=False) for c in chain]
+        if any(isinstance(c, MixedChains) for c in loaded):
+            raise ConfigError("chain=[...]: each entry is one prompt's chain, not a list of chains")
+        keys: dict[int, str] = {}
+        for c in loaded:
+            keys.setdefault(id(c), str(len(keys)))
+        mixed = MixedChains({keys[id(c)]: c for c in loaded})
+        mixed.row_chains = [keys[id(c)] for c in loaded]  # prompt i -> its chain's key
+        return mixed
+    raise ConfigError(f"chain={chain!r}: pass a Chain, a TOML file path, a dict, 'preset:NAME', or one of these per "
+                      "prompt in a list")
+
+
+def load_checkpoint(source: Mapping[str, Any] | str | Path) -> dict[str, Any]:
+    """A checkpoint from `Generation.checkpoint()`: the dict itself, or the path of a JSON file holding it."""
+    if isinstance(source, (str, Path)):
+        try:
+            data = json.loads(Path(source).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"resume={str(source)!r}: cannot read a checkpoint JSON file ({exc})") from None
+    elif isinstance(source, Mapping):
+        data = dict(source)
+    else:
+        raise ConfigError(f"resume={source!r}: pass the dict from Generation.checkpoint() or the path of its JSON file")
+    if data.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(f"resume: format {data.get('format')!r} is not {CHECKPOINT_FORMAT!r}; pass what "
+                          "Generation.checkpoint() returned (this version reads only its own format)")
+    return data
+
+
+def _chain_fingerprint(chain: Chain | MixedChains) -> Any:
+    """What a checkpoint must be resumed with: every sampler's entry id and versioned name, in order."""
+    if isinstance(chain, MixedChains):
+        return {key: _chain_fingerprint(c) for key, c in chain.chains.items()}
+    return [f"{spec.id}={spec.cls.qualified_name()}" for spec in chain.config.samplers]
+
+
+class Generation:
+    """One prepared generation: inputs, chain and store, criteria. `steps()` runs it; `output()` collects;
+    `checkpoint()` saves it between two steps and `resume=` continues a saved one."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        prompts: str | Sequence[str] | None = None,
+        *,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        chain: Chain | str | Path | Mapping[str, Any] | None = None,
+        stop: Sequence[Any] = (),
+        max_new_tokens: int | None = None,
+        max_length: int | None = None,
+        max_time: float | None = None,
+        stop_strings: str | Sequence[str] | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        ignore_eos: bool = False,
+        params: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+        seed: int | None = None,
+        num_return_sequences: int = 1,
+        output_scores: bool = False,
+        output_logits: bool = False,
+        top_logprobs: int = 0,
+        generation_config: Any = None,
+        host: PluginHost | None = None,
+        logits_processor: Any = None,
+        negative_prompt: str | Sequence[str] | None = None,
+        negative_prompt_ids: torch.Tensor | None = None,
+        negative_prompt_attention_mask: torch.Tensor | None = None,
+        resume: Mapping[str, Any] | str | Path | None = None,
+    ) -> None:
+        ckpt = None if resume is None else load_checkpoint(resume)
+        if ckpt is not None:
+            given = [name for name, value in (("prompts", prompts), ("input_ids", input_ids),
+                                              ("attention_mask", attention_mask), ("params", params), ("seed", seed),
+                                              ("negative_prompt", negative_prompt),
+                                              ("negative_prompt_ids", negative_prompt_ids)) if value is not None]
+            if given:
+                raise ConfigError(f"resume= restores {', '.join(given)} from the checkpoint: drop {', '.join(given)} "
+                                  "(pass the same chain, criteria and model as the interrupted run)")
+            if num_return_sequences not in (1, ckpt["num_return_sequences"]):
+                raise ConfigError(f"num_return_sequences = {num_return_sequences}, but the checkpoint was made with "
+                                  f"{ckpt['num_return_sequences']}: drop num_return_sequences when resuming")
+            num_return_sequences = ckpt["num_return_sequences"]
+            eos_token_id = ckpt["eos_token_id"] if eos_token_id is None else eos_token_id
+            pad_token_id = ckpt["pad_token_id"] if pad_token_id is None else pad_token_id
+        self.model = model
+        # a transformers LogitsProcessorList (or any fn(input_ids, scores) -> scores) run before the chain
+        self.logits_processor = logits_processor or None
+        self.tokenizer = tokenizer
+        self.host = host or get_host()
+        self.generation_config = generation_config or getattr(model, "generation_config", None)
+        self.output_scores = output_scores
+        self.output_logits = output_logits
+        if not isinstance(top_logprobs, int) or top_logprobs < 0:
+            raise ConfigError(f"top_logprobs = {top_logprobs!r}: must be an integer >= 0")
+        self.top_logprobs = top_logprobs
+        if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
+            raise ConfigError(f"num_return_sequences = {num_return_sequences!r}: must be an integer >= 1")
+
+        self.eos_ids = token_id_list(eos_token_id) if eos_token_id is not None else self._eos_from_model()
+        self._pad_note: str | None = None
+        self.pad_id = self._pad_id(pad_token_id)
+        device = getattr(model, "device", torch.device("cpu"))
+        if ckpt is None:
+            ids, mask, self.prompt_lengths = self._inputs(prompts, input_ids, attention_mask, device)
+            self.num_prompts = ids.shape[0]
+        else:  # rows as the interrupted run had them: padded, repeated for num_return_sequences
+            ids, mask = self._checkpoint_tensor(ckpt, "input_ids", device), self._checkpoint_tensor(
+                ckpt, "attention_mask", device)
+            self.prompt_lengths = mask.sum(dim=1).cpu()
+            self.num_prompts = ids.shape[0] // num_return_sequences
+
+        # the model's own config is checked for settings a given chain overrides; an explicit generation_config
+        # comes from a caller (the custom_generate adapter) that has dealt with them
+        self.chain = _as_chain(chain, self.generation_config, self.host, check=generation_config is None)
+        if isinstance(self.chain, MixedChains):
+            rows = getattr(self.chain, "row_chains", None)
+            if rows is None or len(rows) != self.num_prompts:
+                raise ConfigError(f"chain= lists {len(rows or [])} chains for {self.num_prompts} prompts: give one "
+                                  "chain per prompt")
+        if num_return_sequences > 1 and self._is_greedy():
+            raise ConfigError(
+                f"num_return_sequences = {num_return_sequences} with a greedy chain would return the same sequence "
+                f"{num_return_sequences} times: use a sampling chain (ending in dist) or beam search (num_beams)"
+            )
+        self.n = num_return_sequences
+        if self.n > 1 and ckpt is None:
+            ids = ids.repeat_interleave(self.n, dim=0)
+            mask = mask.repeat_interleave(self.n, dim=0)
+            self.prompt_lengths = self.prompt_lengths.repeat_interleave(self.n)
+        self.input_ids, self.attention_mask = ids, mask
+        self.request_ids = [
+            f"{i}" if self.n == 1 else f"{i}.{j}" for i in range(self.num_prompts) for j in range(self.n)
+        ]
+        if self._pad_note and len(self.request_ids) > 1:  # a single row is never padded: nothing to say
+            warnings.warn(self._pad_note, GenerationWarning, stacklevel=3)
+        self.store = self.chain.new_store(device=ids.device.type, capacity=len(self.request_ids))
+        if ckpt is None:
+            self._add_requests(params, seed)
+            self.uncond_ids, self.uncond_mask = self._unconditional_inputs(
+                negative_prompt, negative_prompt_ids, negative_prompt_attention_mask, device)
+        else:
+            self._restore_requests(ckpt)
+            self.uncond_ids, self.uncond_mask = self._restore_unconditional(ckpt, device)
+        # the unconditional context's own width: the tokens after it are the generated ones (checkpoints)
+        self._uncond_width = 0 if self.uncond_ids is None else self.uncond_ids.shape[1]
+
+        self.stopping = self._stopping(stop, max_new_tokens, max_length, max_time, stop_strings, ignore_eos)
+        self.setup = StopSetup(
+            batch_size=ids.shape[0],
+            prompt_length=ids.shape[1],
+            prompt_lengths=self.prompt_lengths,
+            device=ids.device,
+            tokenizer=tokenizer,
+            model_config=model.config,
+            generation_config=self.generation_config,
+        )
+        self.vocab_limit = self._vocab_limit()
+        self.chain.prepare(tokenizer=tokenizer, model_config=model.config, generation_config=self.generation_config,
+                           vocab_size=getattr(model.config, "vocab_size", None), eos_token_ids=self.eos_ids)
+        self.finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        self.finish_reasons: list[str | None] = [None] * ids.shape[0]
+        self.num_generated = torch.zeros(ids.shape[0], dtype=torch.int64)  # set when a row finishes
+        self._all_rows = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
+        self._any_finished = False
+        self._all_finished = False
+        self._steps = 0
+        self.logprobs: list[torch.Tensor] = []
+        self.scores: list[torch.Tensor] = []
+        self.raw_logits: list[torch.Tensor] = []
+        self.tops: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._replay = 0  # tokens at the end of input_ids that steps() feeds the model before sampling (resume)
+        self._elapsed = 0.0  # seconds the interrupted run had taken (max_time goes on counting from there)
+        if ckpt is not None:
+            self._restore_progress(ckpt)
+
+    # ----------------------------------------------------------------- checkpoints
+    def checkpoint(self) -> dict[str, Any]:
+        """The whole generation between two steps as plain JSON-able data: prompts, the tokens so far and their
+        logprobs, finished rows and reasons, the step count, and the request store's snapshot (parameters, seeds,
+        RNG positions, sampler state: mirostat mu, adaptive-p EMA; penalties, DRY and grammar read the tokens so
+        far). Pass it (or its JSON file) as `resume=` to continue with the same tokens. scores, logits and
+        top_logprobs are not kept: after a resume they hold the steps run since."""
+        width = self.setup.prompt_length
+        started = self.setup.start_time
+        elapsed = time.monotonic() - started if started else self._elapsed  # steps() started the clock at -elapsed
+        uncond = None
+        if self.uncond_ids is not None:
+            uncond = {"input_ids": self.uncond_ids[:, : self._uncond_width].tolist(),
+                      "attention_mask": self.uncond_mask.tolist()}
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "chain": _chain_fingerprint(self.chain),
+            "request_ids": list(self.request_ids),
+            "num_return_sequences": self.n,
+            "input_ids": self.input_ids[:, :width].tolist(),
+            "attention_mask": self.attention_mask.tolist(),
+            "generated": self.input_ids[:, width:].tolist(),
+            "logprobs": torch.stack(self.logprobs, dim=1).tolist() if self.logprobs else [[] for _ in self.request_ids],
+            "step": self._steps,
+            "finished": self.finished.tolist(),
+            "finish_reasons": list(self.finish_reasons),
+            "num_generated": self.num_generated.tolist(),
+            "pad_token_id": self.pad_id,
+            "eos_token_id": list(self.eos_ids),
+            "elapsed": elapsed,
+            "unconditional": uncond,
+            "store": self.store.snapshot(),
+        }
+
+    @staticmethod
+    def _checkpoint_tensor(ckpt: Mapping[str, Any], key: str, device: Any) -> torch.Tensor:
+        t = torch.tensor(ckpt[key], dtype=torch.int64)
+        if t.ndim != 2:
+            raise ConfigError(f"resume: checkpoint[{key!r}] must be a (batch, length) list of lists, got shape "
+                              f"{tuple(t.shape)}; the checkpoint is damaged")
+        return t.to(device)
+
+    def _restore_requests(self, ckpt: Mapping[str, Any]) -> None:
+        if ckpt["chain"] != _chain_fingerprint(self.chain):
+            raise ConfigError(f"resume: the checkpoint was made with the chain {ckpt['chain']}, this generation has "
+                              f"{_chain_fingerprint(self.chain)}: resume with the chain of the interrupted run")
+        if list(ckpt["request_ids"]) != self.request_ids:
+            raise ConfigError(f"resume: the checkpoint's requests {ckpt['request_ids']} do not match its prompts; the "
+                              "checkpoint is damaged")
+        self.store.restore(ckpt["store"])
+
+    def _restore_unconditional(self, ckpt: Mapping[str, Any], device: Any) -> tuple[Any, Any]:
+        uncond = ckpt.get("unconditional")
+        if (uncond is None) == self.chain.needs_unconditional_logits:
+            has = "has no" if uncond is None else "has a"
+            raise ConfigError(f"resume: the checkpoint {has} negative-prompt context but this chain "
+                              f"{'needs' if uncond is None else 'has no guidance sampler to use'} one: resume with the "
+                              "chain of the interrupted run")
+        if uncond is None:
+            return None, None
+        return self._checkpoint_tensor(uncond, "input_ids", device), self._checkpoint_tensor(uncond, "attention_mask",
+                                                                                             device)
+
+    def _restore_progress(self, ckpt: Mapping[str, Any]) -> None:
+        """Tokens so far, logprobs, finished rows and the step count; steps() replays the tokens through the model."""
+        batch = self.input_ids.shape[0]
+        generated = self._checkpoint_tensor(ckpt, "generated", self.input_ids.device) if ckpt["step"] else \
+            torch.zeros((batch, 0), dtype=torch.int64, device=self.input_ids.device)
+        steps = int(ckpt["step"])
+        if generated.shape != (batch, steps) or len(ckpt["finished"]) != batch:
+            raise ConfigError(f"resume: the checkpoint has {tuple(generated.shape)} generated tokens for {batch} rows "
+                              f"and {steps} steps; the checkpoint is damaged")
+        vocab = getattr(self.model.config, "vocab_size", None)
+        if steps and isinstance(vocab, int) and int(generated.max()) >= vocab:
+            raise ConfigError(f"resume: the checkpoint holds token id {int(generated.max())} but the model has "
+                              f"{vocab} tokens: resume with the model of the interrupted run")
+        self.input_ids = torch.cat([self.input_ids, generated], dim=-1)
+        if self.uncond_ids is not None:  # the unconditional context grows with the same tokens
+            self.uncond_ids = torch.cat([self.uncond_ids, generated], dim=-1)
+        self.logprobs = list(torch.tensor(ckpt["logprobs"], dtype=torch.float32).reshape(batch, steps)
+                             .to(self.input_ids.device).unbind(1))
+        self.finished = torch.tensor(ckpt["finished"], dtype=torch.bool, device=self.input_ids.device)
+        self.finish_reasons = list(ckpt["finish_reasons"])
+        self.num_generated = torch.tensor(ckpt["num_generated"], dtype=torch.int64)
+        self._any_finished = bool(self.finished.any())
+        self._all_finished = bool(self.finished.all()) and batch > 0
+        self._steps = steps
+        self._replay = steps
+        self._elapsed = float(ckpt.get("elapsed", 0.0))
+
+    # ----------------------------------------------------------------- preparation
+    def _eos_from_model(self) -> list[int]:
+        found: list[int] = []
+        sources = [getattr(self.tokenizer, "eos_token_id", None), getattr(self.generation_config, "eos_token_id", None),
+                   getattr(self.model.config, "eos_token_id", None)]
+        for src in sources:
+            for i in token_id_list(src):
+                if i not in found:
+                    found.append(i)
+        return found
+
+    def _pad_id(self, explicit: int | None) -> int:
+        if explicit is not None:
+            return int(explicit)
+        for src in (getattr(self.tokenizer, "pad_token_id", None), getattr(self.generation_config, "pad_token_id", None)):
+            if src is not None:
+                return int(token_id_list(src)[0])
+        if self.eos_ids:
+            self._pad_note = (f"no pad token in the tokenizer or generation config: using eos id {self.eos_ids[0]} "
+                              "to pad prompts and finished rows (pass pad_token_id= to choose another)")
+            return self.eos_ids[0]
+        self._pad_note = "no pad or eos token anywhere: padding with id 0 (pass pad_token_id= to choose another)"
+        return 0
+
+    def _inputs(self, prompts, input_ids, attention_mask, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if (prompts is None) == (input_ids is None):
+            raise ConfigError("pass either prompts (with a tokenizer) or input_ids, not both and not neither")
+        if prompts is not None:
+            if self.tokenizer is None:
+                raise ConfigError("prompts given as text need a tokenizer: generate(model, tokenizer, prompts)")
+            texts = [prompts] if isinstance(prompts, str) else list(prompts)
+            if not texts:
+                raise ConfigError("prompts is an empty list: give at least one prompt")
+            rows = [list(self.tokenizer(t)["input_ids"]) for t in texts]
+        else:
+            ids = torch.as_tensor(input_ids)
+            if ids.ndim == 1:
+                ids = ids[None]
+            if ids.ndim != 2 or ids.dtype not in (torch.int64, torch.int32):
+                raise ConfigError(f"input_ids must be a (batch, length) integer tensor, got {tuple(ids.shape)} "
+                                  f"{ids.dtype}")
+            if attention_mask is None:
+                mask = self._mask_from_padding(ids)
+            else:
+                mask = torch.as_tensor(attention_mask)
+            if mask.shape != ids.shape:
+                raise ConfigError(f"attention_mask shape {tuple(mask.shape)} differs from input_ids shape "
+                                  f"{tuple(ids.shape)}")
+            if ids.shape[0] > 1 and bool((mask[:, -1] == 0).any()):
+                raise ConfigError("input_ids are right-padded (attention_mask ends in 0 for some rows); decoder-only "
+                                  "generation needs left padding: tokenizer.padding_side = 'left'")
+            rows = [[int(t) for t, m in zip(r, mr) if m] for r, mr in zip(ids.tolist(), mask.tolist())]
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        if bos is None:
+            bos = getattr(self.generation_config, "bos_token_id", None)
+        for i, row in enumerate(rows):
+            if not row:
+                if bos is None:
+                    raise ConfigError(f"prompt {i} is empty and the model has no bos token to start from: give the "
+                                      "prompt at least one token")
+                warnings.warn(f"prompt {i} is empty: starting it from the bos token {bos}", GenerationWarning,
+                              stacklevel=4)
+                row.append(int(bos))
+        limit = max_positions(self.model.config)
+        for i, row in enumerate(rows):
+            if limit is not None and len(row) >= limit:
+                raise ConfigError(
+                    f"prompt {i} has {len(row)} tokens but the model has {limit} positions, leaving no room to "
+                    "generate: shorten the prompt (keep its last tokens)"
+                )
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.int64)
+        mask = torch.zeros((len(rows), width), dtype=torch.int64)
+        for i, row in enumerate(rows):
+            if row:
+                ids[i, width - len(row):] = torch.tensor(row, dtype=torch.int64)
+                mask[i, width - len(row):] = 1
+        lengths = torch.tensor([len(r) for r in rows], dtype=torch.int64)
+        return ids.to(device), mask.to(device), lengths
+
+    def _mask_from_padding(self, ids: torch.Tensor) -> torch.Tensor:
+        """No attention_mask: as transformers infers it, pad tokens are padding when the pad id is not an eos id
+        (otherwise an eos inside a prompt could not be told from padding) and some row contains one."""
+        pad = self.pad_id if self._pad_note is None else None  # an explicit or configured pad, not the fallback
+        if pad is None or pad in self.eos_ids or not bool((ids == pad).any()):
+            return torch.ones_like(ids)
+        return (ids != pad).to(torch.int64)
+
+    def _unconditional_inputs(self, text, ids, mask, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The context of classifier-free guidance's second forward, one row per request, left-padded."""
+        if not self.chain.needs_unconditional_logits:
+            if text is not None or ids is not None:
+                raise ConfigError("a negative prompt was given but the chain has no guidance sampler to use it: put "
+                                  "{ use = \"cfg\", scale = 1.5 } first in the chain")
+            return None, None
+        if text is None and ids is None:
+            texts = [getattr(s.params, "negative_prompt", "") for s in self.chain.samplers
+                     if s.needs_unconditional_logits()]
+            text = next((t for t in texts if t), None)
+        if ids is not None:
+            ids = torch.as_tensor(ids)
+            ids = ids[None] if ids.ndim == 1 else ids
+            mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask)
+            if mask.shape != ids.shape:
+                raise ConfigError(f"negative_prompt_attention_mask shape {tuple(mask.shape)} differs from "
+                                  f"negative_prompt_ids shape {tuple(ids.shape)}")
+        elif text is not None:
+            if self.tokenizer is None:
+                raise ConfigError("a negative prompt given as text needs a tokenizer; or pass negative_prompt_ids")
+            texts = [text] if isinstance(text, str) else list(text)
+            rows = [list(self.tokenizer(t)["input_ids"]) or [self.pad_id] for t in texts]
+            width = max(len(r) for r in rows)
+            ids = torch.full((len(rows), width), self.pad_id, dtype=torch.int64)
+            mask = torch.zeros((len(rows), width), dtype=torch.int64)
+            for i, row in enumerate(rows):
+                ids[i, width - len(row):] = torch.tensor(row)
+                mask[i, width - len(row):] = 1
+        else:  # transformers without negative_prompt_ids: each row's last prompt token
+            last = self.input_ids[:, -1:]
+            return last.clone(), torch.ones_like(last)
+        if ids.shape[0] not in (1, self.num_prompts):
+            raise ConfigError(f"{ids.shape[0]} negative prompts for {self.num_prompts} prompts: give one, or one per "
+                              "prompt")
+        ids = ids.expand(self.num_prompts, -1) if ids.shape[0] == 1 else ids
+        mask = mask.expand(self.num_prompts, -1) if mask.shape[0] == 1 else mask
+        if self.n > 1:
+            ids, mask = ids.repeat_interleave(self.n, dim=0), mask.repeat_interleave(self.n, dim=0)
+        return ids.to(device=device, dtype=torch.int64).contiguous(), mask.to(device).contiguous()
+
+    def _is_greedy(self) -> bool:
+        return self.chain.is_greedy
+
+    def _add_requests(self, params: Any, seed: int | None) -> None:
+        if params is None or isinstance(params, Mapping):
+            per_prompt = [dict(params or {})] * self.num_prompts
+        else:
+            per_prompt = [dict(p or {}) for p in params]
+            if len(per_prompt) != self.num_prompts:
+                raise ConfigError(f"params has {len(per_prompt)} entries for {self.num_prompts} prompts: give one "
+                                  "mapping per prompt, or one mapping for all")
+        mixed = isinstance(self.chain, MixedChains)
+        for i, p in enumerate(per_prompt):
+            key = self.chain.row_chains[i] if mixed else None
+            seeded = self.store.seeded(key) if mixed else "seed" in self.store.layout.aliases
+            for j in range(self.n):
+                q = dict(p)
+                base = q.get("seed", seed)
+                if seeded and base is not None:
+                    q["seed"] = int(base) + j  # return sequence j of a request: its own stream
+                rid = self.request_ids[i * self.n + j]
+                if mixed:
+                    self.store.add(rid, q, chain=key)
+                else:
+                    self.store.add(rid, q)
+
+    def _criterion(self, name: str, params: dict[str, Any]) -> Any:
+        return Stopping.criterion(name, params, host=self.host)
+
+    def _stopping(self, extra, max_new_tokens, max_length, max_time, stop_strings, ignore_eos) -> Stopping:
+        entries = self.chain.stop_entries if isinstance(self.chain, MixedChains) else self.chain.config.stop
+        stopping = Stopping.from_entries(entries, extra, require_length_limit=False)
+        if stop_strings:
+            strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
+            stopping.add(self._criterion("stop_strings", {"strings": strings}))
+        if not ignore_eos and not stopping.has("eos"):
+            if self.eos_ids:
+                stopping.add(self._criterion("eos", {"ids": self.eos_ids}))
+            else:
+                warnings.warn("no eos token in the tokenizer, generation config or model config: rows stop only at "
+                              "the length limit or another criterion", GenerationWarning, stacklevel=4)
+        if max_time is not None:
+            stopping.add(self._criterion("max_time", {"seconds": float(max_time)}))
+        if max_new_tokens is not None:
+            stopping.add(self._criterion("max_new_tokens", {"n": max_new_tokens}))
+        if max_length is not None:
+            stopping.add(self._criterion("max_length", {"n": max_length}))
+        if not stopping.has_length_limit:  # transformers' defaults: generation config max_new_tokens / max_length
+            gc = self.generation_config
+            if getattr(gc, "max_new_tokens", None):
+                stopping.add(self._criterion("max_new_tokens", {"n": int(gc.max_new_tokens)}))
+            elif getattr(gc, "max_length", None):
+                stopping.add(self._criterion("max_length", {"n": int(gc.max_length)}))
+            else:  # transformers 5: 20 new tokens, within the model's positions
+                stopping.add(self._criterion("max_new_tokens", {"n": 20}))
+                if (limit := max_positions(self.model.config)) is not None:
+                    stopping.add(self._criterion("max_length", {"n": limit}))
+        return stopping
+
+    def _vocab_limit(self) -> int | None:
+        """Logit columns past the tokenizer's vocabulary are tokens nobody can decode: they are masked."""
+        if self.tokenizer is None:
+            return None
+        try:
+            n = len(self.tokenizer)
+        except TypeError:
+            return None
+        v = getattr(self.model.config, "vocab_size", None)
+        if isinstance(v, int) and v > n:
+            warnings.warn(f"the model has {v} logit columns but the tokenizer only {n} tokens: the extra "
+                          f"{v - n} columns are masked", GenerationWarning, stacklevel=4)
+            return n
+        if isinstance(v, int) and v < n:
+            warnings.warn(f"the tokenizer has {n} tokens but the model only {v} logit columns: tokens {v}..{n - 1} "
+                          "can never be generated (are they the right pair?)", GenerationWarning, stacklevel=4)
+        return None
+
+    # ----------------------------------------------------------------- running
+    def steps(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Run to the end, yielding (token_ids (B,), active (B,) bool: rows that produced a real token)."""
+        if self._all_finished:  # a resumed generation whose every row had finished
+            return
+        width = self.input_ids.shape[1] - self._replay
+        uwidth = 0 if self.uncond_ids is None else self.uncond_ids.shape[1] - self._replay
+        runner = ModelRunner(self.model, self.input_ids[:, :width], self.attention_mask)
+        guidance = None if self.uncond_ids is None else ModelRunner(
+            self.model, self.uncond_ids[:, :uwidth], self.uncond_mask)
+        self.setup.start_time = time.monotonic() - self._elapsed
+        self.stopping.prepare(self.setup)
+        with torch.inference_mode():
+            logits = runner.prefill()
+            uncond = guidance.prefill() if guidance is not None else None
+            for j in range(1, self._replay + 1):  # resume: the forward passes of the steps before the checkpoint
+                logits = runner.step(self.input_ids[:, : width + j])
+                if guidance is not None:
+                    uncond = guidance.step(self.uncond_ids[:, : uwidth + j])
+            self._replay = 0
+            step = self._steps
+            while True:
+                step += 1
+                token_ids, active = self._one_step(logits, step, uncond)
+                yield token_ids, active
+                if self._all_finished:
+                    break
+                logits = runner.step(self.input_ids)
+                if guidance is not None:  # the unconditional context continues with the same tokens
+                    self.uncond_ids = torch.cat([self.uncond_ids, token_ids[:, None]], dim=-1)
+                    uncond = guidance.step(self.uncond_ids)
+
+    def _one_step(self, logits: torch.Tensor, step: int,
+                  uncond: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.output_logits:
+            self.raw_logits.append(logits.clone())
+        if self.vocab_limit is not None:
+            logits[:, self.vocab_limit:] = float("-inf")
+            if uncond is not None:
+                uncond[:, self.vocab_limit:] = float("-inf")
+        if self.logits_processor is not None:
+            logits = self.logits_processor(self.input_ids, logits)
+        want_scores = self.output_scores or self.top_logprobs > 0
+        out = self.chain.sample(logits, self.store, self.request_ids, return_scores=want_scores,
+                                unconditional_logits=uncond, **self.history_args(self.input_ids))
+        tokens, logprobs = out.token_ids, out.logprobs
+        if self._any_finished:  # finished rows get the pad token (and a 0 logprob)
+            active = ~self.finished
+            tokens = torch.where(active, tokens, torch.full_like(tokens, self.pad_id))
+            logprobs = torch.where(active, logprobs, torch.zeros_like(logprobs))
+        else:
+            active = self._all_rows
+        self.input_ids = torch.cat([self.input_ids, tokens[:, None]], dim=-1)
+        self.logprobs.append(logprobs)
+        if self.output_scores:
+            self.scores.append(out.scores)
+        if self.top_logprobs:
+            lp = torch.log_softmax(out.scores, dim=-1)
+            values, ids = lp.topk(min(self.top_logprobs, lp.shape[-1]), dim=-1)
+            self.tops.append((values, ids))
+        ctx = StopContext(self.input_ids, step, tokens, self.setup, out.logprobs, out.scores)
+        result = self.stopping.check(ctx)
+        if result.any:
+            newly = result.done & active
+            rows = newly.nonzero().flatten().tolist()
+            for b in rows:
+                self.finish_reasons[b] = result.reasons[b]
+                self.num_generated[b] = step
+            if rows:
+                self.finished |= newly
+                self._any_finished = True
+                self._all_finished = bool(self.finished.all())
+        self._steps = step
+        return tokens, active
+
+    def history_args(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """history= / prompt_lengths= for chains with history-reading samplers: the tokens so far, prompt padding
+        as -1. `input_ids` may repeat each prompt's rows (beams): the padding pattern repeats with them."""
+        if not self.chain.needs_history:
+            return {}
+        pad = self.attention_mask == 0
+        reps = input_ids.shape[0] // pad.shape[0]
+        if reps > 1:
+            pad = pad.repeat_interleave(reps, dim=0)
+        history = input_ids.clone()
+        history[:, : pad.shape[1]].masked_fill_(pad, -1)
+        lengths = self.prompt_lengths.repeat_interleave(reps) if reps > 1 else self.prompt_lengths
+        return {"history": history, "prompt_lengths": lengths}
+
+    def output(self) -> GenerationOutput:
+        prompt_length = self.setup.prompt_length
+        new = self.input_ids[:, prompt_length:]
+        texts = None
+        if self.tokenizer is not None:
+            texts = [
+                self.tokenizer.decode(row[:n].tolist(), skip_special_tokens=True)
+                for row, n in zip(new.cpu(), self.num_generated.tolist())
+            ]
+        return GenerationOutput(
+            sequences=self.input_ids,
+            scores=tuple(self.scores) if self.output_scores else None,
+            logits=tuple(self.raw_logits) if self.output_logits else None,
+            logprobs=torch.stack(self.logprobs, dim=1) if self.logprobs else None,
+            top_logprobs=tuple(self.tops) if self.top_logprobs else None,
+            finish_reasons=list(self.finish_reasons),
+            num_generated=torch.where(self.finished.cpu(), self.num_generated, torch.full_like(
+                self.num_generated, self._steps)),
+            texts=texts,
+            prompt_length=prompt_length,
+        )
+

@@ -1,0 +1,147 @@
+"""The core's imports point one way: no import cycle between its modules, no plugin imported, nothing below the
+command line imports it.
+
+Every import counts, a module-level one and one inside a function alike (a function-level import only hides a
+cycle until the function runs): the graph is read from the source with `ast`, nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import samplechain
+
+CORE = Path(samplechain.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = ["samplechain", *path.relative_to(CORE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(CORE.rglob("*.py"))}
+
+
+def _is_package(module: str) -> bool:
+    return MODULES[module].name == "__init__.py"
+
+
+def _imported(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The absolute names an import statement of `module` brings in: `from . import x` names the submodule x when
+    there is one, else the package it comes from."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level == 0:
+        base = node.module or ""
+    else:
+        package = module if _is_package(module) else module.rpartition(".")[0]
+        parts = package.split(".")
+        parts = parts[: len(parts) - (node.level - 1)]
+        base = ".".join([*parts, node.module] if node.module else parts)
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+
+
+def _core_module(name: str) -> str | None:
+    """The core module `name` loads (the longest prefix that is one: samplechain.chain.Chain -> samplechain.chain)."""
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _imports() -> dict[str, list[tuple[str, int]]]:
+    """module -> [(imported name, line)], every import statement of the module wherever it stands."""
+    found: dict[str, list[tuple[str, int]]] = {}
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        found[module] = [(name, node.lineno) for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                         for name in _imported(module, node)]
+    return found
+
+
+def _graph() -> dict[str, dict[str, int]]:
+    """module -> {core module it imports: the line of the first such import}."""
+    graph: dict[str, dict[str, int]] = {m: {} for m in MODULES}
+    for module, names in _imports().items():
+        for name, line in names:
+            target = _core_module(name)
+            if target is not None and target != module:
+                graph[module].setdefault(target, line)
+    return graph
+
+
+def _path(graph: dict[str, dict[str, int]], start: str, goal: str) -> list[str] | None:
+    """A shortest import path start -> ... -> goal (breadth first), or None."""
+    previous: dict[str, str | None] = {start: None}
+    queue = [start]
+    for v in queue:
+        if v == goal:
+            path = [v]
+            while previous[path[-1]] is not None:
+                path.append(previous[path[-1]])  # type: ignore[arg-type]
+            return path[::-1]
+        for w in sorted(graph[v]):
+            if w not in previous:
+                previous[w] = v
+                queue.append(w)
+    return None
+
+
+def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Every import a -> b that lies on a cycle, closed by the shortest way back from b to a; each cycle once, as a
+    path that starts at its smallest module and returns to it."""
+    cycles: set[tuple[str, ...]] = set()
+    for a in graph:
+        for b in graph[a]:
+            back = _path(graph, b, a)
+            if back is not None:
+                cycle = [a, *back[:-1]]
+                i = cycle.index(min(cycle))
+                cycles.add(tuple(cycle[i:] + cycle[:i]))
+    return [[*c, c[0]] for c in sorted(cycles)]
+
+
+def _describe(path: list[str], graph: dict[str, dict[str, int]]) -> str:
+    steps = [f"{a} (line {graph[a][b]})" for a, b in zip(path, path[1:])]
+    return " -> ".join([*steps, path[-1]])
+
+
+def test_the_graph_sees_every_kind_of_import():
+    graph = _graph()
+    assert "samplechain.chain" in graph["samplechain.cli"]  # from .chain import Chain, at module level
+    assert "samplechain.demo" in graph["samplechain.cli"]  # from .demo import run_demo, inside a function
+    assert "samplechain.chain" in graph["samplechain.generation.session"]  # from ..chain import Chain
+    assert "samplechain.generation.from_config" in graph["samplechain.trace"]  # inside a function, two levels
+    assert "samplechain.chain" in graph["samplechain"]  # the package's __init__
+
+
+def test_a_cycle_is_found_and_named():
+    graph = {"a": {"b": 3}, "b": {"c": 7}, "c": {"a": 12}, "d": {"a": 1}}
+    (cycle,) = _cycles(graph)
+    assert _describe(cycle, graph) == "a (line 3) -> b (line 7) -> c (line 12) -> a"
+    assert _cycles({"a": {"b": 1}, "b": {}}) == []
+    two = {"a": {"b": 1}, "b": {"a": 2, "c": 3}, "c": {"b": 4}}  # two cycles through b: both are named
+    assert _cycles(two) == [["a", "b", "a"], ["b", "c", "b"]]
+
+
+def test_the_core_has_no_import_cycle():
+    graph = _graph()
+    cycles = [_describe(c, graph) for c in _cycles(graph)]
+    assert not cycles, "import cycles in the core (a function-level import counts):\n" + "\n".join(cycles)
+
+
+def test_the_core_never_imports_a_plugin():
+    plugins = [f"{module}: line {line} imports {name}" for module, names in _imports().items()
+               for name, line in names if name.split(".")[0].startswith("samplechain_")]
+    assert not plugins, "the core imports plugins (it must find them through entry points):\n" + "\n".join(plugins)
+
+
+def test_nothing_below_the_command_line_imports_it():
+    def is_cli(m: str) -> bool:
+        return m == "samplechain.__main__" or m.rpartition(".")[2].startswith("cli")
+
+    upward = [f"{module} imports {target} (line {line})" for module, targets in _graph().items() if not is_cli(module)
+              for target, line in targets.items() if is_cli(target)]
+    assert not upward, "\n".join(upward)
