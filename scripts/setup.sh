@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Set-up for a fresh clone: a virtual environment in .venv with the pinned CPU torch, the core and every plugin
 # in plugins/ (editable). Idempotent: a second run only re-checks. Needs nothing but the package registries.
+# VENV=DIR picks another environment, PINS="pkg==x ..." pins more packages in the same install
+# (scripts/setup_transformers_min.sh builds .venv-tf-min so, with the lowest supported transformers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
+PINS=${PINS:-}
 stamp="$VENV/.samplechain-setup"
-want=$(cat pyproject.toml plugins/*/pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+want=$( (cat pyproject.toml plugins/*/pyproject.toml scripts/setup.sh; echo "$PINS") | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -17,5 +20,6 @@ pip install "torch==2.13.0"
 pip install "hatchling>=1.21" editables
 args=(-e ".[test]")
 for p in plugins/*/; do args+=(-e "$p"); done
-pip install --no-build-isolation "${args[@]}"
+# shellcheck disable=SC2086  # PINS is a list of requirements
+pip install --no-build-isolation "${args[@]}" "torch==2.13.0" $PINS
 echo "$want" > "$stamp"

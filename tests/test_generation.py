@@ -104,18 +104,45 @@ def test_logprobs_are_the_processed_distribution_at_the_chosen_tokens(model):
     assert out.num_generated.tolist() == [6, 6]
 
 
+def an_eos_one_row_emits_mid_run(new: list[list[int]]) -> tuple[int, int, int]:
+    """From a free run's new tokens (one list per row), (row, step, token) for an eos id the test below can use: the
+    token that row first emits at that step, 1 <= step <= len - 2 (so the row makes a token before it and is padded
+    after it), and that another row never emits (so that row runs to the end). The earliest such step, then the
+    first row: it depends on what the model generates, not on which weights it has."""
+    for k in range(1, len(new[0]) - 1):
+        for r, row in enumerate(new):
+            token = row[k]
+            if token not in row[:k] and any(token not in other for o, other in enumerate(new) if o != r):
+                return r, k, token
+    raise AssertionError(f"no row emits a token first at a step in 1..{len(new[0]) - 2} that another row never "
+                         f"emits: {new}")
+
+
 def test_a_finished_row_is_padded_and_keeps_its_reason(model):
+    """A row that emits eos ends there: its reason is "eos", its tokens after it are the pad, its log-probs after it
+    0; a row that never emits it runs on unchanged. The eos id is chosen from a free run of the same model (the
+    free run's tokens are the expectation), so the test holds whatever the random weights."""
     ids, mask = left_padded([[5, 17, 42, 9], [11, 12]])
-    free = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=6, ignore_eos=True, pad_token_id=0)
-    eos = int(free.sequences[0, ids.shape[1] + 1])  # row 0's second token
-    out = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=6, eos_token_id=eos, pad_token_id=299)
-    assert out.finish_reasons[0] == "eos" and out.num_generated[0] == 2
-    row0 = out.sequences[0, ids.shape[1]:]
-    assert row0[1] == eos and bool((row0[2:] == 299).all())
-    if eos not in free.sequences[1, ids.shape[1]:].tolist():
-        assert torch.equal(out.sequences[1, 4:], free.sequences[1, 4:])  # the other row runs on unchanged
-        assert out.finish_reasons[1] == "max_new_tokens"
-    assert out.logprobs[0, 2:].abs().sum() == 0
+    width, n_new = ids.shape[1], 8
+    free = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=n_new, ignore_eos=True, pad_token_id=0)
+    new = free.sequences[:, width:].tolist()
+    r, k, eos = an_eos_one_row_emits_mid_run(new)
+    out = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=n_new, eos_token_id=eos,
+                   pad_token_id=299)
+    assert out.finish_reasons[r] == "eos" and out.num_generated[r] == k + 1  # a token, then eos, then pads
+    assert set(out.finish_reasons) == {"eos", "max_new_tokens"}
+    for b, row in enumerate(new):
+        got = out.sequences[b, width:]
+        if eos in row:  # ends at its first eos, then the pad
+            n = row.index(eos) + 1
+            assert out.finish_reasons[b] == "eos" and out.num_generated[b] == n
+            assert got[:n].tolist() == row[:n] and bool((got[n:] == 299).all())
+            torch.testing.assert_close(out.logprobs[b, :n], free.logprobs[b, :n])
+            assert out.logprobs[b, n:].abs().sum() == 0
+        else:  # runs on unchanged
+            assert out.finish_reasons[b] == "max_new_tokens" and out.num_generated[b] == n_new
+            assert got.tolist() == row
+            torch.testing.assert_close(out.logprobs[b], free.logprobs[b])
 
 
 # ----------------------------------------------------------------- sampling

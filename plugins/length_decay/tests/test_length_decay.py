@@ -1,16 +1,23 @@
 """length_decay.v1 against transformers' ExponentialDecayLengthPenalty (probabilities within 1e-5, logits
-allclose 1e-6); per-row start / factor equal rows alone; factor = 1 a no-op."""
+allclose 1e-6); per-row start / factor equal rows alone; factor = 1 a no-op.
+
+A masked (-inf) eos stays masked, as transformers >= 5.19 keeps it; before 5.19 transformers added
+inf * (factor ** n - 1) to it, -inf + inf = NaN for factor > 1 (docs/semantics.md, "transformers versions")."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import transformers
+from packaging.version import Version
 from transformers.generation.logits_process import ExponentialDecayLengthPenalty
 
 from samplechain import Chain
 from samplechain.testing import check_eos_ids_from_setup
 
 EOS = [3, 77]
+# transformers 5.19 leaves non-finite eos logits unchanged (`penalty.masked_fill(~torch.isfinite(...), 0.0)`)
+MASKS_NON_FINITE_EOS = Version(transformers.__version__).release >= (5, 19)
 
 
 def chain(**params):
@@ -26,6 +33,13 @@ def test_matches_transformers(generated, start, factor):
     prompt = 6
     history = torch.randint(0, 100, (3, prompt + generated), generator=g)
     ref = ExponentialDecayLengthPenalty((start, factor), EOS, prompt)(history, logits.clone())
+    masked = ~torch.isfinite(logits)
+    if MASKS_NON_FINITE_EOS:
+        assert torch.equal(ref[masked], logits[masked])
+    else:  # the reference of transformers >= 5.19: a -inf eos the older code turns into NaN (factor > 1) stays -inf
+        assert bool((ref[masked].isnan() | (ref[masked] == logits[masked])).all())
+        assert bool(ref[masked].isnan().any()) == (factor > 1 and generated > start)
+        ref = torch.where(masked, logits, ref)
     ours = chain(start=start, factor=factor).sample(logits, history=history,
                                                     prompt_lengths=torch.full((3,), prompt), return_scores=True)
     torch.testing.assert_close(ours.scores, ref, rtol=1e-6, atol=1e-6)

@@ -1,15 +1,22 @@
 """logit_bias.v1 against transformers' SequenceBiasLogitsProcessor with one-token sequences (the same logits,
-allclose 1e-6; -inf exactly), as a table or pairs; duplicate ids add (llama.cpp); empty = bitwise no-op."""
+allclose 1e-6; -inf exactly), as a table or pairs; duplicate ids add (llama.cpp); empty = bitwise no-op.
+
+The reference takes its documented list form `[[[token], bias], ...]` from transformers 5.18 on; 4.45-5.17 refuse
+token id 0 in that form (`token_id > 0`), so there it gets the dict form `{(token,): bias}`, which every version
+accepts with id 0 (docs/semantics.md, "transformers versions")."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import transformers
+from packaging.version import Version
 from transformers.generation.logits_process import SequenceBiasLogitsProcessor
 
 from samplechain import Chain, ConfigError, SamplingError
 
 NEG = float("-inf")
+LIST_FORM_TAKES_ID_0 = Version(transformers.__version__).release >= (5, 18)
 
 
 def run(bias, logits, before=()):
@@ -25,7 +32,8 @@ def logits_for(seed, B=4, V=1000):
 def test_matches_transformers_sequence_bias_of_single_tokens(seed):
     logits = logits_for(seed)
     pairs = [[5, 3.5], [17, -2.0], [999, NEG], [0, 100.0], [512, -100.0]]
-    ref = SequenceBiasLogitsProcessor([[[t], b] for t, b in pairs])(torch.zeros(4, 3, dtype=torch.long), logits.clone())
+    sequence_bias = [[[t], b] for t, b in pairs] if LIST_FORM_TAKES_ID_0 else {(t,): b for t, b in pairs}
+    ref = SequenceBiasLogitsProcessor(sequence_bias)(torch.zeros(4, 3, dtype=torch.long), logits.clone())
     for form in (pairs, {str(t): b for t, b in pairs}):
         ours = run(form, logits)
         assert torch.equal(torch.isinf(ours), torch.isinf(ref))
