@@ -177,29 +177,18 @@ def _type_name(kind: Any) -> str:
     return re.sub(r"\b(typing|collections\.abc)\.", "", str(kind))
 
 
-def _validators(validator: Any) -> list[Any]:
-    """attrs wraps a list of validators in one `and_` validator: flatten it."""
-    if validator is None:
-        return []
-    inner = getattr(validator, "_validators", None)
-    return [v for part in inner for v in _validators(part)] if inner is not None else [validator]
-
-
-def _closure(fn: Any) -> dict[str, Any]:
-    return inspect.getclosurevars(fn).nonlocals if inspect.isfunction(fn) else {}
-
-
 def _allowed(field: attrs.Attribute) -> str:
-    """The range or choices a field's validators enforce, read from samplechain.params' validator closures (the
-    message in_range builds, one_of's choices); a validator that declares nothing readable is left out."""
+    """The range or choices a field's validators enforce, as samplechain.params' validators declare them (the message
+    in_range builds, one_of's choices); a validator that declares nothing readable is left out."""
+    from samplechain.params import finite, validators
+
     parts = []
-    for v in _validators(field.validator):
-        qualname = getattr(v, "__qualname__", "")
-        if qualname == "in_range.<locals>.check":
-            parts.append(_closure(v)["text"].removeprefix("must be in "))
-        elif qualname == "one_of.<locals>.check":
-            parts.append("one of " + ", ".join(json.dumps(c) for c in _closure(v)["choices"]))
-        elif qualname == "finite":
+    for v in validators(field):
+        if hasattr(v, "bounds"):
+            parts.append(v.text.removeprefix("must be in "))
+        elif hasattr(v, "choices"):
+            parts.append("one of " + ", ".join(json.dumps(c) for c in v.choices))
+        elif v is finite:
             parts.append("finite")
         elif inspect.isfunction(v) and v.__doc__:
             parts.append(v.__doc__.strip().splitlines()[0].removeprefix("attrs validator: "))
@@ -225,7 +214,7 @@ def _field_comments(params_cls: type) -> dict[str, str]:
 
 def _field_doc(field: attrs.Attribute, comments: Mapping[str, str]) -> str:
     """Field metadata help first, then the field's source comment, then the docstring of the field factory."""
-    from samplechain.params import is_seed_field, seed_field, token_ids_field
+    from samplechain.params import is_seed_field, seed_field, token_ids_field, validators
 
     for key in ("help", "description", "doc"):
         if field.metadata.get(key):
@@ -234,7 +223,7 @@ def _field_doc(field: attrs.Attribute, comments: Mapping[str, str]) -> str:
         return _cell(comments[field.name])
     if is_seed_field(field):
         return _cell(seed_field.__doc__ or "")
-    if any(getattr(v, "__name__", "") == "_token_ids_ok" for v in _validators(field.validator)):
+    if any(getattr(v, "__name__", "") == "_token_ids_ok" for v in validators(field)):
         return _cell(token_ids_field.__doc__ or "")
     return ""
 

@@ -458,6 +458,15 @@ def _(t: Trial) -> None:
     chain.sample(x, store, ["a", "b"])
 
 
+@case("sampling_row_emptied_by_sampler", step=True)
+def _(t: Trial) -> None:
+    chain, store = t.step_chain([{"use": "top_k", "k": 1}, {"use": "suppress_tokens", "ids": [2]},
+                                 {"use": "dist"}])  # the set-up step's rows peak at 13 and 7
+    x = logits()
+    x[0, 2] = 50.0  # row a's only survivor of top_k is the suppressed token
+    chain.sample(x, store, ["a", "b"])
+
+
 @case("sampling_logits_1d", step=True)
 def _(t: Trial) -> None:
     chain, store = t.step_chain()

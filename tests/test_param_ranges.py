@@ -11,7 +11,6 @@ registered.
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import attrs
 import pytest
 
 from samplechain import Chain, ConfigError, RequestError, Stage, get_host
-from samplechain.params import is_seed_field
+from samplechain.params import field_type, finite, is_seed_field, validators
 from samplechain.state import _DTYPES
 
 # fewer would mean the generator lost its way (a renamed validator, an empty host), not that every field is valid
@@ -44,27 +43,10 @@ class Bad:
         return f"{self.use}.{self.field}={self.value!r}"
 
 
-def _validators(validator: Any) -> list[Any]:
-    """attrs wraps a list of validators in one `and_` validator: flatten it."""
-    if validator is None:
-        return []
-    inner = getattr(validator, "_validators", None)
-    return [v for part in inner for v in _validators(part)] if inner is not None else [validator]
-
-
-def _base(field: attrs.Attribute) -> Any:
-    """The field's type without `| None`."""
-    kind = field.type
-    args = getattr(kind, "__args__", None)
-    if args and type(None) in args:
-        kind = next(a for a in args if a is not type(None))
-    return kind
-
-
 def _cast(field: attrs.Attribute, value: Any) -> Any:
     """A number as the field's own type (an int field gets 2, not 2.0: the config would refuse the float)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        kind = _base(field)
+        kind = field_type(field)
         if kind is int and (isinstance(value, int) or float(value).is_integer()):
             return int(value)
         if kind is float:
@@ -74,48 +56,41 @@ def _cast(field: attrs.Attribute, value: Any) -> Any:
 
 def _accepts(inst: Any, field: attrs.Attribute, value: Any) -> bool:
     try:
-        for v in _validators(field.validator):
+        for v in validators(field):
             v(inst, field, value)
     except (ValueError, TypeError):
         return False
     return True
 
 
-def _closure(fn: Any) -> dict[str, Any]:
-    return inspect.getclosurevars(fn).nonlocals if inspect.isfunction(fn) else {}
-
-
 def _bad_values(field: attrs.Attribute) -> Iterator[tuple[Any, str]]:
     """(value, text the error must contain) for each bound the field's validators declare."""
-    validators = _validators(field.validator)
-    names = [getattr(v, "__qualname__", "") for v in validators]
+    checks = validators(field)
     if is_seed_field(field):
         yield -1, "must be an integer in [0, 2**63)"
-    for v, name in zip(validators, names):
-        if name == "in_range.<locals>.check":
-            c = _closure(v)
-            if c["low"] is not None:
-                yield _cast(field, c["low"] if c["low_open"] else c["low"] - 1), c["text"]
-            if c["high"] is not None:
-                yield _cast(field, c["high"] if c["high_open"] else c["high"] + 1), c["text"]
-        elif name == "one_of.<locals>.check":
-            choices = _closure(v)["choices"]
-            outside = "no-such-choice" if all(isinstance(c, str) for c in choices) else max(choices) + 1
-            yield outside, "must be one of " + ", ".join(map(repr, choices))
-        elif name == "finite" and "in_range.<locals>.check" not in names:  # a range already refuses inf
+    for v in checks:
+        if hasattr(v, "bounds"):  # params.in_range
+            low, high, low_open, high_open = v.bounds
+            if low is not None:
+                yield _cast(field, low if low_open else low - 1), v.text
+            if high is not None:
+                yield _cast(field, high if high_open else high + 1), v.text
+        elif hasattr(v, "choices"):  # params.one_of
+            outside = "no-such-choice" if all(isinstance(c, str) for c in v.choices) else max(v.choices) + 1
+            yield outside, "must be one of " + ", ".join(map(repr, v.choices))
+        elif v is finite and not any(hasattr(w, "bounds") for w in checks):  # a range already refuses inf
             yield math.inf, "must be a finite number"
 
 
 def _valid(field: attrs.Attribute) -> Any:
     """A value the field's validators accept (for required fields, so the config gets as far as the bad one)."""
     tries: list[Any] = [1, 0, 0.5, -1, 2]
-    for v in _validators(field.validator):
-        if getattr(v, "__qualname__", "") == "in_range.<locals>.check":
-            c = _closure(v)
-            bounds = [b for b in (c["low"], c["high"]) if b is not None]
+    for v in validators(field):
+        if hasattr(v, "bounds"):
+            bounds = [b for b in v.bounds[:2] if b is not None]
             tries = [*bounds, sum(bounds) / len(bounds), *(b + s for b in bounds for s in (1, -1)), *tries]
-        elif getattr(v, "__qualname__", "") == "one_of.<locals>.check":
-            tries = [*_closure(v)["choices"], *tries]
+        elif hasattr(v, "choices"):
+            tries = [*v.choices, *tries]
     for value in map(lambda t: _cast(field, t), tries):
         if _accepts(None, field, value):
             return value
@@ -136,7 +111,7 @@ def out_of_range_cases() -> list[Bad]:
         for version, cls in sorted(versions.items()):
             attrs.resolve_types(cls.Params)
             for field in attrs.fields(cls.Params):
-                per_request = _base(field) in _DTYPES
+                per_request = field_type(field) in _DTYPES
                 for value, allowed in _bad_values(field):
                     cases.append(Bad(f"{name}.v{version}", cls, field.name, value, allowed, per_request))
     return cases

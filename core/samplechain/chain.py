@@ -13,8 +13,9 @@ One step of `Chain.sample(logits, store, request_ids)`, in order:
    vocabulary again. Masked candidates are -inf.
 4. The selector (last entry) returns a candidate position per row; token id = ids[position].
 5. logprob of the chosen token = logit - logsumexp over the candidates the selector saw (the processed
-   distribution). A row with no finite candidate, or with NaN / +inf, is an error naming its request: the check is
-   one reduction over the B logprobs (no pass over the vocabulary); only a failing step looks closer.
+   distribution). A row with no finite candidate, or with NaN / +inf, is an error naming its request and what made
+   it so (the logits as given, or the sampler after which the row had nothing): the check is one reduction over
+   the B logprobs (no pass over the vocabulary); only a failing step looks closer, running the stages again.
 6. Optionally scatter the processed logits back to (B, V) scores (-inf for removed tokens), as transformers does.
 7. Accept (unless accept=False): stateful samplers compute their new state rows, then the store commits them and
    advances every row's RNG position by one. Nothing in the store changes before this point, so a step that
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -304,8 +305,9 @@ class Chain:
 
         token_ids = cand.ids_at(chosen[:, None]).squeeze(1)
         logprobs = cand.logits.gather(1, chosen[:, None]).squeeze(1) - lse
-        if not math.isfinite(float(logprobs.sum())):  # one reduction: NaN and inf both survive a sum of logprobs
-            raise self._bad_rows(~torch.isfinite(logprobs), lse, view.request_ids, given, unconditional_logits)
+        if not bool(torch.isfinite(logprobs).all()):  # one reduction (a sum could overflow: -3e38 x 4 is -inf)
+            raise self._bad_rows(~torch.isfinite(logprobs), view.request_ids, given, unconditional_logits,
+                                 lambda: self._stages(given, store, view, positions, backend, hist, uncond))
         scores = cand.scores() if return_scores else None
         out = SampleOutput(token_ids, logprobs, scores)
         if accept == "defer":  # MixedChains: every group computes its update before any is committed
@@ -460,10 +462,7 @@ class Chain:
         return history, prompt_lengths.to(device=logits.device, dtype=torch.int64)
 
     def _wrap(self, i: int, exc: Exception, phase: str = "step") -> SamplechainError:
-        spec = self.config.samplers[i]
-        info = self.host.provider("sampler", spec.cls)
-        plugin = info.describe() if info else "an in-process plugin"
-        text = f"sampler {spec.use!r} ({spec.cls.qualified_name()} at {spec.path}, {plugin}) failed during {phase}"
+        text = f"{self._describe(i)} failed during {phase}"
         if isinstance(exc, SamplechainError):
             return type(exc)(f"{text}: {exc}")
         return SamplingError(f"{text}: {type(exc).__name__}: {exc}; no request state was changed")
@@ -474,11 +473,13 @@ class Chain:
             got = f"{chosen.dtype} {tuple(chosen.shape)}" if isinstance(chosen, torch.Tensor) else type(chosen).__name__
             raise self._wrap(last, TypeError(f"select() must return a (B,) int64 tensor of positions, got {got}"))
 
-    def _bad_rows(self, bad: torch.Tensor, lse: torch.Tensor, request_ids: Sequence[str], given: torch.Tensor,
-                  uncond: Any) -> SamplingError:
+    def _bad_rows(self, bad: torch.Tensor, request_ids: Sequence[str], given: torch.Tensor, uncond: Any,
+                  stages: Callable[[], Iterator[Candidates]]) -> SamplingError:
         """The error of a step whose chosen logprob is not finite (the slow path: only a failing step gets here).
         Each bad row is blamed on what made it so: NaN / +inf in the logits as given, then in the unconditional
-        logits (neither under "sanitize": those were replaced); else every candidate masked; else a sampler."""
+        logits (neither under "sanitize": those were replaced); else a row given with every token masked; else the
+        first sampler after which the row had no finite candidate left, or held NaN / +inf (the chain is run again
+        stage by stage, in the declared order, to find it); else the selector."""
         rows = bad.nonzero().flatten().tolist()
         parts = []
         sources = () if self.config.nonfinite == "sanitize" else (("logits", given), ("unconditional_logits", uncond))
@@ -491,16 +492,53 @@ class Chain:
                          f"check the model's output (a float16 overflow, bad weights), or set nonfinite = "
                          f"\"sanitize\" in the chain to replace them as transformers' remove_invalid_values does")
             rows = [r for r in rows if r not in found]
-        masked = [request_ids[r] for r in rows if lse[r].item() == -_INF]
-        if masked:
-            parts.append(f"every token is masked (-inf) for request(s) {masked}: relax the chain's filters or "
-                         f"bias for those rows")
-        rest = [request_ids[r] for r in rows if lse[r].item() != -_INF]
-        if rest:
-            parts.append(f"the chain turned finite logits into NaN or +inf for request(s) {rest}: a sampler "
-                         f"overflowed float32 (a temperature near 0, a huge bias?); chain.process() shows the scores "
-                         f"after the transforms and filters")
+        blame: dict[tuple[int, str], list[str]] = {}  # (stage, what) -> requests; stage -1: the logits as given
+        pending = set(rows)
+        for i, cand in enumerate(stages(), start=-1):
+            if not pending:
+                break
+            x = cand.logits[sorted(pending)]
+            nonfinite = (x.isnan() | (x == _INF)).any(dim=1).tolist()
+            empty = (~(x > -_INF)).all(dim=1).tolist()
+            for r, hot, dead in zip(sorted(pending), nonfinite, empty):
+                if hot or dead:
+                    blame.setdefault((i, "nonfinite" if hot else "masked"), []).append(request_ids[r])
+                    pending.discard(r)
+        if pending:  # every stage left the row something: the selector chose what it cannot score
+            blame[(len(self.samplers) - 1, "selector")] = [request_ids[r] for r in sorted(pending)]
+        for (i, what), names in sorted(blame.items()):
+            by = "in the logits as given" if i < 0 else f"after {self._describe(i)}"
+            if what == "masked":
+                parts.append(f"every token is masked (-inf) for request(s) {names} {by}: relax the chain's filters "
+                             f"or bias for those rows")
+            elif what == "nonfinite":
+                parts.append(f"the chain turned finite logits into NaN or +inf for request(s) {names} {by}: it "
+                             f"overflowed float32 (a temperature near 0, a huge bias?); chain.process() shows the "
+                             f"scores after the transforms and filters")
+            else:
+                parts.append(f"{self._describe(i)} chose a token without a finite logprob for request(s) {names}: "
+                             f"report it to the plugin named")
         return SamplingError("; ".join(parts) + "; no request state was changed")
+
+    def _stages(self, given: torch.Tensor, store: RequestStore, view, positions, backend: Backend, hist,
+                uncond: torch.Tensor | None) -> Iterator[Candidates]:
+        """The candidates as given (checked again from the caller's tensor: the step may have written its own
+        copy), then after each transform and filter in the declared order, without the executor's fusions: the
+        slow path a failing step takes to find the stage that emptied a row. Nothing is accepted."""
+        logits, writable = self._check_logits(given)
+        cand = Candidates(logits, None, logits.shape[1], False, writable)
+        yield cand
+        for i in range(len(self.samplers) - 1):
+            ctx = self._context(store, view, positions, backend, i, hist, uncond)
+            cand = self._call(i, self.samplers[i].apply, cand, ctx)
+            yield cand
+
+    def _describe(self, i: int) -> str:
+        """"sampler 'top_k' (top_k.v1 at samplers[2], plugin 'top_k' (samplechain-top-k 0.1.0))": entry i."""
+        spec = self.config.samplers[i]
+        info = self.host.provider("sampler", spec.cls)
+        plugin = info.describe() if info else "an in-process plugin"
+        return f"sampler {spec.use!r} ({spec.cls.qualified_name()} at {spec.path}, {plugin})"
 
     # ----------------------------------------------------------------- description
     def describe(self) -> list[dict[str, Any]]:

@@ -129,7 +129,8 @@ class Candidates:
     logits: (B, K) float32; a masked candidate is -inf. Row b's candidate j is token ids[b, j].
     ids:    (B, K) int64, or None while K == vocab_size and ids[b, j] == j (the full, untouched vocabulary:
             materialising arange(V) per row would cost as much as the logits).
-    is_sorted: every row is in descending logit order (top-k leaves it so; top-p and min-p use it).
+    is_sorted: every row is in descending logit order, its -inf (removed) candidates last (top-k leaves it so;
+               top-p and min-p use it; `masked` keeps it so).
     writable:  logits belong to the chain and may be modified in place (never the caller's tensor).
     """
 
@@ -157,16 +158,26 @@ class Candidates:
         """Token ids at candidate positions index (B, J) -> (B, J)."""
         return index if self.ids is None else self.ids.gather(1, index)
 
-    def replace_logits(self, logits: torch.Tensor, *, is_sorted: bool | None = None) -> Candidates:
-        """Same candidates, new logits (which the chain owns)."""
-        return Candidates(logits, self.ids, self.vocab_size, self.is_sorted if is_sorted is None else is_sorted, True)
+    def replace_logits(self, logits: torch.Tensor, *, is_sorted: bool = False) -> Candidates:
+        """Same candidates, new logits (which the chain owns). They are taken as unsorted unless the caller says
+        otherwise: a transform keeps `is_sorted=cand.is_sorted` only when it never reorders a row (a positive
+        temperature); a bias or penalty can move any token to the front."""
+        return Candidates(logits, self.ids, self.vocab_size, is_sorted, True)
+
+    def full(self) -> Candidates:
+        """These candidates over the whole vocabulary again (ids None, -inf for every token not among them), for
+        a transform that must give a logit to a token an earlier filter removed (forced_bos / forced_eos, as
+        transformers' processors do). Costs a (B, V) write: for the rare steps that need it."""
+        if self.ids is None:
+            return self
+        return Candidates(self.scores(), None, self.vocab_size, False, True)
 
     def owned(self, backend: Backend) -> Candidates:
         """These candidates with logits the chain may write: self when they already are, else a copy into the
         backend's reusable workspace (never the caller's tensor)."""
         if self.writable:
             return self
-        return self.replace_logits(backend.scratch("candidates", self.logits).copy_(self.logits))
+        return self.replace_logits(backend.scratch("candidates", self.logits).copy_(self.logits), is_sorted=self.is_sorted)
 
     def take(self, values: torch.Tensor, index: torch.Tensor, *, is_sorted: bool) -> Candidates:
         """Compact to candidates at positions index (B, K'), whose logits are values (B, K')."""
@@ -175,7 +186,13 @@ class Candidates:
     def masked(self, keep: torch.Tensor) -> Candidates:
         """Set every candidate where keep (B, K) is False to -inf. On the full vocabulary of a wide row, when every
         row keeps at most 1/8 of it, the survivors are compacted instead (in token-id order, as they stood), so
-        later samplers and the selector read K survivors, not the vocabulary: the same candidates either way."""
+        later samplers and the selector read K survivors, not the vocabulary: the same candidates either way.
+        Sorted rows stay sorted: their survivors move to the front in order, the removed ones behind them (a -inf
+        hole among sorted survivors would be taken for a candidate by a later cut at the k-th place)."""
+        if self.is_sorted:
+            order = torch.argsort((~keep).to(torch.uint8), dim=-1, stable=True)  # survivors first, each in order
+            logits = self.logits.gather(1, order).masked_fill_(~keep.gather(1, order), NEG_INF)
+            return Candidates(logits, self.ids_at(order), self.vocab_size, True, True)
         if self.ids is None and self.width >= _COMPACT_WIDTH:
             counts = keep.sum(dim=-1)
             if int(counts.max()) * 8 <= self.width:
@@ -199,20 +216,17 @@ class Candidates:
         return Candidates(logits, ids, self.vocab_size, True, logits is not self.logits or self.writable)
 
     def restrict(
-        self, values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor, keep_all: torch.Tensor,
-        *, settle: bool = True,
+        self, values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor, keep_all: torch.Tensor
     ) -> Candidates:
         """Keep, per row, the counts[b] best candidates given by a partial sort (values, index: (B, J), descending).
 
         Rows where keep_all[b] is True keep every candidate (a disabled parameter). Compacts K to max(counts)
         when no row keeps all; otherwise masks in place of compaction (K unchanged). Equal logits at a row's cut
         are settled by token id here (settle_ties), for every filter that cuts a partial sort: give the partial
-        sort one column more than the largest count so a tie at the cut can be seen. settle=False keeps the
-        partial sort's own choice (top_h, which follows transformers' torch.topk tie for tie).
+        sort one column more than the largest count so a tie at the cut can be seen.
         """
-        if settle:
-            values, index = settle_ties(values, index, torch.where(keep_all, values.shape[1], counts), self.logits,
-                                        self.ids)
+        values, index = settle_ties(values, index, torch.where(keep_all, values.shape[1], counts), self.logits,
+                                    self.ids)
         if not bool(keep_all.any()):
             return self.take(values, index, is_sorted=True).keep_first(counts)
         if self.is_sorted:
@@ -286,7 +300,7 @@ class Candidates:
         the same token as drawing over the masked row."""
         if keep is None:
             return ctx.backend.gumbel_argmax(self.logits, seed, ctx.positions, self.ids, ctx.stream)
-        sub = Candidates(self.logits, self.ids, self.vocab_size, self.is_sorted, False).masked(keep)
+        sub = Candidates(self.logits, self.ids, self.vocab_size, False, False).masked(keep)  # positions kept
         pick = ctx.backend.gumbel_argmax(sub.logits, seed, ctx.positions, sub.ids, ctx.stream)
         return pick if sub.ids is self.ids else sub.ids.gather(1, pick[:, None]).squeeze(1)
 

@@ -8,6 +8,8 @@
 
 - `bucket_keys(values)`, `bucket_sums(keys, weights)`, `bucket_edge(keys)`: a sort-free histogram of
   non-negative float32 values (probabilities, distances) by their bit pattern, for cuts by mass (top_p, typical).
+- `log_softmax64(x)`: float64 log-probabilities of each row whose rounding does not follow the row's width or
+  candidate order (a row alone and in a batch get the same float32 values).
 - `patched_top(cand, changes, counts, backend)`: the counts[b] best candidates of rows changed at a few positions,
   without writing the change into a copy of the rows (the executor's penalties -> top_k fusion).
 
@@ -21,12 +23,27 @@ import torch
 from .contracts import Backend, Candidates
 
 __all__ = ["BUCKETS", "MASS_MARGIN", "WIDE", "bucket_edge", "bucket_keys", "bucket_sums", "kth_largest",
-           "patched_top", "with_min_keep"]
+           "log_softmax64", "patched_top", "with_min_keep"]
 
 WIDE = 16384  # rows at least this wide take the fast paths (float32 passes, chunked reads); read at call time
 _BUCKET_SHIFT = 20  # float32 bits >> 20: sign, exponent and 3 mantissa bits
 BUCKETS = 1 << (31 - _BUCKET_SHIFT)  # 2048 buckets of non-negative float32 values, ~9% wide, in value order
 MASS_MARGIN = 1e-4  # bucket sums are float32: aim past a mass by this much so a wanted set is surely covered
+
+
+def log_softmax64(x: torch.Tensor) -> torch.Tensor:
+    """(B, K) float64 log_softmax of the float32 rows x, -inf where x is -inf.
+
+    A float32 softmax's sums round differently with the row's width and candidate order, which follow the batch
+    after a truncation. Here the sum is float64 and taken over the row without one of its maxima, m + log1p(s): s is
+    tiny next to 1 exactly where a plain log(1 + s) would lose it (a dominant token's log-probability, -s, would
+    then carry the sum's rounding), so cast to float32 a row gets the same values alone and in any batch.
+    (Rows without a finite entry give NaN, as torch's.)"""
+    x = x.double()
+    top = x.amax(dim=-1, keepdim=True)
+    first = (x == top).int().argmax(dim=-1, keepdim=True)  # one of the maxima: its exp(0) = 1 is the log1p's 1
+    rest = torch.exp(x - top).scatter_(1, first, 0.0).sum(dim=-1, keepdim=True)
+    return x - top - torch.log1p(rest)
 
 
 def kth_largest(cand: Candidates, backend: Backend, k: torch.Tensor) -> torch.Tensor:

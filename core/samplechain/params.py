@@ -7,7 +7,8 @@ from typing import Any, Callable
 
 import attrs
 
-__all__ = ["in_range", "finite", "one_of", "seed_field", "is_seed_field", "token_ids_field"]
+__all__ = ["in_range", "finite", "one_of", "seed_field", "is_seed_field", "token_ids_field", "validators",
+           "field_type"]
 
 _SEED = "samplechain.seed"
 
@@ -35,6 +36,8 @@ def in_range(
         if high is not None and (value > high or (high_open and value == high)):
             raise ValueError(text)
 
+    check.bounds = (low, high, low_open, high_open)  # type: ignore[attr-defined]  # what it accepts, for tools
+    check.text = text  # type: ignore[attr-defined]
     return check
 
 
@@ -49,7 +52,31 @@ def one_of(*choices: Any) -> Callable[[Any, attrs.Attribute, Any], None]:
         if value not in choices:
             raise ValueError(f"must be one of {', '.join(map(repr, choices))}")
 
+    check.choices = choices  # type: ignore[attr-defined]
     return check
+
+
+def validators(field: attrs.Attribute) -> list[Any]:
+    """A Params field's validators as a flat list (attrs wraps a list of them in one `and_` validator); an
+    `in_range` one carries `.bounds` (low, high, low_open, high_open) and `.text`, a `one_of` one `.choices`: what
+    tools that generate or document values read (tests, the reference page)."""
+    def flat(v: Any) -> list[Any]:
+        if v is None:
+            return []
+        inner = getattr(v, "_validators", None)
+        return [w for part in inner for w in flat(part)] if inner is not None else [v]
+
+    return flat(field.validator)
+
+
+def field_type(field: attrs.Attribute) -> Any:
+    """The field's declared type without `| None` (`seed: int | None` -> int); resolve the class's string
+    annotations first (`attrs.resolve_types`)."""
+    kind = field.type
+    args = getattr(kind, "__args__", None)
+    if args and type(None) in args:
+        kind = next(a for a in args if a is not type(None))
+    return kind
 
 
 def _seed_ok(_inst: Any, _attr: attrs.Attribute, value: int | None) -> None:

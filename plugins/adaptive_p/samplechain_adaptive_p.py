@@ -1,8 +1,9 @@
 """`adaptive_p`: llama.cpp's adaptive-p selector (`llama_sampler_adaptive_p`, ggml-org/llama.cpp PR #17927),
 per request, seeded and batch-invariant.
 
-Per row, over the candidates the chain passes in, exactly as llama.cpp, in float32:
-    p        = softmax(logits)                                  the original probabilities
+Per row, over the candidates the chain passes in, as llama.cpp, in float32 but for the softmax:
+    p        = softmax(logits)                                  the original probabilities (summed in float64,
+                                                                so its rounding does not follow the row's width)
     adapted  = clamp(2 * clamp(target, 0, 1) - weighted_sum / total_weight, 0, 1)
                (clamp(target, 0, 1) while total_weight == 0)
     d        = |p - adapted| / 0.3
@@ -70,7 +71,7 @@ class AdaptiveP(Sampler):
         logits = cand.logits
         target = ctx.param("target")
         weighted_sum, total_weight = self._ema(ctx)
-        p = torch.softmax(logits, dim=-1)
+        p = torch.softmax(logits.double(), dim=-1).float()  # float64 sums: rounding independent of the row's width
         goal = target.clamp(0.0, 1.0)
         adapted = torch.where(total_weight == 0.0, goal, 2.0 * goal - weighted_sum / total_weight).clamp(0.0, 1.0)
         dist = ((p - adapted[:, None]) * INV_WIDTH).abs()

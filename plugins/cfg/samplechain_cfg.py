@@ -20,6 +20,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
+from samplechain.filters import log_softmax64
 
 
 @attrs.frozen
@@ -47,8 +48,11 @@ class Cfg(Sampler):
         uncond = torch.log_softmax(ctx.unconditional_logits, dim=-1)  # over the whole vocabulary
         if cand.ids is not None:
             uncond = uncond.gather(1, cand.ids)
-        cond = torch.log_softmax(cand.logits, dim=-1)
+        cond = log_softmax64(cand.logits).float()  # over the candidates: the same values alone and in a batch
         guided = scale[:, None] * (cond - uncond) + uncond
+        # scale 0 is the unconditional distribution, also where a logit far below the row's top overflowed cond to
+        # -inf (0 * -inf would be NaN)
+        guided = torch.where(scale[:, None] == 0.0, uncond, guided)
         guided = torch.where(torch.isfinite(cand.logits), guided, cand.logits)  # removed stays removed
         return cand.replace_logits(torch.where(on[:, None], guided, cand.logits), is_sorted=False)
 

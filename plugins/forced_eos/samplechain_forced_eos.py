@@ -3,7 +3,8 @@
 When a row holds `max_length - 1` tokens (prompt + generated), every candidate becomes -inf except the ids in
 `eos_ids`, which become 0, so the row's last token is an eos. transformers counts the padded width of the batch;
 here each row counts its own real tokens (the same for unpadded rows). `max_length` may differ per row; 0
-disables. `eos_ids` is chain-level; empty (the default) means the generation's eos ids. Put it first in a chain: a filter before it could remove eos.
+disables. `eos_ids` is chain-level; empty (the default) means the generation's eos ids. Put it first in a chain, as
+transformers does; after a filter it still forces eos (a removed eos comes back, as in transformers).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class ForcedEos(EosIds, Sampler):
         last = ((ctx.history >= 0).sum(dim=1) == limit - 1) & (limit > 0)
         if not bool(last.any()):
             return cand
+        cand = cand.full()  # a removed eos comes back, as transformers writes its column whatever it held
         tokens = cand.token_ids()
         chosen = torch.isin(tokens, self.eos_tensor(tokens.device))
         forced = torch.where(chosen, 0.0, float("-inf")).to(cand.logits.dtype)

@@ -1,8 +1,11 @@
 """`inf_nan_remove`: transformers' InfNanRemoveLogitsProcessor.
 
-NaN becomes 0, +inf the largest float32, -inf the smallest float32 (so masked candidates become finite, with
-probability 0 after a softmax, exactly as transformers does). Put it first in a chain; a later filter masks with
--inf again. No parameters.
+NaN becomes 0 and +inf the largest float32, as transformers does. -inf stays -inf: in a candidate set -inf is a
+removed token (an earlier filter's mask, or the model's own -inf), and a token an earlier filter compacted away
+cannot come back, so bringing back the masked ones would make a row's candidates depend on whether its batch was
+compacted or masked. transformers writes the smallest float32 there instead, which has probability 0 after a
+softmax whenever the row holds a finite logit: the same distribution and the same argmax. Only a row of nothing
+but -inf differs (transformers then draws uniformly; here it is the every-token-masked error). No parameters.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ class InfNanRemove(Sampler):
         x = cand.logits
         if bool(torch.isfinite(x).all()):
             return cand
-        return cand.replace_logits(torch.nan_to_num(x, nan=0.0, posinf=F32.max, neginf=F32.min))
+        return cand.replace_logits(torch.nan_to_num(x, nan=0.0, posinf=F32.max, neginf=float("-inf")))
 
 
 @hookimpl

@@ -1,7 +1,8 @@
 """`mirostat`: llama.cpp's `llama_sampler_mirostat` (v1), per request, seeded and batch-invariant.
 
 Per row, over the candidates the chain passes in (earlier filters included; -inf candidates count as removed,
-as llama.cpp's filters shrink its array), exactly as llama.cpp, in float32:
+as llama.cpp's filters shrink its array), as llama.cpp, in float64 (llama.cpp: float32; a float32 sum's rounding
+would follow the row's width, so the batch), mu stored as float32:
     p      = softmax(logits), in descending order p_0 >= p_1 >= ...
     s_hat  = sum_i t_i b_i / sum_i t_i^2,  t_i = log((i+2)/(i+1)),  b_i = log(p_i / p_{i+1}),
              i < min(m - 1, n - 1)                               (n candidates)
@@ -50,19 +51,21 @@ def keep_top(logits: torch.Tensor, k: torch.Tensor, backend, ids: torch.Tensor |
 
 
 def mirostat_k(logits: torch.Tensor, mu: torch.Tensor, m: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """(B,) int64 llama.cpp's k for each row, clamped to [1, number of finite candidates]."""
+    """(B,) int64 llama.cpp's k for each row, clamped to [1, number of finite candidates]. Computed in float64:
+    float32 sums would round differently with the row's width (which follows the batch after a truncation), and
+    k, truncated to an integer, would then depend on the batch at its edges."""
     n = torch.isfinite(logits).sum(dim=-1)
     width = min(int(m.max()), logits.shape[1])
-    probs = torch.softmax(logits, dim=-1).topk(width, dim=-1).values  # descending
+    probs = torch.softmax(logits.double(), dim=-1).topk(width, dim=-1).values  # descending
     i = torch.arange(width - 1, device=logits.device)
-    t = torch.log((i + 2).float() / (i + 1).float())
+    t = torch.log((i + 2).double() / (i + 1).double())
     b = torch.log(probs[:, :-1] / probs[:, 1:])
     use = i[None, :] < torch.minimum(m - 1, n - 1)[:, None]
-    zero = torch.zeros((), dtype=torch.float32, device=logits.device)
+    zero = torch.zeros((), dtype=torch.float64, device=logits.device)
     s_hat = torch.where(use, t * b, zero).sum(dim=-1) / torch.where(use, t * t, zero).sum(dim=-1)
     eps = s_hat - 1
     vocab = torch.full_like(eps, float(vocab_size))
-    k = torch.pow((eps * torch.pow(2.0, mu)) / (1 - torch.pow(vocab, -eps)), 1 / s_hat)
+    k = torch.pow((eps * torch.pow(2.0, mu.double())) / (1 - torch.pow(vocab, -eps)), 1 / s_hat)
     whole = torch.where(k < _INT_LIMIT, k, torch.zeros_like(k)).long()  # int(k): truncation toward zero
     k_int = torch.where(torch.isnan(k), 1, torch.where(k >= _INT_LIMIT, n, whole))
     return torch.minimum(k_int.clamp(min=1), n.clamp(min=1))
@@ -95,9 +98,9 @@ class Mirostat(Sampler):
         keep = keep_top(logits, k, ctx.backend, cand.ids)
         kept = logits.masked_fill(~keep, float("-inf"))
         chosen = cand.draw(keep, ctx, ctx.param("seed"))  # the noise of the k kept tokens only
-        p_kept = torch.softmax(kept, dim=-1).gather(1, chosen[:, None]).squeeze(1)
+        p_kept = torch.softmax(kept.double(), dim=-1).gather(1, chosen[:, None]).squeeze(1)  # float64: see mirostat_k
         surprise = -torch.log2(p_kept)
-        self._pending = (ctx.request_ids, ctx.positions.clone(), mu - eta * (surprise - tau))
+        self._pending = (ctx.request_ids, ctx.positions.clone(), (mu - eta * (surprise - tau)).float())
         return chosen
 
     def accept(self, ctx: StepContext, token_ids: torch.Tensor):

@@ -1,8 +1,10 @@
 """`mirostat_v2`: llama.cpp's `llama_sampler_mirostat_v2`, per request, seeded and batch-invariant.
 
-Per row, over the candidates the chain passes in (earlier filters included), exactly as llama.cpp:
-    p        = softmax(logits)                                  float32
-    keep     = candidates whose surprise -log2(p) <= mu         (at least the most probable one)
+Per row, over the candidates the chain passes in (earlier filters included), as llama.cpp:
+    p        = softmax(logits)                                  float64 (llama.cpp: float32, whose rounding here
+                                                                would follow the row's width, so the batch)
+    keep     = candidates whose surprise -log2(p) <= mu         (at least the most probable one, of equal
+                                                                maxima the lowest id)
     p'       = softmax(logits of the kept candidates)
     token    ~ p'                                               Gumbel-max keyed by (seed, position, token id)
     mu      <- mu - eta * (-log2 p'(token) - tau)                mu starts at 2 * tau
@@ -49,14 +51,15 @@ class MirostatV2(Sampler):
         logits = cand.logits
         tau, eta = ctx.param("tau"), ctx.param("eta")
         mu = torch.where(ctx.state["started"], ctx.state["mu"], 2.0 * tau)
-        p = torch.softmax(logits, dim=-1)
-        keep = -torch.log2(p) <= mu[:, None]  # masked candidates: p = 0, surprise inf, never kept
-        keep.scatter_(1, logits.argmax(dim=-1, keepdim=True), True)  # llama.cpp keeps at least one
+        # float64: a float32 softmax rounds differently with the row's width, which follows the batch
+        p = torch.softmax(logits.double(), dim=-1)
+        keep = -torch.log2(p) <= mu.double()[:, None]  # masked candidates: p = 0, surprise inf, never kept
+        keep.scatter_(1, cand.best()[:, None], True)  # llama.cpp keeps at least one: of equal maxima the lowest id
         kept = logits.masked_fill(~keep, float("-inf"))
         chosen = cand.draw(keep, ctx, ctx.param("seed"))  # the noise of the kept tokens only
-        p_kept = torch.softmax(kept, dim=-1).gather(1, chosen[:, None]).squeeze(1)
+        p_kept = torch.softmax(kept.double(), dim=-1).gather(1, chosen[:, None]).squeeze(1)
         surprise = -torch.log2(p_kept)
-        self._pending = (ctx.request_ids, ctx.positions.clone(), mu - eta * (surprise - tau))
+        self._pending = (ctx.request_ids, ctx.positions.clone(), (mu - eta * (surprise - tau)).float())
         return chosen
 
     def accept(self, ctx: StepContext, token_ids: torch.Tensor):

@@ -7,9 +7,8 @@ No parameters.
 
 from __future__ import annotations
 
-import torch
-
 from samplechain import Candidates, Sampler, Stage, StepContext, hookimpl
+from samplechain.filters import log_softmax64
 
 
 class Renormalize(Sampler):
@@ -21,7 +20,8 @@ class Renormalize(Sampler):
         return True
 
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
-        return cand.replace_logits(torch.log_softmax(cand.logits, dim=-1))
+        # not torch's float32 log_softmax: its rounding follows the row's width, so the batch (see log_softmax64)
+        return cand.replace_logits(log_softmax64(cand.logits).float(), is_sorted=cand.is_sorted)
 
 
 @hookimpl

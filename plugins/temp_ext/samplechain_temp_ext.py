@@ -115,7 +115,7 @@ class TempExt(Sampler):
                 if cand.writable:
                     cand.logits.div_(shared_t)
                     return cand
-                return cand.replace_logits(cand.logits / shared_t)
+                return cand.replace_logits(cand.logits / shared_t, is_sorted=cand.is_sorted)
         x = cand.logits
         t, delta = ctx.param("t"), ctx.param("delta")
         dyn = delta > 0
@@ -135,7 +135,7 @@ class TempExt(Sampler):
             out = torch.where(hot, out, x.masked_fill(~only_top, -math.inf))
         if bool(keep_rows.any()):
             out = torch.where(keep_rows[:, None], x, out)
-        return cand.replace_logits(out)
+        return cand.replace_logits(out, is_sorted=cand.is_sorted)  # T > 0 never reorders; T <= 0 keeps the front
 
 
 @hookimpl

@@ -36,7 +36,8 @@ class Temperature(Sampler):
             if cand.writable:
                 cand.logits.div_(shared)
                 return cand
-            return cand.replace_logits(torch.div(cand.logits, shared, out=ctx.backend.scratch("candidates", cand.logits)))
+            out = ctx.backend.scratch("candidates", cand.logits)
+            return cand.replace_logits(torch.div(cand.logits, shared, out=out), is_sorted=cand.is_sorted)
         t = ctx.param("t")[:, None]  # (B, 1)
         hot = t > 0
         logits = cand.logits / torch.where(hot, t, torch.ones_like(t))
@@ -44,7 +45,7 @@ class Temperature(Sampler):
             cand, top = cand.best_first()  # of equal maxima the lowest id (sorted rows: moved to the front)
             cold_keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, top, True)
             logits = logits.masked_fill(~hot & ~cold_keep, float("-inf"))
-        return cand.replace_logits(logits)
+        return cand.replace_logits(logits, is_sorted=cand.is_sorted)  # t > 0 never reorders; t = 0 keeps the front
 
 
 @hookimpl

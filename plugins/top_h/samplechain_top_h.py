@@ -5,8 +5,10 @@ those n. With H(q) their entropy and tau = top_h * H(q), walk them from the most
 terms -q_i log q_i; a candidate is kept while the running sum is <= tau. The top candidate always survives, and so
 do the min_keep most likely (a parameter transformers lacks; the default 1 is its behaviour). Every candidate
 outside the top_n is removed. top_h = 0 disables the sampler (a bitwise no-op); transformers refuses 0 and is
-disabled by leaving top_h unset. Softmax, entropy and running sum are float64; ties in logit at the top_n or the
-cut are ordered by the partial sort, as torch.topk orders them in transformers.
+disabled by leaving top_h unset. Softmax, entropy and running sum are float64. Of logits tied at the cut, the
+lowest token ids are kept (as every other filter here), so the kept set is the same on every backend and in any
+batch; transformers keeps whichever tied tokens its torch.topk returns (the same values, so the same
+distribution over logits, but which of equal tokens survive may differ).
 """
 
 from __future__ import annotations
@@ -41,17 +43,19 @@ class TopH(Sampler):
         n = torch.clamp(ctx.param("top_n"), 1, width)
         min_keep = torch.clamp(ctx.param("min_keep"), 1, width)
         j = int(torch.maximum(n, min_keep).max())
-        values, index = ctx.backend.topk(cand.logits, j)  # (B, j) descending
+        values, index = ctx.backend.topk(cand.logits, min(j + 1, width))  # one column more: restrict sees ties
         rank = torch.arange(j, device=values.device)[None, :]
         inside = rank < n[:, None]
-        logq = torch.log_softmax(torch.where(inside, values.double(), float("-inf")), dim=-1)
+        logq = torch.log_softmax(torch.where(inside, values[:, :j].double(), float("-inf")), dim=-1)
         q = torch.exp(logq)
         terms = torch.where(q > 0, -q * logq, 0.0)
-        tau = terms.sum(dim=-1) * h
         running = torch.cumsum(terms, dim=-1)
+        # the entropy as the running sum's last value (terms past top_n are 0): a plain sum's rounding would follow
+        # the partial sort's width, which follows the batch; and top_h = 1 then keeps exactly the top_n
+        tau = running[:, -1] * h
         counts = ((running <= tau[:, None]) & inside).sum(dim=-1)  # terms >= 0: the kept ones are a prefix
         counts = torch.where(off, j, torch.maximum(counts, min_keep))
-        return cand.restrict(values, index, counts, off, settle=False)  # transformers' topk choice among ties
+        return cand.restrict(values, index, counts, off)  # equal logits at the cut: the lowest ids
 
 
 @hookimpl

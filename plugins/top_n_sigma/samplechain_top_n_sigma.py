@@ -60,7 +60,9 @@ class TopNSigma(Sampler):
         if bool(off.all()):
             return cand
         if width >= filters.WIDE and not cand.is_sorted:  # float32 statistics and an at_least read
-            return self._wide(cand, ctx, n, min_keep, off)
+            wide = self._wide(cand, ctx, n, min_keep, off)
+            if wide is not None:
+                return wide
         threshold = sigma_threshold(cand.logits, n)
         keep = cand.logits.double() >= threshold[:, None]  # a prefix of the descending order, ties included
         counts = torch.clamp(torch.maximum(keep.sum(dim=-1), min_keep), max=width)
@@ -69,10 +71,11 @@ class TopNSigma(Sampler):
 
     @staticmethod
     def _wide(cand: Candidates, ctx: StepContext, n: torch.Tensor, min_keep: torch.Tensor,
-              off: torch.Tensor) -> Candidates:
+              off: torch.Tensor) -> Candidates | None:
         """Wide rows: float32 statistics (torch's cascaded sums, ~1e-7 relative) instead of float64 copies of
         the row, the float64 threshold rounded up to the next float32 (so `logit >= it` is the float64
-        comparison exactly), and the survivors found and compacted by one at_least call."""
+        comparison exactly), and the survivors found and compacted by one at_least call. None when a row's
+        float32 variance overflowed (logits near the float32 limit): the float64 path then takes the batch."""
         x = cand.logits
         valid = torch.isfinite(x)
         count = valid.sum(dim=-1).clamp(min=1)
@@ -80,6 +83,8 @@ class TopNSigma(Sampler):
         mean = torch.where(valid, x, zero).sum(dim=-1) / count
         dev = torch.where(valid, x - mean[:, None], zero)
         std = torch.sqrt((dev * dev).sum(dim=-1) / count).double()
+        if not bool((torch.isfinite(std) | off).all()):
+            return None
         top = torch.where(valid, x, float("-inf")).amax(dim=-1).double()
         threshold = top - n.double() * std
         up = threshold.float()

@@ -28,7 +28,8 @@ from typing import Any
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, one_of
+from samplechain import Backend, Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, one_of
+from samplechain.contracts import settle_ties
 
 __all__ = ["Watermark", "WatermarkParams", "WatermarkDetection", "detect", "green_mask", "SCHEMES"]
 
@@ -177,19 +178,24 @@ class Watermark(Sampler):
             if cand.ids is not None:
                 green = green.gather(1, cand.ids)
         else:
-            green = self._selfhash(cand, history, rows, keys, widths, sizes)
+            green = self._selfhash(cand, ctx.backend, history, rows, keys, widths, sizes)
         out = torch.where(green, cand.logits + bias[:, None], cand.logits)
         return cand.replace_logits(out)
 
-    def _selfhash(self, cand: Candidates, history: torch.Tensor, rows: list[int], keys: list[int],
+    def _selfhash(self, cand: Candidates, backend: Backend, history: torch.Tensor, rows: list[int], keys: list[int],
                   widths: list[int], sizes: list[int]) -> torch.Tensor:
-        """(B, K) bool: candidates among each row's 40 best that fall in their own green list."""
+        """(B, K) bool: candidates among each row's 40 best that fall in their own green list. Of logits tied at
+        the 40th place the lowest token ids are among the 40 (transformers: its sort's choice), so the biased set
+        depends on the row alone, not on the order an earlier filter or the batch left."""
         device = history.device
         n = min(SELFHASH_CANDIDATES, cand.width)
         if cand.is_sorted:
-            top = torch.arange(n, device=cand.logits.device).expand(cand.batch_size, -1)
-        else:  # the same full sort transformers runs (its tie order decides the 40th place)
-            top = cand.logits.sort(dim=-1, descending=True)[1][:, :n]
+            values = cand.logits
+            index = torch.arange(cand.width, device=values.device).expand(cand.batch_size, -1)
+        else:  # a partial sort, one column more so a tie at the 40th place is seen
+            values, index = backend.topk(cand.logits, min(n + 1, cand.width))
+        counts = torch.full((cand.batch_size,), n, device=values.device)
+        top = settle_ties(values, index, counts, cand.logits, cand.ids)[1][:, :n]
         tokens = cand.ids_at(top).to(device)  # (B, n)
         green = torch.zeros(cand.batch_size, n, dtype=torch.bool, device=device)
         for b in rows:

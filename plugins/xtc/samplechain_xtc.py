@@ -10,7 +10,8 @@ llama.cpp's `llama_sampler_xtc` (src/llama-sampler.cpp), per row:
 - p = softmax over the current candidates (-inf ones count as removed); the m tokens with p >= threshold are a
   prefix of the descending order; when m >= 2 the m - 1 most likely are removed, unless fewer than `min_keep`
   candidates would remain (then the row is left as is, as llama.cpp). Equal probabilities at the least likely
-  qualifying level keep the one at the highest candidate position (llama.cpp's sort leaves this unspecified).
+  qualifying level keep the highest token id (llama.cpp's sort leaves this unspecified; here the order is the
+  other filters' one, equal logits by ascending id, whose last is the highest id), in any batch and on any backend.
 
 `keep_special` (text-generation-webui's `XTCLogitsWarper`): when "\\n" or an eos token would be removed, the row is
 left unchanged for that step. The ids come from `prepare()`: the last token of the tokenizer's encoding of "\\n"
@@ -64,9 +65,10 @@ def newline_id(tokenizer) -> int | None:
     return int(ids[-1]) if ids else None
 
 
-def removal_mask(logits: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+def removal_mask(logits: torch.Tensor, threshold: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
     """(B, K) bool: the candidates XTC removes when it acts: every candidate with p >= threshold except the least
-    likely of them (ties: the highest position is kept); nothing when fewer than two qualify."""
+    likely of them (ties: the highest token id is kept; ids None: id = position); nothing when fewer than two
+    qualify."""
     x = logits.double()
     valid = torch.isfinite(x)
     top = torch.where(valid, x, torch.full_like(x, NEG_INF)).amax(dim=-1, keepdim=True)
@@ -74,26 +76,28 @@ def removal_mask(logits: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
     cut = torch.log(threshold.double())[:, None] + lse  # log(0) = -inf: every finite candidate qualifies
     qualify = valid & (x >= cut)
     lowest = torch.where(qualify, x, torch.full_like(x, math.inf)).amin(dim=-1, keepdim=True)
-    positions = torch.arange(x.shape[1], device=x.device)[None, :]
-    last = torch.where(qualify & (x == lowest), positions, -1).amax(dim=-1, keepdim=True)
-    remove = qualify & (positions != last)
+    ids = torch.arange(x.shape[1], device=x.device)[None, :] if ids is None else ids
+    last = torch.where(qualify & (x == lowest), ids, -1).amax(dim=-1, keepdim=True)
+    remove = qualify & (ids != last)
     return remove & (qualify.sum(dim=-1, keepdim=True) >= 2)
 
 
-def wide_removals(logits: torch.Tensor, threshold: torch.Tensor, backend: Backend
+def wide_removals(logits: torch.Tensor, threshold: torch.Tensor, backend: Backend, ids: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`removal_mask` for wide unsorted rows, in float32, without a (B, K) mask: (rows, positions) of the removed
     candidates and the (B,) count removed per row. The qualifying candidates are the few >= the cut, read in
-    descending order by `at_least`; of the least likely level, the highest position stays, as in removal_mask."""
+    descending order by `at_least`; of the least likely level, the highest token id stays, as in removal_mask."""
     top = logits.amax(dim=-1, keepdim=True)
     lse = top + torch.log(torch.exp(logits - top).sum(dim=-1, keepdim=True))  # -inf candidates weigh exp(-inf) = 0
-    cut = (torch.log(threshold.float())[:, None] + lse)[:, 0]
+    # threshold 0 (log 0 = -inf) qualifies every finite candidate, never a removed (-inf) one
+    cut = (torch.log(threshold.float())[:, None] + lse)[:, 0].clamp(min=torch.finfo(torch.float32).min)
     values, positions, counts = backend.at_least(logits, cut)
     j = torch.arange(values.shape[1], device=logits.device)[None, :]
     inside = j < counts[:, None]
     lowest = values.gather(1, (counts - 1).clamp(min=0)[:, None])
-    last = torch.where(inside & (values == lowest), positions, -1).amax(dim=-1, keepdim=True)
-    remove = inside & (positions != last) & (counts >= 2)[:, None]
+    tokens = positions if ids is None else ids.gather(1, positions)
+    last = torch.where(inside & (values == lowest), tokens, -1).amax(dim=-1, keepdim=True)
+    remove = inside & (tokens != last) & (counts >= 2)[:, None]
     rows, cols = remove.nonzero(as_tuple=True)
     return rows, positions[rows, cols], remove.sum(dim=-1)
 
@@ -141,7 +145,7 @@ class Xtc(Sampler):
             return self._wide(cand, ctx, act)
         n = torch.isfinite(logits).sum(dim=-1)
         act &= n >= 2
-        remove = removal_mask(logits, threshold) & act[:, None]
+        remove = removal_mask(logits, threshold, cand.ids) & act[:, None]
         removed = remove.sum(dim=-1)
         act &= (n - removed) >= ctx.param("min_keep")  # llama.cpp: too few left -> the row is unchanged
         if self._protected:
@@ -151,16 +155,7 @@ class Xtc(Sampler):
         remove &= act[:, None]
         if not bool(remove.any()):
             return cand
-        if not cand.is_sorted:
-            return cand.masked(~remove)
-        # sorted rows: the removed candidates are the first `shift` of each row; rotate them to the end (as -inf)
-        # so the row stays in descending order and the ids stay a permutation
-        shift = remove.sum(dim=-1)
-        width = cand.width
-        index = (torch.arange(width, device=logits.device)[None, :] + shift[:, None]) % width
-        wrapped = torch.arange(width, device=logits.device)[None, :] >= (width - shift)[:, None]
-        values = logits.gather(1, index).masked_fill(wrapped, NEG_INF)
-        return cand.take(values, index, is_sorted=True)
+        return cand.masked(~remove)  # sorted rows stay sorted, the survivors moved to the front
 
 
     def _wide(self, cand: Candidates, ctx: StepContext, act: torch.Tensor) -> Candidates:
@@ -168,7 +163,8 @@ class Xtc(Sampler):
         rows = act.nonzero().flatten()
         sub = cand.logits.index_select(0, rows) if len(rows) < cand.batch_size else cand.logits
         n = torch.isfinite(sub).sum(dim=-1)
-        removed_rows, positions, removed = wide_removals(sub, ctx.param("threshold")[rows], ctx.backend)
+        ids = None if cand.ids is None else cand.ids.index_select(0, rows)
+        removed_rows, positions, removed = wide_removals(sub, ctx.param("threshold")[rows], ctx.backend, ids)
         ok = (n >= 2) & ((n - removed) >= ctx.param("min_keep")[rows])  # llama.cpp: too few left -> unchanged
         if self._protected:
             special = torch.tensor(self._protected, dtype=torch.int64, device=sub.device)

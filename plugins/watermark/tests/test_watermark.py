@@ -1,4 +1,4 @@
-"""watermark.v1 and `detect` against transformers' WatermarkLogitsProcessor and WatermarkDetector (5.23, installed).
+"""watermark.v1 and `detect` against transformers' WatermarkLogitsProcessor and WatermarkDetector (the installed one).
 
 - Processed scores equal WatermarkLogitsProcessor(V, "cpu", ...)(input_ids, scores) bitwise, both seeding schemes,
   context widths 1..4, several ratios / biases / keys, a batch whose rows have different histories; with -inf
@@ -9,18 +9,23 @@
 - Per-row parameters equal each row run alone and the reference with that row's settings; bias = 0 is a bitwise
   no-op; bad parameters give a ConfigError naming the key.
 - detect(): z-score, green fraction, p-value, counts and prediction equal WatermarkDetector's on the same ids
-  (ignore_repeated_ngrams both ways, bos stripping, prompt_context).
+  (ignore_repeated_ngrams both ways, bos stripping, prompt_context), as transformers >= 5.23 gives them: with an
+  older transformers the reference is that behaviour built from the installed detector (transformers_detector).
 - With the embedded model: the sampler inside generate() gives the tokens transformers' processor gives in the same
   loop; watermarked texts are detected (z > 4), plain ones are not (z < 2), and z equals WatermarkDetector's.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 import types
 
+import numpy as np
 import pytest
 import torch
+import transformers
+from packaging.version import Version
 from transformers import WatermarkingConfig
 from transformers.generation.logits_process import LogitsProcessorList, TopKLogitsWarper, WatermarkLogitsProcessor
 from transformers.generation.watermarking import WatermarkDetector
@@ -39,15 +44,18 @@ def reference(input_ids, scores, vocab=None, **params):
     proc = WatermarkLogitsProcessor(vocab or scores.shape[1], "cpu", **params)
     if params.get("seeding_scheme") != "selfhash" or input_ids.shape[1] < proc.context_width:
         return proc(input_ids, scores.clone())
-    # selfhash: transformers indexes with torch.tensor([]) (float) and raises IndexError when none of a row's 40
-    # best tokens is green; that row is left unchanged (what adding the bias to no token means)
-    rows = []
+    # selfhash: transformers' _score_rejection_sampling tries the row's 40 best tokens, each with its own
+    # _get_greenlist_ids; its sort leaves the order of equal logits unspecified, so which of the tokens tied at the
+    # 40th place are tried is the sort's choice. samplechain tries the lowest ids: the reference does too (a stable
+    # sort), with transformers' own green lists. (transformers also raises IndexError when none of the 40 is green;
+    # such a row is left unchanged, what adding the bias to no token means.)
+    out = scores.clone()
     for b in range(scores.shape[0]):
-        if len(proc._score_rejection_sampling(input_ids[b], scores[b])) == 0:
-            rows.append(scores[b].clone())
-        else:
-            rows.append(proc(input_ids[b : b + 1], scores[b : b + 1].clone())[0])
-    return torch.stack(rows)
+        best = scores[b].sort(descending=True, stable=True).indices[:40]
+        green = [t for t in best.tolist()
+                 if t in proc._get_greenlist_ids(torch.cat([input_ids[b], torch.tensor([t])]))]
+        out[b, green] += proc.bias
+    return out
 
 
 def case(seed, B=6, V=1000, L=16, ties=False):
@@ -195,10 +203,82 @@ def test_green_list_cache_is_bounded_and_reused(monkeypatch):
 # ------------------------------------------------------------------------------------------------------ detector
 
 
+# Where transformers' detector changed (docs/semantics.md, "transformers versions"). The reference is the newest
+# behaviour, built from the installed transformers where that is older:
+# - 5.19 counts each distinct n-gram once under ignore_repeated_ngrams. Before, its Counter keyed the n-grams by
+#   tensor identity: every n-gram was distinct and the option had no effect. There the reference scores with
+#   5.19's _score_ngrams_in_passage (below), on the installed detector's own green-list test (_get_ngram_score).
+# - 5.23 computes the p-value exactly, 0.5 * erfc(z / sqrt(2)). Before, an approximation,
+#   1 - 0.5 * (1 + sign(z) * (1 - exp(-2 z**2 / pi))) (z = 0.31: 0.4706 for 0.3788). There the reference checks that
+#   the installed detector's p-value is that approximation of its z-score and takes erfc of the same z-score.
+TRANSFORMERS = Version(transformers.__version__).release
+DEDUPS_REPEATED_NGRAMS = TRANSFORMERS >= (5, 19)
+EXACT_P_VALUE = TRANSFORMERS >= (5, 23)
+
+
+def _score_ngrams_5_19(self, input_ids):
+    """WatermarkDetector._score_ngrams_in_passage of transformers 5.19 (Apache-2.0): n-grams as integer tuples."""
+    batch_size, seq_length = input_ids.shape
+    selfhash = int(self.processor.seeding_scheme == "selfhash")
+    n = self.processor.context_width + 1 - selfhash
+    indices = torch.arange(n).unsqueeze(0) + torch.arange(seq_length - n + 1).unsqueeze(1)
+    ngram_tensors = input_ids[:, indices]
+    num_tokens_scored_batch = np.zeros(batch_size)
+    green_token_count_batch = np.zeros(batch_size)
+    for batch_idx in range(ngram_tensors.shape[0]):
+        frequencies_table = collections.Counter(tuple(ngram) for ngram in ngram_tensors[batch_idx].tolist())
+        lookup = {}
+        for ngram in frequencies_table:
+            ngram_tensor = input_ids.new_tensor(ngram)
+            prefix = ngram_tensor if selfhash else ngram_tensor[:-1]
+            lookup[ngram] = self._get_ngram_score_cached(prefix, ngram[-1])
+        if self.ignore_repeated_ngrams:
+            num_tokens_scored_batch[batch_idx] = len(frequencies_table)
+            green_token_count_batch[batch_idx] = sum(lookup.values())
+        else:
+            num_tokens_scored_batch[batch_idx] = sum(frequencies_table.values())
+            green_token_count_batch[batch_idx] = sum(freq * lookup[g] for g, freq in frequencies_table.items())
+    return num_tokens_scored_batch, green_token_count_batch
+
+
+def _approximate_p_value(z):
+    """transformers < 5.23: WatermarkDetector._compute_pval."""
+    return 1 - (0.5 * (1 + np.sign(z) * (1 - np.exp(-2 * z**2 / np.pi))))
+
+
 def transformers_detector(vocab, bos=None, ignore_repeated_ngrams=False, **params):
+    """The installed WatermarkDetector, answering as transformers >= 5.23 does (see above)."""
     # bos -1 never matches (transformers compares input_ids[:, 0] with it and fails on None)
     config = types.SimpleNamespace(vocab_size=vocab, bos_token_id=-1 if bos is None else bos, is_encoder_decoder=False)
-    return WatermarkDetector(config, "cpu", WatermarkingConfig(**params), ignore_repeated_ngrams=ignore_repeated_ngrams)
+    detector = WatermarkDetector(config, "cpu", WatermarkingConfig(**params),
+                                 ignore_repeated_ngrams=ignore_repeated_ngrams)
+    if ignore_repeated_ngrams and not DEDUPS_REPEATED_NGRAMS:
+        detector._score_ngrams_in_passage = types.MethodType(_score_ngrams_5_19, detector)
+
+    def run(input_ids, z_threshold=3.0, return_dict=False):
+        out = detector(input_ids, z_threshold=z_threshold, return_dict=return_dict)
+        if not return_dict or EXACT_P_VALUE:
+            return out
+        z = np.asarray(out.z_score)
+        assert np.array_equal(np.asarray(out.p_value), _approximate_p_value(z), equal_nan=True)
+        p_value = 0.5 * torch.special.erfc(torch.as_tensor(z / np.sqrt(2))).numpy()  # transformers 5.23
+        fields = ("num_tokens_scored", "num_green_tokens", "green_fraction", "z_score", "prediction")
+        return types.SimpleNamespace(**{f: getattr(out, f) for f in fields}, p_value=p_value,
+                                     confidence=1 - p_value)
+
+    return run
+
+
+@pytest.mark.skipif(DEDUPS_REPEATED_NGRAMS, reason="transformers >= 5.19 counts each distinct n-gram once")
+def test_before_5_19_ignore_repeated_ngrams_had_no_effect_in_transformers():
+    ids = torch.tensor([[1, 2, 1, 2, 1, 2, 1, 2, 3, 4]])  # 9 bigrams, 4 distinct
+    config = types.SimpleNamespace(vocab_size=50, bos_token_id=-1, is_encoder_decoder=False)
+    for ignore in (False, True):
+        installed = WatermarkDetector(config, "cpu", WatermarkingConfig(), ignore_repeated_ngrams=ignore)
+        assert installed(ids, return_dict=True).num_tokens_scored.tolist() == [9]
+    reference = transformers_detector(50, ignore_repeated_ngrams=True)(ids, return_dict=True)
+    assert reference.num_tokens_scored.tolist() == [4]
+    assert wm.detect(ids, 0, 50, ignore_repeated_ngrams=True).num_tokens_scored.tolist() == [4]
 
 
 def assert_same(ours, ref):
