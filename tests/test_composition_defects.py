@@ -207,3 +207,16 @@ def test_renormalize_gives_a_row_the_same_values_alone_and_in_a_batch():
         x[:, seed] += 30.0 * (seed % 2)  # a dominant token in every other case
         batch = chain.process(x, store, ["a", "b"])
         assert torch.equal(chain.process(x[:1], store, ["a"])[0], batch[0]), seed
+
+
+def test_quadratic_pure_rows_beside_cubic_ones_get_no_nan_from_an_overflowed_cube():
+    """A row with curve 1 (no cubic term) beside a row with curve 5: the cubic term was computed for every row and
+    0 * (-inf) made NaN where d**3 overflowed (logits near the float32 limit); alone the row got -inf there."""
+    chain = load([{"use": "quadratic", "factor": 1.0}, {"use": "greedy"}])
+    x = torch.tensor([[3e38, -3e38, 0.0], [1.0, 0.5, 0.0]])
+    store = chain.new_store()
+    store.add("a", {})
+    store.add("b", {"smoothing_curve": 5.0})
+    batch = chain.process(x, store, ["a", "b"])
+    assert torch.equal(batch[0], chain.process(x[:1], store, ["a"])[0])
+    assert not bool(batch.isnan().any())

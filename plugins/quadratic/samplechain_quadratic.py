@@ -33,14 +33,15 @@ def coefficients(factor: torch.Tensor, curve: torch.Tensor) -> tuple[torch.Tenso
 
 def smooth(x: torch.Tensor, kf: torch.Tensor, sf: torch.Tensor, cubic: bool = True) -> torch.Tensor:
     """The webui transform of rows x (B, K) with per-row coefficients kf, sf (B,): the same float32 operations in
-    the same order (d**2 is d * d and d**3 is d * d * d in torch), in place on two buffers. `cubic=False` (every
-    sf is 0) skips the s * d**3 term, which then only adds zeros (webui's 0 * d**3 is NaN where d**3 overflows;
-    there the quadratic alone gives -inf)."""
+    the same order (d**2 is d * d and d**3 is d * d * d in torch), in place on two buffers. Rows whose sf is 0 get
+    no s * d**3 term, which would only add zeros (webui's 0 * d**3 is NaN where d**3 overflows; there the quadratic
+    alone gives -inf), also beside rows that have one; `cubic=False` (every sf is 0) skips the term altogether."""
     top = x.amax(dim=-1, keepdim=True)
     d = x - top
     out = torch.mul(d, d).mul_(kf[:, None]).neg_()  # -(k * factor * d**2)
     if cubic:
-        out.add_(d.pow_(3).mul_(sf[:, None]))  # + s * factor * d**3
+        cube = d.pow_(3).mul_(sf[:, None])  # + s * factor * d**3
+        out.add_(cube.masked_fill_((sf == 0)[:, None], 0.0))
     out.add_(top)
     return out.masked_fill_(x == float("-inf"), float("-inf"))
 
