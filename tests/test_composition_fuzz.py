@@ -24,7 +24,9 @@ Invariants of every case (the test names them in its failure message):
 Two tests, 1,500 derandomized examples each in CI (about 4 minutes together on 2 cores; marked slow):
 `test_random_compositions` (the whole catalogue) and `test_random_truncation_chains` (the truncating filters and
 temperature only, where compaction and sortedness interact most: it finds issue 14's emptied row, [top_n_sigma,
-typical, top_k 1], when that fix is undone). `SAMPLECHAIN_FUZZ_EXAMPLES=N` runs N each, `SAMPLECHAIN_FUZZ_SEED=S` a
+typical, top_k 1], when that fix is undone). A third, `test_random_sync_free_chains` (a fifth as many examples),
+runs chains of the samplers that declare a sync-free step on the cuda backend's logic (CPU tensors, under
+`no_host_sync`) against the cpu backend: the same tokens or the same error. `SAMPLECHAIN_FUZZ_EXAMPLES=N` runs N each, `SAMPLECHAIN_FUZZ_SEED=S` a
 fresh random sequence instead of the fixed one. A failure prints the case; `check(eval(printed_case))` replays it.
 """
 
@@ -429,6 +431,52 @@ def test_random_truncation_chains(case: Case) -> None:
     check(case)
 
 
+def sync_free_samplers() -> list[str]:
+    """The transforms and filters that declare a sync-free step (`Sampler.sync_free`)."""
+    return sorted(n for n, c in catalogue().items() if c.sync_free)
+
+
+def check_sync_free(case: Case) -> None:
+    """The cuda backend's sync-free step (on CPU tensors) against the cpu backend: two accepted steps, the second
+    under `no_host_sync`; the same tokens, or the same error (the deferred one from `SampleOutput.check`)."""
+    from samplechain_cuda import CudaBackend
+
+    from samplechain.testing import no_host_sync
+
+    batch, vocab = case.logits.shape
+    rows = list(range(batch))
+    kwargs = dict(history=case.history, unconditional_logits=case.uncond)
+    runs = []
+    for sync_free in (False, True):
+        chain = _chain(case.entries, case.tokenizer, vocab)
+        if sync_free:
+            chain._backends["cpu"] = CudaBackend(device="cpu")
+        store, ids = _store(chain, case.per_row, rows)
+        got: list[Any] = []
+        try:
+            for step in range(2):
+                if sync_free and step:
+                    with no_host_sync():
+                        out = chain.sample(case.logits, store, ids, **kwargs)
+                else:
+                    out = chain.sample(case.logits, store, ids, **kwargs)
+                got.append(out.check().token_ids.tolist())
+        except SamplechainError as exc:
+            assert "HostSyncError" not in str(exc), f"the sync-free step read the host: {exc}"
+            got.append(f"{type(exc).__name__}: {exc}")
+        runs.append(got)
+    assert runs[0] == runs[1], f"the sync-free step differs from the cpu backend's: {runs[1]} != {runs[0]}"
+
+
+@pytest.mark.slow
+@settings(FUZZ, max_examples=max(EXAMPLES // 5, 20))
+@given(cases(pool=sync_free_samplers(), selectors=("greedy", "dist")))
+def test_random_sync_free_chains(case: Case) -> None:
+    """Chains of the samplers that declare a sync-free step: no host read, the cpu backend's tokens."""
+    check_sync_free(case)
+
+
 if _SEED is not None:
     test_random_compositions = seed(int(_SEED))(test_random_compositions)
     test_random_truncation_chains = seed(int(_SEED))(test_random_truncation_chains)
+    test_random_sync_free_chains = seed(int(_SEED))(test_random_sync_free_chains)

@@ -44,7 +44,7 @@ def test_recording_backend_shows_that_truncation_happens_once_on_the_full_vocabu
     chain.sample(torch.randn(3, 1000))
     backend = chain._backend_for("cpu")
     assert isinstance(backend, RecordingBackend)
-    assert backend.calls == [("topk", (3, 1000)), ("gumbel", (3, 5))]
+    assert backend.calls == [("ranked_topk", (3, 1000)), ("gumbel", (3, 5))]
 
 
 def test_scripted_logits_follow_each_request_script():

@@ -35,7 +35,7 @@ import torch
 
 from .backends import select_backend
 from .config import ChainConfig, load_config
-from .contracts import Backend, Candidates, Sampler, SamplerSetup, StepContext, token_id_list
+from .contracts import Backend, Candidates, Sampler, SamplerSetup, StepContext, sync_free_step, token_id_list
 from .errors import ConfigError, RequestError, SamplechainError, SamplingError
 from .filters import patched_top
 from .plugins import PluginHost, get_host
@@ -50,11 +50,24 @@ _INF = float("inf")
 @attrs.frozen
 class SampleOutput:
     """token_ids (B,) int64; logprobs (B,) float32 of each chosen token under the processed distribution;
-    scores (B, V) float32 processed logits when asked for (return_scores=True), else None."""
+    scores (B, V) float32 processed logits when asked for (return_scores=True), else None.
+
+    On a backend whose step never waits for the host (`Backend.sync_free`: cuda) the step's check of its tokens
+    is deferred to a device flag: call `check()` where the tokens are read anyway (generate() does); it raises
+    the error the step would have raised, and a failed step changed no request's state."""
 
     token_ids: torch.Tensor
     logprobs: torch.Tensor
     scores: torch.Tensor | None = None
+    deferred: tuple[torch.Tensor, Callable[[], Exception]] | None = attrs.field(default=None, repr=False, eq=False)
+
+    def check(self) -> SampleOutput:
+        """Raise the step's deferred error, if any (one host read of a device flag); returns self."""
+        if self.deferred is not None:
+            failed, error = self.deferred
+            if bool(failed):
+                raise error()
+        return self
 
 
 _FUSE_MIN = 1 << 20  # logits elements from which skipping the (B, V) copy pays for the fusion's extra calls
@@ -260,6 +273,16 @@ class Chain:
             )
         return store, request_ids
 
+    def _sync_free(self, logits: Any) -> bool:
+        """Whether this step runs on a backend that never waits for the host (`Backend.sync_free`)."""
+        device = getattr(logits, "device", None)
+        if not isinstance(device, torch.device):
+            return False
+        try:
+            return self._backend_for(device.type).sync_free
+        except SamplechainError:  # no backend for it: the step itself reports that
+            return False
+
     def sample(
         self,
         logits: torch.Tensor,
@@ -277,6 +300,13 @@ class Chain:
         accept=False leaves the store untouched (call `accept` later); accept="defer" returns (output, commit):
         the state updates are computed but only written when commit() is called (MixedChains uses it so a failure
         in any group of a mixed batch changes no request)."""
+        with sync_free_step(self._sync_free(logits)):
+            return self._sample(logits, store, request_ids, accept, return_scores, history, prompt_lengths,
+                                unconditional_logits)
+
+    def _sample(self, logits: torch.Tensor, store: RequestStore | None, request_ids: Sequence[str] | None,
+                accept: bool | str, return_scores: bool, history: torch.Tensor | None,
+                prompt_lengths: torch.Tensor | None, unconditional_logits: torch.Tensor | None) -> SampleOutput:
         given = logits  # as the caller passed them: a failing step names the NaN / +inf it finds there
         logits, writable = self._check_logits(logits)
         batch, vocab = logits.shape
@@ -287,7 +317,7 @@ class Chain:
         if batch == 0:
             empty = torch.zeros(0, dtype=torch.int64, device=logits.device)
             out = SampleOutput(empty, empty.float(), logits.clone() if return_scores else None)
-            return (out, lambda: None) if accept == "defer" else out  # type: ignore[return-value]
+            return (out, lambda also=None: None) if accept == "defer" else out  # type: ignore[return-value]
 
         hist = self._history(history, prompt_lengths, positions, logits)
         uncond = self._unconditional(unconditional_logits, logits)
@@ -305,16 +335,27 @@ class Chain:
 
         token_ids = cand.ids_at(chosen[:, None]).squeeze(1)
         logprobs = cand.logits.gather(1, chosen[:, None]).squeeze(1) - lse
-        if not bool(torch.isfinite(logprobs).all()):  # one reduction (a sum could overflow: -3e38 x 4 is -inf)
-            raise self._bad_rows(~torch.isfinite(logprobs), view.request_ids, given, unconditional_logits,
-                                 lambda: self._stages(given, store, view, positions, backend, hist, uncond))
+
+        def error() -> Exception:
+            return self._bad_rows(~torch.isfinite(logprobs), view.request_ids, given, unconditional_logits,
+                                  lambda: self._stages(given, store, view, positions, backend, hist, uncond))
+
+        failed = None
+        if backend.sync_free:  # a device flag, read by out.check() where the caller reads the tokens
+            failed = ~torch.isfinite(logprobs).all()
+        elif not bool(torch.isfinite(logprobs).all()):  # one reduction (a sum could overflow: -3e38 x 4 is -inf)
+            raise error()
         scores = cand.scores() if return_scores else None
-        out = SampleOutput(token_ids, logprobs, scores)
+        out = SampleOutput(token_ids, logprobs, scores, None if failed is None else (failed, error))
         if accept == "defer":  # MixedChains: every group computes its update before any is committed
             updates = self._updates(store, view, positions, backend, token_ids, hist, selection=(cand, chosen))
-            return out, lambda: store.advance(view, updates)  # type: ignore[return-value]
+
+            def commit(also: torch.Tensor | None = None) -> None:  # also: another group's failure flag
+                store.advance(view, updates, failed if also is None else also if failed is None else failed | also)
+            return out, commit  # type: ignore[return-value]
         if accept:
-            self._accept(store, view, positions, backend, token_ids, hist, selection=(cand, chosen))
+            updates = self._updates(store, view, positions, backend, token_ids, hist, selection=(cand, chosen))
+            store.advance(view, updates, failed)
         return out
 
     def accept(self, store: RequestStore, request_ids: Sequence[str], token_ids: torch.Tensor) -> None:
@@ -409,7 +450,8 @@ class Chain:
                        "(prompt then generated, left padding as -1) to chain.sample; "
                        "samplechain.generation.generate does this for you")
         return StepContext(backend, view.params[i], view.scalars[i], positions, i, view.request_ids, state,
-                           history, lengths, unconditional_logits=uncond, missing_history=missing)
+                           history, lengths, unconditional_logits=uncond, missing_history=missing,
+                           bounds=view.bounds[i] if view.bounds else {})
 
     def _unconditional(self, uncond: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor | None:
         """Check the unconditional logits a guidance sampler (cfg) needs: the same shape as the logits."""

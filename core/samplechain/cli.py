@@ -43,6 +43,7 @@ def _plugin_rows(available: bool) -> list[dict[str, Any]]:
         warnings.simplefilter("ignore", PluginWarning)  # broken plugins are shown as rows, not warnings
         infos = host.load_all()
     registry = host.registry
+    samplers = host.registered("sampler")
     rows = []
     for info in infos:
         entry = registry.plugins.get(info.name)
@@ -55,6 +56,7 @@ def _plugin_rows(available: bool) -> list[dict[str, Any]]:
             "status": info.status,
             "error": info.error,
             "provides": info.provides,
+            "step": _step_kind(info.provides, samplers),
         })
     if available:
         seen = {r["name"] for r in rows}
@@ -75,6 +77,20 @@ def _plugin_rows(available: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def _step_kind(provides: list[str], samplers: dict[str, dict[int, type]]) -> str | None:
+    """"sync-free" when every sampler a plugin provides declares it reads nothing on the host in a sync-free step
+    (`Sampler.sync_free`), "host-bound" when one does not; None for plugins without samplers."""
+    classes = []
+    for name in provides:
+        base, _, version = name.rpartition(".v")
+        cls = samplers.get(base, {}).get(int(version)) if version.isdigit() else None
+        if cls is not None:
+            classes.append(cls)
+    if not classes:
+        return None
+    return "sync-free" if all(c.sync_free for c in classes) else "host-bound"
+
+
 def cmd_plugins(args: argparse.Namespace, console: Console) -> int:
     from .plugin_tools import installed_index, normalize_distribution
 
@@ -86,7 +102,7 @@ def cmd_plugins(args: argparse.Namespace, console: Console) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     table = Table(title="samplechain plugins" + (" (installed and available)" if args.available else ""))
-    for col in ("name", "kind", "version", "distribution", "status", "provides", "added"):
+    for col in ("name", "kind", "version", "distribution", "status", "provides", "step", "added"):
         table.add_column(col)
     if args.available:
         table.add_column("install")
@@ -95,7 +111,7 @@ def cmd_plugins(args: argparse.Namespace, console: Console) -> int:
         rec = r["installed"]
         when = f"{rec['installed_at'][:10]} ({rec['source']})" if rec else "-"
         cells = [r["name"], r["kind"], r["version"] or "-", r["distribution"] or "-", status, ", ".join(r["provides"]),
-                 escape(when)]
+                 r.get("step") or "-", escape(when)]
         if args.available:
             cells.append(r.get("install", ""))
         table.add_row(*cells)

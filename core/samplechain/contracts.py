@@ -5,8 +5,10 @@ This module (with `params` for validators) is all a plugin needs to import.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable, ClassVar
 
 import attrs
@@ -98,20 +100,82 @@ def settle_ties(values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor,
     value of a row's partial sort (values, index: (B, W), descending, W > counts[b] where the row has more
     candidates) are equal, the tied candidates kept are those with the lowest token ids, not the ones the partial
     sort happened to pick (its choice changes with its width, so with the batch). Rows without a tie at their
-    boundary (nearly always) are untouched; a tied row is settled by one scan of logits[b] (the candidates the
-    partial sort ran on; ids None: token id = position)."""
+    boundary (nearly always, in float32) are untouched; the tied rows (most rows of bfloat16 logits) are settled
+    together, vectorised: every place the cut's value v holds in the partial sort gets, in order, the next of the
+    row's lowest-id candidates equal to v (`lowest_equal`), so the ids stay unique. logits: the candidates the
+    partial sort ran on; ids None: token id = position."""
     rows = tied_rows(values, counts)
     if not rows:
         return values, index
-    values, index = values.clone(), index.clone()
-    width = values.shape[1]
-    for b in rows:
-        row, v = logits[b], values[b, min(max(int(counts[b]), 1), width) - 1]
-        places = (values[b] == v).nonzero().flatten()  # where the partial sort put v (sorted rows may hold -inf
-        equal = (row == v).nonzero().flatten()  # holes, so not simply after the larger values)
-        order = (equal if ids is None else ids[b, equal]).argsort()
-        index[b, places] = equal[order[: len(places)]]  # every place of v, not just the kept ones: ids stay unique
-    return values, index
+    tied = torch.tensor(rows, device=values.device)
+    vals, idx = values.index_select(0, tied), index.index_select(0, tied)
+    cut = (counts.index_select(0, tied).clamp(1, values.shape[1]) - 1)[:, None]
+    v = vals.gather(1, cut)  # (T, 1) the value at each tied row's cut
+    places = vals == v  # (T, W) where the partial sort put it (a run, in descending order)
+    lowest = lowest_equal(logits.index_select(0, tied), v, int(places.sum(dim=-1).max()),
+                          None if ids is None else ids.index_select(0, tied))
+    rank = (torch.cumsum(places, dim=-1) - 1).clamp(min=0)  # the n-th place of v takes the n-th lowest id
+    return values, index.index_copy(0, tied, torch.where(places, lowest.gather(1, rank), idx))
+
+
+def lowest_equal(logits: torch.Tensor, value: torch.Tensor, n: int, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, n) positions of the candidates equal to value (B, 1), lowest token id first (ids None: id = position);
+    a row with fewer than n such candidates repeats its last one. Vectorised over rows: a running count along each
+    row (positions in order are ids in order), or a top-k of negated ids among the equal ones."""
+    equal = logits == value
+    if ids is None:
+        first = equal & (torch.cumsum(equal, dim=-1, dtype=torch.int32) <= n)
+        found = first.sum(dim=-1)
+        _, positions, _ = compact_kept(logits, first, found)
+        last = positions.gather(1, (found - 1).clamp(min=0)[:, None])
+        spare = torch.arange(positions.shape[1], device=logits.device)[None, :] >= found[:, None]
+        positions = torch.where(spare, last, positions)
+        if positions.shape[1] < n:
+            positions = torch.cat([positions, last.expand(-1, n - positions.shape[1])], dim=1)
+        return positions
+    keys = torch.where(equal, -ids, torch.iinfo(torch.int64).min)
+    top, positions = torch.topk(keys, n, dim=-1)
+    return torch.where(top == torch.iinfo(torch.int64).min, positions[:, :1], positions)
+
+
+def ranked_topk(logits: torch.Tensor, k: int, ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`Backend.ranked_topk` on any device: one top-k over `ranked_keys`, vectorised, without a host read. Costs a
+    (B, K) int64 pass: backends override it for wide rows (the cpu backend's chunked version)."""
+    index = torch.topk(ranked_keys(logits, ids), k, dim=-1, largest=True, sorted=True).indices
+    return logits.gather(1, index), index
+
+
+_LOW32 = 0xFFFFFFFF
+
+
+def ranked_keys(logits: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, K) int64 keys whose descending order is the filters' order: by float32 logit, then by lowest token id
+    (ids None: id = position). The high 32 bits are the logit's bits made monotone (negative floats have their
+    magnitude bits flipped; -0.0 is taken as +0.0, -inf is the lowest), the low 32 bits 2**32 - 1 - id: every key
+    of a row is distinct, so a top-k over them has no ties left to break."""
+    bits = (logits.float() + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes +0.0, an equal logit
+    order = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed-int order == float order
+    ids = torch.arange(logits.shape[-1], device=logits.device) if ids is None else ids
+    return (order.to(torch.int64) << 32) | (_LOW32 - ids)
+
+
+_SYNC_FREE: contextvars.ContextVar[bool] = contextvars.ContextVar("samplechain_sync_free", default=False)
+
+
+@contextlib.contextmanager
+def sync_free_step(on: bool = True) -> Iterator[None]:
+    """Run a step (the executor does, for a `Backend.sync_free` backend) where Candidates never read the host:
+    widths stay fixed (masks replace compaction) and ties are settled by ranked keys, not a search of tied rows."""
+    token = _SYNC_FREE.set(on)
+    try:
+        yield
+    finally:
+        _SYNC_FREE.reset(token)
+
+
+def in_sync_free_step() -> bool:
+    """Whether the current step must not wait for the host (samplers pick their sync-free paths by it)."""
+    return _SYNC_FREE.get()
 
 
 _COMPACT_WIDTH = 16384  # full-vocabulary masks this wide are compacted when they keep few (<= 1/8) candidates
@@ -177,7 +241,8 @@ class Candidates:
         backend's reusable workspace (never the caller's tensor)."""
         if self.writable:
             return self
-        return self.replace_logits(backend.scratch("candidates", self.logits).copy_(self.logits), is_sorted=self.is_sorted)
+        copy = backend.scratch("candidates", self.logits).copy_(self.logits)
+        return self.replace_logits(copy, is_sorted=self.is_sorted)
 
     def take(self, values: torch.Tensor, index: torch.Tensor, *, is_sorted: bool) -> Candidates:
         """Compact to candidates at positions index (B, K'), whose logits are values (B, K')."""
@@ -193,7 +258,7 @@ class Candidates:
             order = torch.argsort((~keep).to(torch.uint8), dim=-1, stable=True)  # survivors first, each in order
             logits = self.logits.gather(1, order).masked_fill_(~keep.gather(1, order), NEG_INF)
             return Candidates(logits, self.ids_at(order), self.vocab_size, True, True)
-        if self.ids is None and self.width >= _COMPACT_WIDTH:
+        if self.ids is None and self.width >= _COMPACT_WIDTH and not _SYNC_FREE.get():
             counts = keep.sum(dim=-1)
             if int(counts.max()) * 8 <= self.width:
                 values, positions, _ = compact_kept(self.logits, keep, counts)
@@ -206,6 +271,9 @@ class Candidates:
     def keep_first(self, counts: torch.Tensor) -> Candidates:
         """Keep the first counts[b] candidates of each (sorted) row and compact K to max(counts)."""
         assert self.is_sorted, "keep_first needs rows sorted by descending logit"
+        if _SYNC_FREE.get():  # the width stays: a mask, no host read
+            cut = torch.arange(self.width, device=self.logits.device)[None, :] >= counts[:, None]
+            return Candidates(self.logits.masked_fill(cut, NEG_INF), self.ids, self.vocab_size, True, True)
         width = int(counts.max())  # one host read: the new K
         logits = self.logits[:, :width]
         ids = self.ids[:, :width] if self.ids is not None else None
@@ -216,17 +284,20 @@ class Candidates:
         return Candidates(logits, ids, self.vocab_size, True, logits is not self.logits or self.writable)
 
     def restrict(
-        self, values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor, keep_all: torch.Tensor
+        self, values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor, keep_all: torch.Tensor, *,
+        ranked: bool = False,
     ) -> Candidates:
         """Keep, per row, the counts[b] best candidates given by a partial sort (values, index: (B, J), descending).
 
         Rows where keep_all[b] is True keep every candidate (a disabled parameter). Compacts K to max(counts)
         when no row keeps all; otherwise masks in place of compaction (K unchanged). Equal logits at a row's cut
         are settled by token id here (settle_ties), for every filter that cuts a partial sort: give the partial
-        sort one column more than the largest count so a tie at the cut can be seen.
+        sort one column more than the largest count so a tie at the cut can be seen; ranked=True: values and index
+        are already in the filters' order (`Backend.ranked_topk`, `Backend.at_least`), nothing to settle.
         """
-        values, index = settle_ties(values, index, torch.where(keep_all, values.shape[1], counts), self.logits,
-                                    self.ids)
+        if not ranked:
+            values, index = settle_ties(values, index, torch.where(keep_all, values.shape[1], counts), self.logits,
+                                        self.ids)
         if not bool(keep_all.any()):
             return self.take(values, index, is_sorted=True).keep_first(counts)
         if self.is_sorted:
@@ -246,8 +317,8 @@ class Candidates:
         """
         width = self.width
         counts = torch.where(off, width, counts)
-        if self.is_sorted:
-            return self.keep_first_settled(counts)
+        if self.is_sorted or _SYNC_FREE.get():  # sync-free: one sort instead of a top-k as wide as the data says
+            return self.sorted(backend).keep_first_settled(counts)
         if bool((counts >= width).all()):
             return self
         kmax = int(torch.where(off, 0, counts).max())
@@ -279,12 +350,36 @@ class Candidates:
 
     def keep_first_settled(self, counts: torch.Tensor) -> Candidates:
         """keep_first(counts) where, at a row's cut, candidates equal to the last kept one are chosen by lowest
-        token id (settle_ties), not by the order an earlier sort left them in."""
-        if not tied_rows(self.logits, counts):
+        token id, not by the order an earlier sort left them in: in each row with a tie at its cut, the run of
+        candidates equal to the cut's value (contiguous in a sorted row) is put in ascending id order, all tied
+        rows at once; the row stays sorted."""
+        if _SYNC_FREE.get():  # every row put in the filters' order by its ranked keys: no search for tied rows
+            values, order = ranked_topk(self.logits, self.width, self.token_ids())
+            return Candidates(values, self.ids_at(order), self.vocab_size, True, True).keep_first(counts)
+        rows = tied_rows(self.logits, counts)
+        if not rows:
             return self.keep_first(counts)
-        positions = torch.arange(self.width, device=self.logits.device).expand(self.batch_size, -1)
-        values, index = settle_ties(self.logits, positions, counts, self.logits, self.ids)
-        return self.take(values, index, is_sorted=True).keep_first(counts)
+        width = self.width
+        tied = torch.tensor(rows, device=self.logits.device)
+        x = self.logits.index_select(0, tied)
+        cut = x.gather(1, (counts.index_select(0, tied).clamp(1, width) - 1)[:, None])  # (T, 1)
+        start = (x > cut).sum(dim=-1, keepdim=True)  # where the run of the cut's value begins
+        length = (x == cut).sum(dim=-1, keepdim=True)
+        steps = torch.arange(int(length.max()), device=x.device)[None, :]
+        inside = steps < length  # (T, run)
+        places = torch.where(inside, start + steps, start)  # outside the run: its first place, written alike
+        ids = self.token_ids().index_select(0, tied)
+        if not bool((x.gather(1, places) == cut).all()):  # not one run (a row that is not sorted after all)
+            reach = int((x >= cut).sum(dim=-1).max())
+            order = ranked_topk(x[:, :reach], reach, ids[:, :reach])[1]
+            logits, all_ids = self.logits.clone(), self.token_ids().clone()
+            logits[tied, :reach] = x[:, :reach].gather(1, order)
+            all_ids[tied, :reach] = ids[:, :reach].gather(1, order)
+            return Candidates(logits, all_ids, self.vocab_size, True, True).keep_first(counts)
+        run = torch.where(inside, ids.gather(1, places), torch.iinfo(torch.int64).max).sort(dim=-1).values
+        ids = ids.scatter(1, places, torch.where(inside, run, run[:, :1]))
+        all_ids = self.token_ids().index_copy(0, tied, ids)
+        return Candidates(self.logits, all_ids, self.vocab_size, True, self.writable).keep_first(counts)
 
     def sorted(self, backend: Backend) -> Candidates:
         """Rows in descending logit order (a full sort: filters that can should use a partial top-k)."""
@@ -319,6 +414,7 @@ class StepContext:
     params: field name -> (B,) tensor of that field's per-request value (float32, int64 or bool).
     scalars: field name -> the value when every row of this batch shares it, else None (cached per batch
              composition, so samplers can take a scalar fast path without reading the tensor).
+    bounds:  field name -> (min, max) of the field over the batch, on the host (cached likewise; `bound`).
     positions: (B,) int64, tokens accepted so far per request (the RNG counter).
     stream: this sampler's index in the chain: random samplers draw independent noise per stream.
     state: per-request state columns of this sampler, (B, ...) tensors gathered for this batch.
@@ -347,6 +443,7 @@ class StepContext:
     selected: torch.Tensor | None = None
     unconditional_logits: torch.Tensor | None = None
     missing_history: str | None = None  # why history is None although a sampler declared it needs it
+    bounds: Mapping[str, tuple[Any, Any]] = attrs.field(factory=dict)  # field -> (min, max) over the batch
 
     @property
     def history(self) -> torch.Tensor | None:
@@ -361,6 +458,11 @@ class StepContext:
 
     def scalar(self, name: str) -> Any:
         return self.scalars[name]
+
+    def bound(self, name: str) -> tuple[Any, Any]:
+        """(smallest, largest) value of a per-request field over this batch, known on the host without a read of
+        the device (gathered with the batch composition): what a sync-free step sizes its widths by."""
+        return self.bounds[name]
 
     def gumbel(self, cand: Candidates, seed: torch.Tensor) -> torch.Tensor:
         """Counter-based Gumbel noise (B, K) float64 for the candidates, keyed by token id, not by position."""
@@ -391,6 +493,10 @@ class Sampler:
     # A selector that chooses its own candidate set (mirostat): reference engines drop truncation samplers in
     # front of it, so the chain warns when there are some.
     replaces_truncation: ClassVar[bool] = False
+    # True: in a sync-free step (`in_sync_free_step()`, on the cuda backend) apply / select / accept read nothing
+    # on the host and size nothing by the data (tested under samplechain.testing.no_host_sync). False: host-bound,
+    # the default: a chain with it still runs, waiting for the device where the sampler reads it.
+    sync_free: ClassVar[bool] = False
 
     def __init__(self, params: Any) -> None:
         self.params = params  # the chain's validated defaults (an instance of Params)
@@ -633,6 +739,9 @@ class Backend:
     device_type: ClassVar[str]
     equivalence: ClassVar[str] = "bitwise"  # bitwise | allclose | statistical, relative to the cpu backend
     kernels: ClassVar[Mapping[str, Callable[..., Any]]] = {}
+    # True: a step never waits for the host (shared/DESIGN.md, "On accelerators"): the executor defers its checks
+    # to device flags (SampleOutput.check) and samplers take their sync-free paths (StepContext.sync_free)
+    sync_free: ClassVar[bool] = False
 
     @classmethod
     def is_available(cls) -> bool:
@@ -666,15 +775,25 @@ class Backend:
         """Rows sorted by descending logit, and the permutation. (B, K) -> (B, K) x2."""
         raise NotImplementedError
 
+    def ranked_topk(self, logits: torch.Tensor, k: int, ids: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k best candidates per row in the order every filter cuts by: descending logit, of equal logits the
+        lowest token id first (ids (B, K), None: id = position). Values (B, k) in descending order and their
+        positions: the set is the same on every backend and for a row alone or in any batch (the order among equal
+        values inside it may differ). Default: one top-k over `ranked_keys` (vectorised, no host read); backends
+        may do better (the cpu backend reads only the chunks that can hold the k best)."""
+        return ranked_topk(logits, k, ids)
+
     def at_least(self, logits: torch.Tensor, threshold: torch.Tensor, k: int = 0
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per row, the entries >= threshold[b] (B,) in descending order, and at least the k best: values and
-        positions (B, J) with J = max(count, k) (a row's entries past its count may be anything) and the count
-        of entries >= threshold per row (B,). Default: count, then one partial top-k; backends may do better
+        """Per row, the entries >= threshold[b] (B,) and at least the k best, in the filters' order (`ranked_topk`:
+        descending, equal logits lowest position first, so a cut anywhere in them needs no settling): values and
+        positions (B, J) with J = max(count, k) (a row's entries past max(count, k) may be anything) and the
+        count of entries >= threshold per row (B,). Default: count, then one ranked top-k; backends may do better
         (the cpu backend only reads the chunks whose maximum reaches the threshold)."""
         counts = (logits >= threshold[:, None]).sum(dim=-1)
         width = min(max(int(counts.max()), k, 1), logits.shape[-1])
-        values, index = self.topk(logits, width)
+        values, index = self.ranked_topk(logits, width)
         return values, index, counts
 
     def gumbel(self, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int) -> torch.Tensor:

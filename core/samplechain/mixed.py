@@ -143,6 +143,7 @@ class MixedChains:
         logprobs = torch.empty(batch, dtype=torch.float32, device=device)
         scores = torch.full((batch, vocab), float("-inf"), device=device) if return_scores else None
         commits = []
+        failed, checks = None, []  # deferred checks (sync-free backends): one flag for the whole batch
         for key, rows in groups.items():
             index = torch.tensor(rows, dtype=torch.int64, device=device)
             chain = self.chains[key]
@@ -161,10 +162,15 @@ class MixedChains:
             if scores is not None:
                 scores.index_copy_(0, index, out.scores)
             commits.append(commit)
+            if out.deferred is not None:
+                checks.append(out.deferred)
+                failed = out.deferred[0] if failed is None else failed | out.deferred[0]
         if accept:
             for commit in commits:  # nothing can fail here: every update was computed above
-                commit()
-        return SampleOutput(token_ids, logprobs, scores)
+                commit(failed)  # a deferred failure in any group: no group commits (decided on the device)
+        deferred = None if failed is None else (
+            failed, lambda: next(error() for flag, error in checks if bool(flag)))
+        return SampleOutput(token_ids, logprobs, scores, deferred)
 
     def accept(self, store: MixedStore, request_ids: Sequence[str], token_ids: torch.Tensor) -> None:
         """Record chosen tokens after a sample(accept=False), group by group."""

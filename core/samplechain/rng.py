@@ -18,7 +18,8 @@ import os
 import numpy as np
 import torch
 
-__all__ = ["mix32", "row_keys", "uniform", "gumbel", "gumbel_argmax", "exponential", "fresh_seed", "SEED_MAX"]
+__all__ = ["mix32", "row_keys", "uniform", "gumbel", "gumbel_argmax", "exponential", "fresh_seed", "SEED_MAX",
+           "device_row_keys", "device_uniform", "device_shifted", "device_gumbel_argmax"]
 
 _M32 = 0xFFFFFFFF
 SEED_MAX = 2**63 - 1
@@ -92,6 +93,11 @@ def row_keys(seed: torch.Tensor, position: torch.Tensor, stream: int) -> tuple[t
     if seed.device.type == "cpu" and position.device.type == "cpu" and seed.numel() <= _NP_SMALL:
         k1, k2 = _row_keys_np(seed.numpy(), position.numpy(), stream)
         return torch.from_numpy(k1.astype(np.int64)), torch.from_numpy(k2.astype(np.int64))
+    return device_row_keys(seed, position, stream)
+
+
+def device_row_keys(seed: torch.Tensor, position: torch.Tensor, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`row_keys` in torch ops only, on any device: what a GPU runs (no numpy, no host read, capturable)."""
     seed_lo = seed & _M32
     seed_hi = (seed >> 32) & _M32
     k = mix32(seed_hi ^ ((stream * 0x9E3779B9) & _M32))
@@ -128,7 +134,12 @@ def uniform(seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, strea
         x = (ids.numpy().astype(np.uint64) + k1[:, None]) & _NP_M32
         bits = _mix32_np(_mix32_np(x) ^ k2[:, None])
         return torch.from_numpy((bits.astype(np.float64) + 0.5) * (1.0 / 4294967296.0))
-    k1, k2 = row_keys(seed, position, stream)
+    return device_uniform(seed, position, ids, stream)
+
+
+def device_uniform(seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int = 0) -> torch.Tensor:
+    """`uniform` in torch ops only, on any device (the same bits as the numpy path): what a GPU runs."""
+    k1, k2 = device_row_keys(seed, position, stream)
     # token ids are < 2**31, so their int32 sum with the key wraps exactly as the int64 sum modulo 2**32
     bits = _mix32_i32(_mix32_i32(ids.to(torch.int32) + _as_i32(k1)[:, None]) ^ _as_i32(k2)[:, None])
     # flipping the sign bit gives s = bits - 2**31 as a signed int32; (s + 2**31 + 0.5) / 2**32, computed as
@@ -170,8 +181,15 @@ def shifted(logits: torch.Tensor) -> torch.Tensor:
     huge = top.abs() > HUGE
     if not bool((huge & torch.isfinite(top)).any()):
         return logits
-    shift = torch.where(huge & torch.isfinite(top), top, torch.zeros_like(top)).double()
-    return logits.double() - shift[:, None]
+    return device_shifted(logits, top)
+
+
+def device_shifted(logits: torch.Tensor, top: torch.Tensor | None = None) -> torch.Tensor:
+    """`shifted` without its host read: always float64, every row minus its shift (0.0 in all but the huge rows),
+    the same values (float32 to float64 is exact, and x - 0.0 is x)."""
+    top = logits.amax(dim=-1) if top is None else top
+    huge = (top.abs() > HUGE) & torch.isfinite(top)
+    return logits.double() - torch.where(huge, top, torch.zeros_like(top)).double()[:, None]
 
 
 def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None,
@@ -200,6 +218,16 @@ def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tens
     x.bitwise_xor_(torch.iinfo(torch.int32).min)
     g.copy_(x).mul_(1.0 / 4294967296.0).add_(0.5 + 0.5 / 4294967296.0)  # exact, as in uniform()
     return g.log_().neg_().log_().sub_(base).argmin(dim=-1)
+
+
+def device_gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor,
+                         ids: torch.Tensor | None, stream: int = 0) -> torch.Tensor:
+    """`gumbel_argmax` in torch ops only, without a host read (what a GPU runs, capturable in a CUDA graph): the
+    same index bit for bit."""
+    B, K = logits.shape
+    full = torch.arange(K, device=logits.device).expand(B, -1) if ids is None else ids
+    noise = torch.log(device_uniform(seed, position, full, stream)).neg_().log_()
+    return noise.sub_(device_shifted(logits)).argmin(dim=-1)
 
 
 def fresh_seed() -> int:

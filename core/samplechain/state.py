@@ -82,8 +82,10 @@ class BatchView:
 
     request_ids: tuple[str, ...]
     slots: torch.Tensor  # (B,) int64, on the host
+    device_slots: torch.Tensor  # the same, on the store's device (copied once per composition, not per step)
     params: list[dict[str, torch.Tensor]]  # per entry: field -> (B,) on the device
     scalars: list[dict[str, Any]]  # per entry: field -> shared value or None
+    bounds: list[dict[str, tuple[Any, Any]]] = attrs.field(factory=list)  # per entry: field -> (min, max)
 
 
 class RequestStore:
@@ -96,7 +98,7 @@ class RequestStore:
         self._slots: dict[str, int] = {}
         self._free: list[int] = []
         self._params: dict[tuple[int, str], torch.Tensor] = {}  # host tensors (capacity,)
-        self._positions = torch.zeros(0, dtype=torch.int64)
+        self._positions = torch.zeros(0, dtype=torch.int64, device=self.device)  # device-resident, as the state
         self._state: dict[tuple[int, str], torch.Tensor] = {}  # device tensors (capacity, ...)
         self._version = 0
         self._cache: BatchView | None = None
@@ -118,7 +120,7 @@ class RequestStore:
         for col in self.layout.columns:
             key = (col.entry, col.field)
             self._params[key] = extend(self._params.get(key), (), col.dtype, 0, "cpu")
-        self._positions = extend(self._positions, (), torch.int64, 0, "cpu")
+        self._positions = extend(self._positions, (), torch.int64, 0, self.device)
         for key, (dtype, shape, init) in self.layout.state.items():
             self._state[key] = extend(self._state.get(key), shape, dtype, init, self.device)
         self._free.extend(range(capacity - 1, old - 1, -1))
@@ -172,7 +174,7 @@ class RequestStore:
                 self._params[(col.entry, col.field)][slots] = torch.tensor(fresh, dtype=torch.int64)
             else:
                 self._params[(col.entry, col.field)][slots] = value
-        self._positions[slots] = 0
+        self._positions[slots.to(self.device)] = 0
         for key, (_dtype, _shape, init) in self.layout.state.items():
             self._state[key][slots.to(self.device)] = init
         self._slots.update(zip(ids, slots.tolist()))
@@ -296,29 +298,39 @@ class RequestStore:
         slots = torch.tensor([self._slot(r) for r in ids], dtype=torch.int64)
         params: list[dict[str, torch.Tensor]] = [{} for _ in self.layout.entries]
         scalars: list[dict[str, Any]] = [{} for _ in self.layout.entries]
+        bounds: list[dict[str, tuple[Any, Any]]] = [{} for _ in self.layout.entries]
         for col in self.layout.columns:
             host = self._params[(col.entry, col.field)].index_select(0, slots)
             first = host[0] if len(ids) else None
             shared = first is not None and bool((host == first).all())
             scalars[col.entry][col.field] = first.item() if shared else None
+            if len(ids):
+                bounds[col.entry][col.field] = (host.min().item(), host.max().item())
             params[col.entry][col.field] = host.to(self.device, non_blocking=True)
-        view = BatchView(ids, slots, params, scalars)
+        view = BatchView(ids, slots, slots.to(self.device, non_blocking=True), params, scalars, bounds)
         self._cache, self._cache_version = view, self._version
         return view
 
     def positions(self, view: BatchView) -> torch.Tensor:
-        return self._positions.index_select(0, view.slots).to(self.device, non_blocking=True)
+        """(B,) int64 RNG positions of the batch, on the device: no copy from the host in a step."""
+        return self._positions.index_select(0, view.device_slots)
 
     def state_of(self, view: BatchView, entry: int) -> dict[str, torch.Tensor]:
-        dev_slots = view.slots.to(self.device, non_blocking=True)
-        return {name: t.index_select(0, dev_slots) for (i, name), t in self._state.items() if i == entry}
+        return {name: t.index_select(0, view.device_slots) for (i, name), t in self._state.items() if i == entry}
 
-    def advance(self, view: BatchView, new_state: Mapping[tuple[int, str], torch.Tensor]) -> None:
-        """Commit one accepted step: positions += 1 and the samplers' updated state rows."""
-        self._positions.index_add_(0, view.slots, torch.ones_like(view.slots))
-        dev_slots = view.slots.to(self.device, non_blocking=True)
+    def advance(self, view: BatchView, new_state: Mapping[tuple[int, str], torch.Tensor],
+                failed: torch.Tensor | None = None) -> None:
+        """Commit one accepted step: positions += 1 and the samplers' updated state rows. failed: a 0-d bool
+        device flag (a step whose check is deferred, on a backend that never waits for the host): when it is set,
+        nothing changes, decided on the device without a host read."""
+        slots = view.device_slots
+        step = torch.ones_like(slots) if failed is None else (~failed).to(torch.int64).expand(len(slots))
+        self._positions.index_add_(0, slots, step)
         for key, rows in new_state.items():
-            self._state[key].index_copy_(0, dev_slots, rows.to(self._state[key].dtype))
+            rows = rows.to(self._state[key].dtype)
+            if failed is not None:
+                rows = torch.where(failed, self._state[key].index_select(0, slots), rows)
+            self._state[key].index_copy_(0, slots, rows)
 
     # ----------------------------------------------------------------- serialisation
     def snapshot(self, request_ids: Iterable[str] | None = None) -> dict[str, Any]:

@@ -12,11 +12,14 @@ and the checks every sampler's tests repeat (per-request parameters, rows alone,
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import rng
 from .chain import Chain, SampleOutput
@@ -30,7 +33,7 @@ __all__ = [
     "check_eos_ids_from_setup", "random_logits", "hard_logits", "top_k_only", "sampler_chain", "request_store", "processed_scores",
     "assert_rows_equal_alone", "assert_bitwise_no_op", "assert_kept_logits_bitwise", "assert_probs_close",
     "assert_wide_path_keeps",
-    "CutoffWarperTests",
+    "CutoffWarperTests", "HostSyncError", "no_host_sync", "HOST_READS",
 ]
 
 
@@ -47,6 +50,11 @@ class RecordingBackend(Backend):
     def topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.calls.append(("topk", tuple(logits.shape)))
         return torch.topk(logits, k, dim=-1)
+
+    def ranked_topk(self, logits: torch.Tensor, k: int, ids: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls.append(("ranked_topk", tuple(logits.shape)))
+        return super().ranked_topk(logits, k, ids)
 
     def sort_desc(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.calls.append(("sort_desc", tuple(logits.shape)))
@@ -463,3 +471,50 @@ def assert_wide_path_keeps(entry: Mapping[str, Any], monkeypatch: Any, per_row: 
     assert torch.equal(fast, processed_scores(chain, logits, per_row))
     assert bool(torch.isfinite(fast).sum(dim=-1).lt(vocab).any()), "the sampler removed nothing: a vacuous check"
     return fast
+
+
+# aten ops that make the host wait for the device: a value read on the host, or an output whose size depends on data
+HOST_READS = frozenset({
+    "_local_scalar_dense", "nonzero", "nonzero_static", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
+    "repeat_interleave", "equal", "is_nonzero", "_assert_async"})
+
+
+class HostSyncError(AssertionError):
+    """A step read a tensor's value on the host (or made a data-dependent shape) under `no_host_sync`."""
+
+
+class _NoHostSync(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in HOST_READS:
+            raise HostSyncError(f"aten.{name} waits for the device, at {_caller()}")
+        return func(*args, **(kwargs or {}))
+
+
+def _caller() -> str:
+    frames = [f for f in traceback.extract_stack()[:-2]
+              if "/torch/" not in f.filename and not f.filename.endswith(("testing.py", "contextlib.py"))]
+    return " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in frames[-3:][::-1]) or "?"
+
+
+@contextlib.contextmanager
+def no_host_sync() -> Iterator[None]:
+    """Fail (HostSyncError, naming the place) on anything in the block that would make the host wait for the device:
+    `.item()`, `bool` / `int` / `float` of a tensor, `nonzero`, `masked_select` and the other ops of data-dependent
+    size (at dispatch, so on CPU tensors too), and `.tolist()` / `.numpy()` (which CPU tensors answer without a
+    dispatch). Run a sync-free backend's step on CPU tensors under it (`CudaBackend(device="cpu")`): CI has no GPU,
+    and torch.cuda.set_sync_debug_mode("error") needs one."""
+    def refuse(what: str) -> Callable[..., Any]:
+        def read(*args: Any, **kwargs: Any) -> Any:
+            raise HostSyncError(f"Tensor.{what}() reads the values on the host, at {_caller()}")
+        return read
+
+    saved = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
+    try:
+        for name in saved:
+            setattr(torch.Tensor, name, refuse(name))
+        with _NoHostSync():
+            yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.Tensor, name, fn)

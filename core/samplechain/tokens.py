@@ -9,6 +9,8 @@ from __future__ import annotations
 import attrs
 import torch
 
+from .contracts import in_sync_free_step
+
 __all__ = ["TokenGroups", "first_occurrence", "per_token_reduce", "write_tokens"]
 
 
@@ -73,7 +75,17 @@ def first_occurrence(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def write_tokens(logits: torch.Tensor, ids: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> None:
     """logits[b, ids[b, l]] = values[b, l] wherever mask[b, l], in place. Positions of one row that share an id
-    must carry the same value (per_token_reduce gives that)."""
+    must carry the same value (per_token_reduce gives that). In a sync-free step (no nonzero): one scatter, the
+    positions outside the mask rewriting the row's first masked token with its own new value (or, in a row with
+    none, the first token with its current one), so every write to one place carries one value."""
+    if in_sync_free_step():
+        if ids.shape[1]:
+            first = mask.to(torch.uint8).argmax(dim=1, keepdim=True)  # (B, 1) the first masked position, or 0
+            target = torch.where(mask, ids, ids.gather(1, first))
+            spare = torch.where(mask.any(dim=1, keepdim=True), values.gather(1, first).to(logits.dtype),
+                                logits.gather(1, ids.gather(1, first)))
+            logits.scatter_(1, target, torch.where(mask, values.to(logits.dtype), spare))
+        return
     rows, cols = mask.nonzero(as_tuple=True)
     if rows.numel():
         logits[rows, ids[rows, cols]] = values[rows, cols]

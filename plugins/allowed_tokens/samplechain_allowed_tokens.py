@@ -24,6 +24,7 @@ class AllowedTokensParams:
 
 class AllowedTokens(Sampler):
     name = "allowed_tokens"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.FILTER
     role = "mask"
     Params = AllowedTokensParams

@@ -86,6 +86,7 @@ class SequenceMatcher:
 
 class BadWords(Sampler):
     name = "bad_words"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.TRANSFORM
     role = "mask"
     Params = BadWordsParams

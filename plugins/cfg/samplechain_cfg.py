@@ -31,6 +31,7 @@ class CfgParams:
 
 class Cfg(Sampler):
     name = "cfg"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.TRANSFORM
     role = "guidance"
     Params = CfgParams

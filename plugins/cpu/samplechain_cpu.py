@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from samplechain import Backend, hookimpl, rng
-from samplechain.contracts import compact_kept
+from samplechain.contracts import compact_kept, ranked_topk
 
 # chunked top-k pays when the k best chunks are a small part of the row (their gather and second top-k stay cheap)
 _CHUNK = 64
@@ -47,12 +47,48 @@ def chunked_topk(logits: torch.Tensor, k: int, width: int) -> tuple[torch.Tensor
     return values, positions.gather(1, where)
 
 
+def chunked_ranked_topk(logits: torch.Tensor, k: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backend.ranked_topk through chunk maxima: the k best by (logit, lowest position), read from k chunks, with
+    no host read. The chunks are the k best by (maximum, lowest chunk number): the k-th of those maxima, m, is at
+    most the k-th best logit v. Were v > m, every entry >= v lies in a chosen chunk (the others' maxima are <= m).
+    Were v = m, the entries > v lie in chosen chunks, and so do the lowest-id entries equal to v: each chosen chunk
+    whose maximum is m holds one, those chunks come before every unchosen one along the row, and they are at least
+    as many as the places left for entries equal to v. The gathered entries (in row order, then the tail that fills
+    no whole chunk) get one more ranked top-k (contracts.ranked_topk, ids = their order along the row). Ties at
+    the cut (most rows of bfloat16 logits) cost nothing extra."""
+    batch, vocab = logits.shape
+    chunks = vocab // width
+    body = chunks * width
+    maxima = logits[:, :body].reshape(batch, chunks, width).amax(dim=-1)  # (B, C)
+    best = ranked_topk(maxima, k)[1].sort(dim=-1).values  # (B, k) chunk numbers, in row order
+    positions = (best[:, :, None] * width + torch.arange(width, device=logits.device)).reshape(batch, -1)
+    if body < vocab:
+        positions = torch.cat([positions, torch.arange(body, vocab, device=logits.device).expand(batch, -1)], dim=1)
+    values, where = ranked_topk(logits.gather(1, positions), k)  # gathered positions ascend: column order = id order
+    return values, positions.gather(1, where)
+
+
+def threshold_ranked_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backend.ranked_topk on whole rows (k too large for chunks to pay): the k-th largest logit v from one
+    top-k, every entry above it and, of those equal to it, the first along the row (a running count), compacted
+    and sorted by value."""
+    kth = torch.topk(logits, k, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)  # (B, 1)
+    above = logits > kth
+    equal = logits == kth
+    room = k - above.sum(dim=-1, keepdim=True)
+    keep = above | (equal & (torch.cumsum(equal, dim=-1, dtype=torch.int32) <= room))
+    values, positions, _ = compact_kept(logits, keep)  # k per row, in row order
+    values, order = torch.sort(values, dim=-1, descending=True, stable=True)
+    return values, positions.gather(1, order)
+
+
 def chunked_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int, width: int
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Backend.at_least through chunk maxima: every entry >= threshold lies in a chunk whose maximum does, and
-    the best k in the k best chunks (see chunked_topk). So: the chunks whose maximum reaches the threshold (at
-    least k of them), gathered, counted and one top-k of the gathered entries. None when those chunks are too
-    large a part of the row (the caller takes the plain path)."""
+    the best k in the k best chunks by (maximum, lowest chunk number) (see chunked_ranked_topk). So: the chunks
+    whose maximum reaches the threshold (at least k of them), gathered in row order, counted and one ranked top-k
+    of the gathered entries. None when those chunks are too large a part of the row (the caller takes the plain
+    path)."""
     batch, vocab = logits.shape
     chunks = vocab // width
     body = chunks * width
@@ -61,22 +97,22 @@ def chunked_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int, widt
     n = min(max(reach, k, 1), chunks)
     if n * width * _MAX_SHARE > vocab:
         return None
-    best = torch.topk(maxima, n, dim=-1, sorted=False).indices
+    best = ranked_topk(maxima, n)[1].sort(dim=-1).values  # in row order: column order in `gathered` = id order
     positions = (best[:, :, None] * width + torch.arange(width, device=logits.device)).reshape(batch, n * width)
     if body < vocab:
         positions = torch.cat([positions, torch.arange(body, vocab, device=logits.device).expand(batch, -1)], dim=1)
     gathered = logits.gather(1, positions)
     counts = (gathered >= threshold[:, None]).sum(dim=-1)
     j = min(max(int(counts.max()), k, 1), gathered.shape[1])
-    values, where = torch.topk(gathered, j, dim=-1, sorted=True)
+    values, where = ranked_topk(gathered, j)
     return values, positions.gather(1, where), counts
 
 
 def compacted_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Backend.at_least for many entries per row (thousands: flat rows): the entries >= threshold compacted
-    with one nonzero into (B, max count) and sorted there, about half the cost of a top-k of that many from the
-    whole row. None when k asks for more than a row holds above its threshold (the caller takes the top-k)."""
+    with one nonzero into (B, max count) (in column order) and sorted there, stably (equal logits: lowest
+    position first), about half the cost of a top-k of that many from the whole row. None when k asks for more than a row holds above its threshold (the caller takes the top-k)."""
     keep = logits >= threshold[:, None]
     counts = keep.sum(dim=-1)
     width = int(counts.max())
@@ -101,6 +137,15 @@ class CpuBackend(Backend):
         if width:
             return chunked_topk(logits, k, width)
         return torch.topk(logits, k, dim=-1, largest=True, sorted=True)
+
+    def ranked_topk(self, logits: torch.Tensor, k: int, ids: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # wide rows of the untouched vocabulary: through chunk maxima, or a threshold where k is large (int64 keys
+        # of a whole row cost ~10x a top-k); narrow or compacted candidates: keys (contracts.ranked_keys)
+        if ids is None and logits.ndim == 2 and logits.is_contiguous() and k > 0 and logits.shape[-1] >= _MIN_VOCAB:
+            width = chunk_width(logits.shape[-1], k)
+            return chunked_ranked_topk(logits, k, width) if width else threshold_ranked_topk(logits, k)
+        return super().ranked_topk(logits, k, ids)
 
     def at_least(self, logits: torch.Tensor, threshold: torch.Tensor, k: int = 0
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

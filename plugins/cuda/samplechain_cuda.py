@@ -73,6 +73,7 @@ class CudaBackend(Backend):
     name = "cuda"
     device_type = "cuda"
     equivalence = "allclose"  # bitwise but for gumbel's float64 log (see the module docstring)
+    sync_free = True  # the executor defers its checks to device flags; samplers take their sync-free paths
     summary = "NVIDIA GPUs: torch CUDA ops without host synchronisation; FlashInfer sampling opt-in"
 
     def __init__(self, device: str | torch.device = "cuda", *, flashinfer: bool | None = None) -> None:
@@ -110,11 +111,16 @@ class CudaBackend(Backend):
         return values, index
 
     def gumbel(self, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int) -> torch.Tensor:
-        # the reference hash itself: on device tensors rng takes its torch path (int64 row keys, int32 per token)
-        return rng.gumbel(seed, position, ids, stream)
+        # the reference hash in its torch ops (int64 row keys, int32 per token), on whatever device the tensors are
+        return torch.log(rng.device_uniform(seed, position, ids, stream)).neg_().log_().neg_()
 
     def uniform(self, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int) -> torch.Tensor:
-        return rng.uniform(seed, position, ids, stream)
+        return rng.device_uniform(seed, position, ids, stream)
+
+    def gumbel_argmax(self, logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor,
+                      ids: torch.Tensor | None, stream: int) -> torch.Tensor:
+        # no host read: huge rows are shifted on the device (rng.device_shifted), not after a check on the host
+        return rng.device_gumbel_argmax(logits, seed, position, ids, stream)
 
 
 def _flashinfer_top_k_top_p(sampling: ModuleType) -> Callable[..., torch.Tensor]:

@@ -21,6 +21,7 @@ class DistParams:
 
 class Dist(Sampler):
     name = "dist"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.SELECT
     Params = DistParams
     request_aliases = {"seed": "seed"}

@@ -11,6 +11,7 @@ from samplechain import Candidates, Sampler, Stage, StepContext, hookimpl
 
 class Greedy(Sampler):
     name = "greedy"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.SELECT
     summary = "argmax of the processed logits"
 

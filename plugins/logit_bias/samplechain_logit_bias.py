@@ -48,6 +48,7 @@ class LogitBiasParams:
 
 class LogitBias(Sampler):
     name = "logit_bias"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.TRANSFORM
     role = "bias"
     Params = LogitBiasParams

@@ -13,6 +13,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
+from samplechain.contracts import in_sync_free_step
 
 
 @attrs.frozen
@@ -23,6 +24,7 @@ class MinPParams:
 
 class MinP(Sampler):
     name = "min_p"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.FILTER
     Params = MinPParams
     request_aliases = {"min_p": "p", "min_keep": "min_keep"}
@@ -40,6 +42,11 @@ class MinP(Sampler):
             threshold = top + math.log(shared)
         else:
             threshold = top + torch.log(torch.where(off, torch.ones_like(p), p))
+        if in_sync_free_step() and not cand.is_sorted:  # no host read: a mask, or a sort where min_keep may bind
+            shared_keep = ctx.scalar("min_keep")
+            if shared_keep is not None and shared_keep <= 1:  # the largest logit always passes: the mask suffices
+                return cand.masked((cand.logits >= threshold[:, None]) | off[:, None])
+            cand = cand.sorted(ctx.backend)  # the same largest logit, so the same threshold
         if cand.is_sorted:
             keep = cand.logits >= threshold[:, None]  # (B, K)
             counts = torch.clamp(torch.maximum(keep.sum(dim=-1), min_keep), max=width)
@@ -54,7 +61,7 @@ class MinP(Sampler):
         counts = torch.where(off, width, counts)
         if bool((counts >= width).all()):
             return cand
-        return cand.restrict(values, index, counts, off | (counts >= width))
+        return cand.restrict(values, index, counts, off | (counts >= width), ranked=True)  # at_least: ties settled
 
 
 @hookimpl

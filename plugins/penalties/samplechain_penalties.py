@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, one_of
+from samplechain.contracts import in_sync_free_step
 from samplechain.tokens import TokenGroups, write_tokens
 
 SCOPES = ("llama.cpp", "transformers", "vllm")
@@ -42,6 +43,7 @@ def token_counts(history: torch.Tensor, counted: torch.Tensor, vocab: int) -> to
 
 class Penalties(Sampler):
     name = "penalties"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.TRANSFORM
     role = "penalty"
     Params = PenaltiesParams
@@ -102,7 +104,7 @@ class Penalties(Sampler):
         vocab = cand.vocab_size
         if cand.ids is None:  # the full vocabulary: only the tokens in the history change
             ids, new, targets, _ = self._changes(cand, *windows)
-            if not bool(targets.any()):
+            if not in_sync_free_step() and not bool(targets.any()):
                 return cand
             out = cand.owned(ctx.backend)
             write_tokens(out.logits, ids, new, targets)
@@ -119,7 +121,7 @@ class Penalties(Sampler):
             out = out - (counts > 0).to(x.dtype) * pres[:, None]
         else:  # llama.cpp: logit -= count * freq + (count > 0) * presence
             out = out - (counts * freq[:, None] + (counts > 0).to(x.dtype) * pres[:, None])
-        if bool(off.any()):
+        if in_sync_free_step() or bool(off.any()):
             out = torch.where(off[:, None], x, out)
         return cand.replace_logits(out)
 
@@ -131,7 +133,8 @@ class Penalties(Sampler):
         token ids (B, L), their new logits, where a change applies (positions of one token carry one value) and
         the first position of each changed token. Small CPU batches take numpy (~1 us an operation against
         torch's ~4): the same float32 operations in the same order, so the same bits (tests/test_tokens.py)."""
-        if history.device.type == "cpu" and cand.logits.device.type == "cpu" and history.numel() <= _NP_SMALL:
+        if history.device.type == "cpu" and cand.logits.device.type == "cpu" and history.numel() <= _NP_SMALL \
+                and not in_sync_free_step():
             return _changes_np(cand.logits, history, rep_counted, freq_counted, rep, freq, pres, off,
                                self.params.scope)
         vocab = cand.vocab_size

@@ -13,6 +13,7 @@ from samplechain.filters import log_softmax64
 
 class Renormalize(Sampler):
     name = "renormalize"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.TRANSFORM
     summary = "log-softmax over the remaining candidates"
 

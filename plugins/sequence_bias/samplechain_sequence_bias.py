@@ -79,6 +79,7 @@ class SequenceMatcher:
 
 class SequenceBias(Sampler):
     name = "sequence_bias"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.TRANSFORM
     role = "bias"
     Params = SequenceBiasParams

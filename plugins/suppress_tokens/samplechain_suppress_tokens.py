@@ -42,6 +42,7 @@ def id_mask(cand: Candidates, ids: torch.Tensor) -> torch.Tensor:
 
 class SuppressTokens(Sampler):
     name = "suppress_tokens"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.TRANSFORM
     role = "mask"
     Params = SuppressTokensParams

@@ -7,6 +7,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
+from samplechain.contracts import in_sync_free_step
 
 
 @attrs.frozen
@@ -16,6 +17,7 @@ class TemperatureParams:
 
 class Temperature(Sampler):
     name = "temperature"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.TRANSFORM
     Params = TemperatureParams
     request_aliases = {"temperature": "t"}
@@ -41,7 +43,8 @@ class Temperature(Sampler):
         t = ctx.param("t")[:, None]  # (B, 1)
         hot = t > 0
         logits = cand.logits / torch.where(hot, t, torch.ones_like(t))
-        if not bool(hot.all()):  # t = 0 rows: only the first maximum survives
+        cold = ctx.bound("t")[0] <= 0 if in_sync_free_step() else not bool(hot.all())  # (bounds: no host read)
+        if cold:  # t = 0 rows: only the first maximum survives
             cand, top = cand.best_first()  # of equal maxima the lowest id (sorted rows: moved to the front)
             cold_keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, top, True)
             logits = logits.masked_fill(~hot & ~cold_keep, float("-inf"))

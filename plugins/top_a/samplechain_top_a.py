@@ -37,6 +37,7 @@ def top_a_threshold(logits: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
 
 class TopA(Sampler):
     name = "top_a"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.FILTER
     Params = TopAParams
     request_aliases = {"top_a": "a", "min_keep": "min_keep"}

@@ -12,7 +12,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, hookimpl, in_range
-from samplechain.contracts import settle_ties
+from samplechain.contracts import in_sync_free_step
 
 
 @attrs.frozen
@@ -23,6 +23,7 @@ class TopKParams:
 
 class TopK(Sampler):
     name = "top_k"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.FILTER
     Params = TopKParams
     request_aliases = {"top_k": "k", "min_keep": "min_keep"}
@@ -49,12 +50,18 @@ class TopK(Sampler):
             counts = torch.full((cand.batch_size,), k, device=cand.logits.device)
             if cand.is_sorted:
                 return cand.keep_first_settled(counts)
-            values, index = settle_ties(*ctx.backend.topk(cand.logits, k + 1), counts, cand.logits, cand.ids)
-            return cand.take(values[:, :k].contiguous(), index[:, :k].contiguous(), is_sorted=True)
+            values, index = ctx.backend.ranked_topk(cand.logits, k, cand.ids)  # equal logits at the cut: lowest ids
+            return cand.take(values, index, is_sorted=True)
         k = ctx.param("k")
         off = k <= 0
         counts = torch.clamp(torch.maximum(k, ctx.param("min_keep")), max=width)  # (B,)
         counts = torch.where(off, width, counts)
+        if in_sync_free_step():  # widths from the batch's bounds, known on the host: no read of the device
+            kmax = max(ctx.bound("k")[1], ctx.bound("min_keep")[1])
+            if cand.is_sorted or ctx.bound("k")[0] <= 0 or kmax >= width:  # some row may keep all: one sort
+                return cand.sorted(ctx.backend).keep_first_settled(counts)
+            values, index = ctx.backend.ranked_topk(cand.logits, kmax, cand.ids)  # ranked: no ties to settle
+            return cand.take(values, index, is_sorted=True).keep_first(counts)
         if bool((counts >= width).all()):
             return cand
         if cand.is_sorted:

@@ -18,6 +18,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
+from samplechain.contracts import in_sync_free_step
 
 
 @attrs.frozen
@@ -41,6 +42,7 @@ def sigma_threshold(logits: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
 
 class TopNSigma(Sampler):
     name = "top_n_sigma"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.FILTER
     Params = TopNSigmaParams
     request_aliases = {"top_n_sigma": "n", "min_keep": "min_keep"}
@@ -57,14 +59,18 @@ class TopNSigma(Sampler):
         width = cand.width
         finite_count = torch.isfinite(cand.logits).sum(dim=-1)
         off = (n <= 0.0) | (finite_count <= 1)
-        if bool(off.all()):
+        sync_free = in_sync_free_step()
+        if not sync_free and bool(off.all()):
             return cand
-        if width >= filters.WIDE and not cand.is_sorted:  # float32 statistics and an at_least read
+        if width >= filters.WIDE and not cand.is_sorted and not sync_free:  # float32 statistics, an at_least read
             wide = self._wide(cand, ctx, n, min_keep, off)
             if wide is not None:
                 return wide
         threshold = sigma_threshold(cand.logits, n)
         keep = cand.logits.double() >= threshold[:, None]  # a prefix of the descending order, ties included
+        shared_keep = ctx.scalar("min_keep")
+        if sync_free and not cand.is_sorted and shared_keep is not None and shared_keep <= 1:
+            return cand.masked(keep | off[:, None])  # the largest logit is always kept: the mask is the answer
         counts = torch.clamp(torch.maximum(keep.sum(dim=-1), min_keep), max=width)
         return cand.keep_best(counts, off, ctx.backend)
 
@@ -93,7 +99,7 @@ class TopNSigma(Sampler):
         need = int(torch.where(off, 0, min_keep).max())
         values, index, above = ctx.backend.at_least(x, up, min(need + 1, cand.width) if need else 0)
         counts = torch.clamp(torch.maximum(above, min_keep), max=cand.width)
-        return cand.restrict(values, index, torch.where(off, cand.width, counts), off)
+        return cand.restrict(values, index, torch.where(off, cand.width, counts), off, ranked=True)
 
 
 @hookimpl

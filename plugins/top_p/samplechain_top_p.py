@@ -17,6 +17,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
+from samplechain.contracts import in_sync_free_step
 from samplechain.filters import BUCKETS, MASS_MARGIN, bucket_edge, bucket_keys, bucket_sums
 
 _FIRST_GUESS = 64  # partial top-k width tried first on unsorted candidates
@@ -111,6 +112,7 @@ def superset_threshold(probs: torch.Tensor, top: torch.Tensor, total: torch.Tens
 
 class TopP(Sampler):
     name = "top_p"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.FILTER
     Params = TopPParams
     request_aliases = {"top_p": "p", "min_keep": "min_keep"}
@@ -123,6 +125,8 @@ class TopP(Sampler):
         p, min_keep = ctx.param("p"), ctx.param("min_keep")
         off = p >= 1.0  # (B,)
         width = cand.width
+        if in_sync_free_step() and not cand.is_sorted:  # no host read: one sort, then the cut on sorted rows
+            cand = cand.sorted(ctx.backend)
         if cand.is_sorted:
             top, total = row_mass(cand.logits)  # over all current candidates, as llama.cpp's softmax
             counts = kept_counts(cand.logits, top, total, p, min_keep)
@@ -139,19 +143,21 @@ class TopP(Sampler):
             threshold = torch.where(off, top.squeeze(1).float(), superset_threshold(probs, top, total, p))
             values, index, trusted = ctx.backend.at_least(cand.logits, threshold,
                                                           int(torch.where(off, 0, min_keep).max()))
+            ranked = True  # in the filters' order: ties at the cut need no settling
         else:
             top, total = row_mass(cand.logits)  # float64: exact where a cut may sit right on p
             values, index = ctx.backend.topk(cand.logits, min(_FIRST_GUESS, width))
             trusted = torch.full_like(p, values.shape[1], dtype=torch.int64)
+            ranked = False
         counts = kept_counts(values, top, total, p, min_keep)
         # a row's first `trusted` values are its largest in order; its cut is found unless it reached them all
         # (then the mass may continue below)
         while values.shape[1] < width and bool(((counts >= trusted) & ~off).any()):
             values, index = ctx.backend.topk(cand.logits, min(values.shape[1] * 8, width))
-            trusted = torch.full_like(trusted, values.shape[1])
+            trusted, ranked = torch.full_like(trusted, values.shape[1]), False
             counts = kept_counts(values, top, total, p, min_keep)
         counts = torch.where(off, width, counts)
-        return cand.restrict(values, index, counts, off)
+        return cand.restrict(values, index, counts, off, ranked=ranked)
 
 
 @hookimpl

@@ -21,7 +21,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range, one_of
-from samplechain.contracts import compact_kept
+from samplechain.contracts import compact_kept, in_sync_free_step
 from samplechain.filters import BUCKETS, MASS_MARGIN, bucket_edge, bucket_keys, bucket_sums
 
 SEMANTICS = ("llama.cpp", "transformers")
@@ -35,16 +35,17 @@ class TypicalParams:
 
 
 def typical_keep(
-    logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor, semantics: str
+    logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor, semantics: str, *, wide: bool = True
 ) -> torch.Tensor:
-    """(B, K) bool: the candidates typical sampling keeps, for per-row p (B,) and min_keep (B,)."""
+    """(B, K) bool: the candidates typical sampling keeps, for per-row p (B,) and min_keep (B,). wide=False: rank
+    the whole row even when it is wide (no host read: the wide path sizes its buckets on the host)."""
     x = logits.double()
     valid = torch.isfinite(x)
     logp = torch.log_softmax(x, dim=-1)
     prob = torch.exp(logp)
     entropy = -torch.where(valid, prob * logp, 0.0).sum(dim=-1, keepdim=True)
     distance = torch.where(valid, (-logp - entropy).abs(), float("inf"))
-    if x.shape[1] >= filters.WIDE:  # only the candidates that can be kept are ranked
+    if wide and x.shape[1] >= filters.WIDE:  # only the candidates that can be kept are ranked
         keep = _wide_keep(distance, prob, p, min_keep, semantics)
         if keep is not None:
             return keep
@@ -111,6 +112,7 @@ def _ranked_keep(distance: torch.Tensor, prob: torch.Tensor, p: torch.Tensor, mi
 
 class Typical(Sampler):
     name = "typical"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.FILTER
     Params = TypicalParams
     request_aliases = {"typical_p": "p", "min_keep": "min_keep"}
@@ -122,13 +124,15 @@ class Typical(Sampler):
             return cand
         p, min_keep = ctx.param("p"), ctx.param("min_keep")
         off = p >= 1.0
-        if bool(off.all()):
+        sync_free = in_sync_free_step()
+        if not sync_free and bool(off.all()):
             return cand
         if cand.ids is None:  # candidate order is token-id order: equal distances rank by id
-            keep = typical_keep(cand.logits, p, min_keep, self.params.semantics)
+            keep = typical_keep(cand.logits, p, min_keep, self.params.semantics, wide=not sync_free)
         else:  # rank equal distances by token id, not by the order earlier filters left (batch invariance)
             by_id = cand.ids.argsort(dim=-1)
-            keep_by_id = typical_keep(cand.logits.gather(1, by_id), p, min_keep, self.params.semantics)
+            keep_by_id = typical_keep(cand.logits.gather(1, by_id), p, min_keep, self.params.semantics,
+                                      wide=not sync_free)
             keep = torch.zeros_like(keep_by_id).scatter_(1, by_id, keep_by_id)
         keep |= off[:, None]
         return cand.masked(keep)

@@ -42,6 +42,7 @@ from samplechain import (
     seed_field,
 )
 from samplechain import filters
+from samplechain.contracts import in_sync_free_step
 
 NEG_INF = float("-inf")
 
@@ -104,6 +105,7 @@ def wide_removals(logits: torch.Tensor, threshold: torch.Tensor, backend: Backen
 
 class Xtc(Sampler):
     name = "xtc"
+    sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.FILTER
     Params = XtcParams
     request_aliases = {
@@ -139,9 +141,10 @@ class Xtc(Sampler):
         draw_ids = torch.zeros(cand.batch_size, 1, dtype=torch.int64, device=logits.device)
         u = ctx.backend.uniform(ctx.param("seed"), ctx.positions, draw_ids, ctx.stream)[:, 0]  # (B,) float64
         act = (probability > 0.0) & (threshold <= 0.5) & (u < probability.double())
-        if not bool(act.any()):
+        sync_free = in_sync_free_step()  # no host read: the dense float64 mask on every row, whether it acts or not
+        if not sync_free and not bool(act.any()):
             return cand
-        if not cand.is_sorted and cand.width >= filters.WIDE:
+        if not cand.is_sorted and cand.width >= filters.WIDE and not sync_free:
             return self._wide(cand, ctx, act)
         n = torch.isfinite(logits).sum(dim=-1)
         act &= n >= 2
@@ -153,7 +156,7 @@ class Xtc(Sampler):
             hits = (remove & torch.isin(cand.token_ids(), special)).any(dim=-1)
             act &= ~(ctx.param("keep_special") & hits)
         remove &= act[:, None]
-        if not bool(remove.any()):
+        if not sync_free and not bool(remove.any()):
             return cand
         return cand.masked(~remove)  # sorted rows stay sorted, the survivors moved to the front
 

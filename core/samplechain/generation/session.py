@@ -573,7 +573,7 @@ class Generation:
             logits = self.logits_processor(self.input_ids, logits)
         want_scores = self.output_scores or self.top_logprobs > 0
         out = self.chain.sample(logits, self.store, self.request_ids, return_scores=want_scores,
-                                unconditional_logits=uncond, **self.history_args(self.input_ids))
+                                unconditional_logits=uncond, **self.history_args(self.input_ids)).check()
         tokens, logprobs = out.token_ids, out.logprobs
         if self._any_finished:  # finished rows get the pad token (and a 0 logprob)
             active = ~self.finished

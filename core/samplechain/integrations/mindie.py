@@ -379,7 +379,7 @@ class MindIESampler:
             extra["history"], extra["prompt_lengths"] = self._history(all_ids, out_ids, cached, vocab,
                                                                       logits.device)
         any_greedy = not bool(do_sample.all())
-        out = self.mixed.sample(logits, store, ids, return_scores=any_greedy, **extra)
+        out = self.mixed.sample(logits, store, ids, return_scores=any_greedy, **extra).check()
 
         tokens = out.token_ids.cpu().numpy().astype(np.int64)
         for req, tok in zip(cached, tokens.tolist()):

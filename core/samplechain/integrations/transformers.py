@@ -129,7 +129,7 @@ class ChainLogitsProcessor(LogitsProcessor):
             if not fresh:  # the token transformers chose from the previous call's scores
                 self.chain.accept(self.store, self.request_ids, input_ids[:, -1])
             return self.chain.process(scores, self.store, self.request_ids, **self._history(input_ids))
-        out = self.chain.sample(scores, self.store, self.request_ids, **self._history(input_ids))
+        out = self.chain.sample(scores, self.store, self.request_ids, **self._history(input_ids)).check()
         # scores: (B, V) all -inf but the chosen token, so any argmax / multinomial downstream takes it
         masked = torch.full(scores.shape, float("-inf"), dtype=torch.float32, device=scores.device)
         return masked.scatter_(1, out.token_ids[:, None], out.logprobs[:, None])

@@ -248,7 +248,7 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         if limit is not None:  # as generate(): columns past the tokenizer are tokens nobody can decode
             logits[:, limit:] = float("-inf")
         kwargs = _history(rows, logits.device) if group.chain.needs_history else {}
-        return group.chain.sample(logits, group.store, rids, **kwargs).token_ids
+        return group.chain.sample(logits, group.store, rids, **kwargs).check().token_ids
 
     def _isolate(self, group: _Group, logits: torch.Tensor, indices: Sequence[int],
                  rows: Sequence[_Row]) -> torch.Tensor:

@@ -117,3 +117,33 @@ def test_compacted_at_least_keeps_positions_unique_in_short_rows():
         assert index[row].unique().numel() == index.shape[1], "a spare slot repeats a token"
         assert not bool(torch.isfinite(values[row, n:]).any())
         assert not bool((x[row].gather(0, index[row, n:]) >= threshold[row]).any()), "a spare slot holds a survivor"
+
+
+def _ranked_reference(x: torch.Tensor, k: int) -> list[list[int]]:
+    """The k best positions of each row by (logit descending, position ascending), by Python's sort."""
+    return [sorted(range(x.shape[1]), key=lambda j: (-row[j], j))[:k] for row in x.float().tolist()]
+
+
+@pytest.mark.parametrize("kind", ["randn", "ties", "masked", "bf16"])
+@pytest.mark.parametrize("vocab", [16384, 50257, 128256])
+@pytest.mark.parametrize("k", [1, 40, 300, 2000])
+def test_ranked_topk_keeps_the_lowest_ids_of_equal_logits(kind, vocab, k):
+    # chunked (k small), threshold (k large) and key-based paths: the set is the reference's, values descending
+    x = _logits("randn" if kind == "bf16" else kind, 3, vocab, seed=vocab * k)
+    if kind == "bf16":
+        x = x.bfloat16().float()  # bf16-rounded logits: ties at the k-th place in most rows
+    values, index = BACKEND.ranked_topk(x, k)
+    assert torch.equal(x.gather(1, index), values)
+    assert (values.diff(dim=1) <= 0).all() or not torch.isfinite(values).all()
+    ref = _ranked_reference(x, k)
+    assert [sorted(r) for r in index.tolist()] == [sorted(r) for r in ref]
+    _, keyed = super(cpu.CpuBackend, BACKEND).ranked_topk(x, k)  # contracts.ranked_topk: one top-k over keys
+    assert [sorted(r) for r in keyed.tolist()] == [sorted(r) for r in ref]
+
+
+def test_ranked_topk_rows_do_not_depend_on_the_batch():
+    x = _logits("randn", 6, 50257, seed=7).bfloat16().float()
+    values, index = BACKEND.ranked_topk(x, 50)
+    for b in range(6):
+        v1, i1 = BACKEND.ranked_topk(x[b : b + 1].contiguous(), 50)
+        assert torch.equal(v1[0], values[b]) and set(i1[0].tolist()) == set(index[b].tolist())
