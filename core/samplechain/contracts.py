@@ -120,19 +120,19 @@ def settle_ties(values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor,
 
 def lowest_equal(logits: torch.Tensor, value: torch.Tensor, n: int, ids: torch.Tensor | None = None) -> torch.Tensor:
     """(B, n) positions of the candidates equal to value (B, 1), lowest token id first (ids None: id = position);
-    a row with fewer than n such candidates repeats its last one. Vectorised over rows: a running count along each
-    row (positions in order are ids in order), or a top-k of negated ids among the equal ones."""
+    a row with fewer than n such candidates repeats its last one. Vectorised over rows: the equal entries found
+    by one nonzero (row-major, so in position order: id order when ids is None) and the first n of each row kept,
+    or a top-k of negated ids among the equal ones."""
     equal = logits == value
     if ids is None:
-        first = equal & (torch.cumsum(equal, dim=-1, dtype=torch.int32) <= n)
-        found = first.sum(dim=-1)
-        _, positions, _ = compact_kept(logits, first, found)
-        last = positions.gather(1, (found - 1).clamp(min=0)[:, None])
-        spare = torch.arange(positions.shape[1], device=logits.device)[None, :] >= found[:, None]
-        positions = torch.where(spare, last, positions)
-        if positions.shape[1] < n:
-            positions = torch.cat([positions, last.expand(-1, n - positions.shape[1])], dim=1)
-        return positions
+        rows, cols = equal.nonzero(as_tuple=True)
+        found = torch.bincount(rows, minlength=logits.shape[0])  # (B,) how many equal entries per row
+        slot = torch.arange(rows.numel(), device=logits.device) - (torch.cumsum(found, 0) - found)[rows]
+        keep = slot < n
+        positions = torch.full((logits.shape[0], n), -1, dtype=torch.int64, device=logits.device)
+        positions[rows[keep], slot[keep]] = cols[keep]
+        last = positions.gather(1, (found.clamp(max=n) - 1).clamp(min=0)[:, None])
+        return torch.where(positions < 0, last, positions)
     keys = torch.where(equal, -ids, torch.iinfo(torch.int64).min)
     top, positions = torch.topk(keys, n, dim=-1)
     return torch.where(top == torch.iinfo(torch.int64).min, positions[:, :1], positions)
@@ -793,8 +793,8 @@ class Backend:
         (the cpu backend only reads the chunks whose maximum reaches the threshold)."""
         counts = (logits >= threshold[:, None]).sum(dim=-1)
         width = min(max(int(counts.max()), k, 1), logits.shape[-1])
-        values, index = self.ranked_topk(logits, width)
-        return values, index, counts
+        values, index = ranked_topk(logits, width)  # the keys' full order (a backend's ranked_topk need only
+        return values, index, counts  # give the set)
 
     def gumbel(self, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int) -> torch.Tensor:
         """Counter-based Gumbel(0, 1) noise (B, K) float64, a pure function of (seed, stream, position, id)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from samplechain import Backend, hookimpl, rng
@@ -54,17 +55,17 @@ def chunked_ranked_topk(logits: torch.Tensor, k: int, width: int) -> tuple[torch
     Were v = m, the entries > v lie in chosen chunks, and so do the lowest-id entries equal to v: each chosen chunk
     whose maximum is m holds one, those chunks come before every unchosen one along the row, and they are at least
     as many as the places left for entries equal to v. The gathered entries (in row order, then the tail that fills
-    no whole chunk) get one more ranked top-k (contracts.ranked_topk, ids = their order along the row). Ties at
+    no whole chunk) get one more ranked top-k (contracts.ranked_topk, keyed by their positions). Ties at
     the cut (most rows of bfloat16 logits) cost nothing extra."""
     batch, vocab = logits.shape
     chunks = vocab // width
     body = chunks * width
     maxima = logits[:, :body].reshape(batch, chunks, width).amax(dim=-1)  # (B, C)
-    best = ranked_topk(maxima, k)[1].sort(dim=-1).values  # (B, k) chunk numbers, in row order
+    best = cpu_ranked_topk(maxima, k)[1]  # (B, k) chunk numbers
     positions = (best[:, :, None] * width + torch.arange(width, device=logits.device)).reshape(batch, -1)
     if body < vocab:
         positions = torch.cat([positions, torch.arange(body, vocab, device=logits.device).expand(batch, -1)], dim=1)
-    values, where = ranked_topk(logits.gather(1, positions), k)  # gathered positions ascend: column order = id order
+    values, where = cpu_ranked_topk(logits.gather(1, positions), k, positions)  # ranked by (logit, token id)
     return values, positions.gather(1, where)
 
 
@@ -86,8 +87,8 @@ def chunked_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int, widt
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Backend.at_least through chunk maxima: every entry >= threshold lies in a chunk whose maximum does, and
     the best k in the k best chunks by (maximum, lowest chunk number) (see chunked_ranked_topk). So: the chunks
-    whose maximum reaches the threshold (at least k of them), gathered in row order, counted and one ranked top-k
-    of the gathered entries. None when those chunks are too large a part of the row (the caller takes the plain
+    whose maximum reaches the threshold (at least k of them), gathered, counted and one ranked top-k of the
+    gathered entries (keyed by their positions). None when those chunks are too large a part of the row (the caller takes the plain
     path)."""
     batch, vocab = logits.shape
     chunks = vocab // width
@@ -97,15 +98,76 @@ def chunked_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int, widt
     n = min(max(reach, k, 1), chunks)
     if n * width * _MAX_SHARE > vocab:
         return None
-    best = ranked_topk(maxima, n)[1].sort(dim=-1).values  # in row order: column order in `gathered` = id order
+    # the chunks reaching the threshold are the same set whichever of equal maxima a top-k picks past them; only
+    # the k best beyond it (k > 0: min_keep) need the ranked choice among chunks whose maxima tie
+    best = (torch.topk(maxima, n, dim=-1, sorted=False) if k == 0 else cpu_ranked_topk(maxima, n))[1]
     positions = (best[:, :, None] * width + torch.arange(width, device=logits.device)).reshape(batch, n * width)
     if body < vocab:
         positions = torch.cat([positions, torch.arange(body, vocab, device=logits.device).expand(batch, -1)], dim=1)
     gathered = logits.gather(1, positions)
     counts = (gathered >= threshold[:, None]).sum(dim=-1)
     j = min(max(int(counts.max()), k, 1), gathered.shape[1])
-    values, where = ranked_topk(gathered, j)
+    values, where = _distinct_topk(gathered, j, masked_ties=True) or ranked_topk(gathered, j, positions)
     return values, positions.gather(1, where), counts
+
+
+def _distinct_topk(x: torch.Tensor, j: int, *, masked_ties: bool = False, whole: bool = True
+                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """torch.topk(x, j) when no tie needs the filters' order: no entry left out equals the j-th value (the set is
+    the ranked one) and, whole=True, no two of the j are equal (so is the order; nearly always on float32 logits);
+    masked_ties: equal -inf values allowed, for callers that never keep those. None otherwise (bfloat16 logits):
+    the caller ranks by keys. A top-k of j, not j + 1: torch's faster path needs j * 64 <= the row's width."""
+    if j >= x.shape[1] or x.requires_grad:
+        return None
+    values, where = torch.topk(x, j, dim=-1, sorted=True)
+    last = values[:, j - 1 : j]
+    tied = (x >= last).sum(dim=-1) > j  # an entry left out equals the j-th value
+    if masked_ties:
+        tied &= last[:, 0] > float("-inf")
+    if bool(tied.any()):
+        return None
+    if whole and j > 1:
+        if values.shape[0] <= 256:  # numpy: one call instead of a handful of torch ones
+            v = values.numpy()
+            same = v[:, 1:] == v[:, :-1]
+            if same.any() and (not masked_ties or (same & (v[:, 1:] > -np.inf)).any()):
+                return None
+        elif bool(((values[:, 1:] == values[:, :-1]) & (values[:, 1:] > float("-inf")) if masked_ties
+                   else values[:, 1:] == values[:, :-1]).any()):
+            return None
+    return values, where
+
+
+def cpu_ranked_topk(x: torch.Tensor, k: int, ids: torch.Tensor | None = None, *, whole: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """contracts.ranked_topk (the set of the k best by (logit, lowest id); the order among equal values inside is
+    free, unless whole: then it is the filters' order too), with a plain top-k where no tie needs settling, and
+    numpy keys on small inputs."""
+    found = _distinct_topk(x, k, whole=whole)  # distinct values: one order, whatever the ids
+    if found is not None:
+        return found
+    if x.numel() <= _NP_KEYS and not x.requires_grad:
+        return _np_ranked_topk(x, k, ids)
+    return ranked_topk(x, k, ids)
+
+
+_NP_KEYS = 1 << 13  # up to this many entries the keys are made and ranked in numpy (~1 us an operation, not ~5;
+# numpy's one thread loses beyond)
+
+
+def _np_ranked_topk(x: torch.Tensor, k: int, ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """contracts.ranked_topk in numpy: the same keys (the float's monotone bits, then 2**32 - 1 - id), an
+    argpartition for the k largest and a sort of those."""
+    bits = (x.float().numpy() + np.float32(0.0)).view(np.int32)  # + 0.0: -0.0 becomes +0.0
+    order = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).astype(np.int64)
+    idn = np.arange(x.shape[1], dtype=np.int64)[None, :] if ids is None else ids.numpy()
+    keys = (order << 32) | (0xFFFFFFFF - idn)
+    width = keys.shape[1]
+    part = np.argpartition(keys, width - k, axis=-1)[:, width - k:] if k < width else \
+        np.broadcast_to(np.arange(width), keys.shape).copy()
+    top = np.take_along_axis(keys, part, axis=-1)
+    where = torch.from_numpy(np.take_along_axis(part, np.argsort(-top, axis=-1, kind="stable"), axis=-1))
+    return x.gather(1, where), where
 
 
 def compacted_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int
@@ -145,7 +207,7 @@ class CpuBackend(Backend):
         if ids is None and logits.ndim == 2 and logits.is_contiguous() and k > 0 and logits.shape[-1] >= _MIN_VOCAB:
             width = chunk_width(logits.shape[-1], k)
             return chunked_ranked_topk(logits, k, width) if width else threshold_ranked_topk(logits, k)
-        return super().ranked_topk(logits, k, ids)
+        return cpu_ranked_topk(logits, k, ids)
 
     def at_least(self, logits: torch.Tensor, threshold: torch.Tensor, k: int = 0
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -156,7 +218,10 @@ class CpuBackend(Backend):
             found = compacted_at_least(logits, threshold, k)
             if found is not None:
                 return found
-        return super().at_least(logits, threshold, k)
+        counts = (logits >= threshold[:, None]).sum(dim=-1)  # Backend.at_least, ranked the cpu backend's way
+        width = min(max(int(counts.max()), k, 1), logits.shape[-1])
+        values, index = cpu_ranked_topk(logits, width, whole=True)
+        return values, index, counts
 
     def sort_desc(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # stable: equal logits keep ascending candidate order, so ties resolve to the lower token id

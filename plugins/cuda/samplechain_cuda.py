@@ -32,9 +32,10 @@ import torch
 
 from samplechain import Backend, BackendError, hookimpl, rng
 
-__all__ = ["CudaBackend", "ENV_FLASHINFER", "FLASHINFER_TOP_K_TOP_P", "cuda_unavailable_reason"]
+__all__ = ["CudaBackend", "ENV_FLASHINFER", "ENV_TRITON", "FLASHINFER_TOP_K_TOP_P", "cuda_unavailable_reason"]
 
 ENV_FLASHINFER = "SAMPLECHAIN_CUDA_FLASHINFER"
+ENV_TRITON = "SAMPLECHAIN_CUDA_TRITON"  # 0: the torch ops instead of the Triton kernels (samplechain_cuda_kernels)
 FLASHINFER_TOP_K_TOP_P = "flashinfer.top_k_top_p_sampling"  # the kernel name samplers ask for
 _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
@@ -81,6 +82,7 @@ class CudaBackend(Backend):
         # flashinfer: expose FlashInfer's fused sampling kernel (None: read SAMPLECHAIN_CUDA_FLASHINFER).
         self.device = torch.device(device)
         self._kernels: dict[str, Callable[..., Any]] = {}
+        self._triton = _triton_kernels(self.device)
         if _opted_in(flashinfer):
             sampling = _import_flashinfer()
             if sampling is None:
@@ -119,8 +121,25 @@ class CudaBackend(Backend):
 
     def gumbel_argmax(self, logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor,
                       ids: torch.Tensor | None, stream: int) -> torch.Tensor:
-        # no host read: huge rows are shifted on the device (rng.device_shifted), not after a check on the host
+        # no host read: on a GPU one Triton kernel (hash, noise and running argmax in one pass over each row, the
+        # same token: samplechain_cuda_kernels); else torch ops, huge rows shifted on the device (rng.device_shifted)
+        if self._triton is not None and logits.is_cuda:
+            return self._triton.gumbel_argmax(logits, seed, position, stream, ids)
         return rng.device_gumbel_argmax(logits, seed, position, ids, stream)
+
+
+def _triton_kernels(device: torch.device) -> ModuleType | None:
+    """samplechain_cuda_kernels where its kernels can run on this device (triton installed, a CUDA device) and
+    SAMPLECHAIN_CUDA_TRITON is not 0; else None (the torch ops)."""
+    value = os.environ.get(ENV_TRITON, "1").strip().lower()
+    if value not in _ON + _OFF:
+        raise BackendError(f"{ENV_TRITON}={os.environ[ENV_TRITON]!r}: expected 1 (use the Triton kernels on a GPU, "
+                           f"the default) or 0 (torch ops)")
+    if value in _OFF or device.type != "cuda":
+        return None
+    import samplechain_cuda_kernels as kernels
+
+    return None if kernels.kernels_unavailable_reason(device) else kernels
 
 
 def _flashinfer_top_k_top_p(sampling: ModuleType) -> Callable[..., torch.Tensor]:

@@ -56,7 +56,8 @@ class MinP(Sampler):
         # the survivors are the counts[b] largest logits: found and compacted in one backend call that reads
         # only the parts of the row that can hold them
         need = int(torch.where(off, 0, min_keep).max())
-        values, index, above = ctx.backend.at_least(cand.logits, threshold, min(need + 1, width) if need else 0)
+        # in the filters' order (ties settled), so min_keep needs its own count and no column more
+        values, index, above = ctx.backend.at_least(cand.logits, threshold, min(need, width) if need > 1 else 0)
         counts = torch.clamp(torch.maximum(above, min_keep), max=width)
         counts = torch.where(off, width, counts)
         if bool((counts >= width).all()):

@@ -97,7 +97,7 @@ class TopNSigma(Sampler):
         up = torch.where(up.double() < threshold, torch.nextafter(up, torch.full_like(up, float("inf"))), up)
         up = torch.where(off, top.float(), up)  # off rows must not widen the read
         need = int(torch.where(off, 0, min_keep).max())
-        values, index, above = ctx.backend.at_least(x, up, min(need + 1, cand.width) if need else 0)
+        values, index, above = ctx.backend.at_least(x, up, min(need, cand.width) if need > 1 else 0)  # ranked
         counts = torch.clamp(torch.maximum(above, min_keep), max=cand.width)
         return cand.restrict(values, index, torch.where(off, cand.width, counts), off, ranked=True)
 

@@ -29,7 +29,8 @@ CHAIN = {"samplers": [{"use": "top_k", "k": 40}, {"use": "top_p", "p": 0.9}, {"u
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for var in ("SAMPLECHAIN_PLUGINS", "SAMPLECHAIN_BLOCK_PLUGINS", "SAMPLECHAIN_REGISTRY", cuda.ENV_FLASHINFER):
+    for var in ("SAMPLECHAIN_PLUGINS", "SAMPLECHAIN_BLOCK_PLUGINS", "SAMPLECHAIN_REGISTRY", cuda.ENV_FLASHINFER,
+                cuda.ENV_TRITON):
         monkeypatch.delenv(var, raising=False)
     return monkeypatch
 
@@ -167,6 +168,15 @@ def test_an_opted_in_flashinfer_kernel_calls_its_fused_sampler(clean_env, monkey
 def test_flashinfer_import_is_optional(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashinfer", None)  # makes `import flashinfer...` raise ImportError
     assert cuda._import_flashinfer() is None
+
+
+def test_the_triton_kernels_serve_cuda_tensors_only_and_can_be_switched_off(clean_env):
+    assert cuda.CudaBackend(device="cpu")._triton is None  # CPU tensors: the torch ops (what CI checks)
+    clean_env.setenv(cuda.ENV_TRITON, "0")
+    assert cuda._triton_kernels(torch.device("cuda")) is None
+    clean_env.setenv(cuda.ENV_TRITON, "maybe")
+    with pytest.raises(BackendError, match=r"SAMPLECHAIN_CUDA_TRITON='maybe': expected 1 .* or 0"):
+        cuda.CudaBackend(device="cpu")
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="this machine has a CUDA device")
