@@ -784,13 +784,15 @@ class Backend:
         may do better (the cpu backend reads only the chunks that can hold the k best)."""
         return ranked_topk(logits, k, ids)
 
-    def at_least(self, logits: torch.Tensor, threshold: torch.Tensor, k: int = 0
+    def at_least(self, logits: torch.Tensor, threshold: torch.Tensor, k: int = 0, *, ordered: bool = True
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per row, the entries >= threshold[b] (B,) and at least the k best, in the filters' order (`ranked_topk`:
         descending, equal logits lowest position first, so a cut anywhere in them needs no settling): values and
         positions (B, J) with J = max(count, k) (a row's entries past max(count, k) may be anything) and the
-        count of entries >= threshold per row (B,). Default: count, then one ranked top-k; backends may do better
-        (the cpu backend only reads the chunks whose maximum reaches the threshold)."""
+        count of entries >= threshold per row (B,). ordered=False (k = 0, a caller that keeps exactly the entries
+        >= the threshold, whose ties are kept or cut together): any descending order. Default: count, then one
+        ranked top-k; backends may do better (the cpu backend only reads the chunks whose maximum reaches the
+        threshold)."""
         counts = (logits >= threshold[:, None]).sum(dim=-1)
         width = min(max(int(counts.max()), k, 1), logits.shape[-1])
         values, index = ranked_topk(logits, width)  # the keys' full order (a backend's ranked_topk need only

@@ -61,11 +61,13 @@ def chunked_ranked_topk(logits: torch.Tensor, k: int, width: int) -> tuple[torch
     chunks = vocab // width
     body = chunks * width
     maxima = logits[:, :body].reshape(batch, chunks, width).amax(dim=-1)  # (B, C)
-    best = cpu_ranked_topk(maxima, k)[1]  # (B, k) chunk numbers
+    coarse = batch >= 2 and _coarse(logits)  # bf16 / f16-rounded rows tie at the k-th place: straight to keys
+    best = (ranked_topk(maxima, k) if coarse else cpu_ranked_topk(maxima, k))[1]  # (B, k) chunk numbers
     positions = (best[:, :, None] * width + torch.arange(width, device=logits.device)).reshape(batch, -1)
     if body < vocab:
         positions = torch.cat([positions, torch.arange(body, vocab, device=logits.device).expand(batch, -1)], dim=1)
-    values, where = cpu_ranked_topk(logits.gather(1, positions), k, positions)  # ranked by (logit, token id)
+    gathered = logits.gather(1, positions)
+    values, where = (ranked_topk if coarse else cpu_ranked_topk)(gathered, k, positions)  # by (logit, token id)
     return values, positions.gather(1, where)
 
 
@@ -83,7 +85,7 @@ def threshold_ranked_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, t
     return values, positions.gather(1, order)
 
 
-def chunked_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int, width: int
+def chunked_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int, width: int, ordered: bool = True
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Backend.at_least through chunk maxima: every entry >= threshold lies in a chunk whose maximum does, and
     the best k in the k best chunks by (maximum, lowest chunk number) (see chunked_ranked_topk). So: the chunks
@@ -107,8 +109,20 @@ def chunked_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int, widt
     gathered = logits.gather(1, positions)
     counts = (gathered >= threshold[:, None]).sum(dim=-1)
     j = min(max(int(counts.max()), k, 1), gathered.shape[1])
-    values, where = _distinct_topk(gathered, j, masked_ties=True) or ranked_topk(gathered, j, positions)
+    if not ordered:  # the caller keeps every entry >= the threshold: equal values are kept or cut together
+        values, where = torch.topk(gathered, j, dim=-1, sorted=True)
+        return values, positions.gather(1, where), counts
+    found = None if batch >= 2 and _coarse(logits) else _distinct_topk(gathered, j, masked_ties=True)
+    values, where = found or ranked_topk(gathered, j, positions)
     return values, positions.gather(1, where), counts
+
+
+def _coarse(logits: torch.Tensor) -> bool:
+    """Whether a row looks rounded to bfloat16 / float16 (the low 13 mantissa bits of its first 256 values all
+    zero): such rows tie at a k-th place so often that trying a plain top-k first costs more than it saves. Only a
+    choice of path: both give the same result."""
+    sample = logits[:1, :256].contiguous()
+    return sample.dtype == torch.float32 and not bool((sample.view(torch.int32) & 0x1FFF).any())
 
 
 def _distinct_topk(x: torch.Tensor, j: int, *, masked_ties: bool = False, whole: bool = True
@@ -209,10 +223,10 @@ class CpuBackend(Backend):
             return chunked_ranked_topk(logits, k, width) if width else threshold_ranked_topk(logits, k)
         return cpu_ranked_topk(logits, k, ids)
 
-    def at_least(self, logits: torch.Tensor, threshold: torch.Tensor, k: int = 0
+    def at_least(self, logits: torch.Tensor, threshold: torch.Tensor, k: int = 0, *, ordered: bool = True
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if logits.ndim == 2 and logits.is_contiguous() and logits.shape[-1] >= _MIN_VOCAB:
-            found = chunked_at_least(logits, threshold, k, _CHUNK)
+            found = chunked_at_least(logits, threshold, k, _CHUNK, ordered)
             if found is not None:
                 return found
             found = compacted_at_least(logits, threshold, k)

@@ -57,7 +57,8 @@ class MinP(Sampler):
         # only the parts of the row that can hold them
         need = int(torch.where(off, 0, min_keep).max())
         # in the filters' order (ties settled), so min_keep needs its own count and no column more
-        values, index, above = ctx.backend.at_least(cand.logits, threshold, min(need, width) if need > 1 else 0)
+        values, index, above = ctx.backend.at_least(cand.logits, threshold, min(need, width) if need > 1 else 0,
+                                                    ordered=need > 1)  # min_keep <= 1: the cut is the count
         counts = torch.clamp(torch.maximum(above, min_keep), max=width)
         counts = torch.where(off, width, counts)
         if bool((counts >= width).all()):
