@@ -240,7 +240,9 @@ _WARPERS = tuple(getattr(_lp, name) for name in (
     "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TopHLogitsWarper",
     "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper") if hasattr(_lp, name))
 # model inputs transformers prepares for its own loop; samplechain's loop makes its own from input_ids + mask
-_PREPARED = {"attention_mask", "position_ids", "logits_to_keep", "past_key_values", "use_cache", "cache_position"}
+# what model.generate prepares itself; transformers >= 5.24 names the cache `cache` (past_key_values deprecated)
+_PREPARED = {"attention_mask", "position_ids", "logits_to_keep", "past_key_values", "cache", "use_cache",
+             "cache_position"}
 
 
 def _implicit_top_k(warper: Any) -> bool:
@@ -297,7 +299,7 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
             raise ConfigError(f"model.generate(custom_generate=as_custom_generate(...)) got model inputs {unknown}: "
                               "samplechain's loop feeds the model input_ids and attention_mask only; call "
                               "model.generate without custom_generate for these inputs")
-        if not _fresh_cache(model_kwargs.get("past_key_values")):
+        if not (_fresh_cache(model_kwargs.get("past_key_values")) and _fresh_cache(model_kwargs.get("cache"))):
             raise ConfigError("past_key_values already holds tokens: samplechain's loop builds its own cache from "
                               "the prompt; pass the whole prompt as input_ids and no past_key_values")
 
