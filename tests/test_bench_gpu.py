@@ -67,20 +67,21 @@ def test_dry_run_prints_and_writes_both_tables_with_every_row(dry_run):
         assert part in stdout
 
     headers, rows = _table(stdout, "chain")
-    assert headers == ["chain", "logits", "B", "samplechain ms", "FlashInfer ms", "torch sort ms", "max(-1) ms",
-                       "samplechain / FlashInfer", "samplechain / max", "samplechain / torch", "torch / FlashInfer",
-                       "target", "met"]
+    assert headers == ["chain", "logits", "B", "samplechain ms", "graph replay ms", "FlashInfer ms", "torch sort ms",
+                       "max(-1) ms", "samplechain / FlashInfer", "replay / FlashInfer", "samplechain / max",
+                       "samplechain / torch", "torch / FlashInfer", "target", "met"]
     assert {(r[0], r[1], r[2]) for r in rows} == {(c, d, b) for c in bench_gpu.CHAINS for d in ("float32", "bf16")
                                                   for b in ("1", "2")}
     assert len(rows) == len(bench_gpu.CHAINS) * 2 * 2
     for r in rows:
-        for cell in (r[3], r[5], r[6]):
+        for cell in (r[3], r[6], r[7]):
             _positive(cell, "")
-        for cell in (r[8], r[9]):
+        for cell in (r[10], r[11]):
             _positive(cell, "x")
-        assert r[4] == "n/a" and r[7] == "n/a" and r[10] == "n/a"  # no FlashInfer on the cpu
-        assert r[11] == ("<= 0.15 ms" if r[2] == "1" else "<= 1.5x FlashInfer")
-        assert r[12] in ("yes", "NO") if r[2] == "1" else r[12] == "n/a"
+        assert r[4] == r[9] == "n/a"  # no CUDA graph on the cpu
+        assert r[5] == "n/a" and r[8] == "n/a" and r[12] == "n/a"  # no FlashInfer on the cpu
+        assert r[13] == ("<= 0.15 ms" if r[2] == "1" else "<= 1.5x FlashInfer")
+        assert r[14] in ("yes", "NO") if r[2] == "1" else r[14] == "n/a"
 
     headers, rows = _table(stdout, "setting")
     assert headers[:5] == ["setting", "B", "samplechain generate() ms/step", "model.generate ms/step",
@@ -142,7 +143,10 @@ def test_flashinfer_column_and_ratios_with_a_stand_in_for_flashinfer():
             assert isinstance(row[key], float) and row[key] > 0, (key, row)
         assert row["met"] in (True, False)
     text = bench_gpu.kernel_table(rows)
-    assert "| <= 1.5x FlashInfer |" in text and "n/a" not in text
+    assert "| <= 1.5x FlashInfer |" in text
+    for line in text.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert "n/a" not in cells[5:9:3] + cells[10:], line  # FlashInfer and its ratios (the cpu has no graph)
     assert peers["preset:llama.cpp"]["flashinfer"] == "/ t -> min_p mask -> top_k_top_p_sampling_from_logits"
     assert peers["preset:transformers"]["flashinfer"] == "softmax -> top_k_sampling_from_probs"
     assert peers["top_p 0.9"]["flashinfer"] == "softmax -> top_p_sampling_from_probs"
@@ -188,4 +192,5 @@ def test_gpu_run_on_tiny_sizes():
     assert done.returncode == 0, done.stderr
     headers, rows = _table(done.stdout, "chain")
     assert len(rows) == len(bench_gpu.CHAINS) * 2 * 2 and "backend 'cuda'" in done.stdout
-    assert all(r[12] in ("yes", "NO", "n/a") for r in rows)
+    assert all(r[14] in ("yes", "NO", "n/a") for r in rows)
+    assert all(r[4] != "n/a" for r in rows)  # every chain replayed from a CUDA graph

@@ -3,7 +3,7 @@
 import samplechain
 
 EXPECTED = {
-    "ALL_DEVICES", "Backend", "BackendError", "ChainWarning", "Candidates", "Chain", "ChainConfig", "ConfigError", "EntrySpec",
+    "ALL_DEVICES", "Backend", "BackendError", "ChainWarning", "Candidates", "Chain", "ChainConfig", "ConfigError", "EntrySpec", "FUSED_SAMPLE", "FusedPart",
     "EosIds", "SamplerSetup", "MixedChains", "MixedStore", "token_ids_field", "NoParams", "PluginError", "PluginHost", "PluginInfo", "PluginLoadError", "PluginWarning", "Registry",
     "RequestError", "RequestStore", "SampleOutput", "Sampler", "SamplechainError", "SamplingError", "Stage",
     "StepContext", "StopContext", "StopResult", "StopSetup", "Stopping", "StoppingCriterion", "UnknownPluginError", "__version__", "finite", "get_host", "hookimpl",

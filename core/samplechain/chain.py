@@ -35,7 +35,8 @@ import torch
 
 from .backends import select_backend
 from .config import ChainConfig, load_config
-from .contracts import Backend, Candidates, Sampler, SamplerSetup, StepContext, sync_free_step, token_id_list
+from .contracts import (FUSED_SAMPLE, Backend, Candidates, FusedPart, Sampler, SamplerSetup, StepContext,
+                        sync_free_step, token_id_list)
 from .errors import ConfigError, RequestError, SamplechainError, SamplingError
 from .filters import patched_top
 from .plugins import PluginHost, get_host
@@ -104,6 +105,9 @@ class Chain:
         self._stateful = [i for i, s in enumerate(self.samplers) if s.is_stateful()]
         # samplers that can describe their change of the full vocabulary sparsely (executor fusion with top_k)
         self._sparse = {i for i, s in enumerate(self.samplers) if type(s).sparse_changes is not Sampler.sparse_changes}
+        # a selector a backend's fused truncate-and-draw kernel can run (dist), after samplers that may tell it theirs
+        self._fusable = type(self.samplers[-1]).fused is not Sampler.fused and not self.samplers[-1].is_stateful() \
+            and any(type(s).fused is not Sampler.fused for s in self.samplers[:-1])
         self.needs_history = any(s.needs_history() for s in self.samplers)
         self.needs_unconditional_logits = any(s.needs_unconditional_logits() for s in self.samplers)
         self.setup: SamplerSetup | None = None  # the last prepare()'s
@@ -324,19 +328,33 @@ class Chain:
         hist = self._history(history, prompt_lengths, positions, logits)
         uncond = self._unconditional(unconditional_logits, logits)
         cand = Candidates(logits, None, vocab, False, writable)
-        cand = self._filter(cand, store, view, positions, backend, hist, uncond)
         last = len(self.samplers) - 1
-        try:
-            # the normaliser of what the selector sees, taken first: right after the previous pass over the
-            # logits the worker threads are still awake (measurably cheaper than after the selector)
-            lse = _row_lse(cand.logits)
-            chosen = self.samplers[last].select(cand, self._context(store, view, positions, backend, last, hist, uncond))
-        except Exception as exc:
-            raise self._wrap(last, exc) from exc
-        self._check_selection(last, chosen, cand)
-
-        token_ids = cand.ids_at(chosen[:, None]).squeeze(1)
-        logprobs = cand.logits.gather(1, chosen[:, None]).squeeze(1) - lse
+        plan = None if return_scores else self._fusion(store, view, positions, backend, hist, uncond)
+        cand = self._filter(cand, store, view, positions, backend, hist, uncond, end=plan[0] if plan else last)
+        fused = None
+        if plan is not None and cand.ids is None:  # the tail in one kernel, on the full vocabulary
+            start, kernel, parts, select = plan
+            fused = self._call(last, kernel, cand.logits, parts, select, positions, last)
+            if fused is None:  # a combination the kernel does not run: the samplers do
+                cand = self._filter(cand, store, view, positions, backend, hist, uncond, begin=start)
+        elif plan is not None:
+            cand = self._filter(cand, store, view, positions, backend, hist, uncond, begin=plan[0])
+        if fused is not None:
+            token_ids, logprobs = fused
+            selection = None
+        else:
+            try:
+                # the normaliser of what the selector sees, taken first: right after the previous pass over the
+                # logits the worker threads are still awake (measurably cheaper than after the selector)
+                lse = _row_lse(cand.logits)
+                chosen = self.samplers[last].select(cand, self._context(store, view, positions, backend, last, hist,
+                                                                        uncond))
+            except Exception as exc:
+                raise self._wrap(last, exc) from exc
+            self._check_selection(last, chosen, cand)
+            token_ids = cand.ids_at(chosen[:, None]).squeeze(1)
+            logprobs = cand.logits.gather(1, chosen[:, None]).squeeze(1) - lse
+            selection = (cand, chosen)
 
         def error() -> Exception:
             return self._bad_rows(~torch.isfinite(logprobs), view.request_ids, given, unconditional_logits,
@@ -350,13 +368,13 @@ class Chain:
         scores = cand.scores() if return_scores else None
         out = SampleOutput(token_ids, logprobs, scores, None if failed is None else (failed, error))
         if accept == "defer":  # MixedChains: every group computes its update before any is committed
-            updates = self._updates(store, view, positions, backend, token_ids, hist, selection=(cand, chosen))
+            updates = self._updates(store, view, positions, backend, token_ids, hist, selection=selection)
 
             def commit(also: torch.Tensor | None = None) -> None:  # also: another group's failure flag
                 store.advance(view, updates, failed if also is None else also if failed is None else failed | also)
             return out, commit  # type: ignore[return-value]
         if accept:
-            updates = self._updates(store, view, positions, backend, token_ids, hist, selection=(cand, chosen))
+            updates = self._updates(store, view, positions, backend, token_ids, hist, selection=selection)
             store.advance(view, updates, failed)
         return out
 
@@ -389,19 +407,20 @@ class Chain:
         return updates
 
     def _filter(self, cand: Candidates, store: RequestStore, view, positions, backend: Backend,
-                hist: tuple[torch.Tensor, torch.Tensor] | None, uncond: torch.Tensor | None) -> Candidates:
-        """Run every sampler but the selector. An order-preserving transform (temperature, t > 0) right before a
-        rank-only filter (top_k) runs after it instead, on the k survivors rather than the whole vocabulary: the
-        same values, one (B, V) pass fewer."""
-        i, last = 0, len(self.samplers) - 1
+                hist: tuple[torch.Tensor, torch.Tensor] | None, uncond: torch.Tensor | None, *, begin: int = 0,
+                end: int | None = None) -> Candidates:
+        """Run the samplers begin .. end - 1 (default: every sampler but the selector). An order-preserving
+        transform (temperature, t > 0) right before a rank-only filter (top_k) runs after it instead, on the k
+        survivors rather than the whole vocabulary: the same values, one (B, V) pass fewer."""
+        i, last = begin, len(self.samplers) - 1 if end is None else end
         while i < last:
             ctx = self._context(store, view, positions, backend, i, hist, uncond)
             if i in self._sparse and cand.ids is None and not cand.writable and cand.logits.numel() >= _FUSE_MIN:
-                fused = self._fuse_sparse_then_rank(cand, ctx, i, store, view, positions, backend, hist, uncond)
+                fused = self._fuse_sparse_then_rank(cand, ctx, i, store, view, positions, backend, hist, uncond, last)
                 if fused is not None:
                     cand, i = fused
                     continue
-            swap = i + 1 < last and self.samplers[i + 1].is_rank_only() and self.samplers[i].preserves_order(ctx)
+            swap = i + 1 < last and self._swaps(i, ctx)
             steps = [(i + 1, self._context(store, view, positions, backend, i + 1, hist, uncond)), (i, ctx)] \
                 if swap else [(i, ctx)]
             for j, ctx_j in steps:
@@ -412,13 +431,53 @@ class Chain:
             i += len(steps)
         return cand
 
-    def _fuse_sparse_then_rank(self, cand: Candidates, ctx: StepContext, i: int, store: RequestStore, view,
-                               positions, backend: Backend, hist, uncond) -> tuple[Candidates, int] | None:
-        """Sampler i changes a few tokens of the full vocabulary (penalties) and the next sampler that is not
-        disabled this step keeps the k best (top_k): take the k best of the changed rows from a partial top-k of
-        the original ones (filters.patched_top) instead of copying (B, V) to write the change. The same candidates
-        and logits as running the two in turn; None when the pattern does not apply."""
+    def _swaps(self, i: int, ctx: StepContext) -> bool:
+        """Sampler i is an order-preserving transform on this batch right before a rank-only filter, which the
+        executor runs first."""
+        return self.samplers[i + 1].is_rank_only() and self.samplers[i].preserves_order(ctx)
+
+    def _fusion(self, store: RequestStore, view, positions, backend: Backend, hist, uncond
+                ) -> tuple[int, Callable[..., Any], list[FusedPart], FusedPart] | None:
+        """The chain's tail a backend may run in one truncate-and-draw kernel (`FUSED_SAMPLE`): the selector and the
+        samplers before it, back to the first that is neither a no-op on this batch nor a `FusedPart`. Returns
+        (index of the tail's first sampler, the kernel, the parts in chain order, the selector's part), or None
+        (no such kernel, no truncation in the tail). Reads nothing on the device."""
+        if not self._fusable:
+            return None
+        kernel = backend.kernel(FUSED_SAMPLE)
+        if kernel is None:
+            return None
         last = len(self.samplers) - 1
+        select = self._call(last, self.samplers[last].fused,
+                            self._context(store, view, positions, backend, last, hist, uncond))
+        if select is None or select.kind != "dist":
+            return None
+        parts: list[FusedPart] = []
+        start = last
+        for i in range(last - 1, -1, -1):
+            ctx = self._context(store, view, positions, backend, i, hist, uncond)
+            if not self._call(i, self.samplers[i].is_noop, ctx):
+                part = self._call(i, self.samplers[i].fused, ctx)
+                if part is None:
+                    break
+                if part.kind == "temperature" and not isinstance(part.value, torch.Tensor) and not self._swaps(i, ctx):
+                    # a shared temperature ranks a following top_k by the raw logits only where _filter swaps them
+                    part = attrs.evolve(part, value=torch.full(positions.shape, float(part.value),
+                                                               dtype=torch.float32, device=positions.device))
+                parts.append(part)
+            start = i
+        if not any(part.kind in ("top_k", "top_p", "min_p") for part in parts):
+            return None
+        if start > 0 and self._swaps(start - 1, self._context(store, view, positions, backend, start - 1, hist, uncond)):
+            return None  # _filter would run the tail's first sampler (top_k) before the one in front of it
+        return start, kernel, parts[::-1], select
+
+    def _fuse_sparse_then_rank(self, cand: Candidates, ctx: StepContext, i: int, store: RequestStore, view,
+                               positions, backend: Backend, hist, uncond, last: int) -> tuple[Candidates, int] | None:
+        """Sampler i changes a few tokens of the full vocabulary (penalties) and the next sampler before `last` that
+        is not disabled this step keeps the k best (top_k): take the k best of the changed rows from a partial
+        top-k of the original ones (filters.patched_top) instead of copying (B, V) to write the change. The same
+        candidates and logits as running the two in turn; None when the pattern does not apply."""
         j = i + 1
         while j < last:
             ctx_j = self._context(store, view, positions, backend, j, hist, uncond)

@@ -28,6 +28,9 @@ __all__ = [
     "SamplerSetup",
     "EosIds",
     "Backend",
+    "FusedPart",
+    "FUSED_SAMPLE",
+    "FUSED_KINDS",
     "max_positions",
     "token_id_list",
     "NoParams",
@@ -459,6 +462,12 @@ class StepContext:
     def scalar(self, name: str) -> Any:
         return self.scalars[name]
 
+    def value(self, name: str) -> Any:
+        """The parameter as a Python number where every row of the batch shares it (`scalar`), else its (B,)
+        tensor (`param`)."""
+        shared = self.scalars[name]
+        return self.params[name] if shared is None else shared
+
     def bound(self, name: str) -> tuple[Any, Any]:
         """(smallest, largest) value of a per-request field over this batch, known on the host without a read of
         the device (gathered with the batch composition): what a sync-free step sizes its widths by."""
@@ -467,6 +476,32 @@ class StepContext:
     def gumbel(self, cand: Candidates, seed: torch.Tensor) -> torch.Tensor:
         """Counter-based Gumbel noise (B, K) float64 for the candidates, keyed by token id, not by position."""
         return self.backend.gumbel(seed, self.positions, cand.token_ids(), self.stream)
+
+
+FUSED_SAMPLE = "samplechain.fused_sample"  # Backend.kernel name of a fused truncate-and-draw (see FusedPart)
+FUSED_KINDS = ("temperature", "top_k", "top_p", "min_p", "dist")
+
+
+@attrs.frozen
+class FusedPart:
+    """What a sampler does on this step's batch, told to a backend's fused truncate-and-draw kernel
+    (`Backend.kernel(FUSED_SAMPLE)`) so it can run a chain's tail in one launch instead of sampler by sampler.
+
+    kind: "temperature" (value t: logits / t, t = 0 keeps the first maximum), "top_k" (value k), "top_p" (value p),
+    "min_p" (value p), each of the last three with its min_keep, exactly as the plugins of those names define them
+    (the kept sets settle equal logits by lowest id), or "dist" (value: the seeds (B,) int64 of a Gumbel-max draw
+    with the counter-based noise, the selector). value and min_keep: a Python number shared by the batch (the
+    sampler's scalar path), or a (B,) tensor of per-request values (its per-row path). A temperature given as a
+    Python number ranks the following top_k by the raw logits (the executor runs top_k before an order-preserving
+    transform it precedes); the executor hands it as a tensor where the chain would not.
+
+    The kernel is called as kernel(logits (B, V) float32, parts (in chain order), select (the dist part),
+    positions (B,), stream) and returns (token ids (B,) int64, their logprobs (B,) float32 under the kept
+    distribution), or None when it cannot run that combination (the executor then runs the samplers)."""
+
+    kind: str = attrs.field(validator=attrs.validators.in_(FUSED_KINDS))
+    value: Any
+    min_keep: Any = 1
 
 
 class Sampler:
@@ -519,6 +554,19 @@ class Sampler:
         """True when apply() returns its input unchanged on this step's batch (a disabled sampler): the executor may
         look past it when it fuses its neighbours."""
         return False
+
+    def syncs_on(self, ctx: StepContext) -> bool:
+        """True when apply / select / accept may read the device on the host for this step's batch: not for a
+        `sync_free` sampler, nor for a no-op (`is_noop`); a host-bound sampler may say so for some parameters
+        (temp_ext with delta 0 is a plain temperature). What decides whether a step can be captured in a CUDA graph
+        (samplechain.graphs)."""
+        return not type(self).sync_free and not self.is_noop(ctx)
+
+    def fused(self, ctx: StepContext) -> FusedPart | None:
+        """What apply() (a selector: select()) does on this step's batch as a part of a backend's fused
+        truncate-and-draw kernel (`FusedPart`), or None when it is none of the kinds the kernel knows. Called only
+        when the sampler is not a no-op on the batch (`is_noop`); must read nothing on the device."""
+        return None
 
     def sparse_changes(self, cand: Candidates, ctx: StepContext
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:

@@ -12,6 +12,8 @@
   candidate order (a row alone and in a batch get the same float32 values).
 - `patched_top(cand, changes, counts, backend)`: the counts[b] best candidates of rows changed at a few positions,
   without writing the change into a copy of the rows (the executor's penalties -> top_k fusion).
+- `divided(cand, t, cold)`: logits / t per row, rows with t <= 0 keeping only their first maximum (llama.cpp's
+  temperature 0), without a host read (temperature, temp_ext).
 
 For filters whose survivors are a prefix of the descending order, see `Candidates.keep_best`.
 """
@@ -22,7 +24,7 @@ import torch
 
 from .contracts import Backend, Candidates
 
-__all__ = ["BUCKETS", "MASS_MARGIN", "WIDE", "bucket_edge", "bucket_keys", "bucket_sums", "kth_largest",
+__all__ = ["BUCKETS", "MASS_MARGIN", "WIDE", "bucket_edge", "bucket_keys", "bucket_sums", "divided", "kth_largest",
            "log_softmax64", "patched_top", "with_min_keep"]
 
 WIDE = 16384  # rows at least this wide take the fast paths (float32 passes, chunked reads); read at call time
@@ -44,6 +46,20 @@ def log_softmax64(x: torch.Tensor) -> torch.Tensor:
     first = (x == top).int().argmax(dim=-1, keepdim=True)  # one of the maxima: its exp(0) = 1 is the log1p's 1
     rest = torch.exp(x - top).scatter_(1, first, 0.0).sum(dim=-1, keepdim=True)
     return x - top - torch.log1p(rest)
+
+
+def divided(cand: Candidates, t: torch.Tensor, cold: bool) -> Candidates:
+    """The candidates' logits divided by t (B,) per row (IEEE float32, as x / t); rows with t <= 0 keep only their
+    first maximum, its logit unchanged (of equal maxima the lowest id; sorted rows: moved to the front). cold:
+    whether any row may have t <= 0 (a caller in a sync-free step takes it from the batch's bounds)."""
+    t = t[:, None]
+    hot = t > 0
+    logits = cand.logits / torch.where(hot, t, torch.ones_like(t))
+    if cold:
+        cand, top = cand.best_first()
+        cold_keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, top, True)
+        logits = logits.masked_fill(~hot & ~cold_keep, float("-inf"))
+    return cand.replace_logits(logits, is_sorted=cand.is_sorted)  # t > 0 never reorders; t = 0 keeps the front
 
 
 def kth_largest(cand: Candidates, backend: Backend, k: torch.Tensor) -> torch.Tensor:

@@ -30,10 +30,10 @@ from .state import RequestStore
 
 __all__ = [
     "RecordingBackend", "ScriptedLogits", "ArgmaxSelector", "host_with", "run_chain", "byte_bpe_tokenizer", "tiny_gpt2",
-    "check_eos_ids_from_setup", "random_logits", "hard_logits", "top_k_only", "sampler_chain", "request_store", "processed_scores",
+    "check_eos_ids_from_setup", "random_logits", "hard_logits", "cut_logits", "top_k_only", "sampler_chain", "request_store", "processed_scores",
     "assert_rows_equal_alone", "assert_bitwise_no_op", "assert_kept_logits_bitwise", "assert_probs_close",
     "assert_wide_path_keeps",
-    "CutoffWarperTests", "HostSyncError", "no_host_sync", "HOST_READS",
+    "CutoffWarperTests", "HostSyncError", "no_host_sync", "HOST_READS", "ReplayGraph",
 ]
 
 
@@ -212,6 +212,21 @@ def hard_logits(batch: int = 6, vocab: int = 50257, seed: int = 0) -> torch.Tens
     x[-1] = float("-inf")
     x[-1, :5] = 1.0
     return x
+
+
+def cut_logits(vocab: int, seed: int = 0) -> torch.Tensor:
+    """8 rows (8, vocab) that stress the cuts of truncating filters: plain float32, bfloat16-rounded (ties),
+    integers (long runs of ties), 40% -inf, one dominant token, only 7 finite tokens (fewer than most k), bf16 ties
+    under 30% -inf, and logits ~5e7 (noise shifted by the row's maximum)."""
+    g = torch.Generator().manual_seed(seed)
+    n = lambda scale: torch.randn(vocab, generator=g) * scale  # noqa: E731
+    rows = [n(3.0), n(2.0).bfloat16().float(), torch.round(n(2.0)), n(3.0), n(1.0), n(3.0), n(4.0).bfloat16().float(),
+            n(2.0) + 5e7]
+    rows[3][torch.rand(vocab, generator=g) < 0.4] = float("-inf")
+    rows[4][vocab // 3] += 15.0
+    rows[5][7:] = float("-inf")
+    rows[6][torch.rand(vocab, generator=g) < 0.3] = float("-inf")
+    return torch.stack(rows)
 
 
 def top_k_only(values: torch.Tensor, k: int, *, by: torch.Tensor | None = None) -> torch.Tensor:
@@ -518,3 +533,46 @@ def no_host_sync() -> Iterator[None]:
     finally:
         for name, fn in saved.items():
             setattr(torch.Tensor, name, fn)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, ops: list) -> None:
+        super().__init__()
+        self.ops = ops
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.ops.append((func, args, kwargs, out))
+        return out
+
+
+class ReplayGraph:
+    """A CUDA graph's semantics on CPU tensors, for tests (`samplechain.graphs.StepGraphs(make_graph=ReplayGraph)`):
+    capture runs the step under `no_host_sync` (a host read cannot be recorded) and records every aten op with its
+    arguments and outputs; replay runs the ops again on the same tensors, writing each result into the recorded
+    output, so Python decisions taken during capture stay baked in and every tensor keeps its storage, as a CUDA
+    graph replays kernels on fixed addresses. Ops outside aten (a Triton kernel) are not recorded: test the torch
+    ops path with it."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[Any, tuple, dict, Any]] = []
+
+    def capture(self, step: Callable[[], Any]) -> Any:
+        with no_host_sync(), _Recorder(self.ops):
+            return step()
+
+    def replay(self) -> None:
+        for func, args, kwargs, recorded in self.ops:
+            result = func(*args, **kwargs)
+            pairs = zip(recorded, result) if isinstance(recorded, (tuple, list)) else [(recorded, result)]
+            for old, new in pairs:
+                if isinstance(old, torch.Tensor) and new is not old and not _same_memory(old, new):
+                    old.copy_(new)
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """A view op run again on the same base (expand, slicing): nothing to copy (an expanded view cannot take one)."""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.storage_offset() == \
+        b.storage_offset() and a.stride() == b.stride()
+

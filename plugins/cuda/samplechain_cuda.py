@@ -15,29 +15,32 @@ captured in a CUDA graph.
     gumbel      rng.gumbel: -log(-log(uniform))         allclose: CUDA's float64 log and the CPU's are each within
                                                         1 ulp, not always the same ulp (differences ~1e-15)
 
-Optional FlashInfer fast path (statistical equivalence, opt-in): with `flashinfer` installed and
-SAMPLECHAIN_CUDA_FLASHINFER=1 (or CudaBackend(flashinfer=True)), `backend.kernel(FLASHINFER_TOP_K_TOP_P)` returns
-FlashInfer's fused top-k/top-p sampling from logits. FlashInfer draws with its own Philox RNG, not our counter-based
-noise, so seeded tokens are no longer batch-invariant nor equal to the cpu backend's; hence never on by default.
+With triton installed (pip install 'samplechain-cuda[triton]') the backend runs Triton kernels
+(samplechain_cuda_kernels) on CUDA tensors: the Gumbel-max draw in one pass, and `kernel(FUSED_SAMPLE)`, the chain's
+tail temperature / top_k / top_p / min_p -> dist in one launch (pivot searches instead of a sort; the executor
+dispatches it, `samplechain.FusedPart`): the cpu backend's kept sets and seeded tokens, batch-invariant.
+SAMPLECHAIN_CUDA_TRITON=0 turns them off (the torch ops above run). FlashInfer's sampling kernels are not used: they
+draw with their own Philox stream, neither seeded per request nor batch-invariant (benchmarks/bench_gpu.py compares
+against them).
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from samplechain import Backend, BackendError, hookimpl, rng
+from samplechain import FUSED_SAMPLE, Backend, BackendError, FusedPart, hookimpl, rng
 
-__all__ = ["CudaBackend", "ENV_FLASHINFER", "ENV_TRITON", "FLASHINFER_TOP_K_TOP_P", "cuda_unavailable_reason"]
+__all__ = ["CudaBackend", "ENV_TRITON", "cuda_unavailable_reason"]
 
-ENV_FLASHINFER = "SAMPLECHAIN_CUDA_FLASHINFER"
 ENV_TRITON = "SAMPLECHAIN_CUDA_TRITON"  # 0: the torch ops instead of the Triton kernels (samplechain_cuda_kernels)
-FLASHINFER_TOP_K_TOP_P = "flashinfer.top_k_top_p_sampling"  # the kernel name samplers ask for
 _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+_CUTS = ("top_k", "top_p", "min_p")  # the fused kernel's truncation order
 
 
 def cuda_unavailable_reason() -> str:
@@ -50,24 +53,6 @@ def cuda_unavailable_reason() -> str:
             f"driver older than CUDA {torch.version.cuda} needs, or CUDA_VISIBLE_DEVICES hides them")
 
 
-def _import_flashinfer() -> ModuleType | None:
-    try:
-        import flashinfer.sampling as sampling  # optional: only for the opt-in fast path
-    except ImportError:
-        return None
-    return sampling
-
-
-def _opted_in(flag: bool | None) -> bool:
-    if flag is not None:
-        return flag
-    value = os.environ.get(ENV_FLASHINFER, "").strip().lower()
-    if value not in _ON + _OFF:
-        raise BackendError(f"{ENV_FLASHINFER}={os.environ[ENV_FLASHINFER]!r}: expected 1 (use FlashInfer's "
-                           f"sampling kernel) or 0 (do not); unset means 0")
-    return value in _ON
-
-
 class CudaBackend(Backend):
     """The primitives in torch CUDA ops, without host synchronisation (CUDA-graph friendly)."""
 
@@ -75,21 +60,17 @@ class CudaBackend(Backend):
     device_type = "cuda"
     equivalence = "allclose"  # bitwise but for gumbel's float64 log (see the module docstring)
     sync_free = True  # the executor defers its checks to device flags; samplers take their sync-free paths
-    summary = "NVIDIA GPUs: torch CUDA ops without host synchronisation; FlashInfer sampling opt-in"
+    summary = "NVIDIA GPUs: torch CUDA ops without host synchronisation, fused Triton sampling kernels"
 
-    def __init__(self, device: str | torch.device = "cuda", *, flashinfer: bool | None = None) -> None:
+    def __init__(self, device: str | torch.device = "cuda", *, triton: bool | None = None) -> None:
         # device: where this backend's tensors live; tests pass "cpu" to run this logic without a GPU.
-        # flashinfer: expose FlashInfer's fused sampling kernel (None: read SAMPLECHAIN_CUDA_FLASHINFER).
+        # triton: None runs the Triton kernels on CUDA tensors (unless SAMPLECHAIN_CUDA_TRITON=0); True also on CPU
+        # tensors under triton's interpreter (TRITON_INTERPRET=1: how the tests run them without a GPU); False never.
         self.device = torch.device(device)
+        self._triton = _triton_kernels(self.device, triton)
         self._kernels: dict[str, Callable[..., Any]] = {}
-        self._triton = _triton_kernels(self.device)
-        if _opted_in(flashinfer):
-            sampling = _import_flashinfer()
-            if sampling is None:
-                raise BackendError(f"FlashInfer sampling was asked for ({ENV_FLASHINFER}=1 or flashinfer=True) but "
-                                   f"flashinfer is not installed; pip install 'samplechain-cuda[flashinfer]' or "
-                                   f"unset {ENV_FLASHINFER}")
-            self._kernels[FLASHINFER_TOP_K_TOP_P] = _flashinfer_top_k_top_p(sampling)
+        if self._triton is not None:
+            self._kernels[FUSED_SAMPLE] = functools.partial(_fused_sample, self._triton)
 
     @classmethod
     def is_available(cls) -> bool:
@@ -123,37 +104,49 @@ class CudaBackend(Backend):
                       ids: torch.Tensor | None, stream: int) -> torch.Tensor:
         # no host read: on a GPU one Triton kernel (hash, noise and running argmax in one pass over each row, the
         # same token: samplechain_cuda_kernels); else torch ops, huge rows shifted on the device (rng.device_shifted)
-        if self._triton is not None and logits.is_cuda:
+        if self._triton is not None:
             return self._triton.gumbel_argmax(logits, seed, position, stream, ids)
         return rng.device_gumbel_argmax(logits, seed, position, ids, stream)
 
 
-def _triton_kernels(device: torch.device) -> ModuleType | None:
-    """samplechain_cuda_kernels where its kernels can run on this device (triton installed, a CUDA device) and
-    SAMPLECHAIN_CUDA_TRITON is not 0; else None (the torch ops)."""
+def _triton_kernels(device: torch.device, wanted: bool | None) -> ModuleType | None:
+    """samplechain_cuda_kernels where its kernels run for this backend, else None (the torch ops): on a CUDA device
+    with triton installed, unless SAMPLECHAIN_CUDA_TRITON=0 or wanted is False; on CPU tensors only when wanted is
+    True (under triton's interpreter: tests), which raises when they cannot run."""
     value = os.environ.get(ENV_TRITON, "1").strip().lower()
     if value not in _ON + _OFF:
         raise BackendError(f"{ENV_TRITON}={os.environ[ENV_TRITON]!r}: expected 1 (use the Triton kernels on a GPU, "
                            f"the default) or 0 (torch ops)")
-    if value in _OFF or device.type != "cuda":
+    if wanted is False or value in _OFF or (device.type != "cuda" and not wanted):
         return None
     import samplechain_cuda_kernels as kernels
 
-    return None if kernels.kernels_unavailable_reason(device) else kernels
+    reason = kernels.kernels_unavailable_reason(device)
+    if reason and wanted:
+        raise BackendError(f"CudaBackend(triton=True) on {device}: {reason}")
+    return None if reason else kernels
 
 
-def _flashinfer_top_k_top_p(sampling: ModuleType) -> Callable[..., torch.Tensor]:
-    def top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                    generator: torch.Generator | None = None) -> torch.Tensor:
-        """Token ids (B,) int64 drawn from softmax(logits (B, V) float32) after top-k (B,) int then top-p (B,) float,
-        per row; top_k = V and top_p = 1.0 switch a row's filter off. Statistically equivalent to the chain
-        top_k -> top_p -> dist, not bitwise: FlashInfer's own Philox RNG (seeded by `generator`) draws."""
-        ids = sampling.top_k_top_p_sampling_from_logits(
-            logits, top_k.to(torch.int32), top_p.to(torch.float32), filter_apply_order="top_k_first",
-            deterministic=True, generator=generator)
-        return ids.to(torch.int64)
-
-    return top_k_top_p
+def _fused_sample(kernels: ModuleType, logits: torch.Tensor, parts: Sequence[FusedPart], select: FusedPart,
+                  positions: torch.Tensor, stream: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The executor's FUSED_SAMPLE: the chain's tail (temperature first or last, then top_k, top_p, min_p in that
+    order, each at most once) and dist in one kernel (samplechain_cuda_kernels.sample); None for any other order."""
+    kinds = [part.kind for part in parts]
+    cuts = [kind for kind in kinds if kind != "temperature"]
+    if select.kind != "dist" or cuts != sorted(set(cuts), key=_CUTS.index) or len(kinds) - len(cuts) > 1:
+        return None
+    first = last = None
+    if "temperature" in kinds:
+        where = kinds.index("temperature")
+        if 0 < where < len(kinds) - 1:
+            return None
+        first, last = (parts[where].value, None) if where == 0 else (None, parts[where].value)
+    by_kind = {part.kind: part for part in parts}
+    keeps = tuple(by_kind[kind].min_keep if kind in by_kind else 1 for kind in _CUTS)
+    off = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    values = {kind: by_kind[kind].value if kind in by_kind else off[kind] for kind in _CUTS}
+    return kernels.sample(logits, select.value, positions, stream, temperature=first, temperature_last=last,
+                          min_keep=keeps, **values)
 
 
 @hookimpl

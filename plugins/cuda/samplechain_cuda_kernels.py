@@ -19,6 +19,9 @@ how CI tests them without a GPU).
     sample_top_k_top_p_min_p(logits, seed, position, stream, ...)
         truncate + gumbel_argmax over the kept tokens, in one kernel: the token the chain
         temperature -> top_k -> top_p -> min_p -> dist draws on the cpu backend (stream = dist's index in the chain).
+    sample(logits, seed, position, stream, ..., temperature_last=None)
+        the same, with the chosen tokens' logprobs, and optionally a temperature after the truncation (llama.cpp's
+        order top_k -> top_p -> min_p -> temperature -> dist): what the cuda backend's FUSED_SAMPLE kernel runs.
 
 Kept sets, as the plugins define them (every filter settles equal logits at its cut by lowest token id):
   y = x / t in float32 (IEEE division, as torch on the CPU); t = 0 keeps the first maximum only. A temperature
@@ -60,8 +63,8 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
 else:
     _IMPORT_ERROR = ""
 
-__all__ = ["Truncation", "gumbel_argmax", "kernels_unavailable_reason", "sample_top_k_top_p_min_p", "truncate",
-           "uniform", "HUGE"]
+__all__ = ["Truncation", "gumbel_argmax", "kernels_unavailable_reason", "sample", "sample_top_k_top_p_min_p",
+           "truncate", "uniform", "HUGE"]
 
 HUGE = float(2**24)  # rng.HUGE: rows whose largest finite logit is beyond it are shifted by it
 
@@ -191,21 +194,26 @@ if triton is not None:
         return y, kx, ky
 
     @triton.jit
-    def _draw_pass(x_row, ids_row, V, k1, k2, shift, t, tk, ck, ty, cy,
+    def _draw_pass(x_row, ids_row, V, k1, k2, shift, t, tk, ck, ty, cy, dt, ref,
                    HAS_IDS: tl.constexpr, TRUNC: tl.constexpr, HAS_T: tl.constexpr, SWAP: tl.constexpr,
-                   BLOCK: tl.constexpr):
+                   DRAW_T: tl.constexpr, MASS: tl.constexpr, BLOCK: tl.constexpr):
         """One pass of the Gumbel-max draw: the first argmin of M - (x - shift) over the (kept) tokens, the first
-        NaN's position (V if none) and the largest (kept) value."""
+        NaN's position (V if none), the largest (kept) value and (MASS) the kept tokens' sum of exp(x - ref) in
+        float64. DRAW_T: the kept tokens' values are divided by dt (a temperature after the truncation) first; dt <= 0
+        draws the first largest kept value instead (temperature 0 keeps only the first maximum)."""
         best_v = tl.full((), float("inf"), tl.float64)
         best_i = tl.full((), 0, tl.int64)
         nan_i = tl.full((), 0, tl.int64) + V
         top = tl.full((), float("-inf"), tl.float64)
+        mass = tl.full((), 0.0, tl.float64)
         for start in range(0, V, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             valid = offs < V
             if TRUNC:
                 y, kx, ky = _load_row(x_row, offs, valid, t, HAS_T, SWAP)
                 keep = valid & ((kx > tk) | ((kx == tk) & (offs <= ck))) & ((ky > ty) | ((ky == ty) & (offs <= cy)))
+                if DRAW_T:
+                    y = tl.where(dt > 0, tl.math.div_rn(y, tl.where(dt > 0, dt, 1.0)), y)
                 x = y.to(tl.float64)
             else:
                 keep = valid
@@ -217,6 +225,8 @@ if triton is not None:
                     tok = offs.to(tl.uint32)
                 u = _uniform64(tok, k1, k2)
                 val = tl.log(-tl.log(u)) - (x - shift)  # -(x + G), exactly as rng's in-place ops
+                if DRAW_T:
+                    val = tl.where(dt > 0, val, -x)
                 val = tl.where(keep, val, float("inf"))
                 isnan = val != val
                 nan_i = tl.minimum(nan_i, tl.min(tl.where(isnan, offs, V), axis=0).to(tl.int64))
@@ -226,7 +236,9 @@ if triton is not None:
                 best_i = tl.where(better, (start + blk_i).to(tl.int64), best_i)
                 best_v = tl.where(better, blk_v, best_v)
                 top = tl.maximum(top, tl.max(tl.where(keep, x, float("-inf")), axis=0))
-        return best_v, best_i, nan_i, top
+                if MASS:
+                    mass += tl.sum(tl.where(keep, tl.exp(x - ref), 0.0), axis=0)
+        return best_v, best_i, nan_i, top, mass
 
     # integer arguments that may be 1 (a width, a stride, a min_keep) must not be specialised into constants: the
     # kernels carry them into loop-carried values and jit helpers, which a constexpr breaks (tests compile them so)
@@ -238,11 +250,11 @@ if triton is not None:
         ids_row = ids_ptr + row * stride_ids
         k1, k2 = _row_keys(tl.load(seed_ptr + row), tl.load(pos_ptr + row), salt)
         zero = tl.full((), 0.0, tl.float64)
-        _, best, nan_i, top = _draw_pass(x_row, ids_row, V, k1, k2, zero, 1.0, 0, 0, 0, 0,
-                                         HAS_IDS, False, False, False, BLOCK)
+        _, best, nan_i, top, _ = _draw_pass(x_row, ids_row, V, k1, k2, zero, 1.0, 0, 0, 0, 0, 1.0, zero,
+                                            HAS_IDS, False, False, False, False, False, BLOCK)
         if (tl.abs(top) > 16777216.0) & (tl.abs(top) < float("inf")):  # rng.shifted: noise next to huge logits
-            _, best, nan_i, top = _draw_pass(x_row, ids_row, V, k1, k2, top, 1.0, 0, 0, 0, 0,
-                                             HAS_IDS, False, False, False, BLOCK)
+            _, best, nan_i, top, _ = _draw_pass(x_row, ids_row, V, k1, k2, top, 1.0, 0, 0, 0, 0, 1.0, zero,
+                                                HAS_IDS, False, False, False, False, False, BLOCK)
         tl.store(out_ptr + row, tl.where(nan_i < V, nan_i, best))
 
     @triton.jit(do_not_specialize=["stride_ids", "K", "salt", "stride_out"])
@@ -331,12 +343,12 @@ if triton is not None:
     @triton.jit(do_not_specialize=["stride_x", "V", "k_val", "kmin_val", "pmin_val", "mmin_val", "salt",
                                    "stride_mask"])
     def _truncate_kernel(x_ptr, stride_x, V, t_ptr, t_val, k_ptr, k_val, kmin_ptr, kmin_val, p_ptr, p_val,
-                         pmin_ptr, pmin_val, lm_ptr, lm_val, mmin_ptr, mmin_val, seed_ptr, pos_ptr, salt,
-                         thr_ptr, top_ptr, tok_ptr, mask_ptr, stride_mask,
+                         pmin_ptr, pmin_val, lm_ptr, lm_val, mmin_ptr, mmin_val, dt_ptr, dt_val, seed_ptr, pos_ptr,
+                         salt, thr_ptr, top_ptr, tok_ptr, lp_ptr, mask_ptr, stride_mask,
                          HAS_T: tl.constexpr, T_ROW: tl.constexpr, K_ROW: tl.constexpr, KMIN_ROW: tl.constexpr,
                          P_ROW: tl.constexpr, PMIN_ROW: tl.constexpr, LM_ROW: tl.constexpr,
-                         MMIN_ROW: tl.constexpr, SWAP: tl.constexpr, DRAW: tl.constexpr, MASK: tl.constexpr,
-                         BLOCK: tl.constexpr, NP: tl.constexpr):
+                         MMIN_ROW: tl.constexpr, SWAP: tl.constexpr, DRAW_T: tl.constexpr, DT_ROW: tl.constexpr,
+                         DRAW: tl.constexpr, MASK: tl.constexpr, BLOCK: tl.constexpr, NP: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         x_row = x_ptr + row * stride_x
         t = _param(t_ptr, t_val, row, T_ROW, tl.float32)
@@ -462,11 +474,27 @@ if triton is not None:
 
         if DRAW:
             k1, k2 = _row_keys(tl.load(seed_ptr + row), tl.load(pos_ptr + row), salt)
+            dt = _param(dt_ptr, dt_val, row, DT_ROW, tl.float32)
+            hot = dt > 0
+            if DRAW_T:  # a temperature after the truncation: the kept values are divided before the draw
+                top = tl.where(hot, tl.math.div_rn(top, tl.where(hot, dt, 1.0)), top)
+            ref = tl.where(row_ok, top.to(tl.float64), 0.0)  # the largest drawn value: kept, so the mass is >= 1
             big = (tl.abs(top) > 16777216.0) & row_ok  # rng.shifted, on the kept tokens (which hold the maximum)
-            shift = tl.where(big, top64, 0.0)
-            _, best, nan_i, _ = _draw_pass(x_row, x_row, V, k1, k2, shift, t, tk, ck, ty, cy,
-                                           False, True, HAS_T, SWAP, BLOCK)
-            tl.store(tok_ptr + row, tl.where(nan_i < V, nan_i, best))
+            shift = tl.where(big, ref, 0.0)
+            _, best, nan_i, _, mass = _draw_pass(x_row, x_row, V, k1, k2, shift, t, tk, ck, ty, cy, dt, ref,
+                                                 False, True, HAS_T, SWAP, DRAW_T, True, BLOCK)
+            tok = tl.where(nan_i < V, nan_i, best)
+            tl.store(tok_ptr + row, tok)
+            # the token's logprob under the kept distribution: its drawn value - log sum exp over the kept ones
+            xb = tl.load(x_row + tok).to(tl.float32)
+            if HAS_T:
+                xb = tl.where(t > 0, tl.math.div_rn(xb, tl.where(t > 0, t, 1.0)), xb)
+            if DRAW_T:
+                xb = tl.where(hot, tl.math.div_rn(xb, tl.where(hot, dt, 1.0)), xb)
+            lp = xb.to(tl.float64) - ref - tl.log(mass)
+            if DRAW_T:  # temperature 0: the first maximum, alone (NaN where the row has no finite maximum: an error)
+                lp = tl.where(hot, lp, tl.where(row_ok, 0.0, float("nan")))
+            tl.store(lp_ptr + row, lp.to(tl.float32))
 
 
 # ------------------------------------------------------------------------------------------------- functions
@@ -514,7 +542,8 @@ def _arg(value: Any, dtype: torch.dtype, device: torch.device) -> tuple[Any, Any
 
 
 def _launch(logits: torch.Tensor, temperature: Any, top_k: Any, top_p: Any, min_p: Any, min_keep: Any,
-            seed: torch.Tensor | None, position: torch.Tensor | None, stream: int, mask: bool, draw: bool):
+            seed: torch.Tensor | None, position: torch.Tensor | None, stream: int, mask: bool, draw: bool,
+            temperature_last: Any = None):
     _check(logits)
     batch, vocab = logits.shape
     device = logits.device
@@ -542,6 +571,12 @@ def _launch(logits: torch.Tensor, temperature: Any, top_k: Any, top_p: Any, min_
     else:
         m = _f32(min_p)  # the chain's scalar: the float32 parameter as a Python float
         lm_args = (None, _f32(math.log(m)) if m > 0 else float("-inf"), False)
+    # a temperature after the truncation (only for the draw; 0: the first maximum): a Python float or a (B,) tensor
+    if isinstance(temperature_last, torch.Tensor):
+        dt_args, draw_t = (temperature_last.to(device=device, dtype=torch.float32).contiguous(), 0.0, True), True
+    else:
+        dt = _f32(1.0 if temperature_last is None else temperature_last)
+        dt_args, draw_t = (None, dt, False), dt != 1.0
     k_args = _arg(0 if top_k is None else top_k, torch.int64, device)
     kmin, pmin, mmin = (_arg(v, torch.int64, device) for v in keeps)
     if draw:
@@ -549,18 +584,19 @@ def _launch(logits: torch.Tensor, temperature: Any, top_k: Any, top_p: Any, min_
     thr = torch.empty(batch, 5, dtype=torch.int64, device=device)
     top = torch.empty(batch, dtype=torch.float32, device=device)
     tok = torch.empty(batch, dtype=torch.int64, device=device)
+    logprob = torch.empty(batch, dtype=torch.float32, device=device)
     keep = torch.empty(batch, vocab, dtype=torch.int8, device=device) if mask else None
     if batch == 0:
-        return thr, top, tok, keep
+        return thr, top, tok, logprob, keep
     block = _block(vocab, 512)
     _truncate_kernel[(batch,)](
         logits, logits.stride(0), vocab, t_ptr, t_val, k_args[0], k_args[1], kmin[0], kmin[1], p_args[0],
-        p_args[1], pmin[0], pmin[1], lm_args[0], lm_args[1], mmin[0], mmin[1],
-        seed, position, _salt(stream), thr, top, tok, keep, keep.stride(0) if keep is not None else 0,
+        p_args[1], pmin[0], pmin[1], lm_args[0], lm_args[1], mmin[0], mmin[1], dt_args[0], dt_args[1],
+        seed, position, _salt(stream), thr, top, tok, logprob, keep, keep.stride(0) if keep is not None else 0,
         HAS_T=has_t, T_ROW=t_row, K_ROW=k_args[2], KMIN_ROW=kmin[2], P_ROW=p_args[2], PMIN_ROW=pmin[2],
-        LM_ROW=lm_args[2], MMIN_ROW=mmin[2], SWAP=swap, DRAW=draw, MASK=mask,
+        LM_ROW=lm_args[2], MMIN_ROW=mmin[2], SWAP=swap, DRAW_T=draw_t, DT_ROW=dt_args[2], DRAW=draw, MASK=mask,
         BLOCK=block, NP=min(256, (1 << 20) // block) if _interpreted() else 16, num_warps=8)
-    return thr, top, tok, keep
+    return thr, top, tok, logprob, keep
 
 
 def _f32(value: float) -> float:
@@ -578,7 +614,7 @@ def truncate(logits: torch.Tensor, *, temperature: float | torch.Tensor | None =
     float is the chain's scalar temperature (top_k ranks the raw logits), a tensor its per-row one. top_k <= 0,
     top_p >= 1, min_p <= 0: that filter off. min_keep: one value or (top_k's, top_p's, min_p's), numbers or (B,)
     tensors."""
-    thr, top, _, keep = _launch(logits, temperature, top_k, top_p, min_p, min_keep, None, None, 0, mask, False)
+    thr, top, _, _, keep = _launch(logits, temperature, top_k, top_p, min_p, min_keep, None, None, 0, mask, False)
     trunc = Truncation(thr[:, 0], thr[:, 1], thr[:, 2], thr[:, 3], thr[:, 4], top)
     return trunc, (keep.view(torch.bool) if keep is not None else None)
 
@@ -590,5 +626,19 @@ def sample_top_k_top_p_min_p(logits: torch.Tensor, seed: torch.Tensor, position:
     """(B,) int64 token ids: `truncate` then the Gumbel-max draw over the kept tokens (rng's noise for seed,
     position, stream), in one kernel: the token the chain temperature -> top_k -> top_p -> min_p -> dist draws on
     the cpu backend, stream being dist's index in the chain."""
-    _, _, tok, _ = _launch(logits, temperature, top_k, top_p, min_p, min_keep, seed, position, stream, False, True)
-    return tok
+    return sample(logits, seed, position, stream, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                  min_keep=min_keep)[0]
+
+
+def sample(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, stream: int, *,
+           temperature: float | torch.Tensor | None = None, top_k: int | torch.Tensor = 0,
+           top_p: float | torch.Tensor = 1.0, min_p: float | torch.Tensor = 0.0, min_keep: Any = 1,
+           temperature_last: float | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ids (B,) int64, their logprobs (B,) float32) in one kernel: `truncate`, then the Gumbel-max draw over
+    the kept tokens and the chosen token's log-probability under them (float64 log-sum-exp). temperature_last (a
+    Python float or a (B,) tensor; None: none) divides the kept values before the draw, 0 keeping only the first
+    maximum: the chain top_k -> top_p -> min_p -> temperature -> dist (llama.cpp's order), its truncation on the raw
+    logits."""
+    _, _, tok, logprob, _ = _launch(logits, temperature, top_k, top_p, min_p, min_keep, seed, position, stream,
+                                    False, True, temperature_last)
+    return tok, logprob

@@ -11,7 +11,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, hookimpl, seed_field
+from samplechain import Candidates, FusedPart, Sampler, Stage, StepContext, hookimpl, seed_field
 
 
 @attrs.frozen
@@ -26,6 +26,9 @@ class Dist(Sampler):
     Params = DistParams
     request_aliases = {"seed": "seed"}
     summary = "seeded sampling from the processed distribution (Gumbel-max)"
+
+    def fused(self, ctx: StepContext) -> FusedPart:
+        return FusedPart("dist", ctx.param("seed"))
 
     def select(self, cand: Candidates, ctx: StepContext) -> torch.Tensor:
         # argmax(logits + G), G (B, K) float64 keyed by token id; -inf candidates can never win

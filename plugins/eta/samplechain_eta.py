@@ -31,9 +31,12 @@ class Eta(Sampler):
     request_aliases = {"eta_cutoff": "epsilon", "min_keep": "min_keep"}
     summary = "keep tokens with probability >= min(epsilon, sqrt(epsilon) * exp(-entropy))"
 
-    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+    def is_noop(self, ctx: StepContext) -> bool:
         shared = ctx.scalar("epsilon")
-        if shared is not None and shared <= 0.0:
+        return shared is not None and shared <= 0.0
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        if self.is_noop(ctx):
             return cand
         eps = ctx.param("epsilon").double()
         off = eps <= 0.0

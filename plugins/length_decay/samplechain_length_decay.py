@@ -34,8 +34,11 @@ class LengthDecay(EosIds, Sampler):
     def needs_history(self) -> bool:
         return True
 
+    def is_noop(self, ctx: StepContext) -> bool:
+        return ctx.scalar("factor") == 1.0
+
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
-        if ctx.scalar("factor") == 1.0:
+        if self.is_noop(ctx):
             return cand
         generated = (ctx.history >= 0).sum(dim=1) - ctx.prompt_lengths
         steps = generated - ctx.param("start")

@@ -31,8 +31,11 @@ class MinNewTokens(EosIds, Sampler):
     def needs_history(self) -> bool:
         return True
 
+    def is_noop(self, ctx: StepContext) -> bool:
+        return ctx.scalar("n") == 0
+
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
-        if ctx.scalar("n") == 0:
+        if self.is_noop(ctx):
             return cand
         generated = (ctx.history >= 0).sum(dim=1) - ctx.prompt_lengths
         early = generated < ctx.param("n")  # (B,)

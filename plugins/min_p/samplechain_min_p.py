@@ -12,7 +12,7 @@ import math
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
+from samplechain import Candidates, FusedPart, Sampler, Stage, StepContext, finite, hookimpl, in_range
 from samplechain.contracts import in_sync_free_step
 
 
@@ -29,6 +29,13 @@ class MinP(Sampler):
     Params = MinPParams
     request_aliases = {"min_p": "p", "min_keep": "min_keep"}
     summary = "keep tokens with probability >= p * the top probability"
+
+    def is_noop(self, ctx: StepContext) -> bool:
+        shared = ctx.scalar("p")
+        return shared is not None and shared <= 0.0
+
+    def fused(self, ctx: StepContext) -> FusedPart:
+        return FusedPart("min_p", ctx.value("p"), ctx.value("min_keep"))
 
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
         shared = ctx.scalar("p")

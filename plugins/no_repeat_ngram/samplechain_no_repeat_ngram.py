@@ -44,8 +44,11 @@ class NoRepeatNGram(Sampler):
     def needs_history(self) -> bool:
         return True
 
+    def is_noop(self, ctx: StepContext) -> bool:
+        return ctx.scalar("n") == 0
+
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
-        if ctx.scalar("n") == 0:
+        if self.is_noop(ctx):
             return cand
         n = ctx.param("n")
         banned = torch.zeros(cand.batch_size, cand.vocab_size, dtype=torch.bool, device=cand.logits.device)

@@ -53,9 +53,12 @@ class Quadratic(Sampler):
     request_aliases = {"smoothing_factor": "factor", "smoothing_curve": "curve"}
     summary = "quadratic / cubic smoothing of the logits around the top one (webui smoothing_factor)"
 
-    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+    def is_noop(self, ctx: StepContext) -> bool:
         shared = ctx.scalar("factor")
-        if shared is not None and shared == 0.0:
+        return shared is not None and shared == 0.0
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        if self.is_noop(ctx):
             return cand
         factor, curve = ctx.param("factor"), ctx.param("curve")
         off = factor == 0.0

@@ -21,8 +21,9 @@ import math
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, one_of
+from samplechain import Candidates, FusedPart, Sampler, Stage, StepContext, finite, hookimpl, in_range, one_of
 from samplechain import filters
+from samplechain.contracts import in_sync_free_step
 
 FORMULAS = ("llama.cpp", "webui")
 
@@ -104,6 +105,18 @@ class TempExt(Sampler):
     def is_argmax_invariant(self) -> bool:
         return True  # a positive temperature keeps the order; T <= 0 keeps the (first) argmax itself
 
+    def is_noop(self, ctx: StepContext) -> bool:
+        delta = ctx.scalar("delta")
+        return delta is not None and delta <= 0.0 and ctx.scalar("t") == 1.0
+
+    def syncs_on(self, ctx: StepContext) -> bool:
+        delta = ctx.scalar("delta")  # delta <= 0 for every row: the plain temperature's sync-free path
+        return not (delta is not None and delta <= 0.0)
+
+    def fused(self, ctx: StepContext) -> FusedPart | None:
+        delta = ctx.scalar("delta")  # delta <= 0 for every row: plain temperature t (its T <= 0 rule included)
+        return FusedPart("temperature", ctx.value("t")) if delta is not None and delta <= 0.0 else None
+
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
         s = ctx.scalar
         shared_delta = s("delta")
@@ -116,6 +129,9 @@ class TempExt(Sampler):
                     cand.logits.div_(shared_t)
                     return cand
                 return cand.replace_logits(cand.logits / shared_t, is_sorted=cand.is_sorted)
+            if in_sync_free_step():  # plain temperature per row, as the temperature sampler: no host read
+                t = ctx.param("t")
+                return filters.divided(cand, t, ctx.bound("t")[0] <= 0)
         x = cand.logits
         t, delta = ctx.param("t"), ctx.param("delta")
         dyn = delta > 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
+from samplechain import Candidates, FusedPart, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
 from samplechain.contracts import in_sync_free_step
 
 
@@ -26,6 +26,12 @@ class Temperature(Sampler):
     def is_argmax_invariant(self) -> bool:
         return True
 
+    def is_noop(self, ctx: StepContext) -> bool:
+        return ctx.scalar("t") == 1.0
+
+    def fused(self, ctx: StepContext) -> FusedPart:
+        return FusedPart("temperature", ctx.value("t"))
+
     def preserves_order(self, ctx: StepContext) -> bool:
         shared = ctx.scalar("t")  # x / t with t > 0 never reorders a row (rounding may tie, never invert)
         return shared is not None and shared > 0
@@ -40,15 +46,9 @@ class Temperature(Sampler):
                 return cand
             out = ctx.backend.scratch("candidates", cand.logits)
             return cand.replace_logits(torch.div(cand.logits, shared, out=out), is_sorted=cand.is_sorted)
-        t = ctx.param("t")[:, None]  # (B, 1)
-        hot = t > 0
-        logits = cand.logits / torch.where(hot, t, torch.ones_like(t))
-        cold = ctx.bound("t")[0] <= 0 if in_sync_free_step() else not bool(hot.all())  # (bounds: no host read)
-        if cold:  # t = 0 rows: only the first maximum survives
-            cand, top = cand.best_first()  # of equal maxima the lowest id (sorted rows: moved to the front)
-            cold_keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, top, True)
-            logits = logits.masked_fill(~hot & ~cold_keep, float("-inf"))
-        return cand.replace_logits(logits, is_sorted=cand.is_sorted)  # t > 0 never reorders; t = 0 keeps the front
+        t = ctx.param("t")
+        cold = ctx.bound("t")[0] <= 0 if in_sync_free_step() else not bool((t > 0).all())  # (bounds: no host read)
+        return filters.divided(cand, t, cold)
 
 
 @hookimpl

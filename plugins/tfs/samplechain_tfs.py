@@ -148,9 +148,12 @@ class Tfs(Sampler):
     request_aliases = {"tfs": "z", "tfs_z": "z", "min_keep": "min_keep"}
     summary = "tail-free sampling: cut where the normalised |second derivative| of the sorted probs reaches z"
 
-    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+    def is_noop(self, ctx: StepContext) -> bool:
         shared = ctx.scalar("z")
-        if shared is not None and shared >= 1.0:
+        return shared is not None and shared >= 1.0
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        if self.is_noop(ctx):
             return cand
         z, min_keep = ctx.param("z"), ctx.param("min_keep")
         off = z >= 1.0

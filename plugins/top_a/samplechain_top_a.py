@@ -43,9 +43,12 @@ class TopA(Sampler):
     request_aliases = {"top_a": "a", "min_keep": "min_keep"}
     summary = "remove tokens with probability < a * max_prob^2"
 
-    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+    def is_noop(self, ctx: StepContext) -> bool:
         shared = ctx.scalar("a")
-        if shared is not None and shared <= 0.0:
+        return shared is not None and shared <= 0.0
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        if self.is_noop(ctx):
             return cand
         a, min_keep = ctx.param("a"), ctx.param("min_keep")
         off = a <= 0.0

@@ -33,9 +33,12 @@ class TopH(Sampler):
     request_aliases = {"top_h": "top_h", "min_keep": "min_keep"}
     summary = "keep the most likely tokens while their entropy stays within top_h * the entropy of the top_n"
 
-    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+    def is_noop(self, ctx: StepContext) -> bool:
         shared = ctx.scalar("top_h")
-        if shared is not None and shared <= 0.0:
+        return shared is not None and shared <= 0.0
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        if self.is_noop(ctx):
             return cand
         h = ctx.param("top_h").double()
         off = h <= 0.0

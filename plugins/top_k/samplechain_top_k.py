@@ -11,7 +11,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, hookimpl, in_range
+from samplechain import Candidates, FusedPart, Sampler, Stage, StepContext, hookimpl, in_range
 from samplechain.contracts import in_sync_free_step
 
 
@@ -31,6 +31,13 @@ class TopK(Sampler):
 
     def is_rank_only(self) -> bool:
         return True
+
+    def is_noop(self, ctx: StepContext) -> bool:
+        shared = ctx.scalar("k")
+        return shared is not None and shared <= 0
+
+    def fused(self, ctx: StepContext) -> FusedPart:
+        return FusedPart("top_k", ctx.value("k"), ctx.value("min_keep"))
 
     def rank_counts(self, cand: Candidates, ctx: StepContext) -> torch.Tensor | None:
         k = ctx.param("k")

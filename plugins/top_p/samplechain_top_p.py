@@ -16,7 +16,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
+from samplechain import Candidates, FusedPart, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
 from samplechain.contracts import in_sync_free_step
 from samplechain.filters import BUCKETS, MASS_MARGIN, bucket_edge, bucket_keys, bucket_sums
 
@@ -117,6 +117,13 @@ class TopP(Sampler):
     Params = TopPParams
     request_aliases = {"top_p": "p", "min_keep": "min_keep"}
     summary = "keep the smallest most-likely set with probability mass >= p"
+
+    def is_noop(self, ctx: StepContext) -> bool:
+        shared = ctx.scalar("p")
+        return shared is not None and shared >= 1.0
+
+    def fused(self, ctx: StepContext) -> FusedPart:
+        return FusedPart("top_p", ctx.value("p"), ctx.value("min_keep"))
 
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
         shared = ctx.scalar("p")

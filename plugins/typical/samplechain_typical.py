@@ -118,9 +118,12 @@ class Typical(Sampler):
     request_aliases = {"typical_p": "p", "min_keep": "min_keep"}
     summary = "keep the most typical tokens (surprisal closest to the entropy) up to mass p"
 
-    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+    def is_noop(self, ctx: StepContext) -> bool:
         shared = ctx.scalar("p")
-        if shared is not None and shared >= 1.0:
+        return shared is not None and shared >= 1.0
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        if self.is_noop(ctx):
             return cand
         p, min_keep = ctx.param("p"), ctx.param("min_keep")
         off = p >= 1.0

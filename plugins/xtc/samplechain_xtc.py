@@ -130,11 +130,13 @@ class Xtc(Sampler):
         """The ids `keep_special` protects (from the last `prepare()`)."""
         return self._protected
 
-    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+    def is_noop(self, ctx: StepContext) -> bool:
         s = ctx.scalar
-        if (s("probability") is not None and s("probability") <= 0.0) or (
-            s("threshold") is not None and s("threshold") > 0.5
-        ):
+        return (s("probability") is not None and s("probability") <= 0.0) or (
+            s("threshold") is not None and s("threshold") > 0.5)
+
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        if self.is_noop(ctx):
             return cand
         probability, threshold = ctx.param("probability"), ctx.param("threshold")
         logits = cand.logits

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .. import graphs
 from ..chain import Chain
 from ..contracts import StopContext, StopSetup, max_positions, token_id_list
 from ..errors import ConfigError, GenerationWarning
@@ -126,6 +127,7 @@ class Generation:
         negative_prompt_ids: torch.Tensor | None = None,
         negative_prompt_attention_mask: torch.Tensor | None = None,
         resume: Mapping[str, Any] | str | Path | None = None,
+        cuda_graphs: bool | None = None,
     ) -> None:
         ckpt = None if resume is None else load_checkpoint(resume)
         if ckpt is not None:
@@ -143,6 +145,9 @@ class Generation:
             eos_token_id = ckpt["eos_token_id"] if eos_token_id is None else eos_token_id
             pad_token_id = ckpt["pad_token_id"] if pad_token_id is None else pad_token_id
         self.model = model
+        # the sampling step captured in a CUDA graph (samplechain.graphs): None where it can, True asks (a warning
+        # says why not), False never; SAMPLECHAIN_CUDA_GRAPHS=0 turns it off too
+        self._cuda_graphs, self._graphs, self._eager_steps = cuda_graphs, None, 0
         # a transformers LogitsProcessorList (or any fn(input_ids, scores) -> scores) run before the chain
         self.logits_processor = logits_processor or None
         self.tokenizer = tokenizer
@@ -572,8 +577,22 @@ class Generation:
         if self.logits_processor is not None:
             logits = self.logits_processor(self.input_ids, logits)
         want_scores = self.output_scores or self.top_logprobs > 0
-        out = self.chain.sample(logits, self.store, self.request_ids, return_scores=want_scores,
-                                unconditional_logits=uncond, **self.history_args(self.input_ids)).check()
+        history = self.history_args(self.input_ids)
+        step_graphs = self._step_graphs(logits) if not want_scores and uncond is None else None
+        out = None
+        if step_graphs is not None:
+            try:
+                out = step_graphs.sample(logits, **history)
+            except Exception as exc:  # noqa: BLE001 - a capture the device refuses: the eager step (it raises the
+                self._graphs = False  # chain's own errors again)
+                warnings.warn(f"the sampling step could not be captured in a CUDA graph ({type(exc).__name__}: "
+                              f"{exc}); running it eagerly (cuda_graphs=False hides this)", GenerationWarning,
+                              stacklevel=4)
+        if out is None:
+            out = self.chain.sample(logits, self.store, self.request_ids, return_scores=want_scores,
+                                    unconditional_logits=uncond, **history)
+            self._eager_steps += 1
+        out = out.check()
         tokens, logprobs = out.token_ids, out.logprobs
         if self._any_finished:  # finished rows get the pad token (and a 0 logprob)
             active = ~self.finished
@@ -603,6 +622,17 @@ class Generation:
                 self._all_finished = bool(self.finished.all())
         self._steps = step
         return tokens, active
+
+    def _step_graphs(self, logits: torch.Tensor) -> graphs.StepGraphs | None:
+        """The batch's captured step, from the second step on (the first, eager, compiles the kernels and fills the
+        samplers' caches); None where the step runs eagerly."""
+        if self._graphs is None and self._eager_steps and self._cuda_graphs is not False:
+            reason = graphs.graphs_unavailable_reason(self.chain, logits.device, self.store, self.request_ids)
+            if reason and self._cuda_graphs:
+                warnings.warn(f"cuda_graphs=True, but the sampling step runs eagerly: {reason}", GenerationWarning,
+                              stacklevel=5)
+            self._graphs = False if reason else graphs.StepGraphs(self.chain, self.store, self.request_ids)
+        return self._graphs or None
 
     def history_args(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """history= / prompt_lengths= for chains with history-reading samplers: the tokens so far, prompt padding

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import ast
 import inspect
-import sys
 import textwrap
-import types
 
 import pytest
 import torch
@@ -17,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import samplechain_cpu
 import samplechain_cuda as cuda
-from samplechain import BackendError, Chain, PluginHost, rng
+from samplechain import FUSED_SAMPLE, BackendError, Chain, PluginHost, rng
 from samplechain.testing import hard_logits
 
 REF = samplechain_cpu.CpuBackend()
@@ -29,8 +27,7 @@ CHAIN = {"samplers": [{"use": "top_k", "k": 40}, {"use": "top_p", "p": 0.9}, {"u
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for var in ("SAMPLECHAIN_PLUGINS", "SAMPLECHAIN_BLOCK_PLUGINS", "SAMPLECHAIN_REGISTRY", cuda.ENV_FLASHINFER,
-                cuda.ENV_TRITON):
+    for var in ("SAMPLECHAIN_PLUGINS", "SAMPLECHAIN_BLOCK_PLUGINS", "SAMPLECHAIN_REGISTRY", cuda.ENV_TRITON):
         monkeypatch.delenv(var, raising=False)
     return monkeypatch
 
@@ -126,57 +123,26 @@ def test_the_source_check_catches_a_sync():
     assert {"bool", "nonzero", "item"} <= set(_calls(bad))
 
 
-def test_flashinfer_is_off_by_default(clean_env, monkeypatch):
-    monkeypatch.setattr(cuda, "_import_flashinfer", lambda: pytest.fail("imported without an opt-in"))
-    assert cuda.CudaBackend(device="cpu").kernel(cuda.FLASHINFER_TOP_K_TOP_P) is None
-
-
-def test_asking_for_flashinfer_without_it_is_an_error(clean_env, monkeypatch):
-    monkeypatch.setattr(cuda, "_import_flashinfer", lambda: None)
-    clean_env.setenv(cuda.ENV_FLASHINFER, "1")
-    with pytest.raises(BackendError, match=r"not installed; pip install 'samplechain-cuda\[flashinfer\]'"):
-        cuda.CudaBackend(device="cpu")
-    with pytest.raises(BackendError, match="flashinfer is not installed"):
-        cuda.CudaBackend(device="cpu", flashinfer=True)
-
-
-def test_a_bad_flashinfer_switch_names_the_variable(clean_env):
-    clean_env.setenv(cuda.ENV_FLASHINFER, "maybe")
-    with pytest.raises(BackendError, match=r"SAMPLECHAIN_CUDA_FLASHINFER='maybe': expected 1 .* or 0"):
-        cuda.CudaBackend(device="cpu")
-    assert cuda.CudaBackend(device="cpu", flashinfer=False).kernel(cuda.FLASHINFER_TOP_K_TOP_P) is None
-
-
-def test_an_opted_in_flashinfer_kernel_calls_its_fused_sampler(clean_env, monkeypatch):
-    seen = {}
-
-    def top_k_top_p_sampling_from_logits(logits, top_k, top_p, **kwargs):
-        seen.update(top_k=top_k, top_p=top_p, **kwargs)
-        return logits.argmax(dim=-1).to(torch.int32)
-
-    fake = types.SimpleNamespace(top_k_top_p_sampling_from_logits=top_k_top_p_sampling_from_logits)
-    monkeypatch.setattr(cuda, "_import_flashinfer", lambda: fake)
-    clean_env.setenv(cuda.ENV_FLASHINFER, "true")
-    kernel = cuda.CudaBackend(device="cpu").kernel(cuda.FLASHINFER_TOP_K_TOP_P)
-    logits = torch.randn(3, 100)
-    ids = kernel(logits, torch.tensor([1, 5, 100]), torch.tensor([1.0, 0.9, 0.5], dtype=torch.float64))
-    assert ids.dtype == torch.int64 and torch.equal(ids, logits.argmax(dim=-1))
-    assert seen["top_k"].dtype == torch.int32 and seen["top_p"].dtype == torch.float32
-    assert seen["filter_apply_order"] == "top_k_first" and seen["deterministic"] is True
-
-
-def test_flashinfer_import_is_optional(monkeypatch):
-    monkeypatch.setitem(sys.modules, "flashinfer", None)  # makes `import flashinfer...` raise ImportError
-    assert cuda._import_flashinfer() is None
-
-
-def test_the_triton_kernels_serve_cuda_tensors_only_and_can_be_switched_off(clean_env):
-    assert cuda.CudaBackend(device="cpu")._triton is None  # CPU tensors: the torch ops (what CI checks)
+def test_the_fused_kernel_runs_where_triton_does(clean_env):
+    """FUSED_SAMPLE (the chain's tail in one Triton launch) is offered on CUDA devices only, unless asked for on CPU
+    tensors (the interpreter: tests); SAMPLECHAIN_CUDA_TRITON=0 or triton=False turns it off."""
+    backend = cuda.CudaBackend(device="cpu")
+    assert backend._triton is None and backend.kernel(FUSED_SAMPLE) is None  # CPU tensors: the torch ops
+    assert cuda.CudaBackend(device="cpu", triton=False).kernel(FUSED_SAMPLE) is None
     clean_env.setenv(cuda.ENV_TRITON, "0")
-    assert cuda._triton_kernels(torch.device("cuda")) is None
+    assert cuda.CudaBackend(device="cpu", triton=True).kernel(FUSED_SAMPLE) is None
+    assert cuda._triton_kernels(torch.device("cuda"), None) is None
     clean_env.setenv(cuda.ENV_TRITON, "maybe")
     with pytest.raises(BackendError, match=r"SAMPLECHAIN_CUDA_TRITON='maybe': expected 1 .* or 0"):
         cuda.CudaBackend(device="cpu")
+
+
+def test_asking_for_the_kernels_where_they_cannot_run_says_why(clean_env, monkeypatch):
+    import samplechain_cuda_kernels as kernels
+
+    monkeypatch.setattr(kernels, "kernels_unavailable_reason", lambda device=None: "triton is not installed (test)")
+    with pytest.raises(BackendError, match=r"CudaBackend\(triton=True\) on cpu: triton is not installed"):
+        cuda.CudaBackend(device="cpu", triton=True)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="this machine has a CUDA device")
@@ -298,13 +264,3 @@ def test_gpu_primitives_replay_in_a_cuda_graph():
         graph.replay()
         eager = step()
         assert torch.equal(static_out[0], eager[0]) and torch.equal(static_out[1], eager[1])
-
-
-@gpu_test
-def test_gpu_flashinfer_kernel_with_top_k_one_is_greedy():
-    pytest.importorskip("flashinfer")
-    kernel = cuda.CudaBackend(flashinfer=True).kernel(cuda.FLASHINFER_TOP_K_TOP_P)
-    logits = torch.randn(4, 32000, device="cuda")
-    ones = torch.ones(4, device="cuda")
-    ids = kernel(logits, torch.ones(4, dtype=torch.int64, device="cuda"), ones)
-    assert torch.equal(ids, logits.argmax(dim=-1))

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from samplechain import Chain, rng
+from samplechain.testing import cut_logits
 
 PATH = Path(__file__).resolve().parents[1] / "samplechain_cuda_kernels.py"
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -65,22 +66,8 @@ def _noise_args(batch: int, width: int, seed: int):
     return seeds, positions, ids
 
 
-def _logits(vocab: int, seed: int) -> torch.Tensor:
-    """8 rows that stress the cuts: plain float32, bfloat16-rounded (ties), integers (long runs of ties), -inf
-    masks, one dominant token, fewer finite tokens than most k, ties under -inf masks, huge logits."""
-    g = torch.Generator().manual_seed(seed)
-    n = lambda scale: torch.randn(vocab, generator=g) * scale  # noqa: E731
-    rows = [n(3.0), n(2.0).bfloat16().float(), torch.round(n(2.0)), n(3.0), n(1.0), n(3.0), n(4.0).bfloat16().float(),
-            n(2.0) + 5e7]
-    rows[3][torch.rand(vocab, generator=g) < 0.4] = -INF
-    rows[4][vocab // 3] += 15.0
-    rows[5][7:] = -INF
-    rows[6][torch.rand(vocab, generator=g) < 0.3] = -INF
-    return torch.stack(rows)
-
-
 def _gumbel_inputs(vocab: int, seed: int) -> torch.Tensor:
-    x = _logits(vocab, seed)
+    x = cut_logits(vocab, seed)
     g = torch.Generator().manual_seed(seed + 1)
     extra = torch.stack([torch.randn(vocab, generator=g) * 1e30,  # shifted by its max (rng.shifted)
                          torch.full((vocab,), -INF),  # nothing left: index 0, as argmin
@@ -176,7 +163,7 @@ def check_chain(kernels: ModuleType, device: str, scenario: str, vocab: int, see
     interpreter's time)."""
     rows, shared = SCENARIOS[scenario]
     rows = _seeded(rows, 1000 + seed)
-    x = _logits(vocab, seed)
+    x = cut_logits(vocab, seed)
     kept, tokens = _chain_run(x, rows, steps)
     args = _kernel_args(rows, shared)
     args = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
@@ -189,7 +176,7 @@ def check_chain(kernels: ModuleType, device: str, scenario: str, vocab: int, see
         trunc, mask = kernels.truncate(xd, mask=True, **args)
         count = trunc.count
     else:
-        thr, _, first, keep = kernels._launch(xd, args["temperature"], args["top_k"], args["top_p"], args["min_p"],
+        thr, _, first, _, keep = kernels._launch(xd, args["temperature"], args["top_k"], args["top_p"], args["min_p"],
                                               args["min_keep"], seeds, positions[0], STREAM, True, True)
         mask, count = keep.view(torch.bool), thr[:, 4]
     finite = mask.cpu() & torch.isfinite(x)  # the kernel's count may reach into -inf tokens, as the chain's
@@ -305,11 +292,13 @@ assert not K._interpreted()
 target = GPUTarget("cuda", 90, 32)
 trunc = dict(x_ptr="*fp32", stride_x="i64", V="i32", t_ptr="*fp32", t_val="fp32", k_ptr="*i64", k_val="i64",
              kmin_ptr="*i64", kmin_val="i64", p_ptr="*fp32", p_val="fp32", pmin_ptr="*i64", pmin_val="i64",
-             lm_ptr="*fp32", lm_val="fp32", mmin_ptr="*i64", mmin_val="i64", seed_ptr="*i64", pos_ptr="*i64",
-             salt="i64", thr_ptr="*i64", top_ptr="*fp32", tok_ptr="*i64", mask_ptr="*i8", stride_mask="i64")
-flags = ("HAS_T", "T_ROW", "K_ROW", "KMIN_ROW", "P_ROW", "PMIN_ROW", "LM_ROW", "MMIN_ROW", "SWAP", "DRAW", "MASK")
+             lm_ptr="*fp32", lm_val="fp32", mmin_ptr="*i64", mmin_val="i64", dt_ptr="*fp32", dt_val="fp32",
+             seed_ptr="*i64", pos_ptr="*i64", salt="i64", thr_ptr="*i64", top_ptr="*fp32", tok_ptr="*i64",
+             lp_ptr="*fp32", mask_ptr="*i8", stride_mask="i64")
+flags = ("HAS_T", "T_ROW", "K_ROW", "KMIN_ROW", "P_ROW", "PMIN_ROW", "LM_ROW", "MMIN_ROW", "SWAP", "DRAW_T",
+         "DT_ROW", "DRAW", "MASK")
 for on in ({"HAS_T", "T_ROW", "K_ROW", "KMIN_ROW", "P_ROW", "PMIN_ROW", "LM_ROW", "MMIN_ROW", "DRAW", "MASK"},
-           {"HAS_T", "SWAP", "DRAW"}):
+           {"HAS_T", "SWAP", "DRAW"}, {"DRAW_T", "DT_ROW", "DRAW"}, {"DRAW_T", "K_ROW", "DRAW"}):
     const = {f: f in on for f in flags} | {"BLOCK": 512, "NP": 16}
     triton.compile(ASTSource(K._truncate_kernel, {**trunc, **{c: "constexpr" for c in const}}, const), target=target)
 draw = dict(x_ptr="*bf16", stride_x="i64", ids_ptr="*i64", stride_ids="i64", V="i32", seed_ptr="*i64",
@@ -362,7 +351,7 @@ def test_gpu_kernels_equal_the_cpu_reference(compiled):
 
 @gpu_test
 def test_gpu_kernels_do_not_synchronise(compiled):
-    x = _logits(32000, 1).cuda()
+    x = cut_logits(32000, 1).cuda()
     seeds, positions, _ = (t.cuda() for t in _noise_args(8, 1, 5))
     args = dict(temperature=torch.full((8,), 0.7, device="cuda"), top_k=torch.full((8,), 50, device="cuda"),
                 top_p=torch.full((8,), 0.9, device="cuda"), min_p=torch.full((8,), 0.05, device="cuda"))
