@@ -43,6 +43,9 @@ FUSED = {
     "penalties in front": ({"samplers": [{"use": "penalties", "repeat": 1.3, "presence": 0.2},
                                          {"use": "top_k", "k": 50}, {"use": "top_p", "p": 0.9},
                                          {"use": "dist", "seed": 6}]}, None, ["top_k", "top_p"]),
+    "a truncation in front (masked, not compacted)": ({"samplers": [{"use": "typical", "p": 0.9},
+                                                                    {"use": "top_k", "k": 40},
+                                                                    {"use": "dist", "seed": 11}]}, None, ["top_k"]),
     "transformers preset": ("preset:transformers", None, ["top_k"]),
     "llama.cpp preset": ("preset:llama.cpp", None, ["top_k", "top_p", "min_p", "temperature"]),
 }
@@ -53,6 +56,8 @@ NOT_FUSED = {
                                                {"use": "top_p", "p": 0.9}, {"use": "dist", "seed": 8}]}, None),
     "typical in the tail": ({"samplers": [{"use": "top_k", "k": 40}, {"use": "typical", "p": 0.9},
                                           {"use": "dist", "seed": 9}]}, None),
+    "compacted in front": ({"samplers": [{"use": "top_k", "k": 60}, {"use": "typical", "p": 0.95},
+                                         {"use": "top_p", "p": 0.9}, {"use": "dist", "seed": 11}]}, None),
     "temperature only": ({"samplers": [{"use": "temperature", "t": 0.8}, {"use": "dist", "seed": 10}]}, None),
     "greedy": ({"samplers": [{"use": "top_k", "k": 5}, {"use": "greedy"}]}, None),
 }
