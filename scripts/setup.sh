@@ -19,8 +19,15 @@ pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 pip install "torch==2.13.0"
 pip install "hatchling>=1.21" editables
 args=(-e ".[test]")
-# the cuda plugin with its triton extra: its Triton kernels are tested on CPU tensors under TRITON_INTERPRET=1
-for p in plugins/*/; do [ "$p" = plugins/cuda/ ] && p="plugins/cuda[triton]"; args+=(-e "$p"); done
+# the cuda plugin with its triton extra: its Triton kernels are tested on CPU tensors under TRITON_INTERPRET=1;
+# the cpu plugin with its numba extra (prebuilt wheels): the compiled Gumbel-max draw
+for p in plugins/*/; do
+  case "$p" in
+    plugins/cuda/) p="plugins/cuda[triton]" ;;
+    plugins/cpu/) p="plugins/cpu[numba]" ;;
+  esac
+  args+=(-e "$p")
+done
 # shellcheck disable=SC2086  # PINS is a list of requirements
 pip install --no-build-isolation "${args[@]}" "torch==2.13.0" $PINS
 echo "$want" > "$stamp"

@@ -1,11 +1,16 @@
-"""The `cpu` backend: the reference implementation of the sampling primitives, in plain torch ops."""
+"""The `cpu` backend: the reference implementation of the sampling primitives, in plain torch ops (the Gumbel-max
+draw over wide rows compiled with numba where it is installed: samplechain_cpu_numba)."""
 
 from __future__ import annotations
+
+import functools
+import importlib.util
+import os
 
 import numpy as np
 import torch
 
-from samplechain import Backend, hookimpl, rng
+from samplechain import Backend, BackendError, hookimpl, rng
 from samplechain.contracts import compact_kept, ranked_topk
 
 # chunked top-k pays when the k best chunks are a small part of the row (their gather and second top-k stay cheap)
@@ -199,6 +204,28 @@ def compacted_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int
     return values, positions.gather(1, order), counts
 
 
+@functools.cache
+def _numba_installed() -> bool:
+    return importlib.util.find_spec("numba") is not None
+
+
+def numba_enabled() -> bool:
+    """Whether wide Gumbel-max draws take the compiled path (samplechain_cpu_numba): numba installed (the
+    plugin's `numba` extra) and SAMPLECHAIN_CPU_NUMBA not "0". Either way the tokens are the same."""
+    value = os.environ.get("SAMPLECHAIN_CPU_NUMBA", "1").strip().lower()
+    if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise BackendError(f"SAMPLECHAIN_CPU_NUMBA={os.environ['SAMPLECHAIN_CPU_NUMBA']!r}: expected 1 (the compiled "
+                           f"Gumbel-max draw where numba is installed, the default) or 0 (torch ops)")
+    return value in ("1", "true", "yes", "on") and _numba_installed()
+
+
+# Per call the compiled draw is the faster at every size (24 us against 71 at 50 entries, 0.1 ms against 1.3 at
+# 128256), but its first call in a process costs ~0.6 s (numba's import, the cached kernel's load; seconds where no
+# cache could be written). Below this many entries a call saves < 0.2 ms: small batches of small vocabularies (the
+# embedded model's 4096 at B < 4) and compacted candidates keep the torch path; a short run never pays the start.
+_FUSED_MIN = 1 << 14
+
+
 class CpuBackend(Backend):
     """Reference backend. Other backends state their equivalence to this one."""
 
@@ -249,6 +276,11 @@ class CpuBackend(Backend):
 
     def gumbel_argmax(self, logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor,
                       ids: torch.Tensor | None, stream: int) -> torch.Tensor:
+        # wide inputs: one compiled pass, 10-20x faster than the dozen torch passes below, the same tokens
+        if logits.numel() >= _FUSED_MIN and numba_enabled():
+            import samplechain_cpu_numba  # imports numba (~0.3 s): only once a draw needs it
+
+            return samplechain_cpu_numba.gumbel_argmax(logits, seed, position, ids, stream)
         work = None
         if logits.numel() > (1 << 16):  # the hash and the float64 noise in reusable workspaces
             i32 = torch.empty((), dtype=torch.int32).expand(logits.shape)

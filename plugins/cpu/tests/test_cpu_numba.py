@@ -1,0 +1,185 @@
+"""The numba-compiled Gumbel-max (samplechain_cpu_numba) against the reference rng.gumbel_argmax: the same token
+on every row, bit for bit, on random shapes, seeds, positions and streams, with and without candidate ids, and on
+the rows where a draw is decided by its edge rules (ties, NaN, all -inf, huge logits); the plain torch path when
+numba is switched off or missing, and in a forked child."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import samplechain_cpu as cpu
+from samplechain import BackendError, rng
+
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.fixture(scope="module")
+def fused():
+    if not cpu.numba_enabled():
+        pytest.skip("numba is not installed (or SAMPLECHAIN_CPU_NUMBA=0)")
+    import samplechain_cpu_numba
+
+    return samplechain_cpu_numba
+
+
+def _args(batch: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = np.random.default_rng(seed)
+    seeds = torch.from_numpy(g.integers(0, rng.SEED_MAX, batch, dtype=np.int64, endpoint=True))
+    positions = torch.from_numpy(g.integers(0, 2**40, batch, dtype=np.int64))
+    return seeds, positions
+
+
+def _same(fused, x: torch.Tensor, ids: torch.Tensor | None = None, stream: int = 0, seed: int = 0) -> torch.Tensor:
+    """The compiled draw, asserted equal to rng's."""
+    seeds, positions = _args(x.shape[0], seed)
+    got = fused.gumbel_argmax(x, seeds, positions, ids, stream)
+    want = rng.gumbel_argmax(x, seeds, positions, ids, stream)
+    assert torch.equal(got, want), (got, want)
+    return got
+
+
+@pytest.mark.parametrize("trial", range(12))
+def test_tokens_equal_rngs_on_random_inputs(fused, trial):
+    """Widths on both sides of the serial / threaded switch and of the chunking (one row split across threads),
+    logit scales from flat to peaked, ids implicit, permuted, or random token ids (compacted candidates)."""
+    g = torch.Generator().manual_seed(trial)
+    batch = (1, 2, 3, 5, 8, 1)[trial % 6]
+    width = (300, 5000, 20000, 40000, 70000, 128256)[trial // 2]
+    x = torch.randn(batch, width, generator=g) * (0.1, 1.0, 3.0, 30.0)[trial % 4]
+    if trial % 3 == 1:
+        ids = torch.stack([torch.randperm(width, generator=g) for _ in range(batch)])
+    elif trial % 3 == 2:
+        ids = torch.randint(0, 2**31 - 1, (batch, width), generator=g)
+    else:
+        ids = None
+    for seed in range(3):
+        _same(fused, x, ids, stream=trial % 5, seed=100 * trial + seed)
+
+
+def test_many_seeds_one_wide_row(fused):
+    """One row of the whole vocabulary (cut into parts across threads): a different draw for most seeds."""
+    x = torch.randn(1, 128256, generator=torch.Generator().manual_seed(1)) * 2
+    assert len({int(_same(fused, x, seed=s)) for s in range(12)}) > 8
+
+
+@pytest.mark.parametrize("width", [1000, 40000])
+def test_edge_rows(fused, width):
+    """Exact ties (+inf twice: the first; rounded logits: the noise decides), NaN (the first NaN, as torch's
+    argmin), all -inf (index 0), huge logits (shifted by the maximum), huge negative logits, +inf next to huge
+    values, a masked row, 2**24 + 2 (shifted) and 2**24 (not); the positions straddle the parts a wide row is cut
+    into."""
+    g = torch.Generator().manual_seed(width)
+    x = torch.randn(12, width, generator=g) * 3
+    late = width * 3 // 4
+    x[0, [late, width - 1]] = INF
+    x[1, [5, late]] = INF
+    x[2] = torch.round(x[2])
+    x[3, [late, width - 2]] = NAN
+    x[3, 7] = INF
+    x[4] = -INF
+    x[5, ::3] = 1e30
+    x[6] = x[6] - 1e30
+    x[7, ::7] = 3e38
+    x[7, 11] = INF
+    x[8, torch.rand(width, generator=g) < 0.99] = -INF
+    x[9, late] = 2.0**24 + 2
+    x[10, late] = 2.0**24
+    x[11, :late] = -INF
+    for seed in range(4):
+        got = _same(fused, x, seed=seed)
+        assert got[0] == late and got[1] == 5 and got[3] == late and got[4] == 0
+        assert got[7] == 11 and got[11] >= late
+    assert len({int(_same(fused, x[5:6], seed=s)) for s in range(12)}) > 4, "the noise survives next to 1e30"
+
+
+def test_huge_and_plain_rows_share_a_batch(fused):
+    x = torch.randn(4, 40000, generator=torch.Generator().manual_seed(3))
+    x[2] += 1e9
+    for seed in range(3):
+        got = _same(fused, x, seed=seed)
+        seeds, positions = _args(4, seed)
+        alone = [int(fused.gumbel_argmax(x[b:b + 1], seeds[b:b + 1], positions[b:b + 1], None)) for b in range(4)]
+        assert got.tolist() == alone
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+def test_other_float_dtypes(fused, dtype):
+    x = (torch.randn(3, 20000, generator=torch.Generator().manual_seed(4)) * 3).to(dtype)
+    x[1, 100] = INF
+    for seed in range(3):
+        _same(fused, x, seed=seed)
+
+
+def test_compacted_candidates_draw_the_full_rows_token(fused):
+    """A top-k-compacted candidate set (ids = the kept token ids) draws the same token as the masked full row."""
+    x = torch.randn(6, 128256, generator=torch.Generator().manual_seed(5)) * 3
+    values, ids = torch.topk(x, 2000, dim=-1)
+    masked = torch.full_like(x, -INF).scatter_(1, ids, values)
+    for seed in range(3):
+        picks = ids.gather(1, _same(fused, values, ids, stream=2, seed=seed)[:, None])[:, 0]
+        assert torch.equal(picks, _same(fused, masked, stream=2, seed=seed))
+
+
+def test_strided_inputs_and_an_empty_batch(fused):
+    x = torch.randn(40000, 3, generator=torch.Generator().manual_seed(6)).t()  # not contiguous
+    _same(fused, x, seed=1)
+    empty = torch.empty(0, dtype=torch.int64)
+    assert fused.gumbel_argmax(torch.empty(0, 50), empty, empty, None).shape == (0,)
+
+
+def _backend_and_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    seeds, positions = _args(x.shape[0], 9)
+    return (cpu.CpuBackend().gumbel_argmax(x, seeds, positions, None, 3),
+            rng.gumbel_argmax(x, seeds, positions, None, 3))
+
+
+def _refusing_module() -> types.ModuleType:
+    """A stand-in for samplechain_cpu_numba whose draw fails the test."""
+    def refuse(*args):
+        raise AssertionError("the compiled path ran")
+    module = types.ModuleType("samplechain_cpu_numba")
+    module.gumbel_argmax = refuse
+    return module
+
+
+@pytest.mark.parametrize("why", ["switched off", "not installed"])
+def test_the_backend_falls_back_to_torch(monkeypatch, why):
+    """SAMPLECHAIN_CPU_NUMBA=0, or numba missing: the plain torch path runs, with the same tokens."""
+    if why == "switched off":
+        monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", "0")
+    else:
+        monkeypatch.setattr(cpu, "_numba_installed", lambda: False)
+    assert not cpu.numba_enabled()
+    monkeypatch.setitem(sys.modules, "samplechain_cpu_numba", _refusing_module())
+    got, want = _backend_and_reference(torch.randn(8, 40000, generator=torch.Generator().manual_seed(7)) * 3)
+    assert torch.equal(got, want)
+
+
+def test_the_backend_draws_wide_inputs_compiled(fused, monkeypatch):
+    calls = []
+    draw = fused.gumbel_argmax
+    monkeypatch.setattr(fused, "gumbel_argmax", lambda *args: calls.append(args) or draw(*args))
+    got, want = _backend_and_reference(torch.randn(8, 40000, generator=torch.Generator().manual_seed(8)) * 3)
+    assert torch.equal(got, want) and calls
+
+
+def test_a_forked_child_takes_the_torch_path(fused, monkeypatch):
+    """numba's GNU OpenMP threads do not survive a fork (numba ends a child that uses them): a process other than
+    the one that started them draws with rng's torch path, the same tokens."""
+    x = torch.randn(2, 40000, generator=torch.Generator().manual_seed(9))
+    _same(fused, x)  # the threads are started in this process
+    monkeypatch.setattr(fused, "_owner", os.getpid() + 1)
+    monkeypatch.setattr(fused, "_draw", _refusing_module().gumbel_argmax)
+    _same(fused, x)
+
+
+def test_a_bad_switch_names_the_variable(monkeypatch):
+    monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", "maybe")
+    with pytest.raises(BackendError, match=r"SAMPLECHAIN_CPU_NUMBA='maybe': expected 1 .* or 0"):
+        cpu.numba_enabled()
