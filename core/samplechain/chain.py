@@ -81,11 +81,19 @@ def _row_lse(x: torch.Tensor) -> torch.Tensor:
     """(B,) float32 log-sum-exp of each row. Up to 65536 candidates it is accumulated in float64, so the sum's
     rounding does not depend on how a reduction splits the row (its width, which after truncation follows the
     batch) and a row's logprob is the same to the bit alone and in any batch. Wider rows (the full vocabulary,
-    where a float64 pass would cost several times the rest of the step) use torch's float32 logsumexp: a row that
-    is truncated alone but full-width in a batch may then differ in the last bit of its logprob (never its token).
+    where a float64 pass would cost several times the rest of the step) use torch's float32 logsumexp (per row on
+    the CPU): a row that is truncated alone but full-width in a batch may then differ in the last bit of its
+    logprob (never its token).
     """
     if x.shape[1] > _LSE64_WIDTH:
-        return torch.logsumexp(x, dim=-1)
+        if x.device.type != "cpu" or x.shape[0] == 1:
+            return torch.logsumexp(x, dim=-1)
+        # on the CPU one row at a time: torch's (B, V) temporaries cost ~3x the reduction (their page faults); a
+        # row's temporaries stay in cache (B = 128, V = 128256: 1.6x one read of the logits instead of 4.7x)
+        out = torch.empty(x.shape[0], dtype=x.dtype)
+        for row in range(x.shape[0]):
+            torch.logsumexp(x[row:row + 1], dim=-1, out=out[row:row + 1])
+        return out
     top = x.amax(dim=-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     total = torch.exp(x.double() - top.double()).sum(dim=-1)
