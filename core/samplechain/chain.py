@@ -340,13 +340,12 @@ class Chain:
         plan = None if return_scores else self._fusion(store, view, positions, backend, hist, uncond)
         cand = self._filter(cand, store, view, positions, backend, hist, uncond, end=plan[0] if plan else last)
         fused = None
-        if plan is not None and cand.ids is None:  # the tail in one kernel, on the full vocabulary
+        if plan is not None:
             start, kernel, parts, select = plan
-            fused = self._call(last, kernel, cand.logits, parts, select, positions, last)
-            if fused is None:  # a combination the kernel does not run: the samplers do
+            if cand.ids is None:  # the tail in one kernel, on the full vocabulary
+                fused = self._call(last, kernel, cand.logits, parts, select, positions, last)
+            if fused is None:  # compacted in front, or a combination the kernel does not run: the samplers run it
                 cand = self._filter(cand, store, view, positions, backend, hist, uncond, begin=start)
-        elif plan is not None:
-            cand = self._filter(cand, store, view, positions, backend, hist, uncond, begin=plan[0])
         if fused is not None:
             token_ids, logprobs = fused
             selection = None

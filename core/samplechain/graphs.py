@@ -20,7 +20,6 @@ replays the recorded aten ops on CPU tensors the way a CUDA graph replays its ke
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -28,6 +27,7 @@ import torch
 
 from .chain import Chain, SampleOutput
 from .errors import ConfigError
+from .params import env_switch
 from .state import RequestStore
 
 __all__ = ["ENV_GRAPHS", "HISTORY_BUCKET", "StepGraphs", "graphs_unavailable_reason"]
@@ -67,11 +67,8 @@ def graphs_unavailable_reason(chain: Any, device: torch.device, store: RequestSt
     """Why the step of `chain` on `device` cannot be captured, or "" when it can. With the batch (store and
     request_ids), host-bound samplers that do not read the device on it (`Sampler.syncs_on`: the presets' disabled
     entries, temp_ext with delta 0) do not count."""
-    switch = os.environ.get(ENV_GRAPHS, "1").strip().lower()
-    if switch not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
-        raise ConfigError(f"{ENV_GRAPHS}={os.environ[ENV_GRAPHS]!r}: expected 1 (capture the sampling step in a "
-                          f"CUDA graph on CUDA, the default) or 0 (run it eagerly)")
-    if switch in ("0", "false", "no", "off", ""):
+    if not env_switch(ENV_GRAPHS, default=True, on="capture the sampling step in a CUDA graph on CUDA, the default",
+                      off="run it eagerly", error=ConfigError):
         return f"{ENV_GRAPHS}=0"
     if not isinstance(chain, Chain):
         return "a mixed batch of chains (MixedChains) is run eagerly"

@@ -1,14 +1,31 @@
-"""Parameter validators with messages that say what was expected, shared by config and per-request values."""
+"""Parameter validators with messages that say what was expected, shared by config and per-request values; and
+`env_switch`, the on/off environment variables of the core and the backends."""
 
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Callable
 
 import attrs
 
 __all__ = ["in_range", "finite", "one_of", "seed_field", "is_seed_field", "token_ids_field", "validators",
-           "field_type"]
+           "field_type", "env_switch"]
+
+_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def env_switch(name: str, *, default: bool, on: str, off: str, error: type[Exception] = ValueError) -> bool:
+    """An on/off environment variable: 1 / true / yes / on or 0 / false / no / off (any case; set but empty is off),
+    `default` when unset. Any other value raises `error` naming the variable, its value and what 1 and 0 mean
+    (`on`, `off`)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value not in _ON + _OFF:
+        raise error(f"{name}={raw!r}: expected 1 ({on}) or 0 ({off})")
+    return value in _ON
 
 _SEED = "samplechain.seed"
 

@@ -27,7 +27,6 @@ against them).
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -35,11 +34,11 @@ from typing import Any
 import torch
 
 from samplechain import FUSED_SAMPLE, Backend, BackendError, FusedPart, hookimpl, rng
+from samplechain.params import env_switch
 
 __all__ = ["CudaBackend", "ENV_TRITON", "cuda_unavailable_reason"]
 
 ENV_TRITON = "SAMPLECHAIN_CUDA_TRITON"  # 0: the torch ops instead of the Triton kernels (samplechain_cuda_kernels)
-_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 _CUTS = ("top_k", "top_p", "min_p")  # the fused kernel's truncation order
 
 
@@ -113,11 +112,9 @@ def _triton_kernels(device: torch.device, wanted: bool | None) -> ModuleType | N
     """samplechain_cuda_kernels where its kernels run for this backend, else None (the torch ops): on a CUDA device
     with triton installed, unless SAMPLECHAIN_CUDA_TRITON=0 or wanted is False; on CPU tensors only when wanted is
     True (under triton's interpreter: tests), which raises when they cannot run."""
-    value = os.environ.get(ENV_TRITON, "1").strip().lower()
-    if value not in _ON + _OFF:
-        raise BackendError(f"{ENV_TRITON}={os.environ[ENV_TRITON]!r}: expected 1 (use the Triton kernels on a GPU, "
-                           f"the default) or 0 (torch ops)")
-    if wanted is False or value in _OFF or (device.type != "cuda" and not wanted):
+    switch = env_switch(ENV_TRITON, default=True, on="use the Triton kernels on a GPU, the default", off="torch ops",
+                        error=BackendError)
+    if wanted is False or not switch or (device.type != "cuda" and not wanted):
         return None
     import samplechain_cuda_kernels as kernels
 

@@ -105,22 +105,24 @@ class TempExt(Sampler):
     def is_argmax_invariant(self) -> bool:
         return True  # a positive temperature keeps the order; T <= 0 keeps the (first) argmax itself
 
-    def is_noop(self, ctx: StepContext) -> bool:
+    @staticmethod
+    def _plain(ctx: StepContext) -> bool:
+        """delta <= 0 for every row of the batch: plain temperature t (its T <= 0 rule included)."""
         delta = ctx.scalar("delta")
-        return delta is not None and delta <= 0.0 and ctx.scalar("t") == 1.0
+        return delta is not None and delta <= 0.0
+
+    def is_noop(self, ctx: StepContext) -> bool:
+        return self._plain(ctx) and ctx.scalar("t") == 1.0
 
     def syncs_on(self, ctx: StepContext) -> bool:
-        delta = ctx.scalar("delta")  # delta <= 0 for every row: the plain temperature's sync-free path
-        return not (delta is not None and delta <= 0.0)
+        return not self._plain(ctx)  # plain: the sync-free path of a per-row temperature
 
     def fused(self, ctx: StepContext) -> FusedPart | None:
-        delta = ctx.scalar("delta")  # delta <= 0 for every row: plain temperature t (its T <= 0 rule included)
-        return FusedPart("temperature", ctx.value("t")) if delta is not None and delta <= 0.0 else None
+        return FusedPart("temperature", ctx.value("t")) if self._plain(ctx) else None
 
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
         s = ctx.scalar
-        shared_delta = s("delta")
-        if shared_delta is not None and shared_delta <= 0.0:
+        if self._plain(ctx):
             shared_t = s("t")
             if shared_t == 1.0:
                 return cand
