@@ -35,8 +35,8 @@ import torch
 
 from .backends import select_backend
 from .config import ChainConfig, load_config
-from .contracts import (FUSED_SAMPLE, Backend, Candidates, FusedPart, Sampler, SamplerSetup, StepContext,
-                        sync_free_step, token_id_list)
+from .contracts import (FUSED_SAMPLE, LSE64_WIDTH, Backend, Candidates, FusedPart, Sampler, SamplerSetup,
+                        StepContext, sync_free_step, token_id_list)
 from .errors import ConfigError, RequestError, SamplechainError, SamplingError
 from .filters import patched_top
 from .plugins import PluginHost, get_host
@@ -74,7 +74,6 @@ class SampleOutput:
 _FUSE_MIN = 1 << 20  # logits elements from which skipping the (B, V) copy pays for the fusion's extra calls
 
 
-_LSE64_WIDTH = 65536  # up to this many candidates the normaliser is accumulated in float64
 
 
 def _row_lse(x: torch.Tensor) -> torch.Tensor:
@@ -85,7 +84,7 @@ def _row_lse(x: torch.Tensor) -> torch.Tensor:
     the CPU): a row that is truncated alone but full-width in a batch may then differ in the last bit of its
     logprob (never its token).
     """
-    if x.shape[1] > _LSE64_WIDTH:
+    if x.shape[1] > LSE64_WIDTH:
         if x.device.type != "cpu" or x.shape[0] == 1:
             return torch.logsumexp(x, dim=-1)
         # on the CPU one row at a time: torch's (B, V) temporaries cost ~3x the reduction (their page faults); a
@@ -113,9 +112,8 @@ class Chain:
         self._stateful = [i for i, s in enumerate(self.samplers) if s.is_stateful()]
         # samplers that can describe their change of the full vocabulary sparsely (executor fusion with top_k)
         self._sparse = {i for i, s in enumerate(self.samplers) if type(s).sparse_changes is not Sampler.sparse_changes}
-        # a selector a backend's fused truncate-and-draw kernel can run (dist), after samplers that may tell it theirs
-        self._fusable = type(self.samplers[-1]).fused is not Sampler.fused and not self.samplers[-1].is_stateful() \
-            and any(type(s).fused is not Sampler.fused for s in self.samplers[:-1])
+        # a selector a backend's fused truncate-and-draw kernel can run (dist), perhaps after samplers that tell it theirs
+        self._fusable = type(self.samplers[-1]).fused is not Sampler.fused and not self.samplers[-1].is_stateful()
         self.needs_history = any(s.needs_history() for s in self.samplers)
         self.needs_unconditional_logits = any(s.needs_unconditional_logits() for s in self.samplers)
         self.setup: SamplerSetup | None = None  # the last prepare()'s
@@ -447,8 +445,8 @@ class Chain:
                 ) -> tuple[int, Callable[..., Any], list[FusedPart], FusedPart] | None:
         """The chain's tail a backend may run in one truncate-and-draw kernel (`FUSED_SAMPLE`): the selector and the
         samplers before it, back to the first that is neither a no-op on this batch nor a `FusedPart`. Returns
-        (index of the tail's first sampler, the kernel, the parts in chain order, the selector's part), or None
-        (no such kernel, no truncation in the tail). Reads nothing on the device."""
+        (index of the tail's first sampler, the kernel, the parts in chain order (perhaps none: the selector
+        alone), the selector's part), or None (no such kernel). Reads nothing on the device."""
         if not self._fusable:
             return None
         kernel = backend.kernel(FUSED_SAMPLE)
@@ -473,8 +471,6 @@ class Chain:
                                                                dtype=torch.float32, device=positions.device))
                 parts.append(part)
             start = i
-        if not any(part.kind in ("top_k", "top_p", "min_p") for part in parts):
-            return None
         if start > 0 and self._swaps(start - 1, self._context(store, view, positions, backend, start - 1, hist, uncond)):
             return None  # _filter would run the tail's first sampler (top_k) before the one in front of it
         return start, kernel, parts[::-1], select

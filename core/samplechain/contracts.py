@@ -31,6 +31,8 @@ __all__ = [
     "FusedPart",
     "FUSED_SAMPLE",
     "FUSED_KINDS",
+    "BUCKET_MASS",
+    "LSE64_WIDTH",
     "max_positions",
     "token_id_list",
     "NoParams",
@@ -480,6 +482,11 @@ class StepContext:
 
 FUSED_SAMPLE = "samplechain.fused_sample"  # Backend.kernel name of a fused truncate-and-draw (see FusedPart)
 FUSED_KINDS = ("temperature", "top_k", "top_p", "min_p", "dist")
+BUCKET_MASS = "samplechain.bucket_mass"  # Backend.kernel name of filters.bucket_mass's histogram (None: torch's)
+# Up to this many candidates a row's normaliser (its logprobs' log-sum-exp) is accumulated in float64 (the same to
+# the bit whatever the row's width or batch); wider rows (a full vocabulary) take a float32 log-sum-exp, which
+# fused kernels may compute their own way (within ~1e-6)
+LSE64_WIDTH = 1 << 16
 
 
 @attrs.frozen

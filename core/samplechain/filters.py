@@ -7,7 +7,9 @@
   EpsilonLogitsWarper / EtaLogitsWarper); min_keep 0 counts as 1.
 
 - `bucket_keys(values)`, `bucket_sums(keys, weights)`, `bucket_edge(keys)`: a sort-free histogram of
-  non-negative float32 values (probabilities, distances) by their bit pattern, for cuts by mass (top_p, typical).
+  non-negative float32 values (probabilities, distances) by their bit pattern, for cuts by mass (top_p, typical);
+  `bucket_mass(values, backend)` the values' own histogram, by the backend's kernel (`BUCKET_MASS`) where it has
+  one.
 - `log_softmax64(x)`: float64 log-probabilities of each row whose rounding does not follow the row's width or
   candidate order (a row alone and in a batch get the same float32 values).
 - `patched_top(cand, changes, counts, backend)`: the counts[b] best candidates of rows changed at a few positions,
@@ -22,10 +24,10 @@ from __future__ import annotations
 
 import torch
 
-from .contracts import Backend, Candidates
+from .contracts import BUCKET_MASS, Backend, Candidates
 
-__all__ = ["BUCKETS", "MASS_MARGIN", "WIDE", "bucket_edge", "bucket_keys", "bucket_sums", "divided", "kth_largest",
-           "log_softmax64", "patched_top", "with_min_keep"]
+__all__ = ["BUCKETS", "MASS_MARGIN", "WIDE", "bucket_edge", "bucket_keys", "bucket_mass", "bucket_sums", "divided",
+           "kth_largest", "log_softmax64", "patched_top", "with_min_keep"]
 
 WIDE = 16384  # rows at least this wide take the fast paths (float32 passes, chunked reads); read at call time
 _BUCKET_SHIFT = 20  # float32 bits >> 20: sign, exponent and 3 mantissa bits
@@ -117,14 +119,24 @@ def patched_top(cand: Candidates, changes: tuple[torch.Tensor, torch.Tensor, tor
 
 
 def bucket_keys(values: torch.Tensor) -> torch.Tensor:
-    """(B, K) int64 bucket of each non-negative finite float32 value: its bit pattern >> 20, monotone in the value."""
-    return (values.view(torch.int32) >> _BUCKET_SHIFT).long()
+    """(B, K) int64 bucket of each non-negative finite float32 value: its bit pattern >> 20, monotone in the value
+    (a NaN, as rows that overflowed give, falls in some bucket: the step fails where its logprob is checked)."""
+    return ((values.view(torch.int32) >> _BUCKET_SHIFT) & (BUCKETS - 1)).long()
 
 
 def bucket_sums(keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """(B, BUCKETS) the sum of weights (B, K) in each bucket of keys (B, K)."""
     out = torch.zeros(keys.shape[0], BUCKETS, dtype=weights.dtype, device=weights.device)
     return out.scatter_add_(1, keys, weights)
+
+
+def bucket_mass(values: torch.Tensor, backend: Backend | None = None) -> torch.Tensor:
+    """(B, BUCKETS) float32: bucket_sums(bucket_keys(values), values) for non-negative float32 values (B, K), the
+    sums in each row's order as scatter_add's: by the backend's BUCKET_MASS kernel where it has one (the cpu
+    backend's compiled loop: no (B, K) int64 keys), else those torch ops. The same values either way."""
+    kernel = backend.kernel(BUCKET_MASS) if backend is not None else None
+    found = kernel(values) if kernel is not None else None
+    return found if found is not None else bucket_sums(bucket_keys(values), values)
 
 
 def bucket_edge(keys: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,10 @@ import importlib.util
 import numpy as np
 import torch
 
-from samplechain import Backend, BackendError, hookimpl, rng
+from samplechain import FUSED_SAMPLE, Backend, BackendError, FusedPart, hookimpl, rng
 from samplechain.params import env_switch
-from samplechain.contracts import compact_kept, ranked_topk
+from samplechain.contracts import BUCKET_MASS, LSE64_WIDTH, compact_kept, ranked_topk
+from samplechain.filters import BUCKETS
 
 # chunked top-k pays when the k best chunks are a small part of the row (their gather and second top-k stay cheap)
 _CHUNK = 64
@@ -244,6 +245,40 @@ class CpuBackend(Backend):
     equivalence = "reference"
     summary = "reference implementation on the CPU"
 
+    def kernel(self, name: str):
+        if name == FUSED_SAMPLE:
+            return self._fused_sample
+        if name == BUCKET_MASS:
+            return self._bucket_mass
+        return super().kernel(name)
+
+    @staticmethod
+    def _bucket_mass(values: torch.Tensor) -> torch.Tensor | None:
+        """filters.bucket_mass compiled on wide float32 inputs (the same sums); None: the torch ops."""
+        if values.numel() < _FUSED_MIN or values.dtype != torch.float32 or values.ndim != 2 or not numba_enabled():
+            return None
+        import samplechain_cpu_numba
+
+        return samplechain_cpu_numba.bucket_mass(values, BUCKETS)
+
+    def _fused_sample(self, logits: torch.Tensor, parts: list[FusedPart], select: FusedPart, positions: torch.Tensor,
+                      stream: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The executor's FUSED_SAMPLE on the CPU: dist over the whole vocabulary, after a temperature (t > 0 on
+        every row) or nothing, in one compiled pass that also sums the normaliser (samplechain_cpu_numba.
+        scaled_draw: the samplers' tokens bit for bit; the temperature's (B, V) quotient and the executor's
+        log-sum-exp pass are saved). None (the samplers run) for truncations, t <= 0, rows of at most LSE64_WIDTH
+        entries (their exact float64 normaliser) or without numba."""
+        if select.kind != "dist" or len(parts) > 1 or any(part.kind != "temperature" for part in parts):
+            return None
+        if logits.shape[1] <= LSE64_WIDTH or not numba_enabled():
+            return None
+        t = parts[0].value if parts else 1.0
+        if not (bool((t > 0).all()) if isinstance(t, torch.Tensor) else t > 0):
+            return None
+        import samplechain_cpu_numba
+
+        return samplechain_cpu_numba.scaled_draw(logits, t, select.value, positions, stream)
+
     def topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         # a partial selection, never a sort of the vocabulary; on wide rows through chunk maxima (2-4x faster)
         width = chunk_width(logits.shape[-1], k) if logits.ndim == 2 and logits.is_contiguous() and k > 0 else 0
@@ -266,13 +301,21 @@ class CpuBackend(Backend):
             found = chunked_at_least(logits, threshold, k, _CHUNK, ordered)
             if found is not None:
                 return found
-            found = compacted_at_least(logits, threshold, k)
+            found = self._compiled_at_least(logits, threshold, k) if numba_enabled() and logits.dtype == torch.float32 \
+                else compacted_at_least(logits, threshold, k)
             if found is not None:
                 return found
         counts = (logits >= threshold[:, None]).sum(dim=-1)  # Backend.at_least, ranked the cpu backend's way
         width = min(max(int(counts.max()), k, 1), logits.shape[-1])
         values, index = cpu_ranked_topk(logits, width, whole=True)
         return values, index, counts
+
+    @staticmethod
+    def _compiled_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        import samplechain_cpu_numba  # compacted_at_least's result without its (B, V) mask and nonzero
+
+        return samplechain_cpu_numba.at_least(logits, threshold, k)
 
     def sort_desc(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # stable: equal logits keep ascending candidate order, so ties resolve to the lower token id

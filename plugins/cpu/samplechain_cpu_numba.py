@@ -33,7 +33,7 @@ import torch
 
 from samplechain import rng
 
-__all__ = ["gumbel_argmax"]
+__all__ = ["gumbel_argmax", "scaled_draw", "at_least", "bucket_mass"]
 
 
 def _jit(**options):
@@ -68,20 +68,75 @@ def _mix32(x):
     return x ^ (x >> _S16)
 
 
+# Cephes' expf: e**y = 2**n * e**r, |r| <= ln 2 / 2, e**r a degree-7 polynomial (~1 ulp of float32)
+_LOG2E = np.float32(1.44269504088896341)
+_LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)
+_P0, _P1, _P2 = np.float32(1.9875691500e-4), np.float32(1.3981999507e-3), np.float32(8.3334519073e-3)
+_P3, _P4, _P5 = np.float32(4.1665795894e-2), np.float32(1.6666665459e-1), np.float32(5.0000001201e-1)
+_EXP_FLOOR = np.float32(-87.0)  # below it e**y is under float32's smallest normal: taken as 0
+_ONE32, _HALF32 = np.float32(1.0), np.float32(0.5)
+
+
 @_jit(inline="always")
-def _scan(x, ids, has_ids, row, lo, hi, k1, k2, shift):
-    """The first argmin of M - (x - shift) over x[row, lo:hi], the first NaN's position (-1 if none), and how many
-    finite x lie beyond +-2**24."""
+def _largest(sc, n):
+    """max(sc[:n]) (n >= 1), NaN if there is a positive NaN; float32 through the bits' monotone integer order
+    (an integer maximum vectorises, a float one does not)."""
+    if sc.itemsize != 4:
+        top = sc[0]
+        for j in range(n):
+            top = max(top, sc[j])
+        return np.float64(top)
+    bits = sc[:n].view(np.int32)
+    key = np.int32(-2**31)
+    for j in range(n):
+        b = bits[j]
+        key = max(key, b ^ ((b >> np.int32(31)) & np.int32(0x7FFFFFFF)))
+    return np.float64(np.array([key ^ ((key >> np.int32(31)) & np.int32(0x7FFFFFFF))]).view(np.float32)[0])
+
+
+@_jit(fastmath={"reassoc", "nsz", "contract"})
+def _block_mass(sc, n):
+    """(m, s): the largest of sc[:n] and the float64 sum of e**(sc[j] - m), in one vectorised pass each (float32
+    e**, the summation order fixed by the compiled code, not by the data). m = -inf: s = 0; NaN entries are the
+    caller's to catch (the draw returns a NaN's position, whose logprob is NaN)."""
+    m = _largest(sc, n)
+    if not (m > -np.inf and m < np.inf):
+        return m, 0.0
+    m32 = np.float32(m)
+    s = 0.0
+    for j in range(n):
+        y = sc[j] - m32  # <= 0
+        z = max(y, _EXP_FLOOR)
+        k = np.floor(z * _LOG2E + _HALF32)
+        r = z - k * _LN2_HI - k * _LN2_LO
+        poly = (((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5) * r * r + r + _ONE32
+        scale = np.int32((np.int32(k) + np.int32(127)) << np.int32(23)).view(np.float32)
+        s += np.float64(poly * scale) if y >= _EXP_FLOOR else 0.0
+    return m, s
+
+
+@_jit(inline="always")
+def _scan(x, ids, has_ids, row, lo, hi, k1, k2, shift, t, mass_m, mass_s):
+    """The first argmin of M - (x / t - shift) over x[row, lo:hi], the first NaN's position (-1 if none), and how
+    many finite x / t lie beyond +-2**24. x / t is float32's division, as torch's; t = 1 reads x as it is. With
+    mass_m / mass_s of a row's width (not of zero), also each _BLOCK of the row's mass (_block_mass) by block
+    number: lo is a multiple of _BLOCK, so the blocks are the same however the row is cut into parts."""
     best_v = np.inf
     best_i = lo
     big = 0
     low = np.empty(_BLOCK)
+    sc = np.empty(_BLOCK, dtype=x.dtype)
+    mass = mass_m.shape[1] > 0
     for start in range(lo, hi, _BLOCK):
         n = min(_BLOCK, hi - start)
         xr = x[row, start:start + n]  # slices: indices from 0 need no wraparound test, so the loop vectorises
         ir = ids[row, start:start + n] if has_ids else ids[0, :0]
+        for j in range(n):  # vectorised: the divided logits
+            sc[j] = xr[j] / t
+        if mass:
+            mass_m[row, start // _BLOCK], mass_s[row, start // _BLOCK] = _block_mass(sc, n)
         for j in range(n):  # vectorised: the bound L - x of each token
-            xs = np.float64(xr[j]) - shift
+            xs = np.float64(sc[j]) - shift
             tok = np.uint64(ir[j]) if has_ids else np.uint64(start + j)
             bits = _mix32(_mix32((tok + k1) & _M32) ^ k2)
             w = (np.float64(_M32 - bits) + 0.5) * _INV32  # 1 - u, exact
@@ -90,7 +145,7 @@ def _scan(x, ids, has_ids, row, lo, hi, k1, k2, shift):
         for j in range(n):
             if low[j] > best_v:  # cannot win (a NaN bound is not greater: its token is looked at)
                 continue
-            xs = np.float64(xr[j]) - shift
+            xs = np.float64(sc[j]) - shift
             if xs != xs:
                 return best_v, best_i, start + j, big
             tok = np.uint64(ir[j]) if has_ids else np.uint64(start + j)
@@ -103,45 +158,65 @@ def _scan(x, ids, has_ids, row, lo, hi, k1, k2, shift):
 
 
 @_jit(parallel=True, nogil=True)
-def _draw(x, ids, has_ids, k1, k2, chunks, out):
-    """out[b] = the draw of row b, each row cut into `chunks` parts that the threads take in any order; the parts'
-    results are combined in row order (first NaN, else the first of the least values)."""
+def _draw(x, ids, has_ids, k1, k2, chunks, t, mass_m, mass_s, out):
+    """out[b] = the draw of row b over x[b] / t[b], each row cut into `chunks` parts (whole _BLOCKs) that the
+    threads take in any order; the parts' results are combined in row order (first NaN, else the first of the
+    least values). With mass_m / mass_s (B, blocks), also each block's mass (_scan)."""
     batch, width = x.shape
-    size = (width + chunks - 1) // chunks
+    size = ((width + chunks - 1) // chunks + _BLOCK - 1) // _BLOCK * _BLOCK
+    chunks = (width + size - 1) // size
     tasks = batch * chunks
     best_v = np.empty(tasks)
     best_i = np.empty(tasks, dtype=np.int64)
     nan_i = np.empty(tasks, dtype=np.int64)
     big = np.empty(tasks, dtype=np.int64)
-    for t in numba.prange(tasks):
-        row = t // chunks
-        lo = (t % chunks) * size
-        best_v[t], best_i[t], nan_i[t], big[t] = _scan(x, ids, has_ids, row, lo, min(lo + size, width),
-                                                       k1[row], k2[row], 0.0)
+    for task in numba.prange(tasks):
+        row = task // chunks
+        lo = (task % chunks) * size
+        best_v[task], best_i[task], nan_i[task], big[task] = _scan(
+            x, ids, has_ids, row, lo, min(lo + size, width), k1[row], k2[row], 0.0, t[row], mass_m, mass_s)
     shift = np.zeros(batch)
     for row in range(batch):
         if big[row * chunks:(row + 1) * chunks].sum() > 0:  # perhaps huge: rng.shifted's test on the maximum
-            top = x[row].max()
+            top = (x[row] / t[row]).max()
             if abs(top) > _HUGE and abs(top) < np.inf:
                 shift[row] = top
-    for t in numba.prange(tasks):
-        row = t // chunks
+    no_mass = mass_m[:, :0]
+    for task in numba.prange(tasks):
+        row = task // chunks
         if shift[row] != 0.0:  # a row of huge logits, again minus its maximum
-            lo = (t % chunks) * size
-            best_v[t], best_i[t], nan_i[t], _ = _scan(x, ids, has_ids, row, lo, min(lo + size, width),
-                                                      k1[row], k2[row], shift[row])
+            lo = (task % chunks) * size
+            best_v[task], best_i[task], nan_i[task], _ = _scan(
+                x, ids, has_ids, row, lo, min(lo + size, width), k1[row], k2[row], shift[row], t[row], no_mass,
+                no_mass)
     for row in range(batch):
         pick, value, nan = best_i[row * chunks], best_v[row * chunks], -1
-        for t in range(row * chunks, (row + 1) * chunks):
-            if nan_i[t] >= 0:  # the first NaN wins, as in torch's argmin
-                nan = nan_i[t]
+        for task in range(row * chunks, (row + 1) * chunks):
+            if nan_i[task] >= 0:  # the first NaN wins, as in torch's argmin
+                nan = nan_i[task]
                 break
-            if best_v[t] < value:
-                pick, value = best_i[t], best_v[t]
+            if best_v[task] < value:
+                pick, value = best_i[task], best_v[task]
         out[row] = nan if nan >= 0 else pick
 
 
+@_jit(nogil=True)
+def _log_mass(mass_m, mass_s, out):
+    """out[b] = log sum e**(x / t) of row b from its blocks' (m, s), combined in block order (float32)."""
+    for row in range(mass_m.shape[0]):
+        top = mass_m[row].max()
+        if not (top > -np.inf and top < np.inf):  # no finite entry: -inf (all masked) or +inf, as torch's
+            out[row] = top
+            continue
+        total = 0.0
+        for b in range(mass_m.shape[1]):
+            if mass_s[row, b] > 0.0:
+                total += mass_s[row, b] * np.exp(mass_m[row, b] - top)
+        out[row] = np.float32(top + np.log(total))
+
+
 _NO_IDS = np.zeros((1, 1), dtype=np.int64)  # the ids argument when there are none
+_NO_MASS = np.zeros((1, 0))  # the mass arguments when the blocks' masses are not wanted
 _owner = None  # the process that started numba's threads
 _lock = threading.Lock()
 
@@ -162,7 +237,8 @@ def _start() -> None:
             os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
         try:
             _draw(np.zeros((1, 1), dtype=np.float32), _NO_IDS, False, np.zeros(1, dtype=np.uint64),
-                  np.zeros(1, dtype=np.uint64), 1, np.empty(1, dtype=np.int64))
+                  np.zeros(1, dtype=np.uint64), 1, np.ones(1, dtype=np.float32), _NO_MASS, _NO_MASS,
+                  np.empty(1, dtype=np.int64))
         finally:
             if own:
                 del os.environ["OMP_WAIT_POLICY"]
@@ -173,26 +249,196 @@ _MIN_CHUNK = 8192  # tokens per task at least: below it a thread's wake-up outwe
 _SERIAL = 1 << 15  # below this many tokens the calling thread does it all (no wake-up at all)
 
 
-def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None,
-                  stream: int = 0) -> torch.Tensor:
-    """(B,) int64: rng.gumbel_argmax(logits, seed, position, ids, stream) in one compiled pass per row (two for
-    rows of huge logits), on torch's number of threads. logits (B, K) on the CPU, any float dtype (float32 and
-    float64 read as they are, others promoted exactly); ids (B, K) integer token ids or None (id = position)."""
+def _threads(entries: int) -> bool:
+    """Start numba's threads in this process if need be and use as many as torch (one for small inputs); False in
+    a child forked after they started: GNU OpenMP's pool does not survive a fork (numba ends the process), the
+    caller takes its torch path."""
     if _owner != os.getpid():
-        if _owner is not None:  # a child forked after the threads started: GNU OpenMP's pool does not survive a
-            return rng.gumbel_argmax(logits, seed, position, ids, stream)  # fork (numba ends the process)
+        if _owner is not None:
+            return False
         _start()
+    numba.set_num_threads(1 if entries < _SERIAL else min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    return True
+
+
+def _run(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None, stream: int,
+         t: torch.Tensor | float, mass: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """The compiled draw over logits / t (tokens (B,)), and with mass, the rows' log-sum-exp of logits / t (float32
+    (B,)); None in a forked child (the caller takes the torch path)."""
+    if not _threads(logits.numel()):
+        return None
     batch, width = logits.shape
     out = np.empty(batch, dtype=np.int64)
     if batch == 0:
-        return torch.from_numpy(out)
+        return out, np.empty(0, dtype=np.float32)
     if logits.dtype not in (torch.float32, torch.float64):
         logits = logits.float()
     x = logits.detach().contiguous().numpy()
     idn = _NO_IDS if ids is None else ids.to(torch.int64).contiguous().numpy()
     k1, k2 = rng.row_keys(seed, position, stream)
-    threads = 1 if logits.numel() < _SERIAL else min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
-    numba.set_num_threads(threads)
+    threads = numba.get_num_threads()
     chunks = max(1, min((2 * threads + batch - 1) // batch, width // _MIN_CHUNK))  # B = 1 too: every thread busy
-    _draw(x, idn, ids is not None, k1.numpy().view(np.uint64), k2.numpy().view(np.uint64), chunks, out)
+    scale = np.broadcast_to(np.asarray(t.detach().numpy() if isinstance(t, torch.Tensor) else t, dtype=x.dtype),
+                            (batch,))
+    blocks = (width + _BLOCK - 1) // _BLOCK
+    mass_m, mass_s = (np.empty((batch, blocks)), np.empty((batch, blocks))) if mass else (_NO_MASS, _NO_MASS)
+    _draw(x, idn, ids is not None, k1.numpy().view(np.uint64), k2.numpy().view(np.uint64), chunks,
+          np.ascontiguousarray(scale), mass_m, mass_s, out)
+    if not mass:
+        return out, None
+    lse = np.empty(batch, dtype=np.float32)
+    _log_mass(mass_m, mass_s, lse)
+    return out, lse
+
+
+def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None,
+                  stream: int = 0) -> torch.Tensor:
+    """(B,) int64: rng.gumbel_argmax(logits, seed, position, ids, stream) in one compiled pass per row (two for
+    rows of huge logits), on torch's number of threads. logits (B, K) on the CPU, any float dtype (float32 and
+    float64 read as they are, others promoted exactly); ids (B, K) integer token ids or None (id = position)."""
+    found = _run(logits, seed, position, ids, stream, 1.0, False)
+    if found is None:
+        return rng.gumbel_argmax(logits, seed, position, ids, stream)
+    return torch.from_numpy(found[0])
+
+
+def scaled_draw(logits: torch.Tensor, t: torch.Tensor | float, seed: torch.Tensor, position: torch.Tensor,
+                stream: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """temperature -> dist over the whole vocabulary in one pass: the tokens of rng.gumbel_argmax(logits / t, ...)
+    (bit for bit: the same float32 division, then the same draw) and log_softmax(logits / t) at them, float32 (B,).
+    logits (B, V) float32 on the CPU, t > 0 a number or (B,) float32. The normaliser is summed per block of 1024
+    with a vectorised float32 e**x and float64 sums combined in block order: a row's logprob is the same alone
+    and in any batch, within ~1e-6 of torch's float32 logsumexp. None in a forked child (the caller runs the
+    samplers)."""
+    found = _run(logits, seed, position, None, stream, t, True)
+    if found is None:
+        return None
+    tokens, lse = torch.from_numpy(found[0]), torch.from_numpy(found[1])
+    chosen = logits.gather(1, tokens[:, None])[:, 0]
+    chosen = chosen / (t if not isinstance(t, torch.Tensor) else t.to(chosen.dtype))
+    return tokens, chosen - lse
+
+
+# ----------------------------------------------------------------------------- Backend.at_least
+@_jit(parallel=True, nogil=True)
+def _count_at_least(x, threshold, counts):
+    for row in numba.prange(x.shape[0]):
+        xr = x[row]
+        edge = threshold[row]
+        n = 0
+        for j in range(xr.shape[0]):  # vectorised
+            n += np.float64(xr[j]) >= edge
+        counts[row] = n
+
+
+_RADIX_BITS = 11
+_RADIX = 1 << _RADIX_BITS
+
+
+@_jit(inline="always")
+def _descending_key(v):
+    """uint32 key of a float32 whose ascending order is v's descending order (-0.0 as +0.0; NaN not handled)."""
+    bits = np.uint32(np.float32(v + np.float32(0.0)).view(np.uint32))
+    up = ~bits if bits >> np.uint32(31) else bits | np.uint32(0x80000000)  # ascending in v
+    return ~up
+
+
+@_jit(inline="always")
+def _stable_radix_sort(keys, items, n, spare_keys, spare_items):
+    """Sort keys[:n] (uint32) ascending, stably, carrying items[:n] along: least significant digit first, 11 bits a
+    pass; a pass whose digit is the same for every key is skipped (the survivors of a cut share their high bits)."""
+    count = np.empty(_RADIX, dtype=np.int64)
+    src_k, src_i, dst_k, dst_i = keys, items, spare_keys, spare_items
+    for shift in range(0, 32, _RADIX_BITS):
+        count[:] = 0
+        for i in range(n):
+            count[(src_k[i] >> np.uint32(shift)) & np.uint32(_RADIX - 1)] += 1
+        if count.max() == n:
+            continue
+        total = 0
+        for d in range(_RADIX):
+            total, count[d] = total + count[d], total
+        for i in range(n):
+            d = (src_k[i] >> np.uint32(shift)) & np.uint32(_RADIX - 1)
+            dst_k[count[d]] = src_k[i]
+            dst_i[count[d]] = src_i[i]
+            count[d] += 1
+        src_k, src_i, dst_k, dst_i = dst_k, dst_i, src_k, src_i
+    return src_k, src_i
+
+
+@_jit(parallel=True, nogil=True)
+def _sorted_at_least(x, threshold, counts, values, positions):
+    """Each row's entries >= its threshold, sorted by (value descending, position ascending), then (-inf, the
+    columns not kept, ascending) in the spare slots: contracts.compact_kept and a stable descending sort. The
+    entries are gathered in position order and radix-sorted stably by value alone."""
+    width = values.shape[1]
+    for row in numba.prange(x.shape[0]):
+        xr = x[row]
+        edge = threshold[row]
+        n = counts[row]
+        keys = np.empty(n, dtype=np.uint32)
+        where = np.empty(n, dtype=np.int64)
+        i = 0
+        for j in range(xr.shape[0]):
+            if np.float64(xr[j]) >= edge:
+                keys[i] = _descending_key(xr[j])
+                where[i] = j
+                i += 1
+        _, where = _stable_radix_sort(keys, where, n, np.empty(n, dtype=np.uint32), np.empty(n, dtype=np.int64))
+        for slot in range(n):
+            positions[row, slot] = where[slot]
+            values[row, slot] = xr[where[slot]]
+        slot, j = n, 0
+        while slot < width:
+            if not np.float64(xr[j]) >= edge:
+                positions[row, slot] = j
+                values[row, slot] = -np.inf
+                slot += 1
+            j += 1
+
+
+def at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int = 0
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """samplechain_cpu.compacted_at_least in two compiled passes: count each row's entries >= its threshold, then
+    gather and sort only those (int64 keys: value, then lowest position), with no (B, V) temporary. The same
+    values, positions and counts; None where that returns None (k more than a row holds above its threshold, or
+    nothing above any) or in a forked child. logits (B, V) float32, threshold (B,)."""
+    if not _threads(logits.numel()):
+        return None
+    x = logits.detach().contiguous().numpy()
+    edge = threshold.detach().to(torch.float64).contiguous().numpy()
+    counts = np.empty(x.shape[0], dtype=np.int64)
+    _count_at_least(x, edge, counts)
+    if x.shape[0] == 0 or k > counts.min() or counts.max() == 0:
+        return None
+    width = int(counts.max())
+    values = np.empty((x.shape[0], width), dtype=x.dtype)
+    positions = np.empty((x.shape[0], width), dtype=np.int64)
+    _sorted_at_least(x, edge, counts, values, positions)
+    return torch.from_numpy(values), torch.from_numpy(positions), torch.from_numpy(counts)
+
+
+# ----------------------------------------------------------------------------- filters.bucket_mass
+_BUCKET_SHIFT = np.int32(20)  # filters._BUCKET_SHIFT
+
+
+@_jit(parallel=True, nogil=True)
+def _bucket_mass(x, out):
+    for row in numba.prange(x.shape[0]):
+        xr = x[row]
+        into = out[row]
+        into[:] = 0
+        for j in range(xr.shape[0]):  # in row order, in float32: scatter_add's sums to the bit
+            v = xr[j]
+            into[(np.float32(v).view(np.int32) >> _BUCKET_SHIFT) & np.int32(into.shape[0] - 1)] += v
+
+
+def bucket_mass(values: torch.Tensor, buckets: int) -> torch.Tensor | None:
+    """filters.bucket_sums(filters.bucket_keys(values), values) in one compiled pass per row (no (B, K) int64
+    keys): (B, buckets) float32. values (B, K) float32, >= 0. None in a forked child."""
+    if not _threads(values.numel()):
+        return None
+    out = np.empty((values.shape[0], buckets), dtype=np.float32)
+    _bucket_mass(values.detach().contiguous().numpy(), out)
     return torch.from_numpy(out)

@@ -127,11 +127,12 @@ def _triton_kernels(device: torch.device, wanted: bool | None) -> ModuleType | N
 def _fused_sample(kernels: ModuleType, logits: torch.Tensor, parts: Sequence[FusedPart], select: FusedPart,
                   positions: torch.Tensor, stream: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The executor's FUSED_SAMPLE: the chain's tail (temperature first or last, then top_k, top_p, min_p in that
-    order, each at most once) and dist in one kernel (samplechain_cuda_kernels.sample); None for any other order."""
+    order, each at most once, at least one) and dist in one kernel (samplechain_cuda_kernels.sample); None for any
+    other order."""
     kinds = [part.kind for part in parts]
     cuts = [kind for kind in kinds if kind != "temperature"]
-    if select.kind != "dist" or cuts != sorted(set(cuts), key=_CUTS.index) or len(kinds) - len(cuts) > 1:
-        return None
+    if select.kind != "dist" or not cuts or cuts != sorted(set(cuts), key=_CUTS.index) or len(kinds) - len(cuts) > 1:
+        return None  # no truncation: temperature and the draw run as they are (already one pass each)
     first = last = None
     if "temperature" in kinds:
         where = kinds.index("temperature")

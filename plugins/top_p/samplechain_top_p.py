@@ -16,9 +16,9 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import Candidates, FusedPart, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
+from samplechain import Backend, Candidates, FusedPart, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
 from samplechain.contracts import in_sync_free_step
-from samplechain.filters import BUCKETS, MASS_MARGIN, bucket_edge, bucket_keys, bucket_sums
+from samplechain.filters import BUCKETS, MASS_MARGIN, bucket_edge, bucket_mass
 
 _FIRST_GUESS = 64  # partial top-k width tried first on unsorted candidates
 
@@ -99,12 +99,13 @@ def chunked_cut(logits: torch.Tensor, top: torch.Tensor, total: torch.Tensor, p:
     return None
 
 
-def superset_threshold(probs: torch.Tensor, top: torch.Tensor, total: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+def superset_threshold(probs: torch.Tensor, top: torch.Tensor, total: torch.Tensor, p: torch.Tensor,
+                       backend: Backend | None = None) -> torch.Tensor:
     """For flat rows: a logit per row (B,) at or below the last token top-p keeps, without a sort. The
     probabilities are bucketed by their float32 bit pattern (monotone in the value), the bucket masses summed
     from the top, and the lower edge of the bucket where the sum passes p (plus a margin) turned back into a
     logit (minus a margin). The caller checks the cut it then finds and widens if it must."""
-    from_top = bucket_sums(bucket_keys(probs), probs).flip(1).cumsum(dim=1, dtype=torch.float64)
+    from_top = bucket_mass(probs, backend).flip(1).cumsum(dim=1, dtype=torch.float64)
     before = (from_top < (p.double() + MASS_MARGIN)[:, None]).sum(dim=1)  # buckets entirely above the cut
     edge = bucket_edge(torch.clamp(BUCKETS - 1 - before, min=0))  # smallest prob in the bucket of the cut
     return (top.squeeze(1) + torch.log(edge * total) - 1e-3).float()
@@ -147,7 +148,7 @@ class TopP(Sampler):
                 return cand.restrict(values, index, torch.where(off, width, counts), off)
             # flat rows (thousands of tokens above the cut): read what lies above a threshold found from a
             # histogram of the probabilities, in one backend call
-            threshold = torch.where(off, top.squeeze(1).float(), superset_threshold(probs, top, total, p))
+            threshold = torch.where(off, top.squeeze(1).float(), superset_threshold(probs, top, total, p, ctx.backend))
             values, index, trusted = ctx.backend.at_least(cand.logits, threshold,
                                                           int(torch.where(off, 0, min_keep).max()))
             ranked = True  # in the filters' order: ties at the cut need no settling

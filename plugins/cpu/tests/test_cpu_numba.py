@@ -196,3 +196,122 @@ def test_an_old_numba_takes_the_torch_path(monkeypatch):
         assert cpu._numba_installed() is True
     finally:
         cpu._numba_installed.cache_clear()
+
+
+# ----------------------------------------------------------------------------- temperature -> dist in one pass
+def _scaled_same(fused, x: torch.Tensor, t, stream: int = 0, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """scaled_draw: the token of rng's draw over torch's x / t, bit for bit, and its logprob within 1e-5 of torch's
+    float32 log_softmax (the same NaN / -inf where torch's is not finite)."""
+    seeds, positions = _args(x.shape[0], seed)
+    got, logprobs = fused.scaled_draw(x, t, seeds, positions, stream)
+    divided = x / (t[:, None] if isinstance(t, torch.Tensor) else t)
+    want = rng.gumbel_argmax(divided, seeds, positions, None, stream)
+    assert torch.equal(got, want), (got, want)
+    reference = divided.gather(1, want[:, None])[:, 0] - torch.logsumexp(divided, dim=-1)
+    finite = torch.isfinite(reference)
+    assert torch.equal(finite, torch.isfinite(logprobs))
+    torch.testing.assert_close(logprobs[finite], reference[finite], rtol=1e-6, atol=1e-5)
+    return got, logprobs
+
+
+@pytest.mark.parametrize("trial", range(8))
+def test_scaled_draw_equals_the_divided_draw(fused, trial):
+    """Shared and per-row temperatures, widths across the block and chunk boundaries, flat to peaked rows."""
+    g = torch.Generator().manual_seed(50 + trial)
+    batch = (1, 2, 5, 8)[trial % 4]
+    width = (70000, 128256, 100003, 65537)[trial // 2]
+    x = torch.randn(batch, width, generator=g) * (0.5, 3.0, 20.0, 1.0)[trial % 4]
+    t = torch.rand(batch, generator=g) * 2 + 0.05 if trial % 2 else (0.3, 0.8, 1.0, 1.7)[trial // 2]
+    for seed in range(2):
+        _scaled_same(fused, x, t, stream=trial, seed=seed)
+
+
+def test_scaled_draw_edge_rows(fused):
+    """-inf masks, a NaN (its token, a NaN logprob), all -inf (a NaN logprob, as -inf - -inf), huge logits (the
+    shifted draw), one dominant token (logprob ~0)."""
+    g = torch.Generator().manual_seed(60)
+    x = torch.randn(6, 80000, generator=g) * 3
+    x[0, torch.rand(80000, generator=g) < 0.9] = -INF
+    x[1, 70000] = NAN
+    x[2] = -INF
+    x[3, ::5] = 1e30
+    x[4, 123] = 500.0
+    t = torch.tensor([0.7, 1.0, 1.2, 0.5, 0.9, 2.0])
+    for seed in range(3):
+        got, logprobs = _scaled_same(fused, x, t, seed=seed)
+        assert got[1] == 70000 and torch.isnan(logprobs[1]) and torch.isnan(logprobs[2])
+        assert got[4] == 123 and abs(float(logprobs[4])) < 1e-6
+
+
+def test_scaled_draw_is_batch_invariant(fused):
+    """A row's token and logprob are the same to the bit alone, in any batch, and however its row is cut into parts
+    for the threads (the normaliser is summed per block of 1024 and combined in block order)."""
+    x = torch.randn(7, 128256, generator=torch.Generator().manual_seed(61)) * 2
+    t = torch.linspace(0.4, 1.6, 7)
+    seeds, positions = _args(7, 3)
+    tokens, logprobs = fused.scaled_draw(x, t, seeds, positions, 1)
+    for b in range(7):
+        for lo, hi in ((b, b + 1), (max(0, b - 2), b + 1)):
+            alone = fused.scaled_draw(x[lo:hi], t[lo:hi], seeds[lo:hi], positions[lo:hi], 1)
+            assert torch.equal(alone[0][-1], tokens[b]) and torch.equal(alone[1][-1], logprobs[b])
+
+
+def _temperature_chain(t: float | None = 0.8):
+    from samplechain import Chain
+
+    samplers = [] if t is None else [{"use": "temperature", "t": t}]
+    return Chain.load({"samplers": [*samplers, {"use": "dist"}], "backend": "cpu"})
+
+
+def _steps(chain, x: torch.Tensor, requests: list[dict], steps: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    store = chain.new_store(capacity=len(requests))
+    ids = [f"r{i}" for i in range(len(requests))]
+    for rid, request in zip(ids, requests):
+        store.add(rid, request)
+    outs = [chain.sample(x, store, ids) for _ in range(steps)]
+    return torch.stack([o.token_ids for o in outs]), torch.stack([o.logprobs for o in outs])
+
+
+@pytest.mark.parametrize("case", ["shared", "per request", "a cold row", "dist alone", "narrow rows"])
+def test_the_cpu_backend_fuses_temperature_and_dist(fused, monkeypatch, case):
+    """The cpu backend's FUSED_SAMPLE runs `temperature -> dist` (and `dist` alone) on rows wider than
+    LSE64_WIDTH in one compiled pass: the samplers' tokens bit for bit over several steps, their logprobs within
+    1e-5. It declines batches with a row at t = 0 (greedy rows) and narrow rows (their exact float64
+    normaliser), where the samplers run and the logprobs are the same to the bit."""
+    width = 40000 if case == "narrow rows" else 128256
+    x = torch.randn(5, width, generator=torch.Generator().manual_seed(62)) * 3
+    requests = [{"seed": 10 + i} for i in range(5)]
+    if case == "per request":
+        requests = [{"seed": 10 + i, "temperature": 0.3 + i / 3} for i in range(5)]
+    elif case == "a cold row":
+        requests[2]["temperature"] = 0.0
+    chain = _temperature_chain(None if case == "dist alone" else 0.8)
+    calls = []
+    draw = fused.scaled_draw
+    monkeypatch.setattr(fused, "scaled_draw", lambda *args: calls.append(args) or draw(*args))
+    tokens, logprobs = _steps(chain, x, requests)
+    monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", "0")
+    want_tokens, want_logprobs = _steps(chain, x, requests)
+    assert torch.equal(tokens, want_tokens)
+    if case in ("a cold row", "narrow rows"):
+        assert not calls and torch.equal(logprobs, want_logprobs)
+    else:
+        assert len(calls) == 3
+        torch.testing.assert_close(logprobs, want_logprobs, rtol=1e-6, atol=1e-5)
+
+
+def test_a_fused_step_names_the_bad_row(fused):
+    """A NaN logit under the fused pass fails the step as the samplers would: the request is named, its position
+    does not advance."""
+    from samplechain import SamplingError
+
+    chain = _temperature_chain(0.8)
+    store = chain.new_store(capacity=2)
+    store.add("a", {"seed": 1})
+    store.add("b", {"seed": 2})
+    x = torch.randn(2, 128256, generator=torch.Generator().manual_seed(63))
+    x[1, 5] = NAN
+    with pytest.raises(SamplingError, match="'b'"):
+        chain.sample(x, store, ["a", "b"])
+    x[1, 5] = 0.0
+    assert torch.equal(chain.sample(x, store, ["a", "b"]).token_ids, _steps(chain, x, [{"seed": 1}, {"seed": 2}], 1)[0][0])
