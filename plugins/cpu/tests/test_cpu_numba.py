@@ -315,3 +315,44 @@ def test_a_fused_step_names_the_bad_row(fused):
         chain.sample(x, store, ["a", "b"])
     x[1, 5] = 0.0
     assert torch.equal(chain.sample(x, store, ["a", "b"]).token_ids, _steps(chain, x, [{"seed": 1}, {"seed": 2}], 1)[0][0])
+
+
+# ----------------------------------------------------------------------------- at_least and bucket_mass compiled
+@pytest.mark.parametrize("trial", range(6))
+def test_compiled_at_least_equals_the_torch_compaction(fused, trial):
+    """Values, positions (spare slots included) and counts of compacted_at_least, bit for bit: flat and rounded
+    rows (equal values ranked by position), -0.0 beside +0.0, NaN (never kept), -inf thresholds (whole rows),
+    rows of different counts, and the None cases (k beyond a row's count, nothing above any threshold)."""
+    g = torch.Generator().manual_seed(70 + trial)
+    batch, width = (1, 3, 8)[trial % 3], (20000, 128256)[trial // 3]
+    x = torch.randn(batch, width, generator=g) * 3
+    if trial % 2:
+        x = torch.round(x * 4) / 4  # many equal values at every threshold
+    x[0, :40:2] = -0.0
+    x[0, 1:40:2] = 0.0
+    x[-1, 5] = NAN
+    quantile = torch.rand(batch, generator=g) * 0.2 + 0.79
+    threshold = torch.stack([torch.quantile(x[b].nan_to_num(), quantile[b]) for b in range(batch)]).float()
+    threshold[0] = 0.0
+    if batch > 2:
+        threshold[1] = -INF
+    for k in (0, 1, 50):
+        want = cpu.compacted_at_least(x, threshold, k)
+        got = fused.at_least(x, threshold, k)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert fused.at_least(x, threshold, width + 1) is None is cpu.compacted_at_least(x, threshold, width + 1)
+    high = torch.full((batch,), 1e9)
+    assert fused.at_least(x, high, 0) is None is cpu.compacted_at_least(x, high, 0)
+
+
+def test_compiled_bucket_mass_equals_the_scatter(fused):
+    """filters.bucket_mass's sums in each row's order, in float32, as scatter_add's: the same to the bit; also
+    through the cpu backend's kernel."""
+    from samplechain.filters import BUCKETS, bucket_keys, bucket_mass, bucket_sums
+
+    x = torch.randn(6, 128256, generator=torch.Generator().manual_seed(80)) * torch.arange(1, 7)[:, None]
+    probs = torch.softmax(x, dim=-1)
+    probs[0, :100] = 0.0
+    want = bucket_sums(bucket_keys(probs), probs)
+    assert torch.equal(fused.bucket_mass(probs, BUCKETS), want)
+    assert torch.equal(bucket_mass(probs, cpu.CpuBackend()), want)
