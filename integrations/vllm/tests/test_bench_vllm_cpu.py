@@ -20,7 +20,9 @@ def test_the_benchmark_runs_on_tiny_sizes():
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "configuration" not in line]
-    assert len(rows) == 3 * 2
+    assert len(rows) == 5 * 2
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert all(float(c.rstrip("x")) > 0 for c in cells[2:]), row
+        peerless = "vLLM has none" in cells[0]  # typical: samplechain and the read only
+        assert all((c == "—") if peerless and i in (1, 3) else float(c.rstrip("x")) > 0
+                   for i, c in enumerate(cells[2:])), row
