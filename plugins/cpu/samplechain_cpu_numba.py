@@ -85,27 +85,28 @@ def _largest(sc, n):
         top = sc[0]
         for j in range(n):
             top = max(top, sc[j])
-        return np.float64(top)
+        return top
     bits = sc[:n].view(np.int32)
     key = np.int32(-2**31)
     for j in range(n):
         b = bits[j]
         key = max(key, b ^ ((b >> np.int32(31)) & np.int32(0x7FFFFFFF)))
-    return np.float64(np.array([key ^ ((key >> np.int32(31)) & np.int32(0x7FFFFFFF))]).view(np.float32)[0])
+    return np.array([key ^ ((key >> np.int32(31)) & np.int32(0x7FFFFFFF))]).view(np.float32)[0]
 
 
 @_jit(fastmath={"reassoc", "nsz", "contract"})
-def _block_mass(sc, n):
-    """(m, s): the largest of sc[:n] and the float64 sum of e**(sc[j] - m), in one vectorised pass each (float32
-    e**, the summation order fixed by the compiled code, not by the data). m = -inf: s = 0; NaN entries are the
-    caller's to catch (the draw returns a NaN's position, whose logprob is NaN)."""
-    m = _largest(sc, n)
+def _block_mass(xr, n, t):
+    """(m, s) of q = xr[:n] / t (float32's division, t > 0): the largest q, max(xr) / t (rounding is monotone),
+    and the float64 sum of e**(q - m), in one vectorised pass each (float32 e**, the summation order fixed by the
+    compiled code, not by the data). m = -inf: s = 0; NaN entries are the caller's to catch (the draw returns a
+    NaN's position, whose logprob is NaN)."""
+    m32 = _largest(xr, n) / t
+    m = np.float64(m32)
     if not (m > -np.inf and m < np.inf):
         return m, 0.0
-    m32 = np.float32(m)
     s = 0.0
     for j in range(n):
-        y = sc[j] - m32  # <= 0
+        y = xr[j] / t - m32  # <= 0
         z = max(y, _EXP_FLOOR)
         k = np.floor(z * _LOG2E + _HALF32)
         r = z - k * _LN2_HI - k * _LN2_LO
@@ -125,18 +126,15 @@ def _scan(x, ids, has_ids, row, lo, hi, k1, k2, shift, t, mass_m, mass_s):
     best_i = lo
     big = 0
     low = np.empty(_BLOCK)
-    sc = np.empty(_BLOCK, dtype=x.dtype)
     mass = mass_m.shape[1] > 0
     for start in range(lo, hi, _BLOCK):
         n = min(_BLOCK, hi - start)
         xr = x[row, start:start + n]  # slices: indices from 0 need no wraparound test, so the loop vectorises
         ir = ids[row, start:start + n] if has_ids else ids[0, :0]
-        for j in range(n):  # vectorised: the divided logits
-            sc[j] = xr[j] / t
         if mass:
-            mass_m[row, start // _BLOCK], mass_s[row, start // _BLOCK] = _block_mass(sc, n)
+            mass_m[row, start // _BLOCK], mass_s[row, start // _BLOCK] = _block_mass(xr, n, t)
         for j in range(n):  # vectorised: the bound L - x of each token
-            xs = np.float64(sc[j]) - shift
+            xs = np.float64(xr[j] / t) - shift
             tok = np.uint64(ir[j]) if has_ids else np.uint64(start + j)
             bits = _mix32(_mix32((tok + k1) & _M32) ^ k2)
             w = (np.float64(_M32 - bits) + 0.5) * _INV32  # 1 - u, exact
@@ -145,7 +143,7 @@ def _scan(x, ids, has_ids, row, lo, hi, k1, k2, shift, t, mass_m, mass_s):
         for j in range(n):
             if low[j] > best_v:  # cannot win (a NaN bound is not greater: its token is looked at)
                 continue
-            xs = np.float64(sc[j]) - shift
+            xs = np.float64(xr[j] / t) - shift
             if xs != xs:
                 return best_v, best_i, start + j, big
             tok = np.uint64(ir[j]) if has_ids else np.uint64(start + j)
