@@ -48,24 +48,18 @@ class TempExtParams:
 def _row_entropy(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: entropy (nats, float64) of softmax over the finite logits, and the count of finite logits.
 
-    Rows of at least `filters.WIDE` candidates compute it in float32 (llama.cpp's precision) as
-    H = log S - sum(e * z) / S with z = x - max, e = exp(z), S = sum(e): four passes instead of a float64 softmax."""
+    H = log S - sum(e * z) / S with z = x - max, e = exp(z), S = sum(e): float32 passes (llama.cpp's precision),
+    the sums accumulated in float64, at every width. The temperature divides every logit, so its float32 value must
+    not depend on the batch: float32 sums round differently when torch splits a lone row's reduction across threads,
+    and a width-dependent choice of formula changed it when compaction padded the row to another row's width."""
     live = torch.isfinite(x)
     n = live.sum(dim=-1)
-    if x.shape[1] >= filters.WIDE:
-        top = x.amax(dim=-1, keepdim=True)
-        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-        z = (x - top).clamp_(min=torch.finfo(x.dtype).min)  # -inf -> the lowest float: e = 0 and e * z = -0
-        e = torch.exp(z)
-        total = e.sum(dim=-1)
-        return (torch.log(total) - torch.linalg.vecdot(e, z) / total).double(), n
-    xd = x.double()
-    top = torch.where(live, xd, float("-inf")).amax(dim=-1, keepdim=True)
+    top = x.amax(dim=-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    logp = torch.log_softmax(torch.where(live, xd - top, float("-inf")), dim=-1)
-    p = torch.exp(logp)
-    ent = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(dim=-1)
-    return ent, n
+    z = (x - top).clamp_(min=torch.finfo(x.dtype).min)  # -inf -> the lowest float: e = 0 and e * z = -0
+    e = torch.exp(z)
+    total = e.sum(dim=-1, dtype=torch.float64)
+    return torch.log(total) - z.mul_(e).sum(dim=-1, dtype=torch.float64) / total, n
 
 
 def dynamic_temperature(
