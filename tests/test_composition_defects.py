@@ -220,3 +220,17 @@ def test_quadratic_pure_rows_beside_cubic_ones_get_no_nan_from_an_overflowed_cub
     batch = chain.process(x, store, ["a", "b"])
     assert torch.equal(batch[0], chain.process(x[:1], store, ["a"])[0])
     assert not bool(batch.isnan().any())
+
+
+@pytest.mark.parametrize("cut", [{"use": "min_p", "p": 0.5, "min_keep": 3},
+                                 {"use": "top_n_sigma", "n": 0.1, "min_keep": 3}])
+def test_min_keep_inside_a_tie_keeps_the_lowest_ids_of_compacted_candidates(cut):
+    """After top_k (compacted, columns in descending-logit order) and a bias that ties them, min_p's and
+    top_n_sigma's min_keep took the first tied columns, not the lowest ids (the fuzzer: top_a, cfg, top_h,
+    quadratic, min_p, min_p on bfloat16 rows). Now the chain keeps what the stages keep."""
+    x = torch.arange(8.0)[None, :]
+    entries = [{"use": "top_k", "k": 7}, {"use": "logit_bias", "bias": {i: -float(i) for i in range(1, 7)} | {7: 3.0}},
+               cut]
+    kept = torch.isfinite(load([*entries, {"use": "greedy"}]).process(x))
+    assert kept[0].nonzero().flatten().tolist() == [1, 2, 7]
+    assert torch.equal(kept, torch.isfinite(staged(entries, x)))

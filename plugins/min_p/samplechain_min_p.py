@@ -63,14 +63,17 @@ class MinP(Sampler):
         # the survivors are the counts[b] largest logits: found and compacted in one backend call that reads
         # only the parts of the row that can hold them
         need = int(torch.where(off, 0, min_keep).max())
-        # in the filters' order (ties settled), so min_keep needs its own count and no column more
-        values, index, above = ctx.backend.at_least(cand.logits, threshold, min(need, width) if need > 1 else 0,
+        # in the filters' order (ties settled), so min_keep needs its own count and no column more; compacted
+        # candidates (columns not in token-id order after a sort) are settled by id in restrict: one column more
+        compacted = cand.ids is not None
+        values, index, above = ctx.backend.at_least(cand.logits, threshold,
+                                                    min(need + compacted, width) if need > 1 else 0,
                                                     ordered=need > 1)  # min_keep <= 1: the cut is the count
         counts = torch.clamp(torch.maximum(above, min_keep), max=width)
         counts = torch.where(off, width, counts)
         if bool((counts >= width).all()):
             return cand
-        return cand.restrict(values, index, counts, off | (counts >= width), ranked=True)  # at_least: ties settled
+        return cand.restrict(values, index, counts, off | (counts >= width), ranked=not compacted)
 
 
 @hookimpl

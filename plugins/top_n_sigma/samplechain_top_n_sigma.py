@@ -97,10 +97,11 @@ class TopNSigma(Sampler):
         up = torch.where(up.double() < threshold, torch.nextafter(up, torch.full_like(up, float("inf"))), up)
         up = torch.where(off, top.float(), up)  # off rows must not widen the read
         need = int(torch.where(off, 0, min_keep).max())
-        values, index, above = ctx.backend.at_least(x, up, min(need, cand.width) if need > 1 else 0,
+        compacted = cand.ids is not None  # columns not in token-id order: ties settled by id in restrict
+        values, index, above = ctx.backend.at_least(x, up, min(need + compacted, cand.width) if need > 1 else 0,
                                                     ordered=need > 1)  # min_keep <= 1: the cut is the count
         counts = torch.clamp(torch.maximum(above, min_keep), max=cand.width)
-        return cand.restrict(values, index, torch.where(off, cand.width, counts), off, ranked=True)
+        return cand.restrict(values, index, torch.where(off, cand.width, counts), off, ranked=not compacted)
 
 
 @hookimpl

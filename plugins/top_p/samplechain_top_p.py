@@ -151,7 +151,7 @@ class TopP(Sampler):
             threshold = torch.where(off, top.squeeze(1).float(), superset_threshold(probs, top, total, p, ctx.backend))
             values, index, trusted = ctx.backend.at_least(cand.logits, threshold,
                                                           int(torch.where(off, 0, min_keep).max()))
-            ranked = True  # in the filters' order: ties at the cut need no settling
+            ranked = cand.ids is None  # in the filters' order where columns are token ids; else settled by id
         else:
             top, total = row_mass(cand.logits)  # float64: exact where a cut may sit right on p
             values, index = ctx.backend.topk(cand.logits, min(_FIRST_GUESS, width))
