@@ -335,15 +335,17 @@ class Chain:
         uncond = self._unconditional(unconditional_logits, logits)
         cand = Candidates(logits, None, vocab, False, writable)
         last = len(self.samplers) - 1
-        plan = None if return_scores else self._fusion(store, view, positions, backend, hist, uncond)
-        cand = self._filter(cand, store, view, positions, backend, hist, uncond, end=plan[0] if plan else last)
+        contexts: dict[int, StepContext] = {}  # this step's, each built once
+        plan = None if return_scores else self._fusion(store, view, positions, backend, hist, uncond, contexts)
+        cand = self._filter(cand, store, view, positions, backend, hist, uncond, end=plan[0] if plan else last,
+                            cache=contexts)
         fused = None
         if plan is not None:
             start, kernel, parts, select = plan
             if cand.ids is None:  # the tail in one kernel, on the full vocabulary
                 fused = self._call(last, kernel, cand.logits, parts, select, positions, last)
             if fused is None:  # compacted in front, or a combination the kernel does not run: the samplers run it
-                cand = self._filter(cand, store, view, positions, backend, hist, uncond, begin=start)
+                cand = self._filter(cand, store, view, positions, backend, hist, uncond, begin=start, cache=contexts)
         if fused is not None:
             token_ids, logprobs = fused
             selection = None
@@ -353,7 +355,7 @@ class Chain:
                 # logits the worker threads are still awake (measurably cheaper than after the selector)
                 lse = _row_lse(cand.logits)
                 chosen = self.samplers[last].select(cand, self._context(store, view, positions, backend, last, hist,
-                                                                        uncond))
+                                                                        uncond, contexts))
             except Exception as exc:
                 raise self._wrap(last, exc) from exc
             self._check_selection(last, chosen, cand)
@@ -413,20 +415,20 @@ class Chain:
 
     def _filter(self, cand: Candidates, store: RequestStore, view, positions, backend: Backend,
                 hist: tuple[torch.Tensor, torch.Tensor] | None, uncond: torch.Tensor | None, *, begin: int = 0,
-                end: int | None = None) -> Candidates:
+                end: int | None = None, cache: dict[int, StepContext] | None = None) -> Candidates:
         """Run the samplers begin .. end - 1 (default: every sampler but the selector). An order-preserving
         transform (temperature, t > 0) right before a rank-only filter (top_k) runs after it instead, on the k
         survivors rather than the whole vocabulary: the same values, one (B, V) pass fewer."""
         i, last = begin, len(self.samplers) - 1 if end is None else end
         while i < last:
-            ctx = self._context(store, view, positions, backend, i, hist, uncond)
+            ctx = self._context(store, view, positions, backend, i, hist, uncond, cache)
             if i in self._sparse and cand.ids is None and not cand.writable and cand.logits.numel() >= _FUSE_MIN:
                 fused = self._fuse_sparse_then_rank(cand, ctx, i, store, view, positions, backend, hist, uncond, last)
                 if fused is not None:
                     cand, i = fused
                     continue
             swap = i + 1 < last and self._swaps(i, ctx)
-            steps = [(i + 1, self._context(store, view, positions, backend, i + 1, hist, uncond)), (i, ctx)] \
+            steps = [(i + 1, self._context(store, view, positions, backend, i + 1, hist, uncond, cache)), (i, ctx)] \
                 if swap else [(i, ctx)]
             for j, ctx_j in steps:
                 try:
@@ -441,7 +443,8 @@ class Chain:
         executor runs first."""
         return self.samplers[i + 1].is_rank_only() and self.samplers[i].preserves_order(ctx)
 
-    def _fusion(self, store: RequestStore, view, positions, backend: Backend, hist, uncond
+    def _fusion(self, store: RequestStore, view, positions, backend: Backend, hist, uncond,
+                cache: dict[int, StepContext] | None = None
                 ) -> tuple[int, Callable[..., Any], list[FusedPart], FusedPart] | None:
         """The chain's tail a backend may run in one truncate-and-draw kernel (`FUSED_SAMPLE`): the selector and the
         samplers before it, back to the first that is neither a no-op on this batch nor a `FusedPart`. Returns
@@ -453,27 +456,35 @@ class Chain:
         if kernel is None:
             return None
         last = len(self.samplers) - 1
-        select = self._call(last, self.samplers[last].fused,
-                            self._context(store, view, positions, backend, last, hist, uncond))
-        if select is None or select.kind != "dist":
-            return None
-        parts: list[FusedPart] = []
+        found: list[tuple[int, FusedPart]] = []
         start = last
+        takes = getattr(kernel, "fused_kinds", None)  # the parts the kernel may run: stop the walk at another
         for i in range(last - 1, -1, -1):
-            ctx = self._context(store, view, positions, backend, i, hist, uncond)
+            ctx = self._context(store, view, positions, backend, i, hist, uncond, cache)
             if not self._call(i, self.samplers[i].is_noop, ctx):
                 part = self._call(i, self.samplers[i].fused, ctx)
                 if part is None:
                     break
-                if part.kind == "temperature" and not isinstance(part.value, torch.Tensor) and not self._swaps(i, ctx):
-                    # a shared temperature ranks a following top_k by the raw logits only where _filter swaps them
-                    part = attrs.evolve(part, value=torch.full(positions.shape, float(part.value),
-                                                               dtype=torch.float32, device=positions.device))
-                parts.append(part)
+                if takes is not None and part.kind not in takes:
+                    return None
+                found.append((i, part))
             start = i
-        if start > 0 and self._swaps(start - 1, self._context(store, view, positions, backend, start - 1, hist, uncond)):
+        if start > 0 and self._swaps(start - 1, self._context(store, view, positions, backend, start - 1, hist, uncond,
+                                                               cache)):
             return None  # _filter would run the tail's first sampler (top_k) before the one in front of it
-        return start, kernel, parts[::-1], select
+        select = self._call(last, self.samplers[last].fused,
+                            self._context(store, view, positions, backend, last, hist, uncond, cache))
+        if select is None or select.kind != "dist":
+            return None
+        parts = []
+        for i, part in reversed(found):
+            if part.kind == "temperature" and not isinstance(part.value, torch.Tensor) and \
+                    not self._swaps(i, self._context(store, view, positions, backend, i, hist, uncond, cache)):
+                # a shared temperature ranks a following top_k by the raw logits only where _filter swaps them
+                part = attrs.evolve(part, value=torch.full(positions.shape, float(part.value), dtype=torch.float32,
+                                                           device=positions.device))
+            parts.append(part)
+        return start, kernel, parts, select
 
     def _fuse_sparse_then_rank(self, cand: Candidates, ctx: StepContext, i: int, store: RequestStore, view,
                                positions, backend: Backend, hist, uncond, last: int) -> tuple[Candidates, int] | None:
@@ -505,7 +516,13 @@ class Chain:
 
     def _context(self, store: RequestStore, view, positions, backend: Backend, i: int,
                  hist: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 uncond: torch.Tensor | None = None) -> StepContext:
+                 uncond: torch.Tensor | None = None, cache: dict[int, StepContext] | None = None) -> StepContext:
+        """Sampler i's StepContext for this step; with `cache` (one step's), built once per sampler."""
+        if cache is not None:
+            ctx = cache.get(i)
+            if ctx is None:
+                ctx = cache[i] = self._context(store, view, positions, backend, i, hist, uncond)
+            return ctx
         state = store.state_of(view, i) if i in self._stateful else {}
         history, lengths = hist if hist is not None else (None, None)
         missing = None

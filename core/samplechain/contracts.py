@@ -504,7 +504,9 @@ class FusedPart:
 
     The kernel is called as kernel(logits (B, V) float32, parts (in chain order), select (the dist part),
     positions (B,), stream) and returns (token ids (B,) int64, their logprobs (B,) float32 under the kept
-    distribution), or None when it cannot run that combination (the executor then runs the samplers)."""
+    distribution), or None when it cannot run that combination (the executor then runs the samplers). A kernel
+    with a `fused_kinds` attribute (a set of kinds) takes no part of another kind: the executor stops looking at
+    the chain's tail there (a cheaper step where the kernel would decline anyway)."""
 
     kind: str = attrs.field(validator=attrs.validators.in_(FUSED_KINDS))
     value: Any

@@ -283,6 +283,8 @@ class CpuBackend(Backend):
 
         return samplechain_cpu_numba.scaled_draw(logits, t, select.value, positions, stream)
 
+    _fused_sample.fused_kinds = frozenset({"temperature"})  # the executor stops its walk at a truncation
+
     def topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         # a partial selection, never a sort of the vocabulary; on wide rows through chunk maxima (2-4x faster)
         width = chunk_width(logits.shape[-1], k) if logits.ndim == 2 and logits.is_contiguous() and k > 0 else 0
