@@ -241,6 +241,38 @@ def numba_enabled() -> bool:
 _FUSED_MIN = 1 << 14
 
 
+def compiled_bucket_mass(values: torch.Tensor) -> torch.Tensor | None:
+    """The BUCKET_MASS kernel: filters.bucket_mass compiled on wide float32 inputs (the same sums); None: the torch
+    ops."""
+    if values.numel() < _FUSED_MIN or values.dtype != torch.float32 or values.ndim != 2 or not numba_enabled():
+        return None
+    import samplechain_cpu_numba
+
+    return samplechain_cpu_numba.bucket_mass(values, BUCKETS)
+
+
+def fused_sample(logits: torch.Tensor, parts: list[FusedPart], select: FusedPart, positions: torch.Tensor,
+                 stream: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The executor's FUSED_SAMPLE on the CPU: dist over the whole vocabulary, after a temperature (t > 0 on every
+    row) or nothing, in one compiled pass that also sums the normaliser (samplechain_cpu_numba.scaled_draw: the
+    samplers' tokens bit for bit; the temperature's (B, V) quotient and the executor's log-sum-exp pass are saved).
+    None (the samplers run) for truncations, t <= 0, rows of at most LSE64_WIDTH entries (their exact float64
+    normaliser) or without numba."""
+    if select.kind != "dist" or len(parts) > 1 or any(part.kind != "temperature" for part in parts):
+        return None
+    if logits.shape[1] <= LSE64_WIDTH or not numba_enabled():
+        return None
+    t = parts[0].value if parts else 1.0
+    if not (bool((t > 0).all()) if isinstance(t, torch.Tensor) else t > 0):
+        return None
+    import samplechain_cpu_numba
+
+    return samplechain_cpu_numba.scaled_draw(logits, t, select.value, positions, stream)
+
+
+fused_sample.fused_kinds = frozenset({"temperature"})  # the executor stops its walk over the tail at a truncation
+
+
 class CpuBackend(Backend):
     """Reference backend. Other backends state their equivalence to this one."""
 
@@ -249,41 +281,7 @@ class CpuBackend(Backend):
     equivalence = "reference"
     summary = "reference implementation on the CPU"
 
-    def kernel(self, name: str):
-        if name == FUSED_SAMPLE:
-            return self._fused_sample
-        if name == BUCKET_MASS:
-            return self._bucket_mass
-        return super().kernel(name)
-
-    @staticmethod
-    def _bucket_mass(values: torch.Tensor) -> torch.Tensor | None:
-        """filters.bucket_mass compiled on wide float32 inputs (the same sums); None: the torch ops."""
-        if values.numel() < _FUSED_MIN or values.dtype != torch.float32 or values.ndim != 2 or not numba_enabled():
-            return None
-        import samplechain_cpu_numba
-
-        return samplechain_cpu_numba.bucket_mass(values, BUCKETS)
-
-    def _fused_sample(self, logits: torch.Tensor, parts: list[FusedPart], select: FusedPart, positions: torch.Tensor,
-                      stream: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The executor's FUSED_SAMPLE on the CPU: dist over the whole vocabulary, after a temperature (t > 0 on
-        every row) or nothing, in one compiled pass that also sums the normaliser (samplechain_cpu_numba.
-        scaled_draw: the samplers' tokens bit for bit; the temperature's (B, V) quotient and the executor's
-        log-sum-exp pass are saved). None (the samplers run) for truncations, t <= 0, rows of at most LSE64_WIDTH
-        entries (their exact float64 normaliser) or without numba."""
-        if select.kind != "dist" or len(parts) > 1 or any(part.kind != "temperature" for part in parts):
-            return None
-        if logits.shape[1] <= LSE64_WIDTH or not numba_enabled():
-            return None
-        t = parts[0].value if parts else 1.0
-        if not (bool((t > 0).all()) if isinstance(t, torch.Tensor) else t > 0):
-            return None
-        import samplechain_cpu_numba
-
-        return samplechain_cpu_numba.scaled_draw(logits, t, select.value, positions, stream)
-
-    _fused_sample.fused_kinds = frozenset({"temperature"})  # the executor stops its walk at a truncation
+    kernels = {FUSED_SAMPLE: fused_sample, BUCKET_MASS: compiled_bucket_mass}  # wide rows, numba installed
 
     def topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         # a partial selection, never a sort of the vocabulary; on wide rows through chunk maxima (2-4x faster)
