@@ -32,6 +32,7 @@ __all__ = [
     "FUSED_SAMPLE",
     "FUSED_KINDS",
     "BUCKET_MASS",
+    "TYPICAL_BAND",
     "LSE64_WIDTH",
     "max_positions",
     "token_id_list",
@@ -483,6 +484,12 @@ class StepContext:
 FUSED_SAMPLE = "samplechain.fused_sample"  # Backend.kernel name of a fused truncate-and-draw (see FusedPart)
 FUSED_KINDS = ("temperature", "top_k", "top_p", "min_p", "dist")
 BUCKET_MASS = "samplechain.bucket_mass"  # Backend.kernel name of filters.bucket_mass's histogram (None: torch's)
+# Backend.kernel name of typical sampling's candidates on a full-vocabulary row: kernel(logits (B, V) float32, p (B,),
+# min_keep (B,)) -> None, or (values (B, W), positions (B, W), counts (B,), c (B,), log Z (B,)): per row the mean
+# logit c = sum p_i x_i and log Z in float64, and in values[b, :counts[b]] / positions the tokens with |c - x| <= D
+# in position order (-inf and other columns past the count), D such that they surely hold more than p and at least
+# min_keep tokens: a prefix of the ranking by |c - x| (count -1: the row is left to the caller)
+TYPICAL_BAND = "samplechain.typical_band"
 # Up to this many candidates a row's normaliser (its logprobs' log-sum-exp) is accumulated in float64 (the same to
 # the bit whatever the row's width or batch); wider rows (a full vocabulary) take a float32 log-sum-exp, which
 # fused kernels may compute their own way (within ~1e-6)

@@ -13,7 +13,7 @@ import torch
 
 from samplechain import FUSED_SAMPLE, Backend, BackendError, FusedPart, hookimpl, rng
 from samplechain.params import env_switch
-from samplechain.contracts import BUCKET_MASS, LSE64_WIDTH, compact_kept, ranked_topk
+from samplechain.contracts import BUCKET_MASS, LSE64_WIDTH, TYPICAL_BAND, compact_kept, ranked_topk
 from samplechain.filters import BUCKETS
 
 # chunked top-k pays when the k best chunks are a small part of the row (their gather and second top-k stay cheap)
@@ -251,6 +251,17 @@ def compiled_bucket_mass(values: torch.Tensor) -> torch.Tensor | None:
     return samplechain_cpu_numba.bucket_mass(values, BUCKETS)
 
 
+def compiled_typical_band(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor
+                          ) -> tuple[torch.Tensor, ...] | None:
+    """The TYPICAL_BAND kernel: samplechain_cpu_typical.typical_band on wide float32 rows where numba is installed;
+    None (the plugin's torch path) elsewhere."""
+    if logits.numel() < _FUSED_MIN or logits.dtype != torch.float32 or logits.ndim != 2 or not numba_enabled():
+        return None
+    import samplechain_cpu_typical
+
+    return samplechain_cpu_typical.typical_band(logits, p, min_keep)
+
+
 def fused_sample(logits: torch.Tensor, parts: list[FusedPart], select: FusedPart, positions: torch.Tensor,
                  stream: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The executor's FUSED_SAMPLE on the CPU: dist over the whole vocabulary, after a temperature (t > 0 on every
@@ -281,7 +292,8 @@ class CpuBackend(Backend):
     equivalence = "reference"
     summary = "reference implementation on the CPU"
 
-    kernels = {FUSED_SAMPLE: fused_sample, BUCKET_MASS: compiled_bucket_mass}  # wide rows, numba installed
+    kernels = {FUSED_SAMPLE: fused_sample, BUCKET_MASS: compiled_bucket_mass,  # wide rows, numba installed
+               TYPICAL_BAND: compiled_typical_band}
 
     def topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         # a partial selection, never a sort of the vocabulary; on wide rows through chunk maxima (2-4x faster)

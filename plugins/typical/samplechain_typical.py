@@ -13,6 +13,11 @@ Two references, which differ at the cut (`semantics`):
   candidate whose distance is <= the cut token's is kept (a whole tie group survives).
 Masked (-inf) candidates have p = 0, add nothing to H and are never kept (llama.cpp would compute NaN for them).
 Probabilities, entropy and the running mass are float64.
+
+On a wide full-vocabulary row a backend may find the candidates (its TYPICAL_BAND kernel; the cpu backend's is
+compiled with numba): since -log p_i - H = c - x_i with c = sum p_i x_i the mean logit, the distance is |c - x_i|,
+the kept tokens lie in a band of logits around c, and only that band is ranked, with c and log Z from the kernel's
+float64 sums (which round differently from torch's log_softmax only in the last bits).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range, one_of
-from samplechain.contracts import compact_kept, in_sync_free_step
+from samplechain.contracts import TYPICAL_BAND, Backend, compact_kept, in_sync_free_step
 from samplechain.filters import BUCKETS, MASS_MARGIN, bucket_edge, bucket_keys, bucket_sums
 
 SEMANTICS = ("llama.cpp", "transformers")
@@ -85,9 +90,10 @@ def _wide_keep(distance: torch.Tensor, prob: torch.Tensor, p: torch.Tensor, min_
 
 
 def _ranked_keep(distance: torch.Tensor, prob: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor,
-                 semantics: str, size: torch.Tensor | None = None) -> torch.Tensor | None:
+                 semantics: str, size: torch.Tensor | None = None, *, per_row: bool = False):
     """Rank by distance (stable) and cut at mass p. With `size` (B,), the rows hold only their first size[b]
-    candidates of the ranking: None when a row's cut is not certainly among them."""
+    candidates of the ranking: None when a row's cut is not certainly among them, or with per_row, the keep mask
+    and which rows' cuts are (B,) bool."""
     ranked, order = torch.sort(distance, dim=-1, stable=True)
     mass = torch.cumsum(prob.gather(1, order), dim=-1)
     width = distance.shape[1]
@@ -96,18 +102,61 @@ def _ranked_keep(distance: torch.Tensor, prob: torch.Tensor, p: torch.Tensor, mi
     if semantics == "llama.cpp":
         # the first rank where the running mass exceeds p is the last kept (all kept when it never does)
         counts = (mass <= pp).sum(dim=-1) + 1
-        if size is not None and bool((torch.maximum(counts, min_keep) > size).any()):
+        uncertain = torch.maximum(counts, min_keep) > size if size is not None else None
+        if uncertain is not None and not per_row and bool(uncertain.any()):
             return None
         counts = torch.clamp(torch.maximum(counts, min_keep), max=width)
         kept_ranked = rank < counts[:, None]
     else:
         cut = (mass < pp).sum(dim=-1)
-        if size is not None and bool(((cut >= size) | (min_keep > size)).any()):
+        uncertain = (cut >= size) | (min_keep > size) if size is not None else None
+        if uncertain is not None and not per_row and bool(uncertain.any()):
             return None
         cut = cut.clamp(max=width - 1)
         kept_ranked = (ranked <= ranked.gather(1, cut[:, None])) | (rank < min_keep[:, None])
     kept_ranked &= torch.isfinite(ranked)
-    return torch.zeros_like(kept_ranked).scatter_(1, order, kept_ranked)
+    kept = torch.zeros_like(kept_ranked).scatter_(1, order, kept_ranked)
+    return (kept, ~uncertain) if per_row else kept
+
+
+def band_keep(band: tuple[torch.Tensor, ...], p: torch.Tensor, min_keep: torch.Tensor, semantics: str
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From a TYPICAL_BAND kernel's band: (keep (B, W) over its slots, positions (B, W), done (B,) bool). The band
+    is ranked by |c - x| (float64, spare slots at inf) and cut by the running mass of e**(x - log Z); rows the
+    kernel left out (count -1), or whose cut the band does not surely hold, are not done (the caller ranks them
+    whole)."""
+    values, positions, counts, center, lse = band
+    done = counts >= 0
+    x = values.double()
+    distance = (center[:, None] - x).abs()  # a spare slot (-inf) is at inf
+    prob = torch.exp(x - lse[:, None])
+    keep, certain = _ranked_keep(distance, prob, p, min_keep, semantics, counts.clamp(min=0), per_row=True)
+    done &= certain
+    return keep & done[:, None], positions, done
+
+
+def _band_path(cand: Candidates, p: torch.Tensor, min_keep: torch.Tensor, semantics: str, backend: Backend
+               ) -> Candidates | None:
+    """typical on the full vocabulary of wide rows through the backend's TYPICAL_BAND kernel; None where it has
+    none (or declines). Rows it leaves out are ranked whole by typical_keep."""
+    kernel = backend.kernel(TYPICAL_BAND)
+    band = kernel(cand.logits, p, min_keep) if kernel is not None else None
+    if band is None:
+        return None
+    keep_band, positions, done = band_keep(band, p, min_keep, semantics)
+    values = band[0]
+    counts = keep_band.sum(dim=1)
+    width = int(counts.max())
+    if bool(done.all()) and width * 8 <= cand.width:  # compacted, as Candidates.masked would compact the mask
+        order = torch.argsort((~keep_band).to(torch.uint8), dim=1, stable=True)[:, :width]  # kept first, in order
+        spare = torch.arange(width)[None, :] >= counts[:, None]  # the band's other tokens (distinct) behind them
+        return Candidates(values.gather(1, order).masked_fill_(spare, float("-inf")), positions.gather(1, order),
+                          cand.vocab_size, False, True)
+    keep = torch.zeros(cand.logits.shape, dtype=torch.bool).scatter_(1, positions, keep_band)
+    if not bool(done.all()):
+        rest = (~done).nonzero()[:, 0]
+        keep[rest] = typical_keep(cand.logits[rest], p[rest], min_keep[rest], semantics)
+    return cand.masked(keep)
 
 
 class Typical(Sampler):
@@ -130,6 +179,10 @@ class Typical(Sampler):
         sync_free = in_sync_free_step()
         if not sync_free and bool(off.all()):
             return cand
+        if cand.ids is None and not sync_free and cand.width >= filters.WIDE and not bool(off.any()):
+            found = _band_path(cand, p, min_keep, self.params.semantics, ctx.backend)
+            if found is not None:
+                return found
         if cand.ids is None:  # candidate order is token-id order: equal distances rank by id
             keep = typical_keep(cand.logits, p, min_keep, self.params.semantics, wide=not sync_free)
         else:  # rank equal distances by token id, not by the order earlier filters left (batch invariance)

@@ -1,0 +1,252 @@
+"""Locally typical sampling's candidates, compiled with numba: the cpu backend's TYPICAL_BAND kernel.
+
+Typical sampling (plugins/typical) keeps the tokens whose surprisal -log p_i is closest to the entropy H, most
+typical first, until their mass passes p. With log p_i = x_i - log Z and H = log Z - c, where c = sum p_i x_i is
+the mean logit, the distance |-log p_i - H| is |c - x_i|: the kept tokens are a band of logits around c. Per row,
+all while the row stays in the core's cache:
+
+1. the maximum m, then Z' = sum e**(x - m) and T = sum e**(x - m) (x - m) in float64, with a vectorised float64
+   e** (Cody-Waite reduction, degree-13 Taylor polynomial: within ~2 ulp of libm's): log Z = m + log Z' and
+   c = m + T / Z';
+2. the mass p_i of each token that weighs anything (p_i >= ~1e-12) bucketed by its distance (the float32 bit
+   pattern of a distance >= 0 is monotone in it, filters.bucket_keys), and from the buckets' running mass the
+   least distance D whose band {|c - x_i| <= D} surely holds more than p (and at least min_keep tokens). The
+   tokens left out of the buckets only make D larger: the band stays a superset of the kept set;
+3. the band's positions, in position order.
+
+The plugin then ranks the band alone (|c - x_i| and p_i in torch's float64, the band being a prefix of the
+stable ranking by that distance) and cuts it by its semantics. Both sums differ from torch's log_softmax in the
+last bits (~1e-16): the kept set is torch's path's but where a running mass lies within ~1e-15 of p, or two
+distances within ~1e-15 of each other. A row is its own: the same band alone and in any batch.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+
+from samplechain_cpu_numba import _BLOCK, _BUCKET_SHIFT, _jit, _largest, _threads
+
+__all__ = ["typical_band"]
+
+_LOG2E = 1.4426950408889634
+_LN2_HI, _LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10  # fdlibm's split of ln 2
+_EXP_FLOOR = -708.0  # e**y below it is under float64's smallest normal: taken as 0
+_EXP_BIAS = np.int64(1023)
+_SHIFTER = 6755399441055744.0  # 1.5 * 2**52: adding it rounds to an integer kept in the low bits
+_SHIFTER_BITS = np.int64(np.float64(_SHIFTER).view(np.int64))
+_I2, _I3, _I4, _I5, _I6, _I7 = 1 / 2, 1 / 6, 1 / 24, 1 / 120, 1 / 720, 1 / 5040
+_I8, _I9, _I10, _I11, _I12, _I13 = 1 / 40320, 1 / 362880, 1 / 3628800, 1 / 39916800, 1 / 479001600, 1 / 6227020800
+_MARGIN = 1e-6  # the buckets' float64 mass aims past p by this much: far beyond the rounding of their sums
+
+
+@_jit(inline="always", fastmath={"contract"})
+def _exp64(y):
+    """e**y for float64 y <= 709 (0 below -708 and for NaN), branch-free and without a float -> int64 conversion
+    (AVX2 has none) so that loops over it vectorise: k = round(y / ln 2) is read from the low bits of
+    y / ln 2 + 1.5 * 2**52."""
+    z = min(max(y, _EXP_FLOOR), 709.0)
+    kd = z * _LOG2E + _SHIFTER
+    k = kd - _SHIFTER
+    r = (z - k * _LN2_HI) - k * _LN2_LO  # |r| <= ln 2 / 2: the series' 14th term is < 5e-18
+    poly = ((((((((((((_I13 * r + _I12) * r + _I11) * r + _I10) * r + _I9) * r + _I8) * r + _I7) * r + _I6) * r
+                  + _I5) * r + _I4) * r + _I3) * r + _I2) * r + 1.0) * r + 1.0
+    scale = np.int64((np.float64(kd).view(np.int64) - _SHIFTER_BITS + _EXP_BIAS) << np.int64(52)).view(np.float64)
+    return poly * scale if y >= _EXP_FLOOR else 0.0
+
+
+@_jit(nogil=True, fastmath={"contract"})
+def _exps(xr, m, e, low):
+    """e[j] = e**(x[j] - m) and low[j] = max(x[j] - m, -708): vectorised, and not under `reassoc`, which would
+    undo _exp64's rounding to an integer ((y + C) - C -> y)."""
+    for j in range(xr.shape[0]):
+        r = np.float64(xr[j]) - m  # <= 0, -inf for a masked token
+        clipped = r if r > _EXP_FLOOR else _EXP_FLOOR  # selects, not min / max: the loop vectorises
+        v = _exp64(clipped)
+        e[j] = v if r > _EXP_FLOOR else 0.0
+        low[j] = clipped
+
+
+@_jit(nogil=True, fastmath={"reassoc", "nsz", "contract"})
+def _sums(e, low, n):
+    """sum e, sum e low, sum e low**2 over the first n: vectorised (the order is the compiled loop's)."""
+    s = 0.0
+    t = 0.0
+    u = 0.0
+    for j in range(n):
+        s += e[j]
+        t += e[j] * low[j]
+        u += e[j] * low[j] * low[j]
+    return s, t, u
+
+
+@_jit(nogil=True)
+def _moments(xr, m):
+    """sum e**r, sum e**r r and sum e**r r**2 over a row in float64, r = x - m, m its finite maximum: block by
+    block of _BLOCK, the blocks' sums added in order."""
+    e = np.empty(_BLOCK)
+    low = np.empty(_BLOCK)
+    s = 0.0
+    t = 0.0
+    u = 0.0
+    for start in range(0, xr.shape[0], _BLOCK):
+        n = min(_BLOCK, xr.shape[0] - start)
+        _exps(xr[start:start + n], m, e, low)
+        bs, bt, bu = _sums(e, low, n)
+        s += bs
+        t += bt
+        u += bu
+    return s, t, u
+
+
+@_jit(nogil=True, fastmath={"contract"})
+def _near(xr, c, reach, lse, gap, w):
+    """gap[j] = |c - x[j]| and w[j] = e**(x[j] - lse) for a block, vectorised; how many gaps are <= reach."""
+    n = 0
+    for j in range(xr.shape[0]):
+        v = np.float64(xr[j])
+        g = abs(c - v)
+        gap[j] = g
+        y = v - lse
+        clipped = y if y > _EXP_FLOOR else _EXP_FLOOR
+        e = _exp64(clipped)
+        w[j] = e if y > _EXP_FLOOR else 0.0
+        n += g <= reach
+    return n
+
+
+@_jit(nogil=True)
+def _bucket_bound(xr, c, lse, reach, goal, least, mass, many):
+    """The bucket (of filters.bucket_keys of the distance |c - x|) where the running mass of the tokens within
+    `reach` of c passes goal with at least `least` of them; -1 if it never does. A block with few such tokens
+    (LLM rows: a few percent of the vocabulary) takes their e** one by one; a block with many, all at once."""
+    mass[:] = 0.0
+    many[:] = 0
+    gap = np.empty(_BLOCK)
+    w = np.empty(_BLOCK)
+    dense = False
+    for start in range(0, xr.shape[0], _BLOCK):
+        n = min(_BLOCK, xr.shape[0] - start)
+        block = xr[start:start + n]
+        if dense:  # the last block was dense: this one likely too
+            dense = _near(block, c, reach, lse, gap, w) * 8 > n
+            for j in range(n):
+                if gap[j] <= reach:
+                    key = (np.float32(gap[j]).view(np.int32) >> _BUCKET_SHIFT) & np.int32(mass.shape[0] - 1)
+                    mass[key] += w[j]
+                    many[key] += 1
+            continue
+        hits = 0
+        for j in range(n):
+            v = np.float64(block[j])
+            g = abs(c - v)
+            if g <= reach:
+                key = (np.float32(g).view(np.int32) >> _BUCKET_SHIFT) & np.int32(mass.shape[0] - 1)
+                mass[key] += _exp64(v - lse)
+                many[key] += 1
+                hits += 1
+        dense = hits * 8 > n
+    run = 0.0
+    seen = 0
+    for b in range(mass.shape[0]):
+        run += mass[b]
+        seen += many[b]
+        if run > goal and seen >= least:
+            return b
+    return -1
+
+
+@_jit(parallel=True, nogil=True)
+def _bands(x, p, min_keep, limit, c_out, lse_out, counts, positions):
+    """Per row: c and log Z (c_out, lse_out), the band's size (counts; -1: this row is not done here: NaN or +inf
+    in it, no finite entry, or a band of `limit` tokens or more) and its positions (positions[row, :count])."""
+    buckets = 1 << (31 - _BUCKET_SHIFT)
+    for row in numba.prange(x.shape[0]):
+        xr = x[row]
+        counts[row] = -1
+        top = np.float64(_largest(xr, xr.shape[0]))
+        if not (top > -np.inf and top < np.inf):  # NaN, +inf or nothing finite: the torch path
+            continue
+        s, t, u = _moments(xr, top)
+        if not (s >= 1.0 and t == t and u == u):
+            continue
+        lse = top + np.log(s)
+        c = top + t / s
+        c_out[row] = c
+        lse_out[row] = lse
+        # the surprisal's variance: by Chebyshev's inequality the tokens within `reach` of c hold more than the
+        # goal; only they are bucketed (on LLM rows a few percent of the vocabulary), then, if they do not do
+        # (rounding, min_keep), every token
+        goal = p[row] + _MARGIN
+        spread = max(u / s - (t / s) ** 2, 0.0)
+        rest = 1.0 - goal - _MARGIN
+        reach = np.sqrt(spread / rest) * 1.01 + 1e-9 * (abs(c) + 1.0) if rest > 0.0 else np.inf
+        mass = np.empty(buckets)
+        many = np.empty(buckets, dtype=np.int64)
+        key = _bucket_bound(xr, c, lse, reach, goal, min_keep[row], mass, many)
+        if key < 0 and reach < np.inf:
+            key = _bucket_bound(xr, c, lse, np.inf, goal, min_keep[row], mass, many)
+        if key < 0:
+            key = buckets - 1
+        # the band: every distance <= the next bucket's least value (a float32 below it rounds down into the
+        # buckets up to key, as a float64 distance whose float32 is below it is below it too)
+        upper = np.float64(np.int32(min((key + 1) << _BUCKET_SHIFT, 0x7F7FFFFF)).view(np.float32))
+        n = 0
+        nan = 0
+        for j in range(xr.shape[0]):
+            v = np.float64(xr[j])
+            nan += v != v
+            if abs(c - v) <= upper:  # -inf: inf, never in
+                if n == limit:
+                    break
+                positions[row, n] = j
+                n += 1
+        if n < limit and nan == 0:
+            counts[row] = n
+
+
+@_jit(nogil=True)
+def _spares(x, counts, positions, values):
+    """values = x at the band's positions; past a row's count, -inf at the least columns not in its band."""
+    width = positions.shape[1]
+    for row in range(x.shape[0]):
+        n = counts[row]
+        for slot in range(n):
+            values[row, slot] = x[row, positions[row, slot]]
+        slot, j, i = n, 0, 0
+        while slot < width:
+            if i < n and positions[row, i] == j:
+                i += 1
+            else:
+                positions[row, slot] = j
+                values[row, slot] = -np.inf
+                slot += 1
+            j += 1
+
+
+def typical_band(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The TYPICAL_BAND kernel: for logits (B, V) float32 and per-row p (B,) < 1 and min_keep (B,), the band of
+    each row (see the module): (values (B, W) float32, positions (B, W) int64, counts (B,) int64, c (B,) float64,
+    log Z (B,) float64). A row's band is values[b, :counts[b]] in position order; its spare slots hold -inf at
+    columns outside the band. counts[b] = -1: that row is left to the caller (NaN or +inf logits, nothing
+    finite, or a band of more than a quarter of the row: ranking the row costs less there). None in a forked
+    child."""
+    if not _threads(logits.numel()):
+        return None
+    x = logits.detach().contiguous().numpy()
+    batch, width = x.shape
+    limit = width // 4
+    c = np.zeros(batch)
+    lse = np.zeros(batch)
+    counts = np.empty(batch, dtype=np.int64)
+    scratch = np.empty((batch, limit), dtype=np.int64)
+    _bands(x, p.detach().double().contiguous().numpy(), min_keep.detach().to(torch.int64).contiguous().numpy(),
+           limit, c, lse, counts, scratch)
+    kept = max(int(counts.max()) if batch else 0, 1)
+    positions = np.ascontiguousarray(scratch[:, :kept])
+    values = np.empty((batch, kept), dtype=np.float32)
+    _spares(x, np.maximum(counts, 0), positions, values)
+    return (torch.from_numpy(values), torch.from_numpy(positions), torch.from_numpy(counts), torch.from_numpy(c),
+            torch.from_numpy(lse))

@@ -1,0 +1,164 @@
+"""The cpu backend's TYPICAL_BAND kernel (samplechain_cpu_typical, numba): its float64 statistics against an
+independent computation, its band against the definition (a prefix of the ranking by |c - x| holding more than p),
+and typical sampling through it against the plugin's torch path (the full ranking): the same kept sets on peaked,
+flat, masked, tied and edge rows, per-row parameters, both semantics, alone and in any batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import samplechain_cpu as cpu
+import samplechain_typical as typical
+from samplechain import Candidates, Chain
+from samplechain.contracts import TYPICAL_BAND
+from samplechain.bench import make_logits
+
+INF, NAN = float("inf"), float("nan")
+V = 20000  # wide enough for the kernel (>= filters.WIDE), small enough to rank whole rows in the reference
+
+
+@pytest.fixture(scope="module")
+def band():
+    if not cpu.numba_enabled():
+        pytest.skip("numba is not installed (or SAMPLECHAIN_CPU_NUMBA=0)")
+    return cpu.CpuBackend().kernel(TYPICAL_BAND)
+
+
+def _rows(kind: str, batch: int, seed: int, width: int = V) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if kind == "peaked":
+        return make_logits("peaked", batch, width, seed=seed)
+    if kind == "flat":
+        return torch.randn(batch, width, generator=g) * 3
+    if kind == "tied":  # bf16-rounded: many equal logits, and equal distances among them
+        return (make_logits("peaked", batch, width, seed=seed)).bfloat16().float()
+    if kind == "masked":  # most of the vocabulary already removed (as after a grammar mask)
+        x = torch.randn(batch, width, generator=g) * 4
+        return x.masked_fill(torch.rand(batch, width, generator=g) < 0.9, -INF)
+    if kind == "sharp":  # nearly one-hot
+        x = torch.randn(batch, width, generator=g)
+        x[:, 7] += 60
+        return x
+    raise ValueError(kind)
+
+
+def _torch_path(x: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor, semantics: str) -> torch.Tensor:
+    return typical.typical_keep(x, p, min_keep, semantics)
+
+
+def _kernel_path(kernel, x: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor, semantics: str) -> torch.Tensor:
+    """The full-width keep mask the plugin's band path gives (Candidates over the kept tokens)."""
+    out = typical._band_path(Candidates(x.clone(), None, x.shape[1], False, True), p, min_keep, semantics,
+                             cpu.CpuBackend())
+    assert out is not None
+    full = out.full()
+    return torch.isfinite(full.logits)
+
+
+@pytest.mark.parametrize("kind", ["peaked", "flat", "tied", "masked", "sharp"])
+def test_statistics_and_band_follow_the_definition(band, kind):
+    """c = sum p x and log Z agree with float64 torch to ~1e-13; the band is every token within its widest
+    distance (a prefix of the ranking), in position order, holding more than p and at least min_keep tokens."""
+    x = _rows(kind, 6, seed=3)
+    p = torch.tensor([0.1, 0.5, 0.9, 0.95, 0.99, 0.3], dtype=torch.float64)
+    min_keep = torch.tensor([1, 1, 3, 1, 20, 0])
+    values, positions, counts, center, lse = band(x, p, min_keep)
+    xd = x.double()
+    want_lse = torch.logsumexp(xd, dim=1)
+    prob = torch.exp(xd - want_lse[:, None])
+    want_c = torch.where(prob > 0, prob * xd, 0.0).sum(dim=1)
+    for row in range(x.shape[0]):
+        n = int(counts[row])
+        if n < 0:  # left to the caller: only a band wider than a quarter of the row
+            assert kind == "flat" or float(p[row]) >= 0.95, (kind, row)
+            continue
+        assert abs(float(lse[row] - want_lse[row])) <= 1e-12 * max(1.0, abs(float(want_lse[row])))
+        assert abs(float(center[row] - want_c[row])) <= 1e-12 * max(1.0, abs(float(want_c[row])))
+        pos = positions[row, :n]
+        assert torch.equal(pos, pos.sort().values) and torch.equal(values[row, :n], x[row, pos])
+        assert torch.all(values[row, n:] == -INF)
+        assert len(set(positions[row].tolist())) == positions.shape[1]  # spare slots: other columns
+        distance = (center[row] - xd[row]).abs()
+        inside = torch.zeros(x.shape[1], dtype=torch.bool)
+        inside[pos] = True
+        assert float(distance[inside].max()) < float(distance[~inside].min())  # a prefix of the ranking
+        assert float(prob[row, pos].sum()) > float(p[row]) and n >= int(min_keep[row])
+
+
+@pytest.mark.parametrize("semantics", typical.SEMANTICS)
+@pytest.mark.parametrize("kind", ["peaked", "flat", "tied", "masked", "sharp"])
+def test_kept_sets_equal_the_full_ranking(band, kind, semantics):
+    """Through the kernel, typical keeps what ranking the whole row (the plugin's torch path) keeps, per-row p and
+    min_keep included. (The kernel does most rows itself: one-hot rows with min_keep > 1 need a band of most of the
+    row and are ranked whole.)"""
+    done = 0
+    for seed in range(4):
+        x = _rows(kind, 5, seed=seed)
+        g = torch.Generator().manual_seed(seed)
+        p = torch.rand(5, generator=g, dtype=torch.float64) * 0.98 + 0.01
+        min_keep = torch.randint(0, 30, (5,), generator=g)
+        done += int((band(x, p, min_keep)[2] >= 0).sum())
+        assert torch.equal(_kernel_path(band, x, p, min_keep, semantics), _torch_path(x, p, min_keep, semantics)), \
+            (kind, seed)
+    assert done >= (10 if kind == "sharp" else 20)
+
+
+def test_edge_rows_are_left_to_the_torch_path(band):
+    """NaN, +inf and all-masked rows get count -1 (the plugin ranks them whole); their batch mates do not."""
+    x = _rows("peaked", 5, seed=1)
+    x[1, 100] = NAN
+    x[2, 5] = INF
+    x[3] = -INF
+    x[4, 9] = -NAN  # a NaN with its sign bit set
+    p = torch.full((5,), 0.9, dtype=torch.float64)
+    ones = torch.ones(5, dtype=torch.int64)
+    counts = band(x, p, ones)[2]
+    assert counts[0] > 0 and counts[1:].tolist() == [-1, -1, -1, -1]
+    kept = _kernel_path(band, x, p, ones, "llama.cpp")
+    assert torch.equal(kept, _torch_path(x, p, ones, "llama.cpp"))
+
+
+def test_a_row_keeps_the_same_tokens_alone_and_in_any_batch(band):
+    x = torch.cat([_rows(kind, 2, seed=5) for kind in ("peaked", "flat", "tied", "sharp")])
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(x.shape[0], generator=g, dtype=torch.float64) * 0.9 + 0.05
+    min_keep = torch.randint(1, 5, (x.shape[0],), generator=g)
+    together = _kernel_path(band, x, p, min_keep, "llama.cpp")
+    for row in range(x.shape[0]):
+        alone = _kernel_path(band, x[row:row + 1], p[row:row + 1], min_keep[row:row + 1], "llama.cpp")
+        assert torch.equal(alone[0], together[row]), row
+    flipped = _kernel_path(band, x.flip(0), p.flip(0), min_keep.flip(0), "llama.cpp")
+    assert torch.equal(flipped.flip(0), together)
+
+
+def test_the_backend_declines_what_it_does_not_compile(band, monkeypatch):
+    p, ones = torch.full((2,), 0.9, dtype=torch.float64), torch.ones(2, dtype=torch.int64)
+    assert band(torch.randn(2, 100), p, ones) is None  # narrow
+    assert band(torch.randn(2, V).double(), p, ones) is None  # float64
+    monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", "0")
+    assert band(torch.randn(2, V), p, ones) is None
+
+
+@pytest.mark.parametrize("numba", ["1", "0"])
+def test_seeded_chains_draw_the_same_tokens_either_way(numba, monkeypatch):
+    """typical -> dist and typical -> temperature -> dist on wide rows: with the kernel and with the torch path
+    (SAMPLECHAIN_CPU_NUMBA=0), the same tokens, and logprobs within float rounding."""
+    x = torch.cat([make_logits("peaked", 4, 40000, seed=2), torch.randn(2, 40000) * 3])
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        chain = Chain.load({"samplers": [{"use": "typical", "p": 0.8}, {"use": "temperature", "t": 0.7},
+                                         {"use": "dist"}], "backend": "cpu"})
+        store = chain.new_store(capacity=6)
+        ids = [f"r{i}" for i in range(6)]
+        for i, rid in enumerate(ids):
+            store.add(rid, {"seed": 77 + i, "typical_p": 0.5 + 0.08 * i})
+        out = chain.sample(x, store, ids)
+        return out.token_ids, out.logprobs
+
+    monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", numba)
+    tokens, logprobs = run()
+    monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", "0" if numba == "1" else "1")
+    other_tokens, other_logprobs = run()
+    assert torch.equal(tokens, other_tokens)
+    torch.testing.assert_close(logprobs, other_logprobs, rtol=0, atol=1e-5)
