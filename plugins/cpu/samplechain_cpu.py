@@ -4,6 +4,7 @@ draw over wide rows compiled with numba where it is installed: samplechain_cpu_n
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 import importlib.metadata
 import importlib.util
 import os
@@ -13,7 +14,7 @@ import torch
 
 from samplechain import FUSED_SAMPLE, Backend, BackendError, FusedPart, hookimpl, rng
 from samplechain.params import env_switch
-from samplechain.contracts import BUCKET_MASS, LSE64_WIDTH, TYPICAL_BAND, compact_kept, ranked_topk
+from samplechain.contracts import BUCKET_MASS, LSE64_WIDTH, TOP_P_CANDIDATES, TYPICAL_BAND, compact_kept, ranked_topk
 from samplechain.filters import BUCKETS
 
 # chunked top-k pays when the k best chunks are a small part of the row (their gather and second top-k stay cheap)
@@ -251,15 +252,18 @@ def compiled_bucket_mass(values: torch.Tensor) -> torch.Tensor | None:
     return samplechain_cpu_numba.bucket_mass(values, BUCKETS)
 
 
-def compiled_typical_band(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor
-                          ) -> tuple[torch.Tensor, ...] | None:
-    """The TYPICAL_BAND kernel: samplechain_cpu_typical.typical_band on wide float32 rows where numba is installed;
-    None (the plugin's torch path) elsewhere."""
-    if logits.numel() < _FUSED_MIN or logits.dtype != torch.float32 or logits.ndim != 2 or not numba_enabled():
-        return None
-    import samplechain_cpu_typical
+def _compiled_cut(name: str) -> Callable[..., tuple[torch.Tensor, ...] | None]:
+    """A kernel of samplechain_cpu_cuts on wide float32 rows where numba is installed; None (the plugin's torch
+    path) elsewhere."""
+    def kernel(logits: torch.Tensor, *args: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        if logits.numel() < _FUSED_MIN or logits.dtype != torch.float32 or logits.ndim != 2 or not numba_enabled():
+            return None
+        import samplechain_cpu_cuts
 
-    return samplechain_cpu_typical.typical_band(logits, p, min_keep)
+        return getattr(samplechain_cpu_cuts, name)(logits, *args)
+
+    kernel.__name__ = kernel.__qualname__ = f"compiled_{name}"
+    return kernel
 
 
 def fused_sample(logits: torch.Tensor, parts: list[FusedPart], select: FusedPart, positions: torch.Tensor,
@@ -293,7 +297,7 @@ class CpuBackend(Backend):
     summary = "reference implementation on the CPU"
 
     kernels = {FUSED_SAMPLE: fused_sample, BUCKET_MASS: compiled_bucket_mass,  # wide rows, numba installed
-               TYPICAL_BAND: compiled_typical_band}
+               TYPICAL_BAND: _compiled_cut("typical_band"), TOP_P_CANDIDATES: _compiled_cut("top_p_candidates")}
 
     def topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         # a partial selection, never a sort of the vocabulary; on wide rows through chunk maxima (2-4x faster)

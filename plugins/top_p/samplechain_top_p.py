@@ -17,7 +17,7 @@ import attrs
 import torch
 
 from samplechain import Backend, Candidates, FusedPart, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
-from samplechain.contracts import in_sync_free_step
+from samplechain.contracts import TOP_P_CANDIDATES, in_sync_free_step
 from samplechain.filters import BUCKETS, MASS_MARGIN, bucket_edge, bucket_mass
 
 _FIRST_GUESS = 64  # partial top-k width tried first on unsorted candidates
@@ -139,7 +139,15 @@ class TopP(Sampler):
             top, total = row_mass(cand.logits)  # over all current candidates, as llama.cpp's softmax
             counts = kept_counts(cand.logits, top, total, p, min_keep)
             return cand.keep_first_settled(torch.where(off, width, counts))
-        if width >= filters.WIDE:  # the cut is searched in the chunks holding the largest logits
+        kernel = ctx.backend.kernel(TOP_P_CANDIDATES) if width >= filters.WIDE and cand.ids is None else None
+        least = int(torch.where(off, 0, min_keep).max()) if width >= filters.WIDE else 0
+        found = kernel(cand.logits, p, least) if kernel is not None and not bool(off.any()) else None
+        if found is not None:  # the backend's normaliser and candidates (the cpu backend's: compiled, one pass)
+            top, total, threshold, values, index, trusted = found
+            if values is None:
+                values, index, trusted = ctx.backend.at_least(cand.logits, threshold, least)
+            ranked = True  # the full vocabulary: columns are token ids
+        elif width >= filters.WIDE:  # the cut is searched in the chunks holding the largest logits
             # one normaliser per row whichever path finds the cut, so a row's cut never depends on its batch
             probs, top, total = wide_row_mass(cand.logits)
             found = chunked_cut(cand.logits, top, total, p, min_keep, off) if cand.logits.is_contiguous() else None
@@ -149,8 +157,7 @@ class TopP(Sampler):
             # flat rows (thousands of tokens above the cut): read what lies above a threshold found from a
             # histogram of the probabilities, in one backend call
             threshold = torch.where(off, top.squeeze(1).float(), superset_threshold(probs, top, total, p, ctx.backend))
-            values, index, trusted = ctx.backend.at_least(cand.logits, threshold,
-                                                          int(torch.where(off, 0, min_keep).max()))
+            values, index, trusted = ctx.backend.at_least(cand.logits, threshold, least)
             ranked = cand.ids is None  # in the filters' order where columns are token ids; else settled by id
         else:
             top, total = row_mass(cand.logits)  # float64: exact where a cut may sit right on p

@@ -1,4 +1,4 @@
-"""The cpu backend's TYPICAL_BAND kernel (samplechain_cpu_typical, numba): its float64 statistics against an
+"""The cpu backend's TYPICAL_BAND kernel (samplechain_cpu_cuts, numba): its float64 statistics against an
 independent computation, its band against the definition (a prefix of the ranking by |c - x| holding more than p),
 and typical sampling through it against the plugin's torch path (the full ranking): the same kept sets on peaked,
 flat, masked, tied and edge rows, per-row parameters, both semantics, alone and in any batch."""
@@ -11,7 +11,8 @@ import torch
 import samplechain_cpu as cpu
 import samplechain_typical as typical
 from samplechain import Candidates, Chain
-from samplechain.contracts import TYPICAL_BAND
+from samplechain.contracts import TOP_P_CANDIDATES, TYPICAL_BAND
+from samplechain.testing import assert_rows_equal_alone, processed_scores, sampler_chain
 from samplechain.bench import make_logits
 
 INF, NAN = float("inf"), float("nan")
@@ -162,3 +163,86 @@ def test_seeded_chains_draw_the_same_tokens_either_way(numba, monkeypatch):
     other_tokens, other_logprobs = run()
     assert torch.equal(tokens, other_tokens)
     torch.testing.assert_close(logprobs, other_logprobs, rtol=0, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- TOP_P_CANDIDATES
+@pytest.fixture(scope="module")
+def nucleus():
+    if not cpu.numba_enabled():
+        pytest.skip("numba is not installed (or SAMPLECHAIN_CPU_NUMBA=0)")
+    return cpu.CpuBackend().kernel(TOP_P_CANDIDATES)
+
+
+def _top_p_reference(x: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's top-p in float64 over the whole row, equal logits ranked by id: (B, V) keep mask."""
+    xd = x.double()
+    order = torch.sort(-xd, dim=1, stable=True).indices
+    prob = torch.softmax(xd, dim=1).gather(1, order)
+    above = torch.cumsum(prob, dim=1) - prob
+    kept = (above < p[:, None]).sum(dim=1).clamp(min=1)
+    kept = torch.maximum(kept, min_keep)
+    ranked = torch.arange(x.shape[1])[None, :] < kept[:, None]
+    return torch.zeros_like(ranked).scatter_(1, order, ranked) & torch.isfinite(xd)
+
+
+def _top_p_kept(x: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor) -> torch.Tensor:
+    """top_p's kept tokens through the plugin (the backend's kernel where it runs)."""
+    per_row = [{"top_p": float(p[i]), "min_keep": int(min_keep[i])} for i in range(x.shape[0])]
+    chain = sampler_chain({"use": "top_p", "p": 0.5})
+    return torch.isfinite(processed_scores(chain, x, per_row, process=True))
+
+
+@pytest.mark.parametrize("kind", ["peaked", "flat", "tied", "masked", "sharp"])
+def test_top_p_candidates_are_at_leasts_above_a_sound_threshold(nucleus, kind):
+    """The normaliser to ~1e-13; the tokens at or above the threshold hold more than p; the candidates are what
+    Backend.at_least returns for that threshold, bit for bit (values, positions, spare slots, counts)."""
+    x = _rows(kind, 6, seed=4)
+    p = torch.tensor([0.1, 0.5, 0.9, 0.95, 0.99, 0.3], dtype=torch.float64)
+    found = nucleus(x, p, 2)
+    assert found is not None
+    top, total, threshold, values, positions, counts = found
+    xd = x.double()
+    torch.testing.assert_close(top[:, 0] + torch.log(total), torch.logsumexp(xd, dim=1), rtol=1e-13, atol=0)
+    prob = torch.softmax(xd, dim=1)
+    assert torch.all(torch.where(x >= threshold[:, None], prob, 0.0).sum(dim=1) > p)
+    if values is not None:
+        want = cpu.CpuBackend().at_least(x, threshold, 2)
+        assert torch.equal(values, want[0]) and torch.equal(positions, want[1]) and torch.equal(counts, want[2])
+
+
+@pytest.mark.parametrize("kind", ["peaked", "flat", "tied", "masked", "sharp"])
+def test_top_p_through_the_kernel_keeps_the_exact_nucleus(nucleus, kind):
+    """top_p's kept set on wide rows equals llama.cpp's rule computed over the whole sorted row in float64 (ties
+    by id), per-row p and min_keep included; rows whose crossing lies within 1e-12 of p are not compared."""
+    for seed in range(3):
+        x = _rows(kind, 5, seed=seed)
+        g = torch.Generator().manual_seed(seed)
+        p = torch.rand(5, generator=g, dtype=torch.float64) * 0.98 + 0.01
+        min_keep = torch.randint(0, 30, (5,), generator=g)
+        assert nucleus(x, p, 0) is not None
+        ours, want = _top_p_kept(x, p, min_keep), _top_p_reference(x, p, min_keep)
+        xd = x.double()
+        prob = torch.softmax(xd, dim=1)
+        for row in range(5):
+            above = torch.sort(prob[row], descending=True).values.cumsum(0)
+            if bool(((above - p[row]).abs() < 1e-12).any()):
+                continue
+            assert torch.equal(ours[row], want[row]), (kind, seed, row)
+
+
+def test_top_p_rows_keep_the_same_tokens_alone_and_in_any_batch(nucleus):
+    x = torch.cat([_rows(kind, 2, seed=6) for kind in ("peaked", "flat", "tied", "sharp")])
+    per_row = [{"top_p": 0.3 + 0.08 * i, "min_keep": 1 + i % 3} for i in range(x.shape[0])]
+    assert_rows_equal_alone(sampler_chain({"use": "top_p", "p": 0.5}), x, per_row, process=True)
+
+
+def test_top_p_edge_rows_take_the_torch_path(nucleus):
+    p = torch.full((3,), 0.9, dtype=torch.float64)
+    for bad in (NAN, INF):
+        x = _rows("peaked", 3, seed=2)
+        x[1, 17] = bad
+        assert nucleus(x, p, 1) is None
+    x = _rows("peaked", 3, seed=2)
+    x[2] = -INF
+    assert nucleus(x, p, 1) is None
+    assert nucleus(_rows("peaked", 3, seed=2), p, V)[3] is None  # fewer than `least` above: at_least decides

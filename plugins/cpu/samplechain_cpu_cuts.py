@@ -1,4 +1,12 @@
-"""Locally typical sampling's candidates, compiled with numba: the cpu backend's TYPICAL_BAND kernel.
+"""Truncation cuts over whole rows, compiled with numba: the cpu backend's TYPICAL_BAND and TOP_P_CANDIDATES kernels.
+
+TOP_P_CANDIDATES (top_p on unsorted wide rows): per row the maximum and the float64 normaliser (the vectorised
+float64 e** below), then a histogram of the probabilities by their float32 bit pattern (filters.bucket_keys),
+leaving out tokens too light to matter (together < (1 - p) / 2), from its running mass from the top a logit at or
+below the last token top-p keeps, and the tokens at or above it, radix-sorted by (logit descending, position)
+(as Backend.at_least ranks them). The plugin cuts them exactly (float64 cumulative mass).
+
+TYPICAL_BAND:
 
 Typical sampling (plugins/typical) keeps the tokens whose surprisal -log p_i is closest to the entropy H, most
 typical first, until their mass passes p. With log p_i = x_i - log Z and H = log Z - c, where c = sum p_i x_i is
@@ -26,9 +34,10 @@ import numba
 import numpy as np
 import torch
 
-from samplechain_cpu_numba import _BLOCK, _BUCKET_SHIFT, _jit, _largest, _threads
+from samplechain_cpu_numba import (_BLOCK, _BUCKET_SHIFT, _descending_key, _jit, _largest, _stable_radix_sort,
+                                   _threads)
 
-__all__ = ["typical_band"]
+__all__ = ["typical_band", "top_p_candidates"]
 
 _LOG2E = 1.4426950408889634
 _LN2_HI, _LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10  # fdlibm's split of ln 2
@@ -38,6 +47,8 @@ _SHIFTER = 6755399441055744.0  # 1.5 * 2**52: adding it rounds to an integer kep
 _SHIFTER_BITS = np.int64(np.float64(_SHIFTER).view(np.int64))
 _I2, _I3, _I4, _I5, _I6, _I7 = 1 / 2, 1 / 6, 1 / 24, 1 / 120, 1 / 720, 1 / 5040
 _I8, _I9, _I10, _I11, _I12, _I13 = 1 / 40320, 1 / 362880, 1 / 3628800, 1 / 39916800, 1 / 479001600, 1 / 6227020800
+_PER_DEPTH = 16.0  # top_p's buckets: 1/16 of a logit below the top each
+_DEEPEST = 4095  # the last bucket (256 logits down) takes every deeper token
 _MARGIN = 1e-6  # the buckets' float64 mass aims past p by this much: far beyond the rounding of their sums
 
 
@@ -250,3 +261,127 @@ def typical_band(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor
     _spares(x, np.maximum(counts, 0), positions, values)
     return (torch.from_numpy(values), torch.from_numpy(positions), torch.from_numpy(counts), torch.from_numpy(c),
             torch.from_numpy(lse))
+
+
+# ----------------------------------------------------------------------------- TOP_P_THRESHOLD
+@_jit(nogil=True, fastmath={"contract"})
+def _depth_keys(xr, top, e, keys):
+    """For a block: e[j] = e**(x[j] - top) and keys[j] = the bucket of top - x[j] (_DEPTH wide buckets, the last
+    holding everything deeper, -inf included); vectorised, so that the loop that adds them has no branch."""
+    for j in range(xr.shape[0]):
+        r = np.float64(xr[j]) - top  # <= 0
+        clipped = r if r > _EXP_FLOOR else _EXP_FLOOR
+        v = _exp64(clipped)
+        e[j] = v if r > _EXP_FLOOR else 0.0
+        d = -clipped * _PER_DEPTH
+        keys[j] = np.int32(d) if d < _DEEPEST else np.int32(_DEEPEST)
+
+
+@_jit(parallel=True, nogil=True)
+def _nucleus(x, p, least, top_out, total_out, threshold, counts, keys, where, spare_keys, spare_where):
+    """Per row: the maximum, the normaliser sum e**(x - max) (float64, blocks of _BLOCK added in order), a float32
+    logit at or below the last token whose mass above is < p, and the tokens at or above it sorted by (logit
+    descending, position): their count, their positions in where[row, :count] (counts[row] -1: NaN, +inf or
+    nothing finite; -2: more than where's width, or fewer than `least`)."""
+    cap = where.shape[1]
+    for row in numba.prange(x.shape[0]):
+        xr = x[row]
+        counts[row] = -1
+        top = np.float64(_largest(xr, xr.shape[0]))
+        if not (top > -np.inf and top < np.inf):
+            continue
+        e = np.empty(_BLOCK)
+        keys_b = np.empty(_BLOCK, dtype=np.int32)
+        mass = np.zeros(_DEEPEST + 1)
+        nan = 0
+        for start in range(0, xr.shape[0], _BLOCK):  # one pass: the mass by depth below the top
+            n = min(_BLOCK, xr.shape[0] - start)
+            block = xr[start:start + n]
+            _depth_keys(block, top, e, keys_b)
+            for j in range(n):
+                mass[keys_b[j]] += e[j]
+            for j in range(n):
+                nan += block[j] != block[j]
+        if nan:
+            continue
+        total = 0.0
+        for b in range(_DEEPEST + 1):  # the normaliser: the buckets' sums, in depth order
+            total += mass[b]
+        top_out[row] = top
+        total_out[row] = total
+        goal = (p[row] + _MARGIN) * total
+        run = 0.0
+        depth = _DEEPEST + 1
+        for b in range(_DEEPEST):
+            run += mass[b]
+            if run >= goal:
+                depth = b + 1
+                break
+        # every token shallower than `depth` buckets holds more than p: a logit at or below the last one kept
+        cut = np.float32(top - depth / _PER_DEPTH - 1e-3) if depth <= _DEEPEST else np.float32(-np.inf)
+        threshold[row] = cut
+        counts[row] = -2
+        n = 0
+        for j in range(xr.shape[0]):
+            if xr[j] >= cut:
+                if n == cap:
+                    break
+                keys[row, n] = _descending_key(xr[j])
+                where[row, n] = j
+                n += 1
+        else:
+            if n < least:
+                continue
+            _, order = _stable_radix_sort(keys[row], where[row], n, spare_keys[row], spare_where[row])
+            for i in range(n):  # the sorted positions may be in either buffer
+                spare_where[row, i] = order[i]
+            counts[row] = n
+
+
+@_jit(parallel=True, nogil=True)
+def _ranked_spares(x, threshold, counts, ranked, values, positions):
+    """values / positions (B, W): each row's ranked tokens (ranked[row, :count]) then, in the spare slots, -inf at
+    the columns below its threshold, ascending (Backend.at_least's layout)."""
+    width = positions.shape[1]
+    for row in numba.prange(x.shape[0]):
+        n = counts[row]
+        for slot in range(n):
+            positions[row, slot] = ranked[row, slot]
+            values[row, slot] = x[row, ranked[row, slot]]
+        slot, j = n, 0
+        while slot < width:
+            if not x[row, j] >= threshold[row]:
+                positions[row, slot] = j
+                values[row, slot] = -np.inf
+                slot += 1
+            j += 1
+
+
+def top_p_candidates(logits: torch.Tensor, p: torch.Tensor, least: int = 0) -> tuple[torch.Tensor, ...] | None:
+    """The TOP_P_CANDIDATES kernel (see contracts): for logits (B, V) float32 and per-row p (B,), (top (B, 1) and
+    total (B,) float64, threshold (B,) float32, then values (B, W), positions (B, W), counts (B,) of the tokens at
+    or above the threshold, ranked, or three Nones where a row holds more than a quarter of its tokens there or
+    fewer than `least`). None where a row has NaN or +inf or nothing finite (the plugin's torch path fails such a
+    step with its name), or in a forked child."""
+    if not _threads(logits.numel()):
+        return None
+    x = logits.detach().contiguous().numpy()
+    batch, width = x.shape
+    cap = max(width // 4, 1)
+    top, total = np.zeros(batch), np.zeros(batch)
+    threshold = np.empty(batch, dtype=np.float32)
+    counts = np.empty(batch, dtype=np.int64)
+    keys, spare_keys = np.empty((batch, cap), dtype=np.uint32), np.empty((batch, cap), dtype=np.uint32)
+    where, spare_where = np.empty((batch, cap), dtype=np.int64), np.empty((batch, cap), dtype=np.int64)
+    _nucleus(x, p.detach().double().contiguous().numpy(), least, top, total, threshold, counts, keys, where,
+             spare_keys, spare_where)
+    if batch == 0 or (counts == -1).any():
+        return None
+    found = (torch.from_numpy(top)[:, None], torch.from_numpy(total), torch.from_numpy(threshold))
+    if (counts < 0).any():
+        return (*found, None, None, None)
+    kept = max(int(counts.max()), 1)
+    values = np.empty((batch, kept), dtype=np.float32)
+    positions = np.empty((batch, kept), dtype=np.int64)
+    _ranked_spares(x, threshold, counts, spare_where, values, positions)
+    return (*found, torch.from_numpy(values), torch.from_numpy(positions), torch.from_numpy(counts))
