@@ -491,10 +491,11 @@ BUCKET_MASS = "samplechain.bucket_mass"  # Backend.kernel name of filters.bucket
 # in position order (-inf and other columns past the count), D such that they surely hold more than p and at least
 # min_keep tokens: a prefix of the ranking by |c - x| (count -1: the row is left to the caller)
 TYPICAL_BAND = "samplechain.typical_band"
-# Backend.kernel name of top_p's normaliser and candidates on unsorted full-vocabulary rows: kernel(logits (B, V)
-# float32, p (B,), least) -> None, or (top (B, 1) float64, total (B,) float64, threshold (B,) float32, values,
-# positions, counts): the maximum, the normaliser sum e**(x - top) (to ~1e-15), a logit at or below the last token
-# top-p keeps, and Backend.at_least(logits, threshold, least)'s result (or three Nones: the caller asks at_least)
+# Backend.kernel name of top_p on unsorted full-vocabulary rows: kernel(logits (B, V) float32, p (B,), min_keep
+# (B,)) -> None, or (top (B, 1) float64, total (B,) float64, threshold (B,) float32, values, positions, trusted,
+# kept): the maximum, the normaliser sum e**(x - top) (to ~1e-15), a logit at or below the last token top-p keeps,
+# Backend.at_least(logits, threshold, max(min_keep))'s result and how many of those top-p keeps (the last four None
+# where the kernel does not gather: the caller asks at_least and cuts)
 TOP_P_CANDIDATES = "samplechain.top_p_candidates"
 # Up to this many candidates a row's normaliser (its logprobs' log-sum-exp) is accumulated in float64 (the same to
 # the bit whatever the row's width or batch); wider rows (a full vocabulary) take a float32 log-sum-exp, which

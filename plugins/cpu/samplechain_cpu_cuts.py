@@ -278,11 +278,12 @@ def _depth_keys(xr, top, e, keys):
 
 
 @_jit(parallel=True, nogil=True)
-def _nucleus(x, p, least, top_out, total_out, threshold, counts, keys, where, spare_keys, spare_where):
+def _nucleus(x, p, min_keep, least, top_out, total_out, threshold, counts, kept, keys, where, spare_keys, spare_where):
     """Per row: the maximum, the normaliser sum e**(x - max) (float64, blocks of _BLOCK added in order), a float32
     logit at or below the last token whose mass above is < p, and the tokens at or above it sorted by (logit
     descending, position): their count, their positions in where[row, :count] (counts[row] -1: NaN, +inf or
-    nothing finite; -2: more than where's width, or fewer than `least`)."""
+    nothing finite; -2: more than where's width, or fewer than `least`), and how many of them top-p keeps
+    (kept[row]: the float64 running mass, at least min_keep[row] and 1)."""
     cap = where.shape[1]
     for row in numba.prange(x.shape[0]):
         xr = x[row]
@@ -333,9 +334,15 @@ def _nucleus(x, p, least, top_out, total_out, threshold, counts, keys, where, sp
             if n < least:
                 continue
             _, order = _stable_radix_sort(keys[row], where[row], n, spare_keys[row], spare_where[row])
+            above = 0.0  # top-p's cut: a token is kept while the mass strictly above it is < p
+            keep = 0
             for i in range(n):  # the sorted positions may be in either buffer
                 spare_where[row, i] = order[i]
-            counts[row] = n
+                keep += above < p[row]
+                above += _exp64(np.float64(xr[order[i]]) - top) / total
+            if above >= p[row]:  # the token where the mass reaches p is among them (the threshold sees to it)
+                counts[row] = n
+                kept[row] = min(max(keep, min_keep[row], 1), n)
 
 
 @_jit(parallel=True, nogil=True)
@@ -357,12 +364,14 @@ def _ranked_spares(x, threshold, counts, ranked, values, positions):
             j += 1
 
 
-def top_p_candidates(logits: torch.Tensor, p: torch.Tensor, least: int = 0) -> tuple[torch.Tensor, ...] | None:
-    """The TOP_P_CANDIDATES kernel (see contracts): for logits (B, V) float32 and per-row p (B,), (top (B, 1) and
-    total (B,) float64, threshold (B,) float32, then values (B, W), positions (B, W), counts (B,) of the tokens at
-    or above the threshold, ranked, or three Nones where a row holds more than a quarter of its tokens there or
-    fewer than `least`). None where a row has NaN or +inf or nothing finite (the plugin's torch path fails such a
-    step with its name), or in a forked child."""
+def top_p_candidates(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor
+                     ) -> tuple[torch.Tensor | None, ...] | None:
+    """The TOP_P_CANDIDATES kernel (see contracts): for logits (B, V) float32, per-row p (B,) and min_keep (B,):
+    (top (B, 1) and total (B,) float64, threshold (B,) float32, then values (B, W), positions (B, W) and counts (B,)
+    of the tokens at or above the threshold, ranked as Backend.at_least ranks them, and kept (B,): how many of them
+    top-p keeps; the last four None where a row holds more than a quarter of its tokens there or fewer than its
+    min_keep). None where a row has NaN or +inf or nothing finite (the plugin's torch path fails such a step with
+    its name), or in a forked child."""
     if not _threads(logits.numel()):
         return None
     x = logits.detach().contiguous().numpy()
@@ -370,18 +379,20 @@ def top_p_candidates(logits: torch.Tensor, p: torch.Tensor, least: int = 0) -> t
     cap = max(width // 4, 1)
     top, total = np.zeros(batch), np.zeros(batch)
     threshold = np.empty(batch, dtype=np.float32)
-    counts = np.empty(batch, dtype=np.int64)
+    counts, kept = np.empty(batch, dtype=np.int64), np.empty(batch, dtype=np.int64)
     keys, spare_keys = np.empty((batch, cap), dtype=np.uint32), np.empty((batch, cap), dtype=np.uint32)
     where, spare_where = np.empty((batch, cap), dtype=np.int64), np.empty((batch, cap), dtype=np.int64)
-    _nucleus(x, p.detach().double().contiguous().numpy(), least, top, total, threshold, counts, keys, where,
-             spare_keys, spare_where)
+    least = min_keep.detach().to(torch.int64).contiguous().numpy()
+    _nucleus(x, p.detach().double().contiguous().numpy(), least, int(least.max(initial=0)), top, total, threshold,
+             counts, kept, keys, where, spare_keys, spare_where)
     if batch == 0 or (counts == -1).any():
         return None
     found = (torch.from_numpy(top)[:, None], torch.from_numpy(total), torch.from_numpy(threshold))
     if (counts < 0).any():
-        return (*found, None, None, None)
-    kept = max(int(counts.max()), 1)
-    values = np.empty((batch, kept), dtype=np.float32)
-    positions = np.empty((batch, kept), dtype=np.int64)
+        return (*found, None, None, None, None)
+    width = max(int(counts.max()), 1)
+    values = np.empty((batch, width), dtype=np.float32)
+    positions = np.empty((batch, width), dtype=np.int64)
     _ranked_spares(x, threshold, counts, spare_where, values, positions)
-    return (*found, torch.from_numpy(values), torch.from_numpy(positions), torch.from_numpy(counts))
+    return (*found, torch.from_numpy(values), torch.from_numpy(positions), torch.from_numpy(counts),
+            torch.from_numpy(kept))

@@ -141,11 +141,12 @@ class TopP(Sampler):
             return cand.keep_first_settled(torch.where(off, width, counts))
         kernel = ctx.backend.kernel(TOP_P_CANDIDATES) if width >= filters.WIDE and cand.ids is None else None
         least = int(torch.where(off, 0, min_keep).max()) if width >= filters.WIDE else 0
-        found = kernel(cand.logits, p, least) if kernel is not None and not bool(off.any()) else None
+        found = kernel(cand.logits, p, min_keep) if kernel is not None and not bool(off.any()) else None
         if found is not None:  # the backend's normaliser and candidates (the cpu backend's: compiled, one pass)
-            top, total, threshold, values, index, trusted = found
-            if values is None:
-                values, index, trusted = ctx.backend.at_least(cand.logits, threshold, least)
+            top, total, threshold, values, index, trusted, counts = found
+            if values is not None:  # and the cut: the rule below, on the same float64 mass
+                return cand.restrict(values, index, counts, off, ranked=True)
+            values, index, trusted = ctx.backend.at_least(cand.logits, threshold, least)
             ranked = True  # the full vocabulary: columns are token ids
         elif width >= filters.WIDE:  # the cut is searched in the chunks holding the largest logits
             # one normaliser per row whichever path finds the cut, so a row's cut never depends on its batch

@@ -10,6 +10,7 @@ import torch
 
 import samplechain_cpu as cpu
 import samplechain_typical as typical
+from samplechain_top_p import kept_counts
 from samplechain import Candidates, Chain
 from samplechain.contracts import TOP_P_CANDIDATES, TYPICAL_BAND
 from samplechain.testing import assert_rows_equal_alone, processed_scores, sampler_chain
@@ -198,16 +199,20 @@ def test_top_p_candidates_are_at_leasts_above_a_sound_threshold(nucleus, kind):
     Backend.at_least returns for that threshold, bit for bit (values, positions, spare slots, counts)."""
     x = _rows(kind, 6, seed=4)
     p = torch.tensor([0.1, 0.5, 0.9, 0.95, 0.99, 0.3], dtype=torch.float64)
-    found = nucleus(x, p, 2)
+    ones = torch.ones(6, dtype=torch.int64)
+    found = nucleus(x, p, ones)
     assert found is not None
-    top, total, threshold, values, positions, counts = found
+    top, total, threshold, values, positions, counts, kept = found
     xd = x.double()
     torch.testing.assert_close(top[:, 0] + torch.log(total), torch.logsumexp(xd, dim=1), rtol=1e-13, atol=0)
     prob = torch.softmax(xd, dim=1)
     assert torch.all(torch.where(x >= threshold[:, None], prob, 0.0).sum(dim=1) > p)
+    assert values is not None or kind in ("flat", "tied")
     if values is not None:
-        want = cpu.CpuBackend().at_least(x, threshold, 2)
+        want = cpu.CpuBackend().at_least(x, threshold, 1)
         assert torch.equal(values, want[0]) and torch.equal(positions, want[1]) and torch.equal(counts, want[2])
+        # the cut taken there is the plugin's rule (kept_counts) on the same normaliser
+        assert torch.equal(kept, kept_counts(values, top, total, p, ones))
 
 
 @pytest.mark.parametrize("kind", ["peaked", "flat", "tied", "masked", "sharp"])
@@ -219,7 +224,7 @@ def test_top_p_through_the_kernel_keeps_the_exact_nucleus(nucleus, kind):
         g = torch.Generator().manual_seed(seed)
         p = torch.rand(5, generator=g, dtype=torch.float64) * 0.98 + 0.01
         min_keep = torch.randint(0, 30, (5,), generator=g)
-        assert nucleus(x, p, 0) is not None
+        assert nucleus(x, p, min_keep) is not None
         ours, want = _top_p_kept(x, p, min_keep), _top_p_reference(x, p, min_keep)
         xd = x.double()
         prob = torch.softmax(xd, dim=1)
@@ -241,8 +246,9 @@ def test_top_p_edge_rows_take_the_torch_path(nucleus):
     for bad in (NAN, INF):
         x = _rows("peaked", 3, seed=2)
         x[1, 17] = bad
-        assert nucleus(x, p, 1) is None
+        assert nucleus(x, p, torch.ones(3, dtype=torch.int64)) is None
     x = _rows("peaked", 3, seed=2)
     x[2] = -INF
-    assert nucleus(x, p, 1) is None
-    assert nucleus(_rows("peaked", 3, seed=2), p, V)[3] is None  # fewer than `least` above: at_least decides
+    assert nucleus(x, p, torch.ones(3, dtype=torch.int64)) is None
+    fewer = nucleus(_rows("peaked", 3, seed=2), p, torch.full((3,), V))  # fewer than min_keep above: at_least
+    assert fewer is not None and fewer[3] is None
