@@ -125,7 +125,7 @@ def matrix(args: argparse.Namespace) -> None:
           "samplechain / transformers |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, config in MATRIX.items():
-        chain = Chain.load({**config.chain, "backend": "cpu"})
+        chain = Chain.load(config.chain, backend="cpu")
         processors = config.transformers()
         for kind in ("peaked", "randn"):
             for batch in args.batch:
