@@ -4,6 +4,7 @@ draw over wide rows compiled with numba where it is installed: samplechain_cpu_n
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 import importlib.metadata
 import importlib.util
@@ -12,7 +13,7 @@ import os
 import numpy as np
 import torch
 
-from samplechain import FUSED_SAMPLE, Backend, BackendError, FusedPart, hookimpl, rng
+from samplechain import FUSED_SAMPLE, Backend, BackendError, FusedPart, filters, hookimpl, rng
 from samplechain.params import env_switch
 from samplechain.contracts import BUCKET_MASS, LSE64_WIDTH, TOP_P_CANDIDATES, TYPICAL_BAND, compact_kept, ranked_topk
 from samplechain.filters import BUCKETS
@@ -268,24 +269,46 @@ def _compiled_cut(name: str) -> Callable[..., tuple[torch.Tensor, ...] | None]:
 
 def fused_sample(logits: torch.Tensor, parts: list[FusedPart], select: FusedPart, positions: torch.Tensor,
                  stream: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The executor's FUSED_SAMPLE on the CPU: dist over the whole vocabulary, after a temperature (t > 0 on every
-    row) or nothing, in one compiled pass that also sums the normaliser (samplechain_cpu_numba.scaled_draw: the
-    samplers' tokens bit for bit; the temperature's (B, V) quotient and the executor's log-sum-exp pass are saved).
-    None (the samplers run) for truncations, t <= 0, rows of at most LSE64_WIDTH entries (their exact float64
-    normaliser) or without numba."""
-    if select.kind != "dist" or len(parts) > 1 or any(part.kind != "temperature" for part in parts):
+    """The executor's FUSED_SAMPLE on the CPU: dist over the whole vocabulary after at most one temperature (t > 0
+    on every row) and at most one min_p (min_keep <= 1), in either order, in one compiled pass that also sums the
+    normaliser (samplechain_cpu_numba.scaled_draw: the samplers' tokens bit for bit; the temperature's (B, V)
+    quotient, min_p's gather and the executor's log-sum-exp pass are saved). Without min_p only on rows wider than
+    LSE64_WIDTH (whose normaliser is float32's anyway); with it on rows of at least filters.WIDE (its survivors'
+    normaliser is float64, as the executor's over few candidates). None (the samplers run) for other tails, t <= 0,
+    narrower rows or without numba."""
+    kinds = [part.kind for part in parts]
+    if select.kind != "dist" or not set(kinds) <= {"temperature", "min_p"} or len(set(kinds)) < len(kinds):
         return None
-    if logits.shape[1] <= LSE64_WIDTH or not numba_enabled():
+    if logits.shape[1] < (filters.WIDE if "min_p" in kinds else LSE64_WIDTH + 1) or not numba_enabled():
         return None
-    t = parts[0].value if parts else 1.0
+    t = parts[kinds.index("temperature")].value if "temperature" in kinds else 1.0
     if not (bool((t > 0).all()) if isinstance(t, torch.Tensor) else t > 0):
         return None
+    floor, scaled = None, False
+    if "min_p" in kinds:
+        part = parts[kinds.index("min_p")]
+        if not (bool((part.min_keep <= 1).all()) if isinstance(part.min_keep, torch.Tensor) else part.min_keep <= 1):
+            return None  # min_keep may bind: min_p ranks its candidates
+        scaled = kinds == ["temperature", "min_p"]
+        floor = min_p_floor(logits, part.value, t if scaled else None)
     import samplechain_cpu_numba
 
-    return samplechain_cpu_numba.scaled_draw(logits, t, select.value, positions, stream)
+    return samplechain_cpu_numba.scaled_draw(logits, t, select.value, positions, stream, floor=floor, scaled=scaled)
 
 
-fused_sample.fused_kinds = frozenset({"temperature"})  # the executor stops its walk over the tail at a truncation
+def min_p_floor(logits: torch.Tensor, p: torch.Tensor | float, t: torch.Tensor | float | None) -> torch.Tensor:
+    """(B,) float32: min_p's threshold as the plugin computes it (the row's largest logit, of logits / t where t is
+    given, plus log p in float32; -inf where p <= 0: the row keeps everything)."""
+    top = logits.amax(dim=-1)
+    if t is not None:  # the largest quotient is the largest logit's (rounding is monotone)
+        top = top / (t if not isinstance(t, torch.Tensor) else t.to(top.dtype))
+    if not isinstance(p, torch.Tensor):
+        return top + math.log(p)
+    off = p <= 0.0
+    return torch.where(off, float("-inf"), top + torch.log(torch.where(off, torch.ones_like(p), p)))
+
+
+fused_sample.fused_kinds = frozenset({"temperature", "min_p"})  # the executor stops its walk over the tail elsewhere
 
 
 class CpuBackend(Backend):

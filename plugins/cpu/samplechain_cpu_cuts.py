@@ -34,37 +34,14 @@ import numba
 import numpy as np
 import torch
 
-from samplechain_cpu_numba import (_BLOCK, _BUCKET_SHIFT, _descending_key, _jit, _largest, _stable_radix_sort,
-                                   _threads)
+from samplechain_cpu_numba import _BLOCK, _BUCKET_SHIFT, _descending_key, _exp64, _jit, _largest, _stable_radix_sort, _threads
+from samplechain_cpu_numba import _FLOOR_64 as _EXP_FLOOR
 
 __all__ = ["typical_band", "top_p_candidates"]
 
-_LOG2E = 1.4426950408889634
-_LN2_HI, _LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10  # fdlibm's split of ln 2
-_EXP_FLOOR = -708.0  # e**y below it is under float64's smallest normal: taken as 0
-_EXP_BIAS = np.int64(1023)
-_SHIFTER = 6755399441055744.0  # 1.5 * 2**52: adding it rounds to an integer kept in the low bits
-_SHIFTER_BITS = np.int64(np.float64(_SHIFTER).view(np.int64))
-_I2, _I3, _I4, _I5, _I6, _I7 = 1 / 2, 1 / 6, 1 / 24, 1 / 120, 1 / 720, 1 / 5040
-_I8, _I9, _I10, _I11, _I12, _I13 = 1 / 40320, 1 / 362880, 1 / 3628800, 1 / 39916800, 1 / 479001600, 1 / 6227020800
 _PER_DEPTH = 16.0  # top_p's buckets: 1/16 of a logit below the top each
 _DEEPEST = 4095  # the last bucket (256 logits down) takes every deeper token
 _MARGIN = 1e-6  # the buckets' float64 mass aims past p by this much: far beyond the rounding of their sums
-
-
-@_jit(inline="always", fastmath={"contract"})
-def _exp64(y):
-    """e**y for float64 y <= 709 (0 below -708 and for NaN), branch-free and without a float -> int64 conversion
-    (AVX2 has none) so that loops over it vectorise: k = round(y / ln 2) is read from the low bits of
-    y / ln 2 + 1.5 * 2**52."""
-    z = min(max(y, _EXP_FLOOR), 709.0)
-    kd = z * _LOG2E + _SHIFTER
-    k = kd - _SHIFTER
-    r = (z - k * _LN2_HI) - k * _LN2_LO  # |r| <= ln 2 / 2: the series' 14th term is < 5e-18
-    poly = ((((((((((((_I13 * r + _I12) * r + _I11) * r + _I10) * r + _I9) * r + _I8) * r + _I7) * r + _I6) * r
-                  + _I5) * r + _I4) * r + _I3) * r + _I2) * r + 1.0) * r + 1.0
-    scale = np.int64((np.float64(kd).view(np.int64) - _SHIFTER_BITS + _EXP_BIAS) << np.int64(52)).view(np.float64)
-    return poly * scale if y >= _EXP_FLOOR else 0.0
 
 
 @_jit(nogil=True, fastmath={"contract"})

@@ -77,6 +77,32 @@ _EXP_FLOOR = np.float32(-87.0)  # below it e**y is under float32's smallest norm
 _ONE32, _HALF32 = np.float32(1.0), np.float32(0.5)
 
 
+# float64 e**x, vectorisable (samplechain_cpu_cuts, and the kept mass of a fused min_p draw)
+_LOG2E_64 = 1.4426950408889634
+_LN2_HI_64, _LN2_LO_64 = 6.93147180369123816490e-01, 1.90821492927058770002e-10  # fdlibm's split of ln 2
+_FLOOR_64 = -708.0  # e**y below it is under float64's smallest normal: taken as 0
+_BIAS_64 = np.int64(1023)
+_SHIFTER = 6755399441055744.0  # 1.5 * 2**52: adding it rounds to an integer kept in the low bits
+_SHIFTER_BITS = np.int64(np.float64(_SHIFTER).view(np.int64))
+_I2, _I3, _I4, _I5, _I6, _I7 = 1 / 2, 1 / 6, 1 / 24, 1 / 120, 1 / 720, 1 / 5040
+_I8, _I9, _I10, _I11, _I12, _I13 = 1 / 40320, 1 / 362880, 1 / 3628800, 1 / 39916800, 1 / 479001600, 1 / 6227020800
+
+
+@_jit(inline="always", fastmath={"contract"})
+def _exp64(y):
+    """e**y for float64 y <= 709 (0 below -708 and for NaN), branch-free and without a float -> int64 conversion
+    (AVX2 has none) so that loops over it vectorise: k = round(y / ln 2) is read from the low bits of
+    y / ln 2 + 1.5 * 2**52."""
+    z = min(max(y, _FLOOR_64), 709.0)
+    kd = z * _LOG2E_64 + _SHIFTER
+    k = kd - _SHIFTER
+    r = (z - k * _LN2_HI_64) - k * _LN2_LO_64  # |r| <= ln 2 / 2: the series' 14th term is < 5e-18
+    poly = ((((((((((((_I13 * r + _I12) * r + _I11) * r + _I10) * r + _I9) * r + _I8) * r + _I7) * r + _I6) * r
+                  + _I5) * r + _I4) * r + _I3) * r + _I2) * r + 1.0) * r + 1.0
+    scale = np.int64((np.float64(kd).view(np.int64) - _SHIFTER_BITS + _BIAS_64) << np.int64(52)).view(np.float64)
+    return poly * scale if y >= _FLOOR_64 else 0.0
+
+
 @_jit(inline="always")
 def _largest(sc, n):
     """max(sc[:n]) (n >= 1), NaN if there is a positive NaN; float32 through the bits' monotone integer order
@@ -116,34 +142,74 @@ def _block_mass(xr, n, t):
     return m, s
 
 
+@_jit(nogil=True, fastmath={"contract"})
+def _kept_exps(xr, t, floor, ts, top, e):
+    """e[j] = e**(x[j] / t - top) in float64 where x[j] / ts (ts: 1 or t) is not below floor, else 0; vectorised
+    (no branch: `&`, not `and`), and not under `reassoc` (see _exp64)."""
+    for j in range(xr.shape[0]):
+        y = xr[j] / t
+        r = np.float64(y) - top
+        clipped = r if r > _FLOOR_64 else _FLOOR_64
+        v = _exp64(clipped)
+        keep = (xr[j] / ts >= floor) & (r > _FLOOR_64)
+        e[j] = v if keep else 0.0
+
+
+@_jit(nogil=True)
+def _below(xr, n, ts, floor):
+    """Whether every x / ts of a block is below floor (a NaN anywhere in the row makes the floor NaN: see
+    scaled_draw). Not inlined: numba cannot inline _largest twice into one function."""
+    return _largest(xr, n) / ts < floor
+
+
+@_jit(nogil=True, fastmath={"reassoc", "nsz", "contract"})
+def _total(e, n):
+    s = 0.0
+    for j in range(n):
+        s += e[j]
+    return s
+
+
 @_jit(inline="always")
-def _scan(x, ids, has_ids, row, lo, hi, k1, k2, shift, t, mass_m, mass_s):
-    """The first argmin of M - (x / t - shift) over x[row, lo:hi], the first NaN's position (-1 if none), and how
-    many finite x / t lie beyond +-2**24. x / t is float32's division, as torch's; t = 1 reads x as it is. With
-    mass_m / mass_s of a row's width (not of zero), also each _BLOCK of the row's mass (_block_mass) by block
-    number: lo is a multiple of _BLOCK, so the blocks are the same however the row is cut into parts."""
+def _scan(x, ids, has_ids, row, lo, hi, k1, k2, shift, t, floor, scaled, top, mass_m, mass_s):
+    """The first argmin of M - (x / t - shift) over x[row, lo:hi] among the tokens not below floor (x, or with
+    `scaled` x / t, compared with it; the others are as -inf), the first NaN's position (-1 if none), and how many
+    finite x / t lie beyond +-2**24. x / t is float32's division, as torch's; t = 1 reads x as it is. With
+    mass_m / mass_s of a row's width (not of zero), also each _BLOCK of the row's mass by block number: lo is a
+    multiple of _BLOCK, so the blocks are the same however the row is cut into parts. The mass is _block_mass's
+    (float32 e**) where top is NaN, else (a floor) the float64 sum of e**(x / t - top) over the tokens kept."""
     best_v = np.inf
     best_i = lo
     big = 0
     low = np.empty(_BLOCK)
+    kept = np.empty(_BLOCK) if top == top else low[:0]
     mass = mass_m.shape[1] > 0
+    ts = t if scaled else t / t  # what x is divided by before the floor (x / 1 is x)
     for start in range(lo, hi, _BLOCK):
         n = min(_BLOCK, hi - start)
         xr = x[row, start:start + n]  # slices: indices from 0 need no wraparound test, so the loop vectorises
         ir = ids[row, start:start + n] if has_ids else ids[0, :0]
-        if mass:
+        # a floor (min_p) leaves most blocks of an LLM's row without a token: their largest is below it
+        skip = floor > -np.inf and _below(xr, n, ts, floor)
+        if mass and top == top:
+            if not skip:
+                _kept_exps(xr, t, floor, ts, top, kept)
+            mass_m[row, start // _BLOCK], mass_s[row, start // _BLOCK] = top, 0.0 if skip else _total(kept, n)
+        elif mass:
             mass_m[row, start // _BLOCK], mass_s[row, start // _BLOCK] = _block_mass(xr, n, t)
+        if skip:
+            continue
         for j in range(n):  # vectorised: the bound L - x of each token
-            xs = np.float64(xr[j] / t) - shift
+            xs = np.float64(xr[j] / t) - shift if not (xr[j] / ts < floor) else -np.inf
             tok = np.uint64(ir[j]) if has_ids else np.uint64(start + j)
             bits = _mix32(_mix32((tok + k1) & _M32) ^ k2)
             w = (np.float64(_M32 - bits) + 0.5) * _INV32  # 1 - u, exact
             low[j] = np.float64(np.float64(w).view(np.int64) - _EXP_BIAS) * _INV52 * _LN2 - _SLACK - xs
             big += (abs(xs) > _HUGE) & (abs(xs) < np.inf)
         for j in range(n):
-            if low[j] > best_v:  # cannot win (a NaN bound is not greater: its token is looked at)
-                continue
-            xs = np.float64(xr[j] / t) - shift
+            if low[j] > best_v or low[j] == np.inf:  # cannot win (-inf and floored tokens: an infinite bound; a
+                continue  # NaN bound is neither: its token is looked at)
+            xs = np.float64(xr[j] / t) - shift if not (xr[j] / ts < floor) else -np.inf
             if xs != xs:
                 return best_v, best_i, start + j, big
             tok = np.uint64(ir[j]) if has_ids else np.uint64(start + j)
@@ -156,10 +222,11 @@ def _scan(x, ids, has_ids, row, lo, hi, k1, k2, shift, t, mass_m, mass_s):
 
 
 @_jit(parallel=True, nogil=True)
-def _draw(x, ids, has_ids, k1, k2, chunks, t, mass_m, mass_s, out):
-    """out[b] = the draw of row b over x[b] / t[b], each row cut into `chunks` parts (whole _BLOCKs) that the
-    threads take in any order; the parts' results are combined in row order (first NaN, else the first of the
-    least values). With mass_m / mass_s (B, blocks), also each block's mass (_scan)."""
+def _draw(x, ids, has_ids, k1, k2, chunks, t, floor, scaled, around, mass_m, mass_s, out):
+    """out[b] = the draw of row b over x[b] / t[b] (the tokens not below floor[b], see _scan), each row cut into
+    `chunks` parts (whole _BLOCKs) that the threads take in any order; the parts' results are combined in row order
+    (first NaN, else the first of the least values). With mass_m / mass_s (B, blocks), also each block's mass
+    (_scan, around[b] its top: NaN for _block_mass's)."""
     batch, width = x.shape
     size = ((width + chunks - 1) // chunks + _BLOCK - 1) // _BLOCK * _BLOCK
     chunks = (width + size - 1) // size
@@ -172,7 +239,8 @@ def _draw(x, ids, has_ids, k1, k2, chunks, t, mass_m, mass_s, out):
         row = task // chunks
         lo = (task % chunks) * size
         best_v[task], best_i[task], nan_i[task], big[task] = _scan(
-            x, ids, has_ids, row, lo, min(lo + size, width), k1[row], k2[row], 0.0, t[row], mass_m, mass_s)
+            x, ids, has_ids, row, lo, min(lo + size, width), k1[row], k2[row], 0.0, t[row], floor[row], scaled,
+            around[row], mass_m, mass_s)
     shift = np.zeros(batch)
     for row in range(batch):
         if big[row * chunks:(row + 1) * chunks].sum() > 0:  # perhaps huge: rng.shifted's test on the maximum
@@ -185,8 +253,8 @@ def _draw(x, ids, has_ids, k1, k2, chunks, t, mass_m, mass_s, out):
         if shift[row] != 0.0:  # a row of huge logits, again minus its maximum
             lo = (task % chunks) * size
             best_v[task], best_i[task], nan_i[task], _ = _scan(
-                x, ids, has_ids, row, lo, min(lo + size, width), k1[row], k2[row], shift[row], t[row], no_mass,
-                no_mass)
+                x, ids, has_ids, row, lo, min(lo + size, width), k1[row], k2[row], shift[row], t[row], floor[row],
+                scaled, around[row], no_mass, no_mass)
     for row in range(batch):
         pick, value, nan = best_i[row * chunks], best_v[row * chunks], -1
         for task in range(row * chunks, (row + 1) * chunks):
@@ -235,8 +303,8 @@ def _start() -> None:
             os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
         try:
             _draw(np.zeros((1, 1), dtype=np.float32), _NO_IDS, False, np.zeros(1, dtype=np.uint64),
-                  np.zeros(1, dtype=np.uint64), 1, np.ones(1, dtype=np.float32), _NO_MASS, _NO_MASS,
-                  np.empty(1, dtype=np.int64))
+                  np.zeros(1, dtype=np.uint64), 1, np.ones(1, dtype=np.float32), np.full(1, -np.inf, np.float32),
+                  False, np.full(1, np.nan), _NO_MASS, _NO_MASS, np.empty(1, dtype=np.int64))
         finally:
             if own:
                 del os.environ["OMP_WAIT_POLICY"]
@@ -260,9 +328,12 @@ def _threads(entries: int) -> bool:
 
 
 def _run(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None, stream: int,
-         t: torch.Tensor | float, mass: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
+         t: torch.Tensor | float, mass: bool, floor: torch.Tensor | None = None, scaled: bool = False,
+         top: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray | None] | None:
     """The compiled draw over logits / t (tokens (B,)), and with mass, the rows' log-sum-exp of logits / t (float32
-    (B,)); None in a forked child (the caller takes the torch path)."""
+    (B,)); with floor (B,), over the tokens whose logit (scaled: logit / t) is not below it only, the log-sum-exp
+    then over those in float64 around top (B,), each row's largest logit / t. None in a forked child (the caller
+    takes the torch path)."""
     if not _threads(logits.numel()):
         return None
     batch, width = logits.shape
@@ -280,8 +351,10 @@ def _run(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: 
                             (batch,))
     blocks = (width + _BLOCK - 1) // _BLOCK
     mass_m, mass_s = (np.empty((batch, blocks)), np.empty((batch, blocks))) if mass else (_NO_MASS, _NO_MASS)
+    edge = np.full(batch, -np.inf, dtype=x.dtype) if floor is None else floor.detach().numpy().astype(x.dtype)
+    around = np.full(batch, np.nan) if top is None else top.detach().double().contiguous().numpy()
     _draw(x, idn, ids is not None, k1.numpy().view(np.uint64), k2.numpy().view(np.uint64), chunks,
-          np.ascontiguousarray(scale), mass_m, mass_s, out)
+          np.ascontiguousarray(scale), np.ascontiguousarray(edge), scaled, around, mass_m, mass_s, out)
     if not mass:
         return out, None
     lse = np.empty(batch, dtype=np.float32)
@@ -301,14 +374,23 @@ def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tens
 
 
 def scaled_draw(logits: torch.Tensor, t: torch.Tensor | float, seed: torch.Tensor, position: torch.Tensor,
-                stream: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
+                stream: int = 0, *, floor: torch.Tensor | None = None, scaled: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """temperature -> dist over the whole vocabulary in one pass: the tokens of rng.gumbel_argmax(logits / t, ...)
     (bit for bit: the same float32 division, then the same draw) and log_softmax(logits / t) at them, float32 (B,).
     logits (B, V) float32 on the CPU, t > 0 a number or (B,) float32. The normaliser is summed per block of 1024
     with a vectorised float32 e**x and float64 sums combined in block order: a row's logprob is the same alone
-    and in any batch, within ~1e-6 of torch's float32 logsumexp. None in a forked child (the caller runs the
-    samplers)."""
-    found = _run(logits, seed, position, None, stream, t, True)
+    and in any batch, within ~1e-6 of torch's float32 logsumexp.
+
+    floor (B,) float32 (min_p's threshold from the row's amax, so NaN where the row holds a NaN; -inf for none): only
+    the tokens whose logit (scaled: logit / t) is not below it are drawn from (the draw over them, compacted with
+    their ids, is the same token; blocks of 1024 whose largest is below it are skipped), and the normaliser is
+    theirs, summed in float64 around each row's largest logit / t with the float64 e** (as the executor's float64
+    log-sum-exp of few candidates, to its rounding). None in a forked child (the caller runs the samplers)."""
+    top = None
+    if floor is not None:
+        top = logits.amax(dim=1) / (t if not isinstance(t, torch.Tensor) else t.to(logits.dtype))
+    found = _run(logits, seed, position, None, stream, t, True, floor, scaled, top)
     if found is None:
         return None
     tokens, lse = torch.from_numpy(found[0]), torch.from_numpy(found[1])

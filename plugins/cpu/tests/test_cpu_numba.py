@@ -293,7 +293,7 @@ def test_the_cpu_backend_fuses_temperature_and_dist(fused, monkeypatch, case):
     chain = _temperature_chain(None if case == "dist alone" else 0.8)
     calls = []
     draw = fused.scaled_draw
-    monkeypatch.setattr(fused, "scaled_draw", lambda *args: calls.append(args) or draw(*args))
+    monkeypatch.setattr(fused, "scaled_draw", lambda *args, **kw: calls.append(args) or draw(*args, **kw))
     tokens, logprobs = _steps(chain, x, requests)
     monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", "0")
     want_tokens, want_logprobs = _steps(chain, x, requests)
@@ -303,6 +303,61 @@ def test_the_cpu_backend_fuses_temperature_and_dist(fused, monkeypatch, case):
     else:
         assert len(calls) == 3
         torch.testing.assert_close(logprobs, want_logprobs, rtol=1e-6, atol=1e-5)
+
+
+MIN_P_CASES = {
+    "min_p -> temperature": [{"use": "min_p", "p": 0.05}, {"use": "temperature", "t": 0.8}],
+    "temperature -> min_p": [{"use": "temperature", "t": 0.7}, {"use": "min_p", "p": 0.1}],
+    "min_p alone": [{"use": "min_p", "p": 0.02}],
+    "per request": [{"use": "min_p", "p": 0.05}, {"use": "temperature", "t": 0.8}],
+    "min_keep": [{"use": "min_p", "p": 0.05, "min_keep": 3}, {"use": "temperature", "t": 0.8}],
+}
+
+
+@pytest.mark.parametrize("case", list(MIN_P_CASES))
+def test_the_cpu_backend_fuses_min_p(fused, monkeypatch, case):
+    """min_p (min_keep <= 1) before or after a temperature, then dist, in one compiled pass on rows >= 16384: the
+    samplers' tokens bit for bit over several steps (peaked, flat, bf16-tied and masked rows; per-request p
+    including 0, the no-op), their logprobs to float rounding (float64 over the survivors, as the executor's).
+    min_keep > 1 (min_p ranks its candidates) is left to the samplers."""
+    from samplechain import Chain
+    from samplechain.bench import make_logits
+
+    g = torch.Generator().manual_seed(64)
+    x = torch.cat([make_logits("peaked", 3, 40000, seed=4), torch.randn(2, 40000, generator=g) * 3,
+                   make_logits("peaked", 2, 40000, seed=5).bfloat16().float()])
+    x[4, torch.rand(40000, generator=g) < 0.5] = -INF
+    requests = [{"seed": 20 + i} for i in range(7)]
+    if case == "per request":
+        requests = [{"seed": 20 + i, "min_p": [0.0, 0.01, 0.2, 0.5][i % 4], "temperature": 0.5 + i / 5}
+                    for i in range(7)]
+    chain = Chain.load({"samplers": [*MIN_P_CASES[case], {"use": "dist"}], "backend": "cpu"})
+    calls = []
+    draw = fused.scaled_draw
+    monkeypatch.setattr(fused, "scaled_draw", lambda *args, **kw: calls.append(kw) or draw(*args, **kw))
+    tokens, logprobs = _steps(chain, x, requests)
+    monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", "0")
+    want_tokens, want_logprobs = _steps(chain, x, requests)
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(logprobs, want_logprobs, rtol=1e-6, atol=1e-6)
+    if case == "min_keep":
+        assert not calls
+    else:
+        assert len(calls) == 3 and all(kw["floor"] is not None for kw in calls)
+        assert all(kw["scaled"] == (case == "temperature -> min_p") for kw in calls)
+
+
+def test_a_fused_min_p_step_names_the_bad_row(fused):
+    from samplechain import Chain, SamplingError
+
+    chain = Chain.load({"samplers": [{"use": "min_p", "p": 0.1}, {"use": "dist"}], "backend": "cpu"})
+    store = chain.new_store(capacity=2)
+    store.add("a", {"seed": 1})
+    store.add("b", {"seed": 2})
+    x = torch.randn(2, 40000, generator=torch.Generator().manual_seed(65))
+    x[1, 39000] = -NAN  # a NaN with its sign bit set, in a block of its own
+    with pytest.raises(SamplingError, match="'b'"):
+        chain.sample(x, store, ["a", "b"])
 
 
 def test_a_fused_step_names_the_bad_row(fused):
