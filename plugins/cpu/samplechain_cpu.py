@@ -284,24 +284,24 @@ def fused_sample(logits: torch.Tensor, parts: list[FusedPart], select: FusedPart
     t = parts[kinds.index("temperature")].value if "temperature" in kinds else 1.0
     if not (bool((t > 0).all()) if isinstance(t, torch.Tensor) else t > 0):
         return None
-    floor, scaled = None, False
+    floor, scaled, top = None, False, None
     if "min_p" in kinds:
         part = parts[kinds.index("min_p")]
         if not (bool((part.min_keep <= 1).all()) if isinstance(part.min_keep, torch.Tensor) else part.min_keep <= 1):
             return None  # min_keep may bind: min_p ranks its candidates
         scaled = kinds == ["temperature", "min_p"]
-        floor = min_p_floor(logits, part.value, t if scaled else None)
+        raw = logits.amax(dim=-1)
+        top = raw / (t if not isinstance(t, torch.Tensor) else t.to(raw.dtype))  # the largest quotient: rounding
+        floor = min_p_floor(top if scaled else raw, part.value)  # is monotone
     import samplechain_cpu_numba
 
-    return samplechain_cpu_numba.scaled_draw(logits, t, select.value, positions, stream, floor=floor, scaled=scaled)
+    return samplechain_cpu_numba.scaled_draw(logits, t, select.value, positions, stream, floor=floor, scaled=scaled,
+                                             top=top)
 
 
-def min_p_floor(logits: torch.Tensor, p: torch.Tensor | float, t: torch.Tensor | float | None) -> torch.Tensor:
-    """(B,) float32: min_p's threshold as the plugin computes it (the row's largest logit, of logits / t where t is
-    given, plus log p in float32; -inf where p <= 0: the row keeps everything)."""
-    top = logits.amax(dim=-1)
-    if t is not None:  # the largest quotient is the largest logit's (rounding is monotone)
-        top = top / (t if not isinstance(t, torch.Tensor) else t.to(top.dtype))
+def min_p_floor(top: torch.Tensor, p: torch.Tensor | float) -> torch.Tensor:
+    """(B,) float32: min_p's threshold as the plugin computes it from the rows' largest logits top (B,) (of logits
+    / t when the temperature comes first): top + log p in float32, -inf where p <= 0 (the row keeps everything)."""
     if not isinstance(p, torch.Tensor):
         return top + math.log(p)
     off = p <= 0.0

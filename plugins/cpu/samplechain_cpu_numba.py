@@ -374,8 +374,8 @@ def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tens
 
 
 def scaled_draw(logits: torch.Tensor, t: torch.Tensor | float, seed: torch.Tensor, position: torch.Tensor,
-                stream: int = 0, *, floor: torch.Tensor | None = None, scaled: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+                stream: int = 0, *, floor: torch.Tensor | None = None, scaled: bool = False,
+                top: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """temperature -> dist over the whole vocabulary in one pass: the tokens of rng.gumbel_argmax(logits / t, ...)
     (bit for bit: the same float32 division, then the same draw) and log_softmax(logits / t) at them, float32 (B,).
     logits (B, V) float32 on the CPU, t > 0 a number or (B,) float32. The normaliser is summed per block of 1024
@@ -386,9 +386,9 @@ def scaled_draw(logits: torch.Tensor, t: torch.Tensor | float, seed: torch.Tenso
     the tokens whose logit (scaled: logit / t) is not below it are drawn from (the draw over them, compacted with
     their ids, is the same token; blocks of 1024 whose largest is below it are skipped), and the normaliser is
     theirs, summed in float64 around each row's largest logit / t with the float64 e** (as the executor's float64
-    log-sum-exp of few candidates, to its rounding). None in a forked child (the caller runs the samplers)."""
-    top = None
-    if floor is not None:
+    log-sum-exp of few candidates, to its rounding); top (B,): that largest logit / t where the caller has it. None
+    in a forked child (the caller runs the samplers)."""
+    if floor is not None and top is None:  # the largest logit / t, the survivors' normaliser's shift
         top = logits.amax(dim=1) / (t if not isinstance(t, torch.Tensor) else t.to(logits.dtype))
     found = _run(logits, seed, position, None, stream, t, True, floor, scaled, top)
     if found is None:
