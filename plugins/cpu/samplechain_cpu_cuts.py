@@ -310,16 +310,33 @@ def _nucleus(x, p, min_keep, least, top_out, total_out, threshold, counts, kept,
         else:
             if n < least:
                 continue
-            _, order = _stable_radix_sort(keys[row], where[row], n, spare_keys[row], spare_where[row])
-            above = 0.0  # top-p's cut: a token is kept while the mass strictly above it is < p
-            keep = 0
+            ranked, order = _stable_radix_sort(keys[row], where[row], n, spare_keys[row], spare_where[row])
             for i in range(n):  # the sorted positions may be in either buffer
                 spare_where[row, i] = order[i]
+            mass = _ranked_mass(ranked, n, top)  # e**(x - top) in rank order, vectorised
+            above = 0.0  # top-p's cut: a token is kept while the mass strictly above it is < p
+            keep = 0
+            for i in range(n):
                 keep += above < p[row]
-                above += _exp64(np.float64(xr[order[i]]) - top) / total
+                above += mass[i] / total
             if above >= p[row]:  # the token where the mass reaches p is among them (the threshold sees to it)
                 counts[row] = n
                 kept[row] = min(max(keep, min_keep[row], 1), n)
+
+
+@_jit(nogil=True, fastmath={"contract"})
+def _ranked_mass(ranked, n, top):
+    """e**(x - top) (float64) of the values whose _descending_key are ranked[:n]: the keys decoded back to their
+    float32 bits and the e** taken in one vectorised loop (no gather)."""
+    out = np.empty(n)
+    for i in range(n):
+        up = ~ranked[i]  # ascending in the value: the sign bit set for values >= +0
+        bits = up & np.uint32(0x7FFFFFFF) if up >> np.uint32(31) else ~up
+        r = np.float64(np.uint32(bits).view(np.float32)) - top
+        clipped = r if r > _EXP_FLOOR else _EXP_FLOOR
+        v = _exp64(clipped)
+        out[i] = v if r > _EXP_FLOOR else 0.0
+    return out
 
 
 @_jit(parallel=True, nogil=True)
