@@ -30,6 +30,8 @@ distances within ~1e-15 of each other. A row is its own: the same band alone and
 
 from __future__ import annotations
 
+import threading
+
 import numba
 import numpy as np
 import torch
@@ -42,6 +44,19 @@ __all__ = ["typical_band", "top_p_candidates"]
 _PER_DEPTH = 16.0  # top_p's buckets: 1/16 of a logit below the top each
 _DEEPEST = 4095  # the last bucket (256 logits down) takes every deeper token
 _MARGIN = 1e-6  # the buckets' float64 mass aims past p by this much: far beyond the rounding of their sums
+
+
+_buffers = threading.local()  # per thread: the kernels' (B, W) scratch, kept from call to call
+
+
+def _scratch(name: str, rows: int, cols: int, dtype: type) -> np.ndarray:
+    """A (rows, cols) array of dtype, its contents undefined, reused by the next call in this thread: a fresh
+    (B, V / 4) array every step costs its page faults (at B = 128 more than the kernel's own work)."""
+    pool = _buffers.__dict__
+    buf = pool.get(name)
+    if buf is None or buf.size < rows * cols:
+        buf = pool[name] = np.empty(max(rows * cols, 1), dtype=dtype)
+    return buf[:rows * cols].reshape(rows, cols)
 
 
 @_jit(nogil=True, fastmath={"contract"})
@@ -229,7 +244,7 @@ def typical_band(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor
     c = np.zeros(batch)
     lse = np.zeros(batch)
     counts = np.empty(batch, dtype=np.int64)
-    scratch = np.empty((batch, limit), dtype=np.int64)
+    scratch = _scratch("band", batch, limit, np.int64)
     _bands(x, p.detach().double().contiguous().numpy(), min_keep.detach().to(torch.int64).contiguous().numpy(),
            limit, c, lse, counts, scratch)
     kept = max(int(counts.max()) if batch else 0, 1)
@@ -374,8 +389,8 @@ def top_p_candidates(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tens
     top, total = np.zeros(batch), np.zeros(batch)
     threshold = np.empty(batch, dtype=np.float32)
     counts, kept = np.empty(batch, dtype=np.int64), np.empty(batch, dtype=np.int64)
-    keys, spare_keys = np.empty((batch, cap), dtype=np.uint32), np.empty((batch, cap), dtype=np.uint32)
-    where, spare_where = np.empty((batch, cap), dtype=np.int64), np.empty((batch, cap), dtype=np.int64)
+    keys, spare_keys = _scratch("keys", batch, cap, np.uint32), _scratch("spare_keys", batch, cap, np.uint32)
+    where, spare_where = _scratch("where", batch, cap, np.int64), _scratch("spare_where", batch, cap, np.int64)
     least = min_keep.detach().to(torch.int64).contiguous().numpy()
     _nucleus(x, p.detach().double().contiguous().numpy(), least, int(least.max(initial=0)), top, total, threshold,
              counts, kept, keys, where, spare_keys, spare_where)
