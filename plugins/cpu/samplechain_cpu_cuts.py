@@ -1,10 +1,10 @@
 """Truncation cuts over whole rows, compiled with numba: the cpu backend's TYPICAL_BAND and TOP_P_CANDIDATES kernels.
 
-TOP_P_CANDIDATES (top_p on unsorted wide rows): per row the maximum and the float64 normaliser (the vectorised
-float64 e** below), then a histogram of the probabilities by their float32 bit pattern (filters.bucket_keys),
-leaving out tokens too light to matter (together < (1 - p) / 2), from its running mass from the top a logit at or
-below the last token top-p keeps, and the tokens at or above it, radix-sorted by (logit descending, position)
-(as Backend.at_least ranks them). The plugin cuts them exactly (float64 cumulative mass).
+TOP_P_CANDIDATES (top_p on unsorted wide rows): per row the maximum, then one pass summing e**(x - max) in float64
+(the vectorised float64 e** of samplechain_cpu_numba) by depth below the maximum (buckets of 1/16 logit, the
+adds branch-free), the normaliser as the buckets' sum, a logit at or below the last token top-p keeps (the bucket
+where the mass from the top passes p), the tokens at or above it radix-sorted by (logit descending, position) (as
+Backend.at_least ranks them) and top-p's cut on their float64 running mass (the plugin's rule, kept_counts).
 
 TYPICAL_BAND:
 
@@ -13,13 +13,14 @@ typical first, until their mass passes p. With log p_i = x_i - log Z and H = log
 the mean logit, the distance |-log p_i - H| is |c - x_i|: the kept tokens are a band of logits around c. Per row,
 all while the row stays in the core's cache:
 
-1. the maximum m, then Z' = sum e**(x - m) and T = sum e**(x - m) (x - m) in float64, with a vectorised float64
-   e** (Cody-Waite reduction, degree-13 Taylor polynomial: within ~2 ulp of libm's): log Z = m + log Z' and
-   c = m + T / Z';
-2. the mass p_i of each token that weighs anything (p_i >= ~1e-12) bucketed by its distance (the float32 bit
-   pattern of a distance >= 0 is monotone in it, filters.bucket_keys), and from the buckets' running mass the
-   least distance D whose band {|c - x_i| <= D} surely holds more than p (and at least min_keep tokens). The
-   tokens left out of the buckets only make D larger: the band stays a superset of the kept set;
+1. the maximum m, then Z' = sum e**(x - m), T = sum e**(x - m) (x - m) and U = sum e**(x - m) (x - m)**2 in
+   float64, with a vectorised float64 e** (Cody-Waite reduction, degree-13 Taylor polynomial: within 1 ulp of
+   libm's): log Z = m + log Z', c = m + T / Z' and the surprisal's variance U / Z' - (T / Z')**2;
+2. the mass p_i of the tokens within reach of c bucketed by their distance (the float32 bit pattern of a distance
+   >= 0 is monotone in it, filters.bucket_keys), the reach from Chebyshev's bound: the tokens within it hold more
+   than p (a few percent of an LLM's row; if rounding or min_keep says otherwise, every token is bucketed), and
+   from the buckets' running mass the least distance D whose band {|c - x_i| <= D} surely holds more than p and at
+   least min_keep tokens;
 3. the band's positions, in position order.
 
 The plugin then ranks the band alone (|c - x_i| and p_i in torch's float64, the band being a prefix of the
@@ -36,7 +37,8 @@ import numba
 import numpy as np
 import torch
 
-from samplechain_cpu_numba import _BLOCK, _BUCKET_SHIFT, _descending_key, _exp64, _jit, _largest, _stable_radix_sort, _threads
+from samplechain_cpu_numba import (_BLOCK, _BUCKET_SHIFT, _descending_key, _exp64, _jit, _largest, _stable_radix_sort,
+                                   _threads)
 from samplechain_cpu_numba import _FLOOR_64 as _EXP_FLOOR
 
 __all__ = ["typical_band", "top_p_candidates"]
