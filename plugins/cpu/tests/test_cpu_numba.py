@@ -277,6 +277,20 @@ def _steps(chain, x: torch.Tensor, requests: list[dict], steps: int = 3) -> tupl
     return torch.stack([o.token_ids for o in outs]), torch.stack([o.logprobs for o in outs])
 
 
+def _fused_against_samplers(fused, monkeypatch, chain, x: torch.Tensor, requests: list[dict]
+                            ) -> tuple[list[dict], torch.Tensor, torch.Tensor]:
+    """Three steps with the compiled kernels, then with SAMPLECHAIN_CPU_NUMBA=0 (the samplers): the same tokens,
+    asserted. Returns the keyword arguments of each scaled_draw call, and both runs' logprobs."""
+    calls = []
+    draw = fused.scaled_draw
+    monkeypatch.setattr(fused, "scaled_draw", lambda *args, **kw: calls.append(kw) or draw(*args, **kw))
+    tokens, logprobs = _steps(chain, x, requests)
+    monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", "0")
+    want_tokens, want_logprobs = _steps(chain, x, requests)
+    assert torch.equal(tokens, want_tokens)
+    return calls, logprobs, want_logprobs
+
+
 @pytest.mark.parametrize("case", ["shared", "per request", "a cold row", "dist alone", "narrow rows"])
 def test_the_cpu_backend_fuses_temperature_and_dist(fused, monkeypatch, case):
     """The cpu backend's FUSED_SAMPLE runs `temperature -> dist` (and `dist` alone) on rows wider than
@@ -290,14 +304,8 @@ def test_the_cpu_backend_fuses_temperature_and_dist(fused, monkeypatch, case):
         requests = [{"seed": 10 + i, "temperature": 0.3 + i / 3} for i in range(5)]
     elif case == "a cold row":
         requests[2]["temperature"] = 0.0
-    chain = _temperature_chain(None if case == "dist alone" else 0.8)
-    calls = []
-    draw = fused.scaled_draw
-    monkeypatch.setattr(fused, "scaled_draw", lambda *args, **kw: calls.append(args) or draw(*args, **kw))
-    tokens, logprobs = _steps(chain, x, requests)
-    monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", "0")
-    want_tokens, want_logprobs = _steps(chain, x, requests)
-    assert torch.equal(tokens, want_tokens)
+    calls, logprobs, want_logprobs = _fused_against_samplers(
+        fused, monkeypatch, _temperature_chain(None if case == "dist alone" else 0.8), x, requests)
     if case in ("a cold row", "narrow rows"):
         assert not calls and torch.equal(logprobs, want_logprobs)
     else:
@@ -332,13 +340,7 @@ def test_the_cpu_backend_fuses_min_p(fused, monkeypatch, case):
         requests = [{"seed": 20 + i, "min_p": [0.0, 0.01, 0.2, 0.5][i % 4], "temperature": 0.5 + i / 5}
                     for i in range(7)]
     chain = Chain.load({"samplers": [*MIN_P_CASES[case], {"use": "dist"}], "backend": "cpu"})
-    calls = []
-    draw = fused.scaled_draw
-    monkeypatch.setattr(fused, "scaled_draw", lambda *args, **kw: calls.append(kw) or draw(*args, **kw))
-    tokens, logprobs = _steps(chain, x, requests)
-    monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", "0")
-    want_tokens, want_logprobs = _steps(chain, x, requests)
-    assert torch.equal(tokens, want_tokens)
+    calls, logprobs, want_logprobs = _fused_against_samplers(fused, monkeypatch, chain, x, requests)
     torch.testing.assert_close(logprobs, want_logprobs, rtol=1e-6, atol=1e-6)
     if case == "min_keep":
         assert not calls
