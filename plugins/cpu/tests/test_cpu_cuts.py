@@ -252,3 +252,41 @@ def test_top_p_edge_rows_take_the_torch_path(nucleus):
     assert nucleus(x, p, torch.ones(3, dtype=torch.int64)) is None
     fewer = nucleus(_rows("peaked", 3, seed=2), p, torch.full((3,), V))  # fewer than min_keep above: at_least
     assert fewer is not None and fewer[3] is None
+
+
+# ----------------------------------------------------------------------------- random wide chains
+@pytest.mark.parametrize("trial", range(24))
+def test_random_wide_chains_draw_the_samplers_tokens_and_are_batch_invariant(band, nucleus, monkeypatch, trial):
+    """Chains of 1-3 of temperature, top_p, min_p, typical and top_k in random order, then dist, on wide rows
+    (peaked, flat, bf16-tied, masked) with per-request seeds: with the compiled kernels (TYPICAL_BAND,
+    TOP_P_CANDIDATES, the fused draw) the tokens of the torch paths over two steps and their logprobs to 1e-5;
+    and each row alone draws its token with its logprob to the bit."""
+    import random
+
+    rng = random.Random(trial)
+    pool = [{"use": "temperature", "t": round(rng.uniform(0.3, 1.5), 2)},
+            {"use": "top_p", "p": round(rng.uniform(0.05, 0.99), 2)},
+            {"use": "min_p", "p": round(rng.uniform(0.0, 0.3), 3)},
+            {"use": "typical", "p": round(rng.uniform(0.1, 0.99), 2)},
+            {"use": "top_k", "k": rng.randint(1, 200)}]
+    chain = Chain.load({"samplers": [*rng.sample(pool, rng.randint(1, 3)), {"use": "dist"}], "backend": "cpu"})
+    width = rng.choice([16384, 20000, 70000])
+    x = torch.cat([_rows(kind, 1, seed=trial, width=width) for kind in ("peaked", "flat", "tied", "masked")])
+    requests = [{"seed": rng.randrange(1000)} for _ in range(4)]
+
+    def steps(logits: torch.Tensor, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        store = chain.new_store(capacity=len(rows))
+        ids = [f"r{i}" for i in range(len(rows))]
+        for rid, request in zip(ids, rows):
+            store.add(rid, request)
+        outs = [chain.sample(logits, store, ids) for _ in range(2)]
+        return torch.stack([o.token_ids for o in outs]), torch.stack([o.logprobs for o in outs])
+
+    tokens, logprobs = steps(x, requests)
+    for row in range(4):
+        alone = steps(x[row:row + 1], requests[row:row + 1])
+        assert torch.equal(alone[0][:, 0], tokens[:, row]) and torch.equal(alone[1][:, 0], logprobs[:, row]), row
+    monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", "0")
+    want_tokens, want_logprobs = steps(x, requests)
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(logprobs, want_logprobs, rtol=1e-5, atol=1e-5)
