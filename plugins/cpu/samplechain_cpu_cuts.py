@@ -66,11 +66,9 @@ def _exps(xr, m, e, low):
     """e[j] = e**(x[j] - m) and low[j] = max(x[j] - m, -708): vectorised, and not under `reassoc`, which would
     undo _exp64's rounding to an integer ((y + C) - C -> y)."""
     for j in range(xr.shape[0]):
-        r = np.float64(xr[j]) - m  # <= 0, -inf for a masked token
-        clipped = r if r > _EXP_FLOOR else _EXP_FLOOR  # selects, not min / max: the loop vectorises
-        v = _exp64(clipped)
-        e[j] = v if r > _EXP_FLOOR else 0.0
-        low[j] = clipped
+        r = np.float64(xr[j]) - m  # <= 0, -inf for a masked token (e 0, low finite: no 0 * -inf)
+        e[j] = _exp64(r)
+        low[j] = r if r > _EXP_FLOOR else _EXP_FLOOR  # a select, not max: the loop vectorises
 
 
 @_jit(nogil=True, fastmath={"reassoc", "nsz", "contract"})
@@ -113,10 +111,7 @@ def _near(xr, c, reach, lse, gap, w):
         v = np.float64(xr[j])
         g = abs(c - v)
         gap[j] = g
-        y = v - lse
-        clipped = y if y > _EXP_FLOOR else _EXP_FLOOR
-        e = _exp64(clipped)
-        w[j] = e if y > _EXP_FLOOR else 0.0
+        w[j] = _exp64(v - lse)
         n += g <= reach
     return n
 
@@ -257,17 +252,15 @@ def typical_band(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor
             torch.from_numpy(lse))
 
 
-# ----------------------------------------------------------------------------- TOP_P_THRESHOLD
+# ----------------------------------------------------------------------------- TOP_P_CANDIDATES
 @_jit(nogil=True, fastmath={"contract"})
 def _depth_keys(xr, top, e, keys):
-    """For a block: e[j] = e**(x[j] - top) and keys[j] = the bucket of top - x[j] (_DEPTH wide buckets, the last
+    """For a block: e[j] = e**(x[j] - top) and keys[j] = the bucket of top - x[j] (1 / _PER_DEPTH wide buckets, the last
     holding everything deeper, -inf included); vectorised, so that the loop that adds them has no branch."""
     for j in range(xr.shape[0]):
         r = np.float64(xr[j]) - top  # <= 0
-        clipped = r if r > _EXP_FLOOR else _EXP_FLOOR
-        v = _exp64(clipped)
-        e[j] = v if r > _EXP_FLOOR else 0.0
-        d = -clipped * _PER_DEPTH
+        e[j] = _exp64(r)
+        d = -(r if r > _EXP_FLOOR else _EXP_FLOOR) * _PER_DEPTH  # -inf: the last bucket
         keys[j] = np.int32(d) if d < _DEEPEST else np.int32(_DEEPEST)
 
 
@@ -349,10 +342,7 @@ def _ranked_mass(ranked, n, top):
     for i in range(n):
         up = ~ranked[i]  # ascending in the value: the sign bit set for values >= +0
         bits = up & np.uint32(0x7FFFFFFF) if up >> np.uint32(31) else ~up
-        r = np.float64(np.uint32(bits).view(np.float32)) - top
-        clipped = r if r > _EXP_FLOOR else _EXP_FLOOR
-        v = _exp64(clipped)
-        out[i] = v if r > _EXP_FLOOR else 0.0
+        out[i] = _exp64(np.float64(np.uint32(bits).view(np.float32)) - top)
     return out
 
 

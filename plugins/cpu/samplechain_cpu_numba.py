@@ -90,17 +90,18 @@ _I8, _I9, _I10, _I11, _I12, _I13 = 1 / 40320, 1 / 362880, 1 / 3628800, 1 / 39916
 
 @_jit(inline="always", fastmath={"contract"})
 def _exp64(y):
-    """e**y for float64 y <= 709 (0 below -708 and for NaN), branch-free and without a float -> int64 conversion
-    (AVX2 has none) so that loops over it vectorise: k = round(y / ln 2) is read from the low bits of
-    y / ln 2 + 1.5 * 2**52."""
-    z = min(max(y, _FLOOR_64), 709.0)
+    """e**y for float64 y <= 709 (0 at or below -708, for -inf and for NaN), branch-free (selects, not min / max)
+    and without a float -> int64 conversion (AVX2 has none) so that loops over it vectorise: k = round(y / ln 2)
+    is read from the low bits of y / ln 2 + 1.5 * 2**52."""
+    z = y if y > _FLOOR_64 else _FLOOR_64
+    z = z if z < 709.0 else 709.0
     kd = z * _LOG2E_64 + _SHIFTER
     k = kd - _SHIFTER
     r = (z - k * _LN2_HI_64) - k * _LN2_LO_64  # |r| <= ln 2 / 2: the series' 14th term is < 5e-18
     poly = ((((((((((((_I13 * r + _I12) * r + _I11) * r + _I10) * r + _I9) * r + _I8) * r + _I7) * r + _I6) * r
                   + _I5) * r + _I4) * r + _I3) * r + _I2) * r + 1.0) * r + 1.0
     scale = np.int64((np.float64(kd).view(np.int64) - _SHIFTER_BITS + _BIAS_64) << np.int64(52)).view(np.float64)
-    return poly * scale if y >= _FLOOR_64 else 0.0
+    return poly * scale if y > _FLOOR_64 else 0.0
 
 
 @_jit(inline="always")
@@ -147,12 +148,8 @@ def _kept_exps(xr, t, floor, ts, top, e):
     """e[j] = e**(x[j] / t - top) in float64 where x[j] / ts (ts: 1 or t) is not below floor, else 0; vectorised
     (no branch: `&`, not `and`), and not under `reassoc` (see _exp64)."""
     for j in range(xr.shape[0]):
-        y = xr[j] / t
-        r = np.float64(y) - top
-        clipped = r if r > _FLOOR_64 else _FLOOR_64
-        v = _exp64(clipped)
-        keep = (xr[j] / ts >= floor) & (r > _FLOOR_64)
-        e[j] = v if keep else 0.0
+        v = _exp64(np.float64(xr[j] / t) - top)
+        e[j] = v if xr[j] / ts >= floor else 0.0
 
 
 @_jit(nogil=True)
