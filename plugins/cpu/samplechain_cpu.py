@@ -4,11 +4,13 @@ draw over wide rows compiled with numba where it is installed: samplechain_cpu_n
 from __future__ import annotations
 
 import functools
-import math
-from collections.abc import Callable
+import importlib
 import importlib.metadata
 import importlib.util
+import math
 import os
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -243,25 +245,14 @@ def numba_enabled() -> bool:
 _FUSED_MIN = 1 << 14
 
 
-def compiled_bucket_mass(values: torch.Tensor) -> torch.Tensor | None:
-    """The BUCKET_MASS kernel: filters.bucket_mass compiled on wide float32 inputs (the same sums); None: the torch
-    ops."""
-    if values.numel() < _FUSED_MIN or values.dtype != torch.float32 or values.ndim != 2 or not numba_enabled():
-        return None
-    import samplechain_cpu_numba
-
-    return samplechain_cpu_numba.bucket_mass(values, BUCKETS)
-
-
-def _compiled_cut(name: str) -> Callable[..., tuple[torch.Tensor, ...] | None]:
-    """A kernel of samplechain_cpu_cuts on wide float32 rows where numba is installed; None (the plugin's torch
-    path) elsewhere."""
-    def kernel(logits: torch.Tensor, *args: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+def _compiled(module: str, name: str, *fixed: Any) -> Callable[..., Any]:
+    """A Backend.kernels entry: module.name(logits, *args, *fixed) (samplechain_cpu_numba's or
+    samplechain_cpu_cuts' compiled loops) on wide 2-D float32 inputs where numba is installed; None (the caller's
+    torch path, the same result) elsewhere. The module is imported on the first call that runs."""
+    def kernel(logits: torch.Tensor, *args: torch.Tensor) -> Any:
         if logits.numel() < _FUSED_MIN or logits.dtype != torch.float32 or logits.ndim != 2 or not numba_enabled():
             return None
-        import samplechain_cpu_cuts
-
-        return getattr(samplechain_cpu_cuts, name)(logits, *args)
+        return getattr(importlib.import_module(module), name)(logits, *args, *fixed)
 
     kernel.__name__ = kernel.__qualname__ = f"compiled_{name}"
     return kernel
@@ -319,8 +310,12 @@ class CpuBackend(Backend):
     equivalence = "reference"
     summary = "reference implementation on the CPU"
 
-    kernels = {FUSED_SAMPLE: fused_sample, BUCKET_MASS: compiled_bucket_mass,  # wide rows, numba installed
-               TYPICAL_BAND: _compiled_cut("typical_band"), TOP_P_CANDIDATES: _compiled_cut("top_p_candidates")}
+    kernels = {  # wide rows, numba installed
+        FUSED_SAMPLE: fused_sample,
+        BUCKET_MASS: _compiled("samplechain_cpu_numba", "bucket_mass", BUCKETS),  # filters.bucket_mass's sums
+        TYPICAL_BAND: _compiled("samplechain_cpu_cuts", "typical_band"),
+        TOP_P_CANDIDATES: _compiled("samplechain_cpu_cuts", "top_p_candidates"),
+    }
 
     def topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         # a partial selection, never a sort of the vocabulary; on wide rows through chunk maxima (2-4x faster)

@@ -119,20 +119,19 @@ def _ranked_keep(distance: torch.Tensor, prob: torch.Tensor, p: torch.Tensor, mi
     return (kept, ~uncertain) if per_row else kept
 
 
-def band_keep(band: tuple[torch.Tensor, ...], p: torch.Tensor, min_keep: torch.Tensor, semantics: str
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """From a TYPICAL_BAND kernel's band: (keep (B, W) over its slots, positions (B, W), done (B,) bool). The band
-    is ranked by |c - x| (float64, spare slots at inf) and cut by the running mass of e**(x - log Z); rows the
-    kernel left out (count -1), or whose cut the band does not surely hold, are not done (the caller ranks them
-    whole)."""
-    values, positions, counts, center, lse = band
+def _band_keep(band: tuple[torch.Tensor, ...], p: torch.Tensor, min_keep: torch.Tensor, semantics: str
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """From a TYPICAL_BAND kernel's band: (keep (B, W) over its slots, done (B,) bool). The band is ranked by
+    |c - x| (float64, spare slots at inf) and cut by the running mass of e**(x - log Z); rows the kernel left out
+    (count -1), or whose cut the band does not surely hold, are not done (the caller ranks them whole)."""
+    values, _, counts, center, lse = band
     done = counts >= 0
     x = values.double()
     distance = (center[:, None] - x).abs()  # a spare slot (-inf) is at inf
     prob = torch.exp(x - lse[:, None])
     keep, certain = _ranked_keep(distance, prob, p, min_keep, semantics, counts.clamp(min=0), per_row=True)
     done &= certain
-    return keep & done[:, None], positions, done
+    return keep & done[:, None], done
 
 
 def _band_path(cand: Candidates, p: torch.Tensor, min_keep: torch.Tensor, semantics: str, backend: Backend
@@ -143,16 +142,16 @@ def _band_path(cand: Candidates, p: torch.Tensor, min_keep: torch.Tensor, semant
     band = kernel(cand.logits, p, min_keep) if kernel is not None else None
     if band is None:
         return None
-    keep_band, positions, done = band_keep(band, p, min_keep, semantics)
-    values = band[0]
+    values, positions = band[:2]
+    keep_band, done = _band_keep(band, p, min_keep, semantics)
     counts = keep_band.sum(dim=1)
     width = int(counts.max())
     if bool(done.all()) and width * 8 <= cand.width:  # compacted, as Candidates.masked would compact the mask
         order = torch.argsort((~keep_band).to(torch.uint8), dim=1, stable=True)[:, :width]  # kept first, in order
-        spare = torch.arange(width)[None, :] >= counts[:, None]  # the band's other tokens (distinct) behind them
+        spare = torch.arange(width, device=order.device)[None, :] >= counts[:, None]  # the band's other tokens
         return Candidates(values.gather(1, order).masked_fill_(spare, float("-inf")), positions.gather(1, order),
                           cand.vocab_size, False, True)
-    keep = torch.zeros(cand.logits.shape, dtype=torch.bool).scatter_(1, positions, keep_band)
+    keep = torch.zeros_like(cand.logits, dtype=torch.bool).scatter_(1, positions, keep_band)
     if not bool(done.all()):
         rest = (~done).nonzero()[:, 0]
         keep[rest] = typical_keep(cand.logits[rest], p[rest], min_keep[rest], semantics)
