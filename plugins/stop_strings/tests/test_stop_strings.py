@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerFast, StopStringCriteria
 
 import samplechain
 import samplechain_stop_strings as plugin
-from samplechain import ConfigError, StopContext, StopSetup
+from samplechain import ConfigError, StopContext, StopSetup, strings
 from samplechain.testing import byte_bpe_tokenizer
 
 TEXT = ("Stop the lastopper! The stopped stopwatch stops. Sentence one.\n\nSentence two: ends here. "
@@ -69,7 +69,7 @@ def hand_made(pieces: list[str]) -> PreTrainedTokenizerFast:
     """A byte-level tokenizer whose vocabulary is the 256 bytes plus exactly `pieces` (no merges: the pieces exist
     as ids, so a test can spell any token sequence with them)."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    encode = {b: c for c, b in plugin._gpt2_byte_decoder().items()}
+    encode = {b: c for c, b in strings.gpt2_byte_decoder().items()}
     vocab = {"<|endoftext|>": 0}
     for ch in sorted(alphabet):
         vocab.setdefault(ch, len(vocab))
@@ -209,7 +209,7 @@ def test_transformers_docstring_examples():
 def test_multi_byte_characters_split_over_byte_tokens():
     tok = hand_made(["caf", "!"])
     b = tok.convert_tokens_to_ids
-    byte_id = {x: b(ch) for ch, x in plugin._gpt2_byte_decoder().items()}  # the 256 one-byte tokens
+    byte_id = {x: b(ch) for ch, x in strings.gpt2_byte_decoder().items()}  # the 256 one-byte tokens
     cafe = [b("caf")] + [byte_id[x] for x in "é".encode()]  # "caf" 0xC3 0xA9
     party = [byte_id[x] for x in "🎉".encode()]  # four byte tokens
     rows = [cafe, cafe[:-1], party, party[:-1], party[:2], [b("caf")]]
@@ -275,8 +275,8 @@ def test_ids_past_the_tokenizer_are_no_text(tok):
 def test_precompute_runs_once_per_vocabulary(monkeypatch):
     tok = byte_bpe_tokenizer(400, TEXT + " once")
     calls = []
-    real = plugin.token_bytes
-    monkeypatch.setattr(plugin, "token_bytes", lambda t: calls.append(t) or real(t))
+    real = strings.token_bytes
+    monkeypatch.setattr(strings, "token_bytes", lambda t: calls.append(t) or real(t))
     first = plugin.byte_table(tok)
     for _ in range(3):
         run(criterion(["once"]), tok, [tok("once")["input_ids"]])
