@@ -21,9 +21,9 @@ Where it differs from transformers (everything else agrees, tested on random tok
 - ids outside the tokenizer (a model whose vocabulary is padded past it) are no text either; transformers maps them
   to an entry that matches nothing, so one also breaks a stop string it sits inside.
 
-Precompute, once per tokenizer and cached by the core's string service (`samplechain.strings`: a WeakKeyDictionary on the tokenizer object, then a small LRU keyed by
-its vocabulary fingerprint, so equal tokenizers share it; the stop strings are not part of the key, so requests
-with other stop strings reuse it): every token id's bytes in a (V, L) uint8 table, and their lengths. Per step:
+Precompute, once per tokenizer and cached by the core's string service (`samplechain.strings`: per tokenizer
+object, then per vocabulary fingerprint, so equal tokenizers share it; the stop strings are not part of the key,
+so requests with other stop strings reuse it): every token id's bytes in a (V, L) uint8 table, and their lengths. Per step:
 gather the table rows of each row's last M + 1 tokens (M = the longest stop string in bytes), read the last
 L' + M - 1 bytes of each row out of them (L' = the longest last token in the batch), and compare every stop string
 at every end position inside the last token, all rows and all stop strings in one tensor expression. The cost
@@ -40,7 +40,7 @@ import attrs
 import torch
 
 from samplechain import ConfigError, StopContext, StoppingCriterion, StopSetup, hookimpl
-from samplechain.strings import ByteTable, byte_table, matching_mode, token_bytes  # noqa: F401 (this plugin's old names)
+from samplechain.strings import ByteTable, byte_table, matching_mode, token_bytes  # noqa: F401 (its old names)
 
 
 def _valid(_inst, _attr, value) -> None:
