@@ -46,6 +46,8 @@ __all__ = ["typical_band", "top_p_candidates"]
 _PER_DEPTH = 16.0  # top_p's buckets: 1/16 of a logit below the top each
 _DEEPEST = 4095  # the last bucket (256 logits down) takes every deeper token
 _MARGIN = 1e-6  # the buckets' float64 mass aims past p by this much: far beyond the rounding of their sums
+_LARGEST_TOP = 2.0**16  # typical leaves rows whose largest |logit| is beyond it to the torch path: c and log Z are
+# kept relative to 0, so their rounding grows with the top (here at most ~1e-11 of a probability)
 
 
 _buffers = threading.local()  # per thread: the kernels' (B, W) scratch, kept from call to call
@@ -166,8 +168,8 @@ def _bands(x, p, min_keep, limit, c_out, lse_out, counts, positions):
         xr = x[row]
         counts[row] = -1
         top = np.float64(_largest(xr, xr.shape[0]))
-        if not (top > -np.inf and top < np.inf):  # NaN, +inf or nothing finite: the torch path
-            continue
+        if not (top > -np.inf and top < np.inf) or abs(top) > _LARGEST_TOP:  # NaN, +inf, nothing finite or huge
+            continue  # logits: the torch path (log Z = top + log s would lose log s's digits to a huge top)
         s, t, u = _moments(xr, top)
         if not (s >= 1.0 and t == t and u == u):
             continue
@@ -231,8 +233,8 @@ def typical_band(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor
     each row (see the module): (values (B, W) float32, positions (B, W) int64, counts (B,) int64, c (B,) float64,
     log Z (B,) float64). A row's band is values[b, :counts[b]] in position order; its spare slots hold -inf at
     columns outside the band. counts[b] = -1: that row is left to the caller (NaN or +inf logits, nothing
-    finite, or a band of more than a quarter of the row: ranking the row costs less there). None in a forked
-    child."""
+    finite, a largest logit beyond +-2**16, or a band of more than a quarter of the row: ranking the row costs
+    less there). None in a forked child."""
     if not _threads(logits.numel()):
         return None
     x = logits.detach().contiguous().numpy()

@@ -121,6 +121,22 @@ def test_edge_rows_are_left_to_the_torch_path(band):
     assert torch.equal(kept, _torch_path(x, p, ones, "llama.cpp"))
 
 
+def test_rows_of_huge_logits_are_left_to_the_torch_path(band):
+    """A row whose largest logit is beyond +-2**16 (log Z = top + log s would lose log s: 400 tokens tied at 3e38
+    each looked like mass 1, so typical kept one of them) is ranked whole; rows of ordinary logits are not."""
+    x = _rows("peaked", 3, seed=2)
+    x[1] = -INF
+    x[1, 100:500] = 3e38  # 400 tokens tied: typical 0.5 keeps 200 of them
+    x[2] = x[2] - 1e6
+    p = torch.full((3,), 0.5, dtype=torch.float64)
+    ones = torch.ones(3, dtype=torch.int64)
+    assert band(x, p, ones)[2][1:].tolist() == [-1, -1] and band(x, p, ones)[2][0] > 0
+    for semantics in typical.SEMANTICS:
+        kept = _kernel_path(band, x, p, ones, semantics)
+        assert torch.equal(kept, _torch_path(x, p, ones, semantics))
+    assert int(_kernel_path(band, x, p, ones, "llama.cpp")[1].sum()) == 200  # transformers keeps every tie: 400
+
+
 def test_a_row_keeps_the_same_tokens_alone_and_in_any_batch(band):
     x = torch.cat([_rows(kind, 2, seed=5) for kind in ("peaked", "flat", "tied", "sharp")])
     g = torch.Generator().manual_seed(0)
