@@ -3,9 +3,10 @@
 `ids` is an array of token-id sequences. A one-token sequence is always banned (-inf); a longer one bans its
 last token when the row's history ends with the sequence's other tokens. Sequences equal to `[eos]` for an id in
 `eos_ids` are dropped, as transformers drops them. Chain-level; empty = no-op.
-`words` (strings, vLLM's `bad_words`) are tokenised in `prepare` as vLLM's `SamplingParams.update_from_tokenizer`
-does: each word without special tokens as `word.lstrip()`, and again as `" " + word.lstrip()`, the second kept
-only when it has as many tokens as the first and starts with another token (a distinct word-start token).
+`words` (strings, vLLM's `bad_words`) are tokenised in `prepare` by the core's string service
+(`samplechain.strings.word_token_ids`) as vLLM's `SamplingParams.update_from_tokenizer` does: each word without
+special tokens as `word.lstrip()`, and again as `" " + word.lstrip()`, the second kept only
+when it has as many tokens as the first and starts with another token (a distinct word-start token).
 Difference: transformers skips a sequence longer than the (padded) input; here a sequence applies as soon as the
 row has as many real tokens as its prefix; left padding (-1) never matches.
 """
@@ -16,6 +17,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, SamplingError, Stage, StepContext, hookimpl
+from samplechain.strings import word_token_ids
 
 
 def _check_ids(_inst, attr: attrs.Attribute, value) -> None:
@@ -29,19 +31,6 @@ def _check_ids(_inst, attr: attrs.Attribute, value) -> None:
 def _check_words(_inst, _attr: attrs.Attribute, value) -> None:
     if any(not w.strip() for w in value):
         raise ValueError("every bad word needs a non-blank string")
-
-
-def vllm_bad_word_ids(tokenizer, words) -> list[tuple[int, ...]]:
-    """vLLM's tokenisation of bad words (with and without a leading space)."""
-    out: list[tuple[int, ...]] = []
-    for word in words:
-        for space in (False, True):
-            ids = tuple(tokenizer.encode((" " if space else "") + word.lstrip(), add_special_tokens=False))
-            if not ids:
-                continue
-            if not space or (ids[0] != out[-1][0] and len(ids) == len(out[-1])):
-                out.append(ids)
-    return out
 
 
 @attrs.frozen
@@ -104,7 +93,7 @@ class BadWords(Sampler):
 
     def prepare(self, setup) -> None:
         if self.params.words and setup.tokenizer is not None:
-            self._build([*self.params.ids, *vllm_bad_word_ids(setup.tokenizer, self.params.words)])
+            self._build([*self.params.ids, *word_token_ids(setup.tokenizer, self.params.words)])
             self._words_ready = True
 
     def needs_history(self) -> bool:

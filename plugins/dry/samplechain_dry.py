@@ -8,10 +8,14 @@ context for `len >= allowed_length` tokens, the token that followed it would ext
 reaches back past the most recent breaker occurrence, and a single-token breaker is never penalised.
 
 Breakers are `breaker_ids` (token-id sequences: head then tail, as llama.cpp's processed breakers) and
-`breakers` (strings, resolved through a tokenizer as llama.cpp's `get_overlapping_token_sequences`: every token
-containing the string is a single-token breaker; a token ending in a prefix of it, followed by the tokenized rest,
-is a sequence). Strings need a tokenizer: call `prepare(setup)` with an object carrying `.tokenizer` (a
-StopSetup does); without one, give breakers as `breaker_ids`.
+`breakers` (strings, resolved in `prepare` through the core's string service, `samplechain.strings
+.overlapping_sequences`, llama.cpp's `get_overlapping_token_sequences`: every token containing the string is a
+single-token breaker; a token ending in a prefix of it, followed by the tokenized rest, is a sequence). The
+default is llama.cpp's four ("\n", ":", "\"", "*"), resolved whenever the chain is prepared with a tokenizer
+(`generate()` does it; on bare logits `chain.prepare(tokenizer=...)`). Without a tokenizer the defaults cannot be
+resolved: a DRY that is on runs without string breakers and warns once (`breakers = []` says so without a
+warning); other strings without a tokenizer are an error (give them as `breaker_ids`). The defaults are told
+apart by value, so the presets, which restate them, behave the same.
 
 The repeat lengths are the Z-array of the reversed window (llama.cpp computes it with the Z-algorithm); here they
 come from a comparison of all shifts at once, one vectorised pass per matched length, batched over rows.
@@ -19,12 +23,15 @@ come from a comparison of all shifts at once, one vectorised pass per matched le
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import attrs
 import torch
 
-from samplechain import Backend, Candidates, Sampler, SamplingError, Stage, StepContext, finite, hookimpl, in_range
+from samplechain import (Backend, Candidates, ChainWarning, Sampler, SamplingError, Stage, StepContext, finite,
+                         hookimpl, in_range)
+from samplechain.strings import overlapping_sequences
 from samplechain.tokens import per_token_reduce, write_tokens
 
 FLOAT_MAX_LOG = 88.7228391  # as llama.cpp: ~ln(FLT_MAX)
@@ -50,28 +57,9 @@ class DryParams:
     base: float = attrs.field(default=1.75, validator=[finite, in_range(1.0, None)])
     allowed_length: int = attrs.field(default=2, validator=in_range(0, None))
     penalty_last_n: int = attrs.field(default=-1, validator=in_range(-1, None, hint="-1 = whole context, 0 disables"))
-    breakers: tuple[str, ...] = attrs.field(default=LLAMA_CPP_BREAKERS, validator=_strings_ok)
+    breakers: tuple[str, ...] = attrs.field(  # need a tokenizer; without one the defaults are off
+        default=LLAMA_CPP_BREAKERS, validator=_strings_ok)
     breaker_ids: tuple[tuple[int, ...], ...] = attrs.field(default=(), validator=_ids_ok)
-
-
-def resolve_breaker(tokenizer: Any, text: str, words: list[str]) -> tuple[tuple[int, ...], ...]:
-    """llama.cpp's get_overlapping_token_sequences for one string: (head, *tail) id sequences. words[i] is the
-    text of token i (decoded once per tokenizer by the caller); one pass over the vocabulary."""
-    out: dict[tuple[int, ...], None] = {}
-    for token_id, word in enumerate(words):
-        if text in word:
-            out[(token_id,)] = None
-            continue
-        pos = word.find(text[0])
-        while pos != -1:
-            i = 1
-            while i < len(text) and pos + i < len(word) and word[pos + i] == text[i]:
-                i += 1
-            if i == len(text) or pos + i == len(word):
-                tail = tokenizer.encode(text[i:], add_special_tokens=False)[:MAX_TAIL] if i < len(text) else []
-                out[(token_id, *tail)] = None
-            pos = word.find(text[0], pos + 1)
-    return tuple(out)
 
 
 class Dry(Sampler):
@@ -90,6 +78,7 @@ class Dry(Sampler):
     def __init__(self, params: DryParams) -> None:
         super().__init__(params)
         self._tokenizer = None
+        self._warned = False
         self._set_breakers(tuple(tuple(s[: MAX_TAIL + 1]) for s in params.breaker_ids))
 
     def needs_history(self) -> bool:
@@ -97,14 +86,14 @@ class Dry(Sampler):
 
     # ---------------------------------------------------------------- breakers
     def prepare(self, setup: Any) -> None:
-        """Resolve string breakers through `setup.tokenizer` (the hook a generation would call once)."""
+        """Resolve string breakers through `setup.tokenizer` (the hook a generation would call once); the string
+        service caches them per tokenizer vocabulary and string."""
         tokenizer = getattr(setup, "tokenizer", setup)
         if tokenizer is None or tokenizer is self._tokenizer:
             return
         seqs = list(tuple(s[: MAX_TAIL + 1]) for s in self.params.breaker_ids)
-        words = [tokenizer.decode([i]) for i in range(len(tokenizer))] if self.params.breakers else []
         for text in self.params.breakers:
-            seqs.extend(resolve_breaker(tokenizer, text, words))
+            seqs.extend(overlapping_sequences(tokenizer, text, max_tail=MAX_TAIL))
         self._tokenizer = tokenizer
         self._set_breakers(tuple(dict.fromkeys(seqs)))
 
@@ -124,10 +113,17 @@ class Dry(Sampler):
         if self.is_noop(ctx):
             return cand
         if self.params.breakers and self._tokenizer is None:
-            raise SamplingError(
-                "dry.v1: string sequence breakers need a tokenizer: call prepare() with one, or give them as "
-                "breaker_ids (token-id sequences), or set breakers = []"
-            )
+            if tuple(self.params.breakers) != LLAMA_CPP_BREAKERS:
+                raise SamplingError(
+                    f"{self.qualified_name()}: string sequence breakers {list(self.params.breakers)} need a "
+                    "tokenizer: run the chain through generate() or call chain.prepare(tokenizer=...), or give "
+                    "them as breaker_ids (token-id sequences), or set breakers = []"
+                )
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"{self.qualified_name()}: no tokenizer, so llama.cpp's default sequence breakers "
+                              "are off: call chain.prepare(tokenizer=...) (generate() does), or set breakers = [] "
+                              "or breaker_ids to choose", ChainWarning, stacklevel=2)
         mult, base = ctx.param("multiplier"), ctx.param("base")
         allowed, last_n = ctx.param("allowed_length"), ctx.param("penalty_last_n")
         history = ctx.history

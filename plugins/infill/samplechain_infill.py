@@ -14,14 +14,15 @@ Per row, over the live (finite) candidates sorted by descending logit (ties: by 
   recomputes the softmax from the logits, so this is what a llama.cpp chain `infill -> dist` samples from.
 - "probs": log of the infill's own final probabilities (merged mass included), for a selector to sample those.
 
-Token texts are what llama.cpp's `token_to_piece(id, special=false)` gives: the raw bytes of the token (byte-level
-BPE: through the GPT-2 byte table; SentencePiece: '▁' as a space, <0xNN> as that byte), and an empty text for
-special tokens, which therefore never merge. `prepare` builds them from the tokenizer; without it `apply` fails.
+Token texts are what llama.cpp's `token_to_piece(id, special=false)` gives, from the core's string service
+(`samplechain.strings`, cached per tokenizer): the raw bytes of the token (byte-level BPE: through the GPT-2 byte
+table; SentencePiece: '▁' as a space, <0xNN> as that byte; WordPiece: a leading space unless "##", as llama.cpp's
+converter writes it), and an empty text for special tokens, which therefore never merge. `prepare` builds them
+from the tokenizer; without it `apply` fails.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import attrs
@@ -30,9 +31,9 @@ import torch
 
 from samplechain import Candidates, Sampler, SamplerSetup, Stage, StepContext, hookimpl, one_of
 from samplechain.params import in_range, token_ids_field
+from samplechain.strings import byte_table
 
 OUTPUTS = ("logits", "probs")
-_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 F32 = np.float32
 
 
@@ -44,43 +45,13 @@ class InfillParams:
     output: str = attrs.field(default="logits", validator=one_of(*OUTPUTS))
 
 
-def _gpt2_byte_decoder() -> dict[str, int]:
-    """The inverse of GPT-2's bytes_to_unicode table (byte-level BPE writes byte b as this character)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    chars = keep[:]
-    extra = 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(keep, chars)}
-
-
 def token_pieces(tokenizer: Any, size: int | None = None) -> list[bytes]:
-    """The piece (bytes) of every token id, as llama.cpp's token_to_piece(id, special=false)."""
-    n = len(tokenizer)
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    tokens = tokenizer.convert_ids_to_tokens(list(range(n)))
-    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
-    byte_level = type(decoder).__name__ == "ByteLevel"
-    table = _gpt2_byte_decoder() if byte_level else {}
-    sentencepiece = not byte_level and any(isinstance(t, str) and t.startswith("▁") for t in tokens)
-    out: list[bytes] = []
-    for i, tok in enumerate(tokens):
-        if i in special or tok is None:
-            out.append(b"")
-        elif byte_level and all(c in table for c in tok):
-            out.append(bytes(table[c] for c in tok))
-        elif sentencepiece:
-            m = _BYTE_TOKEN.match(tok)
-            out.append(bytes([int(m.group(1), 16)]) if m else tok.replace("▁", " ").encode("utf-8"))
-        else:
-            out.append(tokenizer.decode([i], skip_special_tokens=True, clean_up_tokenization_spaces=False)
-                       .encode("utf-8"))
-    if size is not None and size > n:
-        out.extend([b""] * (size - n))
-    return out
+    """The piece (bytes) of every token id, as llama.cpp's token_to_piece(id, special=false): the core's cached
+    byte table (`samplechain.strings`), padded with empty pieces to `size`."""
+    pieces = list(byte_table(tokenizer).pieces)
+    if size is not None and size > len(pieces):
+        pieces.extend([b""] * (size - len(pieces)))
+    return pieces
 
 
 def prefix_successors(pieces: list[bytes]) -> dict[int, np.ndarray]:

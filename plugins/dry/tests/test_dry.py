@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 import samplechain
-from samplechain import Chain, ConfigError, SamplingError
+from samplechain import Chain, ChainWarning, ConfigError, SamplingError, strings
 from samplechain.testing import (
     assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, sampler_chain, top_k_only,
 )
@@ -26,7 +27,7 @@ TOL = 1e-5
 
 
 def chain(**params):
-    """A DRY chain; without string breakers unless given (the default, llama.cpp's four, needs a tokenizer)."""
+    """A DRY chain; without string breakers unless given (the default, llama.cpp's four, warns without a tokenizer)."""
     params.setdefault("breakers", [])
     return sampler_chain({"use": "dry", **params})
 
@@ -207,13 +208,51 @@ def test_default_breakers_are_llama_cpp_s_and_resolve_in_prepare():
     tok = transformers.AutoTokenizer.from_pretrained(TOKENIZER)
     c = sampler_chain({"use": "dry", "multiplier": 0.8})
     assert c.samplers[0].params.breakers == ("\n", ":", '"', "*")
-    history = torch.tensor([tok.encode('x "a" b "a" b "a"')])
-    with pytest.raises(SamplingError, match="need a tokenizer"):
-        run(c, torch.zeros(1, len(tok)), history)
     c.prepare(tokenizer=tok)
     single = set(c.samplers[0]._single.tolist())
     for text in ("\n", ":", '"', "*"):
         assert {i for i in range(len(tok)) if text in tok.decode([i])} <= single
+    # the quotes break the repeat: only 'a' follows the last '"', shorter than allowed_length 2
+    history = torch.tensor([tok.encode('x "a" b "a" b "a')])
+    logits = torch.zeros(1, len(tok))
+    assert torch.equal(run(c, logits, history), logits)
+    assert (run(chain(multiplier=0.8), logits, history) < 0).any()
+
+
+def test_default_breakers_without_a_tokenizer_are_off_with_a_warning():
+    """The defaults cannot be resolved without a tokenizer: DRY runs without them and says so once; `breakers =
+    []` runs the same silently. The presets restate the defaults and behave the same."""
+    history = torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2]])
+    logits = torch.zeros(1, 8)
+    c = sampler_chain({"use": "dry", "multiplier": 0.8})
+    with pytest.warns(ChainWarning, match="default sequence breakers are off"):
+        out = run(c, logits, history)
+    assert torch.equal(out, run(chain(multiplier=0.8), logits, history))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run(c, logits, history)  # once per sampler
+        explicit = sampler_chain({"use": "dry", "multiplier": 0.8, "breakers": ["\n", ":", '"', "*"]})
+    with pytest.warns(ChainWarning):
+        assert torch.equal(run(explicit, logits, history), out)
+
+
+def test_other_string_breakers_without_a_tokenizer_are_an_error():
+    c = chain(multiplier=0.8, breakers=["\n"])
+    with pytest.raises(SamplingError, match=r"breakers \['\\n'\] need a tokenizer.*breaker_ids"):
+        run(c, torch.zeros(1, 8), torch.tensor([[1, 2, 1, 2]]))
+    assert torch.equal(run(chain(multiplier=0.0, breakers=["\n"]), torch.zeros(1, 8), torch.tensor([[1, 2]])),
+                       torch.zeros(1, 8))  # a DRY that is off never needs them
+
+
+def test_string_breakers_are_the_string_services_overlapping_sequences():
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.AutoTokenizer.from_pretrained(TOKENIZER)
+    c = chain(multiplier=1.0, breakers=["\n", "a:b"])
+    c.prepare(tokenizer=tok)
+    dry = c.samplers[0]
+    want = {s for text in ("\n", "a:b") for s in strings.overlapping_sequences(tok, text, max_tail=20)}
+    got = {(i,) for i in dry._single.tolist()} | {tuple(s) for v in dry._multi.values() for s in v.tolist()}
+    assert got == want
 
 
 def test_bad_values_are_configuration_errors():
