@@ -59,6 +59,7 @@ REFERENCES = {
     "p_less": "llama.cpp p-less sampling (PR #26035); the p-less paper",
     "penalties": "llama.cpp `llama_sampler_init_penalties`; transformers `RepetitionPenaltyLogitsProcessor`; vLLM",
     "quadratic": "text-generation-webui `QuadraticSamplingLogitsWarper`",
+    "reasoning_budget": "llama.cpp `common_reasoning_budget_init` (`--reasoning-budget`); vLLM `thinking_token_budget`",
     "renormalize": "transformers `LogitNormalization`",
     "sequence_bias": "transformers `SequenceBiasLogitsProcessor`",
     "suppress_tokens": "transformers `SuppressTokensLogitsProcessor`",
@@ -90,6 +91,10 @@ ORIGINS = {
     "text-generation-webui-temperature-last": ("text-generation-webui", "text-generation-webui's `sampler_priority` "
                                                "with `temperature_last`: temperature and quadratic moved to the end"),
     "greedy": ("any", "a single selector: there is no order to take from an engine"),
+    "reasoning-think": ("Qwen3 / DeepSeek-R1", "a thinking budget ([reasoning.md](reasoning.md)), then the "
+                        "thinking-mode sampling values of Qwen3's model card in llama.cpp's order"),
+    "reasoning-seed-think": ("Seed-OSS markers", "reasoning-think with `<seed:think>` / `</seed:think>`"),
+    "reasoning-think-brackets": ("Magistral markers", "reasoning-think with `[THINK]` / `[/THINK]`"),
 }
 
 # prose for the keys of a chain table; the keys themselves come from the config loader (config._CHAIN_KEYS)

@@ -59,6 +59,19 @@ def test_set_preset_and_batch(folder, capsys):
     assert json.loads(out)["outputs"][0]["token_ids"] == json.loads(greedy)["outputs"][0]["token_ids"]
 
 
+def test_stop_regex_and_include_stop_str_from_the_command_line(folder, capsys):
+    args = ("generate", "The quick", "--model", str(folder), "--preset", "greedy", "--max-new-tokens", "16")
+    free = json.loads(run(capsys, *args, "--json")[1])["outputs"][0]["text"]
+    stop = next(free[i:i + 2] for i in range(1, len(free)) if free[i:i + 2].isalnum())
+    pattern = "".join(f"[{c}]" for c in stop)
+    for extra, want in (((), free[: free.find(stop)]), (("--include-stop-str",), free[: free.find(stop) + 2])):
+        code, out, _ = run(capsys, *args, "--json", "--stop-regex", pattern, *extra)
+        row = json.loads(out)["outputs"][0]
+        assert code == 0 and row["text"] == want and row["finish_reason"] == f"stop_regex:{pattern}"
+        code, streamed, err = run(capsys, *args, "--stop-regex", pattern, *extra)
+        assert streamed == "The quick" + want + "\n" and f"finish: stop_regex:{pattern}" in err
+
+
 def test_beam_search_from_the_command_line(folder, capsys):
     code, out, _ = run(capsys, "generate", "The", "--model", str(folder), "--preset", "greedy", "--num-beams", "3",
                        "--max-new-tokens", "5", "--json")

@@ -65,7 +65,8 @@ SELECTORS = ("greedy", "dist", "mirostat", "mirostat_v2", "adaptive_p")
 NEEDS_TOKENIZER = frozenset({"grammar", "infill"})
 # roles allowed to leave a row with nothing: they remove particular tokens whatever their probability
 MAY_EMPTY = frozenset({"mask", "bias"})
-ALWAYS = frozenset({("grammar", "gbnf")})  # optional fields of which a valid entry needs one
+ALWAYS = frozenset({("grammar", "gbnf"), ("reasoning_budget", "start_ids"),
+                    ("reasoning_budget", "end_ids")})  # optional fields of which a valid entry needs one
 CHAIN_LEVEL = frozenset({("grammar", "json")})  # stored per request, but part of the compiled grammar
 KINDS = ("normal", "flat", "peaked", "bf16", "holes", "single", "huge")
 
@@ -157,6 +158,12 @@ def _special(name: str, field: str, vocab: int) -> st.SearchStrategy[Any] | None
         ("watermark", "hashing_key"): st.integers(0, 2**31),
         ("mirostat", "m"): st.integers(1, 120),
         ("top_h", "top_n"): st.integers(1, 120),
+        ("reasoning_budget", "start"): st.just("<think>"),  # strings need the tokenizer: given as ids instead
+        ("reasoning_budget", "end"): st.just("</think>"),
+        ("reasoning_budget", "message"): st.just(""),
+        ("reasoning_budget", "start_ids"): _ids(vocab, 1, 3),
+        ("reasoning_budget", "end_ids"): _ids(vocab, 1, 3),
+        ("reasoning_budget", "message_ids"): _ids(vocab, 0, 3),
     }
     if (name, field) in table:
         return table[(name, field)]

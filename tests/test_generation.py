@@ -99,7 +99,8 @@ def test_logprobs_are_the_processed_distribution_at_the_chosen_tokens(model):
         values, top_ids = out.top_logprobs[step]
         ref_values, ref_ids = lp.topk(3, dim=-1)
         torch.testing.assert_close(values, ref_values)
-        assert torch.equal(top_ids, ref_ids)
+        finite = ref_values > float("-inf")  # past the kept tokens any removed id may fill the -inf places
+        assert torch.equal(top_ids[finite], ref_ids[finite])
     assert out.finish_reasons == ["max_new_tokens", "max_new_tokens"]
     assert out.num_generated.tolist() == [6, 6]
 

@@ -6,7 +6,7 @@ EXPECTED = {
     "ALL_DEVICES", "Backend", "BackendError", "ChainWarning", "Candidates", "Chain", "ChainConfig", "ConfigError", "EntrySpec", "FUSED_SAMPLE", "FusedPart",
     "EosIds", "SamplerSetup", "MixedChains", "MixedStore", "token_ids_field", "NoParams", "PluginError", "PluginHost", "PluginInfo", "PluginLoadError", "PluginWarning", "Registry",
     "RequestError", "RequestStore", "SampleOutput", "Sampler", "SamplechainError", "SamplingError", "Stage",
-    "StepContext", "StopContext", "StopResult", "StopSetup", "Stopping", "StoppingCriterion", "UnknownPluginError", "__version__", "finite", "get_host", "hookimpl",
+    "StepContext", "StopContext", "StopMatch", "StopResult", "StopSetup", "Stopping", "StoppingCriterion", "UnknownPluginError", "__version__", "finite", "get_host", "hookimpl",
     "in_range", "load_config", "load_registry", "one_of", "reset_host", "seed_field", "select_backend", "token_id_list", "max_positions",
 }
 

@@ -13,9 +13,11 @@ One step of `Chain.sample(logits, store, request_ids)`, in order:
    vocabulary again. Masked candidates are -inf.
 4. The selector (last entry) returns a candidate position per row; token id = ids[position].
 5. logprob of the chosen token = logit - logsumexp over the candidates the selector saw (the processed
-   distribution). A row with no finite candidate, or with NaN / +inf, is an error naming its request and what made
-   it so (the logits as given, or the sampler after which the row had nothing): the check is one reduction over
-   the B logprobs (no pass over the vocabulary); only a failing step looks closer, running the stages again.
+   distribution; `logprobs_at` asks for another stage's, see `Chain.sample`, and `top_logprobs=n` for the n most
+   likely tokens under it: both only cost passes when asked, and a step that asks runs without the fusions). A row
+   with no finite candidate, or with NaN / +inf, is an error naming its request and what made it so (the logits
+   as given, or the sampler after which the row had nothing): the check is one reduction over the B logprobs (no
+   pass over the vocabulary); only a failing step looks closer, running the stages again.
 6. Optionally scatter the processed logits back to (B, V) scores (-inf for removed tokens), as transformers does.
 7. Accept (unless accept=False): stateful samplers compute their new state rows, then the store commits them and
    advances every row's RNG position by one. Nothing in the store changes before this point, so a step that
@@ -50,8 +52,13 @@ _INF = float("inf")
 
 @attrs.frozen
 class SampleOutput:
-    """token_ids (B,) int64; logprobs (B,) float32 of each chosen token under the processed distribution;
-    scores (B, V) float32 processed logits when asked for (return_scores=True), else None.
+    """token_ids (B,) int64; logprobs (B,) float32 of each chosen token under the processed distribution (or the
+    stage and kind `logprobs_at` asked for: a logit where it asked for logits); scores (B, V) float32 processed
+    logits when asked for (return_scores=True), else None; top_logprobs, when asked for (top_logprobs=n > 0), a pair
+    (values (B, n) float32, token ids (B, n) int64) of the n most likely tokens under the same stage and kind, best
+    first (-inf, with the id of some removed token, where a stage has fewer than n candidates left); ranks, when a
+    stage other than the default was asked for or top_logprobs > 0, (B,) int64 rank of each chosen token under
+    that distribution (1 for the most likely; tokens tied with it count, as vLLM's selected_token_ranks).
 
     On a backend whose step never waits for the host (`Backend.sync_free`: cuda) the step's check of its tokens
     is deferred to a device flag: call `check()` where the tokens are read anyway (generate() does); it raises
@@ -61,6 +68,8 @@ class SampleOutput:
     logprobs: torch.Tensor
     scores: torch.Tensor | None = None
     deferred: tuple[torch.Tensor, Callable[[], Exception]] | None = attrs.field(default=None, repr=False, eq=False)
+    top_logprobs: tuple[torch.Tensor, torch.Tensor] | None = attrs.field(default=None, eq=False)
+    ranks: torch.Tensor | None = attrs.field(default=None, eq=False)
 
     def check(self) -> SampleOutput:
         """Raise the step's deferred error, if any (one host read of a device flag); returns self."""
@@ -71,6 +80,9 @@ class SampleOutput:
         return self
 
 
+# vLLM's logprobs_mode names: (stage, as logits)
+_VLLM_LOGPROBS_MODES = {"raw_logprobs": ("raw", False), "raw_logits": ("raw", True),
+                        "processed_logprobs": ("processed", False), "processed_logits": ("processed", True)}
 _FUSE_MIN = 1 << 20  # logits elements from which skipping the (B, V) copy pays for the fusion's extra calls
 
 
@@ -117,6 +129,7 @@ class Chain:
         self.needs_history = any(s.needs_history() for s in self.samplers)
         self.needs_unconditional_logits = any(s.needs_unconditional_logits() for s in self.samplers)
         self.setup: SamplerSetup | None = None  # the last prepare()'s
+        self._stage_names: dict[str, tuple[int, bool]] = {}  # logprobs_at values, parsed
         if self.backend_name != "auto":  # an explicit backend must exist and run here, now
             self._backend_for(None)
 
@@ -304,13 +317,32 @@ class Chain:
         history: torch.Tensor | None = None,
         prompt_lengths: torch.Tensor | None = None,
         unconditional_logits: torch.Tensor | None = None,
+        logprobs_at: str | Sequence[str] = "processed",
+        top_logprobs: int = 0,
     ) -> SampleOutput:
         """Choose one token per row. Without a store, each row is a fresh request with the chain's parameters.
 
         accept=False leaves the store untouched (call `accept` later); accept="defer" returns (output, commit):
         the state updates are computed but only written when commit() is called (MixedChains uses it so a failure
-        in any group of a mixed batch changes no request)."""
-        args = (logits, store, request_ids, accept, return_scores, history, prompt_lengths, unconditional_logits)
+        in any group of a mixed batch changes no request).
+
+        logprobs_at: the distribution under which `logprobs` (the chosen token's) and `top_logprobs` (the n best,
+        top_logprobs=n) are given; one value for the batch or one per row (each stage asked for is computed once):
+          "processed" (default): what the selector sampled from, after every transform and filter (vLLM's
+                      processed_logprobs; llama.cpp's post_sampling_probs): logit - logsumexp over its candidates;
+          "raw":      log_softmax of the logits as given to the chain, before any sampler (float32; after the
+                      chain's own nonfinite = "sanitize" if set): vLLM's raw_logprobs;
+          ENTRY:      right after that chain entry ran (its `id`, or its `use` / plugin name where only one entry has
+                      it): the candidates earlier filters removed count as -inf, logprob = logit - logsumexp over
+                      those left at that stage. Naming the last entry before the selector, or the selector, is
+                      "processed".
+        A suffix ":logits" gives the logit values at that stage instead ("temp:logits", "raw:logits"); vLLM's
+        names raw_logprobs, raw_logits, processed_logprobs, processed_logits are accepted as they are. An unknown
+        name is a ConfigError listing the chain's entries. The tokens never depend on it. The default costs nothing
+        more; anything else (or top_logprobs > 0) runs the step without the backend's fused tail and keeps a copy of
+        each stage asked for (one (B, K) copy and a log-sum-exp each)."""
+        args = (logits, store, request_ids, accept, return_scores, history, prompt_lengths, unconditional_logits,
+                logprobs_at, top_logprobs)
         if not self._sync_free(logits):
             return self._sample(*args)
         with sync_free_step():
@@ -318,7 +350,8 @@ class Chain:
 
     def _sample(self, logits: torch.Tensor, store: RequestStore | None, request_ids: Sequence[str] | None,
                 accept: bool | str, return_scores: bool, history: torch.Tensor | None,
-                prompt_lengths: torch.Tensor | None, unconditional_logits: torch.Tensor | None) -> SampleOutput:
+                prompt_lengths: torch.Tensor | None, unconditional_logits: torch.Tensor | None,
+                logprobs_at: str | Sequence[str] = "processed", top_logprobs: int = 0) -> SampleOutput:
         given = logits  # as the caller passed them: a failing step names the NaN / +inf it finds there
         logits, writable = self._check_logits(logits)
         batch, vocab = logits.shape
@@ -326,9 +359,12 @@ class Chain:
         backend = self._backend_for(logits.device.type)
         view = store.batch(request_ids)
         positions = store.positions(view)
+        modes = self._logprobs_modes(logprobs_at, top_logprobs, batch)  # None: processed logprobs, no top-n
         if batch == 0:
             empty = torch.zeros(0, dtype=torch.int64, device=logits.device)
-            out = SampleOutput(empty, empty.float(), logits.clone() if return_scores else None)
+            width = min(top_logprobs, vocab)
+            tops = (empty.float().reshape(0, width), empty.reshape(0, width)) if top_logprobs else None
+            out = SampleOutput(empty, empty.float(), logits.clone() if return_scores else None, top_logprobs=tops)
             return (out, lambda also=None: None) if accept == "defer" else out  # type: ignore[return-value]
 
         hist = self._history(history, prompt_lengths, positions, logits)
@@ -336,9 +372,22 @@ class Chain:
         cand = Candidates(logits, None, vocab, False, writable)
         last = len(self.samplers) - 1
         contexts: dict[int, StepContext] = {}  # this step's, each built once
-        plan = None if return_scores else self._fusion(store, view, positions, backend, hist, uncond, contexts)
-        cand = self._filter(cand, store, view, positions, backend, hist, uncond, end=plan[0] if plan else last,
-                            cache=contexts)
+        plan = None if return_scores or modes is not None else self._fusion(store, view, positions, backend, hist,
+                                                                             uncond, contexts)
+        kept: dict[int, Candidates] = {}  # logprobs_at's stages: -1 the logits as given, i after entry i
+        if modes is not None:
+            wanted = sorted({stage for stage, _ in modes if stage < last})
+            begin = 0
+            for stage in wanted:  # the filter stops after each stage asked for: no swap or fusion crosses it
+                if stage >= 0:
+                    cand = self._filter(cand, store, view, positions, backend, hist, uncond, begin=begin,
+                                        end=stage + 1, cache=contexts)
+                    begin = stage + 1
+                kept[stage] = _kept(cand)
+            cand = self._filter(cand, store, view, positions, backend, hist, uncond, begin=begin, cache=contexts)
+        else:
+            cand = self._filter(cand, store, view, positions, backend, hist, uncond, end=plan[0] if plan else last,
+                                cache=contexts)
         fused = None
         if plan is not None:
             start, kernel, parts, select = plan
@@ -373,7 +422,11 @@ class Chain:
         elif not bool(torch.isfinite(logprobs).all()):  # one reduction (a sum could overflow: -3e38 x 4 is -inf)
             raise error()
         scores = cand.scores() if return_scores else None
-        out = SampleOutput(token_ids, logprobs, scores, None if failed is None else (failed, error))
+        reported, tops, ranks = logprobs, None, None
+        if modes is not None:
+            kept[last] = cand
+            reported, tops, ranks = _at_stages(kept, modes, token_ids, logprobs, (chosen, lse), top_logprobs)
+        out = SampleOutput(token_ids, reported, scores, None if failed is None else (failed, error), tops, ranks)
         if accept == "defer":  # MixedChains: every group computes its update before any is committed
             updates = self._updates(store, view, positions, backend, token_ids, hist, selection=selection)
 
@@ -384,6 +437,62 @@ class Chain:
             updates = self._updates(store, view, positions, backend, token_ids, hist, selection=selection)
             store.advance(view, updates, failed)
         return out
+
+    def logprobs_stage(self, logprobs_at: str) -> tuple[int, bool]:
+        """(stage, as logits) of a `logprobs_at` value (see `sample`): stage -1 is the logits as given, i the
+        distribution right after entry i, len(samplers) - 1 the processed one (what the selector saw)."""
+        found = self._stage_names.get(logprobs_at) if isinstance(logprobs_at, str) else None
+        if found is None:
+            found = self._stage_names[logprobs_at] = self._parse_stage(logprobs_at)
+        return found
+
+    def _parse_stage(self, value: Any) -> tuple[int, bool]:
+        entries = self.config.samplers
+        last = len(entries) - 1
+        listed = ", ".join(f"{e.id!r} ({e.path}, {e.cls.qualified_name()})" for e in entries)
+        valid = (f"'processed' (the default), 'raw', an entry's id: {listed}; add ':logits' for logit values, or "
+                 "give one of vLLM's raw_logprobs, raw_logits, processed_logprobs, processed_logits")
+        if not isinstance(value, str):
+            raise ConfigError(f"logprobs_at = {value!r}: expected a string (or one per row): {valid}")
+        name, as_logits = _VLLM_LOGPROBS_MODES.get(value, (value, False))
+        if value not in _VLLM_LOGPROBS_MODES and ":" in value:
+            name, _, kind = value.rpartition(":")
+            if kind not in ("logprobs", "logits"):
+                raise ConfigError(f"logprobs_at = {value!r}: the part after ':' must be 'logprobs' or 'logits'")
+            as_logits = kind == "logits"
+        if name == "raw":
+            return -1, as_logits
+        if name == "processed":
+            return last, as_logits
+        index = next((i for i, e in enumerate(entries) if e.id == name), None)
+        if index is None:
+            hits = [i for i, e in enumerate(entries) if name in (e.use, e.cls.name, e.cls.qualified_name())]
+            if len(hits) > 1:
+                raise ConfigError(f"logprobs_at = {value!r}: {len(hits)} entries are {name!r} "
+                                  f"({', '.join(entries[i].path for i in hits)}): name one by its id ({listed})")
+            index = hits[0] if hits else None
+        if index is None:
+            close = difflib.get_close_matches(name, [e.id for e in entries] + ["raw", "processed"], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"logprobs_at = {value!r}: the chain has no entry of that name{hint} (valid: {valid})")
+        return (last if index >= last - 1 else index), as_logits
+
+    def _logprobs_modes(self, logprobs_at: str | Sequence[str], top_logprobs: int,
+                        batch: int) -> list[tuple[int, bool]] | None:
+        """Each row's (stage, as logits); None for the default (processed logprobs, no top-n: the fast path)."""
+        if top_logprobs == 0 and logprobs_at == "processed":  # the default: nothing to parse
+            return None
+        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0:
+            raise ConfigError(f"top_logprobs = {top_logprobs!r}: must be an integer >= 0")
+        if isinstance(logprobs_at, str):
+            modes = [self.logprobs_stage(logprobs_at)] * batch
+        else:
+            modes = [self.logprobs_stage(v) for v in logprobs_at]
+            if len(modes) != batch:
+                raise RequestError(f"logprobs_at lists {len(modes)} values for {batch} rows: give one string for "
+                                   "the batch or one per row")
+        processed = (len(self.samplers) - 1, False)
+        return None if not top_logprobs and all(m == processed for m in modes) else modes
 
     def accept(self, store: RequestStore, request_ids: Sequence[str], token_ids: torch.Tensor) -> None:
         """Record chosen tokens (as llama.cpp's accept) when sample() ran with accept=False."""
@@ -681,6 +790,59 @@ class Chain:
     def __repr__(self) -> str:
         steps = " -> ".join(s["name"] for s in self.describe())
         return f"Chain({self.config.name or self.config.source}: {steps}, backend={self.backend_name})"
+
+
+def _kept(cand: Candidates) -> Candidates:
+    """A stage's candidates as they stand now: later samplers may write logits the chain owns, so those are copied."""
+    if not cand.writable:
+        return cand
+    return Candidates(cand.logits.clone(), cand.ids, cand.vocab_size, cand.is_sorted, False)
+
+
+def _logit_of(cand: Candidates, token_ids: torch.Tensor) -> torch.Tensor:
+    """(B,) logit of token_ids (B,) among the candidates; -inf where a row no longer holds that token."""
+    if cand.ids is None:
+        return cand.logits.gather(1, token_ids[:, None]).squeeze(1)
+    hit = cand.ids == token_ids[:, None]  # (B, K): at most one True per row
+    value = cand.logits.gather(1, hit.to(torch.int32).argmax(dim=1, keepdim=True)).squeeze(1)
+    return torch.where(hit.any(dim=1), value, torch.full_like(value, -_INF))
+
+
+def _at_stages(kept: dict[int, Candidates], modes: Sequence[tuple[int, bool]], token_ids: torch.Tensor,
+               processed: torch.Tensor, selected: tuple[torch.Tensor, torch.Tensor],
+               n: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor]:
+    """Each row's chosen-token logprob (or logit), its n best and its rank under the stage and kind its mode names:
+    every (stage, kind) asked for is computed once for the whole batch, then each row takes its own.
+    kept: the candidates after each stage asked for, the largest key being what the selector saw; processed: the
+    chosen tokens' processed logprobs; selected: (the selector's positions, its candidates' log-sum-exp)."""
+    last = max(kept)
+    pairs = sorted(set(modes))
+    device = processed.device
+    out, tops, ranks = processed, None, None
+    for stage, as_logits in pairs:
+        cand = kept[stage]
+        if stage == last:
+            chosen, lse = selected
+            logit = cand.logits.gather(1, chosen[:, None]).squeeze(1)
+        else:
+            logit, lse = _logit_of(cand, token_ids), _row_lse(cand.logits)
+        rank = (cand.logits >= logit[:, None]).sum(dim=1)  # the same for logits and logprobs: one order
+        value = logit if as_logits else (processed if stage == last else logit - lse)
+        top = None
+        if n:
+            width = min(n, cand.vocab_size)
+            src = cand if cand.width >= width else cand.full()  # fewer than n left: -inf fills the rest
+            top_values, at = src.logits.topk(width, dim=-1)
+            top = (top_values if as_logits else top_values - lse[:, None], src.ids_at(at))
+        if len(pairs) == 1:
+            return value, top, rank
+        rows = torch.tensor([m == (stage, as_logits) for m in modes], device=device)
+        out = torch.where(rows, value, out)
+        ranks = rank if ranks is None else torch.where(rows, rank, ranks)
+        if top is not None:
+            tops = top if tops is None else (torch.where(rows[:, None], top[0], tops[0]),
+                                             torch.where(rows[:, None], top[1], tops[1]))
+    return out, tops, ranks
 
 
 def _sanitized(x: torch.Tensor, writable: bool) -> tuple[torch.Tensor, bool]:

@@ -78,9 +78,16 @@ def add_generate_parser(sub: Any) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 96 (unless the chain's stop list has "
                    "a length limit)")
     p.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable; \\n and \\t are read as newline and tab)")
+    p.add_argument("--stop-regex", action="append", default=None, metavar="PATTERN",
+                   help="stop when this regular expression matches the end of the generated text (repeatable)")
+    p.add_argument("--include-stop-str", action="store_true",
+                   help="keep the matched stop string / regex text in the output (default: cut before it, as vLLM)")
     p.add_argument("--seed", type=int, default=None, help="seed for sampling (default: a fresh seed)")
     p.add_argument("--num-beams", type=int, default=1, help="beam search with N beams (no streaming)")
     p.add_argument("--top-logprobs", type=int, default=0, help="with --json: the N most likely tokens per step")
+    p.add_argument("--logprobs-mode", default="processed", metavar="STAGE",
+                   help="with --json: the distribution of the logprobs: processed (default), raw, a chain entry's "
+                   "id, STAGE:logits for logit values, or vLLM's raw_logprobs / raw_logits / processed_logits")
     p.add_argument("--backend", default=None, help="override the chain's backend (e.g. cpu)")
     p.add_argument("--json", action="store_true", help="print the structured output as JSON instead of streaming")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -150,6 +157,12 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     max_new = args.max_new_tokens if args.max_new_tokens is not None else (None if has_limit else 96)
     kwargs: dict[str, Any] = dict(chain=chain, params=params, seed=args.seed, max_new_tokens=max_new,
                                   stop_strings=[unescape(s) for s in args.stop] if args.stop else None)
+    if args.stop_regex:
+        kwargs["stop_regex"] = list(args.stop_regex)
+    if args.include_stop_str:
+        kwargs["include_stop_str_in_output"] = True
+    if args.logprobs_mode != "processed":
+        kwargs["logprobs_mode"] = args.logprobs_mode
     streaming = not (args.json or args.num_beams > 1 or len(prompts) > 1)
     bar = progress_bar(max_new, "generating", _show_progress(args, prompts, max_new, streaming), console=err)
     with warnings.catch_warnings(record=True) as caught:
@@ -169,7 +182,7 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 for i, text in enumerate(out.texts or []):
                     console.print(f"[bold]{escape(prompts[i // max(len(out.texts) // len(prompts), 1)])}"
                                   f"[/bold]{escape(text)}", highlight=False, soft_wrap=True)
-                    err.print(f"[dim][{int(out.num_generated[i])} tokens, finish: {out.finish_reasons[i]}][/dim]",
+                    err.print(f"[dim][{int(out.num_generated[i])} tokens, finish: {escape(str(out.finish_reasons[i]))}][/dim]",
                               highlight=False)
         else:
             result: list[Any] = []
@@ -189,7 +202,8 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
             out = result[0]
             n = int(out.num_generated[0])
             err.print(f"[dim][{n} tokens in {elapsed:.2f} s, {n / max(elapsed, 1e-9):.1f} tokens/s, "
-                      f"finish: {out.finish_reasons[0]}; chain: {escape(repr(chain))}][/dim]", highlight=False)
+                      f"finish: {escape(str(out.finish_reasons[0]))}; chain: {escape(repr(chain))}][/dim]",
+                      highlight=False)
     for w in caught:
         if not issubclass(w.category, GenerationWarning):
             continue

@@ -25,6 +25,7 @@ __all__ = [
     "StoppingCriterion",
     "StopSetup",
     "StopContext",
+    "StopMatch",
     "SamplerSetup",
     "EosIds",
     "Backend",
@@ -555,6 +556,10 @@ class Sampler:
     # on the host and size nothing by the data (tested under samplechain.testing.no_host_sync). False: host-bound,
     # the default: a chain with it still runs, waiting for the device where the sampler reads it.
     sync_free: ClassVar[bool] = False
+    # The per-request field holding a row's minimum of new tokens (min_new_tokens: vLLM's min_tokens). Before a
+    # row has generated that many, the stopping criteria gated by it (`StoppingCriterion.min_new_tokens_gate`:
+    # eos, stop strings, stop_regex, repetition) do not stop it either.
+    min_new_tokens_field: ClassVar[str | None] = None
 
     def __init__(self, params: Any) -> None:
         self.params = params  # the chain's validated defaults (an instance of Params)
@@ -729,6 +734,8 @@ class StopSetup:
     model_config: Any = None
     generation_config: Any = None
     start_time: float = 0.0  # time.monotonic() when generation started
+    # (B,) int64 each row's min_new_tokens (from the chain's min_new_tokens sampler, per request), None: all 0
+    min_new_tokens: torch.Tensor | None = None
 
     @property
     def max_positions(self) -> int | None:
@@ -760,6 +767,18 @@ class StopContext:
         return self.input_ids[:, self.setup.prompt_length :]
 
 
+@attrs.frozen
+class StopMatch:
+    """What a text criterion matched in a row it stopped. reason: the row's finish reason ("stop_strings",
+    "stop_regex:<pattern>"); text: the matched text; trailing: characters of the row's decoded new text after the
+    match (text of the last token past its end). The output text ends before `text` (include_stop_str_in_output
+    False, vLLM's default) or right after it (True)."""
+
+    reason: str
+    text: str
+    trailing: int = 0
+
+
 class StoppingCriterion:
     """Decides per row whether generation is finished. Criteria combine by OR; a finished row stops alone.
 
@@ -767,6 +786,14 @@ class StoppingCriterion:
     `check(ctx)` returns a (B,) bool tensor on ctx.input_ids' device, or a Python bool when the answer is the same
     for every row (length limits, timers: no tensor to build on most steps); `reason` is the finish reason
     reported for rows it stops. `is_length_limit` marks criteria that bound the length (a generation always has one).
+
+    Text criteria (stop strings, regex stops) also implement `matches(ctx, rows)`: for the rows they stopped this
+    step (host side, once per row), a StopMatch each, whose reason may name what matched; and `hold_back()`: how
+    many characters of text a stream keeps back while they are active, so that it never emits text a later match
+    cuts off. `min_new_tokens_gate` keeps a criterion from stopping a row before its min_new_tokens (vLLM's
+    min_tokens): "tokens" fires once the row has generated that many (vLLM's check_stop: eos, stop ids,
+    repetition), "text" only after more than that (vLLM's detokenizer: stop strings); None: never gated (length
+    limits, timers, callables).
     """
 
     name: ClassVar[str]
@@ -774,6 +801,7 @@ class StoppingCriterion:
     Params: ClassVar[type] = NoParams
     summary: ClassVar[str] = ""
     is_length_limit: ClassVar[bool] = False
+    min_new_tokens_gate: ClassVar[str | None] = None
 
     def __init__(self, params: Any) -> None:
         self.params = params
@@ -795,6 +823,14 @@ class StoppingCriterion:
 
     def check(self, ctx: StopContext) -> torch.Tensor | bool:
         raise NotImplementedError
+
+    def matches(self, ctx: StopContext, rows: list[int]) -> list[StopMatch | None]:
+        """For the rows `check` stopped at this step: what matched (None: no text match, the reason is `reason`)."""
+        return [None] * len(rows)
+
+    def hold_back(self) -> int:
+        """Characters a stream keeps back while this criterion is active (0: it never cuts text)."""
+        return 0
 
 
 class Backend:

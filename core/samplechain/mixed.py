@@ -129,7 +129,10 @@ class MixedChains:
         history: torch.Tensor | None = None,
         prompt_lengths: torch.Tensor | None = None,
         unconditional_logits: torch.Tensor | None = None,
+        logprobs_at: str | Sequence[str] = "processed",
+        top_logprobs: int = 0,
     ) -> SampleOutput:
+        """Chain.sample, group by group (logprobs_at: one value, or one per row naming an entry of its own chain)."""
         if not isinstance(logits, torch.Tensor) or logits.ndim != 2:
             raise RequestError("logits must be a (batch, vocab) tensor")
         if len(request_ids) != logits.shape[0]:
@@ -142,6 +145,11 @@ class MixedChains:
         token_ids = torch.empty(batch, dtype=torch.int64, device=device)
         logprobs = torch.empty(batch, dtype=torch.float32, device=device)
         scores = torch.full((batch, vocab), float("-inf"), device=device) if return_scores else None
+        per_row = not isinstance(logprobs_at, str)
+        if per_row and len(logprobs_at) != batch:
+            raise RequestError(f"logprobs_at lists {len(logprobs_at)} values for {batch} rows: give one string for "
+                               "the batch or one per row")
+        tops, ranks = None, None
         commits = []
         failed, checks = None, []  # deferred checks (sync-free backends): one flag for the whole batch
         for key, rows in groups.items():
@@ -156,9 +164,21 @@ class MixedChains:
                 extra["unconditional_logits"] = unconditional_logits.index_select(0, index)
             part = logits.index_select(0, index) if len(groups) > 1 else logits
             out, commit = chain.sample(part, store.stores[key], [request_ids[r] for r in rows], accept="defer",
-                                       return_scores=return_scores, **extra)
+                                       return_scores=return_scores, top_logprobs=top_logprobs,
+                                       logprobs_at=[logprobs_at[r] for r in rows] if per_row else logprobs_at,
+                                       **extra)
             token_ids.index_copy_(0, index, out.token_ids)
             logprobs.index_copy_(0, index, out.logprobs)
+            if out.top_logprobs is not None:
+                if tops is None:
+                    tops = tuple(torch.empty((batch,) + t.shape[1:], dtype=t.dtype, device=device)
+                                 for t in out.top_logprobs)
+                for whole, got in zip(tops, out.top_logprobs):
+                    whole.index_copy_(0, index, got)
+            if out.ranks is not None:
+                if ranks is None:  # a group on the default path leaves its rows at 0 (no rank computed)
+                    ranks = torch.zeros(batch, dtype=torch.int64, device=device)
+                ranks.index_copy_(0, index, out.ranks)
             if scores is not None:
                 scores.index_copy_(0, index, out.scores)
             commits.append(commit)
@@ -170,7 +190,7 @@ class MixedChains:
                 commit(failed)  # a deferred failure in any group: no group commits (decided on the device)
         deferred = None if failed is None else (
             failed, lambda: next(error() for flag, error in checks if bool(flag)))
-        return SampleOutput(token_ids, logprobs, scores, deferred)
+        return SampleOutput(token_ids, logprobs, scores, deferred, tops, ranks)  # type: ignore[arg-type]
 
     def accept(self, store: MixedStore, request_ids: Sequence[str], token_ids: torch.Tensor) -> None:
         """Record chosen tokens after a sample(accept=False), group by group."""

@@ -6,7 +6,14 @@
 `crit(input_ids, scores)`). It checks what transformers' `validate_stopping_criteria` checks: a length limit is
 present, and the same criterion is not given twice with different parameters.
 
-A row's finish reason is the `reason` of the first criterion (in declared order) that stops it.
+A row's finish reason is the `reason` of the first criterion (in declared order) that stops it, or the reason of
+its StopMatch when it is a text criterion (`stop_regex:<pattern>`); `StopResult.matches` keeps those matches, from
+which the output text is cut (`cut_text`: before the match, or after it with include_stop_str_in_output).
+
+min_new_tokens (vLLM's `min_tokens`): while a row has generated fewer than its `StopSetup.min_new_tokens`, the
+criteria with a `min_new_tokens_gate` do not stop it: eos and repetition ("tokens") fire from the min_new_tokens-th
+token on, stop strings and stop_regex ("text") only after it, as vLLM's scheduler and detokenizer decide; length
+limits, timers and callables are never held back.
 """
 
 from __future__ import annotations
@@ -18,21 +25,63 @@ import attrs
 import torch
 
 from .config import EntrySpec, parse_params
-from .contracts import StopContext, StoppingCriterion, StopSetup
+from .contracts import StopContext, StopMatch, StoppingCriterion, StopSetup
 from .errors import ConfigError, SamplingError
 from .plugins import PluginHost, get_host
 
-__all__ = ["Stopping", "StopResult", "CallableCriterion", "TransformersCriterion", "as_criterion", "as_rows"]
+__all__ = ["Stopping", "StopResult", "CallableCriterion", "TransformersCriterion", "as_criterion", "as_rows",
+           "cut_text", "min_new_tokens_of"]
 
 
 @attrs.frozen
 class StopResult:
     """done: (B,) bool, the rows any criterion stopped this step. reasons[b]: the first criterion's reason.
-    any: whether any row stopped (a Python bool, so the loop need not look at `done` on most steps)."""
+    any: whether any row stopped (a Python bool, so the loop need not look at `done` on most steps).
+    matches: row -> the StopMatch of a text criterion that stopped it (stop strings, stop_regex)."""
 
     done: torch.Tensor
     reasons: list[str | None]
     any: bool = True
+    matches: dict[int, StopMatch] = attrs.field(factory=dict)
+
+
+def cut_text(text: str, match: StopMatch | None, include: bool = False) -> str:
+    """A row's decoded new text cut at its stop match: before the matched text (vLLM's default), or right after it
+    with `include` (include_stop_str_in_output). A match that began in the prompt cuts at the text's start."""
+    if match is None:
+        return text
+    end = len(text) - match.trailing
+    start = end - len(match.text)
+    if end < 0 or text[max(start, 0):end] != match.text[max(-start, 0):]:
+        # the tokenizer's decode differs from the criterion's view of the tail: find the match's last occurrence
+        at = text.rfind(match.text)
+        if at < 0:
+            return text
+        start, end = at, at + len(match.text)
+    return text[:end] if include else text[:max(start, 0)]
+
+
+def min_new_tokens_of(store: Any, request_ids: Sequence[str]) -> torch.Tensor | None:
+    """(B,) int64 each request's min_new_tokens: the largest value of the fields the chain's samplers declare
+    (`Sampler.min_new_tokens_field`) in its request store (a RequestStore or a MixedStore); None when no sampler
+    declares one. An entry with id "ignore_eos" (what the llama.cpp converter writes for --ignore-eos: eos banned
+    for good) bans eos without holding back the other criteria."""
+    stores = getattr(store, "stores", None)
+    route = getattr(store, "route", None)
+    out = torch.zeros(len(request_ids), dtype=torch.int64)
+    found = False
+    for key, sub in (stores.items() if stores is not None else [(None, store)]):
+        rows = [b for b, r in enumerate(request_ids) if route is None or route.get(r) == key]
+        fields = [(i, e.cls.min_new_tokens_field) for i, e in enumerate(sub.layout.entries)
+                  if getattr(e.cls, "min_new_tokens_field", None) and e.id != "ignore_eos"]
+        if not rows or not fields:
+            continue
+        found = True
+        view = sub.batch([request_ids[b] for b in rows])
+        for i, field in fields:
+            value = view.params[i][field].to("cpu", torch.int64)
+            out[rows] = torch.maximum(out[rows], value)
+    return out if found else None
 
 
 class CallableCriterion(StoppingCriterion):
@@ -121,6 +170,7 @@ class Stopping:
 
     def __init__(self, criteria: Iterable[Any] = (), *, require_length_limit: bool = True) -> None:
         self.criteria: list[StoppingCriterion] = []
+        self._gate_cache: tuple[torch.Tensor | None, int] = (None, 0)  # (setup.min_new_tokens, its largest value)
         for obj in criteria:
             self.add(obj)
         if require_length_limit:
@@ -179,12 +229,31 @@ class Stopping:
         for crit in self.criteria:
             crit.prepare(setup)
 
+    def hold_back(self) -> int:
+        """Characters a stream keeps back: the most any text criterion may cut off later."""
+        return max((c.hold_back() for c in self.criteria), default=0)
+
+    def _gates(self, ctx: StopContext) -> dict[str, torch.Tensor] | None:
+        """Per gate kind, (B,) bool: rows past their min_new_tokens (None: no row has one, nothing is held)."""
+        least = ctx.setup.min_new_tokens
+        if least is None:
+            return None
+        if self._gate_cache[0] is not least:  # one host read per generation, not per step
+            self._gate_cache = (least, int(least.max()) if least.numel() else 0)
+        if ctx.step > self._gate_cache[1]:  # every row is past its minimum
+            return None
+        least = least.to(ctx.input_ids.device)
+        return {"tokens": ctx.step >= least, "text": ctx.step > least}
+
     def check(self, ctx: StopContext) -> StopResult:
         batch = ctx.input_ids.shape[0]
         device = ctx.input_ids.device
         done: torch.Tensor | None = None
         reasons: list[str | None] = [None] * batch
+        matches: dict[int, StopMatch] = {}
+        gates = self._gates(ctx)
         for crit in self.criteria:
+            gate = crit.min_new_tokens_gate if gates is not None else None  # asked anyway: criteria keep state
             try:
                 hit = crit.check(ctx)
             except SamplingError:
@@ -196,15 +265,19 @@ class Stopping:
             if hit is False:  # "no row": the common answer of length limits, without building a tensor
                 continue
             hit = as_rows(hit, batch, device, f"stopping criterion {crit.qualified_name()}")
+            if gate is not None:
+                hit = hit & gates[gate]
             new = hit if done is None else hit & ~done
             rows = new.nonzero().flatten().tolist()
             if rows:
-                for b in rows:
-                    reasons[b] = crit.reason
+                for b, match in zip(rows, crit.matches(ctx, rows)):
+                    reasons[b] = crit.reason if match is None else match.reason
+                    if match is not None:
+                        matches[b] = match
                 done = hit.clone() if done is None else done | hit
         if done is None:
             return StopResult(torch.zeros(batch, dtype=torch.bool, device=device), reasons, False)
-        return StopResult(done, reasons, True)
+        return StopResult(done, reasons, True, matches)
 
     def __iter__(self):
         return iter(self.criteria)

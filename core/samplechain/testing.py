@@ -32,7 +32,7 @@ __all__ = [
     "RecordingBackend", "ScriptedLogits", "ArgmaxSelector", "host_with", "run_chain", "byte_bpe_tokenizer", "tiny_gpt2",
     "check_eos_ids_from_setup", "random_logits", "hard_logits", "cut_logits", "top_k_only", "sampler_chain", "request_store", "processed_scores",
     "assert_rows_equal_alone", "assert_bitwise_no_op", "assert_kept_logits_bitwise", "assert_probs_close",
-    "assert_wide_path_keeps",
+    "assert_wide_path_keeps", "pieces_tokenizer", "piece_ids", "ScriptedLM",
     "CutoffWarperTests", "HostSyncError", "no_host_sync", "HOST_READS", "ReplayGraph",
 ]
 
@@ -155,6 +155,67 @@ def byte_bpe_tokenizer(vocab_size: int = 300, text: str | None = None) -> Any:
     )
     tok.train_from_iterator([text or _SAMPLE_TEXT] * 4, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+
+
+def pieces_tokenizer(pieces: Sequence[str]) -> Any:
+    """A byte-level tokenizer whose vocabulary is `<|endoftext|>` (id 0, eos), the 256 bytes, then exactly `pieces`,
+    with no merges: `piece_ids(tok, [...])` spells any token sequence with them (text split where a test wants)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from .strings import gpt2_byte_decoder
+
+    encode = {b: c for c, b in gpt2_byte_decoder().items()}
+    vocab = {"<|endoftext|>": 0}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab.setdefault(ch, len(vocab))
+    for p in pieces:
+        vocab.setdefault("".join(encode[b] for b in p.encode()), len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
+def piece_ids(tokenizer: Any, pieces: Sequence[str]) -> list[int]:
+    """The ids of `pieces` in a `pieces_tokenizer` (each piece one token: a vocabulary piece or a single byte)."""
+    from .strings import gpt2_byte_decoder
+
+    encode = {b: c for c, b in gpt2_byte_decoder().items()}
+    ids = [tokenizer.convert_tokens_to_ids("".join(encode[b] for b in p.encode())) for p in pieces]
+    if None in ids:
+        missing = pieces[ids.index(None)]
+        raise ValueError(f"piece {missing!r} is not in the tokenizer: add it to pieces_tokenizer([...])")
+    return ids
+
+
+class ScriptedLM(torch.nn.Module):
+    """A causal LM double for generate(): greedy decoding yields `rows[b]` token by token for prompt b, then
+    `after` (eos by default). No KV cache: each call sees every token so far. `vocab_size` logit columns."""
+
+    def __init__(self, rows: Sequence[Sequence[int]], vocab_size: int, *, after: int = 0) -> None:
+        from transformers import PretrainedConfig
+
+        super().__init__()
+        self.rows, self.after = [list(r) for r in rows], after
+        self.config = PretrainedConfig(vocab_size=vocab_size, eos_token_id=0, n_positions=1024)
+        self.generation_config = None
+        self._width: int | None = None
+
+    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, **kwargs: Any) -> dict[str, Any]:
+        if kwargs.get("is_first_iteration") or self._width is None:  # a new generation's prefill
+            self._width = input_ids.shape[1]
+        return {"input_ids": input_ids}
+
+    def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
+        from transformers.modeling_outputs import CausalLMOutput
+
+        step = input_ids.shape[1] - self._width
+        logits = torch.zeros(input_ids.shape[0], 1, self.config.vocab_size)
+        for b in range(input_ids.shape[0]):
+            row = self.rows[b % len(self.rows)]
+            logits[b, 0, row[step] if step < len(row) else self.after] = 10.0
+        return CausalLMOutput(logits=logits)
 
 
 def tiny_gpt2(vocab_size: int = 300, *, seed: int = 0, n_positions: int = 128, eos_token_id: int | None = 0,

@@ -30,6 +30,7 @@ class Eos(StoppingCriterion):
     name = "eos"
     Params = EosParams
     summary = "stop a row at an end-of-sequence token"
+    min_new_tokens_gate = "tokens"  # vLLM's check_stop: not before min_tokens
 
     def __init__(self, params: EosParams) -> None:
         super().__init__(params)

@@ -3,6 +3,8 @@
 While a row has generated fewer than `n` tokens, the ids in `eos_ids` (eos and any stop token ids) are masked
 (-inf). `n` may differ per row (`min_new_tokens`, `min_tokens`); 0 disables. `eos_ids` is chain-level; empty (the
 default) means the generation's eos ids (tokenizer / generation config / model config, given by `prepare`).
+As in vLLM, `n` also holds back the content stopping criteria (eos, stop strings, stop_regex, repetition: see
+`StoppingCriterion.min_new_tokens_gate`); length limits still apply.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class MinNewTokens(EosIds, Sampler):
     role = "mask"
     Params = MinNewTokensParams
     request_aliases = {"min_new_tokens": "n", "min_tokens": "n"}
+    min_new_tokens_field = "n"  # vLLM's min_tokens: eos, stop strings, stop_regex, repetition wait for it too
     summary = "mask eos / stop ids until a row has generated n tokens"
 
 

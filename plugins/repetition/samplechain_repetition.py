@@ -37,6 +37,7 @@ class Repetition(StoppingCriterion):
     name = "repetition"
     Params = RepetitionParams
     summary = "stop a row whose new tokens end in a pattern repeated min_count times (vLLM's repetition_detection)"
+    min_new_tokens_gate = "tokens"  # and the chain's min_new_tokens, as vLLM's check_stop
 
     def check(self, ctx: StopContext) -> torch.Tensor | bool:
         p = self.params

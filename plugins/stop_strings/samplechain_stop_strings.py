@@ -23,15 +23,21 @@ Where it differs from transformers (everything else agrees, tested on random tok
 
 Precompute, once per tokenizer and cached by the core's string service (`samplechain.strings`: per tokenizer
 object, then per vocabulary fingerprint, so equal tokenizers share it; the stop strings are not part of the key,
-so requests with other stop strings reuse it): every token id's bytes in a (V, L) uint8 table, and their lengths. Per step:
-gather the table rows of each row's last M + 1 tokens (M = the longest stop string in bytes), read the last
-L' + M - 1 bytes of each row out of them (L' = the longest last token in the batch), and compare every stop string
-at every end position inside the last token, all rows and all stop strings in one tensor expression. The cost
-depends on M, L', the number of stop strings and the batch, never on the vocabulary size; there is no Python loop
-over rows, and one host read (L').
+so requests with other stop strings reuse it): every token id's bytes in a (V, L) uint8 table, and their lengths.
+Per step: gather the table rows of each row's last M + 1 tokens (M = the longest stop string in bytes), read the
+last L' + M - 1 bytes of each row out of them (L' = the longest last token in the batch; the string service's
+`tail_bytes`), and compare every stop string at every end position inside the last token, all rows and all stop
+strings in one tensor expression. The cost depends on M, L', the number of stop strings and the batch, never on
+the vocabulary size; there is no Python loop over rows, and one host read (L').
 
 The window of M + 1 tokens holds any match whose tokens all have text; a stop string whose text is interrupted by
 more than one special token (text on both sides joins up, see above) can fall outside it.
+
+For a stopped row (once, on the host) `matches` names the stop string: the first in the given order that ends
+inside the last token (vLLM's order), so the output text is cut before it (or after it with
+include_stop_str_in_output); the finish reason stays "stop_strings". Streams hold back the longest stop string
+less one character (vLLM's stop_buffer_length). min_new_tokens holds it back as vLLM's detokenizer does: a stop
+string counts only when it ends in a token after the first min_new_tokens.
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import ConfigError, StopContext, StoppingCriterion, StopSetup, hookimpl
-from samplechain.strings import ByteTable, byte_table, matching_mode, token_bytes  # noqa: F401 (its old names)
+from samplechain import ConfigError, StopContext, StopMatch, StoppingCriterion, StopSetup, hookimpl
+from samplechain.strings import ByteTable, byte_table, tail_bytes, token_lengths
+from samplechain.strings import matching_mode, token_bytes  # noqa: F401 (its old names)
 
 
 def _valid(_inst, _attr, value) -> None:
@@ -60,6 +67,7 @@ class StopStrings(StoppingCriterion):
     name = "stop_strings"
     Params = StopStringsParams
     summary = "stop at text, matched across token boundaries"
+    min_new_tokens_gate = "text"
 
     def __init__(self, params: StopStringsParams) -> None:
         super().__init__(params)
@@ -86,38 +94,49 @@ class StopStrings(StoppingCriterion):
         if self._table is None:
             self.prepare(ctx.setup)
         device = ctx.input_ids.device
-        table_bytes, table_lengths = self._table.on(device)
-        vocab, span = table_lengths.shape[0], table_bytes.shape[1]
-        ids = ctx.input_ids[:, -self.window:].flip(1)  # (B, n), the last token first
+        ids = ctx.input_ids[:, -self.window:]  # (B, n) in reading order
         batch, n = ids.shape
         total = ctx.input_ids.shape[1]
         # left padding is not text: row b's tokens start at prompt_length - prompt_lengths[b]
         first_real = ctx.setup.prompt_length - ctx.setup.prompt_lengths.to(device)
-        pos = torch.arange(total - 1, total - n - 1, -1, device=device)
-        real = (pos[None, :] >= first_real[:, None]) & (ids >= 0) & (ids < vocab)
-        flat = torch.where(real, ids, torch.zeros_like(ids)).reshape(-1)
-        lengths = table_lengths.index_select(0, flat).view(batch, n) * real  # (B, n)
-        chunk = table_bytes.index_select(0, flat).view(batch, n * span)  # (B, n * L); not table_bytes[ids]: slow
-        # the last L' + M - 1 bytes of each row, counted from its end (k = 0 is the last byte): a match ends inside
-        # the last token (L' = the longest last token of the batch) and is at most M bytes long
-        last = int(lengths[:, 0].max()) if batch else 0  # one host read (the combiner reads the answer anyway)
+        real = torch.arange(total - n, total, device=device)[None, :] >= first_real[:, None]  # (B, n)
+        # the last L' + M - 1 bytes of each row: a match ends inside the last token (L' = the longest last token of
+        # the batch) and is at most M bytes long
+        last_lengths = token_lengths(self._table, ids[:, -1:], valid=real[:, -1:])  # (B, 1)
+        last = int(last_lengths.max()) if batch else 0  # one host read (the combiner reads the answer anyway)
         if last == 0:
             return torch.zeros(batch, dtype=torch.bool, device=device)
         width = last + self.longest - 1
-        k = torch.arange(width, device=device).repeat(batch, 1)
-        after = lengths.cumsum(1)  # (B, n) bytes in tokens 0..j
-        token = torch.searchsorted(after, k, right=True)  # (B, W) the token byte k belongs to; n: before the window
-        inside = token < n
-        token = token.clamp(max=n - 1)
-        offset = after.gather(1, token) - 1 - k  # from the start of its token
-        text = chunk.gather(1, token * span + offset.clamp(min=0)).to(torch.int16)
-        text = torch.where(inside, text, torch.full_like(text, -1)).flip(1)  # (B, W) in reading order, -1: none
+        text = tail_bytes(self._table, ids, width, valid=real)  # (B, W) in reading order, -1: none
         # every stop string at every end position inside the last token, all rows and strings at once
         targets, care = self._match
         windows = text.unfold(1, self.longest, 1)  # (B, L', M): window j ends at j + M
         match = ((windows[:, :, None, :] == targets) | ~care).all(dim=-1).any(dim=-1)  # (B, L')
-        ends_inside_last = torch.arange(self.longest, width + 1, device=device)[None, :] > (width - lengths[:, :1])
+        ends_inside_last = torch.arange(self.longest, width + 1, device=device)[None, :] > (width - last_lengths)
         return (match & ends_inside_last).any(dim=1)
+
+
+    def hold_back(self) -> int:
+        return max(len(s) for s in self.params.strings) - 1
+
+    def matches(self, ctx: StopContext, rows: list[int]) -> list[StopMatch | None]:
+        table = self._table.pieces  # on the host: a few rows, once each
+        total = ctx.input_ids.shape[1]
+        out: list[StopMatch | None] = []
+        for b in rows:
+            first = max(ctx.setup.prompt_length - int(ctx.setup.prompt_lengths[b]), total - self.window)
+            pieces = [table[i] if 0 <= i < len(table) else b"" for i in ctx.input_ids[b, first:].tolist()]
+            data = b"".join(pieces)
+            before = len(data) - len(pieces[-1])  # bytes before the last token
+            found = None
+            for text, target in zip(self.params.strings, self._targets):
+                at = data.find(target, max(before - len(target) + 1, 0))
+                if at >= 0:
+                    trailing = len(data[at + len(target):].decode("utf-8", errors="replace"))
+                    found = StopMatch(self.reason, text, trailing)
+                    break
+            out.append(found)
+        return out
 
 
 @hookimpl

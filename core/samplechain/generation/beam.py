@@ -53,6 +53,9 @@ def beam_generate(model: Any, tokenizer: Any = None, prompts: Any = None, *, num
         raise ConfigError(f"early_stopping = {early_stopping!r}: must be True, False or 'never'")
     if kwargs.get("top_logprobs"):
         raise ConfigError("top_logprobs is not available with beam search; use output_scores=True")
+    if kwargs.get("logprobs_mode", "processed") not in ("processed", "processed_logprobs"):
+        raise ConfigError(f"logprobs_mode = {kwargs['logprobs_mode']!r} is not available with beam search (its "
+                          "logprobs are the processed ones); use output_logits=True for the raw logits")
     kwargs.pop("seed", None)  # beam search draws nothing
     gen = Generation(model, tokenizer, prompts, **kwargs)
     chain = gen.chain

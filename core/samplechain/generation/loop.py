@@ -13,6 +13,7 @@ import attrs
 import torch
 
 from ..errors import ConfigError, GenerationWarning, SamplechainError
+from ..stopping import cut_text
 from .beam import beam_generate
 from .from_config import chain_from_generation_config
 from .outputs import GenerationOutput
@@ -80,31 +81,50 @@ def generate(model: Any, tokenizer: Any = None, prompts: str | Sequence[str] | N
 def stream(model: Any, tokenizer: Any, prompts: str | Sequence[str] | None = None, *,
            result: list[GenerationOutput] | None = None, progress: ProgressCallback | None = None,
            **kwargs: Any) -> Iterator[StreamEvent]:
-    """Yield text deltas per request as tokens are chosen; the deltas of a request concatenate to its decoded
-    text and never split a multi-byte character. Pass `result=[]` to receive the final GenerationOutput;
-    `progress` as in `generate()`, called after a step's events are yielded. With `resume=`, events carry the text
-    after the checkpoint."""
+    """Yield text deltas per request as tokens are chosen; the deltas of a request concatenate to its output text
+    (`GenerationOutput.texts`) and never split a multi-byte character. Pass `result=[]` to receive the final
+    GenerationOutput; `progress` as in `generate()`, called after a step's events are yielded. With `resume=`,
+    events carry the text after the checkpoint.
+
+    Never emitted: text a stop later removes. While stop strings / stop_regex are active (and
+    include_stop_str_in_output is False), each request's last `Stopping.hold_back()` characters wait (vLLM's
+    stop_buffer_length: the longest stop string less one; stop_regex's look-back); its last event carries the rest,
+    cut before the match."""
     if tokenizer is None:
         raise ConfigError("streaming text needs a tokenizer: stream(model, tokenizer, prompts)")
     gen = Generation(model, tokenizer, prompts, **kwargs)
     decoders = [IncrementalDecoder(tokenizer) for _ in gen.request_ids]
+    hold = 0 if gen.include_stop_str_in_output else gen.stopping.hold_back()
+    held = [""] * len(decoders)  # decoded text not yet emitted: it may still end up cut off
     if gen._steps:  # resumed: the decoders start from the tokens so far, so the next delta is what it would have been
         width = gen.setup.prompt_length
         for b, row in enumerate(gen.input_ids[:, width:].tolist()):
             n = int(gen.num_generated[b]) if bool(gen.finished[b]) else len(row)
             for token in row[:n]:
-                decoders[b].push(token)
+                held[b] += decoders[b].push(token)
+            held[b] = held[b][max(len(held[b]) - hold, 0):]  # the rest went out before the checkpoint
     try:
         for tokens, active in _steps(gen, progress):
             for b in active.nonzero().flatten().tolist():
                 token = int(tokens[b])
-                text = decoders[b].push(token)
+                pending = held[b] + decoders[b].push(token)
                 reason = gen.finish_reasons[b]
-                if reason is not None:
-                    text += decoders[b].flush()
+                if reason is not None:  # the rest, cut at a stop match as the output text is
+                    pending += decoders[b].flush()
+                    text, held[b] = _cut_pending(decoders[b].emitted, pending, gen, b), ""
+                else:
+                    cut = max(len(pending) - hold, 0)
+                    text, held[b] = pending[:cut], pending[cut:]
                 if text or reason is not None:
                     yield StreamEvent(b, text, token, reason)
     except SamplechainError:
         raise
     if result is not None:
         result.append(gen.output())
+
+
+def _cut_pending(full: str, pending: str, gen: Generation, b: int) -> str:
+    """What a finished row still emits: its held text up to where its output text ends (stop match cut)."""
+    sent = len(full) - len(pending)
+    final = cut_text(full, gen.stop_matches[b], gen.include_stop_str_in_output)
+    return final[sent:]

@@ -20,14 +20,18 @@ class GenerationOutput(ModelOutput):
         output_scores=True. For beam search: per step the processed log-probabilities of every beam, as
         transformers gives them.
     logits: per step (B, V) raw model logits (float32), when output_logits=True.
-    logprobs: (B, steps) float32 log-probability of each chosen token under the processed distribution; 0 after
-        a row finished. Beam search: the per-token transition scores of each returned sequence.
-    top_logprobs: per step a pair (values (B, n), token ids (B, n)) of the n most likely tokens of the
-        processed distribution, when top_logprobs=n > 0.
+    logprobs: (B, steps) float32 log-probability of each chosen token under the processed distribution (or under
+        the stage logprobs_mode names, a logit for its ":logits" / "*_logits" forms); 0 after a row finished. Beam
+        search: the per-token transition scores of each returned sequence.
+    top_logprobs: per step a pair (values (B, n), token ids (B, n)) of the n most likely tokens of the same
+        distribution, when top_logprobs=n > 0.
     finish_reasons: per row, the `reason` of the criterion that stopped it ("eos", "stop_strings",
-        "max_new_tokens", ...).
+        "stop_regex:<pattern>", "max_new_tokens", ...).
+    stop_texts: per row, the text a stop string / stop_regex matched (vLLM's stop_reason for strings), else None.
     num_generated: (B,) int64 tokens each row generated, its finishing token included.
-    texts: per row the decoded new text (special tokens skipped) when a tokenizer was given.
+    texts: per row the decoded new text (special tokens skipped) when a tokenizer was given; a row stopped by a
+        stop string / stop_regex ends before the matched text, or right after it with
+        include_stop_str_in_output=True (as vLLM: `sequences` keep every generated token, only the text is cut).
     sequences_scores / beam_indices: beam search only, as transformers' GenerateBeamDecoderOnlyOutput.
     """
 
@@ -42,6 +46,7 @@ class GenerationOutput(ModelOutput):
     logprobs: torch.FloatTensor | None = None
     top_logprobs: tuple[tuple[torch.FloatTensor, torch.LongTensor], ...] | None = None
     finish_reasons: list[str | None] | None = None
+    stop_texts: list[str | None] | None = None
     num_generated: torch.LongTensor | None = None
     texts: list[str] | None = None
     prompt_length: int | None = None

@@ -28,11 +28,11 @@ import torch
 
 from .. import graphs
 from ..chain import Chain
-from ..contracts import StopContext, StopSetup, max_positions, token_id_list
+from ..contracts import StopContext, StopMatch, StopSetup, max_positions, token_id_list
 from ..errors import ConfigError, GenerationWarning
 from ..mixed import MixedChains
 from ..plugins import PluginHost, get_host
-from ..stopping import Stopping
+from ..stopping import Stopping, cut_text, min_new_tokens_of
 from .from_config import asked_settings, chain_from_generation_config
 from .model import ModelRunner
 from .outputs import GenerationOutput
@@ -111,6 +111,8 @@ class Generation:
         max_length: int | None = None,
         max_time: float | None = None,
         stop_strings: str | Sequence[str] | None = None,
+        stop_regex: str | Sequence[str] | None = None,
+        include_stop_str_in_output: bool = False,
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int | None = None,
         ignore_eos: bool = False,
@@ -120,6 +122,7 @@ class Generation:
         output_scores: bool = False,
         output_logits: bool = False,
         top_logprobs: int = 0,
+        logprobs_mode: str | Sequence[str] = "processed",
         generation_config: Any = None,
         host: PluginHost | None = None,
         logits_processor: Any = None,
@@ -158,6 +161,7 @@ class Generation:
         if not isinstance(top_logprobs, int) or top_logprobs < 0:
             raise ConfigError(f"top_logprobs = {top_logprobs!r}: must be an integer >= 0")
         self.top_logprobs = top_logprobs
+        self.logprobs_mode = logprobs_mode  # Chain.sample's logprobs_at: one value, or one per prompt
         if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
             raise ConfigError(f"num_return_sequences = {num_return_sequences!r}: must be an integer >= 1")
 
@@ -198,6 +202,7 @@ class Generation:
         ]
         if self._pad_note and len(self.request_ids) > 1:  # a single row is never padded: nothing to say
             warnings.warn(self._pad_note, GenerationWarning, stacklevel=3)
+        self._logprobs_at = self._logprobs_rows(logprobs_mode)
         self.store = self.chain.new_store(device=ids.device.type, capacity=len(self.request_ids))
         if ckpt is None:
             self._add_requests(params, seed)
@@ -209,7 +214,10 @@ class Generation:
         # the unconditional context's own width: the tokens after it are the generated ones (checkpoints)
         self._uncond_width = 0 if self.uncond_ids is None else self.uncond_ids.shape[1]
 
-        self.stopping = self._stopping(stop, max_new_tokens, max_length, max_time, stop_strings, ignore_eos)
+        self.stopping = self._stopping(stop, max_new_tokens, max_length, max_time, stop_strings, ignore_eos,
+                                       stop_regex)
+        # vLLM's include_stop_str_in_output: a row stopped by a stop string / stop_regex keeps the match in its text
+        self.include_stop_str_in_output = bool(include_stop_str_in_output)
         self.setup = StopSetup(
             batch_size=ids.shape[0],
             prompt_length=ids.shape[1],
@@ -218,12 +226,14 @@ class Generation:
             tokenizer=tokenizer,
             model_config=model.config,
             generation_config=self.generation_config,
+            min_new_tokens=min_new_tokens_of(self.store, self.request_ids),
         )
         self.vocab_limit = self._vocab_limit()
         self.chain.prepare(tokenizer=tokenizer, model_config=model.config, generation_config=self.generation_config,
                            vocab_size=getattr(model.config, "vocab_size", None), eos_token_ids=self.eos_ids)
         self.finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
         self.finish_reasons: list[str | None] = [None] * ids.shape[0]
+        self.stop_matches: list[StopMatch | None] = [None] * ids.shape[0]  # what a text criterion matched
         self.num_generated = torch.zeros(ids.shape[0], dtype=torch.int64)  # set when a row finishes
         self._all_rows = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
         self._any_finished = False
@@ -264,6 +274,7 @@ class Generation:
             "step": self._steps,
             "finished": self.finished.tolist(),
             "finish_reasons": list(self.finish_reasons),
+            "stop_matches": [None if m is None else [m.reason, m.text, m.trailing] for m in self.stop_matches],
             "num_generated": self.num_generated.tolist(),
             "pad_token_id": self.pad_id,
             "eos_token_id": list(self.eos_ids),
@@ -321,6 +332,7 @@ class Generation:
                              .to(self.input_ids.device).unbind(1))
         self.finished = torch.tensor(ckpt["finished"], dtype=torch.bool, device=self.input_ids.device)
         self.finish_reasons = list(ckpt["finish_reasons"])
+        self.stop_matches = [None if m is None else StopMatch(*m) for m in ckpt.get("stop_matches") or [None] * batch]
         self.num_generated = torch.tensor(ckpt["num_generated"], dtype=torch.int64)
         self._any_finished = bool(self.finished.any())
         self._all_finished = bool(self.finished.all()) and batch > 0
@@ -486,12 +498,16 @@ class Generation:
     def _criterion(self, name: str, params: dict[str, Any]) -> Any:
         return Stopping.criterion(name, params, host=self.host)
 
-    def _stopping(self, extra, max_new_tokens, max_length, max_time, stop_strings, ignore_eos) -> Stopping:
+    def _stopping(self, extra, max_new_tokens, max_length, max_time, stop_strings, ignore_eos,
+                  stop_regex=None) -> Stopping:
         entries = self.chain.stop_entries if isinstance(self.chain, MixedChains) else self.chain.config.stop
         stopping = Stopping.from_entries(entries, extra, require_length_limit=False)
         if stop_strings:
             strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
             stopping.add(self._criterion("stop_strings", {"strings": strings}))
+        if stop_regex:
+            patterns = [stop_regex] if isinstance(stop_regex, str) else list(stop_regex)
+            stopping.add(self._criterion("stop_regex", {"patterns": patterns}))
         if not ignore_eos and not stopping.has("eos"):
             if self.eos_ids:
                 stopping.add(self._criterion("eos", {"ids": self.eos_ids}))
@@ -576,9 +592,10 @@ class Generation:
                 uncond[:, self.vocab_limit:] = float("-inf")
         if self.logits_processor is not None:
             logits = self.logits_processor(self.input_ids, logits)
-        want_scores = self.output_scores or self.top_logprobs > 0
+        want_scores = self.output_scores
         history = self.history_args(self.input_ids)
-        step_graphs = self._step_graphs(logits) if not want_scores and uncond is None else None
+        plain = not want_scores and uncond is None and not self.top_logprobs and self._logprobs_at == "processed"
+        step_graphs = self._step_graphs(logits) if plain else None
         out = None
         if step_graphs is not None:
             try:
@@ -590,7 +607,8 @@ class Generation:
                               stacklevel=4)
         if out is None:
             out = self.chain.sample(logits, self.store, self.request_ids, return_scores=want_scores,
-                                    unconditional_logits=uncond, **history)
+                                    unconditional_logits=uncond, logprobs_at=self._logprobs_at,
+                                    top_logprobs=self.top_logprobs, **history)
             self._eager_steps += 1
         out = out.check()
         tokens, logprobs = out.token_ids, out.logprobs
@@ -605,9 +623,7 @@ class Generation:
         if self.output_scores:
             self.scores.append(out.scores)
         if self.top_logprobs:
-            lp = torch.log_softmax(out.scores, dim=-1)
-            values, ids = lp.topk(min(self.top_logprobs, lp.shape[-1]), dim=-1)
-            self.tops.append((values, ids))
+            self.tops.append(out.top_logprobs)
         ctx = StopContext(self.input_ids, step, tokens, self.setup, out.logprobs, out.scores)
         result = self.stopping.check(ctx)
         if result.any:
@@ -615,6 +631,7 @@ class Generation:
             rows = newly.nonzero().flatten().tolist()
             for b in rows:
                 self.finish_reasons[b] = result.reasons[b]
+                self.stop_matches[b] = result.matches.get(b)
                 self.num_generated[b] = step
             if rows:
                 self.finished |= newly
@@ -622,6 +639,21 @@ class Generation:
                 self._all_finished = bool(self.finished.all())
         self._steps = step
         return tokens, active
+
+    def _logprobs_rows(self, mode: Any) -> str | list[str]:
+        """logprobs_mode as Chain.sample's logprobs_at: one value, or one per row (given one per prompt); names are
+        checked here, before the first forward."""
+        if isinstance(mode, str):
+            values: str | list[str] = mode
+        elif isinstance(mode, Sequence) and len(mode) == self.num_prompts:
+            values = [v for v in mode for _ in range(self.n)]
+        else:
+            raise ConfigError(f"logprobs_mode = {mode!r}: give one string (for example 'raw', 'processed', "
+                              f"'processed_logits' or a chain entry's id) or one per prompt ({self.num_prompts})")
+        for p in range(self.num_prompts):
+            chain = self.chain.chains[self.chain.row_chains[p]] if isinstance(self.chain, MixedChains) else self.chain
+            chain.logprobs_stage(mode if isinstance(mode, str) else mode[p])
+        return values
 
     def _step_graphs(self, logits: torch.Tensor) -> graphs.StepGraphs | None:
         """The batch's captured step, from the second step on (the first, eager, compiles the kernels and fills the
@@ -654,8 +686,9 @@ class Generation:
         texts = None
         if self.tokenizer is not None:
             texts = [
-                self.tokenizer.decode(row[:n].tolist(), skip_special_tokens=True)
-                for row, n in zip(new.cpu(), self.num_generated.tolist())
+                cut_text(self.tokenizer.decode(row[:n].tolist(), skip_special_tokens=True), match,
+                         self.include_stop_str_in_output)
+                for row, n, match in zip(new.cpu(), self.num_generated.tolist(), self.stop_matches)
             ]
         return GenerationOutput(
             sequences=self.input_ids,
@@ -664,6 +697,7 @@ class Generation:
             logprobs=torch.stack(self.logprobs, dim=1) if self.logprobs else None,
             top_logprobs=tuple(self.tops) if self.top_logprobs else None,
             finish_reasons=list(self.finish_reasons),
+            stop_texts=[None if m is None else m.text for m in self.stop_matches],
             num_generated=torch.where(self.finished.cpu(), self.num_generated, torch.full_like(
                 self.num_generated, self._steps)),
             texts=texts,

@@ -17,6 +17,14 @@ output so far. Where vLLM samples a row whose token it then discards (a chunked 
 preempted request resumed with output already), the position is re-synchronised from the output length before
 the step, so the noise for (seed, position, token) stays the one generate() uses.
 
+Logprobs: vLLM computes a request's logprobs itself (`Sampler.forward`), by default (logprobs_mode "raw_logprobs")
+from the logits before any logits processor: for samplechain rows that is samplechain's "raw" too. In the other
+modes vLLM would report the distribution this processor leaves (only the chosen token, at 0.0), so for rows that
+ask for logprobs the chain computes them itself (`Chain.sample(logprobs_at=...)`: the engine's processed_logprobs,
+processed_logits, raw_logits, or the request's own `logprobs_at`, any chain entry included) and a wrapper around
+vLLM's `Sampler.forward`, installed once per process, writes them (chosen token, top n, rank) into the sampler's
+output. Requests asking for the whole vocabulary (logprobs=-1) keep vLLM's values.
+
 Errors: a bad chain, preset, file or parameter is caught in `validate_params`, which vLLM's frontend runs when the
 request arrives: the request gets HTTP 400 with samplechain's message and never reaches the engine. A failure
 while sampling (every token masked for a row ...) must not take the engine down with the other requests: the
@@ -25,6 +33,7 @@ failing row alone is isolated, logged, and ended with the end-of-sequence token.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections import OrderedDict
@@ -83,6 +92,8 @@ def _check(sampling_params: Any) -> tuple[RequestSpec, Chain] | None:
     try:
         chain = load_chain(spec.chain)
         chain.new_store(capacity=1).add("extra_args", request_params(chain, spec))
+        if spec.logprobs_at is not None:
+            chain.logprobs_stage(spec.logprobs_at)
     except RequestSpecError:
         raise
     except Exception as exc:  # ConfigError, RequestError, PluginError ...: one clear line for the HTTP 400
@@ -108,6 +119,8 @@ class _Row:
     prompt: list[int]
     output: list[int]
     failed: str | None = None
+    logprobs: int | None = None  # SamplingParams.logprobs: how many top tokens the request wants (None: none)
+    at: str | None = None  # the request's logprobs_at (None: the engine's logprobs_mode)
 
 
 class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-type]
@@ -129,6 +142,11 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         self._rows: dict[int, _Row] = {}
         self._ids = itertools.count()
         self._plan: list[tuple[_Group, list[int], torch.Tensor, tuple[str, ...]]] | None = None
+        self._mode = str(getattr(model_config, "logprobs_mode", None) or "raw_logprobs")  # vLLM's engine argument
+        # this step's logprobs of the rows the chain scores itself: batch index -> (value, top values, top ids, rank)
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._width = 0  # this step's batch size
+        _install_sampler_hook()
 
     def is_argmax_invariant(self) -> bool:
         """False: the chain chooses the token, greedy requests included."""
@@ -176,7 +194,8 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
             logger.error("samplechain: request %s cannot join its chain %s: %s", rid, spec.chain.key, exc)
             return _Row(rid, None, list(prompt or ()), output, failed=f"{type(exc).__name__}: {exc}")
         group.rows += 1
-        row = _Row(rid, group, list(prompt or ()), output)
+        row = _Row(rid, group, list(prompt or ()), output, logprobs=getattr(params, "logprobs", None),
+                   at=spec.logprobs_at)
         if _generated(output):  # resumed after preemption: continue at its position
             self._set_position(row, _generated(output))
         return row
@@ -216,6 +235,7 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
 
     # ------------------------------------------------------------------ the step
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        self._pending, self._width = {}, logits.shape[0]
         if not self._rows:
             return logits
         if self._plan is None:
@@ -224,7 +244,7 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
             rows = [self._rows[i] for i in indices]
             self._sync_positions(group, rows, rids)
             try:
-                tokens = self._sample(group, logits.index_select(0, index), rows, rids)
+                tokens = self._sample(group, logits.index_select(0, index), rows, rids, indices)
             except Exception:
                 self._plan = None  # the composition changes: the failing rows leave their group
                 tokens = self._isolate(group, logits, indices, rows)
@@ -243,12 +263,53 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         return [(g, idx, torch.tensor(idx, dtype=torch.int64, device=self._device),
                  tuple(self._rows[i].rid for i in idx)) for g, idx in by_group.values()]
 
-    def _sample(self, group: _Group, logits: torch.Tensor, rows: Sequence[_Row], rids: Sequence[str]) -> torch.Tensor:
+    def _sample(self, group: _Group, logits: torch.Tensor, rows: Sequence[_Row], rids: Sequence[str],
+                indices: Sequence[int]) -> torch.Tensor:
         limit = self._vocab_limit(logits.shape[1])
         if limit is not None:  # as generate(): columns past the tokenizer are tokens nobody can decode
             logits[:, limit:] = float("-inf")
-        kwargs = _history(rows, logits.device) if group.chain.needs_history else {}
-        return group.chain.sample(logits, group.store, rids, **kwargs).check().token_ids
+        kwargs: dict[str, Any] = _history(rows, logits.device) if group.chain.needs_history else {}
+        modes = [self._logprobs_at(row) for row in rows]
+        scored = [j for j, mode in enumerate(modes) if mode is not None]
+        if scored:  # top_logprobs >= 1: the rank comes with it
+            kwargs["logprobs_at"] = [mode or "processed" for mode in modes]
+            kwargs["top_logprobs"] = max(1, max(rows[j].logprobs or 0 for j in scored))
+        out = group.chain.sample(logits, group.store, rids, **kwargs).check()
+        if scored:
+            self._record([indices[j] for j in scored], torch.tensor(scored, device=logits.device), out)
+        return out.token_ids
+
+    def _logprobs_at(self, row: _Row) -> str | None:
+        """Where the chain scores the row's logprobs; None where it does not (no logprobs asked for, the whole
+        vocabulary asked for, or vLLM's own raw logprobs, taken before this processor, are the ones asked for)."""
+        if row.logprobs is None or row.logprobs < 0:
+            return None
+        if row.at is not None:
+            return row.at
+        return None if self._mode == "raw_logprobs" else self._mode
+
+    def _record(self, indices: Sequence[int], at: torch.Tensor, out: Any) -> None:
+        values, ids = out.top_logprobs
+        parts = (out.logprobs[at], values[at], ids[at], out.ranks[at])
+        for k, i in enumerate(indices):
+            self._pending[i] = tuple(p[k] for p in parts)  # type: ignore[assignment]
+
+    def fill_logprobs(self, tensors: Any) -> None:
+        """Write this step's chain-scored rows into vLLM's LogprobsTensors (column 0 the sampled token, then the
+        top n, and its rank); called by the wrapper around Sampler.forward right after the step."""
+        pending, self._pending = self._pending, {}
+        if not pending or tensors is None or tensors.logprob_token_ids.ndim != 2 \
+                or tensors.logprobs.shape[0] != self._width:  # the whole vocabulary, or not this step's rows
+            return
+        width = tensors.logprobs.shape[1] - 1
+        index = torch.tensor(list(pending), dtype=torch.int64, device=tensors.logprobs.device)
+        value, top_values, top_ids, rank = (torch.stack([p[k] for p in pending.values()]).to(tensors.logprobs.device)
+                                            for k in range(4))
+        n = min(width, top_values.shape[1])
+        tensors.logprobs[index, 0] = value.to(tensors.logprobs.dtype)
+        tensors.logprobs[index, 1:1 + n] = top_values[:, :n].to(tensors.logprobs.dtype)
+        tensors.logprob_token_ids[index, 1:1 + n] = top_ids[:, :n].to(tensors.logprob_token_ids.dtype)
+        tensors.selected_token_ranks[index] = rank.to(tensors.selected_token_ranks.dtype)
 
     def _isolate(self, group: _Group, logits: torch.Tensor, indices: Sequence[int],
                  rows: Sequence[_Row]) -> torch.Tensor:
@@ -256,7 +317,7 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         tokens = torch.zeros(len(rows), dtype=torch.int64, device=logits.device)
         for k, (i, row) in enumerate(zip(indices, rows)):
             try:
-                tokens[k] = self._sample(group, logits[i:i + 1].clone(), [row], [row.rid])[0]
+                tokens[k] = self._sample(group, logits[i:i + 1].clone(), [row], [row.rid], [i])[0]
             except Exception as exc:
                 row.failed = f"{type(exc).__name__}: {exc}"
                 logger.error("samplechain: request %s (batch row %d, prompt %r...) failed and is ended with the "
@@ -301,6 +362,30 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         snap[row.rid]["position"] = position
         store.remove(row.rid)
         store.restore(snap)
+
+
+def _install_sampler_hook() -> None:
+    """A logits processor cannot hand logprobs back to vLLM: wrap `Sampler.forward` (once per process) so that each
+    samplechain processor of the batch writes its chain-scored rows into the step's LogprobsTensors."""
+    try:
+        from vllm.v1.sample.sampler import Sampler
+    except ImportError:  # pragma: no cover - only without vLLM
+        return
+    if getattr(Sampler.forward, "_samplechain", False):
+        return
+    original = Sampler.forward
+
+    @functools.wraps(original)
+    def forward(self: Any, logits: torch.Tensor, sampling_metadata: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, logits, sampling_metadata, *args, **kwargs)
+        procs = getattr(getattr(sampling_metadata, "logitsprocs", None), "non_argmax_invariant", ())
+        for proc in procs:
+            if isinstance(proc, SamplechainLogitsProcessor):
+                proc.fill_logprobs(out.logprobs_tensors)
+        return out
+
+    forward._samplechain = True  # type: ignore[attr-defined]
+    Sampler.forward = forward
 
 
 def _generated(output: Sequence[int]) -> int:

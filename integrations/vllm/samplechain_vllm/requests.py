@@ -8,11 +8,13 @@ Kept free of vLLM imports so the frontend's `validate_params` and the unit tests
     extra_args = {"samplechain": {"chain": {"samplers": [...]}}}               an inline chain table
     extra_args = {"samplechain": {"params": {"temperature": 0.5}}}             the server's default chain
     extra_args = {"samplechain": "off"}                                        opt out of a server default
+    extra_args = {"samplechain": {"preset": "llama.cpp", "logprobs_at": "temp"}}   logprobs after an entry
 
 The OpenAI-compatible server passes `vllm_xargs` as extra_args, and it only takes flat values (strings, numbers,
 lists of them), so there the same reads:
 
     vllm_xargs = {"samplechain": "llama.cpp", "samplechain.top_k": 20, "samplechain.seed": 7}
+    vllm_xargs = {"samplechain": "llama.cpp", "samplechain.logprobs_at": "processed"}
     vllm_xargs = {"samplechain": "{\"chain\": {\"samplers\": [{\"use\": \"greedy\"}]}}"}   JSON in a string
 
 The seed of a seeded chain is `params["seed"]`, else `SamplingParams.seed`, else a fresh one (as generate()).
@@ -36,7 +38,8 @@ PARAM_PREFIX = EXTRA_KEY + "."  # flat per-request parameters: "samplechain.top_
 _OFF = ("off", "none")  # and False (the Python API)
 DEFAULT_CHAIN_ENV = "SAMPLECHAIN_VLLM_CHAIN"  # a chain for requests that name none ("preset:llama.cpp", a file)
 CHAIN_DIR_ENV = "SAMPLECHAIN_VLLM_CHAIN_DIR"  # the only folder requests may name chain files from
-_KEYS = ("preset", "chain", "params")
+_KEYS = ("preset", "chain", "params", "logprobs_at")
+LOGPROBS_KEY = "logprobs_at"  # Chain.sample's logprobs_at for this request's logprobs (default: the engine's mode)
 
 
 class RequestSpecError(ValueError):
@@ -56,6 +59,7 @@ class RequestSpec:
     chain: ChainSpec
     params: Mapping[str, Any]
     seed: int | None = None  # SamplingParams.seed: used by a seeded chain when params give no seed
+    logprobs_at: str | None = None  # where the request's logprobs come from; None: vLLM's logprobs_mode
 
 
 def _preset(name: str) -> ChainSpec:
@@ -116,10 +120,12 @@ def parse_request(extra_args: Mapping[str, Any] | None, seed: int | None = None)
     extra = extra_args or {}
     raw = extra.get(EXTRA_KEY, None)
     flat = {k[len(PARAM_PREFIX):]: v for k, v in extra.items() if isinstance(k, str) and k.startswith(PARAM_PREFIX)}
+    logprobs_at = flat.pop(LOGPROBS_KEY, None)
     if raw is False or (isinstance(raw, str) and raw.strip().lower() in _OFF):
-        if flat:
+        if flat or logprobs_at is not None:
+            given = list(flat) + ([LOGPROBS_KEY] if logprobs_at is not None else [])
             raise RequestSpecError(f"samplechain: {raw!r} turns samplechain off but parameters were given "
-                                   f"({', '.join(PARAM_PREFIX + k for k in flat)})")
+                                   f"({', '.join(PARAM_PREFIX + k for k in given)})")
         return None
     if isinstance(raw, str) and raw.lstrip().startswith("{"):
         try:
@@ -160,6 +166,11 @@ def parse_request(extra_args: Mapping[str, Any] | None, seed: int | None = None)
         if not isinstance(given, Mapping) or not all(isinstance(k, str) for k in given):
             raise RequestSpecError(f"samplechain: params must be an object of parameter names, got {given!r}")
         params = dict(given)
+        if LOGPROBS_KEY in raw:
+            if logprobs_at is not None:
+                raise RequestSpecError(f"samplechain: {LOGPROBS_KEY} given both in the object and as "
+                                       f"{PARAM_PREFIX}{LOGPROBS_KEY}; give it once")
+            logprobs_at = raw[LOGPROBS_KEY]
     else:
         raise RequestSpecError(f"samplechain: expected a preset name or an object with preset / chain / params, "
                                f"got {type(raw).__name__}")
@@ -168,4 +179,7 @@ def parse_request(extra_args: Mapping[str, Any] | None, seed: int | None = None)
         raise RequestSpecError(f"samplechain: parameter(s) {clash} given both in params and as "
                                f"{PARAM_PREFIX}NAME; give each once")
     params.update(flat)
-    return RequestSpec(chain, params, None if seed is None else int(seed))
+    if logprobs_at is not None and not isinstance(logprobs_at, str):
+        raise RequestSpecError(f"samplechain: {LOGPROBS_KEY} must be a string such as \"raw\", \"processed\" or a "
+                               f"chain entry's id, got {logprobs_at!r}")
+    return RequestSpec(chain, params, None if seed is None else int(seed), logprobs_at)
