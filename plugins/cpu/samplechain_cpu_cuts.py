@@ -44,7 +44,7 @@ from samplechain_cpu_numba import _FLOOR_64 as _EXP_FLOOR
 __all__ = ["typical_band", "top_p_candidates"]
 
 _PER_DEPTH = 16.0  # top_p's buckets: 1/16 of a logit below the top each
-_DEEPEST = 4095  # the last bucket (256 logits down) takes every deeper token
+_DEEPEST = 1023  # the last bucket (64 logits down) takes every deeper token
 _MARGIN = 1e-6  # the buckets' float64 mass aims past p by this much: far beyond the rounding of their sums
 _LARGEST_TOP = 2.0**16  # typical leaves rows whose largest |logit| is beyond it to the torch path: c and log Z are
 # kept relative to 0, so their rounding grows with the top (here at most ~1e-11 of a probability)
@@ -212,7 +212,7 @@ def _bands(x, p, min_keep, limit, c_out, lse_out, counts, positions):
 def _spares(x, counts, positions, values):
     """values = x at the band's positions; past a row's count, -inf at the least columns not in its band."""
     width = positions.shape[1]
-    for row in range(x.shape[0]):
+    for row in numba.prange(x.shape[0]):
         n = counts[row]
         for slot in range(n):
             values[row, slot] = x[row, positions[row, slot]]
@@ -266,6 +266,36 @@ def _depth_keys(xr, top, e, keys):
         keys[j] = np.int32(d) if d < _DEEPEST else np.int32(_DEEPEST)
 
 
+@_jit(nogil=True)
+def _hits(xr, cut, hit):
+    """hit[j] = xr[j] >= cut, one byte each (vectorised)."""
+    for j in range(xr.shape[0]):
+        hit[j] = xr[j] >= cut
+
+
+@_jit(nogil=True)
+def _gather(xr, cut, where, hit):
+    """The positions j of xr[j] >= cut in where[:n], in order, and n; -1 where they would not fit in where. A block's
+    comparisons are bytes read 8 at a time: a word of 8 misses (most of a row) costs one test, and the positions of
+    a word with a hit are written branch-free (each written, the count advanced by the hit)."""
+    cap = where.shape[0]
+    words = hit.view(np.uint64)
+    n = 0
+    for start in range(0, xr.shape[0], _BLOCK):
+        m = min(_BLOCK, xr.shape[0] - start)
+        if n > cap - _BLOCK:
+            return -1
+        if m < _BLOCK:
+            hit[:] = 0
+        _hits(xr[start:start + m], cut, hit)
+        for g in range(_BLOCK // 8):
+            if words[g] != 0:
+                for i in range(8):
+                    where[n] = start + 8 * g + i
+                    n += hit[8 * g + i]
+    return n
+
+
 @_jit(parallel=True, nogil=True)
 def _nucleus(x, p, min_keep, least, top_out, total_out, threshold, counts, kept, keys, where, spare_keys, spare_where):
     """Per row: the maximum, the normaliser sum e**(x - max) (float64, blocks of _BLOCK added in order), a float32
@@ -282,6 +312,7 @@ def _nucleus(x, p, min_keep, least, top_out, total_out, threshold, counts, kept,
             continue
         e = np.empty(_BLOCK)
         keys_b = np.empty(_BLOCK, dtype=np.int32)
+        hit = np.zeros(_BLOCK, dtype=np.uint8)
         mass = np.zeros(_DEEPEST + 1)
         nan = 0
         for start in range(0, xr.shape[0], _BLOCK):  # one pass: the mass by depth below the top
@@ -311,17 +342,10 @@ def _nucleus(x, p, min_keep, least, top_out, total_out, threshold, counts, kept,
         cut = np.float32(top - depth / _PER_DEPTH - 1e-3) if depth <= _DEEPEST else np.float32(-np.inf)
         threshold[row] = cut
         counts[row] = -2
-        n = 0
-        for j in range(xr.shape[0]):
-            if xr[j] >= cut:
-                if n == cap:
-                    break
-                keys[row, n] = _descending_key(xr[j])
-                where[row, n] = j
-                n += 1
-        else:
-            if n < least:
-                continue
+        n = _gather(xr, cut, where[row], hit)
+        if n >= least:
+            for i in range(n):
+                keys[row, i] = _descending_key(xr[where[row, i]])
             ranked, order = _stable_radix_sort(keys[row], where[row], n, spare_keys[row], spare_where[row])
             for i in range(n):  # the sorted positions may be in either buffer
                 spare_where[row, i] = order[i]
@@ -396,6 +420,7 @@ def top_p_candidates(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tens
     width = max(int(counts.max()), 1)
     values = np.empty((batch, width), dtype=np.float32)
     positions = np.empty((batch, width), dtype=np.int64)
+    _threads(batch * width)  # a copy of the survivors: threads only where they outweigh their wake-up
     _ranked_spares(x, threshold, counts, spare_where, values, positions)
     return (*found, torch.from_numpy(values), torch.from_numpy(positions), torch.from_numpy(counts),
             torch.from_numpy(kept))
