@@ -7,7 +7,6 @@ of DRY's breakers that the service replaced (the same sequences for every ASCII 
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
@@ -16,49 +15,17 @@ import torch
 
 import samplechain
 from samplechain import strings
+from samplechain.testing import TOKENIZER_TEXT as TEXT
 from samplechain.testing import byte_bpe_tokenizer
+from samplechain.testing import byte_fallback_tokenizer as byte_fallback
+from samplechain.testing import metaspace_tokenizer as metaspace
+from samplechain.testing import wordpiece_tokenizer as wordpiece
 
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
-TEXT = ("Stop the lastopper! The stopped stopwatch stops. Sentence one.\n\nSentence two: ends here. "
-        "A list is a mutable sequence; tuples are immutable. Naïve café, 日本語のテキスト and 🎉 emoji. ") * 3
 EMBEDDED = Path(samplechain.__file__).parent / "models" / "docs-gpt2"
-
-
-def metaspace(text: str = TEXT) -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.train_from_iterator([text] * 4, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
-                                                            show_progress=False))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-
-
-def byte_fallback() -> PreTrainedTokenizerFast:
-    """Llama style: Metaspace merges learnt on ASCII, every other character as <0xNN> byte tokens."""
-    state = json.loads(metaspace(TEXT.encode("ascii", "ignore").decode()).backend_tokenizer.to_str())
-    vocab, specials = state["model"]["vocab"], ["<unk>", "<s>", "</s>"]
-    order = specials + [f"<0x{b:02X}>" for b in range(256)] + [t for t in sorted(vocab, key=vocab.get)
-                                                               if t not in specials]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["model"]["merges"]]
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(order)}, merges=merges, unk_token="<unk>",
-                               byte_fallback=True, fuse_unk=True))
-    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-
-
-def wordpiece() -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator([TEXT] * 4, trainers.WordPieceTrainer(vocab_size=300, special_tokens=["[UNK]", "[SEP]"],
-                                                                  show_progress=False))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]")
 
 
 def embedded():

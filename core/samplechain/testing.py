@@ -157,6 +157,58 @@ def byte_bpe_tokenizer(vocab_size: int = 300, text: str | None = None) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
 
 
+TOKENIZER_TEXT = (
+    "Stop the lastopper! The stopped stopwatch stops. Sentence one.\n\nSentence two: ends here. "
+    "A list is a mutable sequence; tuples are immutable. Naïve café, 日本語のテキスト and 🎉 emoji. ") * 3
+
+
+def metaspace_tokenizer(text: str = TOKENIZER_TEXT) -> Any:
+    """SentencePiece style, trained in-process on `text`: "▁" marks a space, no byte fallback."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.train_from_iterator([text] * 4, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
+                                                            show_progress=False))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def byte_fallback_tokenizer(text: str = TOKENIZER_TEXT) -> Any:
+    """Llama style: Metaspace merges learnt on the ASCII of `text`, every other character spelt as <0xNN> byte
+    tokens (byte_fallback), "▁" for spaces and the leading one stripped when decoding."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    state = json.loads(metaspace_tokenizer(text.encode("ascii", "ignore").decode()).backend_tokenizer.to_str())
+    vocab, specials = state["model"]["vocab"], ["<unk>", "<s>", "</s>"]
+    order = specials + [f"<0x{b:02X}>" for b in range(256)] + [t for t in sorted(vocab, key=vocab.get)
+                                                               if t not in specials]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["model"]["merges"]]
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(order)}, merges=merges, unk_token="<unk>",
+                               byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def wordpiece_tokenizer(text: str = TOKENIZER_TEXT) -> Any:
+    """BERT style, trained in-process on `text`: "##" continuations, no byte mode."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator([text] * 4, trainers.WordPieceTrainer(vocab_size=300, special_tokens=["[UNK]", "[SEP]"],
+                                                                  show_progress=False))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]")
+
+
 def pieces_tokenizer(pieces: Sequence[str]) -> Any:
     """A byte-level tokenizer whose vocabulary is `<|endoftext|>` (id 0, eos), the 256 bytes, then exactly `pieces`,
     with no merges: `piece_ids(tok, [...])` spells any token sequence with them (text split where a test wants)."""

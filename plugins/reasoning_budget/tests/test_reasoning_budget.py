@@ -17,12 +17,12 @@ import warnings
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 import samplechain_reasoning_budget as plugin
 from samplechain import Chain, ConfigError, RequestError, SamplechainError
 from samplechain.generation import Generation, generate
+from samplechain import testing
 from samplechain.models import default_model_path
 
 IDLE, COUNTING, WAITING, FORCING, DONE = range(5)
@@ -133,23 +133,10 @@ def embedded():
 
 
 def byte_fallback_tokenizer() -> PreTrainedTokenizerFast:
-    """Llama style: merges learnt on ASCII, every other character spelt as <0xNN> byte tokens; <think> and
-    </think> are added special tokens (one id each, as in Qwen's and DeepSeek's vocabularies)."""
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.train_from_iterator([TEXT], trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
-                                                        show_progress=False))
-    state = json.loads(tok.to_str())
-    vocab, specials = state["model"]["vocab"], ["<unk>", "<s>", "</s>"]
-    order = specials + [f"<0x{b:02X}>" for b in range(256)] + [t for t in sorted(vocab, key=vocab.get)
-                                                               if t not in specials]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["model"]["merges"]]
-    fb = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(order)}, merges=merges, unk_token="<unk>",
-                              byte_fallback=True, fuse_unk=True))
-    fb.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    fb.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                    decoders.Strip(" ", 1, 0)])
-    out = PreTrainedTokenizerFast(tokenizer_object=fb, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    """Llama style (samplechain.testing's, trained on TEXT): merges learnt on ASCII, every other character spelt as
+    <0xNN> byte tokens; <think> and </think> are added special tokens (one id each, as in Qwen's and DeepSeek's
+    vocabularies)."""
+    out = testing.byte_fallback_tokenizer(TEXT)
     out.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
     return out
 

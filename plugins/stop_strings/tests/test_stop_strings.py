@@ -10,77 +10,27 @@ left padding are no text here, text in transformers.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, StopStringCriteria
+from transformers import StopStringCriteria
 
 import samplechain
 import samplechain_stop_strings as plugin
 from samplechain import ConfigError, StopContext, StopSetup, strings
+from samplechain.testing import TOKENIZER_TEXT as TEXT
 from samplechain.testing import byte_bpe_tokenizer
+from samplechain.testing import byte_fallback_tokenizer as byte_fallback_bpe
+from samplechain.testing import metaspace_tokenizer as metaspace_bpe
+from samplechain.testing import pieces_tokenizer as hand_made
+from samplechain.testing import wordpiece_tokenizer as wordpiece
 
-TEXT = ("Stop the lastopper! The stopped stopwatch stops. Sentence one.\n\nSentence two: ends here. "
-        "A list is a mutable sequence; tuples are immutable. Naïve café, 日本語のテキスト and 🎉 emoji. ") * 3
 EMBEDDED = Path(samplechain.__file__).parent / "models" / "docs-gpt2"
 
 
 # ----------------------------------------------------------------- real tokenizers, trained in-process
-def metaspace_bpe(text: str = TEXT) -> PreTrainedTokenizerFast:
-    """SentencePiece style: "▁" marks a space, no byte fallback (transformers matches characters)."""
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.train_from_iterator([text] * 4, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
-                                                            show_progress=False))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-
-
-def byte_fallback_bpe() -> PreTrainedTokenizerFast:
-    """Llama style: merges learnt on ASCII, every other character spelt as <0xNN> byte tokens."""
-    state = json.loads(metaspace_bpe(TEXT.encode("ascii", "ignore").decode()).backend_tokenizer.to_str())
-    vocab, specials = state["model"]["vocab"], ["<unk>", "<s>", "</s>"]
-    order = specials + [f"<0x{b:02X}>" for b in range(256)] + [t for t in sorted(vocab, key=vocab.get)
-                                                               if t not in specials]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["model"]["merges"]]
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(order)}, merges=merges, unk_token="<unk>",
-                               byte_fallback=True, fuse_unk=True))
-    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-
-
-def wordpiece() -> PreTrainedTokenizerFast:
-    """BERT style: "##" continuations, no byte mode."""
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator([TEXT] * 4, trainers.WordPieceTrainer(vocab_size=300, special_tokens=["[UNK]", "[SEP]"],
-                                                                  show_progress=False))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]")
-
-
-def hand_made(pieces: list[str]) -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer whose vocabulary is the 256 bytes plus exactly `pieces` (no merges: the pieces exist
-    as ids, so a test can spell any token sequence with them)."""
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    encode = {b: c for c, b in strings.gpt2_byte_decoder().items()}
-    vocab = {"<|endoftext|>": 0}
-    for ch in sorted(alphabet):
-        vocab.setdefault(ch, len(vocab))
-    for p in pieces:
-        vocab.setdefault("".join(encode[b] for b in p.encode()), len(vocab))
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-
-
 def embedded():
     if not (EMBEDDED / "tokenizer.json").exists():
         pytest.skip("the embedded docs-gpt2 model is not trained in this checkout")
