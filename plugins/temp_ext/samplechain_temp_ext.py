@@ -49,7 +49,7 @@ def _row_entropy(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: entropy (nats, float64) of softmax over the finite logits, and the count of finite logits.
 
     H = log S - sum(e * z) / S with z = x - max, e = exp(z), S = sum(e): float32 passes (llama.cpp's precision),
-    the sums accumulated in float64, at every width. The temperature divides every logit, so its float32 value must
+    the sums accumulated in float64, at every width, log S through log1p of what lies below the maximum. The temperature divides every logit, so its float32 value must
     not depend on the batch: float32 sums round differently when torch splits a lone row's reduction across threads,
     and a width-dependent choice of formula changed it when compaction padded the row to another row's width."""
     live = torch.isfinite(x)
@@ -59,7 +59,12 @@ def _row_entropy(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     z = (x - top).clamp_(min=torch.finfo(x.dtype).min)  # -inf -> the lowest float: e = 0 and e * z = -0
     e = torch.exp(z)
     total = e.sum(dim=-1, dtype=torch.float64)
-    return torch.log(total) - z.mul_(e).sum(dim=-1, dtype=torch.float64) / total, n
+    # log S as log k + log1p(rest / k), k the tokens at the maximum (e = 1): on a peaked row S = k + rest with rest
+    # ~1e-14, whose digits log(S) would lose (the entropy, ~rest, then rounding with the width of the sum)
+    at_top = z == 0
+    k = at_top.sum(dim=-1).clamp(min=1).double()
+    rest = torch.where(at_top, torch.zeros_like(e), e).sum(dim=-1, dtype=torch.float64)
+    return torch.log(k) + torch.log1p(rest / k) - z.mul_(e).sum(dim=-1, dtype=torch.float64) / total, n
 
 
 def dynamic_temperature(

@@ -272,3 +272,21 @@ def test_bad_request_value_is_refused():
     c = chain()
     with pytest.raises(Exception, match="exponent"):
         c.new_store().add("r", {"dynatemp_exponent": -2.0})
+
+
+def test_entropy_of_a_peaked_row_keeps_its_digits_and_its_width():
+    """A row whose maximum holds all but ~1e-14 of the mass: its entropy (~1e-12) against 50-digit arithmetic, and
+    the same padded with -inf to another width (a compacted row in a batch). log(S) with S = 1 + 1e-14 rounded with
+    the width of the sum, and so did the dynamic temperature (which scales every logit by ~1e11 on such rows)."""
+    import mpmath
+    from samplechain_temp_ext import _row_entropy
+
+    row = torch.tensor([0.0, -33.0, -34.5, -36.0, -35.25, -40.0])
+    mpmath.mp.dps = 50
+    e = [mpmath.e ** mpmath.mpf(float(v)) for v in row]
+    s = mpmath.fsum(e)
+    want = float(-mpmath.fsum(p * mpmath.log(p) for p in (v / s for v in e)))
+    got, _ = _row_entropy(row[None, :])
+    padded, _ = _row_entropy(torch.cat([row, torch.full((58,), -math.inf)])[None, :])
+    assert abs(float(got[0]) - want) <= 1e-6 * want
+    assert float(padded[0]) == float(got[0]) or abs(float(padded[0]) - float(got[0])) <= 1e-9 * want
