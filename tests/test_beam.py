@@ -266,6 +266,25 @@ def test_embedded_model_beam_search_equals_model_generate(embedded):
     assert out.texts == [tok.decode(r[:n], skip_special_tokens=True) for r, n in zip(new, out.num_generated.tolist())]
 
 
+def vllm_text(tok, tokens: list[int], stop: str | None, include: bool) -> str:
+    """vLLM's output text of a sequence a stop string ended in its last token (the detokenizer's
+    check_stop_strings): cut before the stop string's first occurrence ending in that token's text, or right after
+    it with include_stop_str_in_output; the whole text when nothing stopped it (stop None)."""
+    text = tok.decode(tokens, skip_special_tokens=True)
+    if stop is None:
+        return text
+    before = tok.decode(tokens[:-1], skip_special_tokens=True)
+    at = text.find(stop, max(len(before) - len(stop) + 1, 0))
+    assert at >= 0, (text, stop)
+    return text[: at + len(stop)] if include else text[:at]
+
+
+def hypotheses(out):
+    """Each returned hypothesis' generated tokens."""
+    new = out.sequences[:, out.prompt_length:]
+    return [row[:n].tolist() for row, n in zip(new, out.num_generated.tolist())]
+
+
 @pytest.mark.parametrize("stop, num_beams, early_stopping", [("\n", 3, False), (" of", 2, True), (".", 3, "never")])
 def test_embedded_model_stop_strings_equal_model_generate(embedded, stop, num_beams, early_stopping):
     model, tok, ids, mask = embedded
@@ -274,8 +293,88 @@ def test_embedded_model_stop_strings_equal_model_generate(embedded, stop, num_be
     out = generate(model, tok, PROMPTS, output_scores=True, output_logits=True, **kw)
     assert_same(out, hf_beams(model, ids, mask, tokenizer=tok, **kw), model)
     assert "stop_strings" in out.finish_reasons
-    for text, reason in zip(out.texts, out.finish_reasons):
-        assert reason in ("stop_strings", "max_new_tokens", "eos") and (reason != "stop_strings" or stop in text)
+    for reason, text, found, tokens in zip(out.finish_reasons, out.texts, out.stop_texts, hypotheses(out)):
+        assert reason in ("stop_strings", "max_new_tokens", "eos")
+        assert found == (stop if reason == "stop_strings" else None)
+        assert text == vllm_text(tok, tokens, found, include=False)  # the text is cut as sampling cuts it
+
+
+# --------------------------------------------------------------------------- min_new_tokens, the text cut
+@pytest.mark.parametrize("n", [2, 4])
+def test_min_new_tokens_equals_transformers_min_new_tokens(n):
+    """The min_new_tokens sampler masks eos in the beams' log-probabilities as MinNewTokensLengthLogitsProcessor
+    does (per prompt, with params), and the eos criterion waits for the n-th token: the same beams."""
+    model = model_with_frequent_eos(seed=4)
+    kw = dict(max_new_tokens=8, num_beams=3, num_return_sequences=3)
+    assert min(ours(model, **kw).num_generated.tolist()) < n  # without it, hypotheses end earlier
+    chain = {"samplers": [{"use": "min_new_tokens"}, {"use": "greedy"}]}
+    out = ours(model, chain=chain, params={"min_new_tokens": n}, **kw)
+    assert_same(out, hf_beams(model, min_new_tokens=n, **kw), model)
+    least = [0, n, 2 * n]  # per prompt: each prompt's beams as transformers gives them with its own minimum
+    mixed = ours(model, chain=chain, params=[{"min_new_tokens": m} for m in least], **kw)
+    for i, m in enumerate(least):
+        ref = hf_beams(model, min_new_tokens=m, **kw)
+        for b in range(3 * i, 3 * i + 3):
+            end = IDS.shape[1] + int(mixed.num_generated[b])
+            assert torch.equal(mixed.sequences[b, :end], ref.sequences[b, :end])
+            assert mixed.num_generated[b] >= min(m, 8)
+        torch.testing.assert_close(mixed.sequences_scores[3 * i: 3 * i + 3], ref.sequences_scores[3 * i: 3 * i + 3])
+
+
+def test_min_new_tokens_holds_back_an_eos_the_chain_does_not_mask():
+    """vLLM's min_tokens on the stopping side: with eos left a possible token (the sampler bans another id), a
+    candidate ending in eos before its n-th token is no finished hypothesis; it runs on as any other."""
+    model = model_with_frequent_eos(seed=4)
+    eos = model.generation_config.eos_token_id
+    kw = dict(max_new_tokens=8, num_beams=3, num_return_sequences=3)
+    n = 4
+    chain = {"samplers": [{"use": "min_new_tokens", "eos_ids": [(eos + 1) % 120]}, {"use": "greedy"}]}
+    free = ours(model, chain=chain, **kw)
+    assert any(r == "eos" and g < n for r, g in zip(free.finish_reasons, free.num_generated.tolist()))
+    out = ours(model, chain=chain, params={"min_new_tokens": n}, **kw)
+    assert "eos" in out.finish_reasons
+    for reason, tokens in zip(out.finish_reasons, hypotheses(out)):
+        assert reason != "eos" or (len(tokens) >= n and tokens[-1] == eos)
+    assert any(eos in tokens[: n - 1] for tokens in hypotheses(out))  # an early eos did not end its hypothesis
+
+
+@pytest.mark.parametrize("stops", [dict(stop_strings=[" "]), dict(stop_regex=[" "])], ids=["stop_strings",
+                                                                                         "stop_regex"])
+def test_embedded_model_min_new_tokens_holds_back_text_stops_per_prompt(embedded, stops):
+    """A stop string / stop_regex match must end in a token after the prompt's first n (vLLM's detokenizer): with
+    " " as the stop nearly every first token would end a hypothesis."""
+    model, tok, _, _ = embedded
+    kw = dict(num_beams=3, num_return_sequences=3, max_new_tokens=12, pad_token_id=tok.eos_token_id,
+              chain={"samplers": [{"use": "min_new_tokens"}, {"use": "greedy"}]}, **stops)
+    free = generate(model, tok, PROMPTS, **kw)
+    assert free.num_generated[:3].tolist() == [1, 1, 1]
+    least = [2, 5]
+    out = generate(model, tok, PROMPTS, params=[{"min_new_tokens": n} for n in least], **kw)
+    for b, (reason, found, tokens) in enumerate(zip(out.finish_reasons, out.stop_texts, hypotheses(out))):
+        assert reason.startswith("stop_") and found == " " and len(tokens) > least[b // 3]
+        assert " " not in tok.decode(tokens[least[b // 3]:-1])  # it ended at the first match after the first n
+    assert out.texts[:3] != free.texts[:3]
+
+
+@pytest.mark.parametrize("include", [False, True, [True, False]], ids=["cut", "include", "per-prompt"])
+@pytest.mark.parametrize("how", ["stop_strings", "stop_regex"])
+def test_embedded_model_hypotheses_are_cut_at_their_stop_match(embedded, how, include):
+    """As sampling's output: a hypothesis a stop string / stop_regex ended keeps its tokens, its text ends before
+    the match (or after it with its prompt's include_stop_str_in_output) and stop_texts names the match."""
+    model, tok, _, _ = embedded
+    stop = "."
+    kw = dict(num_beams=3, num_return_sequences=3, max_new_tokens=12, pad_token_id=tok.eos_token_id)
+    kw["stop_strings" if how == "stop_strings" else "stop_regex"] = [stop if how == "stop_strings" else r"\."]
+    out = generate(model, tok, PROMPTS, include_stop_str_in_output=include, **kw)
+    reason = "stop_strings" if how == "stop_strings" else "stop_regex:\\."
+    assert reason in out.finish_reasons
+    flags = include if isinstance(include, list) else [include] * len(PROMPTS)
+    for b, (why, found, text, tokens) in enumerate(zip(out.finish_reasons, out.stop_texts, out.texts,
+                                                       hypotheses(out))):
+        assert found == (stop if why == reason else None)
+        assert text == vllm_text(tok, tokens, found, flags[b // 3])
+    plain = generate(model, tok, PROMPTS, **kw)
+    assert torch.equal(out.sequences, plain.sequences)  # only the text is cut
 
 
 def test_without_eos_short_hypotheses_are_padded_with_the_pad_not_minus_one(embedded):

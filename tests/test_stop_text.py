@@ -86,6 +86,29 @@ def test_rows_without_a_text_stop_keep_their_whole_text(tok):
     assert out.texts == ["Hello", "a"] and out.stop_texts == [None, "bb"]
 
 
+def test_include_stop_str_in_output_per_prompt(tok):
+    """vLLM sets include_stop_str_in_output per request: each prompt's rows are cut as a run with its value alone,
+    its num_return_sequences copies included."""
+    hello, abba = ["Hel", "lo", " wor", "ld", " and"], ["ab", "ba", "ab"]
+    kw = dict(stop_strings=["bb"], stop_regex=["o w"])
+    flags = [True, False, False]
+    out = run(tok, [hello, abba, hello], include_stop_str_in_output=flags, **kw)
+    assert out.texts == ["Hello w", "a", "Hell"] and out.stop_texts == ["o w", "bb", "o w"]
+    assert out.texts == [run(tok, [row], include_stop_str_in_output=flag, **kw).texts[0]
+                         for row, flag in zip([hello, abba, hello], flags)]
+    sampled = {"chain": {"samplers": [{"use": "top_k", "k": 1}, {"use": "dist"}]}}  # copies with the same tokens
+    out = run(tok, [hello, hello, abba, abba], ["Hi", "Hi"], chain=sampled, num_return_sequences=2,
+              include_stop_str_in_output=(False, True), **kw)
+    assert out.texts == ["Hell", "Hell", "abb", "abb"] and out.stop_texts == ["o w", "o w", "bb", "bb"]
+
+
+@pytest.mark.parametrize("value", [[True], [True, False, True], "yes", None, [True, "no"]])
+def test_include_stop_str_in_output_of_the_wrong_shape_is_refused(tok, value):
+    with pytest.raises(samplechain.ConfigError, match=r"include_stop_str_in_output = .*: give one bool, or a list of 2 "
+                                                      r"bools \(one per prompt\)"):
+        run(tok, [["ab"], ["ba"]], include_stop_str_in_output=value)
+
+
 def test_cut_text_falls_back_to_the_last_occurrence():
     assert cut_text("xxENDyy", StopMatch("r", "END", 2)) == "xx"
     assert cut_text("xxENDyy", StopMatch("r", "END", 2), include=True) == "xxEND"
@@ -186,6 +209,21 @@ def test_stream_deltas_concatenate_to_the_cut_text(tok, stops, rows, include):
         assert "".join(deltas) == out.texts[b]
         assert [e.finish_reason for e in events if e.index == b][-1] == out.finish_reasons[b]
     assert out.texts == run(tok, rows, **{k: v for k, v in kw.items() if k != "chain"}).texts
+
+
+def test_stream_holds_back_only_for_requests_that_drop_the_stop(tok):
+    """include_stop_str_in_output per prompt: a request that keeps its stop string streams each token's text at
+    once, its neighbour keeps back the stop buffer; both concatenate to their cut texts."""
+    rows = [["Hel", "lo", " wor", "ld", " and"]] * 2
+    result: list = []
+    events = list(stream(scripted(tok, *rows), tok, ["Hi", "Hi"], chain=GREEDY, pad_token_id=0, max_new_tokens=5,
+                         stop_strings=["xyz"], include_stop_str_in_output=[True, False], result=result))
+    assert [e.text for e in events if e.index == 0] == ["Hel", "lo", " wor", "ld", " and"]
+    assert [e.text for e in events if e.index == 1] == ["H", "el", "lo w", "or", "ld and"]
+    events = list(stream(scripted(tok, *rows), tok, ["Hi", "Hi"], chain=GREEDY, pad_token_id=0, max_new_tokens=5,
+                         stop_strings=["d a"], include_stop_str_in_output=[True, False], result=result))
+    for b, want in enumerate(["Hello world a", "Hello worl"]):
+        assert "".join(e.text for e in events if e.index == b) == want == result[-1].texts[b]
 
 
 def test_stream_holds_back_only_while_a_stop_could_cut(tok):

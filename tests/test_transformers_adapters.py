@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -222,6 +223,31 @@ def test_custom_generate_beam_search_runs_our_beam_search(model, batch):
     got = hf(model, ids, mask, custom_generate=as_custom_generate(GREEDY), max_new_tokens=5, num_beams=3,
              num_return_sequences=2)
     assert torch.equal(got, expected.sequences)
+
+
+def test_custom_generate_passes_stop_regex_and_include_stop_str_in_output(docs_lm, batch):
+    """model.generate(custom_generate=..., stop_regex=..., include_stop_str_in_output=...) runs our loop with them:
+    the same tokens, finish reasons, stop texts and cut texts as samplechain's generate() (per prompt too)."""
+    model, tok = docs_lm
+    ids, mask = batch
+    width = ids.shape[1]
+    kw = dict(chain=GREEDY, max_length=width + 12)
+    free = generate(model, tok, input_ids=ids, attention_mask=mask, pad_token_id=0, ignore_eos=True, **kw)
+    # stops taken from the rows' own text, each spanning a few characters inside it
+    stops = dict(stop_regex=[re.escape(free.texts[0][4:7])], stop_strings=[free.texts[1][5:8]])
+    decode = as_custom_generate(GREEDY, tokenizer=tok)
+    for include in (False, True, [True, False, False]):
+        want = generate(model, tok, input_ids=ids, attention_mask=mask, pad_token_id=0, ignore_eos=True,
+                        include_stop_str_in_output=include, **stops, **kw)
+        got = hf(model, ids, mask, custom_generate=decode, max_new_tokens=12, return_dict_in_generate=True,
+                 include_stop_str_in_output=include, **stops)
+        assert torch.equal(got.sequences, want.sequences)
+        assert got.finish_reasons == want.finish_reasons and got.stop_texts == want.stop_texts
+        assert got.texts == want.texts
+        assert want.finish_reasons[:2] == [f"stop_regex:{stops['stop_regex'][0]}", "stop_strings"]
+        for b, flag in enumerate(include if isinstance(include, list) else [include] * 3):
+            if want.stop_texts[b] is not None:  # cut at the match: before it, or right after it
+                assert want.texts[b].endswith(want.stop_texts[b]) == flag
 
 
 def test_custom_generate_refuses_model_inputs_it_cannot_feed(model, batch):

@@ -17,6 +17,12 @@ hypothesis with -1; we fill them with the pad id (with an eos id both fill with 
 Outputs: sequences, sequences_scores, beam_indices, per-step processed log-probabilities (output_scores), raw
 logits (output_logits), per-token `logprobs` (the transition scores transformers' compute_transition_scores
 gives), finish reasons, texts.
+
+Stops as in sampling: a min_new_tokens sampler's per-request n (vLLM's min_tokens) holds back the criteria with a
+`min_new_tokens_gate` for every candidate of its prompt, so a hypothesis does not end at an eos / stop string /
+stop_regex before it (transformers masks eos instead, MinNewTokensLengthLogitsProcessor: the sampler does that in
+the chain's processing); a hypothesis a stop string / stop_regex ended keeps its StopMatch, so its text is cut
+there (before the match, or after it with its prompt's include_stop_str_in_output) and `stop_texts` names it.
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ from typing import Any
 
 import torch
 
-from ..contracts import StopContext, StopSetup
+from ..contracts import StopContext, StopMatch, StopSetup
 from ..errors import ConfigError
 from ..mixed import MixedChains
+from ..stopping import cut_text
 from .model import ModelRunner
 from .outputs import GenerationOutput
 from .session import Generation
@@ -84,11 +91,14 @@ class _BeamSearch:
         self.batch = gen.num_prompts
 
     def _candidates_setup(self, k: int) -> StopSetup:
+        """The criteria see k candidates per prompt, each with its prompt's length and min_new_tokens."""
         g = self.gen
+        least = g.setup.min_new_tokens
         return StopSetup(batch_size=self.batch * k, prompt_length=g.setup.prompt_length,
                          prompt_lengths=g.prompt_lengths.repeat_interleave(k), device=g.input_ids.device,
                          tokenizer=g.tokenizer, model_config=g.setup.model_config,
-                         generation_config=g.generation_config)
+                         generation_config=g.generation_config,
+                         min_new_tokens=None if least is None else least.repeat_interleave(k))
 
     def run(self) -> GenerationOutput:
         import time
@@ -131,7 +141,9 @@ class _BeamSearch:
         beam_indices = running_beam_indices.clone()
         running_lps = torch.zeros((batch, nb, limit), dtype=torch.float32, device=device)
         lps = running_lps.clone()
-        reasons: list[str] = []
+        # how each hypothesis ended, as a code into `endings`: (finish reason, the StopMatch of a text criterion)
+        endings: list[tuple[str, StopMatch | None]] = []
+        codes: dict[tuple[str, StopMatch | None], int] = {}
         running_reason = torch.full((batch, nb), -1, dtype=torch.int64, device=device)  # never set while running
         reason = running_reason.clone()
 
@@ -186,9 +198,11 @@ class _BeamSearch:
                 if result.any:
                     for row, r in enumerate(result.reasons):
                         if r is not None:
-                            if r not in reasons:
-                                reasons.append(r)
-                            cand_reason[row] = reasons.index(r)
+                            ending = (r, result.matches.get(row))
+                            if ending not in codes:
+                                codes[ending] = len(endings)
+                                endings.append(ending)
+                            cand_reason[row] = codes[ending]
                 cand_reason = cand_reason.view(batch, k)
 
                 # the best unfinished continuations run on
@@ -231,12 +245,14 @@ class _BeamSearch:
         seqs = seqs[:, : prompt_len + width]
         bidx = bidx[:, :width]
         token_lps = torch.where(bidx >= 0, lps[:, :n].reshape(batch * n, -1)[:, :width], torch.zeros(()))
-        codes = reason[:, :n].reshape(-1).tolist()
-        finish = [reasons[c] if c >= 0 else None for c in codes]
+        ended = [endings[c] if c >= 0 else (None, None) for c in reason[:, :n].reshape(-1).tolist()]
+        finish = [r for r, _ in ended]
+        matches = [m for _, m in ended]
         texts = None
-        if g.tokenizer is not None:
-            texts = [g.tokenizer.decode(row[prompt_len: prompt_len + int(m)].tolist(), skip_special_tokens=True)
-                     for row, m in zip(seqs.cpu(), generated.tolist())]
+        if g.tokenizer is not None:  # cut at the stop match as sampling's output() cuts (row b is prompt b // n's)
+            texts = [cut_text(g.tokenizer.decode(row[prompt_len: prompt_len + int(m)].tolist(),
+                                                 skip_special_tokens=True), match, g.include_stop_str_in_output[b // n])
+                     for b, (row, m, match) in enumerate(zip(seqs.cpu(), generated.tolist(), matches))]
         return GenerationOutput(
             sequences=seqs,
             scores=tuple(scores_out) if g.output_scores else None,
@@ -245,6 +261,7 @@ class _BeamSearch:
             beam_indices=bidx,
             logprobs=token_lps,
             finish_reasons=finish,
+            stop_texts=[None if m is None else m.text for m in matches],
             num_generated=generated.to(torch.int64).cpu(),
             texts=texts,
             prompt_length=prompt_len,

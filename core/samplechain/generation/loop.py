@@ -86,15 +86,17 @@ def stream(model: Any, tokenizer: Any, prompts: str | Sequence[str] | None = Non
     GenerationOutput; `progress` as in `generate()`, called after a step's events are yielded. With `resume=`,
     events carry the text after the checkpoint.
 
-    Never emitted: text a stop later removes. While stop strings / stop_regex are active (and
-    include_stop_str_in_output is False), each request's last `Stopping.hold_back()` characters wait (vLLM's
+    Never emitted: text a stop later removes. While stop strings / stop_regex are active, the last
+    `Stopping.hold_back()` characters of each request whose include_stop_str_in_output is False wait (vLLM's
     stop_buffer_length: the longest stop string less one; stop_regex's look-back); its last event carries the rest,
-    cut before the match."""
+    cut before the match. A request that includes the stop string holds nothing back: its match ends in the newest
+    token, whose text goes out only after the criteria have seen it."""
     if tokenizer is None:
         raise ConfigError("streaming text needs a tokenizer: stream(model, tokenizer, prompts)")
     gen = Generation(model, tokenizer, prompts, **kwargs)
     decoders = [IncrementalDecoder(tokenizer) for _ in gen.request_ids]
-    hold = 0 if gen.include_stop_str_in_output else gen.stopping.hold_back()
+    most = gen.stopping.hold_back()
+    holds = [0 if include else most for include in gen.include_stop_str_in_output]  # per request (vLLM too)
     held = [""] * len(decoders)  # decoded text not yet emitted: it may still end up cut off
     if gen._steps:  # resumed: the decoders start from the tokens so far, so the next delta is what it would have been
         width = gen.setup.prompt_length
@@ -102,7 +104,7 @@ def stream(model: Any, tokenizer: Any, prompts: str | Sequence[str] | None = Non
             n = int(gen.num_generated[b]) if bool(gen.finished[b]) else len(row)
             for token in row[:n]:
                 held[b] += decoders[b].push(token)
-            held[b] = held[b][max(len(held[b]) - hold, 0):]  # the rest went out before the checkpoint
+            held[b] = held[b][max(len(held[b]) - holds[b], 0):]  # the rest went out before the checkpoint
     try:
         for tokens, active in _steps(gen, progress):
             for b in active.nonzero().flatten().tolist():
@@ -113,7 +115,7 @@ def stream(model: Any, tokenizer: Any, prompts: str | Sequence[str] | None = Non
                     pending += decoders[b].flush()
                     text, held[b] = _cut_pending(decoders[b].emitted, pending, gen, b), ""
                 else:
-                    cut = max(len(pending) - hold, 0)
+                    cut = max(len(pending) - holds[b], 0)
                     text, held[b] = pending[:cut], pending[cut:]
                 if text or reason is not None:
                     yield StreamEvent(b, text, token, reason)
@@ -126,5 +128,5 @@ def stream(model: Any, tokenizer: Any, prompts: str | Sequence[str] | None = Non
 def _cut_pending(full: str, pending: str, gen: Generation, b: int) -> str:
     """What a finished row still emits: its held text up to where its output text ends (stop match cut)."""
     sent = len(full) - len(pending)
-    final = cut_text(full, gen.stop_matches[b], gen.include_stop_str_in_output)
+    final = cut_text(full, gen.stop_matches[b], gen.include_stop_str_in_output[b])
     return final[sent:]

@@ -112,7 +112,7 @@ class Generation:
         max_time: float | None = None,
         stop_strings: str | Sequence[str] | None = None,
         stop_regex: str | Sequence[str] | None = None,
-        include_stop_str_in_output: bool = False,
+        include_stop_str_in_output: bool | Sequence[bool] = False,
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int | None = None,
         ignore_eos: bool = False,
@@ -216,8 +216,8 @@ class Generation:
 
         self.stopping = self._stopping(stop, max_new_tokens, max_length, max_time, stop_strings, ignore_eos,
                                        stop_regex)
-        # vLLM's include_stop_str_in_output: a row stopped by a stop string / stop_regex keeps the match in its text
-        self.include_stop_str_in_output = bool(include_stop_str_in_output)
+        # vLLM's include_stop_str_in_output, per row: a row stopped by a stop string / stop_regex keeps the match
+        self.include_stop_str_in_output = self._include_rows(include_stop_str_in_output)
         self.setup = StopSetup(
             batch_size=ids.shape[0],
             prompt_length=ids.shape[1],
@@ -655,6 +655,15 @@ class Generation:
             chain.logprobs_stage(mode if isinstance(mode, str) else mode[p])
         return values
 
+    def _include_rows(self, value: Any) -> list[bool]:
+        """include_stop_str_in_output per row: one bool for every prompt, or one per prompt (vLLM sets it per
+        request), repeated over the prompt's num_return_sequences."""
+        flags = list(value) if isinstance(value, Sequence) else [value] * self.num_prompts
+        if isinstance(value, str) or len(flags) != self.num_prompts or any(f not in (True, False) for f in flags):
+            raise ConfigError(f"include_stop_str_in_output = {value!r}: give one bool, or a list of "
+                              f"{self.num_prompts} bools (one per prompt)")
+        return [bool(f) for f in flags for _ in range(self.n)]
+
     def _step_graphs(self, logits: torch.Tensor) -> graphs.StepGraphs | None:
         """The batch's captured step, from the second step on (the first, eager, compiles the kernels and fills the
         samplers' caches); None where the step runs eagerly."""
@@ -686,9 +695,9 @@ class Generation:
         texts = None
         if self.tokenizer is not None:
             texts = [
-                cut_text(self.tokenizer.decode(row[:n].tolist(), skip_special_tokens=True), match,
-                         self.include_stop_str_in_output)
-                for row, n, match in zip(new.cpu(), self.num_generated.tolist(), self.stop_matches)
+                cut_text(self.tokenizer.decode(row[:n].tolist(), skip_special_tokens=True), match, include)
+                for row, n, match, include in zip(new.cpu(), self.num_generated.tolist(), self.stop_matches,
+                                                  self.include_stop_str_in_output)
             ]
         return GenerationOutput(
             sequences=self.input_ids,

@@ -280,7 +280,10 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
     Refused with a ConfigError: model inputs other than input_ids / attention_mask (inputs_embeds,
     pixel_values, ...) and a past_key_values that already holds tokens. Not seen at all: `streamer` (transformers
     does not hand it to a callable; use samplechain.generation.stream).
-    Extra keywords of model.generate: `seed`, `params` (per-prompt chain parameters), `stop_strings`.
+    Extra keywords of model.generate (transformers hands a callable the keywords its signature declares, and keeps
+    them out of the generation config): `seed`, `params` (per-prompt chain parameters), `stop_strings`, `stop_regex`
+    and `include_stop_str_in_output` (one bool or one per prompt), as samplechain's generate() takes them; with
+    return_dict_in_generate=True the texts are cut at the stop match and `stop_texts` names it.
     `defaults` are passed to the loop; `tokenizer=` belongs there (transformers does not hand model.generate's
     tokenizer to a custom_generate callable). Returns the sequences (B, L), or samplechain's GenerationOutput
     with return_dict_in_generate=True.
@@ -292,6 +295,7 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
     def custom_generate(model: Any, input_ids: torch.LongTensor, logits_processor: Any = None,
                         stopping_criteria: Any = None, generation_config: Any = None, tokenizer: Any = None,
                         seed: int | None = None, params: Any = None, stop_strings: Any = None,
+                        stop_regex: Any = None, include_stop_str_in_output: Any = None,
                         **model_kwargs: Any) -> Any:
         gc = generation_config or model.generation_config
         unknown = sorted(k for k, v in model_kwargs.items() if k not in _PREPARED and v is not None)
@@ -347,6 +351,9 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
             seed=seed if seed is not None else kwargs.get("seed"),
             params=params if params is not None else kwargs.get("params"),
             stop_strings=stop_strings or kwargs.get("stop_strings"),
+            stop_regex=stop_regex or kwargs.get("stop_regex"),
+            include_stop_str_in_output=(include_stop_str_in_output if include_stop_str_in_output is not None
+                                        else kwargs.get("include_stop_str_in_output", False)),
             output_scores=bool(gc.output_scores),
             output_logits=bool(gc.output_logits),
             logits_processor=LogitsProcessorList(processors) if processors else None,
