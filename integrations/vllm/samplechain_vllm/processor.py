@@ -29,6 +29,20 @@ Errors: a bad chain, preset, file or parameter is caught in `validate_params`, w
 request arrives: the request gets HTTP 400 with samplechain's message and never reaches the engine. A failure
 while sampling (every token masked for a row ...) must not take the engine down with the other requests: the
 failing row alone is isolated, logged, and ended with the end-of-sequence token.
+
+Stopping: vLLM decides when a request ends, and a logits processor can only end one by leaving the end-of-sequence
+token as its only finite logit. The chain's `stop = [...]` criteria that vLLM has no field for (stop_regex,
+repetition, stop_strings, stop_sequences, max_time, plugins' own), and a request's `samplechain.stop_regex`, are
+checked on the request's output before each step (one `Stopping` of batch size 1 per request: a request's text
+criteria keep their state across steps whatever row it occupies); a request they stop gets the end-of-sequence
+token at that step, one token after the match. Length limits and `eos` stay vLLM's (max_tokens, its own eos and
+stop_token_ids). Requests without such criteria cost nothing: the rows to check are listed with the step's plan.
+
+Thinking budget: vLLM's own `SamplingParams.thinking_token_budget` is enforced by vLLM after every logits processor
+(vllm/v1/sample/thinking_budget_state.py, only with --reasoning-parser / --reasoning-config, else the request is
+refused). For a request whose chain takes that parameter (the reasoning_budget sampler), `validate_params` hands
+the field over to the chain: it becomes `samplechain.thinking_token_budget` and the field is cleared, so vLLM
+neither refuses the request nor forces the end marker a second time over the chain's message.
 """
 
 from __future__ import annotations
@@ -36,6 +50,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -43,10 +58,11 @@ from typing import Any
 import attrs
 import torch
 
-from samplechain import Chain
+from samplechain import Chain, StopContext, Stopping, StopSetup
 from samplechain.state import RequestStore
+from samplechain.stopping import min_new_tokens_of
 
-from .requests import ChainSpec, RequestSpec, RequestSpecError, parse_request
+from .requests import PARAM_PREFIX, ChainSpec, RequestSpec, RequestSpecError, parse_request
 
 try:  # the processor is a vLLM plugin; the request parsing above works without vLLM
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
@@ -60,6 +76,10 @@ __all__ = ["SamplechainLogitsProcessor", "load_chain", "request_params"]
 logger = logging.getLogger("samplechain_vllm")
 _CHAIN_CACHE_SIZE = 32
 _chains: OrderedDict[str, Chain] = OrderedDict()  # per process: the frontend validates, the engine runs
+BUDGET_ALIAS = "thinking_token_budget"  # vLLM's SamplingParams field, and reasoning_budget's per-request alias
+_VLLM_STOPS = ("eos",)  # criteria vLLM applies itself (its eos, stop_token_ids); length limits are max_tokens
+_NO_LOGPROBS = ("confidence",)  # criteria that read the chosen token's probability, which the processor lacks
+_warned: set[tuple[str, str]] = set()
 
 
 def load_chain(spec: ChainSpec) -> Chain:
@@ -84,21 +104,91 @@ def request_params(chain: Chain, spec: RequestSpec) -> dict[str, Any]:
     return params
 
 
-def _check(sampling_params: Any) -> tuple[RequestSpec, Chain] | None:
-    """Parse and load what a request asks for; any problem is a ValueError naming it and the fix."""
+def _targets(chain: Chain, key: str) -> set[tuple[int, str]]:
+    """The (entry, field) pairs a per-request parameter name sets: an alias, or an `ID.FIELD` key."""
+    layout = chain.layout
+    if key in layout.aliases:
+        return set(layout.aliases[key])
+    entry, _, field = key.rpartition(".")
+    return {(i, field) for i, e in enumerate(layout.entries) if e.id == entry} if entry else set()
+
+
+def _thinking_budget(sampling_params: Any, spec: RequestSpec, chain: Chain) -> tuple[RequestSpec, bool | None]:
+    """SamplingParams.thinking_token_budget as the budget of the chain's sampler that takes vLLM's name
+    (reasoning_budget): (the spec with it, carry), carry None when the field is not the chain's (unset, or no such
+    sampler: vLLM's own), False when the request's parameters give the same budget already, True when extra_args
+    must carry it. The same budget given both ways is fine; two different ones are an error (which was meant?)."""
+    budget = getattr(sampling_params, BUDGET_ALIAS, None)
+    wanted = set(chain.layout.aliases.get(BUDGET_ALIAS, ()))
+    if budget is None or not wanted:
+        return spec, None
+    given = {k: v for k, v in spec.params.items() if _targets(chain, k) & wanted}
+    for key, value in given.items():
+        if value != budget:
+            raise RequestSpecError(f"samplechain: thinking_token_budget = {budget} but the samplechain parameter "
+                                   f"{key!r} = {value!r}: two budgets for one request; give it once")
+    if given:
+        return spec, False
+    return attrs.evolve(spec, params={**spec.params, BUDGET_ALIAS: budget}), True
+
+
+def _criteria(chain: Chain, spec: RequestSpec, key: str | None = None) -> list[Any]:
+    """Fresh instances (text criteria keep state) of the request's criteria the processor enforces: the chain's
+    `stop` entries but length limits (vLLM's max_tokens) and eos (vLLM's own), then the request's stop_regex."""
+    crits = []
+    for entry in chain.config.stop:
+        if entry.cls.is_length_limit or entry.cls.name in _VLLM_STOPS:
+            continue
+        if entry.cls.name in _NO_LOGPROBS:
+            if key is not None and (key, entry.cls.name) not in _warned:
+                _warned.add((key, entry.cls.name))
+                logger.warning("samplechain: chain %s: the %r stopping criterion needs each chosen token's "
+                               "probability, which the vLLM processor does not compute; it is ignored", key,
+                               entry.cls.name)
+            continue
+        crits.append(entry.cls(entry.params))
+    if spec.stop_regex:
+        crits.append(Stopping.criterion("stop_regex", {"patterns": list(spec.stop_regex)},
+                                        source=f"request '{PARAM_PREFIX}stop_regex'"))
+    return crits
+
+
+def _check(sampling_params: Any) -> tuple[RequestSpec, Chain, bool | None] | None:
+    """Parse and load what a request asks for: (spec, chain, how vLLM's thinking_token_budget goes to the chain: see
+    _thinking_budget); any problem is a ValueError naming it and the fix."""
     spec = parse_request(getattr(sampling_params, "extra_args", None), getattr(sampling_params, "seed", None))
     if spec is None:
         return None
     try:
         chain = load_chain(spec.chain)
+        spec, carry = _thinking_budget(sampling_params, spec, chain)
         chain.new_store(capacity=1).add("extra_args", request_params(chain, spec))
         if spec.logprobs_at is not None:
             chain.logprobs_stage(spec.logprobs_at)
+        crits = _criteria(chain, spec)
+        if crits:
+            Stopping(crits, require_length_limit=False)  # the same criterion twice with other parameters: refused
+            if getattr(sampling_params, "ignore_eos", False):
+                names = ", ".join(dict.fromkeys(c.name for c in crits))
+                raise RequestSpecError(
+                    f"samplechain: the request's stopping criteria ({names}) end it with the end-of-sequence token, "
+                    f"which ignore_eos=True does not stop at; drop ignore_eos, or the criteria")
     except RequestSpecError:
         raise
     except Exception as exc:  # ConfigError, RequestError, PluginError ...: one clear line for the HTTP 400
         raise RequestSpecError(f"samplechain: {exc}".replace("\n", " ")) from exc
-    return spec, chain
+    return spec, chain, carry
+
+
+def _hand_over_budget(sampling_params: Any, carry: bool) -> None:
+    """The chain enforces thinking_token_budget: clear vLLM's field (else vLLM refuses the request without a
+    reasoning config, and with one forces the end marker a second time, after the chain) and, unless the request
+    gives the same budget already, carry it in extra_args to the engine. Runs in vLLM's frontend, before vLLM's own
+    check of the field and before the request is copied for the engine."""
+    budget = sampling_params.thinking_token_budget
+    if carry:
+        sampling_params.extra_args = {**(sampling_params.extra_args or {}), PARAM_PREFIX + BUDGET_ALIAS: budget}
+    sampling_params.thinking_token_budget = None
 
 
 @attrs.define(eq=False)
@@ -108,6 +198,53 @@ class _Group:
     chain: Chain
     store: RequestStore
     rows: int = 0  # live requests
+
+
+@attrs.define(eq=False)
+class _Watch:
+    """A request's stopping criteria: one Stopping of batch size 1 over its prompt + output (a host buffer that grows
+    by doubling, so a step writes only its new tokens)."""
+
+    stopping: Stopping
+    setup: StopSetup
+    ids: torch.Tensor  # (1, capacity) int64: the prompt, then the output tokens the criteria have seen
+    checked: int  # output tokens the criteria have seen
+
+    def _take(self, output: list[int], n: int) -> None:
+        """Copy output tokens checked..n into the buffer."""
+        start, first = self.setup.prompt_length, self.checked
+        if start + n > self.ids.shape[1]:
+            grown = torch.zeros(1, max(start + n, 2 * self.ids.shape[1]), dtype=torch.int64)
+            grown[:, :start + first] = self.ids[:, :start + first]
+            self.ids = grown
+        if n - first == 1:  # the usual step: one token, no list-to-tensor copy
+            self.ids[0, start + first] = output[first]
+        else:
+            self.ids[0, start + first:start + n] = torch.tensor(output[first:n], dtype=torch.int64)
+        self.checked = n
+
+    def caught_up(self, output: list[int]) -> _Watch:
+        """A request resumed after preemption: every token but its newest was checked before; the next step checks
+        the newest (criteria that read text rebuild it from the buffer then)."""
+        n = _generated(output)
+        if n > 1:
+            self._take(output, n - 1)
+        return self
+
+    def check(self, output: list[int]) -> str | None:
+        """The finish reason when the output's new tokens end the request, else None."""
+        n = _generated(output)
+        if n <= self.checked:  # nothing new (a discarded sample, a prefill step)
+            return None
+        start, first = self.setup.prompt_length, self.checked
+        self._take(output, n)
+        for step in range(first + 1, n + 1):  # one token per step, unless vLLM handed over several
+            ctx = StopContext(input_ids=self.ids[:, :start + step], step=step,
+                              token_ids=self.ids[:, start + step - 1], setup=self.setup)
+            result = self.stopping.check(ctx)
+            if result.any and bool(result.done[0]):
+                return result.reasons[0] or "stop"
+        return None
 
 
 @attrs.define(eq=False)
@@ -121,6 +258,9 @@ class _Row:
     failed: str | None = None
     logprobs: int | None = None  # SamplingParams.logprobs: how many top tokens the request wants (None: none)
     at: str | None = None  # the request's logprobs_at (None: the engine's logprobs_mode)
+    eos: int | None = None  # the request's end-of-sequence token (None: the tokenizer's)
+    watch: _Watch | None = None  # its stopping criteria, when it has any
+    stopped: str | None = None  # the criterion that ended it: it gets the end-of-sequence token until it leaves
 
 
 class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-type]
@@ -128,7 +268,9 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
-        _check(sampling_params)
+        checked = _check(sampling_params)
+        if checked is not None and checked[2] is not None:  # the chain enforces vLLM's thinking_token_budget
+            _hand_over_budget(sampling_params, checked[2])
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         model_config = getattr(vllm_config, "model_config", None)
@@ -142,6 +284,7 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         self._rows: dict[int, _Row] = {}
         self._ids = itertools.count()
         self._plan: list[tuple[_Group, list[int], torch.Tensor, tuple[str, ...]]] | None = None
+        self._watched: list[int] = []  # batch indices of rows with stopping criteria (made with the plan)
         self._mode = str(getattr(model_config, "logprobs_mode", None) or "raw_logprobs")  # vLLM's engine argument
         # this step's logprobs of the rows the chain scores itself: batch index -> (value, top values, top ids, rank)
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -176,14 +319,15 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
 
     def _join(self, params: Any, prompt: Sequence[int] | None, output: list[int]) -> _Row | None:
         rid = f"vllm-{next(self._ids)}"
+        eos = getattr(params, "eos_token_id", None)  # set by vLLM's frontend; None with ignore_eos
         try:
             checked = _check(params)
         except ValueError as exc:  # validated by the frontend already; a direct engine user may skip that
             logger.error("samplechain: request %s refused: %s", rid, exc)
-            return _Row(rid, None, list(prompt or ()), output, failed=str(exc))
+            return _Row(rid, None, list(prompt or ()), output, failed=str(exc), eos=eos)
         if checked is None:
             return None
-        spec, chain = checked
+        spec, chain, _ = checked
         try:  # a failure here must not leave update_state half done (vLLM would stop the engine)
             group = self._groups.get(spec.chain.key)
             if group is None:
@@ -192,18 +336,45 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
             group.store.add(rid, request_params(chain, spec))
         except Exception as exc:
             logger.error("samplechain: request %s cannot join its chain %s: %s", rid, spec.chain.key, exc)
-            return _Row(rid, None, list(prompt or ()), output, failed=f"{type(exc).__name__}: {exc}")
+            return _Row(rid, None, list(prompt or ()), output, failed=f"{type(exc).__name__}: {exc}", eos=eos)
         group.rows += 1
         row = _Row(rid, group, list(prompt or ()), output, logprobs=getattr(params, "logprobs", None),
-                   at=spec.logprobs_at)
+                   at=spec.logprobs_at, eos=eos)
+        try:
+            row.watch = self._watch(row, chain, spec, getattr(params, "min_tokens", 0) or 0)
+        except Exception as exc:  # a criterion's prepare() (no tokenizer ...): the request fails alone
+            logger.error("samplechain: request %s: its stopping criteria cannot start: %s", rid, exc)
+            row.failed = f"{type(exc).__name__}: {exc}"
+            self._release(row)
+            return row
         if _generated(output):  # resumed after preemption: continue at its position
             self._set_position(row, _generated(output))
         return row
 
+    def _watch(self, row: _Row, chain: Chain, spec: RequestSpec, min_tokens: int) -> _Watch | None:
+        """The request's stopping criteria, prepared on its prompt (None when it has none). The minimum that holds
+        back eos, repetition, stop strings and stop_regex is the larger of vLLM's min_tokens and the chain's
+        min_new_tokens, as vLLM holds back its own stops."""
+        crits = _criteria(chain, spec, spec.chain.key)
+        if not crits:
+            return None
+        least = min_new_tokens_of(row.group.store, [row.rid])  # type: ignore[union-attr]
+        least = max(int(least[0]) if least is not None else 0, int(min_tokens))
+        setup = StopSetup(batch_size=1, prompt_length=len(row.prompt),
+                          prompt_lengths=torch.tensor([len(row.prompt)]), device=torch.device("cpu"),
+                          tokenizer=self._load_tokenizer(), model_config=self._hf_config, start_time=time.monotonic(),
+                          min_new_tokens=torch.tensor([least]) if least else None)
+        stopping = Stopping(crits, require_length_limit=False)
+        stopping.prepare(setup)
+        ids = torch.zeros(1, max(16, 2 * len(row.prompt)), dtype=torch.int64)
+        ids[0, :len(row.prompt)] = torch.tensor(row.prompt, dtype=torch.int64)
+        # a resumed request: its earlier tokens were checked before; its newest one is checked at the next step
+        return _Watch(stopping, setup, ids, 0).caught_up(row.output)
+
     def _release(self, row: _Row | None) -> None:
         if row is None or row.group is None:
             return
-        group, row.group = row.group, None
+        group, row.group, row.watch = row.group, None, None
         group.store.remove(row.rid)
         group.rows -= 1
         if group.rows == 0 and len(self._groups) > _CHAIN_CACHE_SIZE:  # forget idle chains beyond the cache
@@ -240,6 +411,10 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
             return logits
         if self._plan is None:
             self._plan = self._make_plan()
+        if self._watched:  # did the last token end a request with stopping criteria?
+            self._stop_rows()
+            if self._plan is None:
+                self._plan = self._make_plan()
         for group, indices, index, rids in self._plan:
             rows = [self._rows[i] for i in indices]
             self._sync_positions(group, rows, rids)
@@ -249,17 +424,39 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
                 self._plan = None  # the composition changes: the failing rows leave their group
                 tokens = self._isolate(group, logits, indices, rows)
             _keep_only(logits, index, tokens)
-        failed = [i for i, r in self._rows.items() if r.failed is not None]
-        if failed:
-            self._end(logits, failed)
+        ended = [i for i, r in self._rows.items() if r.failed is not None or r.stopped is not None]
+        if ended:
+            self._end(logits, ended)
         return logits
+
+    def _stop_rows(self) -> None:
+        """Rows whose criteria fire on their newest token leave their chain and get the end-of-sequence token from
+        this step on (vLLM then finishes them: finish_reason "stop")."""
+        for i in self._watched:
+            row = self._rows[i]
+            try:
+                reason = row.watch.check(row.output)  # type: ignore[union-attr]
+            except Exception as exc:  # a criterion that breaks ends its request alone, as a failing sampler does
+                row.failed = f"{type(exc).__name__}: {exc}"
+                logger.error("samplechain: request %s (batch row %d): a stopping criterion failed and the request is "
+                             "ended with the end-of-sequence token: %s", row.rid, i, row.failed)
+                reason = None
+            if reason is not None:
+                row.stopped = reason
+                logger.debug("samplechain: request %s stopped by %s", row.rid, reason)
+            if row.failed is not None or row.stopped is not None:
+                self._release(row)
+                self._plan = None
 
     def _make_plan(self) -> list[tuple[_Group, list[int], torch.Tensor, tuple[str, ...]]]:
         by_group: dict[int, tuple[_Group, list[int]]] = {}
+        self._watched = []
         for i in sorted(self._rows):
             row = self._rows[i]
             if row.group is not None and row.failed is None:
                 by_group.setdefault(id(row.group), (row.group, []))[1].append(i)
+                if row.watch is not None:
+                    self._watched.append(i)
         return [(g, idx, torch.tensor(idx, dtype=torch.int64, device=self._device),
                  tuple(self._rows[i].rid for i in idx)) for g, idx in by_group.values()]
 
@@ -326,11 +523,12 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         return tokens
 
     def _end(self, logits: torch.Tensor, indices: Sequence[int]) -> None:
-        """Failed requests finish: the end-of-sequence token is the only finite one (vLLM then stops them)."""
-        eos = self._eos_id()
+        """Failed and stopped requests finish: their end-of-sequence token is the only finite one (vLLM then stops
+        them)."""
+        eos = [self._rows[i].eos for i in indices]
         index = torch.tensor(indices, dtype=torch.int64, device=logits.device)
         logits.index_fill_(0, index, float("-inf"))
-        logits[index, eos] = 0.0
+        logits[index, torch.tensor([self._eos_id() if e is None else e for e in eos], device=logits.device)] = 0.0
 
     def _eos_id(self) -> int:
         for src in (getattr(self._load_tokenizer(), "eos_token_id", None), getattr(self._hf_config, "eos_token_id",

@@ -9,12 +9,14 @@ Kept free of vLLM imports so the frontend's `validate_params` and the unit tests
     extra_args = {"samplechain": {"params": {"temperature": 0.5}}}             the server's default chain
     extra_args = {"samplechain": "off"}                                        opt out of a server default
     extra_args = {"samplechain": {"preset": "llama.cpp", "logprobs_at": "temp"}}   logprobs after an entry
+    extra_args = {"samplechain": {"preset": "greedy", "stop_regex": ["\\n\\n+"]}}     stop on a regex (SGLang's)
 
 The OpenAI-compatible server passes `vllm_xargs` as extra_args, and it only takes flat values (strings, numbers,
 lists of them), so there the same reads:
 
     vllm_xargs = {"samplechain": "llama.cpp", "samplechain.top_k": 20, "samplechain.seed": 7}
     vllm_xargs = {"samplechain": "llama.cpp", "samplechain.logprobs_at": "processed"}
+    vllm_xargs = {"samplechain": "llama.cpp", "samplechain.stop_regex": "(?i)the end"}      one pattern or a list
     vllm_xargs = {"samplechain": "{\"chain\": {\"samplers\": [{\"use\": \"greedy\"}]}}"}   JSON in a string
 
 The seed of a seeded chain is `params["seed"]`, else `SamplingParams.seed`, else a fresh one (as generate()).
@@ -38,8 +40,9 @@ PARAM_PREFIX = EXTRA_KEY + "."  # flat per-request parameters: "samplechain.top_
 _OFF = ("off", "none")  # and False (the Python API)
 DEFAULT_CHAIN_ENV = "SAMPLECHAIN_VLLM_CHAIN"  # a chain for requests that name none ("preset:llama.cpp", a file)
 CHAIN_DIR_ENV = "SAMPLECHAIN_VLLM_CHAIN_DIR"  # the only folder requests may name chain files from
-_KEYS = ("preset", "chain", "params", "logprobs_at")
+_KEYS = ("preset", "chain", "params", "logprobs_at", "stop_regex")
 LOGPROBS_KEY = "logprobs_at"  # Chain.sample's logprobs_at for this request's logprobs (default: the engine's mode)
+STOP_REGEX_KEY = "stop_regex"  # patterns that end the request (SGLang's stop_regex), as generate(stop_regex=...)
 
 
 class RequestSpecError(ValueError):
@@ -60,6 +63,7 @@ class RequestSpec:
     params: Mapping[str, Any]
     seed: int | None = None  # SamplingParams.seed: used by a seeded chain when params give no seed
     logprobs_at: str | None = None  # where the request's logprobs come from; None: vLLM's logprobs_mode
+    stop_regex: tuple[str, ...] = ()  # the request's own stop_regex patterns (the chain's `stop` list adds its own)
 
 
 def _preset(name: str) -> ChainSpec:
@@ -121,9 +125,11 @@ def parse_request(extra_args: Mapping[str, Any] | None, seed: int | None = None)
     raw = extra.get(EXTRA_KEY, None)
     flat = {k[len(PARAM_PREFIX):]: v for k, v in extra.items() if isinstance(k, str) and k.startswith(PARAM_PREFIX)}
     logprobs_at = flat.pop(LOGPROBS_KEY, None)
+    stop_regex = flat.pop(STOP_REGEX_KEY, None)
     if raw is False or (isinstance(raw, str) and raw.strip().lower() in _OFF):
-        if flat or logprobs_at is not None:
-            given = list(flat) + ([LOGPROBS_KEY] if logprobs_at is not None else [])
+        if flat or logprobs_at is not None or stop_regex is not None:
+            given = list(flat) + [k for k, v in ((LOGPROBS_KEY, logprobs_at), (STOP_REGEX_KEY, stop_regex))
+                                  if v is not None]
             raise RequestSpecError(f"samplechain: {raw!r} turns samplechain off but parameters were given "
                                    f"({', '.join(PARAM_PREFIX + k for k in given)})")
         return None
@@ -132,7 +138,7 @@ def parse_request(extra_args: Mapping[str, Any] | None, seed: int | None = None)
             raw = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise RequestSpecError(f"samplechain: the value starts with '{{' but is not valid JSON: {exc}") from None
-    if raw is None and flat:
+    if raw is None and (flat or stop_regex is not None):
         raw = {}
     params: dict[str, Any] = {}
     if raw is None or raw is True:
@@ -171,6 +177,11 @@ def parse_request(extra_args: Mapping[str, Any] | None, seed: int | None = None)
                 raise RequestSpecError(f"samplechain: {LOGPROBS_KEY} given both in the object and as "
                                        f"{PARAM_PREFIX}{LOGPROBS_KEY}; give it once")
             logprobs_at = raw[LOGPROBS_KEY]
+        if STOP_REGEX_KEY in raw:
+            if stop_regex is not None:
+                raise RequestSpecError(f"samplechain: {STOP_REGEX_KEY} given both in the object and as "
+                                       f"{PARAM_PREFIX}{STOP_REGEX_KEY}; give it once")
+            stop_regex = raw[STOP_REGEX_KEY]
     else:
         raise RequestSpecError(f"samplechain: expected a preset name or an object with preset / chain / params, "
                                f"got {type(raw).__name__}")
@@ -182,4 +193,16 @@ def parse_request(extra_args: Mapping[str, Any] | None, seed: int | None = None)
     if logprobs_at is not None and not isinstance(logprobs_at, str):
         raise RequestSpecError(f"samplechain: {LOGPROBS_KEY} must be a string such as \"raw\", \"processed\" or a "
                                f"chain entry's id, got {logprobs_at!r}")
-    return RequestSpec(chain, params, None if seed is None else int(seed), logprobs_at)
+    return RequestSpec(chain, params, None if seed is None else int(seed), logprobs_at, _patterns(stop_regex))
+
+
+def _patterns(value: Any) -> tuple[str, ...]:
+    """stop_regex as given: one pattern or a list of them (each checked when the criterion is built)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(p, str) for p in value):
+        raise RequestSpecError(f"samplechain: {STOP_REGEX_KEY} must be a regular expression or a non-empty list of "
+                               f"them, e.g. \"(?i)the end\" or [\"END\", \"\\\\n{{2,}}\"], got {value!r}")
+    return tuple(value)
