@@ -36,14 +36,14 @@ from typing import Any
 import torch
 
 import samplechain
-from samplechain.bench import (
+from samplechain.tools.bench import (
     LOGIT_KINDS, environment, make_logits, print_breakdown, print_rows, stage_medians, timing_arguments,
     transformers_step,
 )
-from samplechain.bench import summary as _summary
-from samplechain.bench import time_blocks as _time
-from samplechain.bench import warmup_for as _warmup_for
-from samplechain.progress import progress_bar
+from samplechain.tools.bench import summary as _summary
+from samplechain.tools.bench import time_blocks as _time
+from samplechain.tools.bench import warmup_for as _warmup_for
+from samplechain.tools.progress import progress_bar
 
 __all__ = ["CHAIN", "LOGIT_KINDS", "make_logits", "build_chain", "build_transformers", "run", "breakdown", "main"]
 

@@ -36,7 +36,7 @@ import torch
 
 from samplechain import Chain
 from samplechain.generation import Generation
-from samplechain.progress import Bar, progress_bar
+from samplechain.tools.progress import Bar, progress_bar
 
 SAMPLING = {"samplers": [{"use": "temperature", "t": 0.8}, {"use": "top_k", "k": 40}, {"use": "top_p", "p": 0.95},
                          {"use": "dist", "seed": 1234}]}

@@ -14,7 +14,7 @@ Kernels (one sampling step, V = 128256, B = 1, 8, 64, 256, 512, float32 and bf16
                 top-k), softmax, exponential race q = empty_like(probs).exponential_(); probs.div(q).argmax(-1)
     max         one logits.max(-1): a single read of the logits that also finds an index (the floor)
 
-Logits: `samplechain.bench.make_logits` ("peaked": Zipf-like rows, top token p ~ 0.4); "bf16" rows are those
+Logits: `samplechain.tools.bench.make_logits` ("peaked": Zipf-like rows, top token p ~ 0.4); "bf16" rows are those
 logits rounded to bfloat16 and upcast to float32 (ties at the k-th place, as a bf16 model's logits have). Chains
 with history-reading samplers (the presets) get a 320-token history per row. Each call is timed alone: on cuda
 synchronise, CUDA event, call, CUDA event, synchronise (so host-side launch time counts, as in a decode loop);
@@ -51,8 +51,9 @@ from typing import Any
 import torch
 
 import samplechain
-from samplechain import Chain, graphs
-from samplechain.bench import LOGIT_KINDS, make_history, make_logits, markdown_rows
+from samplechain import Chain
+from samplechain.engine import graphs
+from samplechain.tools.bench import LOGIT_KINDS, make_history, make_logits, markdown_rows
 
 __all__ = ["CHAINS", "DTYPES", "chain_params", "flashinfer_step", "torch_step", "Timer", "run_kernels", "run_e2e",
            "kernel_table", "e2e_table", "main"]
@@ -381,7 +382,7 @@ def kernel_table(rows: Sequence[dict[str, Any]]) -> str:
 
 def graph_step(chain: Chain, batch: int, logits: torch.Tensor, extra: dict[str, Any]
                ) -> tuple[Callable[[], Any], str] | None:
-    """The same step replayed from a CUDA graph (samplechain.graphs.StepGraphs, its own store), or None where the
+    """The same step replayed from a CUDA graph (samplechain.engine.graphs.StepGraphs, its own store), or None where the
     step cannot be captured (no CUDA device, a host-bound sampler)."""
     ids = [f"g{i}" for i in range(batch)]
     store = chain.new_store(capacity=batch)
@@ -498,7 +499,7 @@ def environment(device: torch.device, backend: str, fi_version: str | None, fi_e
     else:
         name = platform.processor() or platform.machine()
         try:
-            from samplechain.bench import _cpu_name
+            from samplechain.tools.bench import _cpu_name
 
             name = _cpu_name()
         except Exception:

@@ -27,7 +27,7 @@ import torch
 
 import samplechain_cpu_numba
 from samplechain import Chain, rng
-from samplechain.bench import make_logits
+from samplechain.tools.bench import make_logits
 
 VLLM_MS = {1: 0.74, 8: 2.9, 32: 13.0, 128: 68.0}  # issue 16
 
@@ -76,7 +76,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--vocab", type=int, default=128256)
-    parser.add_argument("--kinds", nargs="+", default=["randn", "peaked"], help="samplechain.bench.make_logits kinds")
+    parser.add_argument("--kinds", nargs="+", default=["randn", "peaked"], help="samplechain.tools.bench.make_logits kinds")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)

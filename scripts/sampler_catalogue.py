@@ -247,7 +247,7 @@ def _description(cls: type) -> str:
 
 def _per_request(name: str, cls: type, field: attrs.Attribute) -> str:
     """Flat aliases and `<id>.<field>` for the fields the request store keeps as per-row columns."""
-    from samplechain.state import _DTYPES
+    from samplechain.engine.store import _DTYPES
 
     kind = field.type
     if typing.get_args(kind) and type(None) in typing.get_args(kind):
@@ -308,8 +308,8 @@ def render() -> str:
 
 def _chain_structure() -> list[str]:
     """The chain file's keys, from the config loader: its key list, ChainConfig's defaults, EntrySpec's keys."""
-    from samplechain.backends import PRECEDENCE
-    from samplechain.config import _CHAIN_KEYS, ChainConfig, EntrySpec
+    from samplechain.engine.backends import PRECEDENCE
+    from samplechain.engine.config import _CHAIN_KEYS, ChainConfig, EntrySpec
 
     if set(CHAIN_KEY_DOC) != set(_CHAIN_KEYS):
         raise SystemExit(f"CHAIN_KEY_DOC in {Path(__file__).name} documents {sorted(CHAIN_KEY_DOC)} but the config "
@@ -353,7 +353,7 @@ def _chain_structure() -> list[str]:
 
 
 def _per_request_prose() -> list[str]:
-    from samplechain.state import _DTYPES
+    from samplechain.engine.store import _DTYPES
 
     kinds = ", ".join(f"`{k.__name__}`" for k in _DTYPES)
     return [
@@ -368,7 +368,7 @@ def _per_request_prose() -> list[str]:
 
 
 def _presets_prose() -> list[str]:
-    from samplechain.config import _CHAIN_KEYS
+    from samplechain.engine.config import _CHAIN_KEYS
 
     presets = _host().registry.presets
     keys = ", ".join(f"`{k}`" for k in ("summary", *_CHAIN_KEYS))
@@ -402,7 +402,7 @@ def _plugin_section(name: str, cls: type, versions: dict, kind: str, facts: str,
 def render_reference() -> str:
     """docs/reference.md: the chain file's keys, then every sampler, criterion and backend with its schema."""
     from samplechain.contracts import Backend, Stage
-    from samplechain.plugins import _HOOKS
+    from samplechain.engine.discovery import _HOOKS
 
     out = [
         "# Chain-config reference",
@@ -474,7 +474,7 @@ def _key(key: str) -> str:
 
 def _preset_toml(name: str, table: Mapping[str, Any]) -> list[str]:
     """The preset as a chain file, exactly what Chain.from_preset loads (`name` set, `summary` as description)."""
-    from samplechain.config import _CHAIN_KEYS
+    from samplechain.engine.config import _CHAIN_KEYS
 
     chain = {"name": name, **({"description": table["summary"]} if "summary" in table else {}),
              **{k: v for k, v in table.items() if k != "summary"}}

@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import GPT2Config, GPT2LMHeadModel, GenerationConfig
 
-    from samplechain.progress import progress_bar
+    from samplechain.tools.progress import progress_bar
 
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)

@@ -11,7 +11,7 @@ import torch
 
 from samplechain import ConfigError
 from samplechain.generation import generate
-from samplechain.testing import tiny_gpt2
+from samplechain.tools.testing import tiny_gpt2
 
 IDS = torch.tensor([[0, 0, 5, 17, 42], [11, 12, 13, 14, 15], [0, 0, 0, 0, 7]])
 MASK = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from samplechain import bench
+from samplechain.tools import bench
 from samplechain.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from samplechain import Chain
-from samplechain.bench import make_logits
+from samplechain.tools.bench import make_logits
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "bench_gpu.py"

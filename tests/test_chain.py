@@ -249,7 +249,7 @@ def test_history_reaches_samplers_that_declare_they_read_it():
     import attrs
 
     import samplechain as sc
-    from samplechain.testing import host_with
+    from samplechain.tools.testing import host_with
 
     seen = {}
 

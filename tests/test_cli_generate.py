@@ -7,8 +7,8 @@ import json
 import pytest
 
 from samplechain.cli import main
-from samplechain.cli_generate import parse_sets, unescape
-from samplechain.testing import byte_bpe_tokenizer, tiny_gpt2
+from samplechain.cli.generate import parse_sets, unescape
+from samplechain.tools.testing import byte_bpe_tokenizer, tiny_gpt2
 
 
 @pytest.fixture(scope="module")

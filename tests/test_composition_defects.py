@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from samplechain import Chain, SamplingError
-from samplechain.testing import RecordingBackend, hard_logits, host_with
+from samplechain.tools.testing import RecordingBackend, hard_logits, host_with
 
 NEG_INF = float("-inf")
 

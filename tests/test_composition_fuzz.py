@@ -51,8 +51,8 @@ from samplechain import Chain, Stage, get_host
 from samplechain import filters as sc_filters
 from samplechain.errors import SamplechainError, SamplingError
 from samplechain.params import field_type, is_seed_field, validators
-from samplechain.state import _DTYPES
-from samplechain.testing import byte_bpe_tokenizer
+from samplechain.engine.store import _DTYPES
+from samplechain.tools.testing import byte_bpe_tokenizer
 
 NEG_INF = float("-inf")
 EXAMPLES = int(os.environ.get("SAMPLECHAIN_FUZZ_EXAMPLES", "1500"))  # per test
@@ -448,7 +448,7 @@ def check_sync_free(case: Case) -> None:
     under `no_host_sync`; the same tokens, or the same error (the deferred one from `SampleOutput.check`)."""
     from samplechain_cuda import CudaBackend
 
-    from samplechain.testing import no_host_sync
+    from samplechain.tools.testing import no_host_sync
 
     batch, vocab = case.logits.shape
     rows = list(range(batch))

@@ -1,4 +1,4 @@
-"""samplechain.convert and `samplechain convert`: importers, exporters, round trips, errors."""
+"""samplechain.integrations.convert and `samplechain convert`: importers, exporters, round trips, errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from samplechain import Chain
 from samplechain.cli import main
-from samplechain.convert import (
+from samplechain.integrations.convert import (
     ConvertWarning,
     chain_to_dict,
     from_llama_cpp,
@@ -363,7 +363,7 @@ def test_cli_errors_are_one_line_and_exit_1(tmp_path, capsys):
 
 
 def test_every_preset_writes_as_toml_and_exports_or_says_why():
-    from samplechain.plugins import get_host
+    from samplechain.engine.discovery import get_host
 
     for name in get_host().registry.presets:
         preset = f"preset:{name}"

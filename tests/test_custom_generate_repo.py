@@ -10,7 +10,7 @@ import torch
 
 from samplechain import Chain
 from samplechain.generation import generate
-from samplechain.testing import byte_bpe_tokenizer, tiny_gpt2
+from samplechain.tools.testing import byte_bpe_tokenizer, tiny_gpt2
 
 REPO = Path(__file__).resolve().parents[1] / "contrib" / "custom-generate-example"
 

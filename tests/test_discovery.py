@@ -15,7 +15,7 @@ import pytest
 
 import samplechain
 from samplechain import PluginHost, PluginLoadError, PluginWarning, UnknownPluginError
-from samplechain.plugins import metadata
+from samplechain.engine.discovery import metadata
 
 GOOD = '''
 import attrs

@@ -125,7 +125,7 @@ def test_reference_shows_ranges_and_per_request_names_from_the_schemas():
 
 
 def test_reference_lists_the_chain_keys_the_loader_accepts_and_every_backend():
-    from samplechain.config import _CHAIN_KEYS
+    from samplechain.engine.config import _CHAIN_KEYS
 
     text = (ROOT / "docs" / "reference.md").read_text()
     chain_part = text.split("\n## The chain file\n")[1].split("\n## ")[0]

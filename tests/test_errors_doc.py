@@ -29,7 +29,7 @@ import torch
 import samplechain
 import samplechain.errors
 from samplechain import Chain, PluginHost, RequestStore, Sampler, Stage, Stopping, hookimpl
-from samplechain.plugins import metadata
+from samplechain.engine.discovery import metadata
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "errors.md"
@@ -144,21 +144,21 @@ def _repo(tmp: Path, files: dict[str, str]) -> Path:
 
 @case("repo_untrusted")
 def _(t: Trial) -> None:
-    from samplechain.hub import load_custom_generate
+    from samplechain.integrations.hub import load_custom_generate
 
     load_custom_generate(_repo(t.tmp, {"generate.py": "def generate(model, **kw):\n    return None\n"}))
 
 
 @case("repo_no_generate_py")
 def _(t: Trial) -> None:
-    from samplechain.hub import load_custom_generate
+    from samplechain.integrations.hub import load_custom_generate
 
     load_custom_generate(_repo(t.tmp, {"chain.toml": "samplers = [{ use = \"greedy\" }]\n"}), trust_remote_code=True)
 
 
 @case("repo_syntax_error")
 def _(t: Trial) -> None:
-    from samplechain.hub import load_custom_generate
+    from samplechain.integrations.hub import load_custom_generate
 
     load_custom_generate(_repo(t.tmp, {"generate.py": "def generate(model, **kw)\n    return None\n"}),
                          trust_remote_code=True)
@@ -166,7 +166,7 @@ def _(t: Trial) -> None:
 
 @case("repo_unsatisfiable_requirements")
 def _(t: Trial) -> None:
-    from samplechain.hub import load_custom_generate
+    from samplechain.integrations.hub import load_custom_generate
 
     load_custom_generate(ROOT / "contrib" / "custom-generate-bad-requirements", trust_remote_code=True)
 
@@ -174,14 +174,14 @@ def _(t: Trial) -> None:
 # ------------------------------------------------------------------------------------------------ samplechain convert
 @case("convert_llama_cpp_unknown_flag")
 def _(t: Trial) -> None:
-    from samplechain.convert import import_chain
+    from samplechain.integrations.convert import import_chain
 
     import_chain("llama.cpp", ["--top-kk", "20"])
 
 
 @case("convert_generation_config_not_json")
 def _(t: Trial) -> None:
-    from samplechain.convert import import_chain
+    from samplechain.integrations.convert import import_chain
 
     path = t.tmp / "generation_config.json"
     path.write_text('{"do_sample": true, "top_k": 5,,}')
@@ -190,7 +190,7 @@ def _(t: Trial) -> None:
 
 @case("convert_generation_config_wrong_type")
 def _(t: Trial) -> None:
-    from samplechain.convert import import_chain
+    from samplechain.integrations.convert import import_chain
 
     path = t.tmp / "generation_config.json"
     path.write_text('{"do_sample": true, "top_k": "many"}')
@@ -199,7 +199,7 @@ def _(t: Trial) -> None:
 
 @case("convert_vllm_unknown_key")
 def _(t: Trial) -> None:
-    from samplechain.convert import import_chain
+    from samplechain.integrations.convert import import_chain
 
     path = t.tmp / "params.json"
     path.write_text('{"temperature": 0.7, "top_pp": 0.9}')

@@ -8,7 +8,7 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
 from samplechain import Chain
-from samplechain.testing import random_logits, request_store
+from samplechain.tools.testing import random_logits, request_store
 
 
 def _chain(*entries) -> Chain:
@@ -90,7 +90,7 @@ def _wide_logits(kind: str) -> torch.Tensor:
 def test_cpu_fast_paths_give_the_reference_tokens(name, kind):
     """The cpu backend (chunked top-k and at-least) against the plain reference primitives (torch.topk, count then
     top-k): the same seeded tokens, the same kept sets, per-row parameters differing across rows."""
-    from samplechain.testing import host_with
+    from samplechain.tools.testing import host_with
 
     logits = _wide_logits(kind)
     history = torch.randint(0, 50257, (len(PER_ROW), 96), generator=torch.Generator().manual_seed(3))
@@ -131,7 +131,7 @@ FUSED_CHAIN = [{"use": "penalties", "repeat": 1.3, "frequency": 0.2, "presence":
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_penalties_then_top_k_fused_equals_the_two_in_turn(seed, monkeypatch):
-    monkeypatch.setattr("samplechain.chain._FUSE_MIN", 0)  # fuse at this small size too
+    monkeypatch.setattr("samplechain.engine.chain._FUSE_MIN", 0)  # fuse at this small size too
     logits, history = _fusion_case(seed)
     per_row = [{}, {"top_k": 50}, {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
                {"top_k": 3, "penalty_last_n": -1}, {}, {"min_keep": 45}]
@@ -153,7 +153,7 @@ def test_penalties_then_top_k_fused_equals_the_two_in_turn(seed, monkeypatch):
 
 
 def test_the_fusion_runs_when_every_row_has_enough_candidates(monkeypatch):
-    monkeypatch.setattr("samplechain.chain._FUSE_MIN", 0)  # fuse at this small size too
+    monkeypatch.setattr("samplechain.engine.chain._FUSE_MIN", 0)  # fuse at this small size too
     logits, history = _fusion_case(0)
     logits, history = logits[:4], history[:4]
     chain = Chain.load({"samplers": FUSED_CHAIN})
@@ -186,7 +186,7 @@ def test_a_wide_mask_that_keeps_few_compacts_in_token_order():
 
 @pytest.mark.parametrize("name", ["epsilon", "eta", "typical", "p_less"])
 def test_mask_filters_give_the_same_tokens_compacted_or_not(name, monkeypatch):
-    import samplechain.contracts as contracts
+    import samplechain.candidates as contracts
 
     params = {"epsilon": {"epsilon": 3e-4}, "eta": {"epsilon": 3e-4}, "typical": {"p": 0.5}, "p_less": {}}[name]
     logits = random_logits(6, 4, 32768, scale=4.0)

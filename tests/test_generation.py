@@ -10,7 +10,7 @@ import torch
 import samplechain
 from samplechain import Chain, ConfigError
 from samplechain.generation import GenerationWarning, IncrementalDecoder, generate, stream
-from samplechain.testing import byte_bpe_tokenizer, tiny_gpt2
+from samplechain.tools.testing import byte_bpe_tokenizer, tiny_gpt2
 
 TEMP_TOPK_TOPP = {"samplers": [{"use": "temperature", "t": 0.8}, {"use": "top_k", "k": 20},
                                {"use": "top_p", "p": 0.9}, {"use": "dist"}]}

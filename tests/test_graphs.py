@@ -1,4 +1,4 @@
-"""The sampling step recorded once and replayed (samplechain.graphs): replays draw the eager step's tokens, step after
+"""The sampling step recorded once and replayed (samplechain.engine.graphs): replays draw the eager step's tokens, step after
 step, for the presets and the hot chains, across history-width buckets; a failing replay still names the request and
 changes nothing; generate() uses it where it can and says why not. Without a GPU a `ReplayGraph` replays the
 recorded aten ops on CPU tensors as a CUDA graph replays its kernels (the cuda backend's step on CPU tensors, the
@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import samplechain_cuda as cuda
-from samplechain import Chain, ConfigError, MixedChains, SamplingError, graphs
+from samplechain import Chain, ConfigError, MixedChains, SamplingError
+from samplechain.engine import graphs
 from samplechain.errors import GenerationWarning
-from samplechain.testing import ReplayGraph
+from samplechain.tools.testing import ReplayGraph
 
 VOCAB = 2000
 CHAINS = {
@@ -149,7 +150,7 @@ def test_why_a_step_cannot_be_captured(monkeypatch):
 
 @pytest.fixture
 def tiny_model():
-    from samplechain.testing import byte_bpe_tokenizer, tiny_gpt2
+    from samplechain.tools.testing import byte_bpe_tokenizer, tiny_gpt2
 
     return tiny_gpt2(), byte_bpe_tokenizer()
 

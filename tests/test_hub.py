@@ -1,4 +1,4 @@
-"""custom_generate repositories opened by samplechain.hub: trust first, requirements checked with packaging, the
+"""custom_generate repositories opened by samplechain.integrations.hub: trust first, requirements checked with packaging, the
 repo's own package imported (relative imports), its sampler modules and chain.toml for its run only; the same
 folders run through transformers' own model.generate(custom_generate=FOLDER)."""
 
@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import samplechain
 from samplechain import ConfigError
-from samplechain.hub import UnpinnedRevisionWarning, load_custom_generate
+from samplechain.integrations.hub import UnpinnedRevisionWarning, load_custom_generate
 from samplechain.models import default_model_path
 
 CONTRIB = Path(__file__).resolve().parents[1] / "contrib"

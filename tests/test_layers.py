@@ -1,5 +1,5 @@
-"""The core's imports point one way: no import cycle between its modules, no plugin imported, nothing below the
-command line imports it.
+"""The core's imports point one way: down its layers (docs/architecture.md), no import cycle between its modules, no
+plugin imported, nothing below the command line imports it; no module much over 600 lines.
 
 Every import counts, a module-level one and one inside a function alike (a function-level import only hides a
 cycle until the function runs): the graph is read from the source with `ast`, nothing is imported.
@@ -43,7 +43,7 @@ def _imported(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
 
 
 def _core_module(name: str) -> str | None:
-    """The core module `name` loads (the longest prefix that is one: samplechain.chain.Chain -> samplechain.chain)."""
+    """The core module `name` loads (the longest prefix that is one: samplechain.engine.chain.Chain -> samplechain.engine.chain)."""
     while name:
         if name in MODULES:
             return name
@@ -51,13 +51,21 @@ def _core_module(name: str) -> str | None:
     return None
 
 
+def _typing_only(tree: ast.Module) -> set[int]:
+    """The ids of the import statements under `if TYPE_CHECKING:`: they never run (annotations only)."""
+    return {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and isinstance(block.test, ast.Name)
+            and block.test.id == "TYPE_CHECKING" for stmt in block.body for n in ast.walk(stmt)}
+
+
 def _imports() -> dict[str, list[tuple[str, int]]]:
-    """module -> [(imported name, line)], every import statement of the module wherever it stands."""
+    """module -> [(imported name, line)], every import statement of the module wherever it stands (but for the
+    annotations-only ones under `if TYPE_CHECKING:`)."""
     found: dict[str, list[tuple[str, int]]] = {}
     for module, path in MODULES.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        skip = _typing_only(tree)
         found[module] = [(name, node.lineno) for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
-                         for name in _imported(module, node)]
+                         and id(node) not in skip for name in _imported(module, node)]
     return found
 
 
@@ -108,13 +116,61 @@ def _describe(path: list[str], graph: dict[str, dict[str, int]]) -> str:
     return " -> ".join([*steps, path[-1]])
 
 
+# The layers, bottom up (docs/architecture.md): a module may import its own layer and those below. The package's
+# __init__ (the top-level names) sits with the engine it re-exports; the modules at the top of the package are the
+# contract plugins import, with the embedded model's data (models).
+LAYERS = ["contract", "engine", "generation", "integrations", "tools", "cli"]
+CONTRACT = {"samplechain.candidates", "samplechain.contracts", "samplechain.errors", "samplechain.filters",
+            "samplechain.hookspecs", "samplechain.params", "samplechain.rng", "samplechain.strings",
+            "samplechain.tokens", "samplechain.models"}
+
+
+def _layer(module: str) -> int:
+    if module in CONTRACT:
+        return LAYERS.index("contract")
+    if module in ("samplechain", "samplechain._moved"):
+        return LAYERS.index("engine")
+    if module == "samplechain.__main__":
+        return LAYERS.index("cli")
+    part = module.split(".")[1]
+    assert part in LAYERS, (f"{module} is in no layer: put it in one of the layers' folders ({', '.join(LAYERS[1:])}) "
+                            "or, if plugins import it, add it to the contract here and in docs/architecture.md")
+    return LAYERS.index(part)
+
+
 def test_the_graph_sees_every_kind_of_import():
     graph = _graph()
-    assert "samplechain.chain" in graph["samplechain.cli"]  # from .chain import Chain, at module level
-    assert "samplechain.demo" in graph["samplechain.cli"]  # from .demo import run_demo, inside a function
-    assert "samplechain.chain" in graph["samplechain.generation.session"]  # from ..chain import Chain
-    assert "samplechain.generation.from_config" in graph["samplechain.trace"]  # inside a function, two levels
-    assert "samplechain.chain" in graph["samplechain"]  # the package's __init__
+    assert "samplechain.engine.chain" in graph["samplechain.cli.validate"]  # from ..engine.chain import Chain
+    assert "samplechain.tools.demo" in graph["samplechain.cli.demo"]  # from ..tools.demo import run_demo, in a function
+    assert "samplechain.engine.chain" in graph["samplechain.generation.session"]  # two levels up, then down
+    assert "samplechain.generation.from_config" in graph["samplechain.tools.trace"]  # inside a function
+    assert "samplechain.engine.chain" in graph["samplechain"]  # the package's __init__
+    assert "samplechain.contracts" not in graph["samplechain.candidates"]  # under `if TYPE_CHECKING:`: never runs
+
+
+def test_every_module_is_in_a_layer():
+    for module in MODULES:
+        _layer(module)
+
+
+def test_imports_only_point_down_the_layers():
+    graph = _graph()
+    upward = [f"{module} ({LAYERS[_layer(module)]}) imports {target} ({LAYERS[_layer(target)]}), line {line}"
+              for module, targets in graph.items() for target, line in targets.items()
+              if _layer(target) > _layer(module)]
+    assert not upward, "imports that run up the layers (docs/architecture.md):\n" + "\n".join(upward)
+
+
+def test_the_contract_imports_nothing_but_the_contract():
+    graph = _graph()
+    out = [f"{module} imports {target}, line {line}" for module in sorted(CONTRACT)
+           for target, line in graph[module].items() if target not in CONTRACT]
+    assert not out, "\n".join(out)
+
+
+def test_no_module_is_much_over_600_lines():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text(encoding="utf-8").splitlines())) > 650}
+    assert not long, f"split these modules (docs/architecture.md: about 600 lines at most): {long}"
 
 
 def test_a_cycle_is_found_and_named():
@@ -140,7 +196,7 @@ def test_the_core_never_imports_a_plugin():
 
 def test_nothing_below_the_command_line_imports_it():
     def is_cli(m: str) -> bool:
-        return m == "samplechain.__main__" or m.rpartition(".")[2].startswith("cli")
+        return m == "samplechain.__main__" or m.split(".")[:2] == ["samplechain", "cli"]
 
     upward = [f"{module} imports {target} (line {line})" for module, targets in _graph().items() if not is_cli(module)
               for target, line in targets.items() if is_cli(target)]

@@ -16,8 +16,8 @@ from transformers.generation import logits_process as tp
 
 from samplechain import Chain, ConfigError
 from samplechain.generation import generate
-from samplechain.plugins import get_host
-from samplechain.testing import tiny_gpt2
+from samplechain.engine.discovery import get_host
+from samplechain.tools.testing import tiny_gpt2
 
 B, V, PROMPT, N = 5, 400, 6, 5
 
@@ -226,7 +226,7 @@ def test_the_cli_takes_a_logprobs_mode(tmp_path, capsys):
     import json
 
     from samplechain.cli import main
-    from samplechain.testing import byte_bpe_tokenizer
+    from samplechain.tools.testing import byte_bpe_tokenizer
 
     tiny_gpt2(300, seed=3).save_pretrained(tmp_path)
     byte_bpe_tokenizer(300).save_pretrained(tmp_path)

@@ -8,7 +8,7 @@ import torch
 
 from samplechain import Chain, ConfigError, MixedChains, RequestError, SamplingError
 from samplechain.generation import generate
-from samplechain.testing import byte_bpe_tokenizer, tiny_gpt2
+from samplechain.tools.testing import byte_bpe_tokenizer, tiny_gpt2
 
 A = {"samplers": [{"use": "top_k", "k": 20}, {"use": "temperature", "t": 0.7}, {"use": "dist"}]}
 B = {"samplers": [{"use": "temperature", "t": 1.3}, {"use": "top_p", "p": 0.8}, {"use": "min_p", "p": 0.05},

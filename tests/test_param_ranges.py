@@ -21,7 +21,7 @@ import pytest
 
 from samplechain import Chain, ConfigError, RequestError, Stage, get_host
 from samplechain.params import field_type, finite, is_seed_field, validators
-from samplechain.state import _DTYPES
+from samplechain.engine.store import _DTYPES
 
 # fewer would mean the generator lost its way (a renamed validator, an empty host), not that every field is valid
 MIN_CONFIG_CASES = 60

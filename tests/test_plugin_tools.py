@@ -1,4 +1,4 @@
-"""`samplechain new-plugin` and `samplechain install` (samplechain.plugin_tools), for real and offline.
+"""`samplechain new-plugin` and `samplechain install` (samplechain.tools.plugin_tools), for real and offline.
 
 Fast tests: name validation, the generated files, target resolution through registry.toml (did-you-mean), the
 install records, pip failures (a stand-in interpreter whose pip fails).
@@ -29,9 +29,10 @@ from pathlib import Path
 import pytest
 
 import samplechain
-from samplechain import cli, plugin_tools
-from samplechain.plugin_tools import PluginToolError, install, installed_records, new_plugin, plugin_names
-from samplechain.registry import load_registry
+from samplechain import cli
+from samplechain.tools import plugin_tools
+from samplechain.tools.plugin_tools import PluginToolError, install, installed_records, new_plugin, plugin_names
+from samplechain.engine.registry import load_registry
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -132,7 +133,7 @@ def test_the_generated_sampler_works_in_process(tmp_path, monkeypatch):
     """Import the generated module and run it through Chain.load, in this process (the generated tests do more)."""
     import torch
 
-    from samplechain.testing import host_with
+    from samplechain.tools.testing import host_with
 
     target = new_plugin("inproc-margin", tmp_path)
     monkeypatch.syspath_prepend(str(target))
@@ -381,13 +382,13 @@ def loop_guard(fresh, tmp_path_factory) -> tuple[Path, subprocess.CompletedProce
 
 
 LISTING = """import json, sys, torch
-import samplechain, samplechain.testing
+import samplechain, samplechain.tools.testing
 from samplechain import cli
-from samplechain.plugin_tools import installed_records
+from samplechain.tools.plugin_tools import installed_records
 
 # a chain naming the installed sampler: found through its entry point, never registered by hand
 chain = samplechain.Chain.load({"samplers": [{"use": "fresh_margin", "margin": 2.0}, {"use": "test_argmax"}]},
-                               host=samplechain.testing.host_with(), backend="recording")
+                               host=samplechain.tools.testing.host_with(), backend="recording")
 logits = torch.randn(3, 64, generator=torch.Generator().manual_seed(1)) * 3
 scores = chain.sample(logits, return_scores=True).scores
 keep = logits >= logits.amax(dim=-1, keepdim=True) - 2.0

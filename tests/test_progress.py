@@ -1,4 +1,4 @@
-"""Progress bars (`samplechain.progress`): drawn only where asked, never touching stdout or the generated tokens."""
+"""Progress bars (`samplechain.tools.progress`): drawn only where asked, never touching stdout or the generated tokens."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from rich.console import Console
 from samplechain import Chain, ConfigError
 from samplechain.cli import main
 from samplechain.generation import generate, stream
-from samplechain.progress import progress_bar
-from samplechain.testing import byte_bpe_tokenizer, tiny_gpt2
+from samplechain.tools.progress import progress_bar
+from samplechain.tools.testing import byte_bpe_tokenizer, tiny_gpt2
 
 
 def _console(terminal: bool) -> tuple[Console, io.StringIO]:

@@ -27,7 +27,7 @@ from hypothesis.extra.numpy import arrays
 from samplechain import Chain, ChainWarning
 from samplechain import filters as sc_filters
 from samplechain.errors import SamplingError
-from samplechain.testing import assert_kept_logits_bitwise, hard_logits, request_store
+from samplechain.tools.testing import assert_kept_logits_bitwise, hard_logits, request_store
 
 NEG_INF = float("-inf")
 HUGE = float(np.float32(1e30))

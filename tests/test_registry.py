@@ -39,6 +39,6 @@ def test_registry_entry_matches_the_package(entry):
 
 
 def test_the_packaged_registry_is_the_checkout_registry():
-    from samplechain.registry import registry_path
+    from samplechain.engine.registry import registry_path
 
     assert registry_path().read_text() == (ROOT / "registry.toml").read_text()

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from samplechain import ConfigError
-from samplechain.hub import load_custom_generate
+from samplechain.integrations.hub import load_custom_generate
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -306,7 +306,7 @@ def test_the_byte_sniffer_recognises_pickles_and_torch_archives(tmp_path):
 
 def test_the_custom_generate_loader_never_installs_anything():
     """Requirements are checked with packaging and reported; hub.py has no way to run pip (or anything else)."""
-    tree = ast.parse((ROOT / "core" / "samplechain" / "hub.py").read_text(encoding="utf-8"))
+    tree = ast.parse((ROOT / "core" / "samplechain" / "integrations" / "hub.py").read_text(encoding="utf-8"))
     aliases = _aliases(tree)
     imported = set(aliases.values())
     assert not {m for m in imported if m.split(".")[0] in {"subprocess", "pip", "runpy", "ensurepip"}}, imported
@@ -392,7 +392,7 @@ def test_transformers_generate_refuses_the_repo_without_running_it(tmp_path):
     """Duplicates nothing of test_custom_generate_repo.py (which checks the error): here, that nothing ran."""
     import torch
 
-    from samplechain.testing import tiny_gpt2
+    from samplechain.tools.testing import tiny_gpt2
 
     marker = tmp_path / "imported.txt"
     repo = _trapped_repo(tmp_path / "repo", marker)

@@ -15,8 +15,8 @@ import pytest
 import samplechain
 from samplechain import StopMatch
 from samplechain.generation import Generation, generate, stream
-from samplechain.stopping import cut_text
-from samplechain.testing import ScriptedLM, piece_ids, pieces_tokenizer
+from samplechain.engine.stopping import cut_text
+from samplechain.tools.testing import ScriptedLM, piece_ids, pieces_tokenizer
 
 GREEDY = {"chain": {"samplers": [{"use": "min_new_tokens"}, {"use": "greedy"}]}}
 PIECES = ["Hel", "lo", " wor", "ld", "EN", "D", " and", " more", "\n", "\n\n", "ab", "ba", "a b", "é"]

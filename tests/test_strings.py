@@ -15,11 +15,11 @@ import torch
 
 import samplechain
 from samplechain import strings
-from samplechain.testing import TOKENIZER_TEXT as TEXT
-from samplechain.testing import byte_bpe_tokenizer
-from samplechain.testing import byte_fallback_tokenizer as byte_fallback
-from samplechain.testing import metaspace_tokenizer as metaspace
-from samplechain.testing import wordpiece_tokenizer as wordpiece
+from samplechain.tools.testing import TOKENIZER_TEXT as TEXT
+from samplechain.tools.testing import byte_bpe_tokenizer
+from samplechain.tools.testing import byte_fallback_tokenizer as byte_fallback
+from samplechain.tools.testing import metaspace_tokenizer as metaspace
+from samplechain.tools.testing import wordpiece_tokenizer as wordpiece
 
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")

@@ -8,7 +8,7 @@ import torch
 from transformers.generation.logits_process import EpsilonLogitsWarper, EtaLogitsWarper
 
 import samplechain as sc
-from samplechain.testing import (
+from samplechain.tools.testing import (
     CutoffWarperTests, RecordingBackend, ScriptedLogits, assert_bitwise_no_op, assert_kept_logits_bitwise,
     assert_probs_close, assert_rows_equal_alone, host_with, processed_scores, random_logits, request_store,
     run_chain, sampler_chain, top_k_only,

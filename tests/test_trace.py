@@ -1,4 +1,4 @@
-"""Chain traces (`samplechain.trace`, `samplechain trace`) on the embedded model."""
+"""Chain traces (`samplechain.tools.trace`, `samplechain trace`) on the embedded model."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ pytest.importorskip("matplotlib")
 from samplechain import Chain, ConfigError
 from samplechain.cli import main
 from samplechain.generation import generate
-from samplechain.trace import TracedSampler, Trace, distribution_stats, trace_generation
+from samplechain.tools.trace import TracedSampler, Trace, distribution_stats, trace_generation
 
 PROMPT = "The module"
 STEPS = 12

@@ -20,7 +20,7 @@ from samplechain import Chain
 from samplechain.errors import ConfigError
 from samplechain.generation import generate
 from samplechain.integrations import as_custom_generate, as_logits_processor, as_stopping_criteria
-from samplechain.testing import byte_bpe_tokenizer, tiny_gpt2
+from samplechain.tools.testing import byte_bpe_tokenizer, tiny_gpt2
 
 GREEDY = {"samplers": [{"use": "greedy"}]}
 SAMPLING = {"samplers": [{"use": "temperature", "t": 0.8}, {"use": "top_k", "k": 20}, {"use": "top_p", "p": 0.9},

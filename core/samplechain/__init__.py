@@ -2,29 +2,34 @@
 
 from __future__ import annotations
 
-from .backends import select_backend
-from .chain import Chain, SampleOutput
-from .mixed import MixedChains, MixedStore
-from .config import ChainConfig, EntrySpec, load_config
+from . import _moved
 from .contracts import (
     ALL_DEVICES,
+    FUSED_SAMPLE,
     Backend,
     Candidates,
-    FUSED_SAMPLE,
+    EosIds,
     FusedPart,
     NoParams,
     Sampler,
+    SamplerSetup,
     Stage,
     StepContext,
     StopContext,
     StopMatch,
     StoppingCriterion,
-    EosIds,
-    SamplerSetup,
     StopSetup,
     max_positions,
     token_id_list,
 )
+from .engine.backends import select_backend
+from .engine.chain import Chain, SampleOutput
+from .engine.config import ChainConfig, EntrySpec, load_config
+from .engine.discovery import PluginHost, PluginInfo, PluginWarning, get_host, reset_host
+from .engine.mixed import MixedChains, MixedStore
+from .engine.registry import Registry, load_registry
+from .engine.stopping import Stopping, StopResult
+from .engine.store import RequestStore
 from .errors import (
     BackendError,
     ChainWarning,
@@ -38,12 +43,10 @@ from .errors import (
 )
 from .hookspecs import hookimpl
 from .params import finite, in_range, one_of, seed_field, token_ids_field
-from .plugins import PluginHost, PluginInfo, PluginWarning, get_host, reset_host
-from .registry import Registry, load_registry
-from .state import RequestStore
-from .stopping import Stopping, StopResult
 
 __version__ = "0.1.0"
+
+_moved.install()  # the pre-layout module paths (samplechain.state, samplechain.plugins, ...) keep working
 
 __all__ = [
     "ALL_DEVICES",

@@ -1,6 +1,6 @@
 """Decode with this repository's chain (chain.toml) and its own sampler (ban_digits.py) on samplechain's loop.
 
-Called by `samplechain.hub.load_custom_generate(...).generate(model, ...)` (which registers ban_digits for the run
+Called by `samplechain.integrations.hub.load_custom_generate(...).generate(model, ...)` (which registers ban_digits for the run
 and passes `chain=` from chain.toml), or by transformers' `model.generate(custom_generate=..., chain=FILE)`.
 """
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from samplechain import Chain, ConfigError
 from samplechain.generation import generate as samplechain_generate
-from samplechain.hub import plugin_registered
+from samplechain.integrations.hub import plugin_registered
 from samplechain.integrations import as_custom_generate
 
 from .ban_digits import BanDigits  # `from .x import` is what transformers' loader copies along

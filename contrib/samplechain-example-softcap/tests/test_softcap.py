@@ -1,6 +1,6 @@
 """softcap.v1: cap * tanh(logits / cap), per row, masked candidates kept masked, argmax unchanged.
 
-These tests need only the core (`samplechain`) and this package: `samplechain.testing` registers the sampler
+These tests need only the core (`samplechain`) and this package: `samplechain.tools.testing` registers the sampler
 in-process with a test backend and a test selector, so no other plugin has to be installed.
 """
 
@@ -14,7 +14,7 @@ import torch
 
 import samplechain
 from samplechain import Chain, ConfigError, RequestError
-from samplechain.testing import host_with, run_chain
+from samplechain.tools.testing import host_with, run_chain
 from samplechain_example_softcap import Softcap
 
 if sys.version_info >= (3, 11):

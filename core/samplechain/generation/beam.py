@@ -32,9 +32,9 @@ from typing import Any
 import torch
 
 from ..contracts import StopContext, StopMatch, StopSetup
+from ..engine.mixed import MixedChains
+from ..engine.stopping import cut_text
 from ..errors import ConfigError
-from ..mixed import MixedChains
-from ..stopping import cut_text
 from .model import ModelRunner
 from .outputs import GenerationOutput
 from .session import Generation

@@ -13,10 +13,10 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from ..chain import Chain
 from ..contracts import token_id_list
+from ..engine.chain import Chain
+from ..engine.discovery import PluginHost
 from ..errors import GenerationWarning
-from ..plugins import PluginHost
 
 __all__ = ["chain_from_generation_config", "asked_settings", "unmapped_settings"]
 

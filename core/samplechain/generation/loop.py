@@ -12,8 +12,8 @@ from typing import Any
 import attrs
 import torch
 
+from ..engine.stopping import cut_text
 from ..errors import ConfigError, GenerationWarning, SamplechainError
-from ..stopping import cut_text
 from .beam import beam_generate
 from .from_config import chain_from_generation_config
 from .outputs import GenerationOutput

@@ -17,7 +17,6 @@ numerically close, not equal).
 
 from __future__ import annotations
 
-import json
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,20 +25,19 @@ from typing import Any
 
 import torch
 
-from .. import graphs
-from ..chain import Chain
 from ..contracts import StopContext, StopMatch, StopSetup, max_positions, token_id_list
+from ..engine import graphs
+from ..engine.chain import Chain
+from ..engine.discovery import PluginHost, get_host
+from ..engine.mixed import MixedChains
+from ..engine.stopping import Stopping, cut_text, min_new_tokens_of
 from ..errors import ConfigError, GenerationWarning
-from ..mixed import MixedChains
-from ..plugins import PluginHost, get_host
-from ..stopping import Stopping, cut_text, min_new_tokens_of
+from .checkpoints import CHECKPOINT_FORMAT, Checkpoints, load_checkpoint
 from .from_config import asked_settings, chain_from_generation_config
 from .model import ModelRunner
 from .outputs import GenerationOutput
 
 __all__ = ["Generation", "CHECKPOINT_FORMAT", "load_checkpoint"]
-
-CHECKPOINT_FORMAT = "samplechain.generation.checkpoint/1"
 
 
 def _as_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bool = True) -> Chain:
@@ -69,31 +67,7 @@ def _as_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bo
                       "prompt in a list")
 
 
-def load_checkpoint(source: Mapping[str, Any] | str | Path) -> dict[str, Any]:
-    """A checkpoint from `Generation.checkpoint()`: the dict itself, or the path of a JSON file holding it."""
-    if isinstance(source, (str, Path)):
-        try:
-            data = json.loads(Path(source).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"resume={str(source)!r}: cannot read a checkpoint JSON file ({exc})") from None
-    elif isinstance(source, Mapping):
-        data = dict(source)
-    else:
-        raise ConfigError(f"resume={source!r}: pass the dict from Generation.checkpoint() or the path of its JSON file")
-    if data.get("format") != CHECKPOINT_FORMAT:
-        raise ConfigError(f"resume: format {data.get('format')!r} is not {CHECKPOINT_FORMAT!r}; pass what "
-                          "Generation.checkpoint() returned (this version reads only its own format)")
-    return data
-
-
-def _chain_fingerprint(chain: Chain | MixedChains) -> Any:
-    """What a checkpoint must be resumed with: every sampler's entry id and versioned name, in order."""
-    if isinstance(chain, MixedChains):
-        return {key: _chain_fingerprint(c) for key, c in chain.chains.items()}
-    return [f"{spec.id}={spec.cls.qualified_name()}" for spec in chain.config.samplers]
-
-
-class Generation:
+class Generation(Checkpoints):
     """One prepared generation: inputs, chain and store, criteria. `steps()` runs it; `output()` collects;
     `checkpoint()` saves it between two steps and `resume=` continues a saved one."""
 
@@ -148,7 +122,7 @@ class Generation:
             eos_token_id = ckpt["eos_token_id"] if eos_token_id is None else eos_token_id
             pad_token_id = ckpt["pad_token_id"] if pad_token_id is None else pad_token_id
         self.model = model
-        # the sampling step captured in a CUDA graph (samplechain.graphs): None where it can, True asks (a warning
+        # the sampling step captured in a CUDA graph (samplechain.engine.graphs): None where it can, True asks (a warning
         # says why not), False never; SAMPLECHAIN_CUDA_GRAPHS=0 turns it off too
         self._cuda_graphs, self._graphs, self._eager_steps = cuda_graphs, None, 0
         # a transformers LogitsProcessorList (or any fn(input_ids, scores) -> scores) run before the chain
@@ -247,98 +221,6 @@ class Generation:
         self._elapsed = 0.0  # seconds the interrupted run had taken (max_time goes on counting from there)
         if ckpt is not None:
             self._restore_progress(ckpt)
-
-    # ----------------------------------------------------------------- checkpoints
-    def checkpoint(self) -> dict[str, Any]:
-        """The whole generation between two steps as plain JSON-able data: prompts, the tokens so far and their
-        logprobs, finished rows and reasons, the step count, and the request store's snapshot (parameters, seeds,
-        RNG positions, sampler state: mirostat mu, adaptive-p EMA; penalties, DRY and grammar read the tokens so
-        far). Pass it (or its JSON file) as `resume=` to continue with the same tokens. scores, logits and
-        top_logprobs are not kept: after a resume they hold the steps run since."""
-        width = self.setup.prompt_length
-        started = self.setup.start_time
-        elapsed = time.monotonic() - started if started else self._elapsed  # steps() started the clock at -elapsed
-        uncond = None
-        if self.uncond_ids is not None:
-            uncond = {"input_ids": self.uncond_ids[:, : self._uncond_width].tolist(),
-                      "attention_mask": self.uncond_mask.tolist()}
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "chain": _chain_fingerprint(self.chain),
-            "request_ids": list(self.request_ids),
-            "num_return_sequences": self.n,
-            "input_ids": self.input_ids[:, :width].tolist(),
-            "attention_mask": self.attention_mask.tolist(),
-            "generated": self.input_ids[:, width:].tolist(),
-            "logprobs": torch.stack(self.logprobs, dim=1).tolist() if self.logprobs else [[] for _ in self.request_ids],
-            "step": self._steps,
-            "finished": self.finished.tolist(),
-            "finish_reasons": list(self.finish_reasons),
-            "stop_matches": [None if m is None else [m.reason, m.text, m.trailing] for m in self.stop_matches],
-            "num_generated": self.num_generated.tolist(),
-            "pad_token_id": self.pad_id,
-            "eos_token_id": list(self.eos_ids),
-            "elapsed": elapsed,
-            "unconditional": uncond,
-            "store": self.store.snapshot(),
-        }
-
-    @staticmethod
-    def _checkpoint_tensor(ckpt: Mapping[str, Any], key: str, device: Any) -> torch.Tensor:
-        t = torch.tensor(ckpt[key], dtype=torch.int64)
-        if t.ndim != 2:
-            raise ConfigError(f"resume: checkpoint[{key!r}] must be a (batch, length) list of lists, got shape "
-                              f"{tuple(t.shape)}; the checkpoint is damaged")
-        return t.to(device)
-
-    def _restore_requests(self, ckpt: Mapping[str, Any]) -> None:
-        if ckpt["chain"] != _chain_fingerprint(self.chain):
-            raise ConfigError(f"resume: the checkpoint was made with the chain {ckpt['chain']}, this generation has "
-                              f"{_chain_fingerprint(self.chain)}: resume with the chain of the interrupted run")
-        if list(ckpt["request_ids"]) != self.request_ids:
-            raise ConfigError(f"resume: the checkpoint's requests {ckpt['request_ids']} do not match its prompts; the "
-                              "checkpoint is damaged")
-        self.store.restore(ckpt["store"])
-
-    def _restore_unconditional(self, ckpt: Mapping[str, Any], device: Any) -> tuple[Any, Any]:
-        uncond = ckpt.get("unconditional")
-        if (uncond is None) == self.chain.needs_unconditional_logits:
-            has = "has no" if uncond is None else "has a"
-            raise ConfigError(f"resume: the checkpoint {has} negative-prompt context but this chain "
-                              f"{'needs' if uncond is None else 'has no guidance sampler to use'} one: resume with the "
-                              "chain of the interrupted run")
-        if uncond is None:
-            return None, None
-        return self._checkpoint_tensor(uncond, "input_ids", device), self._checkpoint_tensor(uncond, "attention_mask",
-                                                                                             device)
-
-    def _restore_progress(self, ckpt: Mapping[str, Any]) -> None:
-        """Tokens so far, logprobs, finished rows and the step count; steps() replays the tokens through the model."""
-        batch = self.input_ids.shape[0]
-        generated = self._checkpoint_tensor(ckpt, "generated", self.input_ids.device) if ckpt["step"] else \
-            torch.zeros((batch, 0), dtype=torch.int64, device=self.input_ids.device)
-        steps = int(ckpt["step"])
-        if generated.shape != (batch, steps) or len(ckpt["finished"]) != batch:
-            raise ConfigError(f"resume: the checkpoint has {tuple(generated.shape)} generated tokens for {batch} rows "
-                              f"and {steps} steps; the checkpoint is damaged")
-        vocab = getattr(self.model.config, "vocab_size", None)
-        if steps and isinstance(vocab, int) and int(generated.max()) >= vocab:
-            raise ConfigError(f"resume: the checkpoint holds token id {int(generated.max())} but the model has "
-                              f"{vocab} tokens: resume with the model of the interrupted run")
-        self.input_ids = torch.cat([self.input_ids, generated], dim=-1)
-        if self.uncond_ids is not None:  # the unconditional context grows with the same tokens
-            self.uncond_ids = torch.cat([self.uncond_ids, generated], dim=-1)
-        self.logprobs = list(torch.tensor(ckpt["logprobs"], dtype=torch.float32).reshape(batch, steps)
-                             .to(self.input_ids.device).unbind(1))
-        self.finished = torch.tensor(ckpt["finished"], dtype=torch.bool, device=self.input_ids.device)
-        self.finish_reasons = list(ckpt["finish_reasons"])
-        self.stop_matches = [None if m is None else StopMatch(*m) for m in ckpt.get("stop_matches") or [None] * batch]
-        self.num_generated = torch.tensor(ckpt["num_generated"], dtype=torch.int64)
-        self._any_finished = bool(self.finished.any())
-        self._all_finished = bool(self.finished.all()) and batch > 0
-        self._steps = steps
-        self._replay = steps
-        self._elapsed = float(ckpt.get("elapsed", 0.0))
 
     # ----------------------------------------------------------------- preparation
     def _eos_from_model(self) -> list[int]:

@@ -1,4 +1,6 @@
-"""Adapters that let chains and criteria run inside other libraries' generation loops."""
+"""Integrations: adapters that run chains and criteria inside other libraries (transformers' logits processors,
+stopping criteria and `model.generate(custom_generate=...)`; `hub`: `custom_generate` repositories; `mindie`: the
+MindIE facade) and the converters of other engines' settings (`convert`). Layer 4 of docs/architecture.md."""
 
 from __future__ import annotations
 

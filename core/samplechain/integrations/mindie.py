@@ -33,10 +33,10 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from ..chain import Chain
+from ..engine.chain import Chain
+from ..engine.discovery import PluginHost
+from ..engine.mixed import MixedChains, MixedStore
 from ..errors import ConfigError
-from ..mixed import MixedChains, MixedStore
-from ..plugins import PluginHost
 
 __all__ = ["MindIEArgumentError", "SamplingData", "SamplingParam", "MindIESampler", "Sampler",
            "GREEDY_CHAIN", "SAMPLING_CHAIN"]

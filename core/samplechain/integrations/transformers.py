@@ -16,21 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import (
-    GenerationConfig,
-    LogitsProcessor,
-    LogitsProcessorList,
-    StoppingCriteria,
-    StoppingCriteriaList,
-)
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation import logits_process as _lp
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
-from ..chain import Chain
 from ..contracts import StopContext, StoppingCriterion, StopSetup
+from ..engine.chain import Chain
+from ..engine.discovery import PluginHost
+from ..engine.stopping import Stopping
 from ..errors import ConfigError
-from ..plugins import PluginHost
-from ..stopping import Stopping
 
 __all__ = [
     "ChainLogitsProcessor",

@@ -59,8 +59,8 @@ import attrs
 import torch
 
 from samplechain import Chain, StopContext, Stopping, StopSetup
-from samplechain.state import RequestStore
-from samplechain.stopping import min_new_tokens_of
+from samplechain.engine.stopping import min_new_tokens_of
+from samplechain.engine.store import RequestStore
 
 from .requests import PARAM_PREFIX, ChainSpec, RequestSpec, RequestSpecError, parse_request
 

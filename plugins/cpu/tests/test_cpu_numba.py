@@ -329,7 +329,7 @@ def test_the_cpu_backend_fuses_min_p(fused, monkeypatch, case):
     including 0, the no-op), their logprobs to float rounding (float64 over the survivors, as the executor's).
     min_keep > 1 (min_p ranks its candidates) is left to the samplers."""
     from samplechain import Chain
-    from samplechain.bench import make_logits
+    from samplechain.tools.bench import make_logits
 
     g = torch.Generator().manual_seed(64)
     x = torch.cat([make_logits("peaked", 3, 40000, seed=4), torch.randn(2, 40000, generator=g) * 3,

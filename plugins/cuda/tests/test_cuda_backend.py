@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import samplechain_cpu
 import samplechain_cuda as cuda
 from samplechain import FUSED_SAMPLE, BackendError, Chain, PluginHost, rng
-from samplechain.testing import hard_logits
+from samplechain.tools.testing import hard_logits
 
 REF = samplechain_cpu.CpuBackend()
 HAS_CUDA = torch.cuda.is_available()

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from samplechain import Chain, rng
-from samplechain.testing import cut_logits
+from samplechain.tools.testing import cut_logits
 
 PATH = Path(__file__).resolve().parents[1] / "samplechain_cuda_kernels.py"
 HAS_TRITON = importlib.util.find_spec("triton") is not None

@@ -12,7 +12,7 @@ import torch
 
 import samplechain_cuda as cuda
 from samplechain import FUSED_SAMPLE, Chain, FusedPart
-from samplechain.testing import cut_logits, no_host_sync
+from samplechain.tools.testing import cut_logits, no_host_sync
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,5 +1,5 @@
 """A step that never waits for the host (shared/DESIGN.md, "On accelerators"), checked without a GPU: the cuda
-backend's step runs on CPU tensors (`CudaBackend(device="cpu")`) under `samplechain.testing.no_host_sync`, which
+backend's step runs on CPU tensors (`CudaBackend(device="cpu")`) under `samplechain.tools.testing.no_host_sync`, which
 fails on every host read (`.item()`, `bool(tensor)`, `nonzero`, `.tolist()`, ...), and draws the cpu backend's
 tokens. Checks that need the host are deferred to a device flag (`SampleOutput.check`): the error still names the
 request, and a failed step changes no state. With a GPU (marked `gpu`): the same chains under torch's sync debug
@@ -12,7 +12,7 @@ import torch
 
 import samplechain_cuda as cuda
 from samplechain import Chain, SamplingError
-from samplechain.testing import HostSyncError, no_host_sync
+from samplechain.tools.testing import HostSyncError, no_host_sync
 
 VOCAB = 20000
 SYNC_FREE_CHAINS = {

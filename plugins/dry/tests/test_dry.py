@@ -19,7 +19,7 @@ import torch
 
 import samplechain
 from samplechain import Chain, ChainWarning, ConfigError, SamplingError, strings
-from samplechain.testing import (
+from samplechain.tools.testing import (
     assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, sampler_chain, top_k_only,
 )
 

@@ -8,7 +8,7 @@ from transformers import EosTokenCriteria, GenerationConfig, GPT2Config
 
 import samplechain
 from samplechain import ConfigError, StopContext, StopSetup
-from samplechain.testing import byte_bpe_tokenizer
+from samplechain.tools.testing import byte_bpe_tokenizer
 
 
 def make_setup(batch=4, **kw):

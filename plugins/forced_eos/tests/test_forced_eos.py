@@ -7,7 +7,7 @@ import torch
 from transformers.generation.logits_process import ForcedEOSTokenLogitsProcessor
 
 from samplechain import Chain
-from samplechain.testing import check_eos_ids_from_setup
+from samplechain.tools.testing import check_eos_ids_from_setup
 
 EOS = [2, 7]
 

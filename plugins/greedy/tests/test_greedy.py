@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from samplechain import Chain
-from samplechain.testing import top_k_only
+from samplechain.tools.testing import top_k_only
 
 SEEDS = (0, 1, 2)
 VOCABS = (50, 1000, 32000)

@@ -1,7 +1,7 @@
 """infill.v1 against llama.cpp's llama_sampler_infill_apply (src/llama-sampling.cpp).
 
 llama.cpp has no test vectors for the infill sampler (tests/test-sampling.cpp does not exercise it), so:
-- hand-computed vectors on a tiny real byte-level BPE vocabulary (samplechain.testing.byte_bpe_tokenizer) cover
+- hand-computed vectors on a tiny real byte-level BPE vocabulary (samplechain.tools.testing.byte_bpe_tokenizer) cover
   each branch: EOG only, prefix merging, the 0.2 cut, the 1 / (n_non_eog + 1) cut, the EOT fallback;
 - `llama_infill_reference` below replicates the C++ step by step (an array of {id, logit, p} structs, float32
   arithmetic, the double loop with its break / continue, memcmp on token pieces) and is compared on random rows.
@@ -17,7 +17,7 @@ import torch
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from samplechain import Chain, ConfigError, SamplingError
-from samplechain.testing import byte_bpe_tokenizer, processed_scores, sampler_chain
+from samplechain.tools.testing import byte_bpe_tokenizer, processed_scores, sampler_chain
 
 F32 = np.float32
 INF = float("inf")

@@ -13,7 +13,7 @@ from packaging.version import Version
 from transformers.generation.logits_process import ExponentialDecayLengthPenalty
 
 from samplechain import Chain
-from samplechain.testing import check_eos_ids_from_setup
+from samplechain.tools.testing import check_eos_ids_from_setup
 
 EOS = [3, 77]
 # transformers 5.19 leaves non-finite eos logits unchanged (`penalty.masked_fill(~torch.isfinite(...), 0.0)`)

@@ -7,7 +7,7 @@ import torch
 from transformers import GPT2Config, MaxLengthCriteria
 
 import samplechain
-from samplechain.stopping import as_rows
+from samplechain.engine.stopping import as_rows
 from samplechain import ConfigError, StopContext, StopSetup
 
 

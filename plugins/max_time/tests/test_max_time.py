@@ -9,7 +9,7 @@ import torch
 from transformers import MaxTimeCriteria
 
 import samplechain
-from samplechain.stopping import as_rows
+from samplechain.engine.stopping import as_rows
 from samplechain import ConfigError, StopContext, StopSetup
 
 

@@ -8,7 +8,7 @@ import torch
 from transformers.generation.logits_process import MinNewTokensLengthLogitsProcessor
 
 from samplechain import Chain
-from samplechain.testing import check_eos_ids_from_setup
+from samplechain.tools.testing import check_eos_ids_from_setup
 
 EOS = [2, 50]
 

@@ -20,7 +20,7 @@ import torch
 from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper
 
 from samplechain import Chain
-from samplechain.testing import (
+from samplechain.tools.testing import (
     assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain,
 )
 

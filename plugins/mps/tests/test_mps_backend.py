@@ -12,7 +12,7 @@ import torch
 import samplechain_cpu
 import samplechain_mps as mps
 from samplechain import BackendError, Chain, PluginHost
-from samplechain.testing import hard_logits, host_with
+from samplechain.tools.testing import hard_logits, host_with
 
 REF = samplechain_cpu.CpuBackend()
 PRIMITIVES = ("topk", "sort_desc", "gumbel", "uniform")

@@ -8,7 +8,7 @@ import torch
 from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor
 
 from samplechain import Chain
-from samplechain.testing import assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, sampler_chain
+from samplechain.tools.testing import assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, sampler_chain
 
 
 def chain(**params) -> Chain:

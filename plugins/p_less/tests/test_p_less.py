@@ -14,7 +14,7 @@ import torch
 from transformers.generation.logits_process import TopKLogitsWarper
 
 from samplechain import Chain, ConfigError, RequestError
-from samplechain.testing import (
+from samplechain.tools.testing import (
     assert_bitwise_no_op, assert_kept_logits_bitwise, assert_probs_close, assert_rows_equal_alone, processed_scores,
     random_logits, sampler_chain,
 )
@@ -182,6 +182,6 @@ def test_chain_with_dist_samples_a_kept_token():
 def test_wide_rows_keep_what_the_float64_path_keeps(scale, monkeypatch):
     """Rows of >= 16384 candidates compute in float32 (a cascaded sum, ~1e-7): the same kept sets as the float64
     path on random rows (-inf entries, per-row min_keep), where no token sits within rounding of the threshold."""
-    from samplechain.testing import assert_wide_path_keeps
+    from samplechain.tools.testing import assert_wide_path_keeps
 
     assert_wide_path_keeps({"use": "p_less"}, monkeypatch, [{}, {}, {"min_keep": 50}, {}], scale)

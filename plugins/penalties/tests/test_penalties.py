@@ -18,7 +18,7 @@ import torch
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from samplechain import Chain, ConfigError
-from samplechain.testing import assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, sampler_chain
+from samplechain.tools.testing import assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, sampler_chain
 
 TOL = 1e-5
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from samplechain import Chain, ConfigError
-from samplechain.testing import (
+from samplechain.tools.testing import (
     assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain,
 )
 

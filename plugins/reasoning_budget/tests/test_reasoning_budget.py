@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 import samplechain_reasoning_budget as plugin
 from samplechain import Chain, ConfigError, RequestError, SamplechainError
 from samplechain.generation import Generation, generate
-from samplechain import testing
+from samplechain.tools import testing
 from samplechain.models import default_model_path
 
 IDLE, COUNTING, WAITING, FORCING, DONE = range(5)
@@ -133,7 +133,7 @@ def embedded():
 
 
 def byte_fallback_tokenizer() -> PreTrainedTokenizerFast:
-    """Llama style (samplechain.testing's, trained on TEXT): merges learnt on ASCII, every other character spelt as
+    """Llama style (samplechain.tools.testing's, trained on TEXT): merges learnt on ASCII, every other character spelt as
     <0xNN> byte tokens; <think> and </think> are added special tokens (one id each, as in Qwen's and DeepSeek's
     vocabularies)."""
     out = testing.byte_fallback_tokenizer(TEXT)

@@ -12,7 +12,7 @@ import torch
 import samplechain
 from samplechain import Chain, ConfigError, StopContext, StopSetup
 from samplechain.generation import generate
-from samplechain.testing import tiny_gpt2
+from samplechain.tools.testing import tiny_gpt2
 
 
 def vllm_rule(tokens: list[int], max_size: int, min_size: int, min_count: int) -> bool:

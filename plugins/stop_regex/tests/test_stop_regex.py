@@ -14,7 +14,7 @@ import samplechain
 import samplechain_stop_regex as plugin
 from samplechain import Chain, ConfigError, StopContext, StopSetup
 from samplechain.generation import generate
-from samplechain.testing import ScriptedLM, piece_ids, pieces_tokenizer
+from samplechain.tools.testing import ScriptedLM, piece_ids, pieces_tokenizer
 
 PIECES = ["ab", "ba", "a b", "\n", "\n\n", "EN", "D", "END", " the", " end", "é", "x1", "23"]
 PATTERNS = ["E.D", r"\n\n+", "b a", r"(?i)the end", r"\d{3}", "é b", r"a\nb", "ba ?ab", r"\bend\b"]
@@ -166,7 +166,7 @@ def test_listed_by_samplechain_plugins():
 def test_an_escaped_string_stops_where_stop_strings_stops(num_beams):
     """stop_regex with a literal pattern agrees with stop_strings on generated text (beam search reorders rows
     every step: the per-row text follows them)."""
-    from samplechain.testing import byte_bpe_tokenizer, tiny_gpt2
+    from samplechain.tools.testing import byte_bpe_tokenizer, tiny_gpt2
 
     tok = byte_bpe_tokenizer(300)
     model = tiny_gpt2(len(tok), seed=3)

@@ -20,12 +20,12 @@ from transformers import StopStringCriteria
 import samplechain
 import samplechain_stop_strings as plugin
 from samplechain import ConfigError, StopContext, StopSetup, strings
-from samplechain.testing import TOKENIZER_TEXT as TEXT
-from samplechain.testing import byte_bpe_tokenizer
-from samplechain.testing import byte_fallback_tokenizer as byte_fallback_bpe
-from samplechain.testing import metaspace_tokenizer as metaspace_bpe
-from samplechain.testing import pieces_tokenizer as hand_made
-from samplechain.testing import wordpiece_tokenizer as wordpiece
+from samplechain.tools.testing import TOKENIZER_TEXT as TEXT
+from samplechain.tools.testing import byte_bpe_tokenizer
+from samplechain.tools.testing import byte_fallback_tokenizer as byte_fallback_bpe
+from samplechain.tools.testing import metaspace_tokenizer as metaspace_bpe
+from samplechain.tools.testing import pieces_tokenizer as hand_made
+from samplechain.tools.testing import wordpiece_tokenizer as wordpiece
 
 EMBEDDED = Path(samplechain.__file__).parent / "models" / "docs-gpt2"
 

@@ -11,7 +11,7 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper
 
 from samplechain import Chain
-from samplechain.testing import assert_bitwise_no_op, assert_rows_equal_alone, random_logits, sampler_chain
+from samplechain.tools.testing import assert_bitwise_no_op, assert_rows_equal_alone, random_logits, sampler_chain
 
 SEEDS = (0, 1, 2)
 VOCABS = (50, 1000, 32000)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from samplechain import Chain, ConfigError, RequestError
-from samplechain.testing import (
+from samplechain.tools.testing import (
     assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain, top_k_only,
 )
 
@@ -143,6 +143,6 @@ def test_bad_request_value_is_refused():
 def test_wide_rows_keep_what_the_float64_path_keeps(scale, monkeypatch):
     """Rows of >= 16384 candidates compute in float32 (a cascaded sum, ~1e-7): the same kept sets as the float64
     path on random rows (-inf entries, per-row min_keep), where no token sits within rounding of the threshold."""
-    from samplechain.testing import assert_wide_path_keeps
+    from samplechain.tools.testing import assert_wide_path_keeps
 
     assert_wide_path_keeps({"use": "top_a", "a": 0.05}, monkeypatch, [{}, {}, {"min_keep": 50}, {}], scale)

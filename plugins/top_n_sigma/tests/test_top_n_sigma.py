@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from samplechain import Chain, ConfigError, RequestError
-from samplechain.testing import (
+from samplechain.tools.testing import (
     assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain, top_k_only,
 )
 
@@ -163,7 +163,7 @@ def test_bad_request_value_is_refused():
 def test_wide_rows_keep_what_the_float64_path_keeps(scale, monkeypatch):
     """Rows of >= 16384 candidates use float32 statistics and an at_least read: the same kept sets and logits as
     the float64 path, with per-row n (off rows included), min_keep and -inf entries."""
-    from samplechain.testing import processed_scores, random_logits, sampler_chain
+    from samplechain.tools.testing import processed_scores, random_logits, sampler_chain
 
     logits = random_logits(8, 5, 40000, scale)
     logits[1, ::3] = float("-inf")

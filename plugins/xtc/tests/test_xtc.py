@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from samplechain import Chain, ConfigError, RequestError, rng
-from samplechain.testing import assert_bitwise_no_op, processed_scores, sampler_chain
+from samplechain.tools.testing import assert_bitwise_no_op, processed_scores, sampler_chain
 
 NEG_INF = float("-inf")
 

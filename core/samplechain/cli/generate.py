@@ -1,0 +1,258 @@
+"""`samplechain generate`: stream text from a causal LM (the embedded model by default) through a chain."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from ..errors import ConfigError
+from ..tools.progress import LONG_RUN_TOKENS, progress_bar
+
+try:
+    import tomllib
+except ImportError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = ["add_parser", "cmd_generate", "parse_sets"]
+
+DEFAULT_PROMPT = "The"
+
+
+def parse_sets(items: list[str] | None) -> dict[str, Any]:
+    """--set KEY=VALUE ...: VALUE is read as a TOML value (0.7, 40, true, "x"); a bare word stays a string."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set temperature=0.7 or --set top_k.k=20")
+        try:
+            value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()
+        out[key] = value
+    return out
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    """`\\n`, `\\t`, `\\r` and `\\\\` typed on a command line become the characters (as llama.cpp's --escape)."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in _ESCAPES:
+            out.append(_ESCAPES[text[i + 1]])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate text from a causal LM through a chain (streams to the terminal)",
+        description="Generate text with a Hugging Face causal LM (default: the embedded model) through a chain "
+        "read from TOML or a preset. One prompt streams; several prompts run as one batch.",
+    )
+    p.add_argument("prompt", nargs="*", help=f"prompt text (words are joined; default: stdin, or {DEFAULT_PROMPT!r})")
+    p.add_argument("-p", "--prompt", action="append", dest="prompts", metavar="TEXT",
+                   help="a prompt of a batch (repeatable; several prompts run as one batch)")
+    p.add_argument("--model", default=None, help="model folder for AutoModelForCausalLM (default: the embedded model)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--chain", default=None, help="chain TOML file")
+    src.add_argument("--preset", default=None, help="a preset from registry.toml (default: llama.cpp)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", dest="sets",
+                   help="per-request parameter, e.g. --set temperature=0.7 --set top_k.k=20 (repeatable)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 96 (unless the chain's stop list has "
+                   "a length limit)")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable; \\n and \\t are read as newline and tab)")
+    p.add_argument("--stop-regex", action="append", default=None, metavar="PATTERN",
+                   help="stop when this regular expression matches the end of the generated text (repeatable)")
+    p.add_argument("--include-stop-str", action="store_true",
+                   help="keep the matched stop string / regex text in the output (default: cut before it, as vLLM)")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling (default: a fresh seed)")
+    p.add_argument("--num-beams", type=int, default=1, help="beam search with N beams (no streaming)")
+    p.add_argument("--top-logprobs", type=int, default=0, help="with --json: the N most likely tokens per step")
+    p.add_argument("--logprobs-mode", default="processed", metavar="STAGE",
+                   help="with --json: the distribution of the logprobs: processed (default), raw, a chain entry's "
+                   "id, STAGE:logits for logit values, or vLLM's raw_logprobs / raw_logits / processed_logits")
+    p.add_argument("--backend", default=None, help="override the chain's backend (e.g. cpu)")
+    p.add_argument("--json", action="store_true", help="print the structured output as JSON instead of streaming")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar over the steps on stderr (default: on when stderr is a terminal and the run "
+                   f"is long: several prompts, or more than {LONG_RUN_TOKENS} new tokens without streaming to a "
+                   "terminal; never with beam search)")
+    p.set_defaults(func=cmd_generate)
+
+
+def _load_model(path: str | None) -> tuple[Any, Any, str]:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder never needs the network
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    if path is None:
+        from ..models import default_model_path
+
+        folder = default_model_path()
+    else:
+        folder = Path(path)
+        if not folder.is_dir():
+            raise ConfigError(f"--model {path}: no such folder; give a folder saved with save_pretrained "
+                              "(config.json, model.safetensors, tokenizer files)")
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:  # never a folder's own model code: transformers would otherwise ask on the terminal and run it
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=False, use_safetensors=True)
+    except ValueError as exc:
+        if "trust_remote_code" not in str(exc):
+            raise
+        raise ConfigError(f"--model {folder}: the folder's model needs its own Python code (auto_map), which "
+                          "`samplechain generate` never runs; load it in Python with transformers and "
+                          "trust_remote_code=True if you trust it, and call samplechain.generate()") from None
+    model.eval()
+    return model, tokenizer, str(folder)
+
+
+def _chain(args: argparse.Namespace) -> Any:
+    from ..engine.chain import Chain
+
+    if args.chain:
+        return Chain.load(Path(args.chain), backend=args.backend)
+    return Chain.load(f"preset:{args.preset or 'llama.cpp'}", backend=args.backend)
+
+
+def _prompts(args: argparse.Namespace) -> list[str]:
+    prompts = ([" ".join(args.prompt)] if args.prompt else []) + list(args.prompts or [])
+    if prompts:
+        return prompts
+    if not sys.stdin.isatty():
+        text = sys.stdin.read()
+        if text.strip():
+            return [text.rstrip("\n")]
+    return [DEFAULT_PROMPT]
+
+
+def cmd_generate(args: argparse.Namespace, console: Console) -> int:
+    from ..generation import GenerationWarning, generate, stream
+
+    err = Console(stderr=True)
+    chain = _chain(args)
+    params = parse_sets(args.sets)
+    prompts = _prompts(args)
+    model, tokenizer, folder = _load_model(args.model)
+    has_limit = any(spec.cls.is_length_limit for spec in chain.config.stop)
+    max_new = args.max_new_tokens if args.max_new_tokens is not None else (None if has_limit else 96)
+    kwargs: dict[str, Any] = dict(chain=chain, params=params, seed=args.seed, max_new_tokens=max_new,
+                                  stop_strings=[unescape(s) for s in args.stop] if args.stop else None)
+    if args.stop_regex:
+        kwargs["stop_regex"] = list(args.stop_regex)
+    if args.include_stop_str:
+        kwargs["include_stop_str_in_output"] = True
+    if args.logprobs_mode != "processed":
+        kwargs["logprobs_mode"] = args.logprobs_mode
+    streaming = not (args.json or args.num_beams > 1 or len(prompts) > 1)
+    bar = progress_bar(max_new, "generating", _show_progress(args, prompts, max_new, streaming), console=err)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", GenerationWarning)
+        start = time.perf_counter()
+        if not streaming:
+            with bar as b:  # closed before anything is printed
+                if b.enabled:
+                    kwargs["progress"] = lambda step, total: b.update(completed=step, total=total)
+                out = generate(model, tokenizer, prompts, num_beams=args.num_beams, top_logprobs=args.top_logprobs,
+                               **kwargs)
+            elapsed = time.perf_counter() - start
+            if args.json:
+                print(json.dumps(_as_json(out, prompts, tokenizer, chain, folder, args, elapsed), indent=2,
+                                 ensure_ascii=False))
+            else:
+                for i, text in enumerate(out.texts or []):
+                    console.print(f"[bold]{escape(prompts[i // max(len(out.texts) // len(prompts), 1)])}"
+                                  f"[/bold]{escape(text)}", highlight=False, soft_wrap=True)
+                    err.print(f"[dim][{int(out.num_generated[i])} tokens, finish: {escape(str(out.finish_reasons[i]))}][/dim]",
+                              highlight=False)
+        else:
+            result: list[Any] = []
+            tty = sys.stdout.isatty()
+            with bar as b:
+                if b.enabled:
+                    kwargs["progress"] = lambda step, total: b.update(completed=step, total=total)
+                sys.stdout.write(f"\033[1m{prompts[0]}\033[0m" if tty else prompts[0])
+                sys.stdout.flush()
+                for event in stream(model, tokenizer, prompts, result=result, **kwargs):
+                    if event.text:
+                        sys.stdout.write(event.text)
+                        sys.stdout.flush()
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+            elapsed = time.perf_counter() - start
+            out = result[0]
+            n = int(out.num_generated[0])
+            err.print(f"[dim][{n} tokens in {elapsed:.2f} s, {n / max(elapsed, 1e-9):.1f} tokens/s, "
+                      f"finish: {escape(str(out.finish_reasons[0]))}; chain: {escape(repr(chain))}][/dim]",
+                      highlight=False)
+    for w in caught:
+        if not issubclass(w.category, GenerationWarning):
+            continue
+        err.print(f"[yellow]warning:[/yellow] {escape(str(w.message))}", highlight=False)
+    return 0
+
+
+def _show_progress(args: argparse.Namespace, prompts: list[str], max_new: int | None, streaming: bool) -> bool | None:
+    """--progress/--no-progress decide; by default (None: when stderr is a terminal) only long runs get a bar, and
+    not a single prompt streaming its text to the terminal (the text is the progress there). Beam search has no
+    per-step hook: no bar."""
+    if args.num_beams > 1:
+        return False
+    if args.progress is not None:
+        return args.progress
+    long_run = len(prompts) > 1 or (max_new or 0) > LONG_RUN_TOKENS
+    return None if long_run and not (streaming and sys.stdout.isatty()) else False
+
+
+def _as_json(out: Any, prompts: list[str], tokenizer: Any, chain: Any, folder: str, args: argparse.Namespace,
+             elapsed: float) -> dict[str, Any]:
+    rows = []
+    per_prompt = max(len(out.sequences) // len(prompts), 1)
+    start = out.prompt_length
+    for i in range(len(out.sequences)):
+        n = int(out.num_generated[i])
+        ids = out.sequences[i, start : start + n].tolist()
+        row: dict[str, Any] = {
+            "prompt": prompts[i // per_prompt],
+            "text": out.texts[i] if out.texts else None,
+            "token_ids": ids,
+            "tokens": tokenizer.convert_ids_to_tokens(ids),
+            "finish_reason": out.finish_reasons[i],
+        }
+        if out.logprobs is not None:
+            row["logprobs"] = [round(float(v), 6) for v in out.logprobs[i, :n]]
+        if out.sequences_scores is not None:
+            row["sequence_score"] = float(out.sequences_scores[i])
+        if out.top_logprobs:
+            row["top_logprobs"] = [
+                {tokenizer.convert_ids_to_tokens(int(t)): round(float(v), 6) for v, t in zip(vals[i], ids_[i])}
+                for vals, ids_ in out.top_logprobs[:n]
+            ]
+        rows.append(row)
+    return {
+        "model": folder,
+        "chain": chain.describe(),
+        "seed": args.seed,
+        "num_beams": args.num_beams,
+        "elapsed_s": round(elapsed, 4),
+        "outputs": rows,
+    }

@@ -1,0 +1,102 @@
+"""`samplechain trace`: run one generation with tracing on; write a PNG plot and a self-contained HTML page of what
+every sampler of the chain did at every step, and print a compact table."""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from ..errors import ConfigError
+from ..tools.progress import LONG_RUN_TOKENS, progress_bar
+
+__all__ = ["add_parser", "cmd_trace"]
+
+
+def add_parser(sub: Any) -> None:
+    """Register the subcommand(s) of this module on the `samplechain` parser."""
+    p = sub.add_parser(
+        "trace",
+        help="trace a generation: candidates, entropy and chosen probability per step and per sampler",
+        description="Generate from one prompt with tracing on and write OUT.png (plot) and OUT.html (self-contained "
+        "page: text, plot, steps x stages table); print a compact table. Tracing does not change the tokens.",
+    )
+    p.add_argument("prompt", nargs="*", help="prompt text (words are joined; default: stdin, or 'The')")
+    p.add_argument("--model", default=None, help="model folder for AutoModelForCausalLM (default: the embedded model)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--chain", default=None, help="chain TOML file")
+    src.add_argument("--preset", default=None, help="a preset from registry.toml (default: llama.cpp)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", dest="sets",
+                   help="per-request parameter, e.g. --set temperature=0.7 --set top_k.k=20 (repeatable)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="default 32 (unless the chain's stop list has a length limit)")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop string (repeatable; \\n and \\t are read as newline and tab)")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling (default: a fresh seed)")
+    p.add_argument("--backend", default=None, help="override the chain's backend (e.g. cpu)")
+    p.add_argument("--out", default="trace", help="output path stem: writes OUT.png and OUT.html (default: trace)")
+    p.add_argument("--no-table", action="store_true", help="do not print the table")
+    p.add_argument("--max-rows", type=int, default=None, help="print at most N steps in the table")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar over the steps on stderr (default: on when stderr is a terminal and more "
+                   f"than {LONG_RUN_TOKENS} new tokens are asked for)")
+    p.set_defaults(func=cmd_trace, prompts=None)
+
+
+def _stem(out: str) -> Path:
+    path = Path(out)
+    if path.suffix.lower() in (".png", ".html", ".htm"):
+        path = path.with_suffix("")
+    return path
+
+
+def cmd_trace(args: argparse.Namespace, console: Console) -> int:
+    from ..generation import GenerationWarning
+    from ..tools.trace import trace_generation
+    from .generate import _chain, _load_model, _prompts, parse_sets, unescape
+
+    err = Console(stderr=True)
+    chain = _chain(args)
+    params = parse_sets(args.sets)
+    prompts = _prompts(args)
+    if len(prompts) != 1:  # pragma: no cover - the parser takes one prompt
+        raise ConfigError("trace follows one prompt: give a single prompt")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens {args.max_new_tokens}: must be at least 1")
+    model, tokenizer, _folder = _load_model(args.model)
+    has_limit = any(spec.cls.is_length_limit for spec in chain.config.stop)
+    max_new = args.max_new_tokens if args.max_new_tokens is not None else (None if has_limit else 32)
+    kwargs: dict[str, Any] = dict(chain=chain, params=params, seed=args.seed, max_new_tokens=max_new,
+                                  stop_strings=[unescape(s) for s in args.stop] if args.stop else None)
+    stem = _stem(args.out)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", GenerationWarning)
+        start = time.perf_counter()
+        show = args.progress if args.progress is not None else (None if (max_new or 0) > LONG_RUN_TOKENS else False)
+        with progress_bar(max_new, "tracing", show, console=err) as bar:
+            if bar.enabled:
+                kwargs["progress"] = lambda step, total: bar.update(completed=step)
+            trace = trace_generation(model, tokenizer, prompts[0], **kwargs)
+        elapsed = time.perf_counter() - start
+        png = trace.to_png(stem.with_suffix(".png"))
+        page = trace.to_html(stem.with_suffix(".html"))
+    for w in caught:
+        if issubclass(w.category, GenerationWarning):
+            err.print(f"[yellow]warning:[/yellow] {escape(str(w.message))}", highlight=False)
+
+    if not args.no_table:
+        console.print(trace.rich_table(max_rows=args.max_rows))
+    console.print(f"[bold]{escape(prompts[0])}[/bold]{escape(trace.texts[0])}", highlight=False, soft_wrap=True)
+    n = trace.num_generated[0]
+    reason = trace.output.finish_reasons[0] if trace.output is not None else None
+    err.print(f"[dim][{n} tokens in {elapsed:.2f} s, finish: {reason}; chain: {escape(trace.chain_repr)}][/dim]",
+              highlight=False)
+    err.print(f"wrote {escape(str(png))} and {escape(str(page))}", highlight=False)
+    return 0

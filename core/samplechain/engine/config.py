@@ -1,0 +1,362 @@
+"""Chain configs: TOML file or dict -> attrs classes via cattrs, unknown keys forbidden.
+
+Every error names the file, the key path, the bad value and what was expected:
+    chain.toml: chain.samplers[2].p = 1.5: must be in [0, 1]
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import difflib
+import math
+import numbers
+import sys
+import typing
+import warnings
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+import torch
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from ..contracts import Stage
+from ..errors import ChainWarning, ConfigError, UnknownPluginError
+from .discovery import PluginHost, get_host
+
+__all__ = ["ChainConfig", "EntrySpec", "load_config", "parse_params", "converter"]
+
+_CHAIN_KEYS = ("samplers", "stop", "backend", "nonfinite", "name", "description")
+_KEYS = _CHAIN_KEYS
+NONFINITE = ("error", "sanitize")  # what a NaN or +inf logit does; checks.sanitized says how "sanitize" cleans
+
+
+@attrs.frozen
+class EntrySpec:
+    """One resolved entry of a chain: a sampler or a stopping criterion with its validated parameters."""
+
+    use: str  # as written: "top_p" or "top_p.v1"
+    cls: type
+    params: Any  # an instance of cls.Params: the chain's defaults
+    id: str  # label for per-request parameters ("top_p", or the entry's `id`)
+    path: str  # "chain.samplers[2]"
+
+
+@attrs.frozen
+class ChainConfig:
+    samplers: tuple[EntrySpec, ...]
+    stop: tuple[EntrySpec, ...] = ()
+    backend: str = "auto"
+    name: str | None = None
+    description: str = ""
+    source: str = "<dict>"
+    nonfinite: str = "error"  # one of NONFINITE
+
+
+def _strict(kind: type, expect: str):  # cattrs' defaults would turn "0.9" into 0.9 and "false" into True
+    accepted = {float: numbers.Real, int: numbers.Integral}.get(kind, kind)
+
+    def hook(value: Any, _type: Any) -> Any:
+        if isinstance(value, bool) and kind is not bool:
+            raise TypeError(f"expected {expect}")
+        if not isinstance(value, accepted):  # numpy scalars count as numbers
+            raise TypeError(f"expected {expect}")
+        return kind(value)
+
+    return hook
+
+
+@lru_cache(maxsize=1)
+def converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=True)
+    conv.register_structure_hook(float, _strict(float, "a number"))
+    conv.register_structure_hook(int, _strict(int, "an integer"))
+    conv.register_structure_hook(bool, _strict(bool, "true or false"))
+    conv.register_structure_hook(str, _strict(str, "a string"))
+    conv.register_structure_hook_factory(_is_array, lambda t: _array_hook(conv, t))
+    return conv
+
+
+def _is_array(t: Any) -> bool:
+    return typing.get_origin(t) in (list, tuple, collections.abc.Sequence)
+
+
+def _array_hook(conv: cattrs.Converter, t: Any):
+    """Arrays stay arrays: cattrs would turn the string "abc" into ["a", "b", "c"]."""
+    args = typing.get_args(t)
+    item = args[0] if args else Any
+    origin = typing.get_origin(t)
+
+    def hook(value: Any, _type: Any) -> Any:
+        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (list, tuple)):
+            raise TypeError("expected an array, e.g. [1, 2] or [\"a\"]")
+        errors, out = [], []
+        for i, v in enumerate(value):
+            try:
+                out.append(v if item is Any else conv.structure(v, item))
+            except Exception as exc:  # noqa: BLE001 - collected with the index, as cattrs does
+                exc.__notes__ = [*getattr(exc, "__notes__", []), cattrs.errors.IterableValidationNote(
+                    f"Structuring {t} @ index {i}", i, item)]
+                errors.append(exc)
+        if errors:
+            raise IterableValidationError(f"While structuring {t!r}", errors, t)
+        return tuple(out) if origin is tuple else out
+
+    return hook
+
+
+def _walk(exc: BaseException, path: str) -> list[tuple[str, str]]:
+    """Flatten a cattrs error tree into (key path, message) pairs."""
+    if isinstance(exc, ForbiddenExtraKeysError):
+        return [(f"{path}.{k}", "unknown key") for k in sorted(exc.extra_fields)]
+    if isinstance(exc, ClassValidationError):
+        noted, other = exc.group_exceptions()
+        out = [pair for sub, note in noted for pair in _walk(sub, f"{path}.{note.name}")]
+        return out + [pair for sub in other for pair in _walk(sub, path)]
+    if isinstance(exc, IterableValidationError):
+        noted, other = exc.group_exceptions()
+        out = [pair for sub, note in noted for pair in _walk(sub, f"{path}[{note.index}]")]
+        return out + [pair for sub in other for pair in _walk(sub, path)]
+    if isinstance(exc, KeyError):
+        return [(path, "required key missing")]
+    return [(path, str(exc))]
+
+
+def _value_at(raw: Any, relative: str) -> Any:
+    """The value at a relative key path such as ".p" or ".words[1]"; _MISSING when absent."""
+    cur = raw
+    for part in relative.replace("[", ".[").split(".")[1:]:
+        try:
+            cur = cur[int(part[1:-1])] if part.startswith("[") else cur[part]
+        except (KeyError, IndexError, TypeError, ValueError):
+            return _MISSING
+    return cur
+
+
+_MISSING = object()
+
+
+def _line(source: str, path: str, value: Any, message: str) -> str:
+    shown = "" if value is _MISSING or isinstance(value, Mapping) else f" = {value!r}"
+    return f"{source}: {path}{shown}: {message}"
+
+
+_F32 = torch.finfo(torch.float32)
+
+
+def _check_storable(kind: Any, value: Any) -> None:
+    """Numbers travel as float32 / int64 columns: a value that would silently become 0 or inf is refused."""
+    if getattr(kind, "__args__", None) and type(None) in kind.__args__:
+        kind = next(a for a in kind.__args__ if a is not type(None))
+    if kind is float and isinstance(value, float) and math.isfinite(value):
+        if abs(value) > _F32.max:
+            raise ValueError(f"too large for float32 (parameters are float32; largest is {_F32.max:.4g})")
+        if value != 0.0 and abs(value) < _F32.smallest_normal:
+            raise ValueError(f"too small for float32 (parameters are float32): use 0 or a magnitude of at least "
+                             f"{_F32.smallest_normal:.4g}")
+    elif kind is int and isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise ValueError("out of the int64 range (parameters are int64)")
+
+
+def parse_params(cls: type, raw: Mapping[str, Any], *, source: str, path: str) -> Any:
+    """Validate raw parameters against cls.Params: types, ranges, unknown keys. Raises one ConfigError."""
+    params_cls = cls.Params
+    attrs.resolve_types(params_cls)
+    fields = {f.name: f for f in attrs.fields(params_cls)}
+    problems: list[str] = []
+    for key in raw:
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            valid = ", ".join(fields) if fields else "none"
+            problems.append(
+                _line(source, f"{path}.{key}", raw[key], f"unknown parameter of {cls.qualified_name()} "
+                      f"(valid: {valid}){hint}")
+            )
+    if problems:
+        raise ConfigError("\n".join(problems))
+    try:
+        with attrs.validators.disabled():
+            params = converter().structure(dict(raw), params_cls)
+    except Exception as exc:  # noqa: BLE001 - re-raised as one ConfigError with paths
+        pairs = _walk(exc, path)
+        raise ConfigError(
+            "\n".join(_line(source, p, _value_at(raw, p[len(path):]), m) for p, m in pairs)
+        ) from None
+    for field in fields.values():
+        value = getattr(params, field.name)
+        try:
+            if field.validator is not None:
+                field.validator(params, field, value)
+            _check_storable(field.type, value)
+        except (ValueError, TypeError) as exc:
+            shown = raw.get(field.name, value)  # as the user wrote it ([1, 2], not the stored (1, 2))
+            problems.append(_line(source, f"{path}.{field.name}", shown, str(exc)))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return params
+
+
+def _resolve_entries(
+    raw_list: Any, kind: str, *, source: str, path: str, host: PluginHost
+) -> tuple[list[EntrySpec], list[str]]:
+    specs: list[EntrySpec] = []
+    problems: list[str] = []
+    if not isinstance(raw_list, list):
+        return specs, [_line(source, path, raw_list, "expected an array of tables like { use = \"top_k\", k = 40 }")]
+    for i, raw in enumerate(raw_list):
+        where = f"{path}[{i}]"
+        if not isinstance(raw, Mapping):
+            problems.append(_line(source, where, raw, "expected a table like { use = \"top_k\", k = 40 }"))
+            continue
+        use = raw.get("use")
+        if not isinstance(use, str):
+            problems.append(_line(source, f"{where}.use", raw.get("use", _MISSING),
+                                  "required: the name of a " + kind.replace("_", " ")))
+            continue
+        try:
+            cls = host.get(kind, use)
+        except UnknownPluginError as exc:
+            problems.append(_line(source, f"{where}.use", use, str(exc)))
+            continue
+        label = raw.get("id", cls.name)
+        if not isinstance(label, str) or not label:
+            problems.append(_line(source, f"{where}.id", label, "expected a non-empty string"))
+            continue
+        body = {k: v for k, v in raw.items() if k not in ("use", "id")}
+        try:
+            params = parse_params(cls, body, source=source, path=where)
+        except ConfigError as exc:
+            problems.append(str(exc))
+            continue
+        specs.append(EntrySpec(use=use, cls=cls, params=params, id=label, path=where))
+    return specs, problems
+
+
+def _check_shape(samplers: list[EntrySpec], source: str) -> list[str]:
+    selectors = [s for s in samplers if s.cls.stage is Stage.SELECT]
+    if not samplers:
+        return [f"{source}: chain.samplers: empty; a chain needs at least a selector, e.g. {{ use = \"dist\" }}"]
+    problems = []
+    if not selectors:
+        last = samplers[-1]
+        problems.append(
+            f"{source}: {last.path}.use = {last.use!r}: the chain must end in exactly one selector "
+            f"(greedy, dist, ...); append {{ use = \"dist\" }} or {{ use = \"greedy\" }}"
+        )
+    elif len(selectors) > 1 or samplers[-1].cls.stage is not Stage.SELECT:
+        found = ", ".join(f"{s.path} ({s.use})" for s in selectors)
+        problems.append(
+            f"{source}: {selectors[-1].path}.use = {selectors[-1].use!r}: a chain has exactly one selector and it "
+            f"is the last entry; selectors found at {found}"
+        )
+    seen: dict[str, str] = {}
+    for s in samplers:
+        if s.id in seen:
+            problems.append(
+                f"{source}: {s.path}.id = {s.id!r}: already used by {seen[s.id]}; give one of them a distinct "
+                f"`id` so per-request parameters can address it"
+            )
+        seen[s.id] = s.path
+    return problems
+
+
+def _pitfalls(samplers: list[EntrySpec], source: str) -> list[str]:
+    """Known pitfalls of an order that is valid (warned, never refused)."""
+    out = []
+    truncation = next((s for s in samplers if s.cls.effective_role() == "truncation"), None)
+    if truncation is None:
+        return out
+    first = samplers.index(truncation)
+    for s in samplers[first + 1:]:
+        role = s.cls.effective_role()
+        if role in ("penalty", "bias"):
+            out.append(
+                f"{source}: {s.path}.use = {s.use!r}: a {role} placed after the truncation {truncation.use!r} "
+                f"({truncation.path}) can only touch the tokens that survived it, never bring back one it removed; "
+                f"llama.cpp, transformers and vLLM apply {'penalties' if role == 'penalty' else 'biases'} first "
+                f"(move it before {truncation.use!r})"
+            )
+        elif s.cls.replaces_truncation:
+            out.append(
+                f"{source}: {s.path}.use = {s.use!r} chooses its own candidate set, and llama.cpp drops truncation "
+                f"samplers ({truncation.use!r} at {truncation.path}) when mirostat is on; here they run first and "
+                f"{s.use} sees only their survivors (keep only temperature before {s.use!r} for llama.cpp's behaviour)"
+            )
+    return out
+
+
+def load_config(
+    source: str | Path | Mapping[str, Any], *, host: PluginHost | None = None, name: str | None = None
+) -> ChainConfig:
+    """Parse a chain from a TOML file path, a TOML string (if it has a newline) or a dict."""
+    host = host or get_host()
+    if isinstance(source, Mapping):
+        raw, label = dict(source), name or "<dict>"
+    else:
+        text_given = isinstance(source, str) and "\n" in source
+        label = name or ("<string>" if text_given else str(source))
+        try:
+            text = source if text_given else Path(source).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{label}: chain file not found") from None
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{label}: not valid TOML: {exc}") from None
+    chain = raw.get("chain") if set(raw) == {"chain"} else raw
+    prefix = "chain." if set(raw) == {"chain"} else ""
+    if not isinstance(chain, Mapping):
+        raise ConfigError(f"{label}: chain: expected a table [chain] with samplers = [...]")
+    problems = [
+        _line(label, f"{prefix}{k}", chain[k], f"unknown key; expected one of {', '.join(_CHAIN_KEYS)}"
+              + (f"; did you mean {c[0]!r}?" if (c := difflib.get_close_matches(k, _KEYS, n=1)) else ""))
+        for k in chain
+        if k not in _KEYS
+    ]
+    if "samplers" not in chain:
+        problems.append(f"{label}: {prefix}samplers: required key missing (an array of sampler tables)")
+    for key, typ, expect in (("backend", str, "a backend name or \"auto\""), ("name", str, "a string"),
+                             ("description", str, "a string")):
+        if key in chain and not isinstance(chain[key], typ):
+            problems.append(_line(label, f"{prefix}{key}", chain[key], f"expected {expect}"))
+    if chain.get("nonfinite", "error") not in NONFINITE:
+        problems.append(_line(label, f"{prefix}nonfinite", chain["nonfinite"],
+                              f"must be one of {', '.join(map(repr, NONFINITE))} (what a NaN or +inf logit does: "
+                              f"\"error\" raises naming the request, \"sanitize\" replaces it as transformers' "
+                              f"remove_invalid_values does)"))
+    samplers, more = _resolve_entries(chain.get("samplers", []), "sampler", source=label,
+                                      path=f"{prefix}samplers", host=host)
+    problems += more
+    stop, more = _resolve_entries(chain.get("stop", []), "stopping_criterion", source=label,
+                                  path=f"{prefix}stop", host=host)
+    problems += more
+    if not problems:
+        problems += _check_shape(samplers, label)
+    backend = chain.get("backend", "auto")
+    if not problems and backend != "auto":
+        try:
+            host.get("backend", backend)
+        except UnknownPluginError as exc:
+            problems.append(_line(label, f"{prefix}backend", backend, str(exc)))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    for text in _pitfalls(samplers, label):
+        warnings.warn(text, ChainWarning, stacklevel=3)
+    return ChainConfig(
+        samplers=tuple(samplers),
+        stop=tuple(stop),
+        backend=backend,
+        name=chain.get("name"),
+        description=chain.get("description", ""),
+        source=label,
+        nonfinite=chain.get("nonfinite", "error"),
+    )

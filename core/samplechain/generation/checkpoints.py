@@ -1,0 +1,140 @@
+"""Checkpoints of a generation between two steps: `Generation.checkpoint()` writes one as plain JSON-able data,
+`generate(resume=...)` reads it back (`load_checkpoint`) and continues with the same tokens."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..contracts import StopMatch
+from ..engine.chain import Chain
+from ..engine.mixed import MixedChains
+from ..errors import ConfigError
+
+__all__ = ["CHECKPOINT_FORMAT", "Checkpoints", "chain_fingerprint", "load_checkpoint"]
+
+CHECKPOINT_FORMAT = "samplechain.generation.checkpoint/1"
+
+
+def load_checkpoint(source: Mapping[str, Any] | str | Path) -> dict[str, Any]:
+    """A checkpoint from `Generation.checkpoint()`: the dict itself, or the path of a JSON file holding it."""
+    if isinstance(source, (str, Path)):
+        try:
+            data = json.loads(Path(source).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"resume={str(source)!r}: cannot read a checkpoint JSON file ({exc})") from None
+    elif isinstance(source, Mapping):
+        data = dict(source)
+    else:
+        raise ConfigError(f"resume={source!r}: pass the dict from Generation.checkpoint() or the path of its JSON file")
+    if data.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(f"resume: format {data.get('format')!r} is not {CHECKPOINT_FORMAT!r}; pass what "
+                          "Generation.checkpoint() returned (this version reads only its own format)")
+    return data
+
+
+def chain_fingerprint(chain: Chain | MixedChains) -> Any:
+    """What a checkpoint must be resumed with: every sampler's entry id and versioned name, in order."""
+    if isinstance(chain, MixedChains):
+        return {key: chain_fingerprint(c) for key, c in chain.chains.items()}
+    return [f"{spec.id}={spec.cls.qualified_name()}" for spec in chain.config.samplers]
+
+
+class Checkpoints:
+    """Generation's checkpoint and the restore steps of a resume (the attributes are Generation's)."""
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The whole generation between two steps as plain JSON-able data: prompts, the tokens so far and their
+        logprobs, finished rows and reasons, the step count, and the request store's snapshot (parameters, seeds,
+        RNG positions, sampler state: mirostat mu, adaptive-p EMA; penalties, DRY and grammar read the tokens so
+        far). Pass it (or its JSON file) as `resume=` to continue with the same tokens. scores, logits and
+        top_logprobs are not kept: after a resume they hold the steps run since."""
+        width = self.setup.prompt_length
+        started = self.setup.start_time
+        elapsed = time.monotonic() - started if started else self._elapsed  # steps() started the clock at -elapsed
+        uncond = None
+        if self.uncond_ids is not None:
+            uncond = {"input_ids": self.uncond_ids[:, : self._uncond_width].tolist(),
+                      "attention_mask": self.uncond_mask.tolist()}
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "chain": chain_fingerprint(self.chain),
+            "request_ids": list(self.request_ids),
+            "num_return_sequences": self.n,
+            "input_ids": self.input_ids[:, :width].tolist(),
+            "attention_mask": self.attention_mask.tolist(),
+            "generated": self.input_ids[:, width:].tolist(),
+            "logprobs": torch.stack(self.logprobs, dim=1).tolist() if self.logprobs else [[] for _ in self.request_ids],
+            "step": self._steps,
+            "finished": self.finished.tolist(),
+            "finish_reasons": list(self.finish_reasons),
+            "stop_matches": [None if m is None else [m.reason, m.text, m.trailing] for m in self.stop_matches],
+            "num_generated": self.num_generated.tolist(),
+            "pad_token_id": self.pad_id,
+            "eos_token_id": list(self.eos_ids),
+            "elapsed": elapsed,
+            "unconditional": uncond,
+            "store": self.store.snapshot(),
+        }
+
+    @staticmethod
+    def _checkpoint_tensor(ckpt: Mapping[str, Any], key: str, device: Any) -> torch.Tensor:
+        t = torch.tensor(ckpt[key], dtype=torch.int64)
+        if t.ndim != 2:
+            raise ConfigError(f"resume: checkpoint[{key!r}] must be a (batch, length) list of lists, got shape "
+                              f"{tuple(t.shape)}; the checkpoint is damaged")
+        return t.to(device)
+
+    def _restore_requests(self, ckpt: Mapping[str, Any]) -> None:
+        if ckpt["chain"] != chain_fingerprint(self.chain):
+            raise ConfigError(f"resume: the checkpoint was made with the chain {ckpt['chain']}, this generation has "
+                              f"{chain_fingerprint(self.chain)}: resume with the chain of the interrupted run")
+        if list(ckpt["request_ids"]) != self.request_ids:
+            raise ConfigError(f"resume: the checkpoint's requests {ckpt['request_ids']} do not match its prompts; the "
+                              "checkpoint is damaged")
+        self.store.restore(ckpt["store"])
+
+    def _restore_unconditional(self, ckpt: Mapping[str, Any], device: Any) -> tuple[Any, Any]:
+        uncond = ckpt.get("unconditional")
+        if (uncond is None) == self.chain.needs_unconditional_logits:
+            has = "has no" if uncond is None else "has a"
+            raise ConfigError(f"resume: the checkpoint {has} negative-prompt context but this chain "
+                              f"{'needs' if uncond is None else 'has no guidance sampler to use'} one: resume with the "
+                              "chain of the interrupted run")
+        if uncond is None:
+            return None, None
+        return self._checkpoint_tensor(uncond, "input_ids", device), self._checkpoint_tensor(uncond, "attention_mask",
+                                                                                             device)
+
+    def _restore_progress(self, ckpt: Mapping[str, Any]) -> None:
+        """Tokens so far, logprobs, finished rows and the step count; steps() replays the tokens through the model."""
+        batch = self.input_ids.shape[0]
+        generated = self._checkpoint_tensor(ckpt, "generated", self.input_ids.device) if ckpt["step"] else \
+            torch.zeros((batch, 0), dtype=torch.int64, device=self.input_ids.device)
+        steps = int(ckpt["step"])
+        if generated.shape != (batch, steps) or len(ckpt["finished"]) != batch:
+            raise ConfigError(f"resume: the checkpoint has {tuple(generated.shape)} generated tokens for {batch} rows "
+                              f"and {steps} steps; the checkpoint is damaged")
+        vocab = getattr(self.model.config, "vocab_size", None)
+        if steps and isinstance(vocab, int) and int(generated.max()) >= vocab:
+            raise ConfigError(f"resume: the checkpoint holds token id {int(generated.max())} but the model has "
+                              f"{vocab} tokens: resume with the model of the interrupted run")
+        self.input_ids = torch.cat([self.input_ids, generated], dim=-1)
+        if self.uncond_ids is not None:  # the unconditional context grows with the same tokens
+            self.uncond_ids = torch.cat([self.uncond_ids, generated], dim=-1)
+        self.logprobs = list(torch.tensor(ckpt["logprobs"], dtype=torch.float32).reshape(batch, steps)
+                             .to(self.input_ids.device).unbind(1))
+        self.finished = torch.tensor(ckpt["finished"], dtype=torch.bool, device=self.input_ids.device)
+        self.finish_reasons = list(ckpt["finish_reasons"])
+        self.stop_matches = [None if m is None else StopMatch(*m) for m in ckpt.get("stop_matches") or [None] * batch]
+        self.num_generated = torch.tensor(ckpt["num_generated"], dtype=torch.int64)
+        self._any_finished = bool(self.finished.any())
+        self._all_finished = bool(self.finished.all()) and batch > 0
+        self._steps = steps
+        self._replay = steps
+        self._elapsed = float(ckpt.get("elapsed", 0.0))
