@@ -300,7 +300,7 @@ def test_embedded_model_stop_strings_equal_model_generate(embedded, stop, num_be
 
 
 # --------------------------------------------------------------------------- min_new_tokens, the text cut
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [3, 5])
 def test_min_new_tokens_equals_transformers_min_new_tokens(n):
     """The min_new_tokens sampler masks eos in the beams' log-probabilities as MinNewTokensLengthLogitsProcessor
     does (per prompt, with params), and the eos criterion waits for the n-th token: the same beams."""
