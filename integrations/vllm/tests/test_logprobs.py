@@ -5,35 +5,24 @@ processors, for the engine's logprobs_mode and a request's own `logprobs_at`."""
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 
 pytest.importorskip("vllm", reason="needs vLLM: run `make test-vllm`")
 
-from transformers import AutoConfig  # noqa: E402
 from transformers.generation import logits_process as tp  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessors  # noqa: E402
 from vllm.v1.sample.metadata import SamplingMetadata  # noqa: E402
 from vllm.v1.sample.sampler import Sampler  # noqa: E402
 
-from samplechain.models import default_model_path  # noqa: E402
 from samplechain_vllm import RequestSpecError, SamplechainLogitsProcessor, parse_request  # noqa: E402
+from processors import make_processor  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 V, TOP = 4096, 3
 CHAIN = {"samplers": [{"use": "temperature", "t": 0.7, "id": "temp"}, {"use": "top_k", "k": 20},
                       {"use": "top_p", "p": 0.9}, {"use": "dist"}]}
-
-
-def make_processor(mode: str) -> SamplechainLogitsProcessor:
-    path = str(default_model_path())
-    config = types.SimpleNamespace(model_config=types.SimpleNamespace(
-        tokenizer=path, tokenizer_revision=None, trust_remote_code=False, hf_config=AutoConfig.from_pretrained(path),
-        logprobs_mode=mode))
-    return SamplechainLogitsProcessor(config, torch.device("cpu"), False)
 
 
 def metadata(proc: SamplechainLogitsProcessor, batch: int) -> SamplingMetadata:

@@ -4,8 +4,6 @@ Chain.sample); a discarded sample does not move a request's position; a failing 
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 
@@ -18,16 +16,10 @@ from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # n
 from samplechain import Chain  # noqa: E402
 from samplechain.models import default_model_path  # noqa: E402
 from samplechain_vllm import RequestSpecError, SamplechainLogitsProcessor, parse_request  # noqa: E402
+from processors import make_processor  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 V = 4096
-
-
-def make_processor() -> SamplechainLogitsProcessor:
-    path = str(default_model_path())
-    config = types.SimpleNamespace(model_config=types.SimpleNamespace(
-        tokenizer=path, tokenizer_revision=None, trust_remote_code=False, hf_config=AutoConfig.from_pretrained(path)))
-    return SamplechainLogitsProcessor(config, torch.device("cpu"), False)
 
 
 def params(xargs: dict | None, seed: int | None = None) -> SamplingParams:

@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import json
 import re
-import types
 
 import pytest
 import torch
 
 pytest.importorskip("vllm", reason="needs vLLM: run `make test-vllm`")
 
-from transformers import AutoConfig, AutoTokenizer  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402
 
-from samplechain.models import default_model_path  # noqa: E402
 from samplechain_vllm import RequestSpecError, SamplechainLogitsProcessor  # noqa: E402
+from processors import make_processor, tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 V = 4096
@@ -29,14 +27,7 @@ PATTERN = "(?i)the end"
 
 @pytest.fixture(scope="module")
 def tok():
-    return AutoTokenizer.from_pretrained(default_model_path())
-
-
-def make_processor() -> SamplechainLogitsProcessor:
-    path = str(default_model_path())
-    config = types.SimpleNamespace(model_config=types.SimpleNamespace(
-        tokenizer=path, tokenizer_revision=None, trust_remote_code=False, hf_config=AutoConfig.from_pretrained(path)))
-    return SamplechainLogitsProcessor(config, torch.device("cpu"), False)
+    return tokenizer()
 
 
 def chain(*stop: dict) -> str:
