@@ -265,10 +265,14 @@ def fused_sample(logits: torch.Tensor, parts: list[FusedPart], select: FusedPart
     normaliser (samplechain_cpu_numba.scaled_draw: the samplers' tokens bit for bit; the temperature's (B, V)
     quotient, min_p's gather and the executor's log-sum-exp pass are saved). Without min_p only on rows wider than
     LSE64_WIDTH (whose normaliser is float32's anyway); with it on rows of at least filters.WIDE (its survivors'
-    normaliser is float64, as the executor's over few candidates). None (the samplers run) for other tails, t <= 0,
-    narrower rows or without numba."""
+    normaliser is float64, as the executor's over few candidates). `top_p -> dist` and `temperature -> top_p ->
+    dist`: _fused_top_p. None (the samplers run) for other tails, t <= 0, narrower rows or without numba."""
     kinds = [part.kind for part in parts]
-    if select.kind != "dist" or not set(kinds) <= {"temperature", "min_p"} or len(set(kinds)) < len(kinds):
+    if select.kind != "dist" or len(set(kinds)) < len(kinds):
+        return None
+    if kinds in (["top_p"], ["temperature", "top_p"]):
+        return _fused_top_p(logits, parts, select, positions, stream)
+    if not set(kinds) <= {"temperature", "min_p"}:
         return None
     if logits.shape[1] < (filters.WIDE if "min_p" in kinds else LSE64_WIDTH + 1) or not numba_enabled():
         return None
@@ -290,6 +294,30 @@ def fused_sample(logits: torch.Tensor, parts: list[FusedPart], select: FusedPart
                                              top=top)
 
 
+def _fused_top_p(logits: torch.Tensor, parts: list[FusedPart], select: FusedPart, positions: torch.Tensor,
+                 stream: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`top_p -> dist` and `temperature -> top_p -> dist` on rows of at least filters.WIDE (t > 0, p < 1 on every
+    row): top_p's TOP_P_CANDIDATES pass and the draw over the tokens it keeps in one compiled call per row
+    (samplechain_cpu_cuts.top_p_draw), the same tokens as the samplers on that path; the candidates' copy and the
+    executor's passes over them are saved. None (the samplers run) elsewhere."""
+    if logits.shape[1] < filters.WIDE or logits.numel() < _FUSED_MIN or not numba_enabled():
+        return None
+    batch = logits.shape[0]
+    t = parts[0].value if len(parts) == 2 else 1.0
+    if not (bool((t > 0).all()) if isinstance(t, torch.Tensor) else t > 0):
+        return None
+    top_p = parts[-1]
+    p = top_p.value.double() if isinstance(top_p.value, torch.Tensor) else torch.full((batch,), float(top_p.value),
+                                                                                    dtype=torch.float64)
+    if bool((p >= 1.0).any()):
+        return None  # a row that keeps everything: the samplers' no-op
+    least = top_p.min_keep
+    least = least.to(torch.int64) if isinstance(least, torch.Tensor) else torch.full((batch,), int(least))
+    import samplechain_cpu_cuts
+
+    return samplechain_cpu_cuts.top_p_draw(logits, t, p, least, select.value, positions, stream)
+
+
 def min_p_floor(top: torch.Tensor, p: torch.Tensor | float) -> torch.Tensor:
     """(B,) float32: min_p's threshold as the plugin computes it from the rows' largest logits top (B,) (of logits
     / t when the temperature comes first): top + log p in float32, -inf where p <= 0 (the row keeps everything)."""
@@ -299,7 +327,7 @@ def min_p_floor(top: torch.Tensor, p: torch.Tensor | float) -> torch.Tensor:
     return torch.where(off, float("-inf"), top + torch.log(torch.where(off, torch.ones_like(p), p)))
 
 
-fused_sample.fused_kinds = frozenset({"temperature", "min_p"})  # the executor stops its walk over the tail elsewhere
+fused_sample.fused_kinds = frozenset({"temperature", "min_p", "top_p"})  # the executor stops its walk over the tail elsewhere
 
 
 class CpuBackend(Backend):

@@ -5,6 +5,8 @@ TOP_P_CANDIDATES (top_p on unsorted wide rows): per row the maximum, then one pa
 adds branch-free), the normaliser as the buckets' sum, a logit at or below the last token top-p keeps (the bucket
 where the mass from the top passes p), the tokens at or above it radix-sorted by (logit descending, position) (as
 Backend.at_least ranks them) and top-p's cut on their float64 running mass (the plugin's rule, kept_counts).
+The cpu backend's FUSED_SAMPLE runs `[temperature ->] top_p -> dist` through the same pass and then draws among
+the tokens kept (top_p_draw): the candidates are never copied out.
 
 TYPICAL_BAND:
 
@@ -37,11 +39,12 @@ import numba
 import numpy as np
 import torch
 
-from samplechain_cpu_numba import (_BLOCK, _BUCKET_SHIFT, _descending_key, _exp64, _jit, _largest, _stable_radix_sort,
-                                   _threads)
+from samplechain import rng
+from samplechain_cpu_numba import (_BLOCK, _BUCKET_SHIFT, _EXP_BIAS, _HUGE, _INV32, _INV52, _LN2, _M32, _SLACK,
+                                   _descending_key, _exp64, _jit, _largest, _mix32, _stable_radix_sort, _threads)
 from samplechain_cpu_numba import _FLOOR_64 as _EXP_FLOOR
 
-__all__ = ["typical_band", "top_p_candidates"]
+__all__ = ["typical_band", "top_p_candidates", "top_p_draw"]
 
 _PER_DEPTH = 16.0  # top_p's buckets: 1/16 of a logit below the top each
 _DEEPEST = 1023  # the last bucket (64 logits down) takes every deeper token
@@ -296,68 +299,81 @@ def _gather(xr, cut, where, hit):
     return n
 
 
+@_jit(nogil=True)
+def _row_nucleus(xr, p, min_keep, least, where, keys, spare_keys, spare_where):
+    """One row of _nucleus: (n, top, total, threshold, kept, mass). n: how many tokens lie at or above the threshold,
+    their positions sorted by (logit descending, position) in spare_where[:n] and their e**(x - top) in that order in
+    mass[:n]; -1: NaN, +inf or nothing finite (nothing else set); -2: more than where's width, or fewer than least
+    (the threshold lowered, twice as deep each time, while more fit), or the mass there short of p (top, total and
+    threshold set). kept: how many of them top-p keeps."""
+    nothing = np.empty(0)
+    top = np.float64(_largest(xr, xr.shape[0]))
+    if not (top > -np.inf and top < np.inf):
+        return -1, top, 0.0, np.float32(0.0), 0, nothing
+    e = np.empty(_BLOCK)
+    keys_b = np.empty(_BLOCK, dtype=np.int32)
+    hit = np.zeros(_BLOCK, dtype=np.uint8)
+    depths = np.zeros(_DEEPEST + 1)
+    nan = 0
+    for start in range(0, xr.shape[0], _BLOCK):  # one pass: the mass by depth below the top
+        n = min(_BLOCK, xr.shape[0] - start)
+        block = xr[start:start + n]
+        _depth_keys(block, top, e, keys_b)
+        for j in range(n):
+            depths[keys_b[j]] += e[j]
+        for j in range(n):
+            nan += block[j] != block[j]
+    if nan:
+        return -1, top, 0.0, np.float32(0.0), 0, nothing
+    total = 0.0
+    for b in range(_DEEPEST + 1):  # the normaliser: the buckets' sums, in depth order
+        total += depths[b]
+    goal = (p + _MARGIN) * total
+    run = 0.0
+    depth = _DEEPEST + 1
+    for b in range(_DEEPEST):
+        run += depths[b]
+        if run >= goal:
+            depth = b + 1
+            break
+    # every token shallower than `depth` buckets holds more than p: a logit at or below the last one kept
+    cut = np.float32(top - depth / _PER_DEPTH - 1e-3) if depth <= _DEEPEST else np.float32(-np.inf)
+    n = _gather(xr, cut, where, hit)
+    while 0 <= n < least and cut > -np.inf:  # min_keep reaches below: twice as deep, while they fit in where
+        depth *= 2
+        cut = np.float32(top - depth / _PER_DEPTH - 1e-3) if depth <= _DEEPEST else np.float32(-np.inf)
+        n = _gather(xr, cut, where, hit)
+    if n < least:
+        return -2, top, total, cut, 0, nothing
+    for i in range(n):
+        keys[i] = _descending_key(xr[where[i]])
+    ranked, order = _stable_radix_sort(keys, where, n, spare_keys, spare_where)
+    for i in range(n):  # the sorted positions may be in either buffer
+        spare_where[i] = order[i]
+    mass = _ranked_mass(ranked, n, top)  # e**(x - top) in rank order, vectorised
+    above = 0.0  # top-p's cut: a token is kept while the mass strictly above it is < p
+    keep = 0
+    for i in range(n):
+        keep += above < p
+        above += mass[i] / total
+    if not above >= p:  # the token where the mass reaches p must be among them (the threshold sees to it)
+        return -2, top, total, cut, 0, nothing
+    return n, top, total, cut, min(max(keep, min_keep, 1), n), mass
+
+
 @_jit(parallel=True, nogil=True)
 def _nucleus(x, p, min_keep, least, top_out, total_out, threshold, counts, kept, keys, where, spare_keys, spare_where):
-    """Per row: the maximum, the normaliser sum e**(x - max) (float64, blocks of _BLOCK added in order), a float32
+    """Per row (_row_nucleus): the maximum, the normaliser sum e**(x - max) (float64, in depth order), a float32
     logit at or below the last token whose mass above is < p, and the tokens at or above it sorted by (logit
-    descending, position): their count, their positions in where[row, :count] (counts[row] -1: NaN, +inf or
+    descending, position): their count, their positions in spare_where[row, :count] (counts[row] -1: NaN, +inf or
     nothing finite; -2: more than where's width, or fewer than `least`), and how many of them top-p keeps
     (kept[row]: the float64 running mass, at least min_keep[row] and 1)."""
-    cap = where.shape[1]
     for row in numba.prange(x.shape[0]):
-        xr = x[row]
-        counts[row] = -1
-        top = np.float64(_largest(xr, xr.shape[0]))
-        if not (top > -np.inf and top < np.inf):
-            continue
-        e = np.empty(_BLOCK)
-        keys_b = np.empty(_BLOCK, dtype=np.int32)
-        hit = np.zeros(_BLOCK, dtype=np.uint8)
-        mass = np.zeros(_DEEPEST + 1)
-        nan = 0
-        for start in range(0, xr.shape[0], _BLOCK):  # one pass: the mass by depth below the top
-            n = min(_BLOCK, xr.shape[0] - start)
-            block = xr[start:start + n]
-            _depth_keys(block, top, e, keys_b)
-            for j in range(n):
-                mass[keys_b[j]] += e[j]
-            for j in range(n):
-                nan += block[j] != block[j]
-        if nan:
-            continue
-        total = 0.0
-        for b in range(_DEEPEST + 1):  # the normaliser: the buckets' sums, in depth order
-            total += mass[b]
-        top_out[row] = top
-        total_out[row] = total
-        goal = (p[row] + _MARGIN) * total
-        run = 0.0
-        depth = _DEEPEST + 1
-        for b in range(_DEEPEST):
-            run += mass[b]
-            if run >= goal:
-                depth = b + 1
-                break
-        # every token shallower than `depth` buckets holds more than p: a logit at or below the last one kept
-        cut = np.float32(top - depth / _PER_DEPTH - 1e-3) if depth <= _DEEPEST else np.float32(-np.inf)
-        threshold[row] = cut
-        counts[row] = -2
-        n = _gather(xr, cut, where[row], hit)
-        if n >= least:
-            for i in range(n):
-                keys[row, i] = _descending_key(xr[where[row, i]])
-            ranked, order = _stable_radix_sort(keys[row], where[row], n, spare_keys[row], spare_where[row])
-            for i in range(n):  # the sorted positions may be in either buffer
-                spare_where[row, i] = order[i]
-            mass = _ranked_mass(ranked, n, top)  # e**(x - top) in rank order, vectorised
-            above = 0.0  # top-p's cut: a token is kept while the mass strictly above it is < p
-            keep = 0
-            for i in range(n):
-                keep += above < p[row]
-                above += mass[i] / total
-            if above >= p[row]:  # the token where the mass reaches p is among them (the threshold sees to it)
-                counts[row] = n
-                kept[row] = min(max(keep, min_keep[row], 1), n)
+        n, top, total, cut, keep, _ = _row_nucleus(x[row], p[row], min_keep[row], least, where[row], keys[row],
+                                                   spare_keys[row], spare_where[row])
+        counts[row] = n
+        if n != -1:
+            top_out[row], total_out[row], threshold[row], kept[row] = top, total, cut, keep
 
 
 @_jit(nogil=True, fastmath={"contract"})
@@ -424,3 +440,93 @@ def top_p_candidates(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tens
     _ranked_spares(x, threshold, counts, spare_where, values, positions)
     return (*found, torch.from_numpy(values), torch.from_numpy(positions), torch.from_numpy(counts),
             torch.from_numpy(kept))
+
+
+# ----------------------------------------------------------------------------- top_p -> dist fused (FUSED_SAMPLE)
+@_jit(nogil=True)
+def _ranked_draw(xr, order, kept, k1, k2):
+    """The index i < kept of rng.gumbel_argmax over the tokens order[:kept] of the row xr (their ids their
+    positions, in that order: the first of equal values wins): samplechain_cpu_numba._scan's draw, the bound of
+    each token formed in a first, vectorised loop, the logs taken only where the bound does not rule it out."""
+    values = np.empty(kept)
+    low = np.empty(kept)
+    for i in range(kept):
+        xs = np.float64(xr[order[i]])
+        values[i] = xs
+        bits = _mix32(_mix32((np.uint64(order[i]) + k1) & _M32) ^ k2)
+        w = (np.float64(_M32 - bits) + 0.5) * _INV32  # 1 - u, exact
+        low[i] = np.float64(np.float64(w).view(np.int64) - _EXP_BIAS) * _INV52 * _LN2 - _SLACK - xs
+    best_v = np.inf
+    best = 0
+    for i in range(kept):
+        if low[i] > best_v:
+            continue
+        bits = _mix32(_mix32((np.uint64(order[i]) + k1) & _M32) ^ k2)
+        val = np.log(-np.log((np.float64(bits) + 0.5) * _INV32)) - values[i]
+        if val < best_v:  # strictly: an equal value later never replaces the first
+            best_v = val
+            best = i
+    return best
+
+
+@_jit(parallel=True, nogil=True)
+def _nucleus_draw(x, t, p, min_keep, k1, k2, tokens, lse, status, keys, where, spare_keys, spare_where):
+    """Per row: top_p's kept tokens of x / t (_row_nucleus, on the float32 quotient where t != 1), the seeded draw
+    among them (tokens[row]) and the float64 log of their normaliser around the row's top (lse[row]); status[row]
+    _row_nucleus's n, or -3 where the row's top is beyond rng.HUGE (the draw would shift the row)."""
+    for row in numba.prange(x.shape[0]):
+        xr = x[row]
+        if t[row] != 1.0:
+            q = np.empty_like(xr)
+            for j in range(xr.shape[0]):
+                q[j] = xr[j] / t[row]
+            xr = q
+        n, top, total, cut, keep, mass = _row_nucleus(xr, p[row], min_keep[row], min_keep[row], where[row],
+                                                      keys[row], spare_keys[row], spare_where[row])
+        status[row] = n
+        if n < 0:
+            continue
+        if abs(top) > _HUGE:
+            status[row] = -3
+            continue
+        kept_mass = 0.0
+        for i in range(keep):
+            kept_mass += mass[i]
+        lse[row] = top + np.log(kept_mass)
+        tokens[row] = spare_where[row, _ranked_draw(xr, spare_where[row], keep, k1[row], k2[row])]
+
+
+def top_p_draw(logits: torch.Tensor, t: torch.Tensor | float, p: torch.Tensor, min_keep: torch.Tensor,
+               seed: torch.Tensor, position: torch.Tensor, stream: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`[temperature t ->] top_p -> dist` over wide rows in one compiled pass per row (the cpu backend's
+    FUSED_SAMPLE): the tokens the samplers draw when top_p takes the TOP_P_CANDIDATES kernel's path (the same kept
+    set: that path's cut on the same float64 normaliser; the same draw over it), and their logprobs under the kept
+    distribution (float32; the kept mass summed in rank order where the executor sums in torch's order: the same
+    to float rounding). logits (B, V) float32, t > 0 a number or (B,) (1: no temperature), p (B,) < 1, min_keep
+    (B,). None (the samplers run) where a row has NaN, +inf or nothing finite, holds more than a quarter of its
+    tokens above the kernel's threshold or fewer than its min_keep, or has logits beyond rng.HUGE; or in a forked
+    child."""
+    if not _threads(logits.numel()):
+        return None
+    x = logits.detach().contiguous().numpy()
+    batch, width = x.shape
+    if batch == 0:
+        return None
+    cap = max(width // 4, 1)
+    scale = np.ascontiguousarray(np.broadcast_to(
+        np.asarray(t.detach().numpy() if isinstance(t, torch.Tensor) else t, dtype=np.float32), (batch,)))
+    least = min_keep.detach().to(torch.int64).contiguous().numpy()
+    k1, k2 = rng.row_keys(seed, position, stream)
+    tokens, lse = np.zeros(batch, dtype=np.int64), np.zeros(batch)
+    status = np.empty(batch, dtype=np.int64)
+    keys, spare_keys = _scratch("keys", batch, cap, np.uint32), _scratch("spare_keys", batch, cap, np.uint32)
+    where, spare_where = _scratch("where", batch, cap, np.int64), _scratch("spare_where", batch, cap, np.int64)
+    _nucleus_draw(x, scale, p.detach().double().contiguous().numpy(), least, k1.numpy().view(np.uint64),
+                  k2.numpy().view(np.uint64), tokens, lse, status, keys, where, spare_keys, spare_where)
+    if (status < 0).any():
+        return None
+    chosen = torch.from_numpy(tokens)
+    picked = logits.gather(1, chosen[:, None])[:, 0]
+    if not (isinstance(t, (int, float)) and t == 1):
+        picked = picked / (t if not isinstance(t, torch.Tensor) else t.to(picked.dtype))
+    return chosen, picked - torch.from_numpy(lse).float()

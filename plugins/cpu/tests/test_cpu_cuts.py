@@ -306,3 +306,102 @@ def test_random_wide_chains_draw_the_samplers_tokens_and_are_batch_invariant(ban
     want_tokens, want_logprobs = steps(x, requests)
     assert torch.equal(tokens, want_tokens)
     torch.testing.assert_close(logprobs, want_logprobs, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- top_p -> dist fused
+TOP_P_FUSED_CASES = {  # name -> (samplers before dist, fused?)
+    "top_p alone": ([{"use": "top_p", "p": 0.9}], True),
+    "temperature -> top_p": ([{"use": "temperature", "t": 0.7}, {"use": "top_p", "p": 0.8}], True),
+    "per request": ([{"use": "temperature", "t": 0.7}, {"use": "top_p", "p": 0.8}], True),
+    "min_keep": ([{"use": "top_p", "p": 0.05, "min_keep": 40}], True),
+    "a row that keeps everything": ([{"use": "top_p", "p": 0.9}], False),
+    "a greedy row": ([{"use": "temperature", "t": 0.7}, {"use": "top_p", "p": 0.8}], False),
+    "top_p -> temperature": ([{"use": "top_p", "p": 0.8}, {"use": "temperature", "t": 0.7}], False),
+}
+
+
+@pytest.mark.parametrize("case", list(TOP_P_FUSED_CASES))
+def test_the_cpu_backend_fuses_top_p(nucleus, monkeypatch, case):
+    """`top_p -> dist` and `temperature -> top_p -> dist` on wide rows in one compiled call (FUSED_SAMPLE): over
+    three steps the tokens and logprobs of the samplers on the kernel's path, bit for bit, and the tokens of the
+    torch path (SAMPLECHAIN_CPU_NUMBA=0); peaked, flat, bf16-tied and masked rows, per-request p, temperature and
+    min_keep. A row at p = 1 or t = 0, and top_p after the temperature, are left to the samplers."""
+    samplers, fused = TOP_P_FUSED_CASES[case]
+    g = torch.Generator().manual_seed(71)
+    x = torch.cat([_rows(kind, 2, seed=9) for kind in ("peaked", "flat", "tied", "masked")])
+    requests = [{"seed": 30 + i} for i in range(8)]
+    if case == "per request":
+        requests = [{"seed": 30 + i, "top_p": float(torch.rand(1, generator=g)) * 0.98 + 0.01,
+                     "temperature": 0.4 + i / 6, "min_keep": i % 3} for i in range(8)]
+    elif case == "a row that keeps everything":
+        requests[3]["top_p"] = 1.0
+    elif case == "a greedy row":
+        requests[5]["temperature"] = 0.0
+    chain = Chain.load({"samplers": [*samplers, {"use": "dist"}], "backend": "cpu"})
+
+    def steps() -> tuple[torch.Tensor, torch.Tensor]:
+        store = chain.new_store(capacity=len(requests))
+        ids = [f"r{i}" for i in range(len(requests))]
+        for rid, request in zip(ids, requests):
+            store.add(rid, request)
+        outs = [chain.sample(x, store, ids) for _ in range(3)]
+        return torch.stack([o.token_ids for o in outs]), torch.stack([o.logprobs for o in outs])
+
+    ran = []
+    draw = cpu._fused_top_p
+    monkeypatch.setattr(cpu, "_fused_top_p", lambda *args: ran.append(out := draw(*args)) or out)
+    tokens, logprobs = steps()
+    assert len(ran) == (3 if case != "top_p -> temperature" else 0)
+    assert [out is not None for out in ran] == [fused] * len(ran)
+    monkeypatch.setattr(cpu, "_fused_top_p", lambda *args: None)  # the samplers, top_p on the kernel's path
+    want_tokens, want_logprobs = steps()
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(logprobs, want_logprobs, rtol=1e-6, atol=1e-6)
+    monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", "0")  # the torch path: a float32 normaliser, the same tokens here
+    assert torch.equal(steps()[0], tokens)
+
+
+def test_fused_top_p_rows_draw_the_same_alone_and_in_any_batch(nucleus):
+    chain = Chain.load({"samplers": [{"use": "temperature", "t": 0.9}, {"use": "top_p", "p": 0.7}, {"use": "dist"}],
+                        "backend": "cpu"})
+    x = torch.cat([_rows(kind, 2, seed=12, width=70000) for kind in ("peaked", "flat", "tied")])
+    requests = [{"seed": 5 + i, "top_p": 0.2 + 0.12 * i} for i in range(6)]
+
+    def step(rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        store = chain.new_store(capacity=6)
+        ids = [f"r{i}" for i in range(6)][rows]
+        for rid, request in zip(ids, requests[rows]):
+            store.add(rid, request)
+        out = chain.sample(x[rows], store, ids)
+        return out.token_ids, out.logprobs
+
+    tokens, logprobs = step(slice(0, 6))
+    for row in range(6):
+        alone = step(slice(row, row + 1))
+        assert torch.equal(alone[0], tokens[row:row + 1]) and torch.equal(alone[1], logprobs[row:row + 1]), row
+
+
+@pytest.mark.parametrize("bad", ["nan", "huge"])
+def test_a_fused_top_p_step_declines_rows_it_cannot_draw(nucleus, monkeypatch, bad):
+    """A NaN logit: the samplers run and fail the step naming the request, its position unchanged. Logits beyond
+    rng.HUGE (the draw shifts such a row): the samplers run and draw."""
+    from samplechain import SamplingError
+
+    chain = Chain.load({"samplers": [{"use": "top_p", "p": 0.9}, {"use": "dist"}], "backend": "cpu"})
+    store = chain.new_store(capacity=2)
+    store.add("a", {"seed": 1})
+    store.add("b", {"seed": 2})
+    x = _rows("flat", 2, seed=13)
+    ran = []
+    draw = cpu._fused_top_p
+    monkeypatch.setattr(cpu, "_fused_top_p", lambda *args: ran.append(out := draw(*args)) or out)
+    if bad == "nan":
+        x[1, 99] = NAN
+        with pytest.raises(SamplingError, match="'b'"):
+            chain.sample(x, store, ["a", "b"])
+        x[1, 99] = 0.0
+        assert ran == [None] and chain.sample(x, store, ["a", "b"]).token_ids.shape == (2,)
+        return
+    x[1] += 1e8
+    out = chain.sample(x, store, ["a", "b"])
+    assert ran == [None] and bool(torch.isfinite(out.logprobs).all())
