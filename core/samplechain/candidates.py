@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar
 
 import attrs
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from .contracts import Backend
+from . import rng
 
 __all__ = [
+    "Backend",
     "Candidates",
     "StepContext",
     "NoParams",
@@ -462,3 +462,92 @@ class StepContext:
     def gumbel(self, cand: Candidates, seed: torch.Tensor) -> torch.Tensor:
         """Counter-based Gumbel noise (B, K) float64 for the candidates, keyed by token id, not by position."""
         return self.backend.gumbel(seed, self.positions, cand.token_ids(), self.stream)
+
+
+class Backend:
+    """The hot primitives for one device type. `cpu` is the reference; others state their equivalence to it.
+
+    `kernels` maps a qualified sampler name (e.g. "top_p.v1") to a fast path a sampler may use instead of its
+    reference code; samplers call `backend.kernel(name)` and fall back to their own torch code on None.
+    """
+
+    name: ClassVar[str]
+    version: ClassVar[int] = 1
+    Params: ClassVar[type] = NoParams
+    device_type: ClassVar[str]
+    equivalence: ClassVar[str] = "bitwise"  # bitwise | allclose | statistical, relative to the cpu backend
+    kernels: ClassVar[Mapping[str, Callable[..., Any]]] = {}
+    # True: a step never waits for the host (shared/DESIGN.md, "On accelerators"): the executor defers its checks
+    # to device flags (SampleOutput.check) and samplers take their sync-free paths (StepContext.sync_free)
+    sync_free: ClassVar[bool] = False
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return True
+
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        return ""
+
+    def kernel(self, name: str) -> Callable[..., Any] | None:
+        return self.kernels.get(name)
+
+    def scratch(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """A contiguous tensor shaped like `like` (contents undefined), reused from step to step under `name`.
+
+        A (B, V) temporary allocated afresh every step costs its page faults, several times the copy itself; the
+        buffer grows to the largest size asked for and is shared by nothing else. A backend belongs to one chain,
+        and a chain runs one step at a time, so a step's buffer is free again at the next step."""
+        cache: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = self.__dict__.setdefault("_scratch", {})
+        key = (name, like.dtype, like.device)
+        buf = cache.get(key)
+        if buf is None or buf.numel() < like.numel():
+            buf = cache[key] = torch.empty(like.numel(), dtype=like.dtype, device=like.device)
+        return buf[: like.numel()].view(like.shape)
+
+    def topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k largest logits per row, in descending order, and their positions. (B, K) -> (B, k) x2."""
+        raise NotImplementedError
+
+    def sort_desc(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows sorted by descending logit, and the permutation. (B, K) -> (B, K) x2."""
+        raise NotImplementedError
+
+    def ranked_topk(self, logits: torch.Tensor, k: int, ids: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k best candidates per row in the order every filter cuts by: descending logit, of equal logits the
+        lowest token id first (ids (B, K), None: id = position). Values (B, k) in descending order and their
+        positions: the set is the same on every backend and for a row alone or in any batch (the order among equal
+        values inside it may differ). Default: one top-k over `ranked_keys` (vectorised, no host read); backends
+        may do better (the cpu backend reads only the chunks that can hold the k best)."""
+        return ranked_topk(logits, k, ids)
+
+    def at_least(self, logits: torch.Tensor, threshold: torch.Tensor, k: int = 0, *, ordered: bool = True
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row, the entries >= threshold[b] (B,) and at least the k best, in the filters' order (`ranked_topk`:
+        descending, equal logits lowest position first, so a cut anywhere in them needs no settling): values and
+        positions (B, J) with J = max(count, k) (a row's entries past max(count, k) may be anything) and the
+        count of entries >= threshold per row (B,). ordered=False (k = 0, a caller that keeps exactly the entries
+        >= the threshold, whose ties are kept or cut together): any descending order. Default: count, then one
+        ranked top-k; backends may do better (the cpu backend only reads the chunks whose maximum reaches the
+        threshold)."""
+        counts = (logits >= threshold[:, None]).sum(dim=-1)
+        width = min(max(int(counts.max()), k, 1), logits.shape[-1])
+        values, index = ranked_topk(logits, width)  # the keys' full order (a backend's ranked_topk need only
+        return values, index, counts  # give the set)
+
+    def gumbel(self, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int) -> torch.Tensor:
+        """Counter-based Gumbel(0, 1) noise (B, K) float64, a pure function of (seed, stream, position, id)."""
+        raise NotImplementedError
+
+    def uniform(self, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int) -> torch.Tensor:
+        """Counter-based U(0, 1) noise (B, K) float64."""
+        raise NotImplementedError
+
+    def gumbel_argmax(self, logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor,
+                      ids: torch.Tensor | None, stream: int) -> torch.Tensor:
+        """(B,) argmax(rng.shifted(logits) + gumbel noise) per row, first index on ties: a Gumbel-max draw (rows of
+        huge logits shifted by their maximum, so the noise is not lost next to them). ids None
+        means ids[b, j] == j. Backends may fuse it (the cpu backend hashes in place); the index must be the same."""
+        full = torch.arange(logits.shape[1], device=logits.device).expand(logits.shape[0], -1) if ids is None else ids
+        return (rng.shifted(logits).double() + self.gumbel(seed, position, full, stream)).argmax(dim=-1)

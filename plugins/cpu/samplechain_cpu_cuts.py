@@ -481,8 +481,8 @@ def _nucleus_draw(x, t, p, min_keep, k1, k2, tokens, lse, status, keys, where, s
             for j in range(xr.shape[0]):
                 q[j] = xr[j] / t[row]
             xr = q
-        n, top, total, cut, keep, mass = _row_nucleus(xr, p[row], min_keep[row], min_keep[row], where[row],
-                                                      keys[row], spare_keys[row], spare_where[row])
+        n, top, _, _, keep, mass = _row_nucleus(xr, p[row], min_keep[row], min_keep[row], where[row], keys[row],
+                                                spare_keys[row], spare_where[row])
         status[row] = n
         if n < 0:
             continue
