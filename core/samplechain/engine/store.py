@@ -270,12 +270,15 @@ class RequestStore:
                     )
         resolved: dict[tuple[int, str], Any] = {}
         for i, entry in enumerate(entries):
-            merged = attrs.asdict(entry.params, recurse=False)
-            merged.update(overrides.get(i, {}))
-            try:
-                checked = parse_params(entry.cls, merged, source=f"request {request_id!r}", path=entry.id)
-            except ConfigError as exc:
-                raise RequestError(str(exc)) from None
+            if i not in overrides:  # the chain's own values, validated when it was loaded
+                checked = entry.params
+            else:
+                merged = attrs.asdict(entry.params, recurse=False)
+                merged.update(overrides[i])
+                try:
+                    checked = parse_params(entry.cls, merged, source=f"request {request_id!r}", path=entry.id)
+                except ConfigError as exc:
+                    raise RequestError(str(exc)) from None
             for col in self.layout.columns:
                 if col.entry != i:
                     continue

@@ -56,6 +56,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
+import numpy as np
 import torch
 
 from samplechain import Chain, StopContext, Stopping, StopSetup
@@ -261,6 +262,30 @@ class _Row:
     eos: int | None = None  # the request's end-of-sequence token (None: the tokenizer's)
     watch: _Watch | None = None  # its stopping criteria, when it has any
     stopped: str | None = None  # the criterion that ended it: it gets the end-of-sequence token until it leaves
+    seen: np.ndarray | None = None  # prompt + output ids copied so far (history-reading chains): grows by doubling
+    filled: int = 0  # how many of `seen` are set
+
+    def sequence(self) -> np.ndarray:
+        """The prompt and the generated ids (int64), kept in `seen`: a step copies only its new tokens (usually
+        one), not the whole sequence."""
+        prompt = len(self.prompt)
+        n = prompt + _generated(self.output)
+        seen = self.seen
+        if seen is None or n < self.filled or (
+                self.filled > prompt and seen[self.filled - 1] != self.output[self.filled - prompt - 1]):
+            seen = np.empty(max(16, 2 * n), dtype=np.int64)  # first use, or vLLM's list changed under us
+            seen[:prompt] = self.prompt
+            self.seen, self.filled = seen, prompt
+        if n > seen.shape[0]:
+            grown = np.empty(2 * n, dtype=np.int64)
+            grown[:self.filled] = seen[:self.filled]
+            self.seen = seen = grown
+        if n - self.filled == 1:  # the usual step
+            seen[self.filled] = self.output[self.filled - prompt]
+        elif n > self.filled:
+            seen[self.filled:n] = self.output[self.filled - prompt:n - prompt]
+        self.filled = n
+        return seen[:n]
 
 
 class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-type]
@@ -595,12 +620,15 @@ def _generated(output: Sequence[int]) -> int:
 
 
 def _history(rows: Sequence[_Row], device: torch.device) -> dict[str, torch.Tensor]:
-    """history (B, L): prompt then generated ids, left-padded with -1; prompt_lengths (B,) (as generate())."""
-    seqs = [row.prompt + row.output[:_generated(row.output)] for row in rows]
+    """history (B, L): prompt then generated ids, left-padded with -1; prompt_lengths (B,) (as generate()). Each
+    row's ids are kept from step to step (_Row.sequence), so a step costs O(B) Python, not O(B * L)."""
+    seqs = [row.sequence() for row in rows]
     width = max(1, max(len(s) for s in seqs))
-    hist = torch.tensor([[-1] * (width - len(s)) + s for s in seqs], dtype=torch.int64)  # one copy, not B
+    hist = np.full((len(seqs), width), -1, dtype=np.int64)
+    for i, seq in enumerate(seqs):
+        hist[i, width - len(seq):] = seq
     lengths = torch.tensor([len(row.prompt) for row in rows], dtype=torch.int64)
-    return {"history": hist.to(device), "prompt_lengths": lengths.to(device)}
+    return {"history": torch.from_numpy(hist).to(device), "prompt_lengths": lengths.to(device)}
 
 
 def _keep_only(logits: torch.Tensor, index: torch.Tensor, tokens: torch.Tensor) -> None:
