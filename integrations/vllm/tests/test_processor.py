@@ -175,3 +175,26 @@ def test_a_request_that_cannot_join_is_ended_and_the_engine_goes_on(monkeypatch)
     assert torch.equal(out[1], raw[1])  # the plain request is untouched
     proc.update_state(update(1, removed=[0], moved=[(1, 0, MoveDirectionality.UNIDIRECTIONAL)]))
     assert torch.equal(proc.apply(raw[1:].clone()), raw[1:])
+
+
+def test_the_kept_history_follows_vllms_output_lists() -> None:
+    """_history keeps each row's ids from step to step: the same (B, L) tensor as rebuilding it from the prompt and
+    vLLM's output list, through one token a step, several at once (speculative tokens), async scheduling's -1
+    placeholders, growth past the buffer, and an output list vLLM replaced (a resumed request)."""
+    from samplechain_vllm.processor import _generated, _history, _Row
+
+    def rebuilt(rows: list[_Row]) -> torch.Tensor:
+        seqs = [row.prompt + row.output[:_generated(row.output)] for row in rows]
+        width = max(len(s) for s in seqs)
+        return torch.tensor([[-1] * (width - len(s)) + s for s in seqs])
+
+    rows = [_Row("a", None, [5, 6, 7], []), _Row("b", None, list(range(40)), [1]), _Row("c", None, [9], [2, 3])]
+    edits = [lambda o: o.append(4), lambda o: o.extend([8, 8, 8]), lambda o: o.extend([6, -1]),
+             lambda o: o.__setitem__(slice(-1, None), [7]), lambda o: o.extend(range(100)),
+             lambda o: o.__setitem__(slice(None), [3, 1]), lambda o: o.__setitem__(slice(None), [])]
+    for step in range(12):
+        for i, row in enumerate(rows):
+            edits[(step + i) % len(edits)](row.output)
+        got = _history(rows, torch.device("cpu"))
+        assert torch.equal(got["history"], rebuilt(rows)), step
+        assert got["prompt_lengths"].tolist() == [3, 40, 1]
