@@ -47,6 +47,7 @@ __all__ = [
     "BUCKET_MASS",
     "TYPICAL_BAND",
     "TOP_P_CANDIDATES",
+    "ROW_LSE",
     "LSE64_WIDTH",
     "max_positions",
     "token_id_list",
@@ -90,6 +91,10 @@ TYPICAL_BAND = "samplechain.typical_band"
 # Backend.at_least(logits, threshold, max(min_keep))'s result and how many of those top-p keeps (the last four None
 # where the kernel does not gather: the caller asks at_least and cuts)
 TOP_P_CANDIDATES = "samplechain.top_p_candidates"
+# Backend.kernel name of the executor's normaliser of rows up to LSE64_WIDTH wide: kernel(x (B, W) float32) -> None,
+# or (B,) float32: top + log sum e**(x - top) per row, summed in float64 (top the row's maximum, 0 where it is not
+# finite; NaN for a row holding a NaN), each row the same to the bit whatever its width past its last finite entry
+ROW_LSE = "samplechain.row_lse"
 # Up to this many candidates a row's normaliser (its logprobs' log-sum-exp) is accumulated in float64 (the same to
 # the bit whatever the row's width or batch); wider rows (a full vocabulary) take a float32 log-sum-exp, which
 # fused kernels may compute their own way (within ~1e-6)

@@ -17,7 +17,8 @@ import torch
 
 from samplechain import FUSED_SAMPLE, Backend, BackendError, FusedPart, filters, hookimpl, rng
 from samplechain.params import env_switch
-from samplechain.contracts import BUCKET_MASS, LSE64_WIDTH, TOP_P_CANDIDATES, TYPICAL_BAND, compact_kept, ranked_topk
+from samplechain.contracts import (BUCKET_MASS, LSE64_WIDTH, ROW_LSE, TOP_P_CANDIDATES, TYPICAL_BAND, compact_kept,
+                                   ranked_topk)
 from samplechain.filters import BUCKETS
 
 # chunked top-k pays when the k best chunks are a small part of the row (their gather and second top-k stay cheap)
@@ -263,9 +264,9 @@ def fused_sample(logits: torch.Tensor, parts: list[FusedPart], select: FusedPart
     """The executor's FUSED_SAMPLE on the CPU: dist over the whole vocabulary after at most one temperature (t > 0
     on every row) and at most one min_p (min_keep <= 1), in either order, in one compiled pass that also sums the
     normaliser (samplechain_cpu_numba.scaled_draw: the samplers' tokens bit for bit; the temperature's (B, V)
-    quotient, min_p's gather and the executor's log-sum-exp pass are saved). Without min_p only on rows wider than
-    LSE64_WIDTH (whose normaliser is float32's anyway); with it on rows of at least filters.WIDE (its survivors'
-    normaliser is float64, as the executor's over few candidates). `top_p -> dist` and `temperature -> top_p ->
+    quotient, min_p's gather and the executor's log-sum-exp pass are saved), on rows of at least filters.WIDE. The
+    normaliser is float64 (as the executor's) with min_p and on rows up to LSE64_WIDTH, float32 e** summed in
+    float64 blocks on wider rows (whose executor normaliser is float32's). `top_p -> dist` and `temperature -> top_p ->
     dist`: _fused_top_p. None (the samplers run) for other tails, t <= 0, narrower rows or without numba."""
     kinds = [part.kind for part in parts]
     if select.kind != "dist" or len(set(kinds)) < len(kinds):
@@ -274,7 +275,7 @@ def fused_sample(logits: torch.Tensor, parts: list[FusedPart], select: FusedPart
         return _fused_top_p(logits, parts, select, positions, stream)
     if not set(kinds) <= {"temperature", "min_p"}:
         return None
-    if logits.shape[1] < (filters.WIDE if "min_p" in kinds else LSE64_WIDTH + 1) or not numba_enabled():
+    if logits.shape[1] < filters.WIDE or logits.numel() < _FUSED_MIN or not numba_enabled():
         return None
     t = parts[kinds.index("temperature")].value if "temperature" in kinds else 1.0
     if not (bool((t > 0).all()) if isinstance(t, torch.Tensor) else t > 0):
@@ -288,6 +289,10 @@ def fused_sample(logits: torch.Tensor, parts: list[FusedPart], select: FusedPart
         raw = logits.amax(dim=-1)
         top = raw / (t if not isinstance(t, torch.Tensor) else t.to(raw.dtype))  # the largest quotient: rounding
         floor = min_p_floor(top if scaled else raw, part.value)  # is monotone
+    elif logits.shape[1] <= LSE64_WIDTH:  # the executor's normaliser is float64 there: so is the kernel's
+        raw = logits.amax(dim=-1)
+        top = raw / (t if not isinstance(t, torch.Tensor) else t.to(raw.dtype))
+        floor = torch.full_like(raw, float("-inf"))  # every token drawn from, its e** summed in float64
     import samplechain_cpu_numba
 
     return samplechain_cpu_numba.scaled_draw(logits, t, select.value, positions, stream, floor=floor, scaled=scaled,
@@ -343,6 +348,7 @@ class CpuBackend(Backend):
         BUCKET_MASS: _compiled("samplechain_cpu_numba", "bucket_mass", BUCKETS),  # filters.bucket_mass's sums
         TYPICAL_BAND: _compiled("samplechain_cpu_cuts", "typical_band"),
         TOP_P_CANDIDATES: _compiled("samplechain_cpu_cuts", "top_p_candidates"),
+        ROW_LSE: _compiled("samplechain_cpu_numba", "row_lse"),  # the executor's float64 normaliser
     }
 
     def topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

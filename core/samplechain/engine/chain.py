@@ -353,7 +353,7 @@ class Chain:
             try:
                 # the normaliser of what the selector sees, taken first: right after the previous pass over the
                 # logits the worker threads are still awake (measurably cheaper than after the selector)
-                lse = row_lse(cand.logits)
+                lse = row_lse(cand.logits, backend)
                 chosen = self.samplers[last].select(cand, self._context(store, view, positions, backend, last, hist,
                                                                         uncond, contexts))
             except Exception as exc:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..candidates import Candidates
-from ..contracts import LSE64_WIDTH
+from ..contracts import LSE64_WIDTH, ROW_LSE, Backend
 from ..errors import ConfigError
 from .config import EntrySpec
 
@@ -25,13 +25,14 @@ VLLM_LOGPROBS_MODES = {"raw_logprobs": ("raw", False), "raw_logits": ("raw", Tru
 _INF = float("inf")
 
 
-def row_lse(x: torch.Tensor) -> torch.Tensor:
+def row_lse(x: torch.Tensor, backend: Backend | None = None) -> torch.Tensor:
     """(B,) float32 log-sum-exp of each row. Up to 65536 candidates it is accumulated in float64, so the sum's
     rounding does not depend on how a reduction splits the row (its width, which after truncation follows the
     batch) and a row's logprob is the same to the bit alone and in any batch. Wider rows (the full vocabulary,
     where a float64 pass would cost several times the rest of the step) use torch's float32 logsumexp (per row on
     the CPU): a row that is truncated alone but full-width in a batch may then differ in the last bit of its
-    logprob (never its token).
+    logprob (never its token). With a backend offering `ROW_LSE` (the cpu backend with numba), the float64 sum is
+    the backend's (the same value to float32 rounding).
     """
     if x.shape[1] > LSE64_WIDTH:
         if x.device.type != "cpu" or x.shape[0] == 1:
@@ -42,6 +43,10 @@ def row_lse(x: torch.Tensor) -> torch.Tensor:
         for row in range(x.shape[0]):
             torch.logsumexp(x[row:row + 1], dim=-1, out=out[row:row + 1])
         return out
+    kernel = backend.kernel(ROW_LSE) if backend is not None else None
+    found = kernel(x) if kernel is not None else None
+    if found is not None:  # the backend's float64 sum (the cpu backend's: compiled, ~3x faster)
+        return found
     top = x.amax(dim=-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     total = torch.exp(x.double() - top.double()).sum(dim=-1)

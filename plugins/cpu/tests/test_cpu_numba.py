@@ -291,13 +291,15 @@ def _fused_against_samplers(fused, monkeypatch, chain, x: torch.Tensor, requests
     return calls, logprobs, want_logprobs
 
 
-@pytest.mark.parametrize("case", ["shared", "per request", "a cold row", "dist alone", "narrow rows"])
+@pytest.mark.parametrize("case", ["shared", "per request", "a cold row", "dist alone", "rows up to LSE64_WIDTH",
+                                  "narrow rows"])
 def test_the_cpu_backend_fuses_temperature_and_dist(fused, monkeypatch, case):
-    """The cpu backend's FUSED_SAMPLE runs `temperature -> dist` (and `dist` alone) on rows wider than
-    LSE64_WIDTH in one compiled pass: the samplers' tokens bit for bit over several steps, their logprobs within
-    1e-5. It declines batches with a row at t = 0 (greedy rows) and narrow rows (their exact float64
-    normaliser), where the samplers run and the logprobs are the same to the bit."""
-    width = 40000 if case == "narrow rows" else 128256
+    """The cpu backend's FUSED_SAMPLE runs `temperature -> dist` (and `dist` alone) on rows of at least
+    filters.WIDE in one compiled pass: the samplers' tokens bit for bit over several steps, their logprobs within
+    1e-5 (up to LSE64_WIDTH both normalisers are float64: to float32 rounding). It declines batches with a row at
+    t = 0 (greedy rows) and rows narrower than filters.WIDE, where the samplers run and the logprobs are the same to
+    the bit."""
+    width = {"narrow rows": 8000, "rows up to LSE64_WIDTH": 40000}.get(case, 128256)
     x = torch.randn(5, width, generator=torch.Generator().manual_seed(62)) * 3
     requests = [{"seed": 10 + i} for i in range(5)]
     if case == "per request":
@@ -310,7 +312,8 @@ def test_the_cpu_backend_fuses_temperature_and_dist(fused, monkeypatch, case):
         assert not calls and torch.equal(logprobs, want_logprobs)
     else:
         assert len(calls) == 3
-        torch.testing.assert_close(logprobs, want_logprobs, rtol=1e-6, atol=1e-5)
+        assert all((kw["floor"] is not None) == (width <= 65536) for kw in calls)  # float64 sums up to LSE64_WIDTH
+        torch.testing.assert_close(logprobs, want_logprobs, rtol=1e-6 if width > 65536 else 2**-23, atol=1e-5)
 
 
 MIN_P_CASES = {
@@ -418,3 +421,50 @@ def test_compiled_bucket_mass_equals_the_scatter(fused):
     want = bucket_sums(bucket_keys(probs), probs)
     assert torch.equal(fused.bucket_mass(probs, BUCKETS), want)
     assert torch.equal(bucket_mass(probs, cpu.CpuBackend()), want)
+
+
+# ----------------------------------------------------------------------------- the executor's normaliser
+def test_compiled_row_lse_is_the_executors_float64_normaliser(fused, monkeypatch):
+    """ROW_LSE against engine.logprobs.row_lse's torch path (float64 sums in another order): within one float32
+    ulp (equal on all but a row in millions), on peaked, flat and masked rows; the edge rows (all -inf, +inf, NaN
+    of either sign) as torch's; the kernel declines narrow, float64 and numba-off inputs."""
+    from samplechain.contracts import ROW_LSE
+    from samplechain.engine.logprobs import row_lse
+    from samplechain.tools.bench import make_logits
+
+    kernel = cpu.CpuBackend().kernel(ROW_LSE)
+    g = torch.Generator().manual_seed(90)
+    x = torch.cat([make_logits("peaked", 3, 40000, seed=9), torch.randn(3, 40000, generator=g) * 4])
+    x[5, torch.rand(40000, generator=g) < 0.9] = -INF
+    want, got = row_lse(x), kernel(x)
+    torch.testing.assert_close(got, want, rtol=2**-23, atol=0)
+    assert int((got == want).sum()) >= 5
+    edge = torch.randn(5, 20000, generator=g)
+    edge[0] = -INF
+    edge[1, 3] = INF
+    edge[2, 4] = NAN
+    edge[3, 19999] = -NAN
+    edge[4, :19990] = -INF
+    assert torch.equal(kernel(edge).nan_to_num(7.0), row_lse(edge).nan_to_num(7.0))
+    assert kernel(torch.randn(2, 100)) is None and kernel(x.double()) is None
+    monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", "0")
+    assert kernel(x) is None
+
+
+def test_compiled_row_lse_is_the_same_alone_and_at_any_padding(fused):
+    """A row's normaliser does not depend on how many -inf columns follow its candidates (the batch's width after
+    a cut) nor on its batch: position j always adds to the same float64 lane."""
+    from samplechain.contracts import ROW_LSE
+
+    kernel = cpu.CpuBackend().kernel(ROW_LSE)
+    for seed in range(12):
+        x = torch.randn(4, 3000, generator=torch.Generator().manual_seed(seed)) * 5
+        n = 37 + 97 * seed
+
+        def padded(rows: torch.Tensor, width: int) -> torch.Tensor:
+            return torch.cat([rows[:, :n], torch.full((rows.shape[0], width - n), -INF)], dim=1)
+
+        batch = kernel(padded(x, 20000 + seed))
+        assert torch.equal(batch, kernel(padded(x, 16900 + 3 * seed)))
+        for row in range(4):
+            assert torch.equal(kernel(padded(x[row:row + 1], 16400 + 5 * seed)), batch[row:row + 1])
