@@ -42,7 +42,8 @@ from .tiny_models import (
 
 __all__ = [
     "RecordingBackend", "ScriptedLogits", "ArgmaxSelector", "host_with", "run_chain", "byte_bpe_tokenizer", "tiny_gpt2",
-    "check_eos_ids_from_setup", "random_logits", "hard_logits", "cut_logits", "top_k_only", "sampler_chain", "request_store", "processed_scores",
+    "check_eos_ids_from_setup", "random_logits", "hard_logits", "cut_logits", "top_k_only", "sampler_chain", "request_store", "sample_steps",
+    "processed_scores",
     "assert_rows_equal_alone", "assert_bitwise_no_op", "assert_kept_logits_bitwise", "assert_probs_close",
     "assert_wide_path_keeps", "pieces_tokenizer", "piece_ids", "ScriptedLM",
     "CutoffWarperTests", "HostSyncError", "no_host_sync", "HOST_READS", "ReplayGraph",
@@ -202,6 +203,15 @@ def request_store(chain: Chain, per_row: Sequence[Mapping[str, Any]]) -> tuple[R
     for rid, params in zip(ids, per_row):
         store.add(rid, params)
     return store, ids
+
+
+def sample_steps(chain: Chain, logits: torch.Tensor, per_row: Sequence[Mapping[str, Any]], steps: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and logprobs (steps, B) of `steps` accepted steps on the same logits, one request per row
+    (`request_store`): what seeded draws are compared by across paths and batches."""
+    store, ids = request_store(chain, per_row)
+    outs = [chain.sample(logits, store, ids) for _ in range(steps)]
+    return torch.stack([o.token_ids for o in outs]), torch.stack([o.logprobs for o in outs])
 
 
 def processed_scores(chain: Chain, logits: torch.Tensor, per_row: Sequence[Mapping[str, Any]] | None = None, *,

@@ -13,7 +13,7 @@ import samplechain_typical as typical
 from samplechain_top_p import kept_counts
 from samplechain import Candidates, Chain
 from samplechain.contracts import TOP_P_CANDIDATES, TYPICAL_BAND
-from samplechain.tools.testing import assert_rows_equal_alone, processed_scores, sampler_chain
+from samplechain.tools.testing import assert_rows_equal_alone, processed_scores, sample_steps, sampler_chain
 from samplechain.tools.bench import make_logits
 
 INF, NAN = float("inf"), float("nan")
@@ -291,12 +291,7 @@ def test_random_wide_chains_draw_the_samplers_tokens_and_are_batch_invariant(ban
     requests = [{"seed": rng.randrange(1000)} for _ in range(4)]
 
     def steps(logits: torch.Tensor, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-        store = chain.new_store(capacity=len(rows))
-        ids = [f"r{i}" for i in range(len(rows))]
-        for rid, request in zip(ids, rows):
-            store.add(rid, request)
-        outs = [chain.sample(logits, store, ids) for _ in range(2)]
-        return torch.stack([o.token_ids for o in outs]), torch.stack([o.logprobs for o in outs])
+        return sample_steps(chain, logits, rows, 2)
 
     tokens, logprobs = steps(x, requests)
     for row in range(4):
@@ -340,12 +335,7 @@ def test_the_cpu_backend_fuses_top_p(nucleus, monkeypatch, case):
     chain = Chain.load({"samplers": [*samplers, {"use": "dist"}], "backend": "cpu"})
 
     def steps() -> tuple[torch.Tensor, torch.Tensor]:
-        store = chain.new_store(capacity=len(requests))
-        ids = [f"r{i}" for i in range(len(requests))]
-        for rid, request in zip(ids, requests):
-            store.add(rid, request)
-        outs = [chain.sample(x, store, ids) for _ in range(3)]
-        return torch.stack([o.token_ids for o in outs]), torch.stack([o.logprobs for o in outs])
+        return sample_steps(chain, x, requests, 3)
 
     ran = []
     draw = cpu._fused_top_p

@@ -15,6 +15,7 @@ import torch
 
 import samplechain_cpu as cpu
 from samplechain import BackendError, rng
+from samplechain.tools.testing import sample_steps
 
 INF, NAN = float("inf"), float("nan")
 
@@ -269,12 +270,7 @@ def _temperature_chain(t: float | None = 0.8):
 
 
 def _steps(chain, x: torch.Tensor, requests: list[dict], steps: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
-    store = chain.new_store(capacity=len(requests))
-    ids = [f"r{i}" for i in range(len(requests))]
-    for rid, request in zip(ids, requests):
-        store.add(rid, request)
-    outs = [chain.sample(x, store, ids) for _ in range(steps)]
-    return torch.stack([o.token_ids for o in outs]), torch.stack([o.logprobs for o in outs])
+    return sample_steps(chain, x, requests, steps)
 
 
 def _fused_against_samplers(fused, monkeypatch, chain, x: torch.Tensor, requests: list[dict]
