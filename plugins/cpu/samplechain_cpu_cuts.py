@@ -40,8 +40,8 @@ import numpy as np
 import torch
 
 from samplechain import rng
-from samplechain_cpu_numba import (_BLOCK, _BUCKET_SHIFT, _EXP_BIAS, _HUGE, _INV32, _INV52, _LN2, _M32, _SLACK,
-                                   _descending_key, _exp64, _jit, _largest, _mix32, _stable_radix_sort, _threads)
+from samplechain_cpu_numba import (_BLOCK, _BUCKET_SHIFT, _HUGE, _descending_key, _exp64, _jit, _largest, _noise,
+                                   _noise_bound, _stable_radix_sort, _threads, _token_bits)
 from samplechain_cpu_numba import _FLOOR_64 as _EXP_FLOOR
 
 __all__ = ["typical_band", "top_p_candidates", "top_p_draw"]
@@ -453,16 +453,13 @@ def _ranked_draw(xr, order, kept, k1, k2):
     for i in range(kept):
         xs = np.float64(xr[order[i]])
         values[i] = xs
-        bits = _mix32(_mix32((np.uint64(order[i]) + k1) & _M32) ^ k2)
-        w = (np.float64(_M32 - bits) + 0.5) * _INV32  # 1 - u, exact
-        low[i] = np.float64(np.float64(w).view(np.int64) - _EXP_BIAS) * _INV52 * _LN2 - _SLACK - xs
+        low[i] = _noise_bound(_token_bits(np.uint64(order[i]), k1, k2)) - xs
     best_v = np.inf
     best = 0
     for i in range(kept):
         if low[i] > best_v:
             continue
-        bits = _mix32(_mix32((np.uint64(order[i]) + k1) & _M32) ^ k2)
-        val = np.log(-np.log((np.float64(bits) + 0.5) * _INV32)) - values[i]
+        val = _noise(_token_bits(np.uint64(order[i]), k1, k2)) - values[i]
         if val < best_v:  # strictly: an equal value later never replaces the first
             best_v = val
             best = i

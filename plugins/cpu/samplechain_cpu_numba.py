@@ -68,6 +68,27 @@ def _mix32(x):
     return x ^ (x >> _S16)
 
 
+@_jit(inline="always")
+def _token_bits(tok, k1, k2):
+    """The counter hash of token id `tok` (uint64) under a row's keys k1, k2 (rng.row_keys): 32 bits, u = (bits +
+    0.5) / 2**32 as rng.uniform forms it."""
+    return _mix32(_mix32((tok + k1) & _M32) ^ k2)
+
+
+@_jit(inline="always")
+def _noise_bound(bits):
+    """L <= M = log(-log u) of a token's hash bits, without a log (see the module's text): -log u >= 1 - u = w and
+    log w >= ln 2 * (e + f) for w = 2**e * (1 + f); lowered by _SLACK."""
+    w = (np.float64(_M32 - bits) + 0.5) * _INV32  # 1 - u, exact
+    return np.float64(np.float64(w).view(np.int64) - _EXP_BIAS) * _INV52 * _LN2 - _SLACK
+
+
+@_jit(inline="always")
+def _noise(bits):
+    """M = log(-log u) of a token's hash bits: the draw keeps the first least M - x."""
+    return np.log(-np.log((np.float64(bits) + 0.5) * _INV32))
+
+
 # Cephes' expf: e**y = 2**n * e**r, |r| <= ln 2 / 2, e**r a degree-7 polynomial (~1 ulp of float32)
 _LOG2E = np.float32(1.44269504088896341)
 _LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)
@@ -199,9 +220,7 @@ def _scan(x, ids, has_ids, row, lo, hi, k1, k2, shift, t, floor, scaled, top, ma
         for j in range(n):  # vectorised: the bound L - x of each token
             xs = np.float64(xr[j] / t) - shift if not (xr[j] / ts < floor) else -np.inf
             tok = np.uint64(ir[j]) if has_ids else np.uint64(start + j)
-            bits = _mix32(_mix32((tok + k1) & _M32) ^ k2)
-            w = (np.float64(_M32 - bits) + 0.5) * _INV32  # 1 - u, exact
-            low[j] = np.float64(np.float64(w).view(np.int64) - _EXP_BIAS) * _INV52 * _LN2 - _SLACK - xs
+            low[j] = _noise_bound(_token_bits(tok, k1, k2)) - xs
             big += (abs(xs) > _HUGE) & (abs(xs) < np.inf)
         for j in range(n):
             if low[j] > best_v or low[j] == np.inf:  # cannot win (-inf and floored tokens: an infinite bound; a
@@ -210,8 +229,7 @@ def _scan(x, ids, has_ids, row, lo, hi, k1, k2, shift, t, floor, scaled, top, ma
             if xs != xs:
                 return best_v, best_i, start + j, big
             tok = np.uint64(ir[j]) if has_ids else np.uint64(start + j)
-            bits = _mix32(_mix32((tok + k1) & _M32) ^ k2)
-            val = np.log(-np.log((np.float64(bits) + 0.5) * _INV32)) - xs
+            val = _noise(_token_bits(tok, k1, k2)) - xs
             if val < best_v:  # strictly: an equal value later in the row never replaces the first
                 best_v = val
                 best_i = start + j

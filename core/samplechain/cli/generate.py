@@ -69,32 +69,39 @@ def add_parser(sub: Any) -> None:
     p.add_argument("prompt", nargs="*", help=f"prompt text (words are joined; default: stdin, or {DEFAULT_PROMPT!r})")
     p.add_argument("-p", "--prompt", action="append", dest="prompts", metavar="TEXT",
                    help="a prompt of a batch (repeatable; several prompts run as one batch)")
-    p.add_argument("--model", default=None, help="model folder for AutoModelForCausalLM (default: the embedded model)")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--chain", default=None, help="chain TOML file")
-    src.add_argument("--preset", default=None, help="a preset from registry.toml (default: llama.cpp)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", dest="sets",
-                   help="per-request parameter, e.g. --set temperature=0.7 --set top_k.k=20 (repeatable)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="default 96 (unless the chain's stop list has "
-                   "a length limit)")
-    p.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable; \\n and \\t are read as newline and tab)")
+    add_run_arguments(p, new_tokens=96)
     p.add_argument("--stop-regex", action="append", default=None, metavar="PATTERN",
                    help="stop when this regular expression matches the end of the generated text (repeatable)")
     p.add_argument("--include-stop-str", action="store_true",
                    help="keep the matched stop string / regex text in the output (default: cut before it, as vLLM)")
-    p.add_argument("--seed", type=int, default=None, help="seed for sampling (default: a fresh seed)")
     p.add_argument("--num-beams", type=int, default=1, help="beam search with N beams (no streaming)")
     p.add_argument("--top-logprobs", type=int, default=0, help="with --json: the N most likely tokens per step")
     p.add_argument("--logprobs-mode", default="processed", metavar="STAGE",
                    help="with --json: the distribution of the logprobs: processed (default), raw, a chain entry's "
                    "id, STAGE:logits for logit values, or vLLM's raw_logprobs / raw_logits / processed_logits")
-    p.add_argument("--backend", default=None, help="override the chain's backend (e.g. cpu)")
     p.add_argument("--json", action="store_true", help="print the structured output as JSON instead of streaming")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar over the steps on stderr (default: on when stderr is a terminal and the run "
                    f"is long: several prompts, or more than {LONG_RUN_TOKENS} new tokens without streaming to a "
                    "terminal; never with beam search)")
     p.set_defaults(func=cmd_generate)
+
+
+def add_run_arguments(p: Any, *, new_tokens: int) -> None:
+    """The arguments `generate` and `trace` share: the model, the chain (file or preset), per-request parameters,
+    the length, stop strings, the seed and the backend."""
+    p.add_argument("--model", default=None, help="model folder for AutoModelForCausalLM (default: the embedded model)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--chain", default=None, help="chain TOML file")
+    src.add_argument("--preset", default=None, help="a preset from registry.toml (default: llama.cpp)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", dest="sets",
+                   help="per-request parameter, e.g. --set temperature=0.7 --set top_k.k=20 (repeatable)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"default {new_tokens} (unless the chain's stop list has a length limit)")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop string (repeatable; \\n and \\t are read as newline and tab)")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling (default: a fresh seed)")
+    p.add_argument("--backend", default=None, help="override the chain's backend (e.g. cpu)")
 
 
 def _load_model(path: str | None) -> tuple[Any, Any, str]:

@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from ..errors import ConfigError
 from ..tools.progress import LONG_RUN_TOKENS, progress_bar
+from .generate import add_run_arguments
 
 __all__ = ["add_parser", "cmd_trace"]
 
@@ -27,18 +28,7 @@ def add_parser(sub: Any) -> None:
         "page: text, plot, steps x stages table); print a compact table. Tracing does not change the tokens.",
     )
     p.add_argument("prompt", nargs="*", help="prompt text (words are joined; default: stdin, or 'The')")
-    p.add_argument("--model", default=None, help="model folder for AutoModelForCausalLM (default: the embedded model)")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--chain", default=None, help="chain TOML file")
-    src.add_argument("--preset", default=None, help="a preset from registry.toml (default: llama.cpp)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", dest="sets",
-                   help="per-request parameter, e.g. --set temperature=0.7 --set top_k.k=20 (repeatable)")
-    p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="default 32 (unless the chain's stop list has a length limit)")
-    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
-                   help="stop string (repeatable; \\n and \\t are read as newline and tab)")
-    p.add_argument("--seed", type=int, default=None, help="seed for sampling (default: a fresh seed)")
-    p.add_argument("--backend", default=None, help="override the chain's backend (e.g. cpu)")
+    add_run_arguments(p, new_tokens=32)
     p.add_argument("--out", default="trace", help="output path stem: writes OUT.png and OUT.html (default: trace)")
     p.add_argument("--no-table", action="store_true", help="do not print the table")
     p.add_argument("--max-rows", type=int, default=None, help="print at most N steps in the table")
