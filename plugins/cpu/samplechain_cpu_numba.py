@@ -33,7 +33,7 @@ import torch
 
 from samplechain import rng
 
-__all__ = ["gumbel_argmax", "scaled_draw", "at_least", "bucket_mass", "row_lse"]
+__all__ = ["gumbel_argmax", "scaled_draw", "at_least", "ranked_topk", "bucket_mass", "row_lse"]
 
 
 def _jit(**options):
@@ -512,6 +512,85 @@ def at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int = 0
     positions = np.empty((x.shape[0], width), dtype=np.int64)
     _sorted_at_least(x, edge, counts, values, positions)
     return torch.from_numpy(values), torch.from_numpy(positions), torch.from_numpy(counts)
+
+
+# ----------------------------------------------------------------------------- Backend.ranked_topk
+@_jit(inline="always")
+def _rank_key(v, ident):
+    """contracts.ranked_keys of one entry: the float32's bits made monotone (-0.0 as +0.0) in the high 32 bits,
+    2**32 - 1 - id in the low ones."""
+    bits = np.int64(np.float32(v + np.float32(0.0)).view(np.int32))
+    return ((bits ^ ((bits >> 31) & 0x7FFFFFFF)) << 32) | (np.int64(0xFFFFFFFF) - ident)
+
+
+@_jit(inline="always")
+def _sift_down(heap, where, n, i):
+    """Restore the min-heap heap[:n] (where[] carried along) below slot i."""
+    key = heap[i]
+    at = where[i]
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        if child + 1 < n and heap[child + 1] < heap[child]:
+            child += 1
+        if heap[child] >= key:
+            break
+        heap[i] = heap[child]
+        where[i] = where[child]
+        i = child
+    heap[i] = key
+    where[i] = at
+
+
+@_jit(parallel=True, nogil=True)
+def _ranked_topk(x, ids, has_ids, values, positions):
+    """Per row the k = values.shape[1] largest ranked keys (contracts.ranked_keys: logit, then lowest id) through a
+    min-heap of k, then heap-sorted: descending keys, the filters' order. An entry whose logit is below the heap's
+    smallest one cannot enter, and is passed over on one float comparison (NaN compares false: it takes the key)."""
+    k = values.shape[1]
+    for row in numba.prange(x.shape[0]):
+        xr = x[row]
+        heap = np.empty(k, dtype=np.int64)
+        where = np.empty(k, dtype=np.int64)
+        for j in range(k):
+            heap[j] = _rank_key(xr[j], ids[row, j] if has_ids else j)
+            where[j] = j
+        for i in range(k // 2 - 1, -1, -1):
+            _sift_down(heap, where, k, i)
+        low = xr[where[0]]
+        for j in range(k, xr.shape[0]):
+            v = xr[j]
+            if v < low:
+                continue
+            key = _rank_key(v, ids[row, j] if has_ids else j)
+            if key > heap[0]:
+                heap[0] = key
+                where[0] = j
+                _sift_down(heap, where, k, 0)
+                low = xr[where[0]]
+        for end in range(k - 1, 0, -1):  # the smallest to the back: descending order
+            heap[0], heap[end] = heap[end], heap[0]
+            where[0], where[end] = where[end], where[0]
+            _sift_down(heap, where, end, 0)
+        for i in range(k):
+            positions[row, i] = where[i]
+            values[row, i] = xr[where[i]]
+
+
+def ranked_topk(logits: torch.Tensor, k: int, ids: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """contracts.ranked_topk in one compiled pass per row, with no (B, K) keys: the same values and positions, in
+    the filters' order (descending logit, equal logits lowest id first), ties or not. logits (B, K) float32, 0 < k
+    <= K; ids (B, K) integer or None (id = position). None in a forked child."""
+    if not _threads(logits.numel()):
+        return None
+    x = logits.detach().contiguous().numpy()
+    idn = _NO_IDS if ids is None else ids.detach().to(torch.int64).contiguous().numpy()
+    values = np.empty((x.shape[0], k), dtype=x.dtype)
+    positions = np.empty((x.shape[0], k), dtype=np.int64)
+    _ranked_topk(x, idn, ids is not None, values, positions)
+    return torch.from_numpy(values), torch.from_numpy(positions)
 
 
 # ----------------------------------------------------------------------------- filters.bucket_mass

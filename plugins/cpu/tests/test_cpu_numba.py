@@ -406,6 +406,51 @@ def test_compiled_at_least_equals_the_torch_compaction(fused, trial):
     assert fused.at_least(x, high, 0) is None is cpu.compacted_at_least(x, high, 0)
 
 
+@pytest.mark.parametrize("trial", range(8))
+def test_compiled_ranked_topk_equals_the_keys_topk(fused, trial):
+    """contracts.ranked_topk (one top-k over the int64 keys), bit for bit, values and positions in the filters'
+    order: float32 and bf16-rounded rows (ties at every place, lowest id first), -0.0 beside +0.0, -inf, +inf and
+    NaN of either sign, ids implicit, permuted or compacted-like, k from 1 to the whole row."""
+    from samplechain.contracts import ranked_topk
+
+    g = torch.Generator().manual_seed(100 + trial)
+    batch, width = (1, 3, 8, 64)[trial % 4], (50, 4096, 2560, 20000)[trial // 2]
+    x = torch.randn(batch, width, generator=g) * 3
+    if trial % 2:
+        x = x.bfloat16().float()
+    x[0, :8:2] = -0.0
+    x[0, 1:8:2] = 0.0
+    x[-1, 3] = -INF
+    if trial >= 4:
+        x[-1, 7], x[-1, 9], x[0, 11] = NAN, -NAN, INF
+    ids = None if trial % 3 == 0 else torch.stack([torch.randperm(width, generator=g) for _ in range(batch)]) \
+        if trial % 3 == 1 else torch.randint(0, 2**31 - 1, (batch, width), generator=g)
+    for k in sorted({1, 2, 40, width // 16, width}):
+        got, want = fused.ranked_topk(x, k, ids), ranked_topk(x, k, ids)
+        assert torch.equal(got[1], want[1]), (k, got[1], want[1])
+        assert torch.equal(got[0].view(torch.int32), want[0].view(torch.int32))
+
+
+def test_compiled_ranked_topk_rows_alone_and_through_the_backend(fused, monkeypatch):
+    """A row's k best are the same alone and in any batch; the cpu backend takes the compiled pass where k is at
+    most 1/16 of a wide enough float32 input, with the same result as its torch path (numba switched off)."""
+    x = torch.randn(32, 4096, generator=torch.Generator().manual_seed(110)).bfloat16().float()
+    batch = fused.ranked_topk(x, 40)
+    for row in (0, 17, 31):
+        alone = fused.ranked_topk(x[row:row + 1], 40)
+        assert torch.equal(alone[1], batch[1][row:row + 1]) and torch.equal(alone[0], batch[0][row:row + 1])
+    calls = []
+    real = fused.ranked_topk
+    monkeypatch.setattr(fused, "ranked_topk", lambda *a: calls.append(a[1]) or real(*a))
+    backend = cpu.CpuBackend()
+    got = backend.ranked_topk(x, 40)
+    backend.ranked_topk(x, 1024)  # beyond 1/16 of the row: the plain path
+    assert calls == [40]
+    monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", "0")
+    want = backend.ranked_topk(x, 40)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+
+
 def test_compiled_bucket_mass_equals_the_scatter(fused):
     """filters.bucket_mass's sums in each row's order, in float32, as scatter_add's: the same to the bit; also
     through the cpu backend's kernel."""
