@@ -276,3 +276,44 @@ def test_history_reaches_samplers_that_declare_they_read_it():
     out = chain.sample(logits, history=history)
     assert out.token_ids.tolist() == [2, 2]
     assert seen["prompt_lengths"].tolist() == [2, 3]  # known tokens minus the 0 accepted so far
+
+
+def test_reads_history_says_whether_a_batch_needs_the_tokens_so_far():
+    """Chain.reads_history: False for chains without a history-reading sampler, and for a batch on which every
+    one of them is a no-op (the llama.cpp preset's penalties at repeat 1.0 and DRY at multiplier 0); True as soon
+    as one row sets a penalty, and then sample() without history= names what is missing."""
+    assert Chain.load("preset:greedy").reads_history(Chain.load("preset:greedy").new_store(), []) is False
+    chain = Chain.load("preset:llama.cpp")
+    store = chain.new_store()
+    store.add("plain", {"seed": 1})
+    store.add("dry", {"seed": 2, "dry_multiplier": 0.8})
+    store.add("repeat", {"seed": 3, "repeat_penalty": 1.3})
+    assert chain.needs_history
+    assert chain.reads_history(store, ["plain"]) is False
+    logits = torch.randn(1, 300, generator=torch.Generator().manual_seed(0))
+    chain.sample(logits, store, ["plain"])  # no history needed
+    for rid in ("dry", "repeat"):
+        assert chain.reads_history(store, ["plain", rid]) is True
+        with pytest.raises(SamplingError, match="pass history="):
+            chain.sample(logits.expand(2, -1).clone(), store, ["plain", rid])
+
+
+def test_the_layout_checks_request_parameters_without_a_store():
+    """StoreLayout.resolve: what RequestStore.add checks, with no store (the vLLM frontend validates each request
+    this way): every column's value, the seed None unless drawn, and the same RequestError as add() for a bad key
+    or value."""
+    from samplechain import RequestError
+
+    chain = Chain.load("preset:llama.cpp")
+    values = chain.layout.resolve("r", {"top_k": 3, "temperature": 0.5}, draw_seeds=False)
+    named = {(chain.config.samplers[i].id, field): v for (i, field), v in values.items()}
+    assert named[("top_k", "k")] == 3 and named[("temp_ext", "t")] == 0.5 and named[("dist", "seed")] is None
+    assert chain.layout.resolve("r", {})[(len(chain.samplers) - 1, "seed")] is not None  # drawn
+    store = chain.new_store()
+    for bad in ({"top_kk": 3}, {"min_p": -1}):
+        with pytest.raises(RequestError) as direct:
+            chain.layout.resolve("r", bad)
+        with pytest.raises(RequestError) as added:
+            store.add("r", bad)
+        assert str(direct.value) == str(added.value)
+    assert store.request_ids == []

@@ -390,6 +390,19 @@ class Chain:
             store.advance(view, updates, failed)
         return out
 
+    def reads_history(self, store: RequestStore, request_ids: Sequence[str]) -> bool:
+        """Whether a step of these requests reads the tokens so far (`sample`'s history= and prompt_lengths=): some
+        sampler that needs them is not a no-op on this batch (penalties at repeat 1.0 and no frequency or presence
+        penalty, DRY at multiplier 0 are). A caller that builds the history for each step (the vLLM processor) may
+        skip it where this is False; a sampler that needs it says so when it is missing."""
+        if not self.needs_history:
+            return False
+        view = store.batch(request_ids)
+        positions = store.positions(view)
+        backend = self._backend_for(store.device.type)
+        return any(s.needs_history() and not self._call(i, s.is_noop, self._context(store, view, positions, backend, i))
+                   for i, s in enumerate(self.samplers))
+
     def logprobs_stage(self, logprobs_at: str) -> tuple[int, bool]:
         """(stage, as logits) of a `logprobs_at` value (see `sample`): stage -1 is the logits as given, i the
         distribution right after entry i, len(samplers) - 1 the processed one (what the selector saw)."""

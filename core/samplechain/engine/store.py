@@ -76,6 +76,64 @@ class StoreLayout:
         return cls(tuple(entries), tuple(columns), {k: tuple(v) for k, v in aliases.items()}, state)
 
 
+    def resolve(
+        self, request_id: str, params: Mapping[str, Any], *, draw_seeds: bool = True
+    ) -> dict[tuple[int, str], Any]:
+        """Validate per-request parameters (flat aliases or `<id>.<field>` keys, as RequestStore.add takes them)
+        against each sampler's Params: the value of every column, unseeded seeds drawn (draw_seeds) or None. A
+        RequestError names the request, the key and the fix; nothing is stored, so this is also add()'s check
+        without a store (the vLLM frontend's validation)."""
+        entries = self.entries
+        by_id = {e.id: i for i, e in enumerate(entries)}
+        overrides: dict[int, dict[str, Any]] = {}
+        for key, value in params.items():
+            if key in self.aliases:
+                targets = self.aliases[key]
+            elif "." in key and key.rsplit(".", 1)[0] in by_id:
+                entry_id, field = key.rsplit(".", 1)
+                targets = ((by_id[entry_id], field),)
+            else:
+                known = sorted(self.aliases) + [
+                    f"{e.id}.{f.name}" for e in entries for f in attrs.fields(e.cls.Params)
+                ]
+                close = difflib.get_close_matches(key, known, n=2)
+                hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+                raise RequestError(
+                    f"request {request_id!r}: unknown parameter {key!r} for this chain{hint} "
+                    f"(valid: {', '.join(known) or 'none'})"
+                )
+            for i, field in targets:
+                overrides.setdefault(i, {})[field] = value
+        columns = {(col.entry, col.field) for col in self.columns}
+        for i, fields in overrides.items():
+            for field in fields:
+                if (i, field) not in columns:  # a text or structured setting: one value for the whole chain
+                    raise RequestError(
+                        f"request {request_id!r}: {entries[i].id}.{field} = {fields[field]!r}: this setting is the "
+                        f"chain's, not per request (only numbers and flags vary by request); set it in the chain "
+                        f"file, or load a second chain for these requests"
+                    )
+        resolved: dict[tuple[int, str], Any] = {}
+        for i, entry in enumerate(entries):
+            if i not in overrides:  # the chain's own values, validated when it was loaded
+                checked = entry.params
+            else:
+                merged = attrs.asdict(entry.params, recurse=False)
+                merged.update(overrides[i])
+                try:
+                    checked = parse_params(entry.cls, merged, source=f"request {request_id!r}", path=entry.id)
+                except ConfigError as exc:
+                    raise RequestError(str(exc)) from None
+            for col in self.columns:
+                if col.entry != i:
+                    continue
+                value = getattr(checked, col.field)
+                if col.is_seed and value is None and draw_seeds:
+                    value = rng.fresh_seed()
+                resolved[(i, col.field)] = value
+        return resolved
+
+
 @attrs.define
 class BatchView:
     """A batch composition: slots (B,) and every entry's parameters gathered for it (cached until it changes)."""
@@ -237,56 +295,7 @@ class RequestStore:
     def _resolve(
         self, request_id: str, params: Mapping[str, Any], *, draw_seeds: bool = True
     ) -> dict[tuple[int, str], Any]:
-        """Validate per-request parameters against each sampler's Params; resolve unseeded seeds."""
-        entries = self.layout.entries
-        by_id = {e.id: i for i, e in enumerate(entries)}
-        overrides: dict[int, dict[str, Any]] = {}
-        for key, value in params.items():
-            if key in self.layout.aliases:
-                targets = self.layout.aliases[key]
-            elif "." in key and key.rsplit(".", 1)[0] in by_id:
-                entry_id, field = key.rsplit(".", 1)
-                targets = ((by_id[entry_id], field),)
-            else:
-                known = sorted(self.layout.aliases) + [
-                    f"{e.id}.{f.name}" for e in entries for f in attrs.fields(e.cls.Params)
-                ]
-                close = difflib.get_close_matches(key, known, n=2)
-                hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
-                raise RequestError(
-                    f"request {request_id!r}: unknown parameter {key!r} for this chain{hint} "
-                    f"(valid: {', '.join(known) or 'none'})"
-                )
-            for i, field in targets:
-                overrides.setdefault(i, {})[field] = value
-        columns = {(col.entry, col.field) for col in self.layout.columns}
-        for i, fields in overrides.items():
-            for field in fields:
-                if (i, field) not in columns:  # a text or structured setting: one value for the whole chain
-                    raise RequestError(
-                        f"request {request_id!r}: {entries[i].id}.{field} = {fields[field]!r}: this setting is the "
-                        f"chain's, not per request (only numbers and flags vary by request); set it in the chain "
-                        f"file, or load a second chain for these requests"
-                    )
-        resolved: dict[tuple[int, str], Any] = {}
-        for i, entry in enumerate(entries):
-            if i not in overrides:  # the chain's own values, validated when it was loaded
-                checked = entry.params
-            else:
-                merged = attrs.asdict(entry.params, recurse=False)
-                merged.update(overrides[i])
-                try:
-                    checked = parse_params(entry.cls, merged, source=f"request {request_id!r}", path=entry.id)
-                except ConfigError as exc:
-                    raise RequestError(str(exc)) from None
-            for col in self.layout.columns:
-                if col.entry != i:
-                    continue
-                value = getattr(checked, col.field)
-                if col.is_seed and value is None and draw_seeds:
-                    value = rng.fresh_seed()
-                resolved[(i, col.field)] = value
-        return resolved
+        return self.layout.resolve(request_id, params, draw_seeds=draw_seeds)
 
     # ----------------------------------------------------------------- batches
     def batch(self, request_ids: Sequence[str]) -> BatchView:

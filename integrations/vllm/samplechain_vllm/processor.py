@@ -154,16 +154,19 @@ def _criteria(chain: Chain, spec: RequestSpec, key: str | None = None) -> list[A
     return crits
 
 
-def _check(sampling_params: Any) -> tuple[RequestSpec, Chain, bool | None] | None:
+def _check(sampling_params: Any, trial: bool = True) -> tuple[RequestSpec, Chain, bool | None] | None:
     """Parse and load what a request asks for: (spec, chain, how vLLM's thinking_token_budget goes to the chain: see
-    _thinking_budget); any problem is a ValueError naming it and the fix."""
+    _thinking_budget); any problem is a ValueError naming it and the fix. trial: also check its parameters as a
+    store would (the frontend's validation; a joining request is added to its group's store, which checks the same,
+    and fails alone where that refuses it)."""
     spec = parse_request(getattr(sampling_params, "extra_args", None), getattr(sampling_params, "seed", None))
     if spec is None:
         return None
     try:
         chain = load_chain(spec.chain)
         spec, carry = _thinking_budget(sampling_params, spec, chain)
-        chain.new_store(capacity=1).add("extra_args", request_params(chain, spec))
+        if trial:
+            chain.layout.resolve("extra_args", request_params(chain, spec), draw_seeds=False)
         if spec.logprobs_at is not None:
             chain.logprobs_stage(spec.logprobs_at)
         crits = _criteria(chain, spec)
@@ -346,7 +349,7 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         rid = f"vllm-{next(self._ids)}"
         eos = getattr(params, "eos_token_id", None)  # set by vLLM's frontend; None with ignore_eos
         try:
-            checked = _check(params)
+            checked = _check(params, trial=False)
         except ValueError as exc:  # validated by the frontend already; a direct engine user may skip that
             logger.error("samplechain: request %s refused: %s", rid, exc)
             return _Row(rid, None, list(prompt or ()), output, failed=str(exc), eos=eos)
@@ -490,7 +493,8 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         limit = self._vocab_limit(logits.shape[1])
         if limit is not None:  # as generate(): columns past the tokenizer are tokens nobody can decode
             logits[:, limit:] = float("-inf")
-        kwargs: dict[str, Any] = _history(rows, logits.device) if group.chain.needs_history else {}
+        reads = group.chain.needs_history and group.chain.reads_history(group.store, rids)
+        kwargs: dict[str, Any] = _history(rows, logits.device) if reads else {}
         modes = [self._logprobs_at(row) for row in rows]
         scored = [j for j, mode in enumerate(modes) if mode is not None]
         if scored:  # top_logprobs >= 1: the rank comes with it

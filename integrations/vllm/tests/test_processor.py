@@ -159,6 +159,21 @@ def test_request_forms(tmp_path, monkeypatch) -> None:
     SamplechainLogitsProcessor.validate_params(params({"samplechain": "mine.toml"}))
 
 
+def test_a_bad_value_past_the_frontend_ends_that_request_alone() -> None:
+    """A joining request is checked by its group's store (no trial store of its own, as the frontend's validation
+    has): a value the frontend would refuse, given to the engine directly, ends that request alone, with the
+    parameter named in the log, and the group's other requests go on."""
+    proc = make_processor()
+    proc.update_state(update(3, added=[(0, params({"samplechain": "llama.cpp"}, 1), [5], []),
+                                       (1, params({"samplechain": "llama.cpp", "samplechain.min_p": -1}, 2), [6], []),
+                                       (2, params({"samplechain": "llama.cpp"}, 3), [7], [])]))
+    assert proc._rows[1].failed is not None and "min_p" in proc._rows[1].failed
+    out = proc.apply(torch.randn(3, V))
+    assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [0]  # ended with eos
+    assert int(torch.isfinite(out[0]).sum()) == int(torch.isfinite(out[2]).sum()) == 1
+    assert proc._groups["preset:llama.cpp"].store.batch([proc._rows[0].rid, proc._rows[2].rid]) is not None
+
+
 def test_a_request_that_cannot_join_is_ended_and_the_engine_goes_on(monkeypatch) -> None:
     proc = make_processor()
 
@@ -175,6 +190,39 @@ def test_a_request_that_cannot_join_is_ended_and_the_engine_goes_on(monkeypatch)
     assert torch.equal(out[1], raw[1])  # the plain request is untouched
     proc.update_state(update(1, removed=[0], moved=[(1, 0, MoveDirectionality.UNIDIRECTIONAL)]))
     assert torch.equal(proc.apply(raw[1:].clone()), raw[1:])
+
+
+def test_the_history_is_built_only_for_steps_that_read_it(monkeypatch) -> None:
+    """The llama.cpp preset's penalties and DRY are no-ops at their defaults: its steps build no history
+    (Chain.reads_history). A request in the same group that sets a repeat penalty makes the group's steps read it,
+    and each row's token is still the one a direct Chain.sample with the history gives."""
+    import samplechain_vllm.processor as module
+
+    built = []
+    real = module._history
+    monkeypatch.setattr(module, "_history", lambda rows, device: built.append(len(rows)) or real(rows, device))
+    proc = make_processor()
+    outputs: list[list[int]] = [[], []]
+    proc.update_state(update(1, added=[(0, params({"samplechain": "llama.cpp"}, 1), [5, 6], outputs[0])]))
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(2):
+        out = proc.apply(torch.randn(1, V, generator=gen) * 3)
+        outputs[0].append(int(torch.isfinite(out[0]).nonzero()[0, 0]))
+    assert built == []
+    penalised = Reference("preset:llama.cpp", 2, [7, 8, 9])
+    penalised.store.remove("r")
+    penalised.store.add("r", {"seed": 2, "repeat_penalty": 1.5})
+    proc.update_state(update(2, added=[(1, params({"samplechain": "llama.cpp", "samplechain.repeat_penalty": 1.5}, 2),
+                                        [7, 8, 9], outputs[1])]))
+    for step in range(3):
+        logits = torch.randn(2, V, generator=gen) * 3
+        raw = logits.clone()
+        out = proc.apply(logits)
+        want = penalised.step(raw[1], outputs[1])
+        assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [want], step
+        for k in range(2):
+            outputs[k].append(int(torch.isfinite(out[k]).nonzero()[0, 0]))
+    assert built == [2, 2, 2]
 
 
 def test_the_kept_history_follows_vllms_output_lists() -> None:
