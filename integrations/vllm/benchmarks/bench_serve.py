@@ -10,7 +10,9 @@ Modes (--modes), all on one server:
                          from .venv-vllm to measure vLLM without it (then only this mode runs)
     greedy               vllm_xargs {"samplechain": "greedy"}
     llama.cpp            vllm_xargs {"samplechain": "llama.cpp"}, seeded (10 samplers, history-reading)
-Prints a markdown table: median and best of --rounds rounds per mode, the modes interleaved round by round."""
+Prints a markdown table: median and best of --rounds rounds per mode, the modes interleaved round by round, and
+the median over rounds of each mode's rate against the first mode's in the same round (robust to the machine's drift
+between rounds); each round's rates go to stderr."""
 
 from __future__ import annotations
 
@@ -108,10 +110,14 @@ def main() -> None:
                 runs[k].append(round_trip(url, args.requests, args.tokens, MODES[key][1]))
         medians = [statistics.median(r) for r in runs]
         print(f"| mode ({args.requests} concurrent requests, {args.tokens} tokens each) | requests/s, median | "
-              f"best | tokens/s, median | vs first |")
-        print("| --- | ---: | ---: | ---: | ---: |")
+              f"best | tokens/s, median | vs first | vs first, round by round (median) |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
         for name, run, med in zip(names, runs, medians):
-            print(f"| {name} | {med:.1f} | {max(run):.1f} | {med * args.tokens:.0f} | {med / medians[0]:.2f}x |")
+            paired = statistics.median(a / b for a, b in zip(run, runs[0]))  # each round against the first mode's
+            print(f"| {name} | {med:.1f} | {max(run):.1f} | {med * args.tokens:.0f} | {med / medians[0]:.2f}x | "
+                  f"{paired:.2f}x |")
+        for name, run in zip(names, runs):
+            print(f"{name}: " + " ".join(f"{v:.1f}" for v in run), file=sys.stderr)
         print(f"\nserver log: {log.name}", file=sys.stderr)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
