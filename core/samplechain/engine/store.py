@@ -75,7 +75,6 @@ class StoreLayout:
                 state[(i, name)] = spec
         return cls(tuple(entries), tuple(columns), {k: tuple(v) for k, v in aliases.items()}, state)
 
-
     def resolve(
         self, request_id: str, params: Mapping[str, Any], *, draw_seeds: bool = True
     ) -> dict[tuple[int, str], Any]:
@@ -199,7 +198,7 @@ class RequestStore:
         """A request joins. params: flat aliases ({"top_p": 0.9, "seed": 7}) or `<id>.<field>` keys."""
         if request_id in self._slots:
             raise RequestError(f"request {request_id!r} is already in the store; remove() it first or use a new id")
-        values = self._resolve(request_id, params or {})
+        values = self.layout.resolve(request_id, params or {})
         if not self._free:
             self._grow(max(8, 2 * self._capacity))
         slot = self._free.pop()
@@ -221,7 +220,7 @@ class RequestStore:
             raise RequestError(f"request id(s) {clash} already in the store or repeated; use distinct new ids")
         if not ids:
             return
-        values = self._resolve(ids[0], params or {}, draw_seeds=False)
+        values = self.layout.resolve(ids[0], params or {}, draw_seeds=False)
         while len(self._free) < len(ids):
             self._grow(max(8, 2 * self._capacity))
         slots = torch.tensor([self._free.pop() for _ in ids], dtype=torch.int64)
@@ -245,7 +244,7 @@ class RequestStore:
             f"{self.layout.entries[c.entry].id}.{c.field}": _stored(self._params[(c.entry, c.field)], slot)
             for c in self.layout.columns
         }
-        values = self._resolve(request_id, {**current, **params})
+        values = self.layout.resolve(request_id, {**current, **params})
         for key, value in values.items():
             self._params[key][slot] = value
         self._version += 1
@@ -291,11 +290,6 @@ class RequestStore:
             close = difflib.get_close_matches(str(request_id), [str(r) for r in self._slots], n=1)
             hint = f"; did you mean {close[0]!r}?" if close else "; add() it first"
             raise RequestError(f"unknown request {request_id!r}{hint}") from None
-
-    def _resolve(
-        self, request_id: str, params: Mapping[str, Any], *, draw_seeds: bool = True
-    ) -> dict[tuple[int, str], Any]:
-        return self.layout.resolve(request_id, params, draw_seeds=draw_seeds)
 
     # ----------------------------------------------------------------- batches
     def batch(self, request_ids: Sequence[str]) -> BatchView:
