@@ -304,27 +304,18 @@ _lock = threading.Lock()
 
 
 def _start() -> None:
-    """Compile (or load) the float32 kernel and start numba's threads, waiting passively, with OpenMP's nesting
-    left off.
+    """Compile (or load) the float32 kernel and start numba's threads, with OpenMP's nesting left off.
 
-    numba's OpenMP runtime is not torch's (another libgomp). Left at its default, each pool's idle threads spin
-    for a while after every parallel region and hold the cores that the other pool's threads wait for: steps of
-    tens of ms on 2 cores. The wait policy is read once, when the pool starts (the call below); one the user set
-    is kept. See _nesting_off for the other setting."""
+    numba's OpenMP calls bind to torch's libgomp (the first in the process's global scope: one runtime, one wait
+    policy, read when torch loaded it), so numba's threads are torch's pool's kind and no setting of ours reaches
+    them but the nesting that numba's start changes (_nesting_off)."""
     global _owner
     with _lock:
         if _owner is not None:
             return
-        own = "OMP_WAIT_POLICY" not in os.environ
-        if own:
-            os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-        try:
-            _draw(np.zeros((1, 1), dtype=np.float32), _NO_IDS, False, np.zeros(1, dtype=np.uint64),
-                  np.zeros(1, dtype=np.uint64), 1, np.ones(1, dtype=np.float32), np.full(1, -np.inf, np.float32),
-                  False, np.full(1, np.nan), _NO_MASS, _NO_MASS, np.empty(1, dtype=np.int64))
-        finally:
-            if own:
-                del os.environ["OMP_WAIT_POLICY"]
+        _draw(np.zeros((1, 1), dtype=np.float32), _NO_IDS, False, np.zeros(1, dtype=np.uint64),
+              np.zeros(1, dtype=np.uint64), 1, np.ones(1, dtype=np.float32), np.full(1, -np.inf, np.float32),
+              False, np.full(1, np.nan), _NO_MASS, _NO_MASS, np.empty(1, dtype=np.int64))
         _nesting_off()
         _owner = os.getpid()
 

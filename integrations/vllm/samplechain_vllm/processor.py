@@ -493,8 +493,7 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         limit = self._vocab_limit(logits.shape[1])
         if limit is not None:  # as generate(): columns past the tokenizer are tokens nobody can decode
             logits[:, limit:] = float("-inf")
-        reads = group.chain.needs_history and group.chain.reads_history(group.store, rids)
-        kwargs: dict[str, Any] = _history(rows, logits.device) if reads else {}
+        kwargs: dict[str, Any] = _history(rows, logits.device) if group.chain.reads_history(group.store, rids) else {}
         modes = [self._logprobs_at(row) for row in rows]
         scored = [j for j, mode in enumerate(modes) if mode is not None]
         if scored:  # top_logprobs >= 1: the rank comes with it
