@@ -102,8 +102,8 @@ def chunked_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int, widt
     """Backend.at_least through chunk maxima: every entry >= threshold lies in a chunk whose maximum does, and
     the best k in the k best chunks by (maximum, lowest chunk number) (see chunked_ranked_topk). So: the chunks
     whose maximum reaches the threshold (at least k of them), gathered, counted and one ranked top-k of the
-    gathered entries (keyed by their positions). None when those chunks are too large a part of the row (the caller takes the plain
-    path)."""
+    gathered entries (keyed by their positions). None when those chunks are too large a part of the row (the
+    caller takes the plain path)."""
     batch, vocab = logits.shape
     chunks = vocab // width
     body = chunks * width
@@ -209,7 +209,8 @@ def compacted_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Backend.at_least for many entries per row (thousands: flat rows): the entries >= threshold compacted
     with one nonzero into (B, max count) (in column order) and sorted there, stably (equal logits: lowest
-    position first), about half the cost of a top-k of that many from the whole row. None when k asks for more than a row holds above its threshold (the caller takes the top-k)."""
+    position first), about half the cost of a top-k of that many from the whole row. None when k asks for more
+    than a row holds above its threshold (the caller takes the top-k)."""
     keep = logits >= threshold[:, None]
     counts = keep.sum(dim=-1)
     width = int(counts.max())
@@ -337,7 +338,8 @@ def min_p_floor(top: torch.Tensor, p: torch.Tensor | float) -> torch.Tensor:
     return torch.where(off, float("-inf"), top + torch.log(torch.where(off, torch.ones_like(p), p)))
 
 
-fused_sample.fused_kinds = frozenset({"temperature", "min_p", "top_p"})  # the executor stops its walk over the tail elsewhere
+# the executor stops its walk over the tail elsewhere
+fused_sample.fused_kinds = frozenset({"temperature", "min_p", "top_p"})
 
 
 class CpuBackend(Backend):

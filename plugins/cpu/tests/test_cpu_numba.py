@@ -229,6 +229,58 @@ def _scaled_same(fused, x: torch.Tensor, t, stream: int = 0, seed: int = 0) -> t
     return got, logprobs
 
 
+def test_the_float32_noise_bound_is_below_the_noise(fused):
+    """_noise_bound32 (the vectorised loops' float32 bound) never exceeds M = log(-log u), float64 as the draw
+    forms it, on every hash value near a power of two of n = 2**32 - 1 - bits (where float32(n) rounds up), at both
+    ends and on a million random ones; within 0.07 of it where u is near 1 (the winners), and close to the float64
+    bound (_noise_bound)."""
+    import numba
+
+    bound32 = numba.njit(lambda b: np.array([fused._noise_bound32(v) for v in b]))
+    bound64 = numba.njit(lambda b: np.array([fused._noise_bound(v) for v in b]))
+    n = np.concatenate([np.array([0, 1, 2, 3, 2**32 - 1], dtype=np.int64)]
+                       + [np.arange(2**e - 70, 2**e + 70) for e in range(3, 33)]
+                       + [np.random.default_rng(0).integers(0, 2**32, 1_000_000)])
+    n = n[(n >= 0) & (n < 2**32)]
+    bits = (2**32 - 1 - n).astype(np.uint32)
+    noise = np.log(-np.log((bits.astype(np.float64) + 0.5) * 2.0**-32))
+    low = bound32(bits).astype(np.float64)
+    assert (low <= noise).all(), bits[low > noise]
+    near_one = (n >= 2**10) & (n < 2**24)  # u > 1 - 2**-8 (below 2**10, n + 0.5 for n loosens it more)
+    assert (noise[near_one] - low[near_one]).max() < 0.07  # log2(1 + f) - f < 0.087
+    wide = n >= 2**10  # the float64 bound interpolates log2 at n + 0.5, this one at n
+    assert (np.abs(low - bound64(bits.astype(np.uint64)))[wide] < 3e-5 + 1.0 / n[wide]).all()
+
+
+def test_the_float32_bar_keeps_every_token_that_can_win(fused):
+    """A float32 bound L - q that exceeds _bar32(best) exceeds best in exact arithmetic too, whatever their
+    magnitudes (the float32 subtraction rounds by up to 2**-24 of the result)."""
+    import numba
+
+    bar32 = numba.njit(lambda b: np.array([fused._bar32(v) for v in b]))
+    g = np.random.default_rng(1)
+    best = np.concatenate([g.normal(0, 1, 10000) * 10.0 ** g.integers(-8, 9, 10000), [0.0, -0.0, 1e-30, -1e30]])
+    bar = bar32(best)
+    assert (bar.astype(np.float64) > best).all()
+    # the least float32 above bar, as a rounded L - q, still lies above best after removing its rounding
+    above = np.nextafter(bar, np.float32(np.inf)).astype(np.float64)
+    assert (above - np.abs(above) * 2.0**-24 > best).all()
+    assert np.isinf(bar32(np.array([np.inf]))[0])
+
+
+def test_near_ties_draw_rngs_token(fused):
+    """Rows whose leading values differ by float32 ulps (the bound's slack and the bar's margin are wide next to
+    them): the token is rng's."""
+    g = torch.Generator().manual_seed(70)
+    x = torch.randn(16, 70000, generator=g) * 2
+    top = x.amax(dim=1, keepdim=True)
+    close = torch.rand(16, 70000, generator=g) < 0.01
+    x = torch.where(close, top - torch.randint(0, 4, (16, 70000), generator=g) * 1e-6 * top.abs(), x)
+    for seed in range(4):
+        _same(fused, x, seed=seed)
+        _scaled_same(fused, x, torch.full((16,), 0.7), seed=seed)
+
+
 @pytest.mark.parametrize("trial", range(8))
 def test_scaled_draw_equals_the_divided_draw(fused, trial):
     """Shared and per-row temperatures, widths across the block and chunk boundaries, flat to peaked rows."""
@@ -384,7 +436,8 @@ def test_a_fused_step_names_the_bad_row(fused):
     with pytest.raises(SamplingError, match="'b'"):
         chain.sample(x, store, ["a", "b"])
     x[1, 5] = 0.0
-    assert torch.equal(chain.sample(x, store, ["a", "b"]).token_ids, _steps(chain, x, [{"seed": 1}, {"seed": 2}], 1)[0][0])
+    want = _steps(chain, x, [{"seed": 1}, {"seed": 2}], 1)[0][0]
+    assert torch.equal(chain.sample(x, store, ["a", "b"]).token_ids, want)
 
 
 # ----------------------------------------------------------------------------- at_least and bucket_mass compiled
