@@ -122,14 +122,31 @@ def _near(xr, c, reach, lse, gap, w):
 
 
 @_jit(nogil=True)
+def _close(xr, c, reach, hit):
+    """hit[j] = |c - x[j]| <= reach, one byte each (vectorised): how many, and how many x[j] are NaN."""
+    n = 0
+    nan = 0
+    for j in range(xr.shape[0]):
+        near = abs(c - np.float64(xr[j])) <= reach
+        hit[j] = near
+        n += near
+        nan += xr[j] != xr[j]
+    return n, nan
+
+
+@_jit(nogil=True)
 def _bucket_bound(xr, c, lse, reach, goal, least, mass, many):
     """The bucket (of filters.bucket_keys of the distance |c - x|) where the running mass of the tokens within
     `reach` of c passes goal with at least `least` of them; -1 if it never does. A block with few such tokens
-    (LLM rows: a few percent of the vocabulary) takes their e** one by one; a block with many, all at once."""
+    (LLM rows: a few percent of the vocabulary) marks them in one vectorised loop and takes their e** one by one,
+    its marks read 8 at a time (a word of 8 misses costs one test: _gather's way); a block with many, all at
+    once."""
     mass[:] = 0.0
     many[:] = 0
     gap = np.empty(_BLOCK)
     w = np.empty(_BLOCK)
+    hit = np.zeros(_BLOCK, dtype=np.uint8)
+    words = hit.view(np.uint64)
     dense = False
     for start in range(0, xr.shape[0], _BLOCK):
         n = min(_BLOCK, xr.shape[0] - start)
@@ -142,15 +159,17 @@ def _bucket_bound(xr, c, lse, reach, goal, least, mass, many):
                     mass[key] += w[j]
                     many[key] += 1
             continue
-        hits = 0
-        for j in range(n):
-            v = np.float64(block[j])
-            g = abs(c - v)
-            if g <= reach:
-                key = (np.float32(g).view(np.int32) >> _BUCKET_SHIFT) & np.int32(mass.shape[0] - 1)
-                mass[key] += _exp64(v - lse)
-                many[key] += 1
-                hits += 1
+        if n < _BLOCK:
+            hit[:] = 0
+        hits, _ = _close(block, c, reach, hit)
+        for g in range(_BLOCK // 8 if hits else 0):
+            if words[g] != 0:
+                for j in range(8 * g, 8 * g + 8):
+                    if hit[j]:
+                        v = np.float64(block[j])
+                        key = (np.float32(abs(c - v)).view(np.int32) >> _BUCKET_SHIFT) & np.int32(mass.shape[0] - 1)
+                        mass[key] += _exp64(v - lse)
+                        many[key] += 1
         dense = hits * 8 > n
     run = 0.0
     seen = 0
@@ -199,14 +218,22 @@ def _bands(x, p, min_keep, limit, c_out, lse_out, counts, positions):
         upper = np.float64(np.int32(min((key + 1) << _BUCKET_SHIFT, 0x7F7FFFFF)).view(np.float32))
         n = 0
         nan = 0
-        for j in range(xr.shape[0]):
-            v = np.float64(xr[j])
-            nan += v != v
-            if abs(c - v) <= upper:  # -inf: inf, never in
-                if n == limit:
-                    break
-                positions[row, n] = j
-                n += 1
+        hit = np.zeros(_BLOCK, dtype=np.uint8)
+        words = hit.view(np.uint64)
+        for start in range(0, xr.shape[0], _BLOCK):  # marked in a vectorised loop, the marks read 8 at a time
+            m = min(_BLOCK, xr.shape[0] - start)
+            if m < _BLOCK:
+                hit[:] = 0
+            hits, bad = _close(xr[start:start + m], c, upper, hit)  # -inf: an infinite distance, never in
+            nan += bad
+            if n + hits >= limit:  # the band is too wide for this path
+                n = limit
+                break
+            for g in range(_BLOCK // 8 if hits else 0):
+                if words[g] != 0:
+                    for j in range(8 * g, 8 * g + 8):
+                        positions[row, n] = start + j
+                        n += hit[j]
         if n < limit and nan == 0:
             counts[row] = n
 
