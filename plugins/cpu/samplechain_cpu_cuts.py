@@ -347,7 +347,7 @@ def _row_nucleus(xr, p, min_keep, least, where, keys, spare_keys, spare_where):
         block = xr[start:start + n]
         _depth_keys(block, top, e, keys_b)
         for j in range(n):
-            depths[keys_b[j]] += e[j]
+            depths[np.uint32(keys_b[j])] += e[j]  # unsigned: no negative-index wraparound test
         for j in range(n):
             nan += block[j] != block[j]
     if nan:
