@@ -297,13 +297,36 @@ def _scan(x, ids, has_ids, row, lo, hi, k1, k2, shift, t, floor, scaled, top, ma
     return best_v, best_i, -1, big
 
 
+_U64 = np.uint64(32)
+_LAST_MIX = np.uint32(0x5BD1E995)
+
+
+@_jit(inline="always")
+def _row_keys(seed, position, salt, k1, k2):
+    """k1, k2 = rng.row_keys(seed, position, stream) (its _row_key_int, in uint32 arithmetic); salt = (stream *
+    0x9E3779B9) mod 2**32."""
+    for row in range(seed.shape[0]):
+        s = np.uint64(seed[row])
+        p = np.uint64(position[row])
+        k = _mix32(np.uint32(s >> _U64) ^ salt)
+        k = _mix32(np.uint32(s) ^ k)
+        k = _mix32(k ^ np.uint32(p))
+        k = _mix32(k ^ np.uint32(p >> _U64))
+        k1[row] = k
+        k2[row] = _mix32(k ^ _LAST_MIX)
+
+
 @_jit(parallel=True, nogil=True)
-def _draw(x, ids, has_ids, k1, k2, chunks, t, floor, scaled, around, mass_m, mass_s, out):
-    """out[b] = the draw of row b over x[b] / t[b] (the tokens not below floor[b], see _scan), each row cut into
-    `chunks` parts (whole _BLOCKs) that the threads take in any order; the parts' results are combined in row order
-    (first NaN, else the first of the least values). With mass_m / mass_s (B, blocks), also each block's mass
-    (_scan, around[b] its top: NaN for _block_mass's)."""
+def _draw(x, ids, has_ids, seed, position, salt, chunks, t, floor, scaled, around, mass_m, mass_s, out):
+    """out[b] = the draw of row b over x[b] / t[b] (the tokens not below floor[b], see _scan) under the row keys of
+    seed[b], position[b] and the stream's salt (_row_keys), each row cut into `chunks` parts (whole _BLOCKs) that
+    the threads take in any order; the parts' results are combined in row order (first NaN, else the first of the
+    least values). With mass_m / mass_s (B, blocks), also each block's mass (_scan, around[b] its top: NaN for
+    _block_mass's)."""
     batch, width = x.shape
+    k1 = np.empty(batch, dtype=np.uint32)
+    k2 = np.empty(batch, dtype=np.uint32)
+    _row_keys(seed, position, salt, k1, k2)
     size = ((width + chunks - 1) // chunks + _BLOCK - 1) // _BLOCK * _BLOCK
     chunks = (width + size - 1) // size
     tasks = batch * chunks
@@ -343,18 +366,20 @@ def _draw(x, ids, has_ids, k1, k2, chunks, t, floor, scaled, around, mass_m, mas
 
 
 @_jit(nogil=True)
-def _log_mass(mass_m, mass_s, out):
-    """out[b] = log sum e**(x / t) of row b from its blocks' (m, s), combined in block order (float32)."""
+def _logprobs(x, tokens, t, mass_m, mass_s, out):
+    """out[b] = x[b, tokens[b]] / t[b] - lse, lse the log sum e**(x / t) of row b from its blocks' (m, s) combined in
+    block order, rounded to float32 (as torch's float32 division and subtraction of them would give)."""
     for row in range(mass_m.shape[0]):
         top = mass_m[row].max()
+        chosen = x[row, tokens[row]] / t[row]
         if not (top > -np.inf and top < np.inf):  # no finite entry: -inf (all masked) or +inf, as torch's
-            out[row] = top
+            out[row] = chosen - np.float32(top)
             continue
         total = 0.0
         for b in range(mass_m.shape[1]):
             if mass_s[row, b] > 0.0:
                 total += mass_s[row, b] * np.exp(mass_m[row, b] - top)
-        out[row] = np.float32(top + np.log(total))
+        out[row] = chosen - np.float32(top + np.log(total))
 
 
 _NO_IDS = np.zeros((1, 1), dtype=np.int64)  # the ids argument when there are none
@@ -373,9 +398,10 @@ def _start() -> None:
     with _lock:
         if _owner is not None:
             return
-        _draw(np.zeros((1, 1), dtype=np.float32), _NO_IDS, False, np.zeros(1, dtype=np.uint64),
-              np.zeros(1, dtype=np.uint64), 1, np.ones(1, dtype=np.float32), np.full(1, -np.inf, np.float32),
-              False, np.full(1, np.nan), _NO_MASS, _NO_MASS, np.empty(1, dtype=np.int64))
+        zero = np.zeros(1, dtype=np.int64)
+        _draw(np.zeros((1, 1), dtype=np.float32), _NO_IDS, False, zero, zero, np.uint32(0), 1,
+              np.ones(1, dtype=np.float32), np.full(1, -np.inf, np.float32), False, np.full(1, np.nan), _NO_MASS,
+              _NO_MASS, np.empty(1, dtype=np.int64))
         _nesting_off()
         _owner = os.getpid()
 
@@ -410,13 +436,29 @@ def _threads(entries: int) -> bool:
     return True
 
 
+def _per_row(v: torch.Tensor | float, batch: int, dtype: np.dtype) -> np.ndarray:
+    """A number or a tensor of one value per row (or one value) as a contiguous (B,) array of dtype."""
+    if not isinstance(v, torch.Tensor):
+        return np.full(batch, v, dtype=dtype)
+    a = v.detach().numpy()
+    if a.dtype != dtype:
+        a = a.astype(dtype)
+    return a if a.shape == (batch,) and a.flags.c_contiguous else np.ascontiguousarray(np.broadcast_to(a, (batch,)))
+
+
+def _salt(stream: int) -> np.uint32:
+    """A stream's salt for _row_keys: (stream * 0x9E3779B9) mod 2**32, as rng.row_keys mixes it in."""
+    return np.uint32((stream * 0x9E3779B9) & 0xFFFFFFFF)
+
+
 def _run(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None, stream: int,
          t: torch.Tensor | float, mass: bool, floor: torch.Tensor | None = None, scaled: bool = False,
          top: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray | None] | None:
-    """The compiled draw over logits / t (tokens (B,)), and with mass, the rows' log-sum-exp of logits / t (float32
-    (B,)); with floor (B,), over the tokens whose logit (scaled: logit / t) is not below it only, the log-sum-exp
-    then over those in float64 around top (B,), each row's largest logit / t. None in a forked child (the caller
-    takes the torch path)."""
+    """The compiled draw over logits / t (tokens (B,)), and with mass, the chosen tokens' logprobs under
+    softmax(logits / t) (float32 (B,): logit / t minus the rows' log-sum-exp, rounded to float32); with floor (B,),
+    over the tokens whose logit (scaled: logit / t) is not below it only, the log-sum-exp then over those in
+    float64 around top (B,), each row's largest logit / t. None in a forked child (the caller takes the torch
+    path)."""
     if not _threads(logits.numel()):
         return None
     batch, width = logits.shape
@@ -427,22 +469,21 @@ def _run(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: 
         logits = logits.float()
     x = logits.detach().contiguous().numpy()
     idn = _NO_IDS if ids is None else ids.to(torch.int64).contiguous().numpy()
-    k1, k2 = rng.row_keys(seed, position, stream)
     threads = numba.get_num_threads()
     chunks = max(1, min((2 * threads + batch - 1) // batch, width // _MIN_CHUNK))  # B = 1 too: every thread busy
-    scale = np.broadcast_to(np.asarray(t.detach().numpy() if isinstance(t, torch.Tensor) else t, dtype=x.dtype),
-                            (batch,))
+    scale = _per_row(t, batch, x.dtype)
     blocks = (width + _BLOCK - 1) // _BLOCK
     mass_m, mass_s = (np.empty((batch, blocks)), np.empty((batch, blocks))) if mass else (_NO_MASS, _NO_MASS)
-    edge = np.full(batch, -np.inf, dtype=x.dtype) if floor is None else floor.detach().numpy().astype(x.dtype)
-    around = np.full(batch, np.nan) if top is None else top.detach().double().contiguous().numpy()
-    _draw(x, idn, ids is not None, k1.numpy().view(np.uint64), k2.numpy().view(np.uint64), chunks,
-          np.ascontiguousarray(scale), np.ascontiguousarray(edge), scaled, around, mass_m, mass_s, out)
+    edge = np.full(batch, -np.inf, dtype=x.dtype) if floor is None else _per_row(floor, batch, x.dtype)
+    around = np.full(batch, np.nan) if top is None else _per_row(top, batch, np.dtype(np.float64))
+    _draw(x, idn, ids is not None, _per_row(seed, batch, np.dtype(np.int64)),
+          _per_row(position, batch, np.dtype(np.int64)), _salt(stream), chunks,
+          scale, edge, scaled, around, mass_m, mass_s, out)
     if not mass:
         return out, None
-    lse = np.empty(batch, dtype=np.float32)
-    _log_mass(mass_m, mass_s, lse)
-    return out, lse
+    logprobs = np.empty(batch, dtype=np.float32)
+    _logprobs(x, out, scale, mass_m, mass_s, logprobs)
+    return out, logprobs
 
 
 def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None,
@@ -474,12 +515,7 @@ def scaled_draw(logits: torch.Tensor, t: torch.Tensor | float, seed: torch.Tenso
     if floor is not None and top is None:  # the largest logit / t, the survivors' normaliser's shift
         top = logits.amax(dim=1) / (t if not isinstance(t, torch.Tensor) else t.to(logits.dtype))
     found = _run(logits, seed, position, None, stream, t, True, floor, scaled, top)
-    if found is None:
-        return None
-    tokens, lse = torch.from_numpy(found[0]), torch.from_numpy(found[1])
-    chosen = logits.gather(1, tokens[:, None])[:, 0]
-    chosen = chosen / (t if not isinstance(t, torch.Tensor) else t.to(chosen.dtype))
-    return tokens, chosen - lse
+    return None if found is None else (torch.from_numpy(found[0]), torch.from_numpy(found[1]))
 
 
 # ----------------------------------------------------------------------------- Backend.at_least

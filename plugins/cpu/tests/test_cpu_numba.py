@@ -69,6 +69,19 @@ def test_many_seeds_one_wide_row(fused):
     assert len({int(_same(fused, x, seed=s)) for s in range(12)}) > 8
 
 
+@pytest.mark.parametrize("stream", [0, 1, 7, 2**31 + 5, 2**40 + 3])
+def test_compiled_row_keys_are_rngs(fused, stream):
+    """The draw forms each row's keys inside the compiled call: rng.row_keys' bit for bit, seeds and positions over
+    their whole range (64-bit positions' high words included) and streams beyond 32 bits."""
+    seeds, positions = _args(64, stream % 1000)
+    seeds[:3] = torch.tensor([0, 1, rng.SEED_MAX])
+    positions[:3] = torch.tensor([0, 2**32 + 1, 2**62 + 12345])
+    k1, k2 = np.empty(64, dtype=np.uint32), np.empty(64, dtype=np.uint32)
+    fused._row_keys(seeds.numpy(), positions.numpy(), fused._salt(stream), k1, k2)
+    want1, want2 = rng.row_keys(seeds, positions, stream)
+    assert np.array_equal(k1.astype(np.int64), want1.numpy()) and np.array_equal(k2.astype(np.int64), want2.numpy())
+
+
 @pytest.mark.parametrize("width", [1000, 40000])
 def test_edge_rows(fused, width):
     """Exact ties (+inf twice: the first; rounded logits: the noise decides), NaN (the first NaN, as torch's
