@@ -12,8 +12,9 @@ store of its chain; requests naming the same chain share one loaded chain and st
 row, so vLLM's own sampling (greedy, or random at any temperature / top-k / top-p) can only pick that token.
 
 Equal to samplechain's own `generate()`: the store position of a request is its number of generated tokens (as
-generate()'s), its seed is SamplingParams.seed (or params["seed"]), and history-reading samplers get prompt +
-output so far. Where vLLM samples a row whose token it then discards (a chunked prefill that is not finished, a
+generate()'s), its seed is SamplingParams.seed (or params["seed"]; with n = 1 the frontend moves the seed into
+extra_args, so that vLLM's redundant sample after the chain's needs no per-request generator), and history-reading
+samplers get prompt + output so far. Where vLLM samples a row whose token it then discards (a chunked prefill that is not finished, a
 preempted request resumed with output already), the position is re-synchronised from the output length before
 the step, so the noise for (seed, position, token) stays the one generate() uses.
 
@@ -63,7 +64,7 @@ from samplechain import Chain, StopContext, Stopping, StopSetup
 from samplechain.engine.stopping import min_new_tokens_of
 from samplechain.engine.store import RequestStore
 
-from .requests import PARAM_PREFIX, ChainSpec, RequestSpec, RequestSpecError, parse_request
+from .requests import PARAM_PREFIX, VLLM_SEED_KEY, ChainSpec, RequestSpec, RequestSpecError, parse_request
 
 try:  # the processor is a vLLM plugin; the request parsing above works without vLLM
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
@@ -195,6 +196,19 @@ def _hand_over_budget(sampling_params: Any, carry: bool) -> None:
     sampling_params.thinking_token_budget = None
 
 
+def _hand_over_seed(sampling_params: Any) -> None:
+    """The chain draws the request's token and leaves it the only finite logit, so vLLM's own sample after it can
+    only pick that token: move SamplingParams.seed into extra_args (the chain's seed, as before), so that vLLM
+    draws that redundant sample with its batch's shared generator instead of a per-request one (a seeded row costs
+    vLLM's CPU sampler one generator call and a host read a step). Only with n = 1: vLLM gives choice i of n > 1
+    the seed seed + i after this point. Runs in vLLM's frontend, before the request is copied for the engine."""
+    seed = getattr(sampling_params, "seed", None)
+    if seed is None or getattr(sampling_params, "n", 1) != 1:
+        return
+    sampling_params.extra_args = {**(sampling_params.extra_args or {}), PARAM_PREFIX + VLLM_SEED_KEY: int(seed)}
+    sampling_params.seed = None
+
+
 @attrs.define(eq=False)
 class _Group:
     """A chain in use and its request store."""
@@ -297,8 +311,11 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
         checked = _check(sampling_params)
-        if checked is not None and checked[2] is not None:  # the chain enforces vLLM's thinking_token_budget
+        if checked is None:
+            return
+        if checked[2] is not None:  # the chain enforces vLLM's thinking_token_budget
             _hand_over_budget(sampling_params, checked[2])
+        _hand_over_seed(sampling_params)
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         model_config = getattr(vllm_config, "model_config", None)

@@ -32,7 +32,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["EXTRA_KEY", "ChainSpec", "RequestSpec", "RequestSpecError", "parse_request", "DEFAULT_CHAIN_ENV",
+__all__ = ["EXTRA_KEY", "VLLM_SEED_KEY", "ChainSpec", "RequestSpec", "RequestSpecError", "parse_request", "DEFAULT_CHAIN_ENV",
            "CHAIN_DIR_ENV"]
 
 EXTRA_KEY = "samplechain"
@@ -43,6 +43,9 @@ CHAIN_DIR_ENV = "SAMPLECHAIN_VLLM_CHAIN_DIR"  # the only folder requests may nam
 _KEYS = ("preset", "chain", "params", "logprobs_at", "stop_regex")
 LOGPROBS_KEY = "logprobs_at"  # Chain.sample's logprobs_at for this request's logprobs (default: the engine's mode)
 STOP_REGEX_KEY = "stop_regex"  # patterns that end the request (SGLang's stop_regex), as generate(stop_regex=...)
+# SamplingParams.seed, moved into extra_args by the frontend (processor._hand_over_seed): vLLM then draws its own,
+# redundant, sample of a samplechain row without a per-request generator
+VLLM_SEED_KEY = "vllm_seed"
 
 
 class RequestSpecError(ValueError):
@@ -120,12 +123,22 @@ def default_chain() -> ChainSpec | None:
 def parse_request(extra_args: Mapping[str, Any] | None, seed: int | None = None) -> RequestSpec | None:
     """The request's chain and parameters, or None when samplechain does not apply to it.
 
-    `seed` is SamplingParams.seed; it seeds a seeded chain unless params give their own."""
+    `seed` is SamplingParams.seed (or, once the frontend handed it over, extra_args' samplechain.vllm_seed); it
+    seeds a seeded chain unless params give their own."""
     extra = extra_args or {}
     raw = extra.get(EXTRA_KEY, None)
     flat = {k[len(PARAM_PREFIX):]: v for k, v in extra.items() if isinstance(k, str) and k.startswith(PARAM_PREFIX)}
     logprobs_at = flat.pop(LOGPROBS_KEY, None)
     stop_regex = flat.pop(STOP_REGEX_KEY, None)
+    if VLLM_SEED_KEY in flat:
+        handed = flat.pop(VLLM_SEED_KEY)
+        if isinstance(handed, bool) or not isinstance(handed, int):
+            raise RequestSpecError(f"samplechain: {PARAM_PREFIX}{VLLM_SEED_KEY} must be an integer (the request's "
+                                   f"seed), got {handed!r}")
+        if seed is not None and seed != handed:
+            raise RequestSpecError(f"samplechain: seed = {seed} but {PARAM_PREFIX}{VLLM_SEED_KEY} = {handed}: two "
+                                   f"seeds for one request; give it once")
+        seed = handed
     if raw is False or (isinstance(raw, str) and raw.strip().lower() in _OFF):
         if flat or logprobs_at is not None or stop_regex is not None:
             given = list(flat) + [k for k, v in ((LOGPROBS_KEY, logprobs_at), (STOP_REGEX_KEY, stop_regex))

@@ -83,6 +83,38 @@ def test_rows_follow_their_requests_through_add_move_remove() -> None:
                 outputs[k].append(int(raw[b].argmax()))
 
 
+def test_the_frontend_hands_the_seed_to_the_chain() -> None:
+    """validate_params moves SamplingParams.seed into extra_args (vLLM's own sample after the chain's needs no
+    per-request generator then): the chain draws the tokens of the seed, the same as before the hand-over; a second
+    validation (LLM.generate reuses params) changes nothing; n > 1 (vLLM seeds choice i with seed + i afterwards)
+    and requests without samplechain keep their seed; a second, different seed is refused."""
+    handed = params({"samplechain": "llama.cpp"}, 7)
+    SamplechainLogitsProcessor.validate_params(handed)
+    assert handed.seed is None and handed.extra_args == {"samplechain": "llama.cpp", "samplechain.vllm_seed": 7}
+    SamplechainLogitsProcessor.validate_params(handed)
+    assert handed.seed is None and handed.extra_args == {"samplechain": "llama.cpp", "samplechain.vllm_seed": 7}
+    proc = make_processor()
+    output: list[int] = []
+    proc.update_state(update(1, added=[(0, handed, [5, 6], output)]))
+    ref = Reference("preset:llama.cpp", 7, [5, 6])
+    gen = torch.Generator().manual_seed(8)
+    for _ in range(4):
+        logits = torch.randn(1, V, generator=gen) * 3
+        want = ref.step(logits[0], output)
+        assert proc.apply(logits.clone()).isfinite().nonzero()[0, 1].item() == want
+        output.append(want)
+    greedy = params({"samplechain": "greedy"}, 3)  # a chain without a seed: handed over and ignored
+    SamplechainLogitsProcessor.validate_params(greedy)
+    assert greedy.seed is None
+    many = SamplingParams(n=2, seed=7, extra_args={"samplechain": "llama.cpp"}, max_tokens=8)
+    plain = params(None, 7)
+    for kept in (many, plain):
+        SamplechainLogitsProcessor.validate_params(kept)
+        assert kept.seed == 7 and "samplechain.vllm_seed" not in (kept.extra_args or {})
+    with pytest.raises(ValueError, match="two seeds"):
+        SamplechainLogitsProcessor.validate_params(params({"samplechain": "llama.cpp", "samplechain.vllm_seed": 7}, 8))
+
+
 def test_a_discarded_sample_does_not_move_the_position() -> None:
     proc = make_processor()
     output: list[int] = []

@@ -122,13 +122,14 @@ def test_vllms_thinking_token_budget_is_the_chains_budget_and_is_forced_once(tok
     by_xarg = SamplingParams(seed=5, extra_args={**xargs, "samplechain.thinking_token_budget": 3}, max_tokens=16)
     outputs, tracked = serve(tok, [by_field, by_xarg], 16)
     assert by_field.thinking_token_budget is None and not tracked
-    assert by_field.extra_args == {**xargs, "samplechain.thinking_token_budget": 3}
+    handed = {**xargs, "samplechain.thinking_token_budget": 3, "samplechain.vllm_seed": 5}  # the seed: n = 1
+    assert by_field.extra_args == handed and by_field.seed is None
     assert xargs == {"samplechain": WITH_MESSAGE}  # the caller's dict is not changed, the params get a new one
     forced = tok.encode(MESSAGE) + tok.encode("</think>")
     assert outputs[0][3:3 + len(forced)] == forced
     assert outputs[0] == outputs[1]  # same prompt, seed and budget: the same tokens either way
     SamplechainLogitsProcessor.validate_params(by_field)  # validated again (LLM.generate reuses params): unchanged
-    assert by_field.extra_args == {**xargs, "samplechain.thinking_token_budget": 3}
+    assert by_field.extra_args == handed
 
 
 def test_without_the_hand_over_vllm_would_force_over_the_chains_message(tok) -> None:
