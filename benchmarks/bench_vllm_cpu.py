@@ -16,8 +16,11 @@ Per configuration and batch size, median ms per step of
 each also against transformers' processors + softmax + multinomial (samplechain.tools.bench.transformers_step) and
 against vLLM doing the same: `apply_penalties` (the repetition penalty over prompt and output tokens), the
 temperature in place, vLLM's `MinPLogitsProcessor.apply`, then `forward_cpu` with top-k / top-p (vLLM's order:
-penalties, temperature, min-p, top-k / top-p; samplechain's preset cuts before its temperature). vLLM's sampler writes into the logits, so every call gets a fresh copy (the copy is not timed). The paths take
-turns call by call.
+penalties, temperature, min-p, top-k / top-p; samplechain's preset cuts before its temperature). vLLM's sampler
+writes into the logits, so every call gets a fresh copy (the copy is not timed). The paths take turns call by call,
+their order rotated each round: what ran just before a call changes its time (right after transformers' multinomial,
+24 ms at B = 8, every small operation runs several times slower for a while), and a fixed order put samplechain's
+calls always after transformers' and vLLM's always after samplechain's.
 """
 
 from __future__ import annotations
@@ -151,13 +154,15 @@ def matrix(args: argparse.Namespace) -> None:
 
 def _medians(paths: dict[str, Callable[[torch.Tensor], torch.Tensor]], base: torch.Tensor, work: torch.Tensor,
              reps: int) -> dict[str, float]:
-    """Median ms per call of each path on a fresh copy of base, the paths taking turns call by call."""
+    """Median ms per call of each path on a fresh copy of base, the paths taking turns call by call, their order
+    rotated from round to round (what ran just before a call changes its time: see the module's text)."""
     for fn in paths.values():  # warm-up: first calls compile / allocate
         timed(fn, base, work)
     times: dict[str, list[float]] = {key: [] for key in paths}
-    for _ in range(reps):
-        for key, fn in paths.items():
-            times[key].append(timed(fn, base, work))
+    keys = list(paths)
+    for rep in range(reps):  # the order rotates: each path comes right after each other one equally often
+        for key in keys[rep % len(keys):] + keys[:rep % len(keys)]:
+            times[key].append(timed(paths[key], base, work))
     return {key: statistics.median(v) for key, v in times.items()}
 
 
