@@ -112,7 +112,7 @@ class FusedPart:
     with the counter-based noise, the selector). value and min_keep: a Python number shared by the batch (the
     sampler's scalar path), or a (B,) tensor of per-request values (its per-row path). A temperature given as a
     Python number ranks the following top_k by the raw logits (the executor runs top_k before an order-preserving
-    transform it precedes); the executor hands it as a tensor where the chain would not.
+    transform it precedes); the executor hands it as a tensor where the chain would not and a top_k follows.
 
     The kernel is called as kernel(logits (B, V) float32, parts (in chain order), select (the dist part),
     positions (B,), stream) and returns (token ids (B,) int64, their logprobs (B,) float32 under the kept

@@ -521,13 +521,16 @@ class Chain:
         if select is None or select.kind != "dist":
             return None
         parts = []
-        for i, part in reversed(found):
-            if part.kind == "temperature" and not isinstance(part.value, torch.Tensor) and \
+        ranked = False  # a top_k among the parts after this one
+        for i, part in found:  # back to front
+            if part.kind == "temperature" and ranked and not isinstance(part.value, torch.Tensor) and \
                     not self._swaps(i, self._context(store, view, positions, backend, i, hist, uncond, cache)):
                 # a shared temperature ranks a following top_k by the raw logits only where _filter swaps them
                 part = attrs.evolve(part, value=torch.full(positions.shape, float(part.value), dtype=torch.float32,
                                                            device=positions.device))
+            ranked = ranked or part.kind == "top_k"
             parts.append(part)
+        parts.reverse()
         return start, kernel, parts, select
 
     def _fuse_sparse_then_rank(self, cand: Candidates, ctx: StepContext, i: int, store: RequestStore, view,
