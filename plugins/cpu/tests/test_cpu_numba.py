@@ -5,7 +5,9 @@ numba is switched off or missing, and in a forked child."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import types
 
@@ -197,6 +199,60 @@ def test_a_bad_switch_names_the_variable(monkeypatch):
     monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", "maybe")
     with pytest.raises(BackendError, match=r"SAMPLECHAIN_CPU_NUMBA='maybe': expected 1 .* or 0"):
         cpu.numba_enabled()
+
+
+_WIDE_PROBE = """
+import json, sys, numba, torch
+from numba.core.codegen import get_host_cpu_features
+if sys.argv[1] == "compiled-before":
+    numba.njit(lambda v: v + 1)(1)
+import samplechain_cpu_numba as m
+from samplechain import rng
+g = torch.Generator().manual_seed(4)
+x = torch.randn(8, 128256, generator=g) * 3
+seeds, positions = torch.arange(8) + 11, torch.arange(8) * 7
+tokens, logprobs = m.scaled_draw(x, 0.8, seeds, positions, 2)
+assert torch.equal(tokens, rng.gumbel_argmax(x / 0.8, seeds, positions, None, 2))
+print(json.dumps({"avx512": "+avx512f" in get_host_cpu_features().split(","), "set": m._FEATURES is not None,
+                  "wide": "-prefer-256-bit" in (numba.config.CPU_FEATURES or ""), "tokens": tokens.tolist(),
+                  "logprobs": logprobs.tolist()}))
+"""
+
+
+def _wide_probe(monkeypatch, tmp_path, how: str, **env: str) -> dict:
+    """The probe above in a new process (numba's target machine is built once a process), compiled anew."""
+    for name in ("SAMPLECHAIN_CPU_WIDE_VECTORS", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / how))
+    done = subprocess.run([sys.executable, "-c", _WIDE_PROBE, how], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_wide_vectors_on_avx512_the_same_tokens(fused, monkeypatch, tmp_path):
+    """On an AVX-512 CPU numba's loops get 512-bit vectors (LLVM's "prefer-256-bit" tuning off) unless
+    SAMPLECHAIN_CPU_WIDE_VECTORS=0, NUMBA_CPU_NAME / NUMBA_CPU_FEATURES choose the target, or numba compiled
+    before the kernels' module (its one target machine is built then); the tokens are rng's every way (the probe
+    checks), the logprobs the same to float32's rounding."""
+    wide = _wide_probe(monkeypatch, tmp_path, "default")
+    assert wide["set"] is wide["avx512"] and wide["wide"] is wide["avx512"]
+    for how, env in (("off", {"SAMPLECHAIN_CPU_WIDE_VECTORS": "0"}), ("chosen", {"NUMBA_CPU_NAME": "generic"}),
+                     ("compiled-before", {})):
+        got = _wide_probe(monkeypatch, tmp_path, how, **env)
+        assert not got["set"] and not got["wide"], how
+        assert got["tokens"] == wide["tokens"], how
+        assert np.allclose(got["logprobs"], wide["logprobs"], rtol=1e-6, atol=1e-6), how
+
+
+def test_a_bad_wide_vectors_switch_names_the_variable(monkeypatch):
+    monkeypatch.setenv("SAMPLECHAIN_CPU_WIDE_VECTORS", "wide")
+    with pytest.raises(BackendError, match=r"SAMPLECHAIN_CPU_WIDE_VECTORS='wide'"):
+        import samplechain_cpu_numba
+
+        samplechain_cpu_numba._wide_vectors()
 
 
 def test_numba_from_vllms_pin_on(monkeypatch):
