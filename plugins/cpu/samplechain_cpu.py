@@ -292,9 +292,10 @@ def fused_sample(logits: torch.Tensor, parts: list[FusedPart], select: FusedPart
         if not (bool((part.min_keep <= 1).all()) if isinstance(part.min_keep, torch.Tensor) else part.min_keep <= 1):
             return None  # min_keep may bind: min_p ranks its candidates
         scaled = kinds == ["temperature", "min_p"]
-        raw = logits.amax(dim=-1)
-        top = raw / (t if not isinstance(t, torch.Tensor) else t.to(raw.dtype))  # the largest quotient: rounding
-        floor = min_p_floor(top if scaled else raw, part.value)  # is monotone
+        import samplechain_cpu_numba  # the floor from each row's amax, formed in the kernel as min_p_floor would
+
+        return samplechain_cpu_numba.scaled_draw(logits, t, select.value, positions, stream, scaled=scaled,
+                                                 min_p=part.value)
     elif logits.shape[1] <= LSE64_WIDTH:  # the executor's normaliser is float64 there: so is the kernel's
         raw = logits.amax(dim=-1)
         top = raw / (t if not isinstance(t, torch.Tensor) else t.to(raw.dtype))

@@ -328,6 +328,35 @@ def _scan(x, ids, has_ids, row, lo, hi, k1, k2, shift, t, floor, scaled, top, ma
 
 
 _U64 = np.uint64(32)
+
+
+@_jit(nogil=True)
+def _amax(xr, n):
+    """torch.amax of xr[:n] (n >= 1): NaN where an entry is NaN (of either sign), else _largest's (vectorised).
+    Not inlined: numba cannot inline _largest twice into one function."""
+    nan = 0
+    for j in range(n):
+        nan += xr[j] != xr[j]
+    return xr.dtype.type(np.nan) if nan else _largest(xr, n)
+
+
+@_jit(inline="always")
+def _min_p_floors(part, chunks, t, logp, scaled, floor, around):
+    """Per row what the cpu backend's fused_sample formed with torch ops before the draw: m = the row's amax (from
+    its parts' maxima, NaN if any is), top = m / t (float32's division), floor = top (scaled: temperature before
+    min_p) or m, plus log p, rounded once to float32 (the float64 sum of two float32s rounds to float32's sum:
+    torch's float32 add; a float64 log p: torch's float64 add, then the float32 the draw compares with), -inf where
+    p <= 0 (logp -inf); around = top in float64."""
+    for row in range(floor.shape[0]):
+        m = part[row * chunks]
+        for task in range(row * chunks + 1, (row + 1) * chunks):
+            v = part[task]
+            if m == m and (v != v or v > m):
+                m = v
+        top = m / t[row]
+        base = top if scaled else m
+        floor[row] = -np.inf if logp[row] == -np.inf else np.float64(base) + logp[row]
+        around[row] = top
 _LAST_MIX = np.uint32(0x5BD1E995)
 
 
@@ -347,12 +376,13 @@ def _row_keys(seed, position, salt, k1, k2):
 
 
 @_jit(parallel=True, nogil=True)
-def _draw(x, ids, has_ids, seed, position, salt, chunks, t, floor, scaled, around, mass_m, mass_s, out):
+def _draw(x, ids, has_ids, seed, position, salt, chunks, t, floor, scaled, around, mass_m, mass_s, out, logp):
     """out[b] = the draw of row b over x[b] / t[b] (the tokens not below floor[b], see _scan) under the row keys of
     seed[b], position[b] and the stream's salt (_row_keys), each row cut into `chunks` parts (whole _BLOCKs) that
     the threads take in any order; the parts' results are combined in row order (first NaN, else the first of the
     least values). With mass_m / mass_s (B, blocks), also each block's mass (_scan, around[b] its top: NaN for
-    _block_mass's)."""
+    _block_mass's). With logp (B,) (min_p's log p, float64; -inf: p <= 0), floor and around are written first:
+    _min_p_floors, over the same parts."""
     batch, width = x.shape
     k1 = np.empty(batch, dtype=np.uint32)
     k2 = np.empty(batch, dtype=np.uint32)
@@ -360,6 +390,14 @@ def _draw(x, ids, has_ids, seed, position, salt, chunks, t, floor, scaled, aroun
     size = ((width + chunks - 1) // chunks + _BLOCK - 1) // _BLOCK * _BLOCK
     chunks = (width + size - 1) // size
     tasks = batch * chunks
+    if logp.shape[0] > 0:
+        part = np.empty(tasks, dtype=x.dtype)
+        for task in numba.prange(tasks):
+            row = task // chunks
+            lo = (task % chunks) * size
+            hi = min(lo + size, width)
+            part[task] = _amax(x[row, lo:hi], hi - lo)
+        _min_p_floors(part, chunks, t, logp, scaled, floor, around)
     best_v = np.empty(tasks)
     best_i = np.empty(tasks, dtype=np.int64)
     nan_i = np.empty(tasks, dtype=np.int64)
@@ -414,6 +452,7 @@ def _logprobs(x, tokens, t, mass_m, mass_s, out):
 
 _NO_IDS = np.zeros((1, 1), dtype=np.int64)  # the ids argument when there are none
 _NO_MASS = np.zeros((1, 0))  # the mass arguments when the blocks' masses are not wanted
+_NO_LOGP = np.zeros(0)  # the logp argument when the caller gives the floors
 _owner = None  # the process that started numba's threads
 _lock = threading.Lock()
 
@@ -431,7 +470,7 @@ def _start() -> None:
         zero = np.zeros(1, dtype=np.int64)
         _draw(np.zeros((1, 1), dtype=np.float32), _NO_IDS, False, zero, zero, np.uint32(0), 1,
               np.ones(1, dtype=np.float32), np.full(1, -np.inf, np.float32), False, np.full(1, np.nan), _NO_MASS,
-              _NO_MASS, np.empty(1, dtype=np.int64))
+              _NO_MASS, np.empty(1, dtype=np.int64), _NO_LOGP)
         _nesting_off()
         _owner = os.getpid()
 
@@ -483,12 +522,13 @@ def _salt(stream: int) -> np.uint32:
 
 def _run(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None, stream: int,
          t: torch.Tensor | float, mass: bool, floor: torch.Tensor | None = None, scaled: bool = False,
-         top: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray | None] | None:
+         top: torch.Tensor | None = None, log_p: np.ndarray | None = None
+         ) -> tuple[np.ndarray, np.ndarray | None] | None:
     """The compiled draw over logits / t (tokens (B,)), and with mass, the chosen tokens' logprobs under
     softmax(logits / t) (float32 (B,): logit / t minus the rows' log-sum-exp, rounded to float32); with floor (B,),
     over the tokens whose logit (scaled: logit / t) is not below it only, the log-sum-exp then over those in
-    float64 around top (B,), each row's largest logit / t. None in a forked child (the caller takes the torch
-    path)."""
+    float64 around top (B,), each row's largest logit / t; with log_p (B,) float64 instead, floor and top formed
+    in the kernel (_min_p_floors). None in a forked child (the caller takes the torch path)."""
     if not _threads(logits.numel()):
         return None
     batch, width = logits.shape
@@ -504,11 +544,14 @@ def _run(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: 
     scale = _per_row(t, batch, x.dtype)
     blocks = (width + _BLOCK - 1) // _BLOCK
     mass_m, mass_s = (np.empty((batch, blocks)), np.empty((batch, blocks))) if mass else (_NO_MASS, _NO_MASS)
-    edge = np.full(batch, -np.inf, dtype=x.dtype) if floor is None else _per_row(floor, batch, x.dtype)
-    around = np.full(batch, np.nan) if top is None else _per_row(top, batch, np.dtype(np.float64))
+    if log_p is not None:  # written by the kernel
+        edge, around = np.empty(batch, dtype=x.dtype), np.empty(batch)
+    else:
+        edge = np.full(batch, -np.inf, dtype=x.dtype) if floor is None else _per_row(floor, batch, x.dtype)
+        around = np.full(batch, np.nan) if top is None else _per_row(top, batch, np.dtype(np.float64))
     _draw(x, idn, ids is not None, _per_row(seed, batch, np.dtype(np.int64)),
           _per_row(position, batch, np.dtype(np.int64)), _salt(stream), chunks,
-          scale, edge, scaled, around, mass_m, mass_s, out)
+          scale, edge, scaled, around, mass_m, mass_s, out, _NO_LOGP if log_p is None else log_p)
     if not mass:
         return out, None
     logprobs = np.empty(batch, dtype=np.float32)
@@ -529,7 +572,8 @@ def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tens
 
 def scaled_draw(logits: torch.Tensor, t: torch.Tensor | float, seed: torch.Tensor, position: torch.Tensor,
                 stream: int = 0, *, floor: torch.Tensor | None = None, scaled: bool = False,
-                top: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+                top: torch.Tensor | None = None, min_p: torch.Tensor | float | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """temperature -> dist over the whole vocabulary in one pass: the tokens of rng.gumbel_argmax(logits / t, ...)
     (bit for bit: the same float32 division, then the same draw) and log_softmax(logits / t) at them, float32 (B,).
     logits (B, V) float32 on the CPU, t > 0 a number or (B,) float32. The normaliser is summed per block of 1024
@@ -540,12 +584,27 @@ def scaled_draw(logits: torch.Tensor, t: torch.Tensor | float, seed: torch.Tenso
     the tokens whose logit (scaled: logit / t) is not below it are drawn from (the draw over them, compacted with
     their ids, is the same token; blocks of 1024 whose largest is below it are skipped), and the normaliser is
     theirs, summed in float64 around each row's largest logit / t with the float64 e** (as the executor's float64
-    log-sum-exp of few candidates, to its rounding); top (B,): that largest logit / t where the caller has it. None
-    in a forked child (the caller runs the samplers)."""
-    if floor is not None and top is None:  # the largest logit / t, the survivors' normaliser's shift
+    log-sum-exp of few candidates, to its rounding); top (B,): that largest logit / t where the caller has it.
+    min_p (a number or (B,), instead of floor): min_p's threshold formed in the kernel from each row's amax, bit for
+    bit the samplechain_cpu.min_p_floor of it, on x / t where `scaled` (the temperature first), with no torch op
+    before the draw. None in a forked child (the caller runs the samplers)."""
+    log_p = None
+    if min_p is not None:
+        log_p = _log_p(min_p, logits.shape[0])
+    elif floor is not None and top is None:  # the largest logit / t, the survivors' normaliser's shift
         top = logits.amax(dim=1) / (t if not isinstance(t, torch.Tensor) else t.to(logits.dtype))
-    found = _run(logits, seed, position, None, stream, t, True, floor, scaled, top)
+    found = _run(logits, seed, position, None, stream, t, True, floor, scaled, top, log_p)
     return None if found is None else (torch.from_numpy(found[0]), torch.from_numpy(found[1]))
+
+
+def _log_p(p: torch.Tensor | float, batch: int) -> np.ndarray:
+    """(B,) float64: the log p that samplechain_cpu.min_p_floor adds to the row's top (exactly: a number's as
+    float32, as torch adds a Python number to float32; a tensor's as torch.log of its dtype), -inf where p <= 0."""
+    if not isinstance(p, torch.Tensor):
+        return np.full(batch, np.float64(np.float32(math.log(p))) if p > 0 else -np.inf)
+    off = p <= 0.0
+    logs = torch.where(off, float("-inf"), torch.log(torch.where(off, torch.ones_like(p), p)))
+    return _per_row(logs, batch, np.dtype(np.float64))
 
 
 # ----------------------------------------------------------------------------- Backend.at_least

@@ -474,8 +474,35 @@ def test_the_cpu_backend_fuses_min_p(fused, monkeypatch, case):
     if case == "min_keep":
         assert not calls
     else:
-        assert len(calls) == 3 and all(kw["floor"] is not None for kw in calls)
+        assert len(calls) == 3 and all(kw["min_p"] is not None for kw in calls)
         assert all(kw["scaled"] == (case == "temperature -> min_p") for kw in calls)
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+@pytest.mark.parametrize("p", ["number", "float32", "float64"])
+def test_min_ps_floor_formed_in_the_kernel_is_min_p_floors(fused, batch, p):
+    """scaled_draw(min_p=p) forms each row's floor and top in the kernel: the tokens and logprobs of the floor that
+    samplechain_cpu.min_p_floor gives from torch's amax, bit for bit (either order of min_p and the temperature;
+    p as a number, float32 or float64 per row, 0 included; rows with +inf, a NaN of either sign, all -inf; one
+    row cut into parts, or several)."""
+    g = torch.Generator().manual_seed(batch)
+    x = torch.randn(batch, 50000, generator=g) * 4
+    if batch == 5:
+        x[1, 777] = INF
+        x[2, 40000] = -NAN
+        x[3] = -INF
+        x[4, 3] = NAN
+    seeds, positions = _args(batch, 70)
+    t = torch.rand(batch, generator=g) + 0.3
+    values = torch.tensor([0.05, 0.0, 0.3, 0.1, 0.9])[:batch]
+    min_p = {"number": 0.07, "float32": values, "float64": values.double()}[p]
+    for scaled in (False, True):
+        top = x.amax(dim=1) / t
+        floor = cpu.min_p_floor(top if scaled else x.amax(dim=1), min_p)
+        want = fused.scaled_draw(x, t, seeds, positions, 1, floor=floor, scaled=scaled, top=top)
+        got = fused.scaled_draw(x, t, seeds, positions, 1, scaled=scaled, min_p=min_p)
+        assert torch.equal(got[0], want[0]), scaled
+        assert torch.allclose(got[1], want[1], rtol=0, atol=0, equal_nan=True), scaled  # NaN rows: the same NaN
 
 
 def test_a_fused_min_p_step_names_the_bad_row(fused):
