@@ -39,9 +39,8 @@ import numba
 import numpy as np
 import torch
 
-from samplechain import rng
 from samplechain_cpu_numba import (_BLOCK, _BUCKET_SHIFT, _HUGE, _descending_key, _exp64, _jit, _largest, _noise,
-                                   _noise_bound, _stable_radix_sort, _threads, _token_bits)
+                                   _noise_bound, _per_row, _row_keys, _salt, _stable_radix_sort, _threads, _token_bits)
 from samplechain_cpu_numba import _FLOOR_64 as _EXP_FLOOR
 
 __all__ = ["typical_band", "top_p_candidates", "top_p_draw"]
@@ -494,10 +493,15 @@ def _ranked_draw(xr, order, kept, k1, k2):
 
 
 @_jit(parallel=True, nogil=True)
-def _nucleus_draw(x, t, p, min_keep, k1, k2, tokens, lse, status, keys, where, spare_keys, spare_where):
+def _nucleus_draw(x, t, p, min_keep, seed, position, salt, tokens, lse, status, keys, where, spare_keys,
+                  spare_where):
     """Per row: top_p's kept tokens of x / t (_row_nucleus, on the float32 quotient where t != 1), the seeded draw
-    among them (tokens[row]) and the float64 log of their normaliser around the row's top (lse[row]); status[row]
-    _row_nucleus's n, or -3 where the row's top is beyond rng.HUGE (the draw would shift the row)."""
+    among them under the row keys of seed, position and salt (_row_keys) (tokens[row]) and the float64 log of their
+    normaliser around the row's top (lse[row]); status[row] _row_nucleus's n, or -3 where the row's top is beyond
+    rng.HUGE (the draw would shift the row)."""
+    k1 = np.empty(x.shape[0], dtype=np.uint32)
+    k2 = np.empty(x.shape[0], dtype=np.uint32)
+    _row_keys(seed, position, salt, k1, k2)
     for row in numba.prange(x.shape[0]):
         xr = x[row]
         if t[row] != 1.0:
@@ -537,16 +541,15 @@ def top_p_draw(logits: torch.Tensor, t: torch.Tensor | float, p: torch.Tensor, m
     if batch == 0:
         return None
     cap = max(width // 4, 1)
-    scale = np.ascontiguousarray(np.broadcast_to(
-        np.asarray(t.detach().numpy() if isinstance(t, torch.Tensor) else t, dtype=np.float32), (batch,)))
-    least = min_keep.detach().to(torch.int64).contiguous().numpy()
-    k1, k2 = rng.row_keys(seed, position, stream)
+    scale = _per_row(t, batch, np.dtype(np.float32))
+    least = _per_row(min_keep, batch, np.dtype(np.int64))
     tokens, lse = np.zeros(batch, dtype=np.int64), np.zeros(batch)
     status = np.empty(batch, dtype=np.int64)
     keys, spare_keys = _scratch("keys", batch, cap, np.uint32), _scratch("spare_keys", batch, cap, np.uint32)
     where, spare_where = _scratch("where", batch, cap, np.int64), _scratch("spare_where", batch, cap, np.int64)
-    _nucleus_draw(x, scale, p.detach().double().contiguous().numpy(), least, k1.numpy().view(np.uint64),
-                  k2.numpy().view(np.uint64), tokens, lse, status, keys, where, spare_keys, spare_where)
+    _nucleus_draw(x, scale, _per_row(p, batch, np.dtype(np.float64)), least, _per_row(seed, batch, np.dtype(np.int64)),
+                  _per_row(position, batch, np.dtype(np.int64)), _salt(stream), tokens, lse, status, keys, where,
+                  spare_keys, spare_where)
     if (status < 0).any():
         return None
     chosen = torch.from_numpy(tokens)

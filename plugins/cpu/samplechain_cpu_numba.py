@@ -357,6 +357,8 @@ def _min_p_floors(part, chunks, t, logp, scaled, floor, around):
         base = top if scaled else m
         floor[row] = -np.inf if logp[row] == -np.inf else np.float64(base) + logp[row]
         around[row] = top
+
+
 _LAST_MIX = np.uint32(0x5BD1E995)
 
 
@@ -598,13 +600,13 @@ def scaled_draw(logits: torch.Tensor, t: torch.Tensor | float, seed: torch.Tenso
 
 
 def _log_p(p: torch.Tensor | float, batch: int) -> np.ndarray:
-    """(B,) float64: the log p that samplechain_cpu.min_p_floor adds to the row's top (exactly: a number's as
-    float32, as torch adds a Python number to float32; a tensor's as torch.log of its dtype), -inf where p <= 0."""
-    if not isinstance(p, torch.Tensor):
-        return np.full(batch, np.float64(np.float32(math.log(p))) if p > 0 else -np.inf)
-    off = p <= 0.0
-    logs = torch.where(off, float("-inf"), torch.log(torch.where(off, torch.ones_like(p), p)))
-    return _per_row(logs, batch, np.dtype(np.float64))
+    """(B,) float64: the log p that samplechain_cpu.min_p_floor adds to a row's top, as it adds it (its floor of a
+    zero top: a number's log as float32, a tensor's in its dtype), -inf where p <= 0."""
+    from samplechain_cpu import min_p_floor
+
+    if not isinstance(p, torch.Tensor) and p <= 0:
+        return np.full(batch, -np.inf)
+    return _per_row(min_p_floor(torch.zeros(batch), p), batch, np.dtype(np.float64))
 
 
 # ----------------------------------------------------------------------------- Backend.at_least

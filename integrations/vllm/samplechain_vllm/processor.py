@@ -14,9 +14,9 @@ row, so vLLM's own sampling (greedy, or random at any temperature / top-k / top-
 Equal to samplechain's own `generate()`: the store position of a request is its number of generated tokens (as
 generate()'s), its seed is SamplingParams.seed (or params["seed"]; with n = 1 the frontend moves the seed into
 extra_args, so that vLLM's redundant sample after the chain's needs no per-request generator), and history-reading
-samplers get prompt + output so far. Where vLLM samples a row whose token it then discards (a chunked prefill that is not finished, a
-preempted request resumed with output already), the position is re-synchronised from the output length before
-the step, so the noise for (seed, position, token) stays the one generate() uses.
+samplers get prompt + output so far. Where vLLM samples a row whose token it then discards (a chunked prefill that
+is not finished, a preempted request resumed with output already), the position is re-synchronised from the output
+length before the step, so the noise for (seed, position, token) stays the one generate() uses.
 
 Logprobs: vLLM computes a request's logprobs itself (`Sampler.forward`), by default (logprobs_mode "raw_logprobs")
 from the logits before any logits processor: for samplechain rows that is samplechain's "raw" too. In the other

@@ -32,8 +32,8 @@ from typing import Any
 
 import attrs
 
-__all__ = ["EXTRA_KEY", "VLLM_SEED_KEY", "ChainSpec", "RequestSpec", "RequestSpecError", "parse_request", "DEFAULT_CHAIN_ENV",
-           "CHAIN_DIR_ENV"]
+__all__ = ["EXTRA_KEY", "VLLM_SEED_KEY", "ChainSpec", "RequestSpec", "RequestSpecError", "parse_request",
+           "DEFAULT_CHAIN_ENV", "CHAIN_DIR_ENV"]
 
 EXTRA_KEY = "samplechain"
 PARAM_PREFIX = EXTRA_KEY + "."  # flat per-request parameters: "samplechain.top_k": 20

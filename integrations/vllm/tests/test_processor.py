@@ -165,6 +165,7 @@ def test_a_failing_row_is_ended_alone() -> None:
     ({"samplechain": {"preset": "greedy", "chain": "greedy"}}, ["either preset or chain"]),
     ({"samplechain.top_k": 3}, ["no chain named"]),
     ({"samplechain": "greedy", "samplechain.seed": 3}, ["unknown parameter", "seed"]),
+    ({"samplechain": "llama.cpp", "samplechain.vllm_seed": "7"}, ["samplechain.vllm_seed", "integer"]),
 ])
 def test_validate_params_names_the_problem(xargs, words) -> None:
     with pytest.raises(ValueError) as info:
