@@ -25,8 +25,12 @@ import pytest
 
 PARITY = "transformers_parity"
 ROOT = Path(__file__).resolve().parent
-PARITY_MODULES = ("tests/test_beam.py", "tests/test_generation.py", "tests/test_custom_generate_repo.py",
-                  "tests/test_hub.py")
+PARITY_MODULES = (
+    "tests/test_beam.py",
+    "tests/test_generation.py",
+    "tests/test_custom_generate_repo.py",
+    "tests/test_hub.py",
+)
 PARITY_NAMES = ("transformers", "model_generate")
 COLLECTED = pytest.StashKey[list]()  # every collected test, before -k / -m deselect (for the marker's guard)
 

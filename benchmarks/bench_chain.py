@@ -37,7 +37,13 @@ import torch
 
 import samplechain
 from samplechain.tools.bench import (
-    LOGIT_KINDS, environment, make_logits, print_breakdown, print_rows, stage_medians, timing_arguments,
+    LOGIT_KINDS,
+    environment,
+    make_logits,
+    print_breakdown,
+    print_rows,
+    stage_medians,
+    timing_arguments,
     transformers_step,
 )
 from samplechain.tools.bench import summary as _summary
@@ -77,12 +83,14 @@ def build_transformers() -> Any:
         TopPLogitsWarper,
     )
 
-    return LogitsProcessorList([
-        TemperatureLogitsWarper(TEMPERATURE),
-        TopKLogitsWarper(TOP_K),
-        TopPLogitsWarper(TOP_P),
-        MinPLogitsWarper(MIN_P),
-    ])
+    return LogitsProcessorList(
+        [
+            TemperatureLogitsWarper(TEMPERATURE),
+            TopKLogitsWarper(TOP_K),
+            TopPLogitsWarper(TOP_P),
+            MinPLogitsWarper(MIN_P),
+        ]
+    )
 
 
 # --------------------------------------------------------------------------- candidate-set check
@@ -149,12 +157,16 @@ def run(
                     store.add_many(ids)
                     if check and (kind, batch, vocab) not in checks:
                         checks[(kind, batch, vocab)] = compare_candidates(chain, processors, logits)
-                    times = _time({
-                        "ours": lambda: chain.sample(logits, store, ids),
-                        "transformers": lambda: transformers_step(processors, input_ids, logits),
-                        "read": lambda: logits.max(dim=-1),  # one pass with indices: what any top-k/argmax pays
-                        "read_amax": lambda: logits.amax(dim=-1),  # one vectorised pass, no indices
-                    }, reps, warmup)
+                    times = _time(
+                        {
+                            "ours": lambda: chain.sample(logits, store, ids),
+                            "transformers": lambda: transformers_step(processors, input_ids, logits),
+                            "read": lambda: logits.max(dim=-1),  # one pass with indices: what any top-k/argmax pays
+                            "read_amax": lambda: logits.amax(dim=-1),  # one vectorised pass, no indices
+                        },
+                        reps,
+                        warmup,
+                    )
                     if not torch.equal(logits, before):
                         raise AssertionError("a pipeline modified the caller's logits in place")
                     for name, t in times.items():
@@ -200,8 +212,18 @@ def breakdown(batch: int, vocab: int, reps: int = 50, *, kind: str = "randn", th
 
 
 # --------------------------------------------------------------------------- output
-HEADERS = ["logits", "B", "V", "samplechain ms", "transformers ms", "read ms (max(dim=-1))", "amax ms",
-           "transformers / samplechain", "samplechain / read", "same candidates"]
+HEADERS = [
+    "logits",
+    "B",
+    "V",
+    "samplechain ms",
+    "transformers ms",
+    "read ms (max(dim=-1))",
+    "amax ms",
+    "transformers / samplechain",
+    "samplechain / read",
+    "same candidates",
+]
 
 
 def _cells(r: dict[str, Any]) -> list[str]:
@@ -210,9 +232,18 @@ def _cells(r: dict[str, Any]) -> list[str]:
 
     cand = r.get("candidates")
     same = "—" if cand is None else ("yes" if cand["agree"] else f"no (Δ {cand['tokens_differing']})")
-    return [r["kind"], str(r["batch"]), str(r["vocab"]), ms(r["ours"]), ms(r["transformers"]), ms(r["read"]),
-            f"{r['read_amax']['median']:.3f}", f"{r['ratio_transformers_over_ours']:.1f}x",
-            f"{r['ours_over_read']:.2f}x", same]
+    return [
+        r["kind"],
+        str(r["batch"]),
+        str(r["vocab"]),
+        ms(r["ours"]),
+        ms(r["transformers"]),
+        ms(r["read"]),
+        f"{r['read_amax']['median']:.3f}",
+        f"{r['ratio_transformers_over_ours']:.1f}x",
+        f"{r['ours_over_read']:.2f}x",
+        same,
+    ]
 
 
 def _int_list(text: str) -> list[int]:
@@ -220,11 +251,13 @@ def _int_list(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch", type=_int_list, default=[1, 32], help="batch sizes, e.g. '1,32' (default)")
-    parser.add_argument("--vocab", type=_int_list, default=[50257, 128256],
-                        help="vocabulary sizes (default 50257,128256)")
+    parser.add_argument(
+        "--vocab", type=_int_list, default=[50257, 128256], help="vocabulary sizes (default 50257,128256)"
+    )
     parser.add_argument("--kinds", default=",".join(LOGIT_KINDS), help=f"logits kinds: {', '.join(LOGIT_KINDS)}")
     timing_arguments(parser, reps=30, rounds=3)
     parser.add_argument("--warmup", type=int, default=None, help="untimed warm-up calls (default reps // 5, >= 3)")
@@ -235,17 +268,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     kinds = [k for k in args.kinds.split(",") if k]
 
     env = environment(args.threads)
-    print(f"samplechain {env['samplechain']}, torch {env['torch']}, transformers {env['transformers']}, "
-          f"{env['cpu']} ({env['cpu_count']} cores), torch threads {args.threads}, {env['date']}")
+    print(
+        f"samplechain {env['samplechain']}, torch {env['torch']}, transformers {env['transformers']}, "
+        f"{env['cpu']} ({env['cpu_count']} cores), torch threads {args.threads}, {env['date']}"
+    )
     for k in kinds:
         print(f"  {k}: {LOGIT_KINDS.get(k, '?')}")
-    results = run(args.batch, args.vocab, args.reps, kinds=kinds, rounds=args.rounds, threads=args.threads,
-                  warmup=args.warmup, check=not args.no_check, progress=args.progress)
+    results = run(
+        args.batch,
+        args.vocab,
+        args.reps,
+        kinds=kinds,
+        rounds=args.rounds,
+        threads=args.threads,
+        warmup=args.warmup,
+        check=not args.no_check,
+        progress=args.progress,
+    )
     print_rows(HEADERS, [_cells(r) for r in results], range(1, len(HEADERS)), markdown=args.markdown)
     if not args.no_check:
         bad = [r for r in results if not r["candidates"]["agree"]]
-        print("candidate sets: " + ("identical in every checked row" if not bad else
-              "DIFFER in " + "; ".join(f"{r['kind']} B={r['batch']} V={r['vocab']}: {r['candidates']}" for r in bad)))
+        print(
+            "candidate sets: "
+            + (
+                "identical in every checked row"
+                if not bad
+                else "DIFFER in "
+                + "; ".join(f"{r['kind']} B={r['batch']} V={r['vocab']}: {r['candidates']}" for r in bad)
+            )
+        )
     extra = []
     if args.breakdown:
         for k in kinds:
@@ -255,9 +306,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 extra.append(b)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"environment": env, "chain": CHAIN, "logit_kinds": LOGIT_KINDS, "results": results,
-                       "breakdown": extra, "command": " ".join([os.path.basename(sys.executable), *sys.argv])},
-                      f, indent=2)
+            json.dump(
+                {
+                    "environment": env,
+                    "chain": CHAIN,
+                    "logit_kinds": LOGIT_KINDS,
+                    "results": results,
+                    "breakdown": extra,
+                    "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+                },
+                f,
+                indent=2,
+            )
         print(f"wrote {args.json}")
     return 0
 

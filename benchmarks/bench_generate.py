@@ -38,8 +38,14 @@ from samplechain import Chain
 from samplechain.generation import Generation
 from samplechain.tools.progress import Bar, progress_bar
 
-SAMPLING = {"samplers": [{"use": "temperature", "t": 0.8}, {"use": "top_k", "k": 40}, {"use": "top_p", "p": 0.95},
-                         {"use": "dist", "seed": 1234}]}
+SAMPLING = {
+    "samplers": [
+        {"use": "temperature", "t": 0.8},
+        {"use": "top_k", "k": 40},
+        {"use": "top_p", "p": 0.95},
+        {"use": "dist", "seed": 1234},
+    ]
+}
 GREEDY = {"samplers": [{"use": "greedy"}]}
 
 
@@ -54,8 +60,11 @@ def load_models(names: list[str]) -> dict[str, Any]:
             model = AutoModelForCausalLM.from_pretrained(default_model_path())
         elif name == "tiny-random":  # the embedded model's shape, random weights
             torch.manual_seed(0)
-            model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=4096, n_positions=256,
-                                               bos_token_id=0, eos_token_id=0))
+            model = GPT2LMHeadModel(
+                GPT2Config(
+                    n_layer=4, n_embd=256, n_head=4, vocab_size=4096, n_positions=256, bos_token_id=0, eos_token_id=0
+                )
+            )
         elif name == "gpt2-small-random":
             torch.manual_seed(0)
             model = GPT2LMHeadModel(GPT2Config())
@@ -80,6 +89,7 @@ def _ours(model: Any, ids: torch.Tensor, chain: Chain, n: int) -> tuple[float, f
                 return fn(*a, **k)
             finally:
                 spent[0] += time.perf_counter() - t
+
         return wrapper
 
     gen.chain.sample = timed(sample)  # instance attributes: only this run is instrumented
@@ -105,16 +115,18 @@ def _theirs(model: Any, ids: torch.Tensor, sampling: bool, n: int) -> tuple[floa
     return time.perf_counter() - start, out
 
 
-def run(models: dict[str, Any], batches: list[int], n: int, reps: int, prompt_len: int, *,
-        progress: bool | None = None) -> list[dict[str, Any]]:
+def run(
+    models: dict[str, Any], batches: list[int], n: int, reps: int, prompt_len: int, *, progress: bool | None = None
+) -> list[dict[str, Any]]:
     """One row per (model, batch, setting). progress: a bar over all timed repetitions on stderr (None: when stderr
     is a terminal), drawn by this thread between repetitions only (no refresh thread)."""
     with progress_bar(len(models) * len(batches) * 2 * reps, "bench_generate", progress, auto_refresh=False) as bar:
         return _run(models, batches, n, reps, prompt_len, bar)
 
 
-def _run(models: dict[str, Any], batches: list[int], n: int, reps: int, prompt_len: int,
-         bar: Bar) -> list[dict[str, Any]]:
+def _run(
+    models: dict[str, Any], batches: list[int], n: int, reps: int, prompt_len: int, bar: Bar
+) -> list[dict[str, Any]]:
     rows = []
     for mname, model in models.items():
         vocab = model.config.vocab_size
@@ -141,29 +153,46 @@ def _run(models: dict[str, Any], batches: list[int], n: int, reps: int, prompt_l
                         same = bool(torch.equal(seq, ref)) if same in (None, True) else False
                     bar.advance()  # between repetitions: no timer is running
                 mo, mt = statistics.median(ours_t), statistics.median(theirs_t)
-                rows.append({
-                    "model": mname, "setting": setting, "batch": b, "new_tokens": n, "prompt_len": prompt_len,
-                    "ours_tok_s": b * n / mo, "theirs_tok_s": b * n / mt, "ratio": mt / mo,
-                    "ours_ms_per_step": 1e3 * mo / n, "theirs_ms_per_step": 1e3 * mt / n,
-                    "chain_and_criteria_ms_per_step": 1e3 * statistics.median(added),
-                    "same_tokens": same,
-                })
-                print(f"{mname:18s} {setting:8s} B={b:<2d} ours {rows[-1]['ours_tok_s']:8.1f} tok/s  transformers "
-                      f"{rows[-1]['theirs_tok_s']:8.1f} tok/s  ratio {rows[-1]['ratio']:.2f}x  chain+criteria "
-                      f"{rows[-1]['chain_and_criteria_ms_per_step']:.3f} ms/step"
-                      + ("" if same is None else f"  same tokens: {same}"), file=sys.stderr, flush=True)
+                rows.append(
+                    {
+                        "model": mname,
+                        "setting": setting,
+                        "batch": b,
+                        "new_tokens": n,
+                        "prompt_len": prompt_len,
+                        "ours_tok_s": b * n / mo,
+                        "theirs_tok_s": b * n / mt,
+                        "ratio": mt / mo,
+                        "ours_ms_per_step": 1e3 * mo / n,
+                        "theirs_ms_per_step": 1e3 * mt / n,
+                        "chain_and_criteria_ms_per_step": 1e3 * statistics.median(added),
+                        "same_tokens": same,
+                    }
+                )
+                print(
+                    f"{mname:18s} {setting:8s} B={b:<2d} ours {rows[-1]['ours_tok_s']:8.1f} tok/s  transformers "
+                    f"{rows[-1]['theirs_tok_s']:8.1f} tok/s  ratio {rows[-1]['ratio']:.2f}x  chain+criteria "
+                    f"{rows[-1]['chain_and_criteria_ms_per_step']:.3f} ms/step"
+                    + ("" if same is None else f"  same tokens: {same}"),
+                    file=sys.stderr,
+                    flush=True,
+                )
     return rows
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    out = ["| model | setting | B | samplechain tok/s | transformers tok/s | samplechain / transformers | "
-           "samplechain ms/step | transformers ms/step | chain + criteria ms/step | same tokens |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    out = [
+        "| model | setting | B | samplechain tok/s | transformers tok/s | samplechain / transformers | "
+        "samplechain ms/step | transformers ms/step | chain + criteria ms/step | same tokens |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
         same = "n/a (sampling)" if r["same_tokens"] is None else ("yes" if r["same_tokens"] else "NO")
-        out.append(f"| {r['model']} | {r['setting']} | {r['batch']} | {r['ours_tok_s']:.1f} | {r['theirs_tok_s']:.1f}"
-                   f" | {r['ratio']:.2f}x | {r['ours_ms_per_step']:.2f} | {r['theirs_ms_per_step']:.2f} | "
-                   f"{r['chain_and_criteria_ms_per_step']:.3f} | {same} |")
+        out.append(
+            f"| {r['model']} | {r['setting']} | {r['batch']} | {r['ours_tok_s']:.1f} | {r['theirs_tok_s']:.1f}"
+            f" | {r['ratio']:.2f}x | {r['ours_ms_per_step']:.2f} | {r['theirs_ms_per_step']:.2f} | "
+            f"{r['chain_and_criteria_ms_per_step']:.3f} | {same} |"
+        )
     return "\n".join(out)
 
 
@@ -177,21 +206,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                    help="a bar over the repetitions on stderr, drawn between timed runs (default: when stderr is a "
-                         "terminal)")
+    ap.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a bar over the repetitions on stderr, drawn between timed runs (default: when stderr is a terminal)",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     models = load_models(args.models.split(","))
-    rows = run(models, [int(b) for b in args.batch.split(",")], args.new_tokens, args.reps, args.prompt_len,
-               progress=args.progress)
+    rows = run(
+        models,
+        [int(b) for b in args.batch.split(",")],
+        args.new_tokens,
+        args.reps,
+        args.prompt_len,
+        progress=args.progress,
+    )
     print(markdown(rows) if args.markdown else json.dumps(rows, indent=2))
     if args.json:
         import transformers
 
-        env = {"python": platform.python_version(), "torch": torch.__version__,
-               "transformers": transformers.__version__, "threads": args.threads, "machine": platform.machine(),
-               "cpus": os.cpu_count(), "date": datetime.date.today().isoformat(), "command": " ".join(sys.argv)}
+        env = {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "threads": args.threads,
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "date": datetime.date.today().isoformat(),
+            "command": " ".join(sys.argv),
+        }
         with open(args.json, "w") as fh:
             json.dump({"env": env, "rows": rows}, fh, indent=2)
     return 0

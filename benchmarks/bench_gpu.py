@@ -55,8 +55,19 @@ from samplechain import Chain
 from samplechain.engine import graphs
 from samplechain.tools.bench import LOGIT_KINDS, make_history, make_logits, markdown_rows
 
-__all__ = ["CHAINS", "DTYPES", "chain_params", "flashinfer_step", "torch_step", "Timer", "run_kernels", "run_e2e",
-           "kernel_table", "e2e_table", "main"]
+__all__ = [
+    "CHAINS",
+    "DTYPES",
+    "chain_params",
+    "flashinfer_step",
+    "torch_step",
+    "Timer",
+    "run_kernels",
+    "run_e2e",
+    "kernel_table",
+    "e2e_table",
+    "main",
+]
 
 # name -> the chain (a "preset:NAME" or the samplers of a chain dict)
 CHAINS: dict[str, str | list[dict[str, Any]]] = {
@@ -70,8 +81,12 @@ CHAINS: dict[str, str | list[dict[str, Any]]] = {
     "dist": [{"use": "dist"}],
 }
 DTYPES = ("float32", "bf16")
-E2E_SAMPLING = [{"use": "temperature", "t": 0.8}, {"use": "top_k", "k": 50}, {"use": "top_p", "p": 0.9},
-                {"use": "dist"}]
+E2E_SAMPLING = [
+    {"use": "temperature", "t": 0.8},
+    {"use": "top_k", "k": 50},
+    {"use": "top_p", "p": 0.9},
+    {"use": "dist"},
+]
 E2E_GREEDY = [{"use": "greedy"}]
 TARGET_B1_MS, TARGET_VS_FI = 0.15, 1.5
 TARGET_E2E = {"sampling": 1.0, "greedy": 0.9}
@@ -79,24 +94,60 @@ HISTORY_LEN, PROMPT_IN_HISTORY = 320, 256
 SEED = 1000
 
 # --------------------------------------------------------------------------- sizes
-FULL = dict(vocab=128256, batch="1,8,64,256,512", repeats=100, warmup=10, model="llama-3.2-1b", e2e_batch="1,16,64",
-            prompt_len=32, new_tokens=64, e2e_repeats=3)
-TINY = dict(vocab=2000, batch="1,8", repeats=5, warmup=2, model="tiny", e2e_batch="1,2", prompt_len=8, new_tokens=8,
-            e2e_repeats=1)
+FULL = dict(
+    vocab=128256,
+    batch="1,8,64,256,512",
+    repeats=100,
+    warmup=10,
+    model="llama-3.2-1b",
+    e2e_batch="1,16,64",
+    prompt_len=32,
+    new_tokens=64,
+    e2e_repeats=3,
+)
+TINY = dict(
+    vocab=2000,
+    batch="1,8",
+    repeats=5,
+    warmup=2,
+    model="tiny",
+    e2e_batch="1,2",
+    prompt_len=8,
+    new_tokens=8,
+    e2e_repeats=1,
+)
 MODELS = {
-    "llama-3.2-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                         intermediate_size=8192, vocab_size=128256, head_dim=64, max_position_embeddings=131072,
-                         rope_theta=500000.0, tie_word_embeddings=True, rms_norm_eps=1e-5),
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=128, vocab_size=2000, head_dim=16, max_position_embeddings=512,
-                 tie_word_embeddings=True),
+    "llama-3.2-1b": dict(
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        vocab_size=128256,
+        head_dim=64,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-5,
+    ),
+    "tiny": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=2000,
+        head_dim=16,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    ),
 }
 
 
 # --------------------------------------------------------------------------- chains and their peers
 def chain_samplers(source: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     if isinstance(source, str):
-        return list(samplechain.get_host().registry.presets[source[len("preset:"):]]["samplers"])
+        return list(samplechain.get_host().registry.presets[source[len("preset:") :]]["samplers"])
     return source
 
 
@@ -181,11 +232,12 @@ def flashinfer_step(fi: Any, logits: torch.Tensor, prm: dict[str, Any]) -> tuple
     p = torch.full((batch,), prm["p"], dtype=torch.float32, device=dev)
     m = torch.full((batch,), prm["m"], dtype=torch.float32, device=dev)
     t, has_k, has_p, has_m = prm["t"], prm["k"] > 0, prm["p"] < 1.0, prm["m"] > 0
-    pre = ("/ t -> " if t != 1.0 else "")
+    pre = "/ t -> " if t != 1.0 else ""
 
     if has_m and not (has_k or has_p):
-        return (lambda: fi.min_p_sampling_from_probs(torch.softmax(_temperature(logits, t), dim=-1), m)), \
-            pre + "softmax -> min_p_sampling_from_probs"
+        return (
+            lambda: fi.min_p_sampling_from_probs(torch.softmax(_temperature(logits, t), dim=-1), m)
+        ), pre + "softmax -> min_p_sampling_from_probs"
     pre += "min_p mask -> " if has_m else ""
 
     def x() -> torch.Tensor:
@@ -195,11 +247,13 @@ def flashinfer_step(fi: Any, logits: torch.Tensor, prm: dict[str, Any]) -> tuple
     if has_k and has_p:
         return (lambda: fi.top_k_top_p_sampling_from_logits(x(), k, p)), pre + "top_k_top_p_sampling_from_logits"
     if has_k:
-        return (lambda: fi.top_k_sampling_from_probs(torch.softmax(x(), dim=-1), k)), \
-            pre + "softmax -> top_k_sampling_from_probs"
+        return (
+            lambda: fi.top_k_sampling_from_probs(torch.softmax(x(), dim=-1), k)
+        ), pre + "softmax -> top_k_sampling_from_probs"
     if has_p:
-        return (lambda: fi.top_p_sampling_from_probs(torch.softmax(x(), dim=-1), p)), \
-            pre + "softmax -> top_p_sampling_from_probs"
+        return (
+            lambda: fi.top_p_sampling_from_probs(torch.softmax(x(), dim=-1), p)
+        ), pre + "softmax -> top_p_sampling_from_probs"
     return (lambda: fi.sampling_from_logits(x())), pre + "sampling_from_logits"
 
 
@@ -240,8 +294,9 @@ class Timer:
             torch.cuda.synchronize()
 
 
-def time_turns(timer: Timer, fns: dict[str, Callable[[], Any]], repeats: int, warmup: int,
-               block: int = 5) -> tuple[dict[str, list[float]], dict[str, str]]:
+def time_turns(
+    timer: Timer, fns: dict[str, Callable[[], Any]], repeats: int, warmup: int, block: int = 5
+) -> tuple[dict[str, list[float]], dict[str, str]]:
     """ms of `repeats` calls of each fn after `warmup` calls each, taking turns in blocks of `block` calls. A fn that
     raises is dropped (its error returned) and the others go on."""
     errors: dict[str, str] = {}
@@ -284,14 +339,28 @@ def kernel_target(row: dict[str, Any]) -> tuple[str, bool | None]:
     return f"<= {TARGET_VS_FI:g}x FlashInfer", None if fi is None else best / fi <= TARGET_VS_FI
 
 
-def run_kernels(device: torch.device, backend: str, chains: Sequence[str], dtypes: Sequence[str],
-                batches: Sequence[int], vocab: int, kind: str, repeats: int, warmup: int, fi: Any,
-                log: Callable[[str], None] = lambda s: None) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
+def run_kernels(
+    device: torch.device,
+    backend: str,
+    chains: Sequence[str],
+    dtypes: Sequence[str],
+    batches: Sequence[int],
+    vocab: int,
+    kind: str,
+    repeats: int,
+    warmup: int,
+    fi: Any,
+    log: Callable[[str], None] = lambda s: None,
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
     """One row per (dtype, B, chain), and per chain the description of its peers."""
     timer = Timer(device)
-    built = {name: Chain.load(CHAINS[name] if isinstance(CHAINS[name], str)
-                              else {"chain": {"name": name, "samplers": CHAINS[name]}}, backend=backend)
-             for name in chains}
+    built = {
+        name: Chain.load(
+            CHAINS[name] if isinstance(CHAINS[name], str) else {"chain": {"name": name, "samplers": CHAINS[name]}},
+            backend=backend,
+        )
+        for name in chains
+    }
     params = {name: chain_params(chain_samplers(CHAINS[name])) for name in chains}
     big = max(batches)
     base = make_logits(kind, big, vocab, seed=0)  # rows are independent: B rows = the first B of the largest batch
@@ -313,9 +382,10 @@ def run_kernels(device: torch.device, backend: str, chains: Sequence[str], dtype
                     store.add(rid, {"seed": SEED + i} if "seed" in store.layout.aliases else None)
                 extra: dict[str, Any] = {}
                 if chain.needs_history and history is not None:
-                    extra = {"history": history[:batch],
-                             "prompt_lengths": torch.full((batch,), PROMPT_IN_HISTORY, dtype=torch.int64,
-                                                          device=device)}
+                    extra = {
+                        "history": history[:batch],
+                        "prompt_lengths": torch.full((batch,), PROMPT_IN_HISTORY, dtype=torch.int64, device=device),
+                    }
                 fns: dict[str, Callable[[], Any]] = {
                     "samplechain": lambda c=chain, s=store, x=logits, e=extra: c.sample(x, s, ids, **e),
                     "max": lambda x=logits: x.max(dim=-1),
@@ -332,8 +402,10 @@ def run_kernels(device: torch.device, backend: str, chains: Sequence[str], dtype
                 times, errors = time_turns(timer, fns, repeats, warmup)
                 if not torch.equal(before, logits):
                     raise AssertionError(f"{name}: a pipeline modified the logits in place")
-                med = {k: (statistics.median(v) if v else None) for k, v in (
-                    (k, times.get(k)) for k in ("samplechain", "graph", "flashinfer", "torch", "max"))}
+                med = {
+                    k: (statistics.median(v) if v else None)
+                    for k, v in ((k, times.get(k)) for k in ("samplechain", "graph", "flashinfer", "torch", "max"))
+                }
                 if med["samplechain"] is None:
                     raise RuntimeError(f"{name} {dtype} B={batch}: samplechain failed: {errors.get('samplechain')}")
 
@@ -341,7 +413,11 @@ def run_kernels(device: torch.device, backend: str, chains: Sequence[str], dtype
                     return None if med[a] is None or med[b] is None else med[a] / med[b]
 
                 row: dict[str, Any] = {
-                    "chain": name, "dtype": dtype, "batch": batch, "vocab": vocab, "repeats": repeats,
+                    "chain": name,
+                    "dtype": dtype,
+                    "batch": batch,
+                    "vocab": vocab,
+                    "repeats": repeats,
                     **{f"{k}_ms": v for k, v in med.items()},
                     "samplechain_p90_ms": sorted(times["samplechain"])[int(0.9 * (len(times["samplechain"]) - 1))],
                     "samplechain_over_flashinfer": over("samplechain", "flashinfer"),
@@ -353,10 +429,12 @@ def run_kernels(device: torch.device, backend: str, chains: Sequence[str], dtype
                 }
                 row["target"], row["met"] = kernel_target(row)
                 rows.append(row)
-                log(f"{name:28s} {dtype:7s} B={batch:<4d} samplechain {med['samplechain']:.3f} ms  graph "
+                log(
+                    f"{name:28s} {dtype:7s} B={batch:<4d} samplechain {med['samplechain']:.3f} ms  graph "
                     f"{_ms(med['graph'])}  flashinfer "
                     f"{_ms(med['flashinfer'])}  torch {_ms(med['torch'])}  max {_ms(med['max'])}"
-                    + (f"  errors: {errors}" if errors else ""))
+                    + (f"  errors: {errors}" if errors else "")
+                )
     return rows, peers
 
 
@@ -369,19 +447,49 @@ def _x(v: float | None) -> str:
 
 
 def kernel_table(rows: Sequence[dict[str, Any]]) -> str:
-    headers = ["chain", "logits", "B", "samplechain ms", "graph replay ms", "FlashInfer ms", "torch sort ms",
-               "max(-1) ms", "samplechain / FlashInfer", "replay / FlashInfer", "samplechain / max",
-               "samplechain / torch", "torch / FlashInfer", "target", "met"]
-    body = [[r["chain"], r["dtype"], str(r["batch"]), _ms(r["samplechain_ms"]), _ms(r["graph_ms"]),
-             _ms(r["flashinfer_ms"]), _ms(r["torch_ms"]), _ms(r["max_ms"]), _x(r["samplechain_over_flashinfer"]),
-             _x(r["graph_over_flashinfer"]), _x(r["samplechain_over_max"]), _x(r["samplechain_over_torch"]),
-             _x(r["torch_over_flashinfer"]), r["target"], _met(r["met"])]
-            for r in rows]
+    headers = [
+        "chain",
+        "logits",
+        "B",
+        "samplechain ms",
+        "graph replay ms",
+        "FlashInfer ms",
+        "torch sort ms",
+        "max(-1) ms",
+        "samplechain / FlashInfer",
+        "replay / FlashInfer",
+        "samplechain / max",
+        "samplechain / torch",
+        "torch / FlashInfer",
+        "target",
+        "met",
+    ]
+    body = [
+        [
+            r["chain"],
+            r["dtype"],
+            str(r["batch"]),
+            _ms(r["samplechain_ms"]),
+            _ms(r["graph_ms"]),
+            _ms(r["flashinfer_ms"]),
+            _ms(r["torch_ms"]),
+            _ms(r["max_ms"]),
+            _x(r["samplechain_over_flashinfer"]),
+            _x(r["graph_over_flashinfer"]),
+            _x(r["samplechain_over_max"]),
+            _x(r["samplechain_over_torch"]),
+            _x(r["torch_over_flashinfer"]),
+            r["target"],
+            _met(r["met"]),
+        ]
+        for r in rows
+    ]
     return markdown_rows(headers, body, right=set(range(2, 13)))
 
 
-def graph_step(chain: Chain, batch: int, logits: torch.Tensor, extra: dict[str, Any]
-               ) -> tuple[Callable[[], Any], str] | None:
+def graph_step(
+    chain: Chain, batch: int, logits: torch.Tensor, extra: dict[str, Any]
+) -> tuple[Callable[[], Any], str] | None:
     """The same step replayed from a CUDA graph (samplechain.engine.graphs.StepGraphs, its own store), or None where the
     step cannot be captured (no CUDA device, a host-bound sampler)."""
     ids = [f"g{i}" for i in range(batch)]
@@ -416,8 +524,16 @@ def _ours(model: Any, ids: torch.Tensor, chain: Chain, n: int) -> torch.Tensor:
     params = [{"seed": SEED + i} for i in range(ids.shape[0])] if not chain.is_greedy else None
     with warnings.catch_warnings(), torch.inference_mode():
         warnings.simplefilter("ignore")
-        out = generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), chain=chain, max_new_tokens=n,
-                       ignore_eos=True, pad_token_id=0, params=params)
+        out = generate(
+            model,
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            chain=chain,
+            max_new_tokens=n,
+            ignore_eos=True,
+            pad_token_id=0,
+            params=params,
+        )
     return out.sequences
 
 
@@ -432,8 +548,16 @@ def _theirs(model: Any, ids: torch.Tensor, sampling: bool, n: int) -> torch.Tens
         return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
 
 
-def run_e2e(model: Any, device: torch.device, backend: str, batches: Sequence[int], prompt_len: int, n: int,
-            repeats: int, log: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
+def run_e2e(
+    model: Any,
+    device: torch.device,
+    backend: str,
+    batches: Sequence[int],
+    prompt_len: int,
+    n: int,
+    repeats: int,
+    log: Callable[[str], None] = lambda s: None,
+) -> list[dict[str, Any]]:
     timer = Timer(device)
     vocab = model.config.vocab_size
     rows = []
@@ -441,9 +565,15 @@ def run_e2e(model: Any, device: torch.device, backend: str, batches: Sequence[in
         g = torch.Generator().manual_seed(batch)
         ids = torch.randint(10, vocab, (batch, prompt_len), generator=g).to(device)
         for setting in ("greedy", "sampling"):
-            chain = Chain.load({"chain": {"name": f"e2e {setting}",
-                                          "samplers": E2E_SAMPLING if setting == "sampling" else E2E_GREEDY}},
-                               backend=backend)
+            chain = Chain.load(
+                {
+                    "chain": {
+                        "name": f"e2e {setting}",
+                        "samplers": E2E_SAMPLING if setting == "sampling" else E2E_GREEDY,
+                    }
+                },
+                backend=backend,
+            )
             sampling = setting == "sampling"
             _ours(model, ids, chain, min(n, 4))  # warm-up both (allocator, kernels, caches)
             _theirs(model, ids, sampling, min(n, 4))
@@ -459,7 +589,7 @@ def run_e2e(model: Any, device: torch.device, backend: str, batches: Sequence[in
 
             for rep in range(repeats):  # alternating who goes first: a slow spell hits both alike
                 order = [(run_ours, ours_t), (run_theirs, theirs_t)]
-                for fn, sink in (order if rep % 2 == 0 else order[::-1]):
+                for fn, sink in order if rep % 2 == 0 else order[::-1]:
                     sink.append(timer(fn))
             for key in ("ours", "theirs"):
                 if out[key].shape != (batch, prompt_len + n):
@@ -467,22 +597,52 @@ def run_e2e(model: Any, device: torch.device, backend: str, batches: Sequence[in
             same = bool(torch.equal(out["ours"].cpu(), out["theirs"].cpu())) if not sampling else None
             ours_ms, theirs_ms = statistics.median(ours_t) / n, statistics.median(theirs_t) / n
             ratio = ours_ms / theirs_ms
-            rows.append({"setting": setting, "batch": batch, "prompt_len": prompt_len, "new_tokens": n,
-                         "repeats": repeats, "samplechain_ms_per_step": ours_ms,
-                         "model_generate_ms_per_step": theirs_ms, "samplechain_over_model_generate": ratio,
-                         "target": f"<= {TARGET_E2E[setting]:g}x model.generate",
-                         "met": ratio <= TARGET_E2E[setting], "same_tokens": same})
-            log(f"e2e {setting:8s} B={batch:<3d} samplechain {ours_ms:.3f} ms/step  model.generate {theirs_ms:.3f} "
-                f"ms/step  ratio {ratio:.2f}x" + ("" if same is None else f"  same tokens: {same}"))
+            rows.append(
+                {
+                    "setting": setting,
+                    "batch": batch,
+                    "prompt_len": prompt_len,
+                    "new_tokens": n,
+                    "repeats": repeats,
+                    "samplechain_ms_per_step": ours_ms,
+                    "model_generate_ms_per_step": theirs_ms,
+                    "samplechain_over_model_generate": ratio,
+                    "target": f"<= {TARGET_E2E[setting]:g}x model.generate",
+                    "met": ratio <= TARGET_E2E[setting],
+                    "same_tokens": same,
+                }
+            )
+            log(
+                f"e2e {setting:8s} B={batch:<3d} samplechain {ours_ms:.3f} ms/step  model.generate {theirs_ms:.3f} "
+                f"ms/step  ratio {ratio:.2f}x" + ("" if same is None else f"  same tokens: {same}")
+            )
     return rows
 
 
 def e2e_table(rows: Sequence[dict[str, Any]]) -> str:
-    headers = ["setting", "B", "samplechain generate() ms/step", "model.generate ms/step",
-               "samplechain / model.generate", "target", "met", "same tokens"]
-    body = [[r["setting"], str(r["batch"]), _ms(r["samplechain_ms_per_step"]), _ms(r["model_generate_ms_per_step"]),
-             _x(r["samplechain_over_model_generate"]), r["target"], _met(r["met"]),
-             "n/a (sampling)" if r["same_tokens"] is None else ("yes" if r["same_tokens"] else "no")] for r in rows]
+    headers = [
+        "setting",
+        "B",
+        "samplechain generate() ms/step",
+        "model.generate ms/step",
+        "samplechain / model.generate",
+        "target",
+        "met",
+        "same tokens",
+    ]
+    body = [
+        [
+            r["setting"],
+            str(r["batch"]),
+            _ms(r["samplechain_ms_per_step"]),
+            _ms(r["model_generate_ms_per_step"]),
+            _x(r["samplechain_over_model_generate"]),
+            r["target"],
+            _met(r["met"]),
+            "n/a (sampling)" if r["same_tokens"] is None else ("yes" if r["same_tokens"] else "no"),
+        ]
+        for r in rows
+    ]
     return markdown_rows(headers, body, right={1, 2, 3, 4})
 
 
@@ -505,21 +665,35 @@ def environment(device: torch.device, backend: str, fi_version: str | None, fi_e
         except Exception:
             pass
     return {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"), "device": name, "device_type": device.type,
-        "backend": backend, "torch": torch.__version__, "cuda": torch.version.cuda, "triton": version("triton"),
-        "flashinfer": fi_version, "flashinfer_error": fi_error, "transformers": version("transformers"),
-        "samplechain": getattr(samplechain, "__version__", "?"), "python": platform.python_version(),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "device": name,
+        "device_type": device.type,
+        "backend": backend,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": version("triton"),
+        "flashinfer": fi_version,
+        "flashinfer_error": fi_error,
+        "transformers": version("transformers"),
+        "samplechain": getattr(samplechain, "__version__", "?"),
+        "python": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
         "SAMPLECHAIN_CUDA_FLASHINFER": os.environ.get("SAMPLECHAIN_CUDA_FLASHINFER"),
         "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
     }
 
 
-def report(env: dict[str, Any], args: argparse.Namespace, kernels: list[dict[str, Any]],
-           peers: dict[str, dict[str, str]], e2e: list[dict[str, Any]]) -> str:
+def report(
+    env: dict[str, Any],
+    args: argparse.Namespace,
+    kernels: list[dict[str, Any]],
+    peers: dict[str, dict[str, str]],
+    e2e: list[dict[str, Any]],
+) -> str:
     fi = env["flashinfer"] or f"not importable ({env['flashinfer_error']})"
-    timing = ("CUDA events, device synchronised around every call" if env["device_type"] == "cuda"
-              else "time.perf_counter")
+    timing = (
+        "CUDA events, device synchronised around every call" if env["device_type"] == "cuda" else "time.perf_counter"
+    )
     out = [
         "# samplechain GPU benchmark" + (" (dry run)" if env["device_type"] != "cuda" else ""),
         "",
@@ -531,14 +705,24 @@ def report(env: dict[str, Any], args: argparse.Namespace, kernels: list[dict[str
         f"- timing: {timing}; medians; ms",
     ]
     if env["SAMPLECHAIN_CUDA_FLASHINFER"]:
-        out.append(f"- SAMPLECHAIN_CUDA_FLASHINFER={env['SAMPLECHAIN_CUDA_FLASHINFER']} (samplechain's opt-in "
-                   "FlashInfer path may be on)")
+        out.append(
+            f"- SAMPLECHAIN_CUDA_FLASHINFER={env['SAMPLECHAIN_CUDA_FLASHINFER']} (samplechain's opt-in "
+            "FlashInfer path may be on)"
+        )
     if kernels:
-        out += ["", f"## One sampling step: V = {args.vocab}, {args.kind} logits, {args.repeats} calls after "
-                    f"{args.warmup} warm-up calls per pipeline", "",
-                f"Targets: every chain <= {TARGET_VS_FI:g}x FlashInfer at B >= 8, <= {TARGET_B1_MS:g} ms at B = 1. "
-                "bf16 = the logits rounded to bfloat16, upcast to float32.", "", kernel_table(kernels), "",
-                "Pipelines per chain:", ""]
+        out += [
+            "",
+            f"## One sampling step: V = {args.vocab}, {args.kind} logits, {args.repeats} calls after "
+            f"{args.warmup} warm-up calls per pipeline",
+            "",
+            f"Targets: every chain <= {TARGET_VS_FI:g}x FlashInfer at B >= 8, <= {TARGET_B1_MS:g} ms at B = 1. "
+            "bf16 = the logits rounded to bfloat16, upcast to float32.",
+            "",
+            kernel_table(kernels),
+            "",
+            "Pipelines per chain:",
+            "",
+        ]
         for name, desc in peers.items():
             out.append(f"- {name}: FlashInfer: {desc.get('flashinfer', 'n/a')}; torch: {desc.get('torch', 'n/a')}")
         errs = [(r["chain"], r["dtype"], r["batch"], r["errors"]) for r in kernels if r["errors"]]
@@ -547,10 +731,16 @@ def report(env: dict[str, Any], args: argparse.Namespace, kernels: list[dict[str
             out += [f"- {c} {d} B={b}: {e}" for c, d, b, e in errs]
     if e2e:
         shape = "Llama-3.2-1B-shaped" if args.model == "llama-3.2-1b" else f"{args.model}"
-        out += ["", f"## End to end: generate() vs model.generate, random {shape} model in {args.model_dtype}, "
-                    f"prompt {args.prompt_len}, {args.new_tokens} new tokens, median of {args.e2e_repeats}", "",
-                "Targets: generate() per step <= 1.0x model.generate when sampling (temperature 0.8 + top_k 50 + "
-                "top_p 0.9), <= 0.9x greedy.", "", e2e_table(e2e)]
+        out += [
+            "",
+            f"## End to end: generate() vs model.generate, random {shape} model in {args.model_dtype}, "
+            f"prompt {args.prompt_len}, {args.new_tokens} new tokens, median of {args.e2e_repeats}",
+            "",
+            "Targets: generate() per step <= 1.0x model.generate when sampling (temperature 0.8 + top_k 50 + "
+            "top_p 0.9), <= 0.9x greedy.",
+            "",
+            e2e_table(e2e),
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -563,12 +753,14 @@ def _ints(text: str) -> list[int]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     ap.add_argument("--backend", default=None, help="samplechain backend (default: cuda on cuda, cpu on cpu)")
-    ap.add_argument("--tiny", action="store_true", help="tiny sizes for a dry run (every size option below "
-                    f"defaults to {TINY})")
+    ap.add_argument(
+        "--tiny", action="store_true", help=f"tiny sizes for a dry run (every size option below defaults to {TINY})"
+    )
     ap.add_argument("--parts", default="kernels,e2e", help="kernels, e2e or both (default both)")
     ap.add_argument("--chains", default=",".join(CHAINS), help=f"comma-separated (default all: {', '.join(CHAINS)})")
     ap.add_argument("--dtypes", default=",".join(DTYPES), help="float32, bf16 (default both)")
@@ -597,8 +789,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.parts = [p for p in args.parts.split(",") if p]
     args.chains = [c for c in args.chains.split(",") if c]
     args.dtypes = [d for d in args.dtypes.split(",") if d]
-    for what, given, known in (("part", args.parts, ("kernels", "e2e")), ("chain", args.chains, tuple(CHAINS)),
-                               ("dtype", args.dtypes, DTYPES)):
+    for what, given, known in (
+        ("part", args.parts, ("kernels", "e2e")),
+        ("chain", args.chains, tuple(CHAINS)),
+        ("dtype", args.dtypes, DTYPES),
+    ):
         bad = [g for g in given if g not in known]
         if bad or not given:
             ap.error(f"unknown {what} {bad or given}: choose from {', '.join(known)}")
@@ -626,12 +821,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"device {env['device']}, backend {args.backend}, FlashInfer {env['flashinfer'] or fi_error}")
     kernels, peers, e2e = [], {}, []
     if "kernels" in args.parts:
-        kernels, peers = run_kernels(device, args.backend, args.chains, args.dtypes, _ints(args.batch), args.vocab,
-                                     args.kind, args.repeats, args.warmup, fi, log)
+        kernels, peers = run_kernels(
+            device,
+            args.backend,
+            args.chains,
+            args.dtypes,
+            _ints(args.batch),
+            args.vocab,
+            args.kind,
+            args.repeats,
+            args.warmup,
+            fi,
+            log,
+        )
     if "e2e" in args.parts:
         model = build_model(args.model, device, getattr(torch, args.model_dtype))
-        e2e = run_e2e(model, device, args.backend, _ints(args.e2e_batch), args.prompt_len, args.new_tokens,
-                      args.e2e_repeats, log)
+        e2e = run_e2e(
+            model, device, args.backend, _ints(args.e2e_batch), args.prompt_len, args.new_tokens, args.e2e_repeats, log
+        )
         del model
     text = report(env, args, kernels, peers, e2e)
     print(text, end="")
@@ -640,8 +847,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             fh.write(text)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"env": env, "kernels": kernels, "pipelines": peers, "e2e": e2e,
-                       "settings": {k: v for k, v in vars(args).items() if k not in ("out", "json")}}, fh, indent=2)
+            json.dump(
+                {
+                    "env": env,
+                    "kernels": kernels,
+                    "pipelines": peers,
+                    "e2e": e2e,
+                    "settings": {k: v for k, v in vars(args).items() if k not in ("out", "json")},
+                },
+                fh,
+                indent=2,
+            )
     return 0
 
 

@@ -34,12 +34,14 @@ VLLM_MS = {1: 0.74, 8: 2.9, 32: 13.0, 128: 68.0}  # issue 16
 
 def without_numba(call):
     """call with the cpu backend's compiled draw switched off."""
+
     def run():
         os.environ["SAMPLECHAIN_CPU_NUMBA"] = "0"
         try:
             return call()
         finally:
             del os.environ["SAMPLECHAIN_CPU_NUMBA"]
+
     return run
 
 
@@ -48,8 +50,11 @@ def paths(logits: torch.Tensor) -> dict:
     batch, vocab = logits.shape
     seed = torch.arange(batch, dtype=torch.int64) + 1
     position = torch.zeros(batch, dtype=torch.int64)
-    work = (torch.empty(batch, vocab, dtype=torch.int32), torch.empty(batch, vocab, dtype=torch.int32),
-            torch.empty(batch, vocab, dtype=torch.float64))
+    work = (
+        torch.empty(batch, vocab, dtype=torch.int32),
+        torch.empty(batch, vocab, dtype=torch.int32),
+        torch.empty(batch, vocab, dtype=torch.float64),
+    )
     chain = Chain.load({"samplers": [{"use": "temperature", "t": 0.8}, {"use": "dist", "seed": 1}]})
     return {
         "max": lambda: logits.max(dim=-1).indices,
@@ -76,24 +81,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--vocab", type=int, default=128256)
-    parser.add_argument("--kinds", nargs="+", default=["randn", "peaked"], help="samplechain.tools.bench.make_logits kinds")
+    parser.add_argument(
+        "--kinds", nargs="+", default=["randn", "peaked"], help="samplechain.tools.bench.make_logits kinds"
+    )
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     torch.set_num_threads(args.threads)
-    print("| logits | B | max ms | torch ms | numba ms | chain ms | chain0 ms | vLLM ms | numba / max | chain / max | "
-          "torch / numba |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| logits | B | max ms | torch ms | numba ms | chain ms | chain0 ms | vLLM ms | numba / max | chain / max | "
+        "torch / numba |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
     for kind in args.kinds:
         for batch in args.batch:
             calls = paths(make_logits(kind, batch, args.vocab))
             assert torch.equal(calls["torch"](), calls["numba"]()), "the compiled draw differs from rng's"
             ms = measure(calls, args.reps, args.rounds)
             vllm = f"{VLLM_MS[batch]:.2f}" if batch in VLLM_MS and args.vocab == 128256 else "-"
-            print(f"| {kind} | {batch} | {ms['max']:.3f} | {ms['torch']:.2f} | {ms['numba']:.3f} | {ms['chain']:.3f} "
-                  f"| {ms['chain0']:.2f} | {vllm} | {ms['numba'] / ms['max']:.2f} | {ms['chain'] / ms['max']:.2f} "
-                  f"| {ms['torch'] / ms['numba']:.1f} |", flush=True)
+            print(
+                f"| {kind} | {batch} | {ms['max']:.3f} | {ms['torch']:.2f} | {ms['numba']:.3f} | {ms['chain']:.3f} "
+                f"| {ms['chain0']:.2f} | {vllm} | {ms['numba'] / ms['max']:.2f} | {ms['chain'] / ms['max']:.2f} "
+                f"| {ms['torch'] / ms['numba']:.1f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -29,7 +29,14 @@ import torch
 
 import samplechain
 from samplechain.tools.bench import (
-    environment, make_history, make_logits, markdown_rows, summary, time_blocks, timing_arguments, warmup_for,
+    environment,
+    make_history,
+    make_logits,
+    markdown_rows,
+    summary,
+    time_blocks,
+    timing_arguments,
+    warmup_for,
 )
 from samplechain.tools.progress import progress_bar
 
@@ -47,8 +54,10 @@ def _llama() -> Any:
     try:
         import llama_cpp
     except ImportError:
-        sys.exit("llama-cpp-python is not installed: CMAKE_ARGS=\"-DGGML_NATIVE=ON\" .venv/bin/python -m pip install "
-                 "llama-cpp-python (it builds llama.cpp from source)")
+        sys.exit(
+            'llama-cpp-python is not installed: CMAKE_ARGS="-DGGML_NATIVE=ON" .venv/bin/python -m pip install '
+            "llama-cpp-python (it builds llama.cpp from source)"
+        )
     return llama_cpp
 
 
@@ -118,15 +127,18 @@ def check(kind: str, vocab: int, rows: int = 4) -> str:
     scores = ours.process(logits, history=history, prompt_lengths=torch.full((rows,), history.shape[1] - LAST_N))
     theirs = LlamaRows(vocab, history, with_dist=False)
     try:
-        same = sum(theirs.kept(r, logits[r].numpy()) == set(torch.isfinite(scores[r]).nonzero().flatten().tolist())
-                   for r in range(rows))
+        same = sum(
+            theirs.kept(r, logits[r].numpy()) == set(torch.isfinite(scores[r]).nonzero().flatten().tolist())
+            for r in range(rows)
+        )
     finally:
         theirs.close()
     return f"same sets, {same}/{rows} rows" if same == rows else f"DIFFERENT sets in {rows - same}/{rows} rows"
 
 
-def run(batches: Sequence[int], vocab: int, kinds: Sequence[str], reps: int, rounds: int,
-        progress: bool | None = None) -> list[dict[str, Any]]:
+def run(
+    batches: Sequence[int], vocab: int, kinds: Sequence[str], reps: int, rounds: int, progress: bool | None = None
+) -> list[dict[str, Any]]:
     results = []
     cells = [(kind, b) for kind in kinds for b in batches]
     with progress_bar(len(cells) * rounds, "bench_llamacpp", progress, auto_refresh=False) as bar:
@@ -152,9 +164,16 @@ def run(batches: Sequence[int], vocab: int, kinds: Sequence[str], reps: int, rou
                 bar.advance()
     for kind, batch in cells:
         t = {name: summary(ts) for name, ts in times[(kind, batch)].items()}
-        results.append({"kind": kind, "batch": batch, "vocab": vocab, **t,
-                        "llama_over_ours": t["llama.cpp"]["median"] / t["samplechain"]["median"],
-                        "check": check(kind, vocab)})
+        results.append(
+            {
+                "kind": kind,
+                "batch": batch,
+                "vocab": vocab,
+                **t,
+                "llama_over_ours": t["llama.cpp"]["median"] / t["samplechain"]["median"],
+                "check": check(kind, vocab),
+            }
+        )
     return results
 
 
@@ -163,8 +182,18 @@ def markdown(results: Sequence[dict[str, Any]]) -> str:
         return f"{t['median']:.3f} ({t['p10']:.3f}–{t['p90']:.3f})"
 
     headers = ["logits", "B", "samplechain ms", "llama.cpp ms", "llama.cpp / samplechain", "read ms", "check"]
-    rows = [[r["kind"], str(r["batch"]), ms(r["samplechain"]), ms(r["llama.cpp"]), f"{r['llama_over_ours']:.2f}x",
-             f"{r['read']['median']:.3f}", r["check"]] for r in results]
+    rows = [
+        [
+            r["kind"],
+            str(r["batch"]),
+            ms(r["samplechain"]),
+            ms(r["llama.cpp"]),
+            f"{r['llama_over_ours']:.2f}x",
+            f"{r['read']['median']:.3f}",
+            r["check"],
+        ]
+        for r in results
+    ]
     return markdown_rows(headers, rows, range(1, 6))
 
 
@@ -176,8 +205,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     timing_arguments(parser, reps=20, rounds=3)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    results = run([int(b) for b in args.batch.split(",")], args.vocab, args.kinds.split(","), args.reps, args.rounds,
-                  args.progress)
+    results = run(
+        [int(b) for b in args.batch.split(",")],
+        args.vocab,
+        args.kinds.split(","),
+        args.reps,
+        args.rounds,
+        args.progress,
+    )
     print(markdown(results))
     env = environment(args.threads)
     print(f"\nllama-cpp-python {_llama().__version__}; " + ", ".join(f"{k} {v}" for k, v in env.items()))

@@ -57,32 +57,65 @@ import torch
 
 import samplechain
 from samplechain.tools.bench import (
-    LOGIT_KINDS, environment, make_history, make_logits, print_breakdown, print_rows, stage_medians, transformers_step,
+    LOGIT_KINDS,
+    environment,
+    make_history,
+    make_logits,
+    print_breakdown,
+    print_rows,
+    stage_medians,
+    transformers_step,
 )
 from samplechain.tools.bench import summary as _summary
 from samplechain.tools.bench import time_blocks as _time
 from samplechain.tools.bench import warmup_for as _warmup_for
 from samplechain.tools.progress import progress_bar
 
-__all__ = ["CONFIGS", "BREAKER_IDS", "make_history", "build_llama_cpp", "build_transformers_preset",
-           "build_hf", "run", "breakdown", "main"]
+__all__ = [
+    "CONFIGS",
+    "BREAKER_IDS",
+    "make_history",
+    "build_llama_cpp",
+    "build_transformers_preset",
+    "build_hf",
+    "run",
+    "breakdown",
+    "main",
+]
 
 BATCH, VOCAB, PROMPT, GENERATED, SEED = 32, 128256, 256, 64, 1234
 BREAKER_IDS = [[10], [25], [1], [9]]
 
 LLAMA_ON = {
-    "repeat_penalty": 1.1, "presence_penalty": 0.1, "penalty_last_n": 64,
-    "dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
+    "repeat_penalty": 1.1,
+    "presence_penalty": 0.1,
+    "penalty_last_n": 64,
+    "dry_multiplier": 0.8,
+    "dry_base": 1.75,
+    "dry_allowed_length": 2,
+    "dry_penalty_last_n": -1,
 }
 # name -> (samplechain preset, per-request settings, transformers pipeline, note)
 CONFIGS: dict[str, tuple[str, dict[str, Any], str, str]] = {
-    "llama.cpp: pen+DRY": ("llama.cpp", dict(LLAMA_ON), "hf_llama_rep",
-                           "transformers: repetition 1.1 over the whole history; no window, no presence, no DRY"),
-    "llama.cpp: pen": ("llama.cpp", {**LLAMA_ON, "dry_multiplier": 0.0}, "hf_llama_rep",
-                       "transformers: repetition 1.1 over the whole history; no window, no presence"),
+    "llama.cpp: pen+DRY": (
+        "llama.cpp",
+        dict(LLAMA_ON),
+        "hf_llama_rep",
+        "transformers: repetition 1.1 over the whole history; no window, no presence, no DRY",
+    ),
+    "llama.cpp: pen": (
+        "llama.cpp",
+        {**LLAMA_ON, "dry_multiplier": 0.0},
+        "hf_llama_rep",
+        "transformers: repetition 1.1 over the whole history; no window, no presence",
+    ),
     "llama.cpp: off": ("llama.cpp", {}, "hf_llama", "same samplers on both sides"),
-    "transformers": ("transformers", {"repetition_penalty": 1.1, "temperature": 0.8, "top_k": 50, "top_p": 0.95},
-                     "hf_transformers", "same samplers on both sides"),
+    "transformers": (
+        "transformers",
+        {"repetition_penalty": 1.1, "temperature": 0.8, "top_k": 50, "top_p": 0.95},
+        "hf_transformers",
+        "same samplers on both sides",
+    ),
 }
 
 
@@ -118,8 +151,14 @@ def build_hf(name: str) -> Any:
     if name == "hf_llama_rep":
         return LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.1), *llama])
     if name == "hf_transformers":
-        return LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.1), TemperatureLogitsWarper(0.8),
-                                    TopKLogitsWarper(50), TopPLogitsWarper(0.95)])
+        return LogitsProcessorList(
+            [
+                RepetitionPenaltyLogitsProcessor(1.1),
+                TemperatureLogitsWarper(0.8),
+                TopKLogitsWarper(50),
+                TopPLogitsWarper(0.95),
+            ]
+        )
     raise ValueError(name)
 
 
@@ -139,33 +178,53 @@ class Setup:
 
 
 # --------------------------------------------------------------------------- check
-def compare_scores(chain: samplechain.Chain, params: dict[str, Any], processors: Any, logits: torch.Tensor,
-                   history: torch.Tensor, lengths: torch.Tensor) -> dict[str, Any]:
+def compare_scores(
+    chain: samplechain.Chain,
+    params: dict[str, Any],
+    processors: Any,
+    logits: torch.Tensor,
+    history: torch.Tensor,
+    lengths: torch.Tensor,
+) -> dict[str, Any]:
     """Untimed: same finite set per row, and the largest |difference| of the finite values."""
     store = chain.new_store(capacity=logits.shape[0])
     ids = [f"check{i}" for i in range(logits.shape[0])]
     for rid in ids:
         store.add(rid, params)
-    ours = chain.sample(logits, store, ids, accept=False, return_scores=True, history=history,
-                        prompt_lengths=lengths).scores
+    ours = chain.sample(
+        logits, store, ids, accept=False, return_scores=True, history=history, prompt_lengths=lengths
+    ).scores
     theirs = processors(history, logits.clone())
     ok, tk = torch.isfinite(ours), torch.isfinite(theirs)
     differ = (ok != tk).sum(dim=-1)
     both = ok & tk
     diff = float((ours[both] - theirs[both]).abs().max()) if bool(both.any()) else 0.0
     bad = differ.nonzero().flatten().tolist()
-    return {"rows": logits.shape[0], "agree": not bad, "mismatching_rows": {r: int(differ[r]) for r in bad},
-            "kept_ours_median": statistics.median(ok.sum(-1).tolist()),
-            "max_abs_diff": diff}
+    return {
+        "rows": logits.shape[0],
+        "agree": not bad,
+        "mismatching_rows": {r: int(differ[r]) for r in bad},
+        "kept_ours_median": statistics.median(ok.sum(-1).tolist()),
+        "max_abs_diff": diff,
+    }
 
 
 CHECKS = {"transformers": "hf_transformers", "llama.cpp: off": "hf_llama"}
 
 
 # --------------------------------------------------------------------------- the benchmark
-def run(reps: int = 20, rounds: int = 3, *, kinds: Sequence[str] = tuple(LOGIT_KINDS), batch: int = BATCH,
-        vocab: int = VOCAB, threads: int | None = None, warmup: int | None = None,
-        check: bool = True, progress: bool | None = None) -> list[dict[str, Any]]:
+def run(
+    reps: int = 20,
+    rounds: int = 3,
+    *,
+    kinds: Sequence[str] = tuple(LOGIT_KINDS),
+    batch: int = BATCH,
+    vocab: int = VOCAB,
+    threads: int | None = None,
+    warmup: int | None = None,
+    check: bool = True,
+    progress: bool | None = None,
+) -> list[dict[str, Any]]:
     """Time every configuration and transformers pipeline for each logits kind; one dict per (kind, config).
 
     progress: a bar over rounds x kinds on stderr (None: when stderr is a terminal), drawn by this thread between
@@ -189,13 +248,15 @@ def run(reps: int = 20, rounds: int = 3, *, kinds: Sequence[str] = tuple(LOGIT_K
                     if check and not any(k == kind for k, _ in checks):
                         for cfg, hf in CHECKS.items():
                             preset, params = CONFIGS[cfg][0], CONFIGS[cfg][1]
-                            checks[(kind, cfg)] = compare_scores(s.chains[preset], params, s.hf[hf], logits, history,
-                                                                 lengths)
+                            checks[(kind, cfg)] = compare_scores(
+                                s.chains[preset], params, s.hf[hf], logits, history, lengths
+                            )
                     fns: dict[str, Callable[[], Any]] = {}
                     for name, (preset, _p, _hf, _n) in CONFIGS.items():
                         chain, store = s.chains[preset], s.stores[name]
-                        fns[name] = (lambda c=chain, st=store: c.sample(logits, st, s.ids, history=history,
-                                                                        prompt_lengths=lengths))
+                        fns[name] = lambda c=chain, st=store: c.sample(
+                            logits, st, s.ids, history=history, prompt_lengths=lengths
+                        )
                     for hf, procs in s.hf.items():
                         fns[hf] = lambda p=procs: transformers_step(p, history, logits)
                     times = _time(fns, reps, warmup)
@@ -210,17 +271,35 @@ def run(reps: int = 20, rounds: int = 3, *, kinds: Sequence[str] = tuple(LOGIT_K
     for kind in kinds:
         for name, (preset, params, hf, note) in CONFIGS.items():
             ours, theirs = _summary(samples[kind][name]), _summary(samples[kind][hf])
-            row = {"kind": kind, "config": name, "preset": preset, "params": params, "transformers_pipeline": hf,
-                   "note": note, "batch": batch, "vocab": vocab, "reps": reps * rounds, "ours": ours,
-                   "transformers": theirs, "ratio_transformers_over_ours": theirs["median"] / ours["median"]}
+            row = {
+                "kind": kind,
+                "config": name,
+                "preset": preset,
+                "params": params,
+                "transformers_pipeline": hf,
+                "note": note,
+                "batch": batch,
+                "vocab": vocab,
+                "reps": reps * rounds,
+                "ours": ours,
+                "transformers": theirs,
+                "ratio_transformers_over_ours": theirs["median"] / ours["median"],
+            }
             if (kind, name) in checks:
                 row["check"] = checks[(kind, name)]
             results.append(row)
     return results
 
 
-def breakdown(config: str, reps: int = 40, *, kind: str = "randn", batch: int = BATCH, vocab: int = VOCAB,
-              threads: int | None = None) -> dict[str, Any]:
+def breakdown(
+    config: str,
+    reps: int = 40,
+    *,
+    kind: str = "randn",
+    batch: int = BATCH,
+    vocab: int = VOCAB,
+    threads: int | None = None,
+) -> dict[str, Any]:
     """Median ms of each sampler of one configuration (apply/select wrapped with a timer; "executor" is the rest
     of chain.sample) and of each stage of its transformers pipeline. Steps of the two alternate."""
     previous = torch.get_num_threads()
@@ -238,17 +317,31 @@ def breakdown(config: str, reps: int = 40, *, kind: str = "randn", batch: int = 
         history = make_history(batch, vocab)
         lengths = torch.full((batch,), PROMPT, dtype=torch.int64)
         out: dict[str, Any] = {"config": config, "kind": kind, "batch": batch, "vocab": vocab, "reps": reps}
-        out.update(stage_medians(chain, processors,
-                                 lambda: chain.sample(logits, store, ids, history=history, prompt_lengths=lengths),
-                                 history, logits, reps))
+        out.update(
+            stage_medians(
+                chain,
+                processors,
+                lambda: chain.sample(logits, store, ids, history=history, prompt_lengths=lengths),
+                history,
+                logits,
+                reps,
+            )
+        )
         return out
     finally:
         torch.set_num_threads(previous)
 
 
 # --------------------------------------------------------------------------- output
-HEADERS = ["logits", "configuration", "samplechain ms", "transformers ms", "transformers / samplechain",
-           "transformers pipeline", "check"]
+HEADERS = [
+    "logits",
+    "configuration",
+    "samplechain ms",
+    "transformers ms",
+    "transformers / samplechain",
+    "transformers pipeline",
+    "check",
+]
 HF_NAMES = {
     "hf_llama_rep": "RepetitionPenalty 1.1 → TopK 40 → TopP .95 → MinP .05 → Temp .8",
     "hf_llama": "TopK 40 → TopP .95 → MinP .05 → Temp .8",
@@ -270,42 +363,65 @@ def _cells(r: dict[str, Any]) -> list[str]:
     pipeline = HF_NAMES[r["transformers_pipeline"]]
     if r["note"] != "same samplers on both sides":
         pipeline += f" ({r['note'].removeprefix('transformers: ')})"
-    return [r["kind"], r["config"], ms(r["ours"]), ms(r["transformers"]),
-            f"{r['ratio_transformers_over_ours']:.1f}x", pipeline, check]
+    return [
+        r["kind"],
+        r["config"],
+        ms(r["ours"]),
+        ms(r["transformers"]),
+        f"{r['ratio_transformers_over_ours']:.1f}x",
+        pipeline,
+        check,
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--kinds", default=",".join(LOGIT_KINDS), help=f"logits kinds: {', '.join(LOGIT_KINDS)}")
     parser.add_argument("--reps", type=int, default=20, help="timed calls per pipeline per round (default 20)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds, spread over the run, samples pooled (3)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed warm-up calls (default reps // 5, >= 3)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch.set_num_threads (default: torch's default)")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     parser.add_argument("--markdown", action="store_true", help="print a markdown table instead of a rich one")
     parser.add_argument("--json", metavar="PATH", help="also write the results and the environment as JSON")
     parser.add_argument("--no-check", action="store_true", help="skip the untimed score comparison")
-    parser.add_argument("--breakdown", action="store_true",
-                        help="also time each sampler of 'llama.cpp: pen+DRY' and 'transformers' "
-                             "(first logits kind, --reps steps)")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="a bar over rounds x kinds on stderr, drawn between timed blocks (default: when stderr "
-                             "is a terminal)")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time each sampler of 'llama.cpp: pen+DRY' and 'transformers' (first logits kind, --reps steps)",
+    )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a bar over rounds x kinds on stderr, drawn between timed blocks (default: when stderr is a terminal)",
+    )
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     threads = args.threads or torch.get_num_threads()
 
     env = environment(threads)
-    print(f"samplechain {env['samplechain']}, torch {env['torch']}, transformers {env['transformers']}, "
-          f"{env['cpu']} ({env['cpu_count']} cores), torch threads {threads}, {env['date']}")
-    print(f"B={BATCH} V={VOCAB}, history {PROMPT} prompt + {GENERATED} generated tokens per row (fixed), "
-          f"DRY breaker_ids {BREAKER_IDS} instead of the preset's strings")
+    print(
+        f"samplechain {env['samplechain']}, torch {env['torch']}, transformers {env['transformers']}, "
+        f"{env['cpu']} ({env['cpu_count']} cores), torch threads {threads}, {env['date']}"
+    )
+    print(
+        f"B={BATCH} V={VOCAB}, history {PROMPT} prompt + {GENERATED} generated tokens per row (fixed), "
+        f"DRY breaker_ids {BREAKER_IDS} instead of the preset's strings"
+    )
     for k in kinds:
         print(f"  {k}: {LOGIT_KINDS.get(k, '?')}")
     t0 = time.perf_counter()
-    results = run(args.reps, args.rounds, kinds=kinds, threads=threads, warmup=args.warmup,
-                  check=not args.no_check, progress=args.progress)
+    results = run(
+        args.reps,
+        args.rounds,
+        kinds=kinds,
+        threads=threads,
+        warmup=args.warmup,
+        check=not args.no_check,
+        progress=args.progress,
+    )
     print_rows(HEADERS, [_cells(r) for r in results], {2, 3, 4}, markdown=args.markdown)
     for r in results:
         if "check" in r and not r["check"]["agree"]:
@@ -319,10 +435,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"total {time.perf_counter() - t0:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"environment": env, "configs": {k: list(v) for k, v in CONFIGS.items()},
-                       "breaker_ids": BREAKER_IDS, "logit_kinds": LOGIT_KINDS, "results": results,
-                       "breakdown": extra, "command": " ".join([os.path.basename(sys.executable), *sys.argv])},
-                      f, indent=2)
+            json.dump(
+                {
+                    "environment": env,
+                    "configs": {k: list(v) for k, v in CONFIGS.items()},
+                    "breaker_ids": BREAKER_IDS,
+                    "logit_kinds": LOGIT_KINDS,
+                    "results": results,
+                    "breakdown": extra,
+                    "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+                },
+                f,
+                indent=2,
+            )
         print(f"wrote {args.json}")
     return 0
 

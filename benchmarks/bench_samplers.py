@@ -19,7 +19,14 @@ import torch
 
 import samplechain
 from samplechain.tools.bench import (
-    environment, make_logits, markdown_rows, summary, time_blocks, timing_arguments, transformers_step, warmup_for,
+    environment,
+    make_logits,
+    markdown_rows,
+    summary,
+    time_blocks,
+    timing_arguments,
+    transformers_step,
+    warmup_for,
 )
 from samplechain.tools.progress import progress_bar
 
@@ -32,6 +39,7 @@ def _hf(name: str, *args: Any, **kwargs: Any) -> Callable[[], Any]:
         import transformers.generation.logits_process as lp
 
         return lp.LogitsProcessorList([getattr(lp, name)(*args, **kwargs)])
+
     return build
 
 
@@ -53,8 +61,13 @@ for _name, _entry, _hf_factory in [
     ("temp_ext", {"t": 0.8, "delta": 0.5}, None),
 ]:
     CASES[_name] = ({"use": _name, **_entry}, _hf_factory)
-SELECTORS = {"dist": {"use": "dist", "seed": 1}, "greedy": {"use": "greedy"}, "mirostat": {"use": "mirostat"},
-             "mirostat_v2": {"use": "mirostat_v2"}, "adaptive_p": {"use": "adaptive_p", "target": 0.5}}
+SELECTORS = {
+    "dist": {"use": "dist", "seed": 1},
+    "greedy": {"use": "greedy"},
+    "mirostat": {"use": "mirostat"},
+    "mirostat_v2": {"use": "mirostat_v2"},
+    "adaptive_p": {"use": "adaptive_p", "target": 0.5},
+}
 
 
 def run(batch: int, vocab: int, kind: str, reps: int, progress: bool | None) -> list[dict[str, Any]]:
@@ -86,8 +99,15 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
     cells = []
     for r in rows:
         ours, theirs = r["ours"]["median"], r.get("transformers")
-        cells.append([r["sampler"], f"{ours:.2f}", f"{theirs['median']:.2f}" if theirs else "—",
-                      f"{theirs['median'] / ours:.1f}x" if theirs else "—", f"{ours / r['read']['median']:.1f}x"])
+        cells.append(
+            [
+                r["sampler"],
+                f"{ours:.2f}",
+                f"{theirs['median']:.2f}" if theirs else "—",
+                f"{theirs['median'] / ours:.1f}x" if theirs else "—",
+                f"{ours / r['read']['median']:.1f}x",
+            ]
+        )
     return markdown_rows(headers, cells, range(1, 5))
 
 
@@ -101,8 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     rows = run(args.batch, args.vocab, args.kind, args.reps, args.progress)
     print(markdown(rows))
-    print(f"\nB = {args.batch}, V = {args.vocab}, {args.kind} logits, median of {args.reps}; "
-          + ", ".join(f"{k} {v}" for k, v in environment(args.threads).items()), file=sys.stdout)
+    print(
+        f"\nB = {args.batch}, V = {args.vocab}, {args.kind} logits, median of {args.reps}; "
+        + ", ".join(f"{k} {v}" for k, v in environment(args.threads).items()),
+        file=sys.stdout,
+    )
     return 0
 
 

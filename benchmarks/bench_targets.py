@@ -15,8 +15,22 @@ import sys
 
 from samplechain.cli import main
 
-ISSUE_SETTINGS = ["--vocab", "128256", "--kinds", "peaked", "--batch", "1,8,32", "--dtypes",
-                  "float32,float16,bfloat16", "--threads", "2", "--reps", "20", "--rounds", "3"]
+ISSUE_SETTINGS = [
+    "--vocab",
+    "128256",
+    "--kinds",
+    "peaked",
+    "--batch",
+    "1,8,32",
+    "--dtypes",
+    "float32,float16,bfloat16",
+    "--threads",
+    "2",
+    "--reps",
+    "20",
+    "--rounds",
+    "3",
+]
 
 if __name__ == "__main__":
     sys.exit(main(["bench", *ISSUE_SETTINGS, *sys.argv[1:]]))

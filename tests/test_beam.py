@@ -40,8 +40,15 @@ def hf_beams(model, ids=IDS, mask=MASK, **kw):
     kw.setdefault("pad_token_id", 0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return model.generate(input_ids=ids, attention_mask=mask, do_sample=False, return_dict_in_generate=True,
-                              output_scores=True, output_logits=True, **kw)
+        return model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            return_dict_in_generate=True,
+            output_scores=True,
+            output_logits=True,
+            **kw,
+        )
 
 
 def ours(model, ids=IDS, mask=MASK, **kw):
@@ -70,8 +77,13 @@ CASES = list(itertools.product([2, 3, 4], [0.5, 1.0, 2.0], [True, False, "never"
 def test_equals_transformers_beam_search(num_beams, length_penalty, early_stopping):
     model = model_with_frequent_eos(seed=num_beams)
     for n in sorted({1, num_beams}):
-        kw = dict(max_new_tokens=10, num_beams=num_beams, length_penalty=length_penalty,
-                  early_stopping=early_stopping, num_return_sequences=n)
+        kw = dict(
+            max_new_tokens=10,
+            num_beams=num_beams,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+            num_return_sequences=n,
+        )
         out = ours(model, **kw)
         assert_same(out, hf_beams(model, **kw), model)
         assert len(out.finish_reasons) == IDS.shape[0] * n
@@ -95,9 +107,16 @@ def test_several_eos_ids_widen_the_candidates(num_beams, n_eos, early_stopping):
     assert_same(ours(model, **kw), hf_beams(model, **kw), model)
 
 
-@pytest.mark.parametrize("kw", [dict(max_length=12, early_stopping="never"), dict(length_penalty=0.0),
-                                dict(length_penalty=-1.0, early_stopping="never"), dict()],
-                         ids=["max_length", "lp0", "lp-neg", "default-length"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(max_length=12, early_stopping="never"),
+        dict(length_penalty=0.0),
+        dict(length_penalty=-1.0, early_stopping="never"),
+        dict(),
+    ],
+    ids=["max_length", "lp0", "lp-neg", "default-length"],
+)
 def test_length_limits_and_penalties(kw):
     """max_length counts the padded prompt; with no limit at all transformers 5 makes 20 new tokens."""
     model = model_with_frequent_eos(seed=5)
@@ -119,12 +138,18 @@ def test_single_prompt_without_mask_and_a_non_zero_pad():
     assert_same(ours(model, ids=ids, **kw), hf_beams(model, ids=ids, **kw), model)
 
 
-@pytest.mark.parametrize("chain, processors", [
-    ([{"use": "top_k", "k": 5}], lambda t: [t.TopKLogitsWarper(5)]),
-    ([{"use": "temperature", "t": 1.5}, {"use": "top_p", "p": 0.8}],
-     lambda t: [t.TemperatureLogitsWarper(1.5), t.TopPLogitsWarper(0.8)]),
-    ([{"use": "min_p", "p": 0.1}], lambda t: [t.MinPLogitsWarper(0.1)]),
-], ids=["top_k", "temperature-top_p", "min_p"])
+@pytest.mark.parametrize(
+    "chain, processors",
+    [
+        ([{"use": "top_k", "k": 5}], lambda t: [t.TopKLogitsWarper(5)]),
+        (
+            [{"use": "temperature", "t": 1.5}, {"use": "top_p", "p": 0.8}],
+            lambda t: [t.TemperatureLogitsWarper(1.5), t.TopPLogitsWarper(0.8)],
+        ),
+        ([{"use": "min_p", "p": 0.1}], lambda t: [t.MinPLogitsWarper(0.1)]),
+    ],
+    ids=["top_k", "temperature-top_p", "min_p"],
+)
 def test_chain_processing_equals_transformers_logits_processors(chain, processors):
     """The chain's transforms and filters run on the beams' log-probabilities as a LogitsProcessorList does."""
     import transformers
@@ -135,10 +160,17 @@ def test_chain_processing_equals_transformers_logits_processors(chain, processor
     assert_same(ours(model, chain={"samplers": chain + [{"use": "greedy"}]}, **kw), ref, model)
 
 
-@pytest.mark.parametrize("sampler, processor", [
-    ({"use": "penalties", "repeat": 1.8, "scope": "transformers"}, lambda t: t.RepetitionPenaltyLogitsProcessor(1.8)),
-    ({"use": "no_repeat_ngram", "n": 2}, lambda t: t.NoRepeatNGramLogitsProcessor(2)),
-], ids=["penalties", "no_repeat_ngram"])
+@pytest.mark.parametrize(
+    "sampler, processor",
+    [
+        (
+            {"use": "penalties", "repeat": 1.8, "scope": "transformers"},
+            lambda t: t.RepetitionPenaltyLogitsProcessor(1.8),
+        ),
+        ({"use": "no_repeat_ngram", "n": 2}, lambda t: t.NoRepeatNGramLogitsProcessor(2)),
+    ],
+    ids=["penalties", "no_repeat_ngram"],
+)
 def test_history_reading_samplers_see_each_beams_own_tokens(sampler, processor):
     """Unpadded prompts: transformers' processors count left padding as history, ours do not."""
     import transformers
@@ -150,16 +182,26 @@ def test_history_reading_samplers_see_each_beams_own_tokens(sampler, processor):
     ids = torch.tensor([[11, 12, 13, 14, 15], [3, 3, 9, 4, 3], [7, 7, 7, 7, 7]])
     model = model_with_frequent_eos(seed=3)
     kw = dict(max_new_tokens=10, num_beams=3, num_return_sequences=3)
-    ref = hf_beams(model, ids, torch.ones_like(ids),
-                   logits_processor=transformers.LogitsProcessorList([processor(transformers)]), **kw)
-    assert_same(ours(model, ids, torch.ones_like(ids), chain={"samplers": [sampler, {"use": "greedy"}]}, **kw),
-                ref, model)
+    ref = hf_beams(
+        model,
+        ids,
+        torch.ones_like(ids),
+        logits_processor=transformers.LogitsProcessorList([processor(transformers)]),
+        **kw,
+    )
+    assert_same(
+        ours(model, ids, torch.ones_like(ids), chain={"samplers": [sampler, {"use": "greedy"}]}, **kw), ref, model
+    )
 
 
 def test_per_request_parameters_apply_to_every_beam_of_their_prompt():
     model = model_with_frequent_eos(seed=3)
-    kw = dict(max_new_tokens=8, num_beams=3, num_return_sequences=3,
-              chain={"samplers": [{"use": "top_k", "k": 40}, {"use": "greedy"}]})
+    kw = dict(
+        max_new_tokens=8,
+        num_beams=3,
+        num_return_sequences=3,
+        chain={"samplers": [{"use": "top_k", "k": 40}, {"use": "greedy"}]},
+    )
     mixed = ours(model, params=[{"top_k": 2}, {"top_k": 3}, {}], **kw)
     for i, k in enumerate((2, 3, 40)):
         alone = ours(model, params={"top_k": k}, **kw)
@@ -170,6 +212,7 @@ def test_per_request_parameters_apply_to_every_beam_of_their_prompt():
 
 def stop_at(token: int):
     """A stop= callable (reason "stop_token"): the rows whose last token is `token`."""
+
     def stop_token(ctx):
         return ctx.input_ids[:, -1] == token
 
@@ -185,13 +228,14 @@ def an_eos_and_a_stop_token_that_end_beams_all_three_ways(model, **kw) -> tuple[
         warnings.simplefilter("ignore")  # no eos anywhere: the GenerationWarning that says so
         first = ours(model, **kw)
     assert set(first.finish_reasons) == {"max_new_tokens"}
-    emitted = list(dict.fromkeys(first.sequences[:, IDS.shape[1]:].flatten().tolist()))
+    emitted = list(dict.fromkeys(first.sequences[:, IDS.shape[1] :].flatten().tolist()))
     for eos, token in itertools.islice(itertools.permutations(emitted, 2), 200):
         reasons = ours(model, eos_token_id=eos, stop=[stop_at(token)], **kw).finish_reasons
         if set(reasons) == {"eos", "stop_token", "max_new_tokens"}:
             return eos, token
-    raise AssertionError(f"no pair of the tokens {emitted} ends the beams at eos, at a stop token and at "
-                         "max_new_tokens")
+    raise AssertionError(
+        f"no pair of the tokens {emitted} ends the beams at eos, at a stop token and at max_new_tokens"
+    )
 
 
 def test_custom_criterion_runs_on_the_candidates_as_transformers_stopping_criteria():
@@ -262,7 +306,7 @@ def test_embedded_model_beam_search_equals_model_generate(embedded):
     ref = hf_beams(model, ids, mask, **kw)
     out = generate(model, tok, PROMPTS, output_scores=True, output_logits=True, **kw)
     assert_same(out, ref, model)
-    new = out.sequences[:, out.prompt_length:]
+    new = out.sequences[:, out.prompt_length :]
     assert out.texts == [tok.decode(r[:n], skip_special_tokens=True) for r, n in zip(new, out.num_generated.tolist())]
 
 
@@ -281,15 +325,21 @@ def vllm_text(tok, tokens: list[int], stop: str | None, include: bool) -> str:
 
 def hypotheses(out):
     """Each returned hypothesis' generated tokens."""
-    new = out.sequences[:, out.prompt_length:]
+    new = out.sequences[:, out.prompt_length :]
     return [row[:n].tolist() for row, n in zip(new, out.num_generated.tolist())]
 
 
 @pytest.mark.parametrize("stop, num_beams, early_stopping", [("\n", 3, False), (" of", 2, True), (".", 3, "never")])
 def test_embedded_model_stop_strings_equal_model_generate(embedded, stop, num_beams, early_stopping):
     model, tok, ids, mask = embedded
-    kw = dict(num_beams=num_beams, max_new_tokens=12, num_return_sequences=num_beams, early_stopping=early_stopping,
-              pad_token_id=tok.eos_token_id, stop_strings=[stop])
+    kw = dict(
+        num_beams=num_beams,
+        max_new_tokens=12,
+        num_return_sequences=num_beams,
+        early_stopping=early_stopping,
+        pad_token_id=tok.eos_token_id,
+        stop_strings=[stop],
+    )
     out = generate(model, tok, PROMPTS, output_scores=True, output_logits=True, **kw)
     assert_same(out, hf_beams(model, ids, mask, tokenizer=tok, **kw), model)
     assert "stop_strings" in out.finish_reasons
@@ -318,7 +368,7 @@ def test_min_new_tokens_equals_transformers_min_new_tokens(n):
             end = IDS.shape[1] + int(mixed.num_generated[b])
             assert torch.equal(mixed.sequences[b, :end], ref.sequences[b, :end])
             assert mixed.num_generated[b] >= min(m, 8)
-        torch.testing.assert_close(mixed.sequences_scores[3 * i: 3 * i + 3], ref.sequences_scores[3 * i: 3 * i + 3])
+        torch.testing.assert_close(mixed.sequences_scores[3 * i : 3 * i + 3], ref.sequences_scores[3 * i : 3 * i + 3])
 
 
 def test_min_new_tokens_holds_back_an_eos_the_chain_does_not_mask():
@@ -338,21 +388,28 @@ def test_min_new_tokens_holds_back_an_eos_the_chain_does_not_mask():
     assert any(eos in tokens[: n - 1] for tokens in hypotheses(out))  # an early eos did not end its hypothesis
 
 
-@pytest.mark.parametrize("stops", [dict(stop_strings=[" "]), dict(stop_regex=[" "])], ids=["stop_strings",
-                                                                                         "stop_regex"])
+@pytest.mark.parametrize(
+    "stops", [dict(stop_strings=[" "]), dict(stop_regex=[" "])], ids=["stop_strings", "stop_regex"]
+)
 def test_embedded_model_min_new_tokens_holds_back_text_stops_per_prompt(embedded, stops):
     """A stop string / stop_regex match must end in a token after the prompt's first n (vLLM's detokenizer): with
     " " as the stop nearly every first token would end a hypothesis."""
     model, tok, _, _ = embedded
-    kw = dict(num_beams=3, num_return_sequences=3, max_new_tokens=12, pad_token_id=tok.eos_token_id,
-              chain={"samplers": [{"use": "min_new_tokens"}, {"use": "greedy"}]}, **stops)
+    kw = dict(
+        num_beams=3,
+        num_return_sequences=3,
+        max_new_tokens=12,
+        pad_token_id=tok.eos_token_id,
+        chain={"samplers": [{"use": "min_new_tokens"}, {"use": "greedy"}]},
+        **stops,
+    )
     free = generate(model, tok, PROMPTS, **kw)
     assert free.num_generated[:3].tolist() == [1, 1, 1]
     least = [2, 5]
     out = generate(model, tok, PROMPTS, params=[{"min_new_tokens": n} for n in least], **kw)
     for b, (reason, found, tokens) in enumerate(zip(out.finish_reasons, out.stop_texts, hypotheses(out))):
         assert reason.startswith("stop_") and found == " " and len(tokens) > least[b // 3]
-        assert " " not in tok.decode(tokens[least[b // 3]:-1])  # it ended at the first match after the first n
+        assert " " not in tok.decode(tokens[least[b // 3] : -1])  # it ended at the first match after the first n
     assert out.texts[:3] != free.texts[:3]
 
 
@@ -369,8 +426,7 @@ def test_embedded_model_hypotheses_are_cut_at_their_stop_match(embedded, how, in
     reason = "stop_strings" if how == "stop_strings" else "stop_regex:\\."
     assert reason in out.finish_reasons
     flags = include if isinstance(include, list) else [include] * len(PROMPTS)
-    for b, (why, found, text, tokens) in enumerate(zip(out.finish_reasons, out.stop_texts, out.texts,
-                                                       hypotheses(out))):
+    for b, (why, found, text, tokens) in enumerate(zip(out.finish_reasons, out.stop_texts, out.texts, hypotheses(out))):
         assert found == (stop if why == reason else None)
         assert text == vllm_text(tok, tokens, found, flags[b // 3])
     plain = generate(model, tok, PROMPTS, **kw)
@@ -389,8 +445,9 @@ def test_without_eos_short_hypotheses_are_padded_with_the_pad_not_minus_one(embe
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ref = model.generate(input_ids=tok(PROMPTS[0], return_tensors="pt")["input_ids"], do_sample=False,
-                                 tokenizer=tok, **kw)
+            ref = model.generate(
+                input_ids=tok(PROMPTS[0], return_tensors="pt")["input_ids"], do_sample=False, tokenizer=tok, **kw
+            )
     finally:
         model.generation_config.eos_token_id, model.config.eos_token_id = saved
     assert bool((ref == -1).any())

@@ -127,13 +127,27 @@ def test_seeded_and_dtype_rows_compare_with_their_baseline():
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / name), *args], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
 
 
 def test_bench_chain_script_still_runs_on_a_tiny_grid():
-    done = _script("bench_chain.py", "--batch", "1", "--vocab", "1000", "--reps", "2", "--rounds", "1", "--kinds",
-                   "randn", "--markdown", "--no-progress")
+    done = _script(
+        "bench_chain.py",
+        "--batch",
+        "1",
+        "--vocab",
+        "1000",
+        "--reps",
+        "2",
+        "--rounds",
+        "1",
+        "--kinds",
+        "randn",
+        "--markdown",
+        "--no-progress",
+    )
     assert done.returncode == 0, done.stderr
     assert "| randn | 1 | 1000 |" in done.stdout
     assert "candidate sets: identical in every checked row" in done.stdout
@@ -141,16 +155,26 @@ def test_bench_chain_script_still_runs_on_a_tiny_grid():
 
 def test_bench_presets_script_still_runs_with_few_reps():
     # it has no batch or vocabulary options: B = 32, V = 128256 always
-    done = _script("bench_presets.py", "--reps", "2", "--rounds", "1", "--warmup", "1", "--kinds", "randn",
-                   "--markdown", "--no-progress")
+    done = _script(
+        "bench_presets.py",
+        "--reps",
+        "2",
+        "--rounds",
+        "1",
+        "--warmup",
+        "1",
+        "--kinds",
+        "randn",
+        "--markdown",
+        "--no-progress",
+    )
     assert done.returncode == 0, done.stderr
     for config in ("llama.cpp: pen+DRY", "llama.cpp: pen", "llama.cpp: off", "transformers"):
         assert f"| randn | {config} |" in done.stdout
 
 
 def test_bench_targets_script_passes_options_through_to_samplechain_bench():
-    done = _script("bench_targets.py", *TINY, "--batch", "1", "--configs", "min-p", "--dtypes", "float32",
-                   "--markdown")
+    done = _script("bench_targets.py", *TINY, "--batch", "1", "--configs", "min-p", "--dtypes", "float32", "--markdown")
     assert done.returncode == 0, done.stderr
     assert "| min-p | randn | float32 | 1 |" in done.stdout
 

@@ -8,10 +8,24 @@ import torch
 import samplechain as sc
 from samplechain import Chain, RequestError, SamplingError
 
-LLAMA = {"samplers": [{"use": "top_k", "k": 40}, {"use": "top_p", "p": 0.95}, {"use": "min_p", "p": 0.05},
-                      {"use": "temperature", "t": 0.8}, {"use": "dist"}]}
-FULL = {"samplers": [{"use": "temperature", "t": 1.0}, {"use": "top_k", "k": 0}, {"use": "top_p", "p": 1.0},
-                     {"use": "min_p", "p": 0.0}, {"use": "dist"}]}
+LLAMA = {
+    "samplers": [
+        {"use": "top_k", "k": 40},
+        {"use": "top_p", "p": 0.95},
+        {"use": "min_p", "p": 0.05},
+        {"use": "temperature", "t": 0.8},
+        {"use": "dist"},
+    ]
+}
+FULL = {
+    "samplers": [
+        {"use": "temperature", "t": 1.0},
+        {"use": "top_k", "k": 0},
+        {"use": "top_p", "p": 1.0},
+        {"use": "min_p", "p": 0.0},
+        {"use": "dist"},
+    ]
+}
 
 ROW_PARAMS = [
     {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "min_p": 0.0, "seed": 1},
@@ -40,11 +54,12 @@ def test_heterogeneous_batch_gives_each_row_what_it_gets_alone(config):
     for i, params in enumerate(ROW_PARAMS):
         alone_store = chain.new_store()
         alone_store.add("alone", params)
-        alone = chain.sample(logits[i:i + 1], alone_store, ["alone"], return_scores=True)
+        alone = chain.sample(logits[i : i + 1], alone_store, ["alone"], return_scores=True)
         assert batched.token_ids[i] == alone.token_ids[0]
         assert torch.equal(torch.isfinite(batched.scores[i]), torch.isfinite(alone.scores[0]))
-        torch.testing.assert_close(batched.scores[i][torch.isfinite(batched.scores[i])],
-                                   alone.scores[0][torch.isfinite(alone.scores[0])])
+        torch.testing.assert_close(
+            batched.scores[i][torch.isfinite(batched.scores[i])], alone.scores[0][torch.isfinite(alone.scores[0])]
+        )
         torch.testing.assert_close(batched.logprobs[i], alone.logprobs[0])
 
 
@@ -70,8 +85,16 @@ def test_half_precision_logits_are_accepted(dtype):
 
 
 def test_caller_logits_are_never_modified():
-    chain = Chain.load({"samplers": [{"use": "temperature", "t": 0.5}, {"use": "top_k", "k": 3},
-                                     {"use": "min_p", "p": 0.3}, {"use": "dist"}]})
+    chain = Chain.load(
+        {
+            "samplers": [
+                {"use": "temperature", "t": 0.5},
+                {"use": "top_k", "k": 3},
+                {"use": "min_p", "p": 0.3},
+                {"use": "dist"},
+            ]
+        }
+    )
     logits = logits_for(3)
     before = logits.clone()
     chain.sample(logits)
@@ -86,8 +109,9 @@ def test_non_contiguous_logits_are_accepted():
 
 
 def test_logprobs_are_those_of_the_processed_distribution():
-    chain = Chain.load({"samplers": [{"use": "top_k", "k": 4}, {"use": "temperature", "t": 0.5},
-                                     {"use": "dist", "seed": 9}]})
+    chain = Chain.load(
+        {"samplers": [{"use": "top_k", "k": 4}, {"use": "temperature", "t": 0.5}, {"use": "dist", "seed": 9}]}
+    )
     logits = logits_for(3, 20)
     out = chain.sample(logits, return_scores=True)
     expected = torch.log_softmax(out.scores, dim=-1).gather(1, out.token_ids[:, None]).squeeze(1)
@@ -125,8 +149,17 @@ def test_truncation_compacts_the_candidate_set():
 
     host = sc.PluginHost(use_env=False)
     host.register_plugin(Plugin(), "probe-plugin")
-    chain = Chain.load({"samplers": [{"use": "probe_width"}, {"use": "top_k", "k": 7}, {"use": "probe_width",
-                                     "id": "after"}, {"use": "greedy"}]}, host=host)
+    chain = Chain.load(
+        {
+            "samplers": [
+                {"use": "probe_width"},
+                {"use": "top_k", "k": 7},
+                {"use": "probe_width", "id": "after"},
+                {"use": "greedy"},
+            ]
+        },
+        host=host,
+    )
     chain.sample(logits_for(4, 1000))
     assert seen == [1000, 7]
 

@@ -19,29 +19,57 @@ from samplechain.generation import CHECKPOINT_FORMAT, Generation, generate, stre
 from samplechain.models import default_model_path
 
 PROMPTS = ["The function", "A list is a", "In Python,"]
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}}, "required": ["name"],
-          "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}},
+    "required": ["name"],
+    "additionalProperties": False,
+}
 
 # every kind of per-request state; row 2 has no seed: its fresh seed must travel in the checkpoint
 CASES: dict[str, dict] = {
-    "penalties": {"chain": {"samplers": [
-        {"use": "penalties", "repeat": 1.5, "frequency": 0.4, "presence": 0.3, "last_n": 6},
-        {"use": "temperature", "t": 0.9}, {"use": "dist"}]}},
-    "dry": {"chain": {"samplers": [
-        {"use": "dry", "multiplier": 2.0, "allowed_length": 1, "penalty_last_n": 24},
-        {"use": "top_k", "k": 30}, {"use": "dist"}]}},
-    "mirostat": {"chain": {"samplers": [{"use": "temperature", "t": 0.9}, {"use": "mirostat", "tau": 3.0,
-                                                                             "eta": 0.3}]}},
+    "penalties": {
+        "chain": {
+            "samplers": [
+                {"use": "penalties", "repeat": 1.5, "frequency": 0.4, "presence": 0.3, "last_n": 6},
+                {"use": "temperature", "t": 0.9},
+                {"use": "dist"},
+            ]
+        }
+    },
+    "dry": {
+        "chain": {
+            "samplers": [
+                {"use": "dry", "multiplier": 2.0, "allowed_length": 1, "penalty_last_n": 24},
+                {"use": "top_k", "k": 30},
+                {"use": "dist"},
+            ]
+        }
+    },
+    "mirostat": {
+        "chain": {"samplers": [{"use": "temperature", "t": 0.9}, {"use": "mirostat", "tau": 3.0, "eta": 0.3}]}
+    },
     "mirostat_v2": {"chain": {"samplers": [{"use": "mirostat_v2", "tau": 3.0, "eta": 0.3}]}},
-    "adaptive_p": {"chain": {"samplers": [{"use": "min_p", "p": 0.01}, {"use": "adaptive_p", "target": 0.3,
-                                                                          "decay": 0.8}]}},
+    "adaptive_p": {
+        "chain": {"samplers": [{"use": "min_p", "p": 0.01}, {"use": "adaptive_p", "target": 0.3, "decay": 0.8}]}
+    },
     "grammar": {"chain": {"samplers": [{"use": "grammar", "json_schema": json.dumps(SCHEMA)}, {"use": "dist"}]}},
-    "dist": {"chain": {"samplers": [{"use": "top_k", "k": 40}, {"use": "top_p", "p": 0.9},
-                                    {"use": "temperature", "t": 0.8}, {"use": "dist"}]},
-             "kwargs": {"num_return_sequences": 2}},
+    "dist": {
+        "chain": {
+            "samplers": [
+                {"use": "top_k", "k": 40},
+                {"use": "top_p", "p": 0.9},
+                {"use": "temperature", "t": 0.8},
+                {"use": "dist"},
+            ]
+        },
+        "kwargs": {"num_return_sequences": 2},
+    },
     "llama.cpp": {"chain": "preset:llama.cpp", "kwargs": {"stop_strings": ["."]}},
-    "cfg": {"chain": {"samplers": [{"use": "cfg", "scale": 1.5}, {"use": "top_k", "k": 20}, {"use": "dist"}]},
-            "kwargs": {"negative_prompt": "Error"}},
+    "cfg": {
+        "chain": {"samplers": [{"use": "cfg", "scale": 1.5}, {"use": "top_k", "k": 20}, {"use": "dist"}]},
+        "kwargs": {"negative_prompt": "Error"},
+    },
 }
 STEPS, STOP_AT = 12, 5  # max_new_tokens, the step the checkpoint is taken after
 
@@ -115,15 +143,23 @@ def test_resumed_in_a_new_process_gives_the_uninterrupted_tokens(model, tok, tmp
             pass
         out = gen.output()
         assert out.sequences.shape[1] > gen.setup.prompt_length + STOP_AT, f"{name}: nothing after the checkpoint"
-        expected[name] = {"sequences": out.sequences.tolist(), "finish_reasons": out.finish_reasons,
-                          "logprobs": out.logprobs.tolist(), "num_generated": out.num_generated.tolist()}
+        expected[name] = {
+            "sequences": out.sequences.tolist(),
+            "finish_reasons": out.finish_reasons,
+            "logprobs": out.logprobs.tolist(),
+            "num_generated": out.num_generated.tolist(),
+        }
         # what the original run is given again on resume: the chain and criteria, not prompts / params / seeds
         again = {k: v for k, v in case.get("kwargs", {}).items() if k in ("stop_strings",)}
         jobs.append({"name": name, "chain": case["chain"], "checkpoint": str(path), "steps": STEPS, "kwargs": again})
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     (tmp_path / "resume.py").write_text(RESUME_SCRIPT)
-    done = subprocess.run([sys.executable, str(tmp_path / "resume.py"), str(tmp_path / "jobs.json")],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "resume.py"), str(tmp_path / "jobs.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     for name in CASES:
@@ -163,8 +199,11 @@ def test_checkpoint_of_a_resumed_run_equals_the_uninterrupted_one(model, tok, na
     assert later == direct
 
 
-@pytest.mark.parametrize("chain", ["preset:llama.cpp", ["preset:llama.cpp", CASES["mirostat"]["chain"],
-                                                          "preset:llama.cpp"]], ids=["one chain", "mixed chains"])
+@pytest.mark.parametrize(
+    "chain",
+    ["preset:llama.cpp", ["preset:llama.cpp", CASES["mirostat"]["chain"], "preset:llama.cpp"]],
+    ids=["one chain", "mixed chains"],
+)
 def test_resume_in_process_continues_every_row(model, tok, chain):
     gen = prepared(model, tok, chain, seed=5)
     it = run_to(gen, STOP_AT)
@@ -256,11 +295,15 @@ def test_resume_reads_a_json_file(model, tok, tmp_path):
 CLONE_CHAINS = {
     "mirostat": [{"use": "mirostat", "tau": 3.0, "eta": 0.5, "m": 20, "seed": 3}],
     "mirostat_v2": [{"use": "mirostat_v2", "tau": 3.0, "eta": 0.5, "seed": 3}],
-    "penalties": [{"use": "penalties", "repeat": 2.0, "frequency": 1.0, "presence": 1.0, "last_n": 16},
-                  {"use": "dist", "seed": 3}],
+    "penalties": [
+        {"use": "penalties", "repeat": 2.0, "frequency": 1.0, "presence": 1.0, "last_n": 16},
+        {"use": "dist", "seed": 3},
+    ],
     "adaptive_p": [{"use": "adaptive_p", "target": 0.2, "decay": 0.7, "seed": 3}],
-    "dry": [{"use": "dry", "multiplier": 3.0, "allowed_length": 1, "breakers": [], "breaker_ids": [[0]]},
-            {"use": "dist", "seed": 3}],
+    "dry": [
+        {"use": "dry", "multiplier": 3.0, "allowed_length": 1, "breakers": [], "breaker_ids": [[0]]},
+        {"use": "dist", "seed": 3},
+    ],
 }
 V = 48
 
@@ -314,8 +357,10 @@ def test_clone_keeps_all_state_and_continues_as_the_parent(name):
         continue_rows(chain, lost_store, lost, range(6, 14))
         assert lost["lost"][3:] != ref["parent"][9:]
     else:  # the state is the token history: without it, the penalties of the clone's next step change
+
         def scores(history: list[int]) -> torch.Tensor:
-            return chain.process(step_logits(6), ref_store, ["parent"], history=torch.tensor([history]),
-                                 prompt_lengths=torch.tensor([3]))
+            return chain.process(
+                step_logits(6), ref_store, ["parent"], history=torch.tensor([history]), prompt_lengths=torch.tensor([3])
+            )
 
         assert not torch.equal(scores(ref["parent"][:9]), scores(ref["parent"][:3]))

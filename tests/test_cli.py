@@ -12,8 +12,7 @@ import pytest
 
 
 def cli(*args: str, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "samplechain.cli", *args], capture_output=True, text=True,
-                          env=env)
+    return subprocess.run([sys.executable, "-m", "samplechain.cli", *args], capture_output=True, text=True, env=env)
 
 
 def test_plugins_json_lists_every_installed_plugin_with_its_status():
@@ -65,13 +64,16 @@ def test_demo_generates_with_a_real_transformers_model():
     assert "ms/step" in done.stdout
 
 
-
-@pytest.mark.parametrize("args, code, begins", [
-    (["--help"], 0, "usage: samplechain "),
-    (["presets", "--json"], 0, "{"),
-    (["validate", "preset:no-such-preset"], 1, "error: registry.toml: presets.no-such-preset: no such preset"),
-    ([], 2, "usage: samplechain "),  # argparse: the subcommand is required
-], ids=["help", "presets", "error", "usage"])
+@pytest.mark.parametrize(
+    "args, code, begins",
+    [
+        (["--help"], 0, "usage: samplechain "),
+        (["presets", "--json"], 0, "{"),
+        (["validate", "preset:no-such-preset"], 1, "error: registry.toml: presets.no-such-preset: no such preset"),
+        ([], 2, "usage: samplechain "),  # argparse: the subcommand is required
+    ],
+    ids=["help", "presets", "error", "usage"],
+)
 def test_python_m_samplechain_is_the_samplechain_command(args, code, begins):
     script = Path(sysconfig.get_path("scripts")) / "samplechain"
     assert script.exists(), f"{script}: the console script is missing; install the core (pip install -e .)"

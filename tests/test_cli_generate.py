@@ -26,8 +26,9 @@ def run(capsys, *argv):
 
 
 def test_streams_the_prompt_and_the_continuation(folder, capsys):
-    code, out, err = run(capsys, "generate", "The quick", "--model", str(folder), "--max-new-tokens", "12",
-                         "--seed", "5")
+    code, out, err = run(
+        capsys, "generate", "The quick", "--model", str(folder), "--max-new-tokens", "12", "--seed", "5"
+    )
     assert code == 0
     assert out.startswith("The quick") and out.endswith("\n")
     assert "12 tokens" in err and "finish: max_new_tokens" in err
@@ -43,26 +44,50 @@ def test_json_output_matches_the_streamed_text(folder, capsys):
     assert len(row["token_ids"]) == len(row["logprobs"]) == len(row["top_logprobs"]) == 10
     assert row["finish_reason"] == "max_new_tokens" and data["seed"] == 5
     assert [s["name"] for s in data["chain"]] == [
-        "penalties.v1", "dry.v1", "top_n_sigma.v1", "top_k.v1", "typical.v1", "top_p.v1", "min_p.v1", "xtc.v1",
-        "temp_ext.v1", "dist.v1"]
+        "penalties.v1",
+        "dry.v1",
+        "top_n_sigma.v1",
+        "top_k.v1",
+        "typical.v1",
+        "top_p.v1",
+        "min_p.v1",
+        "xtc.v1",
+        "temp_ext.v1",
+        "dist.v1",
+    ]
 
 
 def test_set_preset_and_batch(folder, capsys):
-    code, out, _ = run(capsys, "generate", "-p", "The", "-p", "A list", "--model", str(folder), "--preset",
-                       "greedy", "--max-new-tokens", "4", "--json")
+    code, out, _ = run(
+        capsys,
+        "generate",
+        "-p",
+        "The",
+        "-p",
+        "A list",
+        "--model",
+        str(folder),
+        "--preset",
+        "greedy",
+        "--max-new-tokens",
+        "4",
+        "--json",
+    )
     data = json.loads(out)
     assert code == 0 and [o["prompt"] for o in data["outputs"]] == ["The", "A list"]
-    code, out, _ = run(capsys, "generate", "The", "--model", str(folder), "--set", "temperature=0", "--json",
-                       "--max-new-tokens", "6")
-    greedy = run(capsys, "generate", "The", "--model", str(folder), "--preset", "greedy", "--json",
-                 "--max-new-tokens", "6")[1]
+    code, out, _ = run(
+        capsys, "generate", "The", "--model", str(folder), "--set", "temperature=0", "--json", "--max-new-tokens", "6"
+    )
+    greedy = run(
+        capsys, "generate", "The", "--model", str(folder), "--preset", "greedy", "--json", "--max-new-tokens", "6"
+    )[1]
     assert json.loads(out)["outputs"][0]["token_ids"] == json.loads(greedy)["outputs"][0]["token_ids"]
 
 
 def test_stop_regex_and_include_stop_str_from_the_command_line(folder, capsys):
     args = ("generate", "The quick", "--model", str(folder), "--preset", "greedy", "--max-new-tokens", "16")
     free = json.loads(run(capsys, *args, "--json")[1])["outputs"][0]["text"]
-    stop = next(free[i:i + 2] for i in range(1, len(free)) if free[i:i + 2].isalnum())
+    stop = next(free[i : i + 2] for i in range(1, len(free)) if free[i : i + 2].isalnum())
     pattern = "".join(f"[{c}]" for c in stop)
     for extra, want in (((), free[: free.find(stop)]), (("--include-stop-str",), free[: free.find(stop) + 2])):
         code, out, _ = run(capsys, *args, "--json", "--stop-regex", pattern, *extra)
@@ -73,8 +98,20 @@ def test_stop_regex_and_include_stop_str_from_the_command_line(folder, capsys):
 
 
 def test_beam_search_from_the_command_line(folder, capsys):
-    code, out, _ = run(capsys, "generate", "The", "--model", str(folder), "--preset", "greedy", "--num-beams", "3",
-                       "--max-new-tokens", "5", "--json")
+    code, out, _ = run(
+        capsys,
+        "generate",
+        "The",
+        "--model",
+        str(folder),
+        "--preset",
+        "greedy",
+        "--num-beams",
+        "3",
+        "--max-new-tokens",
+        "5",
+        "--json",
+    )
     assert code == 0 and "sequence_score" in json.loads(out)["outputs"][0]
 
 
@@ -89,5 +126,10 @@ def test_errors_are_one_clear_line(folder, capsys):
 
 def test_set_values_are_toml_and_stop_strings_unescape():
     assert parse_sets(["temperature=0.7", "top_k.k=20", "flag=true", "word=abc", 'q="x y"']) == {
-        "temperature": 0.7, "top_k.k": 20, "flag": True, "word": "abc", "q": "x y"}
+        "temperature": 0.7,
+        "top_k.k": 20,
+        "flag": True,
+        "word": "abc",
+        "q": "x y",
+    }
     assert unescape(r"\n\n") == "\n\n" and unescape(r"a\\n") == "a\\n" and unescape(r"\x") == "\\x"

@@ -78,8 +78,10 @@ def test_an_emptied_row_names_the_sampler_and_the_request():
     with pytest.raises(SamplingError) as caught:
         chain.sample(x, store, ["a", "b"])
     text = str(caught.value)
-    assert "every token is masked (-inf) for request(s) ['a'] after sampler 'suppress_tokens' (suppress_tokens.v1 " \
-           "at samplers[1]" in text, text
+    assert (
+        "every token is masked (-inf) for request(s) ['a'] after sampler 'suppress_tokens' (suppress_tokens.v1 "
+        "at samplers[1]" in text
+    ), text
     assert "'b'" not in text and text.endswith("no request state was changed")
     assert store.positions(store.batch(["a", "b"])).tolist() == [0, 0]
 
@@ -87,16 +89,22 @@ def test_an_emptied_row_names_the_sampler_and_the_request():
 def test_a_row_given_with_nothing_is_blamed_on_the_logits():
     chain = load([{"use": "top_k", "k": 2}, {"use": "greedy"}])
     x = torch.tensor([[NEG_INF, NEG_INF], [0.0, 1.0]])
-    with pytest.raises(SamplingError, match=r"every token is masked \(-inf\) for request\(s\) \['row0'\] in the "
-                                            r"logits as given"):
+    with pytest.raises(
+        SamplingError,
+        match=r"every token is masked \(-inf\) for request\(s\) \['row0'\] in the "
+        r"logits as given",
+    ):
         chain.sample(x)
 
 
 def test_an_overflow_names_the_sampler_that_made_it():
     chain = load([{"use": "top_k", "k": 3}, {"use": "temperature", "t": 0.5}, {"use": "greedy"}])
     x = torch.tensor([[3e38, 1.0, 0.0, -1.0]])
-    with pytest.raises(SamplingError, match=r"turned finite logits into NaN or \+inf for request\(s\) \['row0'\] "
-                                            r"after sampler 'temperature' \(temperature.v1 at samplers\[1\]"):
+    with pytest.raises(
+        SamplingError,
+        match=r"turned finite logits into NaN or \+inf for request\(s\) \['row0'\] "
+        r"after sampler 'temperature' \(temperature.v1 at samplers\[1\]",
+    ):
         chain.sample(x)
 
 
@@ -114,9 +122,15 @@ class ReversedTies(RecordingBackend):
 
 
 FILTERS = [
-    {"use": "top_h", "top_h": 0.6}, {"use": "top_h", "top_h": 1.0, "top_n": 7}, {"use": "top_k", "k": 5},
-    {"use": "top_p", "p": 0.6}, {"use": "min_p", "p": 0.2}, {"use": "top_n_sigma", "n": 0.5},
-    {"use": "top_a", "a": 0.3}, {"use": "tfs", "z": 0.7}, {"use": "typical", "p": 0.5},
+    {"use": "top_h", "top_h": 0.6},
+    {"use": "top_h", "top_h": 1.0, "top_n": 7},
+    {"use": "top_k", "k": 5},
+    {"use": "top_p", "p": 0.6},
+    {"use": "min_p", "p": 0.2},
+    {"use": "top_n_sigma", "n": 0.5},
+    {"use": "top_a", "a": 0.3},
+    {"use": "tfs", "z": 0.7},
+    {"use": "typical", "p": 0.5},
 ]
 
 
@@ -127,8 +141,9 @@ def test_ties_at_a_cut_keep_the_lowest_ids_whatever_order_the_backend_returns(en
     x = (torch.randn(16, 200, generator=torch.Generator().manual_seed(4)) * 2).round()  # ties everywhere
     kept = []
     for backend in (RecordingBackend, ReversedTies):
-        chain = Chain.load({"backend": backend.name, "samplers": [entry, {"use": "dist", "seed": 5}]},
-                           host=host_with(backend=backend))
+        chain = Chain.load(
+            {"backend": backend.name, "samplers": [entry, {"use": "dist", "seed": 5}]}, host=host_with(backend=backend)
+        )
         out = chain.sample(x, return_scores=True)
         kept.append((torch.isfinite(out.scores), out.token_ids))
     assert torch.equal(kept[0][0], kept[1][0])
@@ -172,8 +187,9 @@ def test_xtc_keeps_the_highest_id_of_equal_least_likely_qualifiers_in_any_batch(
     """Six tokens tied at the top, xtc with threshold 0: it kept the one at the highest candidate position, which
     an earlier filter's order (so the batch) decided. Now the highest token id, alone or beside another row."""
     x = torch.tensor([[0.0, 5.0, 1.0, 5.0, 5.0, 2.0]])
-    chain = load([{"use": "top_k", "k": 0}, {"use": "xtc", "probability": 1.0, "threshold": 0.3, "seed": 0},
-                  {"use": "greedy"}])
+    chain = load(
+        [{"use": "top_k", "k": 0}, {"use": "xtc", "probability": 1.0, "threshold": 0.3, "seed": 0}, {"use": "greedy"}]
+    )
     store = chain.new_store()
     store.add("a", {"top_k": 3})  # compacts: the tied tokens in the order the partial sort left
     store.add("b", {})
@@ -222,15 +238,19 @@ def test_quadratic_pure_rows_beside_cubic_ones_get_no_nan_from_an_overflowed_cub
     assert not bool(batch.isnan().any())
 
 
-@pytest.mark.parametrize("cut", [{"use": "min_p", "p": 0.5, "min_keep": 3},
-                                 {"use": "top_n_sigma", "n": 0.1, "min_keep": 3}])
+@pytest.mark.parametrize(
+    "cut", [{"use": "min_p", "p": 0.5, "min_keep": 3}, {"use": "top_n_sigma", "n": 0.1, "min_keep": 3}]
+)
 def test_min_keep_inside_a_tie_keeps_the_lowest_ids_of_compacted_candidates(cut):
     """After top_k (compacted, columns in descending-logit order) and a bias that ties them, min_p's and
     top_n_sigma's min_keep took the first tied columns, not the lowest ids (the fuzzer: top_a, cfg, top_h,
     quadratic, min_p, min_p on bfloat16 rows). Now the chain keeps what the stages keep."""
     x = torch.arange(8.0)[None, :]
-    entries = [{"use": "top_k", "k": 7}, {"use": "logit_bias", "bias": {i: -float(i) for i in range(1, 7)} | {7: 3.0}},
-               cut]
+    entries = [
+        {"use": "top_k", "k": 7},
+        {"use": "logit_bias", "bias": {i: -float(i) for i in range(1, 7)} | {7: 3.0}},
+        cut,
+    ]
     kept = torch.isfinite(load([*entries, {"use": "greedy"}]).process(x))
     assert kept[0].nonzero().flatten().tolist() == [1, 2, 7]
     assert torch.equal(kept, torch.isfinite(staged(entries, x)))

@@ -57,16 +57,22 @@ from samplechain.tools.testing import byte_bpe_tokenizer
 NEG_INF = float("-inf")
 EXAMPLES = int(os.environ.get("SAMPLECHAIN_FUZZ_EXAMPLES", "1500"))  # per test
 _SEED = os.environ.get("SAMPLECHAIN_FUZZ_SEED")
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=_SEED is None, database=None,
-                suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=_SEED is None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 
 SELECTORS = ("greedy", "dist", "mirostat", "mirostat_v2", "adaptive_p")
 # samplers whose semantics need a tokenizer: a case with one of them runs on the tokenizer's vocabulary
 NEEDS_TOKENIZER = frozenset({"grammar", "infill"})
 # roles allowed to leave a row with nothing: they remove particular tokens whatever their probability
 MAY_EMPTY = frozenset({"mask", "bias"})
-ALWAYS = frozenset({("grammar", "gbnf"), ("reasoning_budget", "start_ids"),
-                    ("reasoning_budget", "end_ids")})  # optional fields of which a valid entry needs one
+ALWAYS = frozenset(
+    {("grammar", "gbnf"), ("reasoning_budget", "start_ids"), ("reasoning_budget", "end_ids")}
+)  # optional fields of which a valid entry needs one
 CHAIN_LEVEL = frozenset({("grammar", "json")})  # stored per request, but part of the compiled grammar
 KINDS = ("normal", "flat", "peaked", "bf16", "holes", "single", "huge")
 
@@ -316,8 +322,16 @@ def cases(draw: st.DrawFn, pool: Sequence[str] | None = None, selectors: Sequenc
     kinds = tuple(draw(st.sampled_from(KINDS)) for _ in range(batch))
     dtype = draw(st.sampled_from(["float32", "float32", "float16", "bfloat16"]))
     history_ids = min(vocab, draw(st.sampled_from([3, 10, vocab])))
-    return Case(tuple(entries), tuple(per_row), vocab, kinds, dtype, draw(st.integers(0, 2**31)),
-                draw(st.integers(0, 12)), history_ids)
+    return Case(
+        tuple(entries),
+        tuple(per_row),
+        vocab,
+        kinds,
+        dtype,
+        draw(st.integers(0, 2**31)),
+        draw(st.integers(0, 12)),
+        history_ids,
+    )
 
 
 # ----------------------------------------------------------------- running a case
@@ -351,8 +365,10 @@ def _run(chain: Chain, case: Case, rows: Sequence[int], logits: torch.Tensor, *,
     return chain.sample(logits, store, ids, return_scores=True, accept=False, **kwargs)
 
 
-EMPTIED = re.compile(r"every token is masked \(-inf\) for request\(s\) \[(.*?)\] (in the logits as given|after "
-                     r"sampler .*? at samplers\[(\d+)\])")
+EMPTIED = re.compile(
+    r"every token is masked \(-inf\) for request\(s\) \[(.*?)\] (in the logits as given|after "
+    r"sampler .*? at samplers\[(\d+)\])"
+)
 
 
 def _named(exc: SamplechainError, case: Case, rows: Sequence[int]) -> None:

@@ -144,8 +144,9 @@ def test_bad_config_gives_one_clear_error(config, message):
 
 def test_toml_errors_name_the_file_and_the_table_path(tmp_path):
     path = tmp_path / "chain.toml"
-    path.write_text('[chain]\nsamplers = [\n  { use = "top_k", k = 40 },\n  { use = "top_p", p = 1.5 },\n'
-                    '  { use = "dist" },\n]\n')
+    path.write_text(
+        '[chain]\nsamplers = [\n  { use = "top_k", k = 40 },\n  { use = "top_p", p = 1.5 },\n  { use = "dist" },\n]\n'
+    )
     with pytest.raises(ConfigError, match=r"chain.toml: chain.samplers\[1\].p = 1.5: must be in \[0, 1\]"):
         Chain.load(path)
 
@@ -164,9 +165,11 @@ def test_missing_file_is_a_config_error(tmp_path):
 
 def test_a_valid_toml_file_builds_the_declared_chain_in_order(tmp_path):
     path = tmp_path / "chain.toml"
-    path.write_text('[chain]\nname = "mine"\nbackend = "cpu"\nsamplers = [\n  { use = "top_k", k = 40 },\n'
-                    '  { use = "top_p.v1", p = 0.95, min_keep = 2 },\n  { use = "min_p", p = 0.05 },\n'
-                    '  { use = "temperature", t = 0.8 },\n  { use = "dist", seed = 42 },\n]\n')
+    path.write_text(
+        '[chain]\nname = "mine"\nbackend = "cpu"\nsamplers = [\n  { use = "top_k", k = 40 },\n'
+        '  { use = "top_p.v1", p = 0.95, min_keep = 2 },\n  { use = "min_p", p = 0.05 },\n'
+        '  { use = "temperature", t = 0.8 },\n  { use = "dist", seed = 42 },\n]\n'
+    )
     chain = Chain.load(path)
     assert [s["name"] for s in chain.describe()] == ["top_k.v1", "top_p.v1", "min_p.v1", "temperature.v1", "dist.v1"]
     assert chain.describe()[1]["params"] == {"p": 0.95, "min_keep": 2}
@@ -180,8 +183,9 @@ def test_a_dict_without_the_chain_table_is_accepted():
 
 def test_numbers_from_numpy_are_numbers():
     np = pytest.importorskip("numpy")
-    chain = Chain.load({"samplers": [{"use": "top_k", "k": np.int64(5)}, {"use": "top_p", "p": np.float32(0.5)},
-                                     {"use": "greedy"}]})
+    chain = Chain.load(
+        {"samplers": [{"use": "top_k", "k": np.int64(5)}, {"use": "top_p", "p": np.float32(0.5)}, {"use": "greedy"}]}
+    )
     assert chain.describe()[0]["params"]["k"] == 5
 
 
@@ -209,8 +213,14 @@ def _warnings_of(entries):
 
 
 def test_penalty_or_bias_after_a_truncation_is_warned_and_still_runs():
-    chain, msgs = _warnings_of([{"use": "top_k", "k": 5}, {"use": "penalties", "repeat": 1.3},
-                                {"use": "logit_bias", "bias": {"3": 2.0}}, {"use": "greedy"}])
+    chain, msgs = _warnings_of(
+        [
+            {"use": "top_k", "k": 5},
+            {"use": "penalties", "repeat": 1.3},
+            {"use": "logit_bias", "bias": {"3": 2.0}},
+            {"use": "greedy"},
+        ]
+    )
     assert len(msgs) == 2
     assert "samplers[1].use = 'penalties'" in msgs[0] and "'top_k' (samplers[0])" in msgs[0]
     assert "only touch the tokens that survived" in msgs[0] and "move it before 'top_k'" in msgs[0]
@@ -219,8 +229,9 @@ def test_penalty_or_bias_after_a_truncation_is_warned_and_still_runs():
 
 
 def test_truncation_before_mirostat_is_warned():
-    _, msgs = _warnings_of([{"use": "top_p", "p": 0.9}, {"use": "temperature", "t": 0.8},
-                            {"use": "mirostat_v2", "tau": 5.0, "eta": 0.1}])
+    _, msgs = _warnings_of(
+        [{"use": "top_p", "p": 0.9}, {"use": "temperature", "t": 0.8}, {"use": "mirostat_v2", "tau": 5.0, "eta": 0.1}]
+    )
     assert len(msgs) == 1 and "llama.cpp drops truncation samplers" in msgs[0] and "'top_p'" in msgs[0]
 
 
@@ -228,7 +239,11 @@ def test_reference_orders_raise_no_warning():
     for entries in (
         [{"use": "penalties"}, {"use": "dry", "breakers": []}, {"use": "top_k", "k": 40}, {"use": "dist"}],
         [{"use": "temperature", "t": 0.8}, {"use": "mirostat", "tau": 5.0, "eta": 0.1}],
-        [{"use": "allowed_tokens", "ids": [1, 2]}, {"use": "top_k", "k": 2}, {"use": "allowed_tokens", "id": "again", "ids": [1]},
-         {"use": "greedy"}],
+        [
+            {"use": "allowed_tokens", "ids": [1, 2]},
+            {"use": "top_k", "k": 2},
+            {"use": "allowed_tokens", "id": "again", "ids": [1]},
+            {"use": "greedy"},
+        ],
     ):
         assert _warnings_of(entries)[1] == []

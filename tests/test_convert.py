@@ -42,9 +42,18 @@ def same(a, b) -> bool:
 
 # ------------------------------------------------------------------------------------------------ transformers
 def test_generation_config_saved_by_transformers_loads_in_processor_order(tmp_path):
-    config = transformers.GenerationConfig(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, min_p=0.05,
-                                           repetition_penalty=1.3, no_repeat_ngram_size=3, max_new_tokens=32,
-                                           stop_strings=["\n\n"], eos_token_id=2)
+    config = transformers.GenerationConfig(
+        do_sample=True,
+        temperature=0.7,
+        top_k=20,
+        top_p=0.9,
+        min_p=0.05,
+        repetition_penalty=1.3,
+        no_repeat_ngram_size=3,
+        max_new_tokens=32,
+        stop_strings=["\n\n"],
+        eos_token_id=2,
+    )
     config.save_pretrained(tmp_path)
     for source in (tmp_path, tmp_path / "generation_config.json", config):
         chain = from_transformers(source)
@@ -85,9 +94,18 @@ def test_unmapped_generation_setting_is_a_convert_warning():
 
 
 def test_transformers_export_round_trip_and_generationconfig_accepts_it():
-    config = transformers.GenerationConfig(do_sample=True, temperature=0.6, top_k=0, top_p=0.8, typical_p=0.9,
-                                           epsilon_cutoff=3e-4, repetition_penalty=1.1, max_new_tokens=8,
-                                           bad_words_ids=[[5, 6]], eos_token_id=[2, 3])
+    config = transformers.GenerationConfig(
+        do_sample=True,
+        temperature=0.6,
+        top_k=0,
+        top_p=0.8,
+        typical_p=0.9,
+        epsilon_cutoff=3e-4,
+        repetition_penalty=1.1,
+        max_new_tokens=8,
+        bad_words_ids=[[5, 6]],
+        eos_token_id=[2, 3],
+    )
     chain = from_transformers(config)
     kwargs = to_transformers(chain)
     assert kwargs["top_k"] == 0 and kwargs["do_sample"] is True and kwargs["eos_token_id"] == [2, 3]
@@ -110,8 +128,9 @@ def test_transformers_export_refuses_what_it_cannot_express():
     with pytest.raises(ConfigError, match="skips the warpers"):
         to_transformers({"samplers": [{"use": "top_k", "k": 3}, {"use": "greedy"}]})
     # temperature and top_k commute (top_k ranks), so llama.cpp's top_k -> temperature is expressible
-    kwargs = to_transformers({"samplers": [{"use": "top_k", "k": 3}, {"use": "temperature", "t": 0.5},
-                                           {"use": "dist"}]})
+    kwargs = to_transformers(
+        {"samplers": [{"use": "top_k", "k": 3}, {"use": "temperature", "t": 0.5}, {"use": "dist"}]}
+    )
     assert kwargs == {"top_k": 3, "temperature": 0.5, "do_sample": True}
 
 
@@ -123,20 +142,70 @@ def test_llama_cpp_defaults_are_the_llama_cpp_preset():
 
 
 def test_llama_cpp_flags_change_values():
-    chain = from_llama_cpp(["--top-k", "20", "--top-p=0.8", "--min-p", "0.1", "--typical", "0.7", "--temp", "0.5",
-                            "--dynatemp-range", "0.2", "--dynatemp-exp", "1.5", "--repeat-last-n", "128",
-                            "--repeat-penalty", "1.1", "--presence-penalty", "0.3", "--frequency-penalty", "0.2",
-                            "--dry-multiplier", "0.8", "--dry-base", "2", "--dry-allowed-length", "3",
-                            "--dry-penalty-last-n", "256", "--dry-sequence-breaker", "\n",
-                            "--dry-sequence-breaker", "|", "--xtc-probability", "0.5", "--xtc-threshold", "0.2",
-                            "--top-n-sigma", "1.5", "--seed", "42"])
+    chain = from_llama_cpp(
+        [
+            "--top-k",
+            "20",
+            "--top-p=0.8",
+            "--min-p",
+            "0.1",
+            "--typical",
+            "0.7",
+            "--temp",
+            "0.5",
+            "--dynatemp-range",
+            "0.2",
+            "--dynatemp-exp",
+            "1.5",
+            "--repeat-last-n",
+            "128",
+            "--repeat-penalty",
+            "1.1",
+            "--presence-penalty",
+            "0.3",
+            "--frequency-penalty",
+            "0.2",
+            "--dry-multiplier",
+            "0.8",
+            "--dry-base",
+            "2",
+            "--dry-allowed-length",
+            "3",
+            "--dry-penalty-last-n",
+            "256",
+            "--dry-sequence-breaker",
+            "\n",
+            "--dry-sequence-breaker",
+            "|",
+            "--xtc-probability",
+            "0.5",
+            "--xtc-threshold",
+            "0.2",
+            "--top-n-sigma",
+            "1.5",
+            "--seed",
+            "42",
+        ]
+    )
     assert entry(chain, "top_k")["k"] == 20 and entry(chain, "top_p")["p"] == 0.8
     assert entry(chain, "min_p")["p"] == 0.1 and entry(chain, "typical")["p"] == 0.7
     assert entry(chain, "temp_ext") == {"use": "temp_ext", "t": 0.5, "delta": 0.2, "exponent": 1.5}
-    assert entry(chain, "penalties") == {"use": "penalties", "repeat": 1.1, "frequency": 0.2, "presence": 0.3,
-                                         "last_n": 128, "scope": "llama.cpp"}
-    assert entry(chain, "dry") == {"use": "dry", "multiplier": 0.8, "base": 2.0, "allowed_length": 3,
-                                   "penalty_last_n": 256, "breakers": ["\n", "|"]}
+    assert entry(chain, "penalties") == {
+        "use": "penalties",
+        "repeat": 1.1,
+        "frequency": 0.2,
+        "presence": 0.3,
+        "last_n": 128,
+        "scope": "llama.cpp",
+    }
+    assert entry(chain, "dry") == {
+        "use": "dry",
+        "multiplier": 0.8,
+        "base": 2.0,
+        "allowed_length": 3,
+        "penalty_last_n": 256,
+        "breakers": ["\n", "|"],
+    }
     assert entry(chain, "xtc") == {"use": "xtc", "probability": 0.5, "threshold": 0.2, "seed": 42}
     assert entry(chain, "top_n_sigma")["n"] == 1.5 and entry(chain, "dist") == {"use": "dist", "seed": 42}
     assert same(from_llama_cpp(to_llama_cpp(chain)), chain)  # round trip
@@ -176,8 +245,10 @@ def test_mirostat_gives_the_llama_cpp_mirostat_shapes():
     assert uses(m2) == ["temp_ext", "mirostat_v2"]
     assert entry(m2, "mirostat_v2") == {"use": "mirostat_v2", "tau": 3.0, "eta": 0.2}
     assert same(from_llama_cpp(to_llama_cpp(m2)), m2)
-    assert normalized(from_llama_cpp(to_llama_cpp("preset:llama.cpp-mirostat")))["samplers"] == \
-        normalized("preset:llama.cpp-mirostat")["samplers"]
+    assert (
+        normalized(from_llama_cpp(to_llama_cpp("preset:llama.cpp-mirostat")))["samplers"]
+        == normalized("preset:llama.cpp-mirostat")["samplers"]
+    )
     with pytest.raises(ConfigError, match=r"with mirostat llama.cpp runs only temperature.*top_k"):
         to_llama_cpp({"samplers": [{"use": "top_k", "k": 5}, {"use": "mirostat"}]})
 
@@ -186,13 +257,14 @@ def test_front_samplers_logit_bias_ignore_eos_grammar():
     chain = from_llama_cpp(["-l", "15043+1", "--logit-bias", "7-inf", "--ignore-eos", "--grammar", 'root ::= "a"'])
     assert uses(chain)[:3] == ["grammar", "min_new_tokens", "logit_bias"]
     assert entry(chain, "logit_bias")["bias"] == [[15043, 1.0], [7, -math.inf]]
-    assert 'bias = [[15043, 1.0], [7, -inf]]' in to_toml(chain)
+    assert "bias = [[15043, 1.0], [7, -inf]]" in to_toml(chain)
     assert same(Chain.load(to_toml(chain)), chain)
     assert same(from_llama_cpp(to_llama_cpp(chain)), chain)
     assert entry(from_llama_cpp(["-j", "{}"]), "grammar") == {"use": "grammar", "json_schema": "{}"}
     with pytest.raises(ConfigError, match=r"samplers\[1\] \(logit_bias\) runs after a sampler"):
-        to_llama_cpp({"samplers": [{"use": "top_k", "k": 5}, {"use": "logit_bias", "bias": {"3": 1.0}},
-                                   {"use": "dist"}]})
+        to_llama_cpp(
+            {"samplers": [{"use": "top_k", "k": 5}, {"use": "logit_bias", "bias": {"3": 1.0}}, {"use": "dist"}]}
+        )
 
 
 def test_ignore_eos_bans_the_eos_tokens_for_the_whole_generation():
@@ -227,8 +299,7 @@ def test_llama_cpp_export_refusals():
     with pytest.raises(ConfigError, match=r"llama.cpp has no quadratic sampler"):
         to_llama_cpp({"samplers": [{"use": "quadratic", "factor": 0.3}, {"use": "dist"}]})
     with pytest.raises(ConfigError, match=r"one top_k for every sampler"):
-        to_llama_cpp({"samplers": [{"use": "top_k", "k": 5}, {"use": "top_k", "id": "k2", "k": 9},
-                                   {"use": "dist"}]})
+        to_llama_cpp({"samplers": [{"use": "top_k", "k": 5}, {"use": "top_k", "id": "k2", "k": 9}, {"use": "dist"}]})
     with pytest.raises(ConfigError, match=r"scope = 'transformers' cannot be expressed in llama.cpp"):
         to_llama_cpp({"samplers": [{"use": "penalties", "repeat": 1.2, "scope": "transformers"}, {"use": "dist"}]})
     with pytest.raises(ConfigError, match=r"ends its chain with dist"):
@@ -240,17 +311,50 @@ def test_llama_cpp_export_refusals():
 # -------------------------------------------------------------------------------------------------------- vLLM
 def test_vllm_defaults_are_the_vllm_preset_and_params_fill_it_in_vllms_order():
     assert normalized(from_vllm({}))["samplers"] == normalized("preset:vllm")["samplers"]
-    chain = from_vllm({"temperature": 0.7, "top_p": 0.9, "top_k": -1, "min_p": 0.1, "repetition_penalty": 1.2,
-                       "frequency_penalty": 0.5, "presence_penalty": 0.25, "seed": 11,
-                       "logit_bias": {"50256": -100}, "allowed_token_ids": [1, 2, 3], "bad_words": ["foo"],
-                       "min_tokens": 4, "stop": ["\n\n"], "stop_token_ids": [7], "max_tokens": 64})
-    assert uses(chain) == ["allowed_tokens", "bad_words", "min_new_tokens", "logit_bias", "penalties",
-                           "temperature", "min_p", "top_k", "top_p", "dist"]
-    assert entry(chain, "penalties") == {"use": "penalties", "repeat": 1.2, "frequency": 0.5, "presence": 0.25,
-                                         "scope": "vllm"}
+    chain = from_vllm(
+        {
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": -1,
+            "min_p": 0.1,
+            "repetition_penalty": 1.2,
+            "frequency_penalty": 0.5,
+            "presence_penalty": 0.25,
+            "seed": 11,
+            "logit_bias": {"50256": -100},
+            "allowed_token_ids": [1, 2, 3],
+            "bad_words": ["foo"],
+            "min_tokens": 4,
+            "stop": ["\n\n"],
+            "stop_token_ids": [7],
+            "max_tokens": 64,
+        }
+    )
+    assert uses(chain) == [
+        "allowed_tokens",
+        "bad_words",
+        "min_new_tokens",
+        "logit_bias",
+        "penalties",
+        "temperature",
+        "min_p",
+        "top_k",
+        "top_p",
+        "dist",
+    ]
+    assert entry(chain, "penalties") == {
+        "use": "penalties",
+        "repeat": 1.2,
+        "frequency": 0.5,
+        "presence": 0.25,
+        "scope": "vllm",
+    }
     assert entry(chain, "top_k")["k"] == 0 and entry(chain, "dist")["seed"] == 11
-    assert chain["stop"] == [{"use": "max_new_tokens", "n": 64}, {"use": "stop_strings", "strings": ["\n\n"]},
-                             {"use": "stop_sequences", "sequences": [[7]]}]
+    assert chain["stop"] == [
+        {"use": "max_new_tokens", "n": 64},
+        {"use": "stop_strings", "strings": ["\n\n"]},
+        {"use": "stop_sequences", "sequences": [[7]]},
+    ]
     Chain.load(to_toml(chain))
     assert same(from_vllm(to_vllm(chain)), chain)
 
@@ -287,16 +391,30 @@ def test_vllm_export_refusals():
     with pytest.raises(ConfigError, match=r"delta = 0.5 \(dynamic temperature\)"):
         to_vllm({"samplers": [{"use": "temp_ext", "t": 1.0, "delta": 0.5}, {"use": "dist"}]})
     with pytest.raises(ConfigError, match=r"stopping criterion stop_sequences"):
-        to_vllm({"samplers": [{"use": "dist"}], "stop": [{"use": "stop_sequences", "sequences": [[1, 2]]},
-                                                         {"use": "max_new_tokens", "n": 3}]})
+        to_vllm(
+            {
+                "samplers": [{"use": "dist"}],
+                "stop": [{"use": "stop_sequences", "sequences": [[1, 2]]}, {"use": "max_new_tokens", "n": 3}],
+            }
+        )
 
 
 def test_cross_engine_conversions():
     # a vLLM request in llama.cpp: vLLM's order (temperature before truncation) is free in llama.cpp
     chain = from_vllm({"temperature": 0.7, "top_p": 0.9, "min_p": 0.05, "seed": 5})
     flags = to_llama_cpp(chain)  # vLLM's no-op entries (allowed_tokens = [], vllm-scope penalties off) drop out
-    assert flags == ["--samplers", "temperature;min_p;top_k;top_p", "--top-k", "0", "--top-p", "0.9", "--temp", "0.7",
-                     "--seed", "5"]  # min_p 0.05 is llama.cpp's default
+    assert flags == [
+        "--samplers",
+        "temperature;min_p;top_k;top_p",
+        "--top-k",
+        "0",
+        "--top-p",
+        "0.9",
+        "--temp",
+        "0.7",
+        "--seed",
+        "5",
+    ]  # min_p 0.05 is llama.cpp's default
     back = from_llama_cpp(flags)
     assert uses(back) == ["temp_ext", "min_p", "top_k", "top_p", "dist"]
     assert to_vllm(back) == {"temperature": 0.7, "min_p": 0.05, "top_p": 0.9, "seed": 5}  # top_k 0: off
@@ -306,20 +424,33 @@ def test_cross_engine_conversions():
 
 def test_converted_chains_sample_like_the_original():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
-    original = Chain.load({"samplers": [{"use": "temperature", "t": 0.7}, {"use": "top_k", "k": 7},
-                                        {"use": "top_p", "p": 0.8}, {"use": "dist"}]})
+    original = Chain.load(
+        {
+            "samplers": [
+                {"use": "temperature", "t": 0.7},
+                {"use": "top_k", "k": 7},
+                {"use": "top_p", "p": 0.8},
+                {"use": "dist"},
+            ]
+        }
+    )
     converted = Chain.load(from_transformers(to_transformers(original)))
     assert torch.equal(original.process(logits), converted.process(logits))
 
 
 # -------------------------------------------------------------------------------------------------------- TOML
 def test_toml_writer_escapes_and_round_trips_every_value_type():
-    data = {"name": 'q"uote\\', "samplers": [
-        {"use": "dry", "multiplier": 0.5, "breakers": ["\n", "\t", '"', "\\", "\x01", "é"]},
-        {"use": "logit_bias", "bias": {"7": -math.inf, "12": 1e-05}},
-        {"use": "sequence_bias", "bias": [[[1, 2], -1.5]]},
-        {"use": "xtc", "probability": 0.2, "keep_special": True, "seed": 2**40},
-        {"use": "dist"}], "stop": [{"use": "max_new_tokens", "n": 5}]}
+    data = {
+        "name": 'q"uote\\',
+        "samplers": [
+            {"use": "dry", "multiplier": 0.5, "breakers": ["\n", "\t", '"', "\\", "\x01", "é"]},
+            {"use": "logit_bias", "bias": {"7": -math.inf, "12": 1e-05}},
+            {"use": "sequence_bias", "bias": [[[1, 2], -1.5]]},
+            {"use": "xtc", "probability": 0.2, "keep_special": True, "seed": 2**40},
+            {"use": "dist"},
+        ],
+        "stop": [{"use": "max_new_tokens", "n": 5}],
+    }
     text = to_toml(data)
     assert same(Chain.load(text), data)
     assert Chain.load(text).config.name == 'q"uote\\'
@@ -328,8 +459,22 @@ def test_toml_writer_escapes_and_round_trips_every_value_type():
 
 # --------------------------------------------------------------------------------------------------------- CLI
 def test_cli_llama_cpp_flags_after_double_dash_to_toml(capsys):
-    rc = main(["convert", "--from", "llama.cpp", "--to", "toml", "--", "--top-k", "20", "--temp", "0.5",
-               "--samplers", "top_k;temperature"])
+    rc = main(
+        [
+            "convert",
+            "--from",
+            "llama.cpp",
+            "--to",
+            "toml",
+            "--",
+            "--top-k",
+            "20",
+            "--temp",
+            "0.5",
+            "--samplers",
+            "top_k;temperature",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     chain = Chain.load(out)
@@ -368,8 +513,11 @@ def test_every_preset_writes_as_toml_and_exports_or_says_why():
     for name in get_host().registry.presets:
         preset = f"preset:{name}"
         assert same(Chain.load(to_toml(preset)), preset), name
-        for export, back in ((to_transformers, from_transformers), (to_llama_cpp, from_llama_cpp),
-                             (to_vllm, from_vllm)):
+        for export, back in (
+            (to_transformers, from_transformers),
+            (to_llama_cpp, from_llama_cpp),
+            (to_vllm, from_vllm),
+        ):
             try:
                 settings = export(preset)
             except ConfigError as exc:

@@ -27,16 +27,25 @@ def test_runs_the_repo_chain_with_trust_remote_code():
     ids = torch.tensor([tok("The quick")["input_ids"]])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = model.generate(input_ids=ids, custom_generate=str(REPO), trust_remote_code=True, tokenizer=tok,
-                             max_new_tokens=8, seed=7, pad_token_id=0, eos_token_id=None)
+        out = model.generate(
+            input_ids=ids,
+            custom_generate=str(REPO),
+            trust_remote_code=True,
+            tokenizer=tok,
+            max_new_tokens=8,
+            seed=7,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("repo_generate", REPO / "custom_generate" / "generate.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     chain = Chain.load(module.CHAIN)
-    ours = generate(model, tok, input_ids=ids, chain=chain, seed=7, max_length=ids.shape[1] + 8, pad_token_id=0,
-                    ignore_eos=True)
+    ours = generate(
+        model, tok, input_ids=ids, chain=chain, seed=7, max_length=ids.shape[1] + 8, pad_token_id=0, ignore_eos=True
+    )
     assert torch.equal(out, ours.sequences)
 
 
@@ -45,7 +54,14 @@ def test_a_chain_argument_replaces_the_repo_chain_for_one_call():
     ids = torch.tensor([[5, 6, 7]])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = model.generate(input_ids=ids, custom_generate=str(REPO), trust_remote_code=True, chain="preset:greedy",
-                             max_new_tokens=6, pad_token_id=0, eos_token_id=None)
+        out = model.generate(
+            input_ids=ids,
+            custom_generate=str(REPO),
+            trust_remote_code=True,
+            chain="preset:greedy",
+            max_new_tokens=6,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
         greedy = model.generate(input_ids=ids, do_sample=False, max_new_tokens=6, pad_token_id=0, eos_token_id=None)
     assert torch.equal(out, greedy)

@@ -48,8 +48,13 @@ def test_folder_is_small_safetensors_only():
     path = default_model_path()
     files = [f for f in path.rglob("*") if f.is_file()]
     names = {f.name for f in files}
-    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-            "tokenizer_config.json"} <= names
+    assert {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    } <= names
     assert sum(f.stat().st_size for f in files) <= MAX_BYTES
     pickles = [f.name for f in files if f.suffix in {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"}]
     assert pickles == []
@@ -75,8 +80,10 @@ def test_loads_as_a_gpt2_with_eos_and_no_pad(model, tokenizer):
     assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()  # tied
 
 
-@pytest.mark.parametrize("text", ["naïve café — 日本", "def f(x):\n\treturn x ** 2  # ∑ ✓\n", "  two  spaces\r\n",
-                                  "<|endoftext|> is special", ""])
+@pytest.mark.parametrize(
+    "text",
+    ["naïve café — 日本", "def f(x):\n\treturn x ** 2  # ∑ ✓\n", "  two  spaces\r\n", "<|endoftext|> is special", ""],
+)
 def test_tokenizer_round_trips_exactly(tokenizer, text):
     ids = tokenizer(text, add_special_tokens=True)["input_ids"]
     assert tokenizer.decode(ids) == text
@@ -114,9 +121,10 @@ def english_share(model, tokenizer, prompts=PROMPTS) -> tuple[float, list[str]]:
             torch.manual_seed(1234)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                out = model.generate(**enc, max_new_tokens=60, min_new_tokens=60,
-                                     pad_token_id=tokenizer.eos_token_id, **kwargs)
-            text = tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+                out = model.generate(
+                    **enc, max_new_tokens=60, min_new_tokens=60, pad_token_id=tokenizer.eos_token_id, **kwargs
+                )
+            text = tokenizer.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
             texts.append(text)
             generated += words(text)
     assert len(generated) >= 25 * len(prompts), texts

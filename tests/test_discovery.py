@@ -17,7 +17,7 @@ import samplechain
 from samplechain import PluginHost, PluginLoadError, PluginWarning, UnknownPluginError
 from samplechain.engine.discovery import metadata
 
-GOOD = '''
+GOOD = """
 import attrs
 import samplechain as sc
 
@@ -30,7 +30,7 @@ class Shift(sc.Sampler):
 @sc.hookimpl
 def register_samplers(register):
     register(Shift)
-'''
+"""
 
 
 @pytest.fixture
@@ -51,8 +51,12 @@ def site(tmp_path, monkeypatch, clean_env):
         return module
 
     def entry_points(with_installed: bool = True):
-        fake = [ep for d in metadata.distributions(path=[str(tmp_path)]) for ep in d.entry_points
-                if ep.group == "samplechain"]
+        fake = [
+            ep
+            for d in metadata.distributions(path=[str(tmp_path)])
+            for ep in d.entry_points
+            if ep.group == "samplechain"
+        ]
         real = list(metadata.entry_points(group="samplechain")) if with_installed else []
         return real + fake
 
@@ -85,8 +89,9 @@ def test_plugin_failing_at_import_is_reported_and_the_rest_keep_working(site):
     assert infos["exploding"].status == "broken"
     assert "RuntimeError: boom at import" in infos["exploding"].error
     assert infos["shift"].status == "loaded" and infos["top_k"].status == "loaded"
-    chain = samplechain.Chain.load({"samplers": [{"use": "shift"}, {"use": "top_k", "k": 2}, {"use": "greedy"}]},
-                                   host=host)
+    chain = samplechain.Chain.load(
+        {"samplers": [{"use": "shift"}, {"use": "top_k", "k": 2}, {"use": "greedy"}]}, host=host
+    )
     import torch
 
     assert chain.sample(torch.tensor([[0.0, 3.0, 1.0]])).token_ids.tolist() == [1]
@@ -122,12 +127,15 @@ def test_strict_mode_from_the_environment(site, monkeypatch):
 
 
 def test_misspelled_hook_is_caught_by_check_pending(site):
-    site("typo", '''
+    site(
+        "typo",
+        """
         import samplechain as sc
         @sc.hookimpl
         def register_sampler(register):   # missing the s
             pass
-    ''')
+    """,
+    )
     host = PluginHost(entry_points=site.entry_points())
     with pytest.warns(PluginWarning, match="register_sampler"):
         info = host.load("typo")
@@ -136,12 +144,15 @@ def test_misspelled_hook_is_caught_by_check_pending(site):
 
 
 def test_registering_something_that_is_not_a_sampler_names_the_plugin(site):
-    site("notasampler", '''
+    site(
+        "notasampler",
+        """
         import samplechain as sc
         @sc.hookimpl
         def register_samplers(register):
             register(dict)
-    ''')
+    """,
+    )
     host = PluginHost(entry_points=site.entry_points())
     with pytest.warns(PluginWarning):
         info = host.load("notasampler")

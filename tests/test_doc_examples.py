@@ -38,15 +38,20 @@ ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "contrib").glob("*/README.md")])
 PYTHON = {"python", "py"}
 SHELL = {"sh", "bash", "console", "shell"}
-BLOCK = re.compile(r"(?:<!-- doc-test: (?P<skip>skip[^>]*)-->\s*\n)?(?P<indent>[ ]*)```"
-                   r"(?P<lang>python|py|toml|sh|bash|console|shell)\n(?P<code>.*?)\n[ ]*```", re.S)
+BLOCK = re.compile(
+    r"(?:<!-- doc-test: (?P<skip>skip[^>]*)-->\s*\n)?(?P<indent>[ ]*)```"
+    r"(?P<lang>python|py|toml|sh|bash|console|shell)\n(?P<code>.*?)\n[ ]*```",
+    re.S,
+)
 COMMAND_TIMEOUT_S = 300
 
 
 def blocks(path: Path) -> list[tuple[str, str, str | None, int]]:
     text = path.read_text(encoding="utf-8")
-    return [(m["lang"], textwrap.dedent(m["code"]), m["skip"], text.count("\n", 0, m.start()) + 1)
-            for m in BLOCK.finditer(text)]
+    return [
+        (m["lang"], textwrap.dedent(m["code"]), m["skip"], text.count("\n", 0, m.start()) + 1)
+        for m in BLOCK.finditer(text)
+    ]
 
 
 def with_blocks(lang: set[str]) -> list[Path]:
@@ -82,8 +87,10 @@ def shell_lines(code: str) -> list[str]:
 
 
 def installs(path: Path) -> bool:
-    return any(lang in SHELL and skip is None and any(re.match(r"samplechain install\b", c) for c in shell_lines(code))
-               for lang, code, skip, _line in blocks(path))
+    return any(
+        lang in SHELL and skip is None and any(re.match(r"samplechain install\b", c) for c in shell_lines(code))
+        for lang, code, skip, _line in blocks(path)
+    )
 
 
 class FreshVenv:
@@ -99,16 +106,25 @@ class FreshVenv:
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
         self.bin = root / "bin"
         python = self.bin / "python"
-        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                              check=True, capture_output=True, text=True).stdout.strip()
+        site = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         ours = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
         (Path(site) / "zz_samplechain_doc_test.pth").write_text(
-            "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in sorted(ours)) + "\n")
+            "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in sorted(ours)) + "\n"
+        )
         launcher = self.bin / "samplechain"
         launcher.write_text(f"#!{python}\nimport sys\nfrom samplechain.cli import main\nsys.exit(main())\n")
         launcher.chmod(0o755)
-        self.env = {"PIP_NO_BUILD_ISOLATION": "0", "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-                    "PIP_NO_INPUT": "1"}
+        self.env = {
+            "PIP_NO_BUILD_ISOLATION": "0",
+            "PIP_NO_INDEX": "1",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PIP_NO_INPUT": "1",
+        }
 
 
 def run_shell_block(code: str, where: str, scratch: Path, env: dict[str, str]) -> int:
@@ -121,11 +137,19 @@ def run_shell_block(code: str, where: str, scratch: Path, env: dict[str, str]) -
             assert target.is_dir(), f"{where}: `{command}`: no such folder {target}"
             cwd = target
             continue
-        done = subprocess.run([shutil.which("bash") or "sh", "-c", command], cwd=cwd, env=env, capture_output=True,
-                              text=True, timeout=COMMAND_TIMEOUT_S)
+        done = subprocess.run(
+            [shutil.which("bash") or "sh", "-c", command],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+        )
         if done.returncode != 0:
-            raise AssertionError(f"{where}: `{command}` exited {done.returncode}\n--- stdout\n{done.stdout[-3000:]}"
-                                 f"\n--- stderr\n{done.stderr[-3000:]}")
+            raise AssertionError(
+                f"{where}: `{command}` exited {done.returncode}\n--- stdout\n{done.stdout[-3000:]}"
+                f"\n--- stderr\n{done.stderr[-3000:]}"
+            )
         ran += 1
     return ran
 
@@ -139,13 +163,20 @@ def namespace():
     path = default_model_path()
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     tok = AutoTokenizer.from_pretrained(path)
-    return {"model": model, "tok": tok, "tokenizer": tok, "inputs": tok("In Python, a list is", return_tensors="pt"),
-            "torch": torch, "logits": torch.randn(2, len(tok), generator=torch.Generator().manual_seed(0))}
+    return {
+        "model": model,
+        "tok": tok,
+        "tokenizer": tok,
+        "inputs": tok("In Python, a list is", return_tensors="pt"),
+        "torch": torch,
+        "logits": torch.randn(2, len(tok), generator=torch.Generator().manual_seed(0)),
+    }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", [p for p in FILES if any(map(runnable, blocks(p)))],
-                         ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "path", [p for p in FILES if any(map(runnable, blocks(p)))], ids=lambda p: str(p.relative_to(ROOT))
+)
 def test_examples_run(path, namespace, tmp_path, monkeypatch):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -155,8 +186,13 @@ def test_examples_run(path, namespace, tmp_path, monkeypatch):
         if lang == "toml" and re.fullmatch(r"# [\w.-]+\.toml", first):
             (scratch / first[2:]).write_text(code)
     monkeypatch.chdir(scratch)
-    env = {**os.environ, "HOME": str(tmp_path / "home"), "SAMPLECHAIN_HOME": str(tmp_path / "samplechain-home"),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path / "home"),
+        "SAMPLECHAIN_HOME": str(tmp_path / "samplechain-home"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
     (tmp_path / "home").mkdir()
     bins = [str(Path(sys.executable).parent)]
     if installs(path):

@@ -13,8 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_plugin_docs_cover_every_hookspec_with_its_exact_signature():
     text = (ROOT / "docs" / "plugins.md").read_text()
-    specs = [name for name, fn in vars(hookspecs).items()
-             if callable(fn) and hasattr(fn, "samplechain_spec")]
+    specs = [name for name, fn in vars(hookspecs).items() if callable(fn) and hasattr(fn, "samplechain_spec")]
     assert specs, "no hookspecs found"
     for name in specs:
         signature = f"{name}{inspect.signature(getattr(hookspecs, name))}".replace("'", "")
@@ -89,8 +88,9 @@ def test_check_covers_every_generated_file(tmp_path, capsys):
 
 
 def test_every_sampler_has_a_catalogue_row_and_a_page():
-    rows = [line for line in (ROOT / "docs" / "samplers" / "README.md").read_text().splitlines()
-            if line.startswith("| `")]
+    rows = [
+        line for line in (ROOT / "docs" / "samplers" / "README.md").read_text().splitlines() if line.startswith("| `")
+    ]
     assert len(rows) >= 39
     for row in rows:
         assert row.rstrip().endswith(".md) |") or "semantics.md#" in row, f"no documentation page: {row[:60]}"
@@ -150,8 +150,9 @@ def test_presets_page_holds_every_preset_as_a_chain_that_loads():
         chain = tomllib.loads(blocks[0])["chain"]
         assert chain["name"] == name
         assert chain["samplers"] == table["samplers"], f"preset {name!r}: the TOML differs from registry.toml"
-        assert [s.cls.name for s in Chain.load({"chain": chain}).config.samplers] == \
-            [s["use"] for s in table["samplers"]]
+        assert [s.cls.name for s in Chain.load({"chain": chain}).config.samplers] == [
+            s["use"] for s in table["samplers"]
+        ]
         assert re.search(r"^Engine: .+\. Order: .+\.$", sections[name], flags=re.M), f"{name}: no origin note"
 
 

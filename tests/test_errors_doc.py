@@ -64,7 +64,7 @@ def doc_rows() -> dict[str, Row]:
     lines = DOC.read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if _cells(line)[:2] == ["id", "case"])
     rows: dict[str, Row] = {}
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         cells = _cells(line)
@@ -91,8 +91,14 @@ class Trial:
     monkeypatch: pytest.MonkeyPatch
     stores: list[tuple[RequestStore, str]] = attrs.field(factory=list)
 
-    def step_chain(self, samplers: list[dict[str, Any]] | None = None, *, host: PluginHost | None = None,
-                   nonfinite: str = "error", **inputs: Any) -> tuple[Chain, RequestStore]:
+    def step_chain(
+        self,
+        samplers: list[dict[str, Any]] | None = None,
+        *,
+        host: PluginHost | None = None,
+        nonfinite: str = "error",
+        **inputs: Any,
+    ) -> tuple[Chain, RequestStore]:
         """A stateful chain (mirostat v2's mu, RNG positions) with requests "a" and "b" one accepted step in (given
         `inputs`, e.g. history=, to that step); the store's serialised state is recorded now and compared after the
         failure."""
@@ -153,15 +159,16 @@ def _(t: Trial) -> None:
 def _(t: Trial) -> None:
     from samplechain.integrations.hub import load_custom_generate
 
-    load_custom_generate(_repo(t.tmp, {"chain.toml": "samplers = [{ use = \"greedy\" }]\n"}), trust_remote_code=True)
+    load_custom_generate(_repo(t.tmp, {"chain.toml": 'samplers = [{ use = "greedy" }]\n'}), trust_remote_code=True)
 
 
 @case("repo_syntax_error")
 def _(t: Trial) -> None:
     from samplechain.integrations.hub import load_custom_generate
 
-    load_custom_generate(_repo(t.tmp, {"generate.py": "def generate(model, **kw)\n    return None\n"}),
-                         trust_remote_code=True)
+    load_custom_generate(
+        _repo(t.tmp, {"generate.py": "def generate(model, **kw)\n    return None\n"}), trust_remote_code=True
+    )
 
 
 @case("repo_unsatisfiable_requirements")
@@ -215,67 +222,91 @@ def _load_toml(t: Trial, text: str) -> None:
 
 @case("config_malformed_toml")
 def _(t: Trial) -> None:
-    _load_toml(t, """\
+    _load_toml(
+        t,
+        """\
         [chain]
         samplers = [ { use = "top_k", k = 40 }, { use = "dist" }
-        """)
+        """,
+    )
 
 
 @case("config_unknown_sampler")
 def _(t: Trial) -> None:
-    _load_toml(t, """\
+    _load_toml(
+        t,
+        """\
         [chain]
         samplers = [ { use = "top_pp", p = 0.9 }, { use = "dist" } ]
-        """)
+        """,
+    )
 
 
 @case("config_param_out_of_range")
 def _(t: Trial) -> None:
-    _load_toml(t, """\
+    _load_toml(
+        t,
+        """\
         [chain]
         samplers = [ { use = "top_k", k = 40 }, { use = "top_p", p = 1.5 }, { use = "dist" } ]
-        """)
+        """,
+    )
 
 
 @case("config_unknown_param")
 def _(t: Trial) -> None:
-    _load_toml(t, """\
+    _load_toml(
+        t,
+        """\
         [chain]
         samplers = [ { use = "top_k", kk = 40 }, { use = "dist" } ]
-        """)
+        """,
+    )
 
 
 @case("config_wrong_type")
 def _(t: Trial) -> None:
-    _load_toml(t, """\
+    _load_toml(
+        t,
+        """\
         [chain]
         samplers = [ { use = "top_k", k = "40" }, { use = "dist" } ]
-        """)
+        """,
+    )
 
 
 @case("config_unknown_chain_key")
 def _(t: Trial) -> None:
-    _load_toml(t, """\
+    _load_toml(
+        t,
+        """\
         [chain]
         sampler = [ { use = "dist" } ]
-        """)
+        """,
+    )
 
 
 @case("config_no_selector")
 def _(t: Trial) -> None:
-    _load_toml(t, """\
+    _load_toml(
+        t,
+        """\
         [chain]
         samplers = [ { use = "top_k", k = 40 }, { use = "temperature", t = 0.7 } ]
-        """)
+        """,
+    )
 
 
 @case("config_bad_nonfinite_policy")
 def _(t: Trial) -> None:
-    _load_toml(t, """\
+    _load_toml(
+        t,
+        """\
         [chain]
         nonfinite = "clip"
         samplers = [ { use = "top_k", k = 40 }, { use = "dist" } ]
-        """)
+        """,
+    )
 
 
 def _param_ranges() -> types.ModuleType:
@@ -460,8 +491,9 @@ def _(t: Trial) -> None:
 
 @case("sampling_row_emptied_by_sampler", step=True)
 def _(t: Trial) -> None:
-    chain, store = t.step_chain([{"use": "top_k", "k": 1}, {"use": "suppress_tokens", "ids": [2]},
-                                 {"use": "dist"}])  # the set-up step's rows peak at 13 and 7
+    chain, store = t.step_chain(
+        [{"use": "top_k", "k": 1}, {"use": "suppress_tokens", "ids": [2]}, {"use": "dist"}]
+    )  # the set-up step's rows peak at 13 and 7
     x = logits()
     x[0, 2] = 50.0  # row a's only survivor of top_k is the suppressed token
     chain.sample(x, store, ["a", "b"])
@@ -521,7 +553,8 @@ def _(t: Trial) -> None:
 def _(t: Trial) -> None:
     _chain, store = t.step_chain()
     Chain.load({"samplers": [{"use": "temperature", "t": 0.8}, {"use": "mirostat_v2", "tau": 3.0}]}).sample(
-        logits(), store, ["a", "b"])
+        logits(), store, ["a", "b"]
+    )
 
 
 @case("sampling_store_without_request_ids", step=True)
@@ -708,8 +741,13 @@ def test_the_nonfinite_policy_defaults_to_error():
         chain.sample(_broken_logits())
 
 
-FILTERS = [{"use": "top_k", "k": 3}, {"use": "top_p", "p": 0.9}, {"use": "min_p", "p": 0.1},
-           {"use": "typical", "p": 0.9}, {"use": "top_n_sigma", "n": 1.0}]
+FILTERS = [
+    {"use": "top_k", "k": 3},
+    {"use": "top_p", "p": 0.9},
+    {"use": "min_p", "p": 0.1},
+    {"use": "typical", "p": 0.9},
+    {"use": "top_n_sigma", "n": 1.0},
+]
 
 
 @pytest.mark.parametrize("first", FILTERS, ids=lambda f: f["use"])
@@ -720,8 +758,10 @@ def test_error_names_nan_and_inf_rows_whatever_the_filters_made_of_them(first: d
     with pytest.raises(samplechain.SamplingError) as caught:
         Chain.load({"samplers": [first, {"use": "dist"}]}).sample(x)
     text = str(caught.value)
-    assert "logits contain NaN or +inf for request(s) ['row0', 'row1'] ('row0': NaN at token 3; 'row1': +inf at " \
-           "token 5)" in text, text
+    assert (
+        "logits contain NaN or +inf for request(s) ['row0', 'row1'] ('row0': NaN at token 3; 'row1': +inf at "
+        "token 5)" in text
+    ), text
     assert "every token is masked (-inf) for request(s) ['row2']" in text, text
 
 
@@ -798,8 +838,12 @@ def test_sanitize_cleans_the_unconditional_logits_too():
 
 # ------------------------------------------------------------------------------------------------ accepted inputs
 # docs/errors.md "Inputs that are accepted, not errors": each gives the tokens the plain input gives.
-ACCEPTING = [{"use": "penalties", "repeat": 1.3}, {"use": "top_k", "k": 6}, {"use": "temperature", "t": 0.8},
-             {"use": "dist"}]
+ACCEPTING = [
+    {"use": "penalties", "repeat": 1.3},
+    {"use": "top_k", "k": 6},
+    {"use": "temperature", "t": 0.8},
+    {"use": "dist"},
+]
 
 
 def _draw(x: torch.Tensor, **inputs: Any) -> samplechain.SampleOutput:

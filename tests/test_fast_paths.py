@@ -63,14 +63,25 @@ def test_no_swap_before_filters_that_read_probabilities(monkeypatch):
 
 # ---------------------------------------------------------------- the cpu backend against the plain reference
 CHAINS = {
-    "llama.cpp": [{"use": "penalties", "repeat": 1.1, "presence": 0.2, "last_n": 64}, {"use": "top_k", "k": 40},
-                  {"use": "top_p", "p": 0.95}, {"use": "min_p", "p": 0.05}, {"use": "temperature", "t": 0.8}],
+    "llama.cpp": [
+        {"use": "penalties", "repeat": 1.1, "presence": 0.2, "last_n": 64},
+        {"use": "top_k", "k": 40},
+        {"use": "top_p", "p": 0.95},
+        {"use": "min_p", "p": 0.05},
+        {"use": "temperature", "t": 0.8},
+    ],
     "top_p": [{"use": "top_p", "p": 0.9}],
     "min_p": [{"use": "min_p", "p": 0.05}, {"use": "temperature", "t": 0.8}],
     "temperature_first": [{"use": "temperature", "t": 0.7}, {"use": "top_k", "k": 50}, {"use": "top_p", "p": 0.9}],
 }
-PER_ROW = [{}, {"top_p": 0.5, "min_p": 0.2, "seed": 11}, {"top_k": 5, "temperature": 1.3}, {"top_p": 1.0, "min_p": 0.0},
-           {"min_keep": 60, "seed": 5}, {"top_k": 0, "top_p": 0.99}]
+PER_ROW = [
+    {},
+    {"top_p": 0.5, "min_p": 0.2, "seed": 11},
+    {"top_k": 5, "temperature": 1.3},
+    {"top_p": 1.0, "min_p": 0.0},
+    {"min_keep": 60, "seed": 5},
+    {"top_k": 0, "top_p": 0.99},
+]
 
 
 def _wide_logits(kind: str) -> torch.Tensor:
@@ -124,17 +135,27 @@ def _fusion_case(seed: int = 0):
     return logits, history
 
 
-FUSED_CHAIN = [{"use": "penalties", "repeat": 1.3, "frequency": 0.2, "presence": -0.5, "last_n": 64},
-               {"use": "dry", "multiplier": 0.0, "breakers": []}, {"use": "top_n_sigma", "n": -1.0},
-               {"use": "top_k", "k": 40}, {"use": "dist", "seed": 9}]
+FUSED_CHAIN = [
+    {"use": "penalties", "repeat": 1.3, "frequency": 0.2, "presence": -0.5, "last_n": 64},
+    {"use": "dry", "multiplier": 0.0, "breakers": []},
+    {"use": "top_n_sigma", "n": -1.0},
+    {"use": "top_k", "k": 40},
+    {"use": "dist", "seed": 9},
+]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_penalties_then_top_k_fused_equals_the_two_in_turn(seed, monkeypatch):
     monkeypatch.setattr("samplechain.engine.chain._FUSE_MIN", 0)  # fuse at this small size too
     logits, history = _fusion_case(seed)
-    per_row = [{}, {"top_k": 50}, {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
-               {"top_k": 3, "penalty_last_n": -1}, {}, {"min_keep": 45}]
+    per_row = [
+        {},
+        {"top_k": 50},
+        {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
+        {"top_k": 3, "penalty_last_n": -1},
+        {},
+        {"min_keep": 45},
+    ]
     results = []
     for fused in (True, False):
         chain = Chain.load({"samplers": FUSED_CHAIN})

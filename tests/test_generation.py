@@ -12,8 +12,14 @@ from samplechain import Chain, ConfigError
 from samplechain.generation import GenerationWarning, IncrementalDecoder, generate, stream
 from samplechain.tools.testing import byte_bpe_tokenizer, tiny_gpt2
 
-TEMP_TOPK_TOPP = {"samplers": [{"use": "temperature", "t": 0.8}, {"use": "top_k", "k": 20},
-                               {"use": "top_p", "p": 0.9}, {"use": "dist"}]}
+TEMP_TOPK_TOPP = {
+    "samplers": [
+        {"use": "temperature", "t": 0.8},
+        {"use": "top_k", "k": 20},
+        {"use": "top_p", "p": 0.9},
+        {"use": "dist"},
+    ]
+}
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +37,8 @@ def left_padded(rows: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torc
     ids = torch.full((len(rows), width), pad, dtype=torch.int64)
     mask = torch.zeros_like(ids)
     for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r)
-        mask[i, width - len(r):] = 1
+        ids[i, width - len(r) :] = torch.tensor(r)
+        mask[i, width - len(r) :] = 1
     return ids, mask
 
 
@@ -50,7 +56,7 @@ def test_greedy_equals_model_generate_batched_with_left_padding(seed, eos):
     rows = [[5, 17, 42, 9], [11, 12], [200, 201, 202, 203, 204, 205, 206], [7]]
     ids, mask = left_padded(rows)
     if eos == "frequent":  # an eos the model actually emits, so rows finish at different steps
-        first = hf_generate(model, ids, mask, max_new_tokens=8, pad_token_id=0)[:, ids.shape[1]:]
+        first = hf_generate(model, ids, mask, max_new_tokens=8, pad_token_id=0)[:, ids.shape[1] :]
         model.generation_config.eos_token_id = int(first[0, 2])
     ref = hf_generate(model, ids, mask, max_new_tokens=14, pad_token_id=0)
     with warnings.catch_warnings():
@@ -65,10 +71,26 @@ def test_greedy_scores_and_logits_equal_transformers(model):
     ids, mask = left_padded([[3, 4, 5], [9]])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0,
-                             output_scores=True, output_logits=True, return_dict_in_generate=True)
-        out = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=5, pad_token_id=0,
-                       output_scores=True, output_logits=True, ignore_eos=True)
+        ref = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=5,
+            do_sample=False,
+            pad_token_id=0,
+            output_scores=True,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        out = generate(
+            model,
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=5,
+            pad_token_id=0,
+            output_scores=True,
+            output_logits=True,
+            ignore_eos=True,
+        )
     assert torch.equal(out.sequences, ref.sequences)
     for ours, theirs in zip(out.logits, ref.logits):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
@@ -83,19 +105,31 @@ def test_text_prompts_are_left_padded_and_pad_falls_back_to_eos(model, tok):
     ids, mask = left_padded(enc, pad=0)
     ref = hf_generate(model, ids, mask, max_new_tokens=6, pad_token_id=0)
     assert torch.equal(out.sequences, ref)
-    assert out.texts == [tok.decode(r[ids.shape[1]:ids.shape[1] + n], skip_special_tokens=True)
-                         for r, n in zip(ref.tolist(), out.num_generated.tolist())]
+    assert out.texts == [
+        tok.decode(r[ids.shape[1] : ids.shape[1] + n], skip_special_tokens=True)
+        for r, n in zip(ref.tolist(), out.num_generated.tolist())
+    ]
 
 
 # ----------------------------------------------------------------- outputs
 def test_logprobs_are_the_processed_distribution_at_the_chosen_tokens(model):
     ids, mask = left_padded([[1, 2, 3], [4, 5]])
-    out = generate(model, input_ids=ids, attention_mask=mask, chain=TEMP_TOPK_TOPP, seed=3, max_new_tokens=6,
-                   output_scores=True, top_logprobs=3, ignore_eos=True, pad_token_id=0)
-    new = out.sequences[:, out.prompt_length:]
+    out = generate(
+        model,
+        input_ids=ids,
+        attention_mask=mask,
+        chain=TEMP_TOPK_TOPP,
+        seed=3,
+        max_new_tokens=6,
+        output_scores=True,
+        top_logprobs=3,
+        ignore_eos=True,
+        pad_token_id=0,
+    )
+    new = out.sequences[:, out.prompt_length :]
     for step, scores in enumerate(out.scores):
         lp = torch.log_softmax(scores, dim=-1)
-        torch.testing.assert_close(out.logprobs[:, step], lp.gather(1, new[:, step:step + 1]).squeeze(1))
+        torch.testing.assert_close(out.logprobs[:, step], lp.gather(1, new[:, step : step + 1]).squeeze(1))
         values, top_ids = out.top_logprobs[step]
         ref_values, ref_ids = lp.topk(3, dim=-1)
         torch.testing.assert_close(values, ref_values)
@@ -115,8 +149,9 @@ def an_eos_one_row_emits_mid_run(new: list[list[int]]) -> tuple[int, int, int]:
             token = row[k]
             if token not in row[:k] and any(token not in other for o, other in enumerate(new) if o != r):
                 return r, k, token
-    raise AssertionError(f"no row emits a token first at a step in 1..{len(new[0]) - 2} that another row never "
-                         f"emits: {new}")
+    raise AssertionError(
+        f"no row emits a token first at a step in 1..{len(new[0]) - 2} that another row never emits: {new}"
+    )
 
 
 def test_a_finished_row_is_padded_and_keeps_its_reason(model):
@@ -128,8 +163,7 @@ def test_a_finished_row_is_padded_and_keeps_its_reason(model):
     free = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=n_new, ignore_eos=True, pad_token_id=0)
     new = free.sequences[:, width:].tolist()
     r, k, eos = an_eos_one_row_emits_mid_run(new)
-    out = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=n_new, eos_token_id=eos,
-                   pad_token_id=299)
+    out = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=n_new, eos_token_id=eos, pad_token_id=299)
     assert out.finish_reasons[r] == "eos" and out.num_generated[r] == k + 1  # a token, then eos, then pads
     assert set(out.finish_reasons) == {"eos", "max_new_tokens"}
     for b, row in enumerate(new):
@@ -149,8 +183,9 @@ def test_a_finished_row_is_padded_and_keeps_its_reason(model):
 # ----------------------------------------------------------------- sampling
 def test_seeded_sampling_is_reproducible_and_seeds_differ(model):
     ids, mask = left_padded([[1, 2, 3]])
-    kw = dict(input_ids=ids, attention_mask=mask, chain=TEMP_TOPK_TOPP, max_new_tokens=12, ignore_eos=True,
-              pad_token_id=0)
+    kw = dict(
+        input_ids=ids, attention_mask=mask, chain=TEMP_TOPK_TOPP, max_new_tokens=12, ignore_eos=True, pad_token_id=0
+    )
     a = generate(model, seed=11, **kw).sequences
     b = generate(model, seed=11, **kw).sequences
     c = generate(model, seed=12, **kw).sequences
@@ -173,16 +208,32 @@ def test_per_request_parameters(model):
     """Row 1 at temperature 0 must pick exactly what greedy picks; row 0 samples."""
     ids, mask = left_padded([[1, 2, 3], [1, 2, 3]])
     greedy = generate(model, input_ids=ids[:1], max_new_tokens=8, ignore_eos=True, pad_token_id=0).sequences[0]
-    out = generate(model, input_ids=ids, attention_mask=mask, chain=TEMP_TOPK_TOPP, max_new_tokens=8,
-                   ignore_eos=True, pad_token_id=0, params=[{"temperature": 5.0, "seed": 1}, {"temperature": 0.0}])
+    out = generate(
+        model,
+        input_ids=ids,
+        attention_mask=mask,
+        chain=TEMP_TOPK_TOPP,
+        max_new_tokens=8,
+        ignore_eos=True,
+        pad_token_id=0,
+        params=[{"temperature": 5.0, "seed": 1}, {"temperature": 0.0}],
+    )
     assert torch.equal(out.sequences[1], greedy)
     assert not torch.equal(out.sequences[0], greedy)
 
 
 def test_num_return_sequences_samples_distinct_continuations(model):
     ids = torch.tensor([[1, 2, 3]])
-    out = generate(model, input_ids=ids, chain=TEMP_TOPK_TOPP, seed=4, num_return_sequences=3, max_new_tokens=10,
-                   ignore_eos=True, pad_token_id=0)
+    out = generate(
+        model,
+        input_ids=ids,
+        chain=TEMP_TOPK_TOPP,
+        seed=4,
+        num_return_sequences=3,
+        max_new_tokens=10,
+        ignore_eos=True,
+        pad_token_id=0,
+    )
     assert out.sequences.shape[0] == 3 and len({tuple(r) for r in out.sequences.tolist()}) == 3
     with pytest.raises(ConfigError, match="num_return_sequences = 2 with a greedy chain"):
         generate(model, input_ids=ids, num_return_sequences=2, max_new_tokens=3)
@@ -210,16 +261,22 @@ def test_length_limit_defaults_to_the_generation_config(model):
 
 def test_stop_strings_from_the_chain_file_and_the_call(model, tok):
     free = generate(model, tok, "The quick", max_new_tokens=12, ignore_eos=True, pad_token_id=0)
-    new = free.sequences[0, free.prompt_length:].tolist()
+    new = free.sequences[0, free.prompt_length :].tolist()
     pieces = [tok.decode([t]) for t in new]
     k = next(i for i, p in enumerate(pieces) if p.strip() and p.isascii())  # a stop string the model will emit
     stop = pieces[k]
     out = generate(model, tok, "The quick", max_new_tokens=12, ignore_eos=True, pad_token_id=0, stop_strings=[stop])
     first = next(i for i, p in enumerate(pieces) if stop in "".join(pieces[: i + 1]))
     assert out.finish_reasons == ["stop_strings"] and out.num_generated.tolist() == [first + 1]
-    assert torch.equal(out.sequences[0, : out.prompt_length + first + 1], free.sequences[0, : free.prompt_length + first + 1])
-    chain = Chain.load({"samplers": [{"use": "greedy"}], "stop": [{"use": "stop_strings", "strings": [stop]},
-                                                                 {"use": "max_new_tokens", "n": 12}]})
+    assert torch.equal(
+        out.sequences[0, : out.prompt_length + first + 1], free.sequences[0, : free.prompt_length + first + 1]
+    )
+    chain = Chain.load(
+        {
+            "samplers": [{"use": "greedy"}],
+            "stop": [{"use": "stop_strings", "strings": [stop]}, {"use": "max_new_tokens", "n": 12}],
+        }
+    )
     assert generate(model, tok, "The quick", chain=chain, ignore_eos=True, pad_token_id=0).texts == out.texts
 
 
@@ -237,8 +294,18 @@ def test_a_plain_callable_criterion(model):
 # ----------------------------------------------------------------- streaming
 def test_stream_deltas_concatenate_to_the_final_text(model, tok):
     result: list = []
-    events = list(stream(model, tok, "The quick brown", chain=TEMP_TOPK_TOPP, seed=2, max_new_tokens=25,
-                         ignore_eos=True, result=result))
+    events = list(
+        stream(
+            model,
+            tok,
+            "The quick brown",
+            chain=TEMP_TOPK_TOPP,
+            seed=2,
+            max_new_tokens=25,
+            ignore_eos=True,
+            result=result,
+        )
+    )
     text = "".join(e.text for e in events)
     assert text == result[0].texts[0]
     assert events[-1].finish_reason == "max_new_tokens"
@@ -271,8 +338,12 @@ def test_empty_prompt_starts_from_bos_with_a_warning(model, tok):
 
 def test_empty_prompt_without_bos_is_an_error(model):
     with pytest.raises(ConfigError, match="prompt 0 is empty and the model has no bos token"):
-        generate(tiny_gpt2(300, bos_token_id=None), input_ids=torch.zeros((1, 0), dtype=torch.int64),
-                 max_new_tokens=3, pad_token_id=0)
+        generate(
+            tiny_gpt2(300, bos_token_id=None),
+            input_ids=torch.zeros((1, 0), dtype=torch.int64),
+            max_new_tokens=3,
+            pad_token_id=0,
+        )
 
 
 def test_prompt_longer_than_the_model_positions(model):
@@ -286,10 +357,10 @@ def test_extra_logit_columns_beyond_the_tokenizer_are_masked(tok):
         model.lm_head.weight[300:] *= 40
     ids = torch.tensor([tok("The quick")["input_ids"]])
     raw = generate(model, input_ids=ids, max_new_tokens=8, ignore_eos=True, pad_token_id=0)
-    assert (raw.sequences[0, ids.shape[1]:] >= 300).any(), "the test needs the extra columns to win"
+    assert (raw.sequences[0, ids.shape[1] :] >= 300).any(), "the test needs the extra columns to win"
     with pytest.warns(GenerationWarning, match="320 logit columns but the tokenizer only 300 tokens"):
         out = generate(model, tok, "The quick", max_new_tokens=8, ignore_eos=True, pad_token_id=0)
-    assert (out.sequences[0, ids.shape[1]:] < 300).all()
+    assert (out.sequences[0, ids.shape[1] :] < 300).all()
 
 
 def test_no_eos_anywhere_warns(tok):
@@ -309,8 +380,7 @@ def test_conflicting_length_limits_are_refused(model):
     chain = Chain.load({"samplers": [{"use": "greedy"}], "stop": [{"use": "max_new_tokens", "n": 4}]})
     with pytest.raises(ConfigError, match="max_new_tokens.v1 is given twice with different parameters"):
         generate(model, input_ids=torch.tensor([[1]]), chain=chain, max_new_tokens=5, pad_token_id=0)
-    out = generate(model, input_ids=torch.tensor([[1]]), chain=chain, max_new_tokens=4, pad_token_id=0,
-                   ignore_eos=True)
+    out = generate(model, input_ids=torch.tensor([[1]]), chain=chain, max_new_tokens=4, pad_token_id=0, ignore_eos=True)
     assert out.num_generated.tolist() == [4]
 
 
@@ -339,8 +409,10 @@ def test_embedded_model_greedy_equals_model_generate_on_text_prompts(embedded):
 def test_embedded_model_streams_the_same_text_it_returns(embedded):
     model, tok = embedded
     result: list = []
-    text = "".join(e.text for e in stream(model, tok, "A list is", chain="preset:llama.cpp", seed=3,
-                                          max_new_tokens=40, result=result))
+    text = "".join(
+        e.text
+        for e in stream(model, tok, "A list is", chain="preset:llama.cpp", seed=3, max_new_tokens=40, result=result)
+    )
     assert text == result[0].texts[0] and len(text) > 40
 
 
@@ -362,8 +434,13 @@ def test_generation_config_settings_no_chain_applies_are_named(model):
     model.generation_config = GenerationConfig(do_sample=True, top_k=5)
     try:
         with pytest.warns(GenerationWarning, match=r"do_sample=True.*the chain given replaces it"):
-            generate(model, input_ids=torch.tensor([[1, 2]]), chain={"samplers": [{"use": "greedy"}]},
-                     max_new_tokens=2, pad_token_id=0)
+            generate(
+                model,
+                input_ids=torch.tensor([[1, 2]]),
+                chain={"samplers": [{"use": "greedy"}]},
+                max_new_tokens=2,
+                pad_token_id=0,
+            )
     finally:
         model.generation_config = saved
 
@@ -374,23 +451,56 @@ def test_a_generation_config_maps_to_transformers_processors_in_their_order(mode
     from transformers import GenerationConfig
 
     cfg = GenerationConfig(
-        do_sample=True, temperature=0.9, top_k=40, top_p=0.95, min_p=0.02, typical_p=0.97, epsilon_cutoff=1e-4,
-        eta_cutoff=1e-4, repetition_penalty=1.3, no_repeat_ngram_size=3, bad_words_ids=[[5], [7, 8]],
-        sequence_bias={(3,): 1.5, (4, 9): -2.0}, suppress_tokens=[11, 12], exponential_decay_length_penalty=(2, 1.1),
-        min_new_tokens=3, eos_token_id=2, renormalize_logits=True,
+        do_sample=True,
+        temperature=0.9,
+        top_k=40,
+        top_p=0.95,
+        min_p=0.02,
+        typical_p=0.97,
+        epsilon_cutoff=1e-4,
+        eta_cutoff=1e-4,
+        repetition_penalty=1.3,
+        no_repeat_ngram_size=3,
+        bad_words_ids=[[5], [7, 8]],
+        sequence_bias={(3,): 1.5, (4, 9): -2.0},
+        suppress_tokens=[11, 12],
+        exponential_decay_length_penalty=(2, 1.1),
+        min_new_tokens=3,
+        eos_token_id=2,
+        renormalize_logits=True,
     )
     chain = samplechain.generation.chain_from_generation_config(cfg)
     names = [s.name for s in chain.samplers]
-    assert names == ["sequence_bias", "penalties", "no_repeat_ngram", "bad_words", "min_new_tokens", "length_decay",
-                     "suppress_tokens", "temperature", "top_k", "top_p", "min_p", "typical", "epsilon", "eta",
-                     "renormalize", "dist"]
+    assert names == [
+        "sequence_bias",
+        "penalties",
+        "no_repeat_ngram",
+        "bad_words",
+        "min_new_tokens",
+        "length_decay",
+        "suppress_tokens",
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "typical",
+        "epsilon",
+        "eta",
+        "renormalize",
+        "dist",
+    ]
     prompt = torch.tensor([[1, 4, 3, 6, 5, 6]])
     ids = prompt.clone()
     model._prepare_special_tokens(cfg, kwargs_has_attention_mask=False, device="cpu")
     for step in range(5):
         processors = model._get_logits_processor(
-            generation_config=cfg, input_ids_seq_length=prompt.shape[1], encoder_input_ids=prompt,
-            prefix_allowed_tokens_fn=None, logits_processor=None, device="cpu")
+            generation_config=cfg,
+            input_ids_seq_length=prompt.shape[1],
+            encoder_input_ids=prompt,
+            prefix_allowed_tokens_fn=None,
+            logits_processor=None,
+            device="cpu",
+        )
         logits = model(ids).logits[:, -1, :].detach()
         ref = processors(ids, logits.clone())
         ours = chain.process(logits.clone(), history=ids, prompt_lengths=torch.tensor([prompt.shape[1]]))

@@ -23,10 +23,15 @@ CHAINS = {
     "transformers": "preset:transformers",
     "vllm": "preset:vllm",
     "text-generation-webui": "preset:text-generation-webui",
-    "penalties top_k top_p": {"samplers": [{"use": "penalties", "repeat": 1.3, "presence": 0.4, "last_n": 8,
-                                            "scope": "llama.cpp"},
-                                           {"use": "temperature", "t": 0.8}, {"use": "top_k", "k": 40},
-                                           {"use": "top_p", "p": 0.9}, {"use": "dist", "seed": 3}]},
+    "penalties top_k top_p": {
+        "samplers": [
+            {"use": "penalties", "repeat": 1.3, "presence": 0.4, "last_n": 8, "scope": "llama.cpp"},
+            {"use": "temperature", "t": 0.8},
+            {"use": "top_k", "k": 40},
+            {"use": "top_p", "p": 0.9},
+            {"use": "dist", "seed": 3},
+        ]
+    },
     "min_p": {"samplers": [{"use": "min_p", "p": 0.05}, {"use": "dist", "seed": 4}]},
     "top_p flat": {"samplers": [{"use": "top_p", "p": 0.95}, {"use": "dist", "seed": 5}]},
     "logit_bias greedy": {"samplers": [{"use": "logit_bias", "bias": {"5": 30.0}}, {"use": "greedy"}]},
@@ -97,8 +102,11 @@ def test_a_graph_is_recorded_once_per_bucket(monkeypatch):
     step_graphs = graphs.StepGraphs(chain, store, ids, make_graph=Counting)
     history = torch.zeros(len(ids), 3, dtype=torch.int64)
     for width in range(3, 11):  # widths 3-4, 5-8, 9-10 (rounded up to 4, 8, 12)
-        step_graphs.sample(torch.randn(len(ids), VOCAB), history=history[:, :1].expand(-1, width).contiguous(),
-                           prompt_lengths=torch.full((len(ids),), 3)).check()
+        step_graphs.sample(
+            torch.randn(len(ids), VOCAB),
+            history=history[:, :1].expand(-1, width).contiguous(),
+            prompt_lengths=torch.full((len(ids),), 3),
+        ).check()
     assert len(recorded) == 3
 
 
@@ -122,7 +130,8 @@ def test_history_needs_prompt_lengths():
     store, ids = _store(chain, False)
     with pytest.raises(ConfigError, match="prompt_lengths"):
         graphs.StepGraphs(chain, store, ids, make_graph=ReplayGraph).sample(
-            torch.randn(len(ids), VOCAB), history=torch.zeros(len(ids), 3, dtype=torch.int64))
+            torch.randn(len(ids), VOCAB), history=torch.zeros(len(ids), 3, dtype=torch.int64)
+        )
 
 
 def test_why_a_step_cannot_be_captured(monkeypatch):
@@ -158,10 +167,17 @@ def tiny_model():
 def _generate(model, tokenizer, **kwargs):
     from samplechain.generation import generate
 
-    chain = _chain({"samplers": [{"use": "penalties", "repeat": 1.2}, {"use": "top_k", "k": 20},
-                                 {"use": "top_p", "p": 0.9}, {"use": "dist", "seed": 7}]})
-    return generate(model, tokenizer, ["hello there", "a b"], chain=chain, max_new_tokens=12, pad_token_id=0,
-                    **kwargs)
+    chain = _chain(
+        {
+            "samplers": [
+                {"use": "penalties", "repeat": 1.2},
+                {"use": "top_k", "k": 20},
+                {"use": "top_p", "p": 0.9},
+                {"use": "dist", "seed": 7},
+            ]
+        }
+    )
+    return generate(model, tokenizer, ["hello there", "a b"], chain=chain, max_new_tokens=12, pad_token_id=0, **kwargs)
 
 
 def test_generate_replays_the_step_where_it_can(tiny_model, monkeypatch):
@@ -187,8 +203,9 @@ def test_generate_replays_the_step_where_it_can(tiny_model, monkeypatch):
 
 def test_generate_says_why_the_step_is_not_captured(tiny_model):
     model, tokenizer = tiny_model
-    with pytest.warns(GenerationWarning, match="cuda_graphs=True, but the sampling step runs eagerly: CUDA graphs "
-                                               "need a CUDA device"):
+    with pytest.warns(
+        GenerationWarning, match="cuda_graphs=True, but the sampling step runs eagerly: CUDA graphs need a CUDA device"
+    ):
         _generate(model, tokenizer, cuda_graphs=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error", GenerationWarning)
@@ -201,6 +218,7 @@ def test_generate_says_why_the_step_is_not_captured(tiny_model):
 @pytest.mark.parametrize("name", list(CHAINS))
 def test_gpu_cuda_graph_replays_draw_the_eager_tokens(name):
     """Real CUDA graphs: capture, then replays equal to the eager steps on the same device."""
+
     def run(graphed: bool):
         chain = Chain.load(CHAINS[name])
         store = chain.new_store(device="cuda", capacity=len(PER_ROW))
@@ -215,8 +233,11 @@ def test_gpu_cuda_graph_replays_draw_the_eager_tokens(name):
         for step in range(5):
             logits = (torch.randn(len(ids), 32000, generator=g) * 3).cuda()
             kwargs = {"history": history, "prompt_lengths": lengths} if chain.needs_history else {}
-            result = (step_graphs.sample(logits, **kwargs) if step_graphs is not None and step
-                      else chain.sample(logits, store, ids, **kwargs)).check()
+            result = (
+                step_graphs.sample(logits, **kwargs)
+                if step_graphs is not None and step
+                else chain.sample(logits, store, ids, **kwargs)
+            ).check()
             out.append(result.token_ids.cpu())
             history = torch.cat([history, result.token_ids[:, None]], dim=1)
         return out

@@ -74,8 +74,9 @@ def test_left_padding_example_runs_through_samplechain_and_transformers_alike(lm
     ours = repo.generate(model, input_ids=inputs["input_ids"], left_padding=5, max_new_tokens=8)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        theirs = model.generate(**inputs, custom_generate=str(LEFT), trust_remote_code=True, left_padding=5,
-                                max_new_tokens=8)
+        theirs = model.generate(
+            **inputs, custom_generate=str(LEFT), trust_remote_code=True, left_padding=5, max_new_tokens=8
+        )
     assert torch.equal(ours, theirs)
     assert ours[0, :5].tolist() == [tok.eos_token_id] * 5  # the pad (eos here) tokens in front
     assert ours.shape[1] == 5 + inputs["input_ids"].shape[1] + 8
@@ -92,18 +93,27 @@ def test_repo_sampler_and_chain_run_for_that_run_only(lm):
     prompt = "Version 3.11 of Python was released in"
     out = repo.generate(model, tok, prompt, max_new_tokens=24, seed=3, ignore_eos=True)
     assert "ban_digits" not in host.registered("sampler")
-    new_text = tok.decode(out.sequences[0, out.prompt_length:])
+    new_text = tok.decode(out.sequences[0, out.prompt_length :])
     assert not any(c.isdigit() for c in new_text), new_text
-    plain = samplechain.generation.generate(model, tok, prompt, chain="preset:llama.cpp", max_new_tokens=24,
-                                            seed=3, ignore_eos=True)
+    plain = samplechain.generation.generate(
+        model, tok, prompt, chain="preset:llama.cpp", max_new_tokens=24, seed=3, ignore_eos=True
+    )
     assert any(c.isdigit() for c in tok.decode(plain.sequences[0])), "the prompt has digits: the ban is visible"
     # transformers' loader copies only the .py files: the chain file is given explicitly there
     inputs = tok(prompt, return_tensors="pt")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        theirs = model.generate(**inputs, custom_generate=str(CHAIN_REPO), trust_remote_code=True, tokenizer=tok,
-                                chain=str(CHAIN_REPO / "custom_generate" / "chain.toml"), max_new_tokens=24, seed=3,
-                                pad_token_id=tok.eos_token_id, eos_token_id=None)
+        theirs = model.generate(
+            **inputs,
+            custom_generate=str(CHAIN_REPO),
+            trust_remote_code=True,
+            tokenizer=tok,
+            chain=str(CHAIN_REPO / "custom_generate" / "chain.toml"),
+            max_new_tokens=24,
+            seed=3,
+            pad_token_id=tok.eos_token_id,
+            eos_token_id=None,
+        )
     assert torch.equal(theirs[0], out.sequences[0])
     assert "ban_digits" not in host.registered("sampler")
 
@@ -124,10 +134,13 @@ def test_repo_ids_open_from_the_local_cache_offline_and_unpinned_revisions_warn(
         repo = load_custom_generate("community/left-padding", trust_remote_code=True, cache_dir=tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnpinnedRevisionWarning)
-        pinned = load_custom_generate("community/left-padding", revision=commit, trust_remote_code=True,
-                                      cache_dir=tmp_path)
+        pinned = load_custom_generate(
+            "community/left-padding", revision=commit, trust_remote_code=True, cache_dir=tmp_path
+        )
     ids = tok("A tuple", return_tensors="pt")["input_ids"]
-    assert torch.equal(repo.generate(model, input_ids=ids, left_padding=2, max_new_tokens=3),
-                       pinned.generate(model, input_ids=ids, left_padding=2, max_new_tokens=3))
+    assert torch.equal(
+        repo.generate(model, input_ids=ids, left_padding=2, max_new_tokens=3),
+        pinned.generate(model, input_ids=ids, left_padding=2, max_new_tokens=3),
+    )
     with pytest.raises(ConfigError, match="not in the local Hugging Face cache and samplechain never downloads"):
         load_custom_generate("community/absent", revision=commit, trust_remote_code=True, cache_dir=tmp_path)

@@ -53,8 +53,13 @@ def _core_module(name: str) -> str | None:
 
 def _typing_only(tree: ast.Module) -> set[int]:
     """The ids of the import statements under `if TYPE_CHECKING:`: they never run (annotations only)."""
-    return {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and isinstance(block.test, ast.Name)
-            and block.test.id == "TYPE_CHECKING" for stmt in block.body for n in ast.walk(stmt)}
+    return {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }
 
 
 def _imports() -> dict[str, list[tuple[str, int]]]:
@@ -64,8 +69,12 @@ def _imports() -> dict[str, list[tuple[str, int]]]:
     for module, path in MODULES.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         skip = _typing_only(tree)
-        found[module] = [(name, node.lineno) for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
-                         and id(node) not in skip for name in _imported(module, node)]
+        found[module] = [
+            (name, node.lineno)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skip
+            for name in _imported(module, node)
+        ]
     return found
 
 
@@ -120,9 +129,18 @@ def _describe(path: list[str], graph: dict[str, dict[str, int]]) -> str:
 # __init__ (the top-level names) sits with the engine it re-exports; the modules at the top of the package are the
 # contract plugins import, with the embedded model's data (models).
 LAYERS = ["contract", "engine", "generation", "integrations", "tools", "cli"]
-CONTRACT = {"samplechain.candidates", "samplechain.contracts", "samplechain.errors", "samplechain.filters",
-            "samplechain.hookspecs", "samplechain.params", "samplechain.rng", "samplechain.strings",
-            "samplechain.tokens", "samplechain.models"}
+CONTRACT = {
+    "samplechain.candidates",
+    "samplechain.contracts",
+    "samplechain.errors",
+    "samplechain.filters",
+    "samplechain.hookspecs",
+    "samplechain.params",
+    "samplechain.rng",
+    "samplechain.strings",
+    "samplechain.tokens",
+    "samplechain.models",
+}
 
 
 def _layer(module: str) -> int:
@@ -133,8 +151,10 @@ def _layer(module: str) -> int:
     if module == "samplechain.__main__":
         return LAYERS.index("cli")
     part = module.split(".")[1]
-    assert part in LAYERS, (f"{module} is in no layer: put it in one of the layers' folders ({', '.join(LAYERS[1:])}) "
-                            "or, if plugins import it, add it to the contract here and in docs/architecture.md")
+    assert part in LAYERS, (
+        f"{module} is in no layer: put it in one of the layers' folders ({', '.join(LAYERS[1:])}) "
+        "or, if plugins import it, add it to the contract here and in docs/architecture.md"
+    )
     return LAYERS.index(part)
 
 
@@ -155,16 +175,23 @@ def test_every_module_is_in_a_layer():
 
 def test_imports_only_point_down_the_layers():
     graph = _graph()
-    upward = [f"{module} ({LAYERS[_layer(module)]}) imports {target} ({LAYERS[_layer(target)]}), line {line}"
-              for module, targets in graph.items() for target, line in targets.items()
-              if _layer(target) > _layer(module)]
+    upward = [
+        f"{module} ({LAYERS[_layer(module)]}) imports {target} ({LAYERS[_layer(target)]}), line {line}"
+        for module, targets in graph.items()
+        for target, line in targets.items()
+        if _layer(target) > _layer(module)
+    ]
     assert not upward, "imports that run up the layers (docs/architecture.md):\n" + "\n".join(upward)
 
 
 def test_the_contract_imports_nothing_but_the_contract():
     graph = _graph()
-    out = [f"{module} imports {target}, line {line}" for module in sorted(CONTRACT)
-           for target, line in graph[module].items() if target not in CONTRACT]
+    out = [
+        f"{module} imports {target}, line {line}"
+        for module in sorted(CONTRACT)
+        for target, line in graph[module].items()
+        if target not in CONTRACT
+    ]
     assert not out, "\n".join(out)
 
 
@@ -189,8 +216,12 @@ def test_the_core_has_no_import_cycle():
 
 
 def test_the_core_never_imports_a_plugin():
-    plugins = [f"{module}: line {line} imports {name}" for module, names in _imports().items()
-               for name, line in names if name.split(".")[0].startswith("samplechain_")]
+    plugins = [
+        f"{module}: line {line} imports {name}"
+        for module, names in _imports().items()
+        for name, line in names
+        if name.split(".")[0].startswith("samplechain_")
+    ]
     assert not plugins, "the core imports plugins (it must find them through entry points):\n" + "\n".join(plugins)
 
 
@@ -198,6 +229,11 @@ def test_nothing_below_the_command_line_imports_it():
     def is_cli(m: str) -> bool:
         return m == "samplechain.__main__" or m.split(".")[:2] == ["samplechain", "cli"]
 
-    upward = [f"{module} imports {target} (line {line})" for module, targets in _graph().items() if not is_cli(module)
-              for target, line in targets.items() if is_cli(target)]
+    upward = [
+        f"{module} imports {target} (line {line})"
+        for module, targets in _graph().items()
+        if not is_cli(module)
+        for target, line in targets.items()
+        if is_cli(target)
+    ]
     assert not upward, "\n".join(upward)

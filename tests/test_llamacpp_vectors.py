@@ -247,9 +247,7 @@ def run_queue(n: int, seq: str, k: int, p: float, m: float) -> None:
         assert int(out.token_ids[0]) == n - 1
 
 
-@pytest.mark.parametrize(
-    ("n", "seq", "k", "p", "m"), [pytest.param(*c, id=queue_id(*c)) for c in LLAMA_QUEUE_CALLS]
-)
+@pytest.mark.parametrize(("n", "seq", "k", "p", "m"), [pytest.param(*c, id=queue_id(*c)) for c in LLAMA_QUEUE_CALLS])
 def test_sampler_queue_llamacpp_calls(n, seq, k, p, m):
     """Every test_sampler_queue call of test-sampling.cpp, checked after every step of the sequence. The analytic
     model must first pass the C++ test's own assertions for the call (they hold in llama.cpp's CI)."""

@@ -21,11 +21,22 @@ from samplechain.tools.testing import tiny_gpt2
 
 B, V, PROMPT, N = 5, 400, 6, 5
 
-TEMP_TOPK_TOPP = {"samplers": [{"use": "temperature", "t": 0.7, "id": "temp"}, {"use": "top_k", "k": 20},
-                               {"use": "top_p", "p": 0.9}, {"use": "dist", "seed": 11}]}
-PENALTIES_MINP = {"samplers": [{"use": "penalties", "repeat": 1.3, "scope": "transformers"},
-                               {"use": "min_p", "p": 0.05}, {"use": "temperature", "t": 1.3},
-                               {"use": "dist", "seed": 4}]}
+TEMP_TOPK_TOPP = {
+    "samplers": [
+        {"use": "temperature", "t": 0.7, "id": "temp"},
+        {"use": "top_k", "k": 20},
+        {"use": "top_p", "p": 0.9},
+        {"use": "dist", "seed": 11},
+    ]
+}
+PENALTIES_MINP = {
+    "samplers": [
+        {"use": "penalties", "repeat": 1.3, "scope": "transformers"},
+        {"use": "min_p", "p": 0.05},
+        {"use": "temperature", "t": 1.3},
+        {"use": "dist", "seed": 4},
+    ]
+}
 
 
 def inputs(seed: int, vocab: int = V) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,10 +72,14 @@ def preset(name: str, **changes: dict) -> dict:
 
 
 CASES = {
-    "temp_topk_topp": (TEMP_TOPK_TOPP, lambda: [tp.TemperatureLogitsWarper(0.7), tp.TopKLogitsWarper(20),
-                                                tp.TopPLogitsWarper(0.9)]),
-    "penalties_minp": (PENALTIES_MINP, lambda: [tp.RepetitionPenaltyLogitsProcessor(1.3), tp.MinPLogitsWarper(0.05),
-                                                tp.TemperatureLogitsWarper(1.3)]),
+    "temp_topk_topp": (
+        TEMP_TOPK_TOPP,
+        lambda: [tp.TemperatureLogitsWarper(0.7), tp.TopKLogitsWarper(20), tp.TopPLogitsWarper(0.9)],
+    ),
+    "penalties_minp": (
+        PENALTIES_MINP,
+        lambda: [tp.RepetitionPenaltyLogitsProcessor(1.3), tp.MinPLogitsWarper(0.05), tp.TemperatureLogitsWarper(1.3)],
+    ),
     "preset_llama_cpp": (preset("llama.cpp", penalties={"repeat": 1.2}, top_k={"k": 60}, dist={"seed": 9}), None),
     "preset_vllm": (preset("vllm", dist={"seed": 9}), None),
 }
@@ -77,8 +92,9 @@ def names_and_stages(table: dict) -> list[tuple[str, int]]:
     return [("raw", 0)] + [(ids[i], i + 1) for i in range(last)] + [(ids[last], last), ("processed", last)]
 
 
-def expected(stage: torch.Tensor, tokens: torch.Tensor, as_logits: bool) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                torch.Tensor]:
+def expected(
+    stage: torch.Tensor, tokens: torch.Tensor, as_logits: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(chosen value, top-N values, top-N ids) under one stage's scores, in float64."""
     x = stage.double()
     dist = x if as_logits else torch.log_softmax(x, dim=-1)
@@ -112,9 +128,12 @@ def test_every_stage_matches_the_independent_reference(case, vocab):
             assert torch.equal(out.token_ids, default.token_ids), name + suffix
             check(out, stages[index], default.token_ids, as_logits, f"{case} {name}{suffix}")
     processed = stages[-1]
-    for vllm_name, stage, as_logits in (("raw_logprobs", stages[0], False), ("raw_logits", stages[0], True),
-                                        ("processed_logprobs", processed, False),
-                                        ("processed_logits", processed, True)):
+    for vllm_name, stage, as_logits in (
+        ("raw_logprobs", stages[0], False),
+        ("raw_logits", stages[0], True),
+        ("processed_logprobs", processed, False),
+        ("processed_logits", processed, True),
+    ):
         out = chain.sample(logits, logprobs_at=vllm_name, top_logprobs=N, **extra)
         assert torch.equal(out.token_ids, default.token_ids), vllm_name
         check(out, stage, default.token_ids, as_logits, f"{case} {vllm_name}")
@@ -147,8 +166,9 @@ def test_an_entry_is_named_by_its_id_or_its_unique_plugin_name():
     chain = Chain.load(TEMP_TOPK_TOPP)
     assert chain.logprobs_stage("temp") == chain.logprobs_stage("temperature") == (0, False)
     assert chain.logprobs_stage("top_k.v1:logits") == (1, True)
-    assert chain.logprobs_stage("top_p") == chain.logprobs_stage("dist") == chain.logprobs_stage("processed") \
-        == (3, False)
+    assert (
+        chain.logprobs_stage("top_p") == chain.logprobs_stage("dist") == chain.logprobs_stage("processed") == (3, False)
+    )
     assert chain.logprobs_stage("raw_logits") == (-1, True)
 
 
@@ -158,8 +178,9 @@ def test_an_unknown_stage_is_an_error_listing_the_entries():
         chain.sample(torch.zeros(1, 50), logprobs_at="tmp")
     with pytest.raises(ConfigError, match="must be 'logprobs' or 'logits'"):
         chain.sample(torch.zeros(1, 50), logprobs_at="temp:probs")
-    twice = Chain.load({"samplers": [{"use": "top_k", "k": 5}, {"use": "top_k", "k": 3, "id": "second"},
-                                     {"use": "dist"}]})
+    twice = Chain.load(
+        {"samplers": [{"use": "top_k", "k": 5}, {"use": "top_k", "k": 3, "id": "second"}, {"use": "dist"}]}
+    )
     with pytest.raises(ConfigError, match=r"2 entries are 'top_k.v1' \(samplers\[0\], samplers\[1\]\): name one"):
         twice.logprobs_stage("top_k.v1")
 
@@ -172,22 +193,38 @@ def model():
 
 def run(model, **kwargs):
     ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
-    return generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), chain=TEMP_TOPK_TOPP, seed=3,
-                    max_new_tokens=5, ignore_eos=True, pad_token_id=0, output_logits=True, output_scores=True,
-                    top_logprobs=3, **kwargs)
+    return generate(
+        model,
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        chain=TEMP_TOPK_TOPP,
+        seed=3,
+        max_new_tokens=5,
+        ignore_eos=True,
+        pad_token_id=0,
+        output_logits=True,
+        output_scores=True,
+        top_logprobs=3,
+        **kwargs,
+    )
 
 
-@pytest.mark.parametrize("mode, stage, as_logits", [
-    ("raw", lambda raw, scores: raw, False), ("raw_logits", lambda raw, scores: raw, True),
-    ("temp", lambda raw, scores: raw / 0.7, False), ("top_k:logits", lambda raw, scores: tp.TopKLogitsWarper(20)(
-        None, raw / 0.7), True),
-    ("processed_logprobs", lambda raw, scores: scores, False), ("processed_logits", lambda raw, scores: scores, True),
-])
+@pytest.mark.parametrize(
+    "mode, stage, as_logits",
+    [
+        ("raw", lambda raw, scores: raw, False),
+        ("raw_logits", lambda raw, scores: raw, True),
+        ("temp", lambda raw, scores: raw / 0.7, False),
+        ("top_k:logits", lambda raw, scores: tp.TopKLogitsWarper(20)(None, raw / 0.7), True),
+        ("processed_logprobs", lambda raw, scores: scores, False),
+        ("processed_logits", lambda raw, scores: scores, True),
+    ],
+)
 def test_generate_reports_the_mode_it_is_given(model, mode, stage, as_logits):
     base = run(model)
     out = run(model, logprobs_mode=mode)
     assert torch.equal(out.sequences, base.sequences)
-    new = out.sequences[:, out.prompt_length:]
+    new = out.sequences[:, out.prompt_length :]
     for step, (raw, scores) in enumerate(zip(out.logits, out.scores)):
         chosen, values, ids = expected(stage(raw, scores), new[:, step], as_logits)
         torch.testing.assert_close(out.logprobs[:, step].double(), chosen, atol=2e-5, rtol=1e-5)
@@ -203,11 +240,19 @@ def test_generate_takes_one_mode_per_prompt(model):
 
 def test_each_prompt_of_a_mixed_batch_names_an_entry_of_its_own_chain(model):
     ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
-    kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), seed=3, max_new_tokens=4, ignore_eos=True,
-                  pad_token_id=0, output_logits=True)
-    out = generate(model, chain=[TEMP_TOPK_TOPP, PENALTIES_MINP], logprobs_mode=["temp", "min_p:logits"],
-                   top_logprobs=2, **kwargs)
-    new = out.sequences[:, out.prompt_length:]
+    kwargs = dict(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        seed=3,
+        max_new_tokens=4,
+        ignore_eos=True,
+        pad_token_id=0,
+        output_logits=True,
+    )
+    out = generate(
+        model, chain=[TEMP_TOPK_TOPP, PENALTIES_MINP], logprobs_mode=["temp", "min_p:logits"], top_logprobs=2, **kwargs
+    )
+    new = out.sequences[:, out.prompt_length :]
     for step, raw in enumerate(out.logits):
         temp = torch.log_softmax(raw[0].double() / 0.7, dim=-1)
         torch.testing.assert_close(out.logprobs[0, step].double(), temp[new[0, step]], atol=2e-5, rtol=1e-5)

@@ -115,8 +115,9 @@ def test_do_sample_false_with_sampling_parameters_becomes_true():
     assert p.effective_do_sample(2).tolist() == [True, False]
     assert MindIESampler().sample(logits_for(2), None, p)[1] is not None
     # only neutral values: the whole batch is greedy, second value None
-    p = SamplingParam.from_numpy(temperature=f32(1.0, 1.0), top_k=i64(0, 0), top_p=f32(1.0, 1.0),
-                                 do_sample=np.array([False, False]), to_tensor=T)
+    p = SamplingParam.from_numpy(
+        temperature=f32(1.0, 1.0), top_k=i64(0, 0), top_p=f32(1.0, 1.0), do_sample=np.array([False, False]), to_tensor=T
+    )
     assert MindIESampler().sample(logits_for(2), None, p)[1] is None
 
 
@@ -150,10 +151,20 @@ def test_penalties_match_the_documented_formulas_greedy_rows():
     pres = rng.uniform(-1.0, 2.0, batch).astype(np.float32)
     rep[0], freq[1], pres[2] = 1.0, 0.0, 0.0
     data = SamplingData.from_numpy(all_ids, out_ids, to_tensor=T)
-    param = SamplingParam.from_numpy(repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres,
-                                     do_sample=np.zeros(batch, bool), to_tensor=T)
-    param_mixed = SamplingParam.from_numpy(repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres,
-                                           do_sample=np.arange(batch) == 0, to_tensor=T)
+    param = SamplingParam.from_numpy(
+        repetition_penalty=rep,
+        frequency_penalty=freq,
+        presence_penalty=pres,
+        do_sample=np.zeros(batch, bool),
+        to_tensor=T,
+    )
+    param_mixed = SamplingParam.from_numpy(
+        repetition_penalty=rep,
+        frequency_penalty=freq,
+        presence_penalty=pres,
+        do_sample=np.arange(batch) == 0,
+        to_tensor=T,
+    )
     tokens, values = MindIESampler().sample(lg, data, param)
     assert values is None
     _, values = MindIESampler().sample(lg, data, param_mixed)  # row 0 samples: the others report their logits
@@ -194,11 +205,16 @@ def test_penalties_then_temperature_topk_topp_match_transformers():
     sampler = MindIESampler()  # no request_ids: every call is a batch of fresh requests
     for seed in range(25):
         param = SamplingParam.from_numpy(
-            repetition_penalty=np.full(batch, rep, np.float32), frequency_penalty=np.full(batch, freq, np.float32),
+            repetition_penalty=np.full(batch, rep, np.float32),
+            frequency_penalty=np.full(batch, freq, np.float32),
             presence_penalty=np.full(batch, pres, np.float32),
-            temperature=np.array([s[0] for s in settings], np.float32), top_k=np.array([s[1] for s in settings]),
-            top_p=np.array([s[2] for s in settings], np.float32), do_sample=np.ones(batch, bool),
-            seed=np.arange(batch) + 100 * seed, to_tensor=T)
+            temperature=np.array([s[0] for s in settings], np.float32),
+            top_k=np.array([s[1] for s in settings]),
+            top_p=np.array([s[2] for s in settings], np.float32),
+            do_sample=np.ones(batch, bool),
+            seed=np.arange(batch) + 100 * seed,
+            to_tensor=T,
+        )
         tokens, values = sampler.sample(lg, data, param)
         for b in range(batch):
             assert tokens[b] in supports[b], (b, settings[b])
@@ -208,16 +224,25 @@ def test_penalties_then_temperature_topk_topp_match_transformers():
 # ------------------------------------------------------------------------------------------ request state
 def test_seeded_row_gives_the_same_token_alone_and_in_a_batch():
     lg = logits_for(5, seed=6)
-    param = SamplingParam.from_numpy(temperature=f32(0.8, 1.2, 1.0, 0.6, 1.0), top_k=i64(0, 20, 0, 5, 0),
-                                     top_p=f32(0.9, 1.0, 1.0, 0.95, 1.0),
-                                     do_sample=np.array([True, True, True, False, False]),
-                                     seed=i64(11, 22, 33, 44, 55), to_tensor=T)
+    param = SamplingParam.from_numpy(
+        temperature=f32(0.8, 1.2, 1.0, 0.6, 1.0),
+        top_k=i64(0, 20, 0, 5, 0),
+        top_p=f32(0.9, 1.0, 1.0, 0.95, 1.0),
+        do_sample=np.array([True, True, True, False, False]),
+        seed=i64(11, 22, 33, 44, 55),
+        to_tensor=T,
+    )
     tokens, values = MindIESampler().sample(lg, None, param)
     for b in range(5):
         alone = SamplingParam.from_numpy(
-            temperature=param.temperature[b:b + 1], top_k=param.top_k[b:b + 1], top_p=param.top_p[b:b + 1],
-            do_sample=param.do_sample[b:b + 1], seed=param.seed[b:b + 1], to_tensor=T)
-        t1, v1 = MindIESampler().sample(lg[b:b + 1], None, alone)
+            temperature=param.temperature[b : b + 1],
+            top_k=param.top_k[b : b + 1],
+            top_p=param.top_p[b : b + 1],
+            do_sample=param.do_sample[b : b + 1],
+            seed=param.seed[b : b + 1],
+            to_tensor=T,
+        )
+        t1, v1 = MindIESampler().sample(lg[b : b + 1], None, alone)
         assert t1[0] == tokens[b]
         if b == 4:  # a greedy row alone is an all-greedy batch: None; in the batch, its logit
             assert v1 is None and values[b] == pytest.approx(float(lg[b, tokens[b]]), abs=1e-6)
@@ -236,24 +261,37 @@ def test_prefill_starts_fresh_and_continuation_moves_the_seed_position():
     first = sampler.sample(lg, SamplingData.from_numpy(request_ids=ids, is_prefill=True), _flat_param(2, [1, 2]))[0]
     seq = [first.tolist()]
     for _ in range(4):
-        seq.append(sampler.sample(lg, SamplingData.from_numpy(request_ids=ids, is_prefill=False),
-                                  _flat_param(2, [1, 2]))[0].tolist())
+        seq.append(
+            sampler.sample(lg, SamplingData.from_numpy(request_ids=ids, is_prefill=False), _flat_param(2, [1, 2]))[
+                0
+            ].tolist()
+        )
     assert sampler.position(7) == 5
     assert len({s[0] for s in seq}) > 1  # the draw moves on: not the position-0 token every step
     # a new prefill of the same ids restarts them: the same token sequence again
-    again = [sampler.sample(lg, SamplingData.from_numpy(request_ids=ids, is_prefill=True),
-                            _flat_param(2, [1, 2]))[0].tolist()]
+    again = [
+        sampler.sample(lg, SamplingData.from_numpy(request_ids=ids, is_prefill=True), _flat_param(2, [1, 2]))[
+            0
+        ].tolist()
+    ]
     for _ in range(4):
-        again.append(sampler.sample(lg, SamplingData.from_numpy(request_ids=ids, is_prefill=False),
-                                    _flat_param(2, [1, 2]))[0].tolist())
+        again.append(
+            sampler.sample(lg, SamplingData.from_numpy(request_ids=ids, is_prefill=False), _flat_param(2, [1, 2]))[
+                0
+            ].tolist()
+        )
     assert again == seq
     # a request's sequence does not depend on its batch: request 8 alone gives its column
     solo = MindIESampler()
-    alone = [solo.sample(lg[:1], SamplingData.from_numpy(request_ids=i64(8), is_prefill=True),
-                         _flat_param(1, [2]))[0][0]]
+    alone = [
+        solo.sample(lg[:1], SamplingData.from_numpy(request_ids=i64(8), is_prefill=True), _flat_param(1, [2]))[0][0]
+    ]
     for _ in range(4):
-        alone.append(solo.sample(lg[:1], SamplingData.from_numpy(request_ids=i64(8), is_prefill=False),
-                                 _flat_param(1, [2]))[0][0])
+        alone.append(
+            solo.sample(lg[:1], SamplingData.from_numpy(request_ids=i64(8), is_prefill=False), _flat_param(1, [2]))[0][
+                0
+            ]
+        )
     assert alone == [s[1] for s in seq]
     # without request_ids every call is a fresh request: the position-0 token each time
     anon = MindIESampler()
@@ -299,20 +337,23 @@ def test_parameters_of_each_call_apply_and_a_switch_keeps_the_position():
 
 
 # ------------------------------------------------------------------------------------------ errors
-@pytest.mark.parametrize("kwargs, argument", [
-    (dict(temperature=f32(1.0, 1.0), top_p=f32(0.9, 0.9, 0.9)), "top_p"),
-    (dict(repetition_penalty=np.array([[1.0]])), "repetition_penalty"),
-    (dict(repetition_penalty=f32(0.0)), "repetition_penalty"),
-    (dict(temperature=f32(-0.1)), "temperature"),
-    (dict(temperature=f32(np.nan)), "temperature"),
-    (dict(top_p=f32(0.0)), "top_p"),
-    (dict(top_p=f32(1.5)), "top_p"),
-    (dict(top_k=f32(3.0)), "top_k"),
-    (dict(top_k=i64(-1)), "top_k"),
-    (dict(seed=i64(-5)), "seed"),
-    (dict(do_sample=f32(1.0)), "do_sample"),
-    (dict(seed=[1, 2]), "seed"),
-])
+@pytest.mark.parametrize(
+    "kwargs, argument",
+    [
+        (dict(temperature=f32(1.0, 1.0), top_p=f32(0.9, 0.9, 0.9)), "top_p"),
+        (dict(repetition_penalty=np.array([[1.0]])), "repetition_penalty"),
+        (dict(repetition_penalty=f32(0.0)), "repetition_penalty"),
+        (dict(temperature=f32(-0.1)), "temperature"),
+        (dict(temperature=f32(np.nan)), "temperature"),
+        (dict(top_p=f32(0.0)), "top_p"),
+        (dict(top_p=f32(1.5)), "top_p"),
+        (dict(top_k=f32(3.0)), "top_k"),
+        (dict(top_k=i64(-1)), "top_k"),
+        (dict(seed=i64(-5)), "seed"),
+        (dict(do_sample=f32(1.0)), "do_sample"),
+        (dict(seed=[1, 2]), "seed"),
+    ],
+)
 def test_sampling_param_errors_name_the_argument(kwargs, argument):
     with pytest.raises(MindIEArgumentError, match=f"^{argument}:") as info:
         SamplingParam.from_numpy(**kwargs, to_tensor=T)

@@ -11,8 +11,14 @@ from samplechain.generation import generate
 from samplechain.tools.testing import byte_bpe_tokenizer, tiny_gpt2
 
 A = {"samplers": [{"use": "top_k", "k": 20}, {"use": "temperature", "t": 0.7}, {"use": "dist"}]}
-B = {"samplers": [{"use": "temperature", "t": 1.3}, {"use": "top_p", "p": 0.8}, {"use": "min_p", "p": 0.05},
-                  {"use": "dist"}]}
+B = {
+    "samplers": [
+        {"use": "temperature", "t": 1.3},
+        {"use": "top_p", "p": 0.8},
+        {"use": "min_p", "p": 0.05},
+        {"use": "dist"},
+    ]
+}
 C = {"samplers": [{"use": "temperature", "t": 1.0}, {"use": "mirostat_v2", "tau": 3.0, "eta": 0.2}]}
 G = {"samplers": [{"use": "greedy"}]}
 
@@ -40,7 +46,7 @@ def test_rows_on_different_chains_equal_their_chain_alone_over_several_steps():
         out = mixed.sample(logits, store, ids, return_scores=True)
         for b, rid in enumerate(ids):
             c, s = alone[rid]
-            ref = c.sample(logits[b:b + 1], s, [rid], return_scores=True)
+            ref = c.sample(logits[b : b + 1], s, [rid], return_scores=True)
             assert int(out.token_ids[b]) == int(ref.token_ids[0]), (step, rid)
             assert torch.equal(out.logprobs[b], ref.logprobs[0])
             assert torch.equal(out.scores[b], ref.scores[0])

@@ -134,6 +134,7 @@ def test_the_schemas_yield_enough_cases_to_mean_something():
     kinds = {"must be in", "must be one of", "must be an integer in [0, 2**63)", "must be a finite number"}
     assert kinds == {k for k in kinds if any(c.allowed.startswith(k) for c in CASES)}
 
+
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_out_of_range_in_a_chain_config_is_one_config_error_naming_path_value_and_range(case: Bad):
     with pytest.raises(ConfigError) as caught:

@@ -54,24 +54,33 @@ def home(tmp_path, monkeypatch) -> Path:
 
 # ===================================================================== names
 
+
 def test_names_derived_from_a_dashed_name():
     names = plugin_names("my-filter2")
     assert (names.plugin, names.module, names.distribution, names.class_name, names.directory) == (
-        "my_filter2", "samplechain_my_filter2", "samplechain-my-filter2", "MyFilter2", "samplechain-my-filter2")
+        "my_filter2",
+        "samplechain_my_filter2",
+        "samplechain-my-filter2",
+        "MyFilter2",
+        "samplechain-my-filter2",
+    )
 
 
-@pytest.mark.parametrize(("name", "message"), [
-    ("", "plugin name is empty"),
-    ("My-Filter", "must be lowercase (try 'my-filter')"),
-    ("2fast", "must be a Python identifier"),
-    ("my.filter", "must be a Python identifier"),
-    ("my filter", "must be a Python identifier"),
-    ("café", "must be a Python identifier"),
-    ("samplechain-foo", "leave out the 'samplechain' prefix"),
-    ("class", "must not be a Python keyword"),
-    ("_private", "must not be a Python keyword, nor start"),
-    ("a--b", "nor start, end or double an underscore / dash"),
-])
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("", "plugin name is empty"),
+        ("My-Filter", "must be lowercase (try 'my-filter')"),
+        ("2fast", "must be a Python identifier"),
+        ("my.filter", "must be a Python identifier"),
+        ("my filter", "must be a Python identifier"),
+        ("café", "must be a Python identifier"),
+        ("samplechain-foo", "leave out the 'samplechain' prefix"),
+        ("class", "must not be a Python keyword"),
+        ("_private", "must not be a Python keyword, nor start"),
+        ("a--b", "nor start, end or double an underscore / dash"),
+    ],
+)
 def test_bad_names_are_refused_with_the_rule(name, message):
     with pytest.raises(PluginToolError) as info:
         plugin_names(name)
@@ -80,8 +89,11 @@ def test_bad_names_are_refused_with_the_rule(name, message):
 
 
 def test_a_name_another_plugin_uses_is_refused(tmp_path):
-    with pytest.raises(PluginToolError, match=r"'top_p' is already used by registry.toml plugin 'top_p' "
-                                              r"\(samplechain-top-p\).*pick another name"):
+    with pytest.raises(
+        PluginToolError,
+        match=r"'top_p' is already used by registry.toml plugin 'top_p' "
+        r"\(samplechain-top-p\).*pick another name",
+    ):
         new_plugin("top-p", tmp_path)
     with pytest.raises(PluginToolError, match=r"'softcap' is already used by 'example_softcap'"):
         new_plugin("softcap", tmp_path)  # a sampler name registry.toml says another plugin provides
@@ -104,14 +116,22 @@ def test_an_unknown_kind_is_refused(tmp_path):
 
 # ===================================================================== generated files
 
-@pytest.mark.parametrize(("kind", "hook"), [("sampler", "register_samplers"),
-                                            ("criterion", "register_stopping_criteria")])
+
+@pytest.mark.parametrize(
+    ("kind", "hook"), [("sampler", "register_samplers"), ("criterion", "register_stopping_criteria")]
+)
 def test_the_generated_package(tmp_path, kind, hook):
     target = new_plugin("gen-demo", tmp_path, kind=kind)
     assert target == tmp_path / "samplechain-gen-demo"
     files = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
-    assert files == [".gitignore", "README.md", "pyproject.toml", "samplechain_gen_demo.py", "tests/conftest.py",
-                     "tests/test_gen_demo.py"]
+    assert files == [
+        ".gitignore",
+        "README.md",
+        "pyproject.toml",
+        "samplechain_gen_demo.py",
+        "tests/conftest.py",
+        "tests/test_gen_demo.py",
+    ]
     pyproject = tomllib.loads((target / "pyproject.toml").read_text())
     assert pyproject["build-system"]["build-backend"] == "hatchling.build"
     project = pyproject["project"]
@@ -139,15 +159,21 @@ def test_the_generated_sampler_works_in_process(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(target))
     import samplechain_inproc_margin as module
 
-    chain = samplechain.Chain.load({"samplers": [{"use": "inproc_margin", "margin": 1.0}, {"use": "test_argmax"}]},
-                                   host=host_with(module.InprocMargin), backend="recording")
+    chain = samplechain.Chain.load(
+        {"samplers": [{"use": "inproc_margin", "margin": 1.0}, {"use": "test_argmax"}]},
+        host=host_with(module.InprocMargin),
+        backend="recording",
+    )
     logits = torch.randn(4, 100, generator=torch.Generator().manual_seed(0)) * 3
     scores = chain.sample(logits, return_scores=True).scores
     keep = logits >= logits.amax(dim=-1, keepdim=True) - 1.0
     assert torch.equal(scores, torch.where(keep, logits, float("-inf")))
     with pytest.raises(samplechain.ConfigError, match=r"samplers\[0\]\.margin = -1\.0: must be in \[0, inf\)"):
-        samplechain.Chain.load({"samplers": [{"use": "inproc_margin", "margin": -1.0}, {"use": "test_argmax"}]},
-                               host=host_with(module.InprocMargin), backend="recording")
+        samplechain.Chain.load(
+            {"samplers": [{"use": "inproc_margin", "margin": -1.0}, {"use": "test_argmax"}]},
+            host=host_with(module.InprocMargin),
+            backend="recording",
+        )
 
 
 def test_cli_new_plugin(tmp_path, capsys):
@@ -168,6 +194,7 @@ def test_cli_install_of_an_unknown_name(capsys):
 
 # ===================================================================== resolving install targets
 
+
 def test_a_registry_name_resolves_to_its_folder_in_this_checkout():
     for name in ("min_p", "min-p", "samplechain-min-p"):
         target = plugin_tools.resolve_target(name)
@@ -179,15 +206,20 @@ def test_a_registry_name_resolves_to_its_folder_in_this_checkout():
 def test_a_registry_name_without_a_folder_resolves_to_its_distribution(tmp_path):
     (tmp_path / "registry.toml").write_text(
         '[plugins.far_away]\nkind = "sampler"\ndistribution = "samplechain-far-away"\npath = "plugins/far_away"\n'
-        'summary = "not in this checkout"\n')
+        'summary = "not in this checkout"\n'
+    )
     target = plugin_tools.resolve_target("far_away", load_registry(tmp_path / "registry.toml"))
-    assert (target.requirement, target.distribution, target.is_path) == ("samplechain-far-away",
-                                                                         "samplechain-far-away", False)
+    assert (target.requirement, target.distribution, target.is_path) == (
+        "samplechain-far-away",
+        "samplechain-far-away",
+        False,
+    )
     assert target.source == "registry:far_away index:samplechain-far-away"
 
 
-@pytest.mark.parametrize(("name", "suggestion"), [("top_pp", "top_p"), ("mirostat2", "mirostat"),
-                                                  ("tempreature", "temperature")])
+@pytest.mark.parametrize(
+    ("name", "suggestion"), [("top_pp", "top_p"), ("mirostat2", "mirostat"), ("tempreature", "temperature")]
+)
 def test_an_unknown_name_suggests_registry_plugins(name, suggestion):
     with pytest.raises(PluginToolError) as info:
         plugin_tools.resolve_target(name)
@@ -234,8 +266,9 @@ def fake_python(tmp_path, monkeypatch) -> str:
     path.write_text(FAKE_PYTHON.format(python=sys.executable))
     path.chmod(0o755)
     monkeypatch.setenv("FAKE_PREFIX", sys.prefix)
-    monkeypatch.setenv("FAKE_DISTS", json.dumps(
-        {"samplechain-fake-one": {"version": "1.2.3", "plugins": ["fake_one"]}}))
+    monkeypatch.setenv(
+        "FAKE_DISTS", json.dumps({"samplechain-fake-one": {"version": "1.2.3", "plugins": ["fake_one"]}})
+    )
     monkeypatch.setenv("PIP_LINES", "Processing ./x\nSuccessfully installed samplechain-fake-one-1.2.3")
     monkeypatch.setenv("PIP_RC", "0")
     return str(path)
@@ -249,35 +282,45 @@ def test_a_pip_failure_is_one_error_with_pips_last_lines(tmp_path, fake_python, 
     with pytest.raises(PluginToolError) as info:
         install(str(target), ["--no-index"], python=fake_python)
     message = str(info.value)
-    assert message.startswith(f"pip could not install {target.resolve()} (`python -m pip install {target.resolve()} "
-                              f"--no-index` exited 1); pip's last lines:")
+    assert message.startswith(
+        f"pip could not install {target.resolve()} (`python -m pip install {target.resolve()} "
+        f"--no-index` exited 1); pip's last lines:"
+    )
     assert "ERROR: No matching distribution found for samplechain-x" in message
     assert "line 39" in message and "line 5\n" not in message, "only the last lines"
     assert not (home / "installed.json").exists(), "a failed install is not recorded"
 
 
-def test_a_successful_install_is_recorded_and_replaces_the_previous_record(tmp_path, fake_python, monkeypatch,
-                                                                           home):
-    monkeypatch.setenv("FAKE_DISTS", json.dumps(
-        {"samplechain-fake-one": {"version": "1.2.3", "plugins": ["fake_one"]}}))
+def test_a_successful_install_is_recorded_and_replaces_the_previous_record(tmp_path, fake_python, monkeypatch, home):
+    monkeypatch.setenv(
+        "FAKE_DISTS", json.dumps({"samplechain-fake-one": {"version": "1.2.3", "plugins": ["fake_one"]}})
+    )
     (tmp_path / "samplechain-fake-one").mkdir()
     (tmp_path / "samplechain-fake-one" / "pyproject.toml").write_text(
         '[project]\nname = "samplechain-fake-one"\nversion = "1.2.3"\n'
-        '[project.entry-points.samplechain]\nfake_one = "samplechain_fake_one"\n')
+        '[project.entry-points.samplechain]\nfake_one = "samplechain_fake_one"\n'
+    )
     record = install(str(tmp_path / "samplechain-fake-one"), ["--no-deps"], python=fake_python)
     assert {k: record[k] for k in ("name", "plugins", "distribution", "version", "environment", "pip_args")} == {
-        "name": "fake_one", "plugins": ["fake_one"], "distribution": "samplechain-fake-one", "version": "1.2.3",
-        "environment": sys.prefix, "pip_args": ["--no-deps"]}
+        "name": "fake_one",
+        "plugins": ["fake_one"],
+        "distribution": "samplechain-fake-one",
+        "version": "1.2.3",
+        "environment": sys.prefix,
+        "pip_args": ["--no-deps"],
+    }
     assert record["source"] == f"path:{(tmp_path / 'samplechain-fake-one').resolve()}"
     assert record["installed_at"].endswith("+00:00")
     assert plugin_tools.records_path() == home / "installed.json"
 
-    monkeypatch.setenv("FAKE_DISTS", json.dumps(
-        {"samplechain-fake-one": {"version": "1.2.4", "plugins": ["fake_one"]}}))
+    monkeypatch.setenv(
+        "FAKE_DISTS", json.dumps({"samplechain-fake-one": {"version": "1.2.4", "plugins": ["fake_one"]}})
+    )
     install(str(tmp_path / "samplechain-fake-one"), python=fake_python)
     records = installed_records()
     assert [(r["distribution"], r["version"], r["present"]) for r in records] == [
-        ("samplechain-fake-one", "1.2.4", False)], "one record per distribution; not installed here for real"
+        ("samplechain-fake-one", "1.2.4", False)
+    ], "one record per distribution; not installed here for real"
     assert list(plugin_tools.installed_index()) == ["samplechain-fake-one"]
 
     monkeypatch.setenv("FAKE_PREFIX", "/some/other/env")
@@ -311,18 +354,24 @@ NOT_LINKED = ("samplechain_", "_editable_impl_", "__editable__", "editables", "_
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SAMPLECHAIN_") and k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SAMPLECHAIN_") and k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")
+    }
     env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1", **extra)
     return env
 
 
 def run(cmd: list, *, env: dict[str, str] | None = None, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    done = subprocess.run([str(c) for c in cmd], env=env or clean_env(), capture_output=True, text=True,
-                          timeout=300, **kw)
+    done = subprocess.run(
+        [str(c) for c in cmd], env=env or clean_env(), capture_output=True, text=True, timeout=300, **kw
+    )
     if check and done.returncode != 0:
-        raise AssertionError(f"`{' '.join(map(str, cmd))}` exited {done.returncode}\n--- stdout\n{done.stdout}\n"
-                             f"--- stderr\n{done.stderr}")
+        raise AssertionError(
+            f"`{' '.join(map(str, cmd))}` exited {done.returncode}\n--- stdout\n{done.stdout}\n"
+            f"--- stderr\n{done.stderr}"
+        )
     return done
 
 
@@ -333,8 +382,9 @@ class FreshEnv:
     def __init__(self, root: Path, home: Path) -> None:
         self.root, self.home = root, home
         self.python = root / "bin" / "python"
-        self.site = Path(run([self.python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"])
-                         .stdout.strip())
+        self.site = Path(
+            run([self.python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]).stdout.strip()
+        )
 
     def env(self) -> dict[str, str]:
         return clean_env(SAMPLECHAIN_HOME=str(self.home))
@@ -426,12 +476,16 @@ def test_the_fresh_env_is_separate_and_uses_this_core(fresh, listing):
 @pytest.mark.slow
 def test_the_generated_package_installs_and_its_tests_pass(fresh, generated, listing):
     assert Path(listing["module"]).is_relative_to(fresh.site), "imported from the fresh venv's site-packages"
-    done = run([fresh.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], env=fresh.env(),
-               cwd=generated)
+    done = run([fresh.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], env=fresh.env(), cwd=generated)
     assert "passed" in done.stdout and "failed" not in done.stdout and "error" not in done.stdout, done.stdout
     row = listing["rows"]["fresh_margin"]
     assert (row["status"], row["kind"], row["distribution"], row["version"], row["provides"]) == (
-        "loaded", "sampler", "samplechain-fresh-margin", "0.1.0", ["fresh_margin.v1"])
+        "loaded",
+        "sampler",
+        "samplechain-fresh-margin",
+        "0.1.0",
+        ["fresh_margin.v1"],
+    )
 
 
 @pytest.mark.slow
@@ -448,11 +502,20 @@ def test_samplechain_install_path_installs_and_records(fresh, loop_guard, listin
     assert [r["distribution"] for r in records] == ["samplechain-fresh-loop"], "the pip-installed one is not recorded"
     record = records[0]
     assert (record["name"], record["plugins"], record["version"], record["source"], record["environment"]) == (
-        "fresh_loop", ["fresh_loop"], "0.1.0", f"path:{target.resolve()}", str(fresh.root))
+        "fresh_loop",
+        ["fresh_loop"],
+        "0.1.0",
+        f"path:{target.resolve()}",
+        str(fresh.root),
+    )
     assert [(r["name"], r["present"]) for r in listing["records"]] == [("fresh_loop", True)]
     row = listing["rows"]["fresh_loop"]
     assert (row["status"], row["kind"], row["distribution"], row["provides"]) == (
-        "loaded", "stopping_criterion", "samplechain-fresh-loop", ["fresh_loop.v1"])
+        "loaded",
+        "stopping_criterion",
+        "samplechain-fresh-loop",
+        ["fresh_loop.v1"],
+    )
 
 
 @pytest.mark.slow
@@ -461,7 +524,11 @@ def test_install_name_uses_the_registry_folder(fresh, listing, home):
     the fresh venv (python=), and records it (in this test's SAMPLECHAIN_HOME)."""
     record = install("min-p", OFFLINE.split(), python=str(fresh.python))
     assert (record["name"], record["distribution"], record["version"], record["environment"]) == (
-        "min_p", "samplechain-min-p", "0.1.0", str(fresh.root))
+        "min_p",
+        "samplechain-min-p",
+        "0.1.0",
+        str(fresh.root),
+    )
     assert record["source"] == f"registry:min_p path:{(ROOT / 'plugins' / 'min_p').resolve()}"
     saved = json.loads((home / "installed.json").read_text())["records"]
     assert [r["distribution"] for r in saved] == ["samplechain-min-p"]
@@ -475,11 +542,14 @@ def test_a_real_pip_failure_is_one_clear_error(fresh, tmp_path, home):
     broken.mkdir()
     (broken / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n'
-        '[project]\nname = "samplechain-broken"\nversion = "not a version"\n')
+        '[project]\nname = "samplechain-broken"\nversion = "not a version"\n'
+    )
     with pytest.raises(PluginToolError) as info:
         install(str(broken), OFFLINE.split(), python=str(fresh.python))
     message = str(info.value)
-    assert message.startswith(f"pip could not install {broken.resolve()} (`python -m pip install {broken.resolve()} "
-                              f"{OFFLINE}` exited 1); pip's last lines:"), message
+    assert message.startswith(
+        f"pip could not install {broken.resolve()} (`python -m pip install {broken.resolve()} "
+        f"{OFFLINE}` exited 1); pip's last lines:"
+    ), message
     assert "Invalid version `not a version`" in message, "pip's (here: the build backend's) own explanation"
     assert not (home / "installed.json").exists(), "a failed install records nothing"

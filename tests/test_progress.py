@@ -82,8 +82,15 @@ def test_the_total_is_the_chain_s_own_length_limit(tiny):
 def test_stream_reports_after_each_step_s_events(tiny):
     model, tok = tiny
     log: list[object] = []
-    for event in stream(model, tok, "The", chain="preset:greedy", max_new_tokens=6, ignore_eos=True,
-                        progress=lambda s, t: log.append((s, t))):
+    for event in stream(
+        model,
+        tok,
+        "The",
+        chain="preset:greedy",
+        max_new_tokens=6,
+        ignore_eos=True,
+        progress=lambda s, t: log.append((s, t)),
+    ):
         log.append("event")
     steps = [x for x in log if x != "event"]
     assert steps == [(step, 6) for step in range(1, 7)]

@@ -33,8 +33,13 @@ NEG_INF = float("-inf")
 HUGE = float(np.float32(1e30))
 TINY = float(np.float32(1e-30))
 
-FAST = settings(max_examples=100, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FAST = settings(
+    max_examples=100,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 SLOWER = settings(FAST, max_examples=60)
 FEW = settings(FAST, max_examples=6)
 
@@ -116,8 +121,18 @@ ENTRIES: dict[str, dict[str, Any]] = {
     "quadratic": {"use": "quadratic", "factor": 0.0},
 }
 # the per-request alias that switches each filter on
-SWITCH = {"top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "typical": "typical_p", "top_n_sigma": "top_n_sigma",
-          "epsilon": "epsilon_cutoff", "eta": "eta_cutoff", "tfs": "tfs", "top_a": "top_a", "xtc": "xtc_probability"}
+SWITCH = {
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "typical": "typical_p",
+    "top_n_sigma": "top_n_sigma",
+    "epsilon": "epsilon_cutoff",
+    "eta": "eta_cutoff",
+    "tfs": "tfs",
+    "top_a": "top_a",
+    "xtc": "xtc_probability",
+}
 # filters whose kept set is the most likely candidates (a prefix of the descending order, ties aside)
 PREFIX_FILTERS = ("top_k", "top_p", "min_p", "top_n_sigma", "epsilon", "eta", "tfs", "top_a")
 # transforms and filters that never remove the most likely candidate nor reorder candidates
@@ -139,19 +154,22 @@ def preset(name: str) -> Chain:
     return Chain.load(f"preset:{name}")
 
 
-def random_chains(pool: Sequence[str] = tuple(ENTRIES), selectors: Sequence[str] = SELECTORS
-                  ) -> st.SearchStrategy[Chain]:
+def random_chains(
+    pool: Sequence[str] = tuple(ENTRIES), selectors: Sequence[str] = SELECTORS
+) -> st.SearchStrategy[Chain]:
     """A chain of distinct samplers from `pool` in a random order, then one of `selectors`."""
-    return st.builds(chain_of, st.lists(st.sampled_from(pool), unique=True, max_size=5).map(tuple),
-                     st.sampled_from(selectors))
+    return st.builds(
+        chain_of, st.lists(st.sampled_from(pool), unique=True, max_size=5).map(tuple), st.sampled_from(selectors)
+    )
 
 
 def any_chains(selectors: Sequence[str] = SELECTORS) -> st.SearchStrategy[Chain]:
     return st.one_of(random_chains(selectors=selectors), st.sampled_from(PRESETS).map(preset))
 
 
-def row_params(draw: st.DrawFn, chain: Chain, rows: int, *,
-               force: Mapping[str, st.SearchStrategy[Any]] | None = None) -> list[dict[str, Any]]:
+def row_params(
+    draw: st.DrawFn, chain: Chain, rows: int, *, force: Mapping[str, st.SearchStrategy[Any]] | None = None
+) -> list[dict[str, Any]]:
     """Per-request parameters for `rows` rows: each of the chain's aliases we know is set or not, per row; the
     `force`d ones always; a seed whenever the chain takes one (so runs can be compared)."""
     known = [a for a in ALIASES if a in chain.layout.aliases]
@@ -296,8 +314,9 @@ def test_every_truncation_filter_honours_min_keep(data, logits, name, wide):
     the row is unchanged)"). The filters that cut by probability keep the most likely ones: every kept finite
     logit is >= every removed finite one. Kept logits are the input, bitwise."""
     chain = chain_of((name,), "greedy")
-    per_row = row_params(data.draw, chain, logits.shape[0], force={SWITCH[name]: ALIASES[SWITCH[name]],
-                                                                  "min_keep": ALIASES["min_keep"]})
+    per_row = row_params(
+        data.draw, chain, logits.shape[0], force={SWITCH[name]: ALIASES[SWITCH[name]], "min_keep": ALIASES["min_keep"]}
+    )
     with wide_paths(wide):
         ours = process(chain, logits, per_row)
     assert_kept_logits_bitwise(ours, logits)
@@ -377,8 +396,13 @@ def test_every_row_gets_what_it_gets_alone(data, logits, chain, wide):
 
 
 # ----------------------------------------------------------------- 8. seeded selection
-def seeded_tokens(chain: Chain, logits: Sequence[torch.Tensor], per_row: Sequence[Mapping[str, Any]],
-                  order: Sequence[int], threads: int) -> dict[int, list[int]]:
+def seeded_tokens(
+    chain: Chain,
+    logits: Sequence[torch.Tensor],
+    per_row: Sequence[Mapping[str, Any]],
+    order: Sequence[int],
+    threads: int,
+) -> dict[int, list[int]]:
     """Run the requests of `order` (row indices) as one batch in that order for len(logits) steps, on `threads`
     threads; each request's tokens by its row index."""
     store = chain.new_store()

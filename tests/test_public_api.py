@@ -3,11 +3,57 @@
 import samplechain
 
 EXPECTED = {
-    "ALL_DEVICES", "Backend", "BackendError", "ChainWarning", "Candidates", "Chain", "ChainConfig", "ConfigError", "EntrySpec", "FUSED_SAMPLE", "FusedPart",
-    "EosIds", "SamplerSetup", "MixedChains", "MixedStore", "token_ids_field", "NoParams", "PluginError", "PluginHost", "PluginInfo", "PluginLoadError", "PluginWarning", "Registry",
-    "RequestError", "RequestStore", "SampleOutput", "Sampler", "SamplechainError", "SamplingError", "Stage",
-    "StepContext", "StopContext", "StopMatch", "StopResult", "StopSetup", "Stopping", "StoppingCriterion", "UnknownPluginError", "__version__", "finite", "get_host", "hookimpl",
-    "in_range", "load_config", "load_registry", "one_of", "reset_host", "seed_field", "select_backend", "token_id_list", "max_positions",
+    "ALL_DEVICES",
+    "Backend",
+    "BackendError",
+    "ChainWarning",
+    "Candidates",
+    "Chain",
+    "ChainConfig",
+    "ConfigError",
+    "EntrySpec",
+    "FUSED_SAMPLE",
+    "FusedPart",
+    "EosIds",
+    "SamplerSetup",
+    "MixedChains",
+    "MixedStore",
+    "token_ids_field",
+    "NoParams",
+    "PluginError",
+    "PluginHost",
+    "PluginInfo",
+    "PluginLoadError",
+    "PluginWarning",
+    "Registry",
+    "RequestError",
+    "RequestStore",
+    "SampleOutput",
+    "Sampler",
+    "SamplechainError",
+    "SamplingError",
+    "Stage",
+    "StepContext",
+    "StopContext",
+    "StopMatch",
+    "StopResult",
+    "StopSetup",
+    "Stopping",
+    "StoppingCriterion",
+    "UnknownPluginError",
+    "__version__",
+    "finite",
+    "get_host",
+    "hookimpl",
+    "in_range",
+    "load_config",
+    "load_registry",
+    "one_of",
+    "reset_host",
+    "seed_field",
+    "select_backend",
+    "token_id_list",
+    "max_positions",
 }
 
 
@@ -32,11 +78,38 @@ def test_package_is_typed():
 CONTRACT_MODULES = {"candidates", "contracts", "errors", "filters", "hookspecs", "params", "rng", "strings", "tokens"}
 # the top-level names that belong to the contract (the rest of samplechain.__all__ is the engine's: Chain, ...)
 CONTRACT_NAMES = {
-    "ALL_DEVICES", "Backend", "BackendError", "Candidates", "ChainWarning", "ConfigError", "EosIds", "FUSED_SAMPLE",
-    "FusedPart", "NoParams", "PluginError", "PluginLoadError", "RequestError", "Sampler", "SamplerSetup",
-    "SamplechainError", "SamplingError", "Stage", "StepContext", "StopContext", "StopMatch", "StopSetup",
-    "StoppingCriterion", "UnknownPluginError", "finite", "hookimpl", "in_range", "max_positions", "one_of",
-    "seed_field", "token_id_list", "token_ids_field",
+    "ALL_DEVICES",
+    "Backend",
+    "BackendError",
+    "Candidates",
+    "ChainWarning",
+    "ConfigError",
+    "EosIds",
+    "FUSED_SAMPLE",
+    "FusedPart",
+    "NoParams",
+    "PluginError",
+    "PluginLoadError",
+    "RequestError",
+    "Sampler",
+    "SamplerSetup",
+    "SamplechainError",
+    "SamplingError",
+    "Stage",
+    "StepContext",
+    "StopContext",
+    "StopMatch",
+    "StopSetup",
+    "StoppingCriterion",
+    "UnknownPluginError",
+    "finite",
+    "hookimpl",
+    "in_range",
+    "max_positions",
+    "one_of",
+    "seed_field",
+    "token_id_list",
+    "token_ids_field",
 }
 
 
@@ -53,8 +126,14 @@ def _plugin_sources() -> list:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    return sorted(p for p in [*root.glob("plugins/*/samplechain_*.py"), *root.glob("plugins/*/samplechain_*/*.py"),
-                              *root.glob("contrib/samplechain-*/samplechain_*.py")])
+    return sorted(
+        p
+        for p in [
+            *root.glob("plugins/*/samplechain_*.py"),
+            *root.glob("plugins/*/samplechain_*/*.py"),
+            *root.glob("contrib/samplechain-*/samplechain_*.py"),
+        ]
+    )
 
 
 def test_plugins_import_only_the_contract():
@@ -66,14 +145,22 @@ def test_plugins_import_only_the_contract():
     for path in sources:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "samplechain":
-                outside += [f"{path.name}: samplechain.{a.name}" for a in node.names
-                            if a.name not in CONTRACT_NAMES | CONTRACT_MODULES]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("samplechain."):
+                outside += [
+                    f"{path.name}: samplechain.{a.name}"
+                    for a in node.names
+                    if a.name not in CONTRACT_NAMES | CONTRACT_MODULES
+                ]
+            elif (
+                isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("samplechain.")
+            ):
                 if node.module.split(".")[1] not in CONTRACT_MODULES:
                     outside.append(f"{path.name}: {node.module}")
             elif isinstance(node, ast.Import):
-                outside += [f"{path.name}: {a.name}" for a in node.names if a.name.startswith("samplechain.")
-                            and a.name.split(".")[1] not in CONTRACT_MODULES]
+                outside += [
+                    f"{path.name}: {a.name}"
+                    for a in node.names
+                    if a.name.startswith("samplechain.") and a.name.split(".")[1] not in CONTRACT_MODULES
+                ]
     assert not outside, "plugins import more than the contract:\n" + "\n".join(outside)
 
 

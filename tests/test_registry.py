@@ -17,8 +17,7 @@ else:  # pragma: no cover
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = load_registry(ROOT / "registry.toml")
 PACKAGES = sorted(p.parent for p in (ROOT / "plugins").glob("*/pyproject.toml")) + sorted(
-    p.parent for p in (ROOT / "contrib").glob("samplechain-*/pyproject.toml")
-    if "broken" not in p.parent.name
+    p.parent for p in (ROOT / "contrib").glob("samplechain-*/pyproject.toml") if "broken" not in p.parent.name
 )
 
 

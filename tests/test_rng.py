@@ -75,7 +75,7 @@ def test_wide_noise_paths_agree_with_the_small_batch_path():
     pos = torch.tensor([0, 7, 2**40])
     wide = rng.uniform(seed, pos, ids, stream=3)  # 120000 elements: the torch path
     for row in range(3):
-        alone = rng.uniform(seed[row:row + 1], pos[row:row + 1], ids[row:row + 1, :20_000], stream=3)  # numpy
+        alone = rng.uniform(seed[row : row + 1], pos[row : row + 1], ids[row : row + 1, :20_000], stream=3)  # numpy
         assert torch.equal(wide[row, :20_000], alone[0])
 
 

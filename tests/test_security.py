@@ -98,17 +98,26 @@ def scan_source(source: str, path: str = "<snippet>", *, library: bool = True) -
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
-            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if node.level == 0 else []
+            modules = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if node.level == 0
+                else []
+            )
             for module in modules:
                 if module.split(".")[0] in PICKLE_MODULES:
-                    add(node, "pickle-import", f"imports {module}: unpickling runs arbitrary code; use safetensors, "
-                        "JSON or TOML")
+                    add(
+                        node,
+                        "pickle-import",
+                        f"imports {module}: unpickling runs arbitrary code; use safetensors, JSON or TOML",
+                    )
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) and library:
             args = node.args
             positional = args.posonlyargs + args.args
-            pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults)) + \
-                [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+            pairs = list(zip(positional[len(positional) - len(args.defaults) :], args.defaults)) + [
+                (a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None
+            ]
             for arg, default in pairs:
                 if arg.arg == "trust_remote_code" and _is_const(default, True):
                     add(default, "trust-default", "trust_remote_code defaults to True: trust must be asked for")
@@ -120,14 +129,20 @@ def scan_source(source: str, path: str = "<snippet>", *, library: bool = True) -
 def _check_call(call: ast.Call, name: str | None, library: bool, add: Callable[[ast.AST, str, str], None]) -> None:
     """The call-level rules; `name` is the callee's dotted name with import aliases resolved."""
     if library and _is_const(_keyword(call, "trust_remote_code"), True):
-        add(call, "trust-hardcoded", f"{name or 'a call'}(trust_remote_code=True) hard-coded in library code: "
-            "let the caller decide")
+        add(
+            call,
+            "trust-hardcoded",
+            f"{name or 'a call'}(trust_remote_code=True) hard-coded in library code: let the caller decide",
+        )
     if name is None:
         return
     root, last = name.split(".")[0], name.rsplit(".", 1)[-1]
     first = call.args[0] if call.args else None
-    if name in ("__import__", "importlib.import_module") and isinstance(first, ast.Constant) and \
-            str(first.value).split(".")[0] in PICKLE_MODULES:
+    if (
+        name in ("__import__", "importlib.import_module")
+        and isinstance(first, ast.Constant)
+        and str(first.value).split(".")[0] in PICKLE_MODULES
+    ):
         add(call, "pickle-import", f"{name}({first.value!r}): unpickling runs arbitrary code")
     elif root in PICKLE_MODULES or name in PICKLE_CALLS:
         add(call, "pickle-call", f"{name}(...) reads or writes a pickle; use safetensors")
@@ -140,8 +155,11 @@ def _check_call(call: ast.Call, name: str | None, library: bool, add: Callable[[
             add(call, "numpy-pickle", f"{name}(allow_pickle=...) may unpickle object arrays")
     elif name in ("eval", "exec", "builtins.eval", "builtins.exec"):
         if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
-            add(call, "eval-exec", f"{name}() of non-literal input runs arbitrary code; parse it (ast.literal_eval, "
-                "json, tomllib)")
+            add(
+                call,
+                "eval-exec",
+                f"{name}() of non-literal input runs arbitrary code; parse it (ast.literal_eval, json, tomllib)",
+            )
     elif name in ("yaml.unsafe_load", "yaml.unsafe_load_all", "yaml.full_load", "yaml.full_load_all"):
         add(call, "yaml-load", f"{name} constructs arbitrary Python objects; use yaml.safe_load")
     elif name in ("yaml.load", "yaml.load_all"):
@@ -156,13 +174,18 @@ def _check_call(call: ast.Call, name: str | None, library: bool, add: Callable[[
 def _repo_files(*roots: str) -> list[Path]:
     """Tracked and untracked-but-not-ignored files (what a commit would ship) under `roots`, that exist."""
     try:
-        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z", "--", *roots], cwd=ROOT,
-                             capture_output=True, text=True, check=True, timeout=60).stdout
+        out = subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z", "--", *roots],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
     except (OSError, subprocess.CalledProcessError) as exc:
         pytest.skip(f"not a git checkout ({exc}): the file list comes from git ls-files")
     venvs = {d.name for d in ROOT.iterdir() if (d / "pyvenv.cfg").is_file()}  # environments, never shipped
-    return sorted({ROOT / p for p in out.split("\0")
-                   if p and p.split("/", 1)[0] not in venvs and (ROOT / p).is_file()})
+    return sorted({ROOT / p for p in out.split("\0") if p and p.split("/", 1)[0] not in venvs and (ROOT / p).is_file()})
 
 
 def _is_test_file(rel: Path) -> bool:
@@ -275,8 +298,9 @@ def test_tests_may_pass_trust_remote_code_but_not_unpickle():
 def test_no_shipped_python_file_unpickles_evals_or_trusts_remote_code():
     findings, scanned = scan_tree()
     assert scanned > 100, f"only {scanned} Python files found under {SHIPPED}: the file list is wrong"
-    assert not findings, "unsafe code (fix it, or say why it is safe and teach the scanner):\n" + \
-        "\n".join(map(str, findings))
+    assert not findings, "unsafe code (fix it, or say why it is safe and teach the scanner):\n" + "\n".join(
+        map(str, findings)
+    )
 
 
 def test_weights_ship_as_safetensors_only():
@@ -398,8 +422,9 @@ def test_transformers_generate_refuses_the_repo_without_running_it(tmp_path):
     repo = _trapped_repo(tmp_path / "repo", marker)
     model = tiny_gpt2(300)
     with pytest.raises(ValueError, match="trust_remote_code"):
-        model.generate(input_ids=torch.tensor([[1, 2, 3]]), custom_generate=str(repo), trust_remote_code=False,
-                       max_new_tokens=2)
+        model.generate(
+            input_ids=torch.tensor([[1, 2, 3]]), custom_generate=str(repo), trust_remote_code=False, max_new_tokens=2
+        )
     assert not marker.exists()
 
 
@@ -412,8 +437,9 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 def _sh(script: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     """`script` through a real shell, stdin closed: nobody is there to answer a prompt."""
-    return subprocess.run(["bash", "-c", script], env=env, cwd=cwd, capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        ["bash", "-c", script], env=env, cwd=cwd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+    )
 
 
 @pytest.mark.slow
@@ -423,16 +449,19 @@ def test_a_model_folder_with_remote_code_does_not_run_through_samplechain_genera
     marker = tmp_path / "imported.txt"
     folder = tmp_path / "model"
     folder.mkdir()
-    auto_map = {"AutoConfig": "configuration_canary.CanaryConfig",
-                "AutoModelForCausalLM": "modeling_canary.CanaryForCausalLM",
-                "AutoTokenizer": ["tokenization_canary.CanaryTokenizer", None]}
+    auto_map = {
+        "AutoConfig": "configuration_canary.CanaryConfig",
+        "AutoModelForCausalLM": "modeling_canary.CanaryForCausalLM",
+        "AutoTokenizer": ["tokenization_canary.CanaryTokenizer", None],
+    }
     (folder / "config.json").write_text(json.dumps({"model_type": "samplechain_canary", "auto_map": auto_map}))
     tokenizer_map = {"AutoTokenizer": auto_map["AutoTokenizer"]}
     (folder / "tokenizer_config.json").write_text(json.dumps({"auto_map": tokenizer_map}))
     for module in ("configuration_canary", "modeling_canary", "tokenization_canary"):
         (folder / f"{module}.py").write_text(_trap(marker, module))
-    done = _sh(f"samplechain generate --model {shlex.quote(str(folder))} --max-new-tokens 2 hello", _clean_env(),
-               tmp_path)
+    done = _sh(
+        f"samplechain generate --model {shlex.quote(str(folder))} --max-new-tokens 2 hello", _clean_env(), tmp_path
+    )
     assert done.returncode != 0
     assert "needs its own Python code (auto_map), which `samplechain generate` never runs" in done.stderr
     assert "Traceback" not in done.stderr  # one clear error, not a crash

@@ -53,7 +53,7 @@ def test_different_seeds_draw_differently():
     assert len(draws) > 15
 
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import sys, torch
     torch.set_num_threads(int(sys.argv[1]))
     from samplechain import Chain
@@ -69,14 +69,15 @@ SCRIPT = textwrap.dedent('''
         logits = torch.randn(len(ids), 32000, generator=g) * 3
         toks.append(chain.sample(logits, store, ids).token_ids.tolist())
     print(toks)
-''')
+""")
 
 
 @pytest.mark.slow
 def test_seeded_tokens_do_not_depend_on_the_thread_count():
     runs = {}
     for threads in (1, 2):
-        done = subprocess.run([sys.executable, "-c", SCRIPT, str(threads), "8"], capture_output=True, text=True,
-                              check=True)
+        done = subprocess.run(
+            [sys.executable, "-c", SCRIPT, str(threads), "8"], capture_output=True, text=True, check=True
+        )
         runs[threads] = done.stdout
     assert runs[1] == runs[2]

@@ -21,11 +21,21 @@ CHAINS = {
     "llama.cpp": "preset:llama.cpp",
     "mirostat": {"samplers": [{"use": "temperature", "t": 1.0}, {"use": "mirostat", "m": 20}]},
     "mirostat_v2": {"samplers": [{"use": "temperature", "t": 0.9}, {"use": "mirostat_v2"}]},
-    "adaptive_p": {"samplers": [{"use": "penalties", "repeat": 1.2, "last_n": 8}, {"use": "min_p", "p": 0.02},
-                                {"use": "adaptive_p", "target": 0.4}]},
-    "dry": {"samplers": [{"use": "dry", "multiplier": 0.8, "allowed_length": 1, "breakers": [],
-                          "breaker_ids": [[0]]}, {"use": "top_p", "p": 0.9}, {"use": "temperature", "t": 0.8},
-                         {"use": "dist"}]},
+    "adaptive_p": {
+        "samplers": [
+            {"use": "penalties", "repeat": 1.2, "last_n": 8},
+            {"use": "min_p", "p": 0.02},
+            {"use": "adaptive_p", "target": 0.4},
+        ]
+    },
+    "dry": {
+        "samplers": [
+            {"use": "dry", "multiplier": 0.8, "allowed_length": 1, "breakers": [], "breaker_ids": [[0]]},
+            {"use": "top_p", "p": 0.9},
+            {"use": "temperature", "t": 0.8},
+            {"use": "dist"},
+        ]
+    },
 }
 
 
@@ -33,8 +43,13 @@ def random_params(chain: str, rng: random.Random) -> dict:
     """Per-request parameters; a fifth of the requests leave the seed to the store (a fresh one is drawn)."""
     p: dict = {} if rng.random() < 0.2 else {"seed": rng.randrange(2**31)}
     if chain == "llama.cpp":
-        p.update(temperature=rng.uniform(0.3, 1.5), top_k=rng.choice([0, 5, 20, 40]), top_p=rng.uniform(0.5, 1.0),
-                 min_p=rng.uniform(0.0, 0.2), repeat_penalty=rng.uniform(1.0, 1.5))
+        p.update(
+            temperature=rng.uniform(0.3, 1.5),
+            top_k=rng.choice([0, 5, 20, 40]),
+            top_p=rng.uniform(0.5, 1.0),
+            min_p=rng.uniform(0.0, 0.2),
+            repeat_penalty=rng.uniform(1.0, 1.5),
+        )
     elif chain in ("mirostat", "mirostat_v2"):
         p.update(mirostat_tau=rng.uniform(1.0, 6.0), mirostat_eta=rng.uniform(0.05, 0.5))
     elif chain == "adaptive_p":
@@ -70,8 +85,11 @@ def plan(seed: int = 0) -> list[Request]:
             start = rng.randrange(STEPS - length)
         else:
             start = min(rng.choice(bursts) + rng.randrange(30), STEPS - length)
-        out.append(Request(f"r{i}", rng.choice(list(CHAINS)), start, length,
-                           [rng.randrange(V) for _ in range(rng.randint(1, 6))]))
+        out.append(
+            Request(
+                f"r{i}", rng.choice(list(CHAINS)), start, length, [rng.randrange(V) for _ in range(rng.randint(1, 6))]
+            )
+        )
     return out
 
 
@@ -158,4 +176,4 @@ def test_a_thousand_requests_joining_and_leaving_equal_each_alone(one_thread):
         for i in range(r.length):
             extra = {"history": torch.tensor([tokens]), "prompt_lengths": prompt} if chain.needs_history else {}
             tokens.append(int(chain.sample(logits[i : i + 1], alone, [r.rid], **extra).token_ids))
-        assert tokens[len(r.prompt):] == r.tokens, (r.rid, r.chain, r.snapshot)
+        assert tokens[len(r.prompt) :] == r.tokens, (r.rid, r.chain, r.snapshot)

@@ -102,11 +102,13 @@ def top_k(k: int) -> Callable[[Logits], Logits]:
             assert s[k - 1] - s[k] > MARGIN, "top_k: tie at the k-th place"
             return removed(x, x >= s[k - 1])
         return x
+
     return apply
 
 
 def top_p(p: float) -> Callable[[Logits], Logits]:
     """Keep a token iff the mass strictly above it (descending order) is < p."""
+
     def apply(x: Logits) -> Logits:
         probs = softmax(x)
         order = np.argsort(-x, kind="stable")
@@ -115,6 +117,7 @@ def top_p(p: float) -> Callable[[Logits], Logits]:
         above[~np.isfinite(x)] = NEG_INF  # not live: ignored by clear_of, removed below anyway
         clear_of(above, p, "top_p")
         return removed(x, np.isfinite(x) & (above < p))
+
     return apply
 
 
@@ -123,11 +126,13 @@ def min_p(p: float) -> Callable[[Logits], Logits]:
         probs = softmax(x)
         clear_of(np.where(np.isfinite(x), probs, NEG_INF), p * probs.max(), "min_p")
         return removed(x, probs >= p * probs.max())
+
     return apply
 
 
 def typical(p: float) -> Callable[[Logits], Logits]:
     """llama.cpp: rank by |-log p - H|; the first ranked token whose running mass is > p is the last kept."""
+
     def apply(x: Logits) -> Logits:
         probs = softmax(x)
         live = np.flatnonzero(np.isfinite(x))
@@ -142,6 +147,7 @@ def typical(p: float) -> Callable[[Logits], Logits]:
         keep = np.zeros(V, dtype=bool)
         keep[order[: last + 1]] = True
         return removed(x, keep)
+
     return apply
 
 
@@ -150,22 +156,26 @@ def epsilon(eps: float) -> Callable[[Logits], Logits]:
         probs = softmax(x)
         clear_of(np.where(np.isfinite(x), probs, NEG_INF), eps, "epsilon")
         return removed(x, (probs >= eps) | (x == x.max()))
+
     return apply
 
 
 def eta(eps: float) -> Callable[[Logits], Logits]:
     """Hewitt et al. as transformers' code: eta = min(eps, sqrt(eps) * exp(-H))."""
+
     def apply(x: Logits) -> Logits:
         probs = softmax(x)
         cut = min(eps, math.sqrt(eps) * math.exp(-entropy(probs)))
         clear_of(np.where(np.isfinite(x), probs, NEG_INF), cut, "eta")
         return removed(x, (probs >= cut) | (x == x.max()))
+
     return apply
 
 
 def tfs(z: float) -> Callable[[Logits], Logits]:
     """llama.cpp's llama_sampler_tail_free_apply (min_keep 1): keep the first i sorted tokens, i the first index
     >= 1 at which the cumulative normalised |second difference| of the sorted probabilities exceeds z."""
+
     def apply(x: Logits) -> Logits:
         order = np.argsort(-x, kind="stable")[: int(np.isfinite(x).sum())]
         p = softmax(x)[order]
@@ -180,6 +190,7 @@ def tfs(z: float) -> Callable[[Logits], Logits]:
         keep = np.zeros(V, dtype=bool)
         keep[order[:kept]] = True
         return removed(x, keep)
+
     return apply
 
 
@@ -189,32 +200,38 @@ def top_a(a: float) -> Callable[[Logits], Logits]:
         cut = a * probs.max() ** 2
         clear_of(np.where(np.isfinite(x), probs, NEG_INF), cut, "top_a")
         return removed(x, probs >= cut)
+
     return apply
 
 
 def top_n_sigma(n: float) -> Callable[[Logits], Logits]:
     """llama.cpp: remove logit < max - n * std, std the population std of the live logits."""
+
     def apply(x: Logits) -> Logits:
         live = x[np.isfinite(x)]
         cut = live.max() - n * live.std()
         clear_of(x, cut, "top_n_sigma")
         return removed(x, x >= cut)
+
     return apply
 
 
 def quadratic(factor: float, curve: float = 1.0) -> Callable[[Logits], Logits]:
     """text-generation-webui's smoothing: logit' = -(k f d^2) + s f d^3 + m, d = logit - max."""
+
     def apply(x: Logits) -> Logits:
         m = x.max()
         d = x - m
         k, s = (3 - curve) / 2, (curve - 1) / 2
         return np.where(np.isfinite(x), -(k * factor * d**2) + s * factor * d**3 + m, NEG_INF)
+
     return apply
 
 
 def xtc(probability: float, threshold: float) -> Callable[[Logits], Branches]:
     """With `probability`, every token with p >= threshold but the least likely of them is removed (when >= 2
     qualify): the exact post-XTC distribution is the mixture of the two outcomes."""
+
     def apply(x: Logits) -> Branches:
         probs = softmax(x)
         clear_of(np.where(np.isfinite(x), probs, NEG_INF), threshold, "xtc")
@@ -225,6 +242,7 @@ def xtc(probability: float, threshold: float) -> Callable[[Logits], Branches]:
         drop = qualify.copy()
         drop[least] = False
         return [(1.0 - probability, x), (probability, removed(x, ~drop))]
+
     return apply
 
 
@@ -261,10 +279,16 @@ CASES = [
     Case("top_p", samplers({"use": "top_p", "p": 0.8}), (top_p(0.8),)),
     Case("min_p", samplers({"use": "min_p", "p": 0.1}), (min_p(0.1),)),
     Case("typical", samplers({"use": "typical", "p": 0.6}), (typical(0.6),)),
-    Case("top_k+top_p+min_p+temperature",  # llama.cpp's default order, without penalties
-         samplers({"use": "top_k", "k": 10}, {"use": "top_p", "p": 0.9}, {"use": "min_p", "p": 0.12},
-                  {"use": "temperature", "t": 0.8}),
-         (top_k(10), top_p(0.9), min_p(0.12), temperature(0.8))),
+    Case(
+        "top_k+top_p+min_p+temperature",  # llama.cpp's default order, without penalties
+        samplers(
+            {"use": "top_k", "k": 10},
+            {"use": "top_p", "p": 0.9},
+            {"use": "min_p", "p": 0.12},
+            {"use": "temperature", "t": 0.8},
+        ),
+        (top_k(10), top_p(0.9), min_p(0.12), temperature(0.8)),
+    ),
     Case("epsilon", samplers({"use": "epsilon", "epsilon": 0.03}), (epsilon(0.03),)),
     Case("eta", samplers({"use": "eta", "epsilon": 0.2}), (eta(0.2),)),
     Case("tfs", samplers({"use": "tfs", "z": 0.8}), (tfs(0.8),)),
@@ -272,24 +296,46 @@ CASES = [
     Case("xtc", samplers({"use": "xtc", "probability": 0.5, "threshold": 0.1}), (xtc(0.5, 0.1),), truncates=False),
     Case("top_n_sigma", samplers({"use": "top_n_sigma", "n": 1.0}), (top_n_sigma(1.0),)),
     Case("quadratic", samplers({"use": "quadratic", "factor": 0.5}), (quadratic(0.5),), truncates=False),
-    Case("quadratic curve 2", samplers({"use": "quadratic", "factor": 0.4, "curve": 2.0}),
-         (quadratic(0.4, 2.0),), truncates=False),
-    Case("top_k+xtc+temperature",
-         samplers({"use": "top_k", "k": 8}, {"use": "xtc", "probability": 0.3, "threshold": 0.11},
-                  {"use": "temperature", "t": 1.3}),
-         (top_k(8), xtc(0.3, 0.11), temperature(1.3))),
+    Case(
+        "quadratic curve 2",
+        samplers({"use": "quadratic", "factor": 0.4, "curve": 2.0}),
+        (quadratic(0.4, 2.0),),
+        truncates=False,
+    ),
+    Case(
+        "top_k+xtc+temperature",
+        samplers(
+            {"use": "top_k", "k": 8},
+            {"use": "xtc", "probability": 0.3, "threshold": 0.11},
+            {"use": "temperature", "t": 1.3},
+        ),
+        (top_k(8), xtc(0.3, 0.11), temperature(1.3)),
+    ),
     Case("preset:llama.cpp", "preset:llama.cpp", (top_p(0.95), min_p(0.05), temperature(0.8))),
-    Case("preset:llama.cpp +xtc,top_n_sigma", "preset:llama.cpp",
-         (top_n_sigma(2.0), top_k(12), top_p(0.95), min_p(0.05), xtc(0.4, 0.12), temperature(0.8)),
-         {"top_n_sigma": 2.0, "top_k": 12, "xtc_probability": 0.4, "xtc_threshold": 0.12}),
-    Case("preset:vllm", "preset:vllm", (temperature(0.7), min_p(0.1), top_k(8), top_p(0.9)),
-         {"temperature": 0.7, "min_p": 0.1, "top_k": 8, "top_p": 0.9}),
-    Case("preset:transformers", "preset:transformers",
-         (temperature(1.3), top_k(12), top_p(0.95), typical(0.9), epsilon(0.02)),
-         {"temperature": 1.3, "top_k": 12, "top_p": 0.95, "typical_p": 0.9, "epsilon_cutoff": 0.02}),
-    Case("preset:text-generation-webui", "preset:text-generation-webui",
-         (temperature(1.2), quadratic(0.4), top_a(0.2), xtc(0.3, 0.1)),
-         {"temperature": 1.2, "smoothing_factor": 0.4, "top_a": 0.2, "xtc_probability": 0.3, "xtc_threshold": 0.1}),
+    Case(
+        "preset:llama.cpp +xtc,top_n_sigma",
+        "preset:llama.cpp",
+        (top_n_sigma(2.0), top_k(12), top_p(0.95), min_p(0.05), xtc(0.4, 0.12), temperature(0.8)),
+        {"top_n_sigma": 2.0, "top_k": 12, "xtc_probability": 0.4, "xtc_threshold": 0.12},
+    ),
+    Case(
+        "preset:vllm",
+        "preset:vllm",
+        (temperature(0.7), min_p(0.1), top_k(8), top_p(0.9)),
+        {"temperature": 0.7, "min_p": 0.1, "top_k": 8, "top_p": 0.9},
+    ),
+    Case(
+        "preset:transformers",
+        "preset:transformers",
+        (temperature(1.3), top_k(12), top_p(0.95), typical(0.9), epsilon(0.02)),
+        {"temperature": 1.3, "top_k": 12, "top_p": 0.95, "typical_p": 0.9, "epsilon_cutoff": 0.02},
+    ),
+    Case(
+        "preset:text-generation-webui",
+        "preset:text-generation-webui",
+        (temperature(1.2), quadratic(0.4), top_a(0.2), xtc(0.3, 0.1)),
+        {"temperature": 1.2, "smoothing_factor": 0.4, "top_a": 0.2, "xtc_probability": 0.3, "xtc_threshold": 0.1},
+    ),
 ]
 IDS = [c.name for c in CASES]
 BY_NAME = {c.name: c for c in CASES}
@@ -376,8 +422,7 @@ def test_a_planted_one_percent_bias_is_rejected(case):
         (token, shift, pvalue)
         for token in np.flatnonzero(probs > 0)
         for shift in (BIAS, -BIAS)
-        if 0 < probs[token] + shift < 1
-        and (pvalue := fit(observed, planted(probs, int(token), shift))) >= ALPHA
+        if 0 < probs[token] + shift < 1 and (pvalue := fit(observed, planted(probs, int(token), shift))) >= ALPHA
     ]
     assert not accepted, f"{case.name}: biased expectations the test did not reject: {accepted}"
 

@@ -58,8 +58,9 @@ def vllm_stop(pieces: list[str], stops: list[str], min_tokens: int, include: boo
 # ----------------------------------------------------------------- include_stop_str_in_output
 @pytest.mark.parametrize("include, want", [(False, "Hello wor"), (True, "Hello world an")])
 def test_stop_string_spanning_tokens_is_cut_from_the_text(tok, include, want):
-    out = run(tok, [["Hel", "lo", " wor", "ld", " and", " more"]], stop_strings=["ld an"],
-              include_stop_str_in_output=include)
+    out = run(
+        tok, [["Hel", "lo", " wor", "ld", " and", " more"]], stop_strings=["ld an"], include_stop_str_in_output=include
+    )
     assert out.finish_reasons == ["stop_strings"] and out.stop_texts == ["ld an"]
     assert out.texts == [want]
     assert out.num_generated.tolist() == [5]  # the tokens stay as generated (vLLM cuts the text only)
@@ -68,8 +69,12 @@ def test_stop_string_spanning_tokens_is_cut_from_the_text(tok, include, want):
 
 @pytest.mark.parametrize("include, want", [(False, "Hello world and more"), (True, "Hello world and moreEND")])
 def test_regex_stop_across_token_boundaries(tok, include, want):
-    out = run(tok, [["Hel", "lo", " wor", "ld", " and", " more", "EN", "D", " and"]], stop_regex=["E.D", "x+"],
-              include_stop_str_in_output=include)
+    out = run(
+        tok,
+        [["Hel", "lo", " wor", "ld", " and", " more", "EN", "D", " and"]],
+        stop_regex=["E.D", "x+"],
+        include_stop_str_in_output=include,
+    )
     assert out.finish_reasons == ["stop_regex:E.D"] and out.stop_texts == ["END"]
     assert out.texts == [want] and out.num_generated.tolist() == [8]
 
@@ -94,18 +99,30 @@ def test_include_stop_str_in_output_per_prompt(tok):
     flags = [True, False, False]
     out = run(tok, [hello, abba, hello], include_stop_str_in_output=flags, **kw)
     assert out.texts == ["Hello w", "a", "Hell"] and out.stop_texts == ["o w", "bb", "o w"]
-    assert out.texts == [run(tok, [row], include_stop_str_in_output=flag, **kw).texts[0]
-                         for row, flag in zip([hello, abba, hello], flags)]
+    assert out.texts == [
+        run(tok, [row], include_stop_str_in_output=flag, **kw).texts[0]
+        for row, flag in zip([hello, abba, hello], flags)
+    ]
     sampled = {"chain": {"samplers": [{"use": "top_k", "k": 1}, {"use": "dist"}]}}  # copies with the same tokens
-    out = run(tok, [hello, hello, abba, abba], ["Hi", "Hi"], chain=sampled, num_return_sequences=2,
-              include_stop_str_in_output=(False, True), **kw)
+    out = run(
+        tok,
+        [hello, hello, abba, abba],
+        ["Hi", "Hi"],
+        chain=sampled,
+        num_return_sequences=2,
+        include_stop_str_in_output=(False, True),
+        **kw,
+    )
     assert out.texts == ["Hell", "Hell", "abb", "abb"] and out.stop_texts == ["o w", "o w", "bb", "bb"]
 
 
 @pytest.mark.parametrize("value", [[True], [True, False, True], "yes", None, [True, "no"]])
 def test_include_stop_str_in_output_of_the_wrong_shape_is_refused(tok, value):
-    with pytest.raises(samplechain.ConfigError, match=r"include_stop_str_in_output = .*: give one bool, or a list of 2 "
-                                                      r"bools \(one per prompt\)"):
+    with pytest.raises(
+        samplechain.ConfigError,
+        match=r"include_stop_str_in_output = .*: give one bool, or a list of 2 "
+        r"bools \(one per prompt\)",
+    ):
         run(tok, [["ab"], ["ba"]], include_stop_str_in_output=value)
 
 
@@ -127,8 +144,14 @@ def test_random_stop_strings_and_min_tokens_agree_with_vllm(tok):
         stops = [rng.choice(["b\nE", "ba", "a b", "ND", "\n a", "bb", "D a"]) for _ in range(2)]
         least = [rng.randrange(0, 6) for _ in rows]
         for include in (False, True):
-            out = run(tok, rows, stop_strings=stops, params=[{"min_tokens": n} for n in least],
-                      include_stop_str_in_output=include, max_new_tokens=10)
+            out = run(
+                tok,
+                rows,
+                stop_strings=stops,
+                params=[{"min_tokens": n} for n in least],
+                include_stop_str_in_output=include,
+                max_new_tokens=10,
+            )
             for b, row in enumerate(rows):
                 step, text = vllm_stop(row, stops, least[b], include)
                 assert out.texts[b] == text, (trial, b, row, stops, least[b])
@@ -138,32 +161,50 @@ def test_random_stop_strings_and_min_tokens_agree_with_vllm(tok):
 
 def test_min_new_tokens_holds_back_stop_strings_and_regex_per_row(tok):
     rows = [["ab", "ab", "ab", "ab", "ab"]] * 3
-    out = run(tok, rows, stop_strings=["ba"], params=[{"min_tokens": 0}, {"min_tokens": 2}, {"min_tokens": 9}],
-              max_new_tokens=5)
+    out = run(
+        tok,
+        rows,
+        stop_strings=["ba"],
+        params=[{"min_tokens": 0}, {"min_tokens": 2}, {"min_tokens": 9}],
+        max_new_tokens=5,
+    )
     # vLLM: a stop string counts once more than min_tokens tokens are out ("ba" ends in tokens 2, 3, 4, 5)
     assert out.num_generated.tolist() == [2, 3, 5]
     assert out.finish_reasons == ["stop_strings", "stop_strings", "max_new_tokens"]
-    out = run(tok, rows, stop_regex=["b+a"], params=[{"min_tokens": 0}, {"min_tokens": 2}, {"min_tokens": 9}],
-              max_new_tokens=5)
+    out = run(
+        tok,
+        rows,
+        stop_regex=["b+a"],
+        params=[{"min_tokens": 0}, {"min_tokens": 2}, {"min_tokens": 9}],
+        max_new_tokens=5,
+    )
     assert out.num_generated.tolist() == [2, 3, 5]
 
 
 def test_min_new_tokens_holds_back_eos_from_the_nth_token_on(tok):
     """vLLM's check_stop: an eos / stop id ends a request once num_output_tokens >= min_tokens."""
     stop_id = piece_ids(tok, ["D"])[0]
-    chain = {"chain": {"samplers": [{"use": "min_new_tokens", "eos_ids": [0]}, {"use": "greedy"}],
-                       "stop": [{"use": "eos", "ids": [stop_id]}, {"use": "max_new_tokens", "n": 8}]}}
+    chain = {
+        "chain": {
+            "samplers": [{"use": "min_new_tokens", "eos_ids": [0]}, {"use": "greedy"}],
+            "stop": [{"use": "eos", "ids": [stop_id]}, {"use": "max_new_tokens", "n": 8}],
+        }
+    }
     rows = [["ab", "D", "D", "D", "ab"]] * 3
-    out = run(tok, rows, chain=chain, params=[{"min_tokens": 0}, {"min_tokens": 3}, {"min_tokens": 7}],
-              max_new_tokens=None)
+    out = run(
+        tok, rows, chain=chain, params=[{"min_tokens": 0}, {"min_tokens": 3}, {"min_tokens": 7}], max_new_tokens=None
+    )
     assert out.num_generated.tolist() == [2, 3, 8]  # the third row's stop ids all come before its 7th token
     assert out.finish_reasons == ["eos", "eos", "max_new_tokens"]
 
 
 def test_min_new_tokens_holds_back_repetition(tok):
-    chain = {"chain": {"samplers": [{"use": "min_new_tokens"}, {"use": "greedy"}],
-                       "stop": [{"use": "repetition", "max_pattern_size": 1, "min_count": 2},
-                                {"use": "max_new_tokens", "n": 6}]}}
+    chain = {
+        "chain": {
+            "samplers": [{"use": "min_new_tokens"}, {"use": "greedy"}],
+            "stop": [{"use": "repetition", "max_pattern_size": 1, "min_count": 2}, {"use": "max_new_tokens", "n": 6}],
+        }
+    }
     rows = [["ab", "ab", "ab", "ab", "ab", "ab"]] * 2
     out = run(tok, rows, chain=chain, params=[{"min_tokens": 0}, {"min_tokens": 4}], max_new_tokens=None)
     assert out.num_generated.tolist() == [2, 4] and out.finish_reasons == ["repetition", "repetition"]
@@ -175,8 +216,7 @@ def test_length_limits_are_never_held_back(tok):
 
 
 def test_ignore_eos_entry_does_not_hold_back_stops(tok):
-    chain = {"chain": {"samplers": [{"use": "min_new_tokens", "id": "ignore_eos", "n": 2**31 - 1},
-                                    {"use": "greedy"}]}}
+    chain = {"chain": {"samplers": [{"use": "min_new_tokens", "id": "ignore_eos", "n": 2**31 - 1}, {"use": "greedy"}]}}
     out = run(tok, [["ab", "ba", "ab"]], chain=chain, stop_strings=["bb"])
     assert out.finish_reasons == ["stop_strings"] and out.num_generated.tolist() == [2]
 
@@ -216,23 +256,56 @@ def test_stream_holds_back_only_for_requests_that_drop_the_stop(tok):
     once, its neighbour keeps back the stop buffer; both concatenate to their cut texts."""
     rows = [["Hel", "lo", " wor", "ld", " and"]] * 2
     result: list = []
-    events = list(stream(scripted(tok, *rows), tok, ["Hi", "Hi"], chain=GREEDY, pad_token_id=0, max_new_tokens=5,
-                         stop_strings=["xyz"], include_stop_str_in_output=[True, False], result=result))
+    events = list(
+        stream(
+            scripted(tok, *rows),
+            tok,
+            ["Hi", "Hi"],
+            chain=GREEDY,
+            pad_token_id=0,
+            max_new_tokens=5,
+            stop_strings=["xyz"],
+            include_stop_str_in_output=[True, False],
+            result=result,
+        )
+    )
     assert [e.text for e in events if e.index == 0] == ["Hel", "lo", " wor", "ld", " and"]
     assert [e.text for e in events if e.index == 1] == ["H", "el", "lo w", "or", "ld and"]
-    events = list(stream(scripted(tok, *rows), tok, ["Hi", "Hi"], chain=GREEDY, pad_token_id=0, max_new_tokens=5,
-                         stop_strings=["d a"], include_stop_str_in_output=[True, False], result=result))
+    events = list(
+        stream(
+            scripted(tok, *rows),
+            tok,
+            ["Hi", "Hi"],
+            chain=GREEDY,
+            pad_token_id=0,
+            max_new_tokens=5,
+            stop_strings=["d a"],
+            include_stop_str_in_output=[True, False],
+            result=result,
+        )
+    )
     for b, want in enumerate(["Hello world a", "Hello worl"]):
         assert "".join(e.text for e in events if e.index == b) == want == result[-1].texts[b]
 
 
 def test_stream_holds_back_only_while_a_stop_could_cut(tok):
     rows = [["Hel", "lo", " wor", "ld", " and"]]
-    events = list(stream(scripted(tok, *rows), tok, ["Hi"], chain=GREEDY, pad_token_id=0, max_new_tokens=5,
-                         stop_strings=["xyz"]))
+    events = list(
+        stream(scripted(tok, *rows), tok, ["Hi"], chain=GREEDY, pad_token_id=0, max_new_tokens=5, stop_strings=["xyz"])
+    )
     assert [e.text for e in events] == ["H", "el", "lo w", "or", "ld and"]  # two characters wait ("xyz" less one)
-    events = list(stream(scripted(tok, *rows), tok, ["Hi"], chain=GREEDY, pad_token_id=0, max_new_tokens=5,
-                         stop_strings=["xyz"], include_stop_str_in_output=True))
+    events = list(
+        stream(
+            scripted(tok, *rows),
+            tok,
+            ["Hi"],
+            chain=GREEDY,
+            pad_token_id=0,
+            max_new_tokens=5,
+            stop_strings=["xyz"],
+            include_stop_str_in_output=True,
+        )
+    )
     assert [e.text for e in events] == ["Hel", "lo", " wor", "ld", " and"]
 
 
@@ -263,19 +336,35 @@ def test_embedded_model_stop_string_and_regex_match_the_reference():
     model = AutoModelForCausalLM.from_pretrained(str(EMBEDDED)).eval()
     chain = {"chain": {"samplers": [{"use": "greedy"}]}}
     free = generate(model, tok, ["The function returns"], chain=chain, max_new_tokens=24, ignore_eos=True)
-    ids = free.sequences[0, free.prompt_length:].tolist()
-    pieces = [tok.decode(ids[: i + 1])[len(tok.decode(ids[:i])):] for i in range(len(ids))]
+    ids = free.sequences[0, free.prompt_length :].tolist()
+    pieces = [tok.decode(ids[: i + 1])[len(tok.decode(ids[:i])) :] for i in range(len(ids))]
     text = free.texts[0]
     # a stop string spanning two tokens, taken from the text itself
     at = next(i for i in range(3, len(ids)) if len(pieces[i - 1]) > 1 and len(pieces[i]) > 1)
     stop = pieces[at - 1][-2:] + pieces[at][:2]
     for include in (False, True):
         step, want = vllm_stop(pieces, [stop], 0, include)
-        out = generate(model, tok, ["The function returns"], chain=chain, max_new_tokens=24, ignore_eos=True,
-                       stop_strings=[stop], include_stop_str_in_output=include)
+        out = generate(
+            model,
+            tok,
+            ["The function returns"],
+            chain=chain,
+            max_new_tokens=24,
+            ignore_eos=True,
+            stop_strings=[stop],
+            include_stop_str_in_output=include,
+        )
         assert (out.texts[0], int(out.num_generated[0])) == (want, step)
-        out = generate(model, tok, ["The function returns"], chain=chain, max_new_tokens=24, ignore_eos=True,
-                       stop_regex=[__import__("re").escape(stop)], include_stop_str_in_output=include)
+        out = generate(
+            model,
+            tok,
+            ["The function returns"],
+            chain=chain,
+            max_new_tokens=24,
+            ignore_eos=True,
+            stop_regex=[__import__("re").escape(stop)],
+            include_stop_str_in_output=include,
+        )
         assert (out.texts[0], int(out.num_generated[0])) == (want, step)
     assert text.startswith(want)
 
@@ -284,8 +373,14 @@ def test_a_mixed_batch_holds_back_the_rows_whose_chain_says_so(tok):
     with_min = {"chain": {"samplers": [{"use": "min_new_tokens", "n": 3}, {"use": "greedy"}]}}
     without = {"chain": {"samplers": [{"use": "greedy"}]}}
     rows = [["ab", "ba", "ab", "ba", "ab"]] * 3
-    out = run(tok, rows, chain=[with_min, without, with_min], stop_strings=["ba"],
-              params=[{"min_tokens": 3}, {}, {"min_tokens": 0}], max_new_tokens=5)
+    out = run(
+        tok,
+        rows,
+        chain=[with_min, without, with_min],
+        stop_strings=["ba"],
+        params=[{"min_tokens": 3}, {}, {"min_tokens": 0}],
+        max_new_tokens=5,
+    )
     assert out.num_generated.tolist() == [4, 2, 2]
 
 
@@ -299,8 +394,13 @@ def test_only_criteria_that_declare_a_gate_are_held_back():
 
     eos = Stopping.criterion("eos", {"ids": [7]})
     stopping = Stopping([eos, always, Stopping.criterion("max_new_tokens", {"n": 9})])
-    setup = StopSetup(batch_size=2, prompt_length=1, prompt_lengths=torch.tensor([1, 1]), device=torch.device("cpu"),
-                      min_new_tokens=torch.tensor([0, 5]))
+    setup = StopSetup(
+        batch_size=2,
+        prompt_length=1,
+        prompt_lengths=torch.tensor([1, 1]),
+        device=torch.device("cpu"),
+        min_new_tokens=torch.tensor([0, 5]),
+    )
     stopping.prepare(setup)
     ids = torch.tensor([[1, 7], [1, 7]])
     result = stopping.check(StopContext(ids, 1, ids[:, -1], setup))

@@ -14,14 +14,19 @@ def crit(name, **params):
 
 
 def ctx(ids, step=1):
-    setup = StopSetup(batch_size=ids.shape[0], prompt_length=ids.shape[1] - step,
-                      prompt_lengths=torch.full((ids.shape[0],), ids.shape[1] - step), device=ids.device)
+    setup = StopSetup(
+        batch_size=ids.shape[0],
+        prompt_length=ids.shape[1] - step,
+        prompt_lengths=torch.full((ids.shape[0],), ids.shape[1] - step),
+        device=ids.device,
+    )
     return StopContext(ids, step, ids[:, -1], setup)
 
 
 def test_criteria_combine_by_or_and_the_first_names_the_reason():
-    stopping = Stopping([crit("eos", ids=[7]), crit("stop_sequences", sequences=[[7], [3]]),
-                         crit("max_new_tokens", n=5)])
+    stopping = Stopping(
+        [crit("eos", ids=[7]), crit("stop_sequences", sequences=[[7], [3]]), crit("max_new_tokens", n=5)]
+    )
     ids = torch.tensor([[1, 7], [1, 3], [1, 2]])
     result = stopping.check(ctx(ids))
     assert result.done.tolist() == [True, True, False]
@@ -31,8 +36,11 @@ def test_criteria_combine_by_or_and_the_first_names_the_reason():
 def test_identical_duplicates_are_kept_once_and_conflicting_ones_refused():
     stopping = Stopping([crit("max_new_tokens", n=5), crit("max_new_tokens", n=5)])
     assert len(stopping) == 1
-    with pytest.raises(ConfigError, match=r"max_new_tokens.v1 is given twice with different parameters: "
-                                          r".*n=5.*n=6"):
+    with pytest.raises(
+        ConfigError,
+        match=r"max_new_tokens.v1 is given twice with different parameters: "
+        r".*n=5.*n=6",
+    ):
         Stopping([crit("max_new_tokens", n=5), crit("max_new_tokens", n=6)])
 
 
@@ -60,8 +68,11 @@ def test_a_plain_callable_and_a_transformers_criterion_at_runtime():
 
 def test_a_callable_with_the_wrong_shape_is_a_clear_error():
     stopping = Stopping([lambda c: torch.tensor([True, False, True]), crit("max_new_tokens", n=3)])
-    with pytest.raises(SamplingError, match=r"stopping callable '<lambda>' returned shape \(3,\); a stopping "
-                                            r"criterion must return one bool per row, shape \(2,\)"):
+    with pytest.raises(
+        SamplingError,
+        match=r"stopping callable '<lambda>' returned shape \(3,\); a stopping "
+        r"criterion must return one bool per row, shape \(2,\)",
+    ):
         stopping.check(ctx(torch.zeros((2, 2), dtype=torch.int64)))
 
 
@@ -80,9 +91,11 @@ def test_not_a_criterion():
 
 
 def test_a_chain_stop_list_in_declared_order_with_runtime_extras_after_it():
-    config = load_config('samplers = [{ use = "greedy" }]\n'
-                         'stop = [{ use = "stop_sequences", sequences = [[3]] }, { use = "eos", ids = [3, 4] }, '
-                         '{ use = "max_new_tokens", n = 2 }]\n')
+    config = load_config(
+        'samplers = [{ use = "greedy" }]\n'
+        'stop = [{ use = "stop_sequences", sequences = [[3]] }, { use = "eos", ids = [3, 4] }, '
+        '{ use = "max_new_tokens", n = 2 }]\n'
+    )
     stopping = Stopping.from_entries(config.stop, [lambda c: c.token_ids == 5])
     assert [c.reason for c in stopping] == ["stop_sequences", "eos", "max_new_tokens", "<lambda>"]
     result = stopping.check(ctx(torch.tensor([[1, 3], [1, 4], [1, 5], [1, 6]])))
@@ -104,12 +117,17 @@ def test_the_tightest_length_limit_sizes_the_generation():
 
 
 def test_an_identical_criterion_from_the_config_and_from_the_arguments_is_kept_once():
-    config = load_config('samplers = [{ use = "greedy" }]\n'
-                         'stop = [{ use = "max_new_tokens", n = 4 }, { use = "stop_strings", strings = ["\\n"] }]\n')
+    config = load_config(
+        'samplers = [{ use = "greedy" }]\n'
+        'stop = [{ use = "max_new_tokens", n = 4 }, { use = "stop_strings", strings = ["\\n"] }]\n'
+    )
     stopping = Stopping.from_entries(config.stop, [crit("stop_strings", strings=["\n"])])
     assert len(stopping) == 2
-    with pytest.raises(ConfigError, match=r"stop_strings.v1 is given twice with different parameters: "
-                                          r".*strings=\('\\n',\).*strings=\('\\n\\n',\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"stop_strings.v1 is given twice with different parameters: "
+        r".*strings=\('\\n',\).*strings=\('\\n\\n',\)",
+    ):
         Stopping.from_entries(config.stop, [crit("stop_strings", strings=["\n\n"])])
 
 
@@ -131,18 +149,24 @@ def test_transformers_eos_criteria_at_runtime_equals_the_eos_plugin():
     assert {r for r in theirs.reasons if r} == {"EosTokenCriteria"}
 
 
-@pytest.mark.parametrize("answer, shape", [
-    (lambda b: torch.zeros((b, 1), dtype=torch.bool), r"\(2, 1\)"),
-    (lambda b: torch.zeros((b + 1,), dtype=torch.bool), r"\(3,\)"),
-    (lambda b: [True] * (b + 2), r"\(4,\)"),
-])
+@pytest.mark.parametrize(
+    "answer, shape",
+    [
+        (lambda b: torch.zeros((b, 1), dtype=torch.bool), r"\(2, 1\)"),
+        (lambda b: torch.zeros((b + 1,), dtype=torch.bool), r"\(3,\)"),
+        (lambda b: [True] * (b + 2), r"\(4,\)"),
+    ],
+)
 def test_wrong_shapes_from_callables_are_sampling_errors(answer, shape):
     def bad(c):
         return answer(c.input_ids.shape[0])
 
     stopping = Stopping([bad, crit("max_new_tokens", n=3)])
-    with pytest.raises(SamplingError, match=rf"stopping callable 'bad' returned shape {shape}; a stopping criterion "
-                                            r"must return one bool per row, shape \(2,\)"):
+    with pytest.raises(
+        SamplingError,
+        match=rf"stopping callable 'bad' returned shape {shape}; a stopping criterion "
+        r"must return one bool per row, shape \(2,\)",
+    ):
         stopping.check(ctx(torch.zeros((2, 2), dtype=torch.int64)))
 
 

@@ -34,8 +34,12 @@ def embedded():
     return transformers.AutoTokenizer.from_pretrained(str(EMBEDDED))
 
 
-BUILDERS = {"byte_level": lambda: byte_bpe_tokenizer(420, TEXT), "metaspace": metaspace,
-            "byte_fallback": byte_fallback, "wordpiece": wordpiece}
+BUILDERS = {
+    "byte_level": lambda: byte_bpe_tokenizer(420, TEXT),
+    "metaspace": metaspace,
+    "byte_fallback": byte_fallback,
+    "wordpiece": wordpiece,
+}
 _BUILT: dict[str, PreTrainedTokenizerFast] = {}
 
 
@@ -52,7 +56,7 @@ def brute_force(pieces, data: bytes) -> set[tuple[int, ...]]:
     out = set()
     for i, piece in enumerate(pieces):
         if piece and data.startswith(piece):
-            out |= {(i, *rest) for rest in brute_force(pieces, data[len(piece):])}
+            out |= {(i, *rest) for rest in brute_force(pieces, data[len(piece) :])}
     return out
 
 
@@ -228,6 +232,8 @@ def test_tail_bytes_are_each_rows_decoded_tail(kind):
             assert want == b"".join(table.pieces[i] for i in row if 0 <= i < len(tok))[-width:]
             assert got[b].tolist() == [-1] * (width - len(want)) + list(want)
     lengths = strings.token_lengths(table, ids, valid=valid)
-    assert lengths.tolist() == [[len(table.pieces[i]) if v and 0 <= i < len(tok) else 0
-                                 for i, v in zip(r.tolist(), m.tolist())] for r, m in zip(ids, valid)]
+    assert lengths.tolist() == [
+        [len(table.pieces[i]) if v and 0 <= i < len(tok) else 0 for i, v in zip(r.tolist(), m.tolist())]
+        for r, m in zip(ids, valid)
+    ]
     assert strings.tail_bytes(table, ids[:, :0], 3).tolist() == [[-1] * 3] * B

@@ -38,15 +38,20 @@ def lower_bound(req: Requirement) -> Version:
 def test_the_installed_version_is_in_the_declared_range(name):
     installed = Version(importlib.metadata.version(name))
     assert declared(name).specifier.contains(Version(installed.base_version), prereleases=True), (
-        f"{name} {installed} is outside pyproject.toml's {declared(name)}")
+        f"{name} {installed} is outside pyproject.toml's {declared(name)}"
+    )
 
 
 def test_the_readme_states_the_declared_ranges():
     readme = (ROOT / "README.md").read_text()
     for name in ("torch", "transformers"):
         req = declared(name)
-        bounds = sorted(f"{s.operator} {Version(s.version).major}.{Version(s.version).minor}"
-                        if s.operator == ">=" else f"{s.operator} {s.version}" for s in req.specifier)
+        bounds = sorted(
+            f"{s.operator} {Version(s.version).major}.{Version(s.version).minor}"
+            if s.operator == ">="
+            else f"{s.operator} {s.version}"
+            for s in req.specifier
+        )
         row = re.search(rf"^\| {name} \| ([^|]*) \|", readme, re.M)
         assert row, f"README: no row for {name} under Supported versions"
         assert sorted(b.strip() for b in row.group(1).split(",")) == bounds, (row.group(0), str(req))
@@ -60,8 +65,10 @@ def test_the_min_environment_installs_the_lower_bound():
 
 
 # code that calls one of transformers' references (what the parity tests compare with)
-_REFERENCE = re.compile(r"transformers\.generation|\bmodel\.generate\(|LogitsProcessor|Warper\(|StoppingCriteria"
-                        r"|WatermarkDetector")
+_REFERENCE = re.compile(
+    r"transformers\.generation|\bmodel\.generate\(|LogitsProcessor|Warper\(|StoppingCriteria"
+    r"|WatermarkDetector"
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,10 +81,20 @@ def _calls_a_reference(function) -> bool:
 
 def test_every_test_that_compares_with_transformers_carries_the_parity_marker(request):
     """Every test collected in this session (-k / -m deselection aside) whose own code calls a reference."""
-    root_conftest = next(p for p in request.config.pluginmanager.get_plugins()
-                         if getattr(p, "__file__", None) == str(ROOT / "conftest.py"))
-    unmarked = sorted({item.nodeid.split("[")[0] for item in request.config.stash[root_conftest.COLLECTED]
-                       if getattr(item, "function", None) is not None and _calls_a_reference(item.function)
-                       and item.get_closest_marker("transformers_parity") is None})
-    assert not unmarked, ("compare with transformers but lack the transformers_parity marker (see conftest.py): "
-                          + ", ".join(unmarked))
+    root_conftest = next(
+        p
+        for p in request.config.pluginmanager.get_plugins()
+        if getattr(p, "__file__", None) == str(ROOT / "conftest.py")
+    )
+    unmarked = sorted(
+        {
+            item.nodeid.split("[")[0]
+            for item in request.config.stash[root_conftest.COLLECTED]
+            if getattr(item, "function", None) is not None
+            and _calls_a_reference(item.function)
+            and item.get_closest_marker("transformers_parity") is None
+        }
+    )
+    assert not unmarked, (
+        "compare with transformers but lack the transformers_parity marker (see conftest.py): " + ", ".join(unmarked)
+    )

@@ -9,9 +9,20 @@ from transformers.generation.logits_process import EpsilonLogitsWarper, EtaLogit
 
 import samplechain as sc
 from samplechain.tools.testing import (
-    CutoffWarperTests, RecordingBackend, ScriptedLogits, assert_bitwise_no_op, assert_kept_logits_bitwise,
-    assert_probs_close, assert_rows_equal_alone, host_with, processed_scores, random_logits, request_store,
-    run_chain, sampler_chain, top_k_only,
+    CutoffWarperTests,
+    RecordingBackend,
+    ScriptedLogits,
+    assert_bitwise_no_op,
+    assert_kept_logits_bitwise,
+    assert_probs_close,
+    assert_rows_equal_alone,
+    host_with,
+    processed_scores,
+    random_logits,
+    request_store,
+    run_chain,
+    sampler_chain,
+    top_k_only,
 )
 
 
@@ -32,15 +43,24 @@ class _Add(sc.Sampler):
 
 def test_run_chain_registers_an_uninstalled_sampler_and_applies_per_row_parameters():
     logits = torch.zeros(2, 4)
-    out = run_chain([_Add], {"samplers": [{"use": "add_for_test", "x": 1.0}, {"use": "test_argmax"}]}, logits,
-                    params=[{"add": 2.0}, {}])
+    out = run_chain(
+        [_Add],
+        {"samplers": [{"use": "add_for_test", "x": 1.0}, {"use": "test_argmax"}]},
+        logits,
+        params=[{"add": 2.0}, {}],
+    )
     assert torch.equal(out.scores, torch.tensor([[2.0] * 4, [1.0] * 4]))
 
 
 def test_recording_backend_shows_that_truncation_happens_once_on_the_full_vocabulary():
     host = host_with()
-    chain = sc.Chain.load({"backend": "recording", "samplers": [{"use": "top_k", "k": 5}, {"use": "top_p", "p": 0.9},
-                                                                  {"use": "dist", "seed": 1}]}, host=host)
+    chain = sc.Chain.load(
+        {
+            "backend": "recording",
+            "samplers": [{"use": "top_k", "k": 5}, {"use": "top_p", "p": 0.9}, {"use": "dist", "seed": 1}],
+        },
+        host=host,
+    )
     chain.sample(torch.randn(3, 1000))
     backend = chain._backend_for("cpu")
     assert isinstance(backend, RecordingBackend)
@@ -48,7 +68,9 @@ def test_recording_backend_shows_that_truncation_happens_once_on_the_full_vocabu
 
 
 def test_scripted_logits_follow_each_request_script():
-    script = ScriptedLogits({"a": [torch.tensor([0.0, 1.0]), torch.tensor([1.0, 0.0])], "b": [torch.tensor([5.0, 0.0])]})
+    script = ScriptedLogits(
+        {"a": [torch.tensor([0.0, 1.0]), torch.tensor([1.0, 0.0])], "b": [torch.tensor([5.0, 0.0])]}
+    )
     assert script(["a", "b"]).argmax(-1).tolist() == [1, 0]
     assert script(["a"]).argmax(-1).tolist() == [0]
 
@@ -118,8 +140,10 @@ class _SubtractBatchMean(sc.Sampler):
 
 
 def test_assert_rows_equal_alone_fails_when_a_row_depends_on_the_batch():
-    c = sc.Chain.load({"backend": "recording", "samplers": [{"use": "batch_mean_for_test"}, {"use": "test_argmax"}]},
-                      host=host_with(_SubtractBatchMean))
+    c = sc.Chain.load(
+        {"backend": "recording", "samplers": [{"use": "batch_mean_for_test"}, {"use": "test_argmax"}]},
+        host=host_with(_SubtractBatchMean),
+    )
     logits = torch.tensor([[0.0, 1.0], [2.0, 5.0]])
     with pytest.raises(AssertionError, match="row 0"):
         assert_rows_equal_alone(c, logits, [{}, {}])

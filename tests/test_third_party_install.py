@@ -43,8 +43,17 @@ SOURCES = {  # distribution -> source folder
 INSTALLED = {"cpu", "dist", "greedy", "example_softcap", "broken_example"}  # entry points the fresh env must show
 # What the fresh environment must not inherit from this one: our own distributions (editable or not), their
 # import hooks, and the packaging tools the venv brings itself.
-NOT_LINKED = ("samplechain", "_editable_impl_", "__editable__", "editables", "pip", "setuptools", "_distutils_hack",
-              "pkg_resources", "__pycache__")
+NOT_LINKED = (
+    "samplechain",
+    "_editable_impl_",
+    "__editable__",
+    "editables",
+    "pip",
+    "setuptools",
+    "_distutils_hack",
+    "pkg_resources",
+    "__pycache__",
+)
 
 
 def run(cmd: list[str], *, env: dict[str, str], check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -58,8 +67,11 @@ def run(cmd: list[str], *, env: dict[str, str], check: bool = True, **kw) -> sub
 
 def clean_env() -> dict[str, str]:
     """The caller's environment without anything that selects plugins or leaks this environment's sys.path."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SAMPLECHAIN_") and k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SAMPLECHAIN_") and k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")
+    }
     env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
     return env
 
@@ -84,8 +96,9 @@ class FreshEnv:
         self.python = self.bin / "python"
         self.samplechain = self.bin / "samplechain"
         self.site = Path(
-            run([self.python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], env=clean_env())
-            .stdout.strip()
+            run(
+                [self.python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], env=clean_env()
+            ).stdout.strip()
         )
 
 
@@ -98,14 +111,30 @@ def fresh(tmp_path_factory) -> FreshEnv:
     base = tmp_path_factory.mktemp("third_party")
     env = clean_env()
     wheels = base / "wheels"
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-         "-w", wheels, *SOURCES.values()], env=env)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            wheels,
+            *SOURCES.values(),
+        ],
+        env=env,
+    )
     run([sys.executable, "-m", "venv", base / "venv"], env=env)
     venv = FreshEnv(base / "venv")
     deps = link_dependencies(base / "deps")
     (venv.site / "zz_samplechain_test_deps.pth").write_text(f"{deps}\n")
-    run([venv.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--find-links", wheels, *SOURCES],
-        env=env)
+    run(
+        [venv.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--find-links", wheels, *SOURCES],
+        env=env,
+    )
     return venv
 
 
@@ -234,6 +263,10 @@ def test_a_broken_plugin_is_a_warning_naming_plugin_distribution_version_and_err
     assert len(sampled["warnings"]) == 1, sampled["warnings"]
     category, message = sampled["warnings"][0]
     assert category == "PluginWarning"
-    for part in ("'broken_example'", "samplechain-broken-example 0.1.0", "ModuleNotFoundError",
-                 "samplechain_missing_dependency"):
+    for part in (
+        "'broken_example'",
+        "samplechain-broken-example 0.1.0",
+        "ModuleNotFoundError",
+        "samplechain_missing_dependency",
+    ):
         assert part in message

@@ -22,10 +22,14 @@ def test_per_token_reduce_equals_brute_force():
         got = per_token_reduce(ids, values, targets, include, reduce)
         for b in range(4):
             for l in range(30):
-                same = [values[b, j].item() for j in range(30)
-                        if ids[b, j] == ids[b, l] and include[b, j] and targets[b, j]]
-                want = (sum(same) if reduce == "sum" else max(same, default=-1)) if targets[b, l] else \
-                    (0 if reduce == "sum" else -1)
+                same = [
+                    values[b, j].item() for j in range(30) if ids[b, j] == ids[b, l] and include[b, j] and targets[b, j]
+                ]
+                want = (
+                    (sum(same) if reduce == "sum" else max(same, default=-1))
+                    if targets[b, l]
+                    else (0 if reduce == "sum" else -1)
+                )
                 assert got[b, l].item() == want, (reduce, b, l)
     with pytest.raises(ValueError, match="reduce"):
         per_token_reduce(ids, values, targets, include, "mean")
@@ -33,8 +37,12 @@ def test_per_token_reduce_equals_brute_force():
 
 def test_write_tokens_writes_only_masked_positions():
     logits = torch.zeros(2, 5)
-    write_tokens(logits, torch.tensor([[1, 1, 3], [0, 4, 4]]), torch.tensor([[7.0, 7.0, 9.0], [1.0, 2.0, 2.0]]),
-                 torch.tensor([[True, True, False], [False, True, True]]))
+    write_tokens(
+        logits,
+        torch.tensor([[1, 1, 3], [0, 4, 4]]),
+        torch.tensor([[7.0, 7.0, 9.0], [1.0, 2.0, 2.0]]),
+        torch.tensor([[True, True, False], [False, True, True]]),
+    )
     assert logits.tolist() == [[0, 7, 0, 0, 0], [0, 0, 0, 0, 2]]
 
 
@@ -60,14 +68,18 @@ def _dense_and_sparse(entry: dict, seed: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 @pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("entry", [
-    {"use": "penalties", "repeat": 1.3, "frequency": 0.4, "presence": 0.2, "last_n": 16, "scope": "llama.cpp"},
-    {"use": "penalties", "repeat": 0.8, "frequency": 0.1, "last_n": -1, "scope": "llama.cpp"},
-    {"use": "penalties", "repeat": 1.5, "frequency": 0.3, "presence": 0.5, "scope": "transformers"},
-    {"use": "penalties", "repeat": 1.2, "frequency": 0.6, "presence": 0.3, "scope": "vllm"},
-    {"use": "dry", "multiplier": 0.8, "base": 1.75, "allowed_length": 2, "breakers": [], "breaker_ids": [[7]]},
-    {"use": "dry", "multiplier": 2.0, "base": 3.0, "allowed_length": 1, "penalty_last_n": 25, "breakers": []},
-], ids=["llama-window", "llama-all", "transformers", "vllm", "dry", "dry-window"])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"use": "penalties", "repeat": 1.3, "frequency": 0.4, "presence": 0.2, "last_n": 16, "scope": "llama.cpp"},
+        {"use": "penalties", "repeat": 0.8, "frequency": 0.1, "last_n": -1, "scope": "llama.cpp"},
+        {"use": "penalties", "repeat": 1.5, "frequency": 0.3, "presence": 0.5, "scope": "transformers"},
+        {"use": "penalties", "repeat": 1.2, "frequency": 0.6, "presence": 0.3, "scope": "vllm"},
+        {"use": "dry", "multiplier": 0.8, "base": 1.75, "allowed_length": 2, "breakers": [], "breaker_ids": [[7]]},
+        {"use": "dry", "multiplier": 2.0, "base": 3.0, "allowed_length": 1, "penalty_last_n": 25, "breakers": []},
+    ],
+    ids=["llama-window", "llama-all", "transformers", "vllm", "dry", "dry-window"],
+)
 def test_sparse_path_equals_dense_path_bitwise(entry, seed):
     sparse, dense = _dense_and_sparse(entry, seed)
     assert torch.equal(sparse, dense)

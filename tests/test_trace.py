@@ -78,8 +78,19 @@ def test_stateful_and_history_reading_samplers_trace_identically(lm):
 def test_recorded_statistics_are_consistent(lm, traced):
     model, _ = lm
     _, trace = traced
-    labels = ["logits", "penalties", "dry", "top_n_sigma", "top_k", "typical", "top_p", "min_p", "xtc", "temp_ext",
-              "dist"]
+    labels = [
+        "logits",
+        "penalties",
+        "dry",
+        "top_n_sigma",
+        "top_k",
+        "typical",
+        "top_p",
+        "min_p",
+        "xtc",
+        "temp_ext",
+        "dist",
+    ]
     assert trace.labels == labels
     assert trace.kinds[0] == "input" and trace.kinds[-1] == "select"
     widths, ents, probs = trace.widths(), trace.entropies(), trace.chosen_probs()
@@ -162,8 +173,17 @@ def test_rich_table_lists_every_step(traced):
 
 def test_dollar_signs_and_newlines_in_tokens_do_not_break_the_plot(traced, tmp_path):
     _, trace = traced
-    odd = Trace(["cost: $x$"], trace.labels, trace.kinds, trace.steps[:2], [2], [[1, 2], [3, 4]],
-                [["$", "\n"]], [["$a$", "\n\t"]], ["$a$\n\t"])
+    odd = Trace(
+        ["cost: $x$"],
+        trace.labels,
+        trace.kinds,
+        trace.steps[:2],
+        [2],
+        [[1, 2], [3, 4]],
+        [["$", "\n"]],
+        [["$a$", "\n\t"]],
+        ["$a$\n\t"],
+    )
     assert odd.tick_labels() == ["$a$", "\\n\\t"]
     assert odd.to_png(tmp_path / "odd.png").stat().st_size > 10_000
 
@@ -179,8 +199,9 @@ def test_beam_search_and_mixed_chains_are_refused(lm):
 @pytest.mark.slow
 def test_cli_writes_png_and_html_and_prints_a_table(tmp_path, capsys):
     out = tmp_path / "sub" / "trace"
-    code = main(["trace", PROMPT, "--preset", "llama.cpp", "--max-new-tokens", str(STEPS), "--seed", "1",
-                 "--out", str(out)])
+    code = main(
+        ["trace", PROMPT, "--preset", "llama.cpp", "--max-new-tokens", str(STEPS), "--seed", "1", "--out", str(out)]
+    )
     captured = capsys.readouterr()
     assert code == 0
     png, page = out.with_suffix(".png"), out.with_suffix(".html")

@@ -23,8 +23,14 @@ from samplechain.integrations import as_custom_generate, as_logits_processor, as
 from samplechain.tools.testing import byte_bpe_tokenizer, tiny_gpt2
 
 GREEDY = {"samplers": [{"use": "greedy"}]}
-SAMPLING = {"samplers": [{"use": "temperature", "t": 0.8}, {"use": "top_k", "k": 20}, {"use": "top_p", "p": 0.9},
-                         {"use": "dist"}]}
+SAMPLING = {
+    "samplers": [
+        {"use": "temperature", "t": 0.8},
+        {"use": "top_k", "k": 20},
+        {"use": "top_p", "p": 0.9},
+        {"use": "dist"},
+    ]
+}
 PROMPTS = ["The quick", "A"]
 
 
@@ -84,9 +90,11 @@ def ours(model, ids, mask, **kw):
     return generate(model, input_ids=ids, attention_mask=mask, pad_token_id=0, ignore_eos=True, **kw)
 
 
-@pytest.mark.parametrize("spec, seed, do_sample", [(GREEDY, None, False), (SAMPLING, 17, False),
-                                                  (SAMPLING, 17, True), (GREEDY, None, True)],
-                         ids=["greedy", "seeded-sampling", "seeded-sampling-do_sample", "greedy-do_sample"])
+@pytest.mark.parametrize(
+    "spec, seed, do_sample",
+    [(GREEDY, None, False), (SAMPLING, 17, False), (SAMPLING, 17, True), (GREEDY, None, True)],
+    ids=["greedy", "seeded-sampling", "seeded-sampling-do_sample", "greedy-do_sample"],
+)
 def test_model_generate_with_the_chain_as_logits_processor_equals_our_loop(model, batch, spec, seed, do_sample):
     ids, mask = batch
     expected = ours(model, ids, mask, chain=spec, seed=seed, max_new_tokens=12)
@@ -102,8 +110,14 @@ def test_on_the_embedded_model_the_adapters_equal_our_loop(docs_lm, batch, spec,
     model, _ = docs_lm
     ids, mask = batch
     expected = ours(model, ids, mask, chain=spec, seed=seed, max_new_tokens=8)
-    got = hf(model, ids, mask, logits_processor=as_logits_processor(spec, seed=seed), do_sample=seed is not None,
-             max_new_tokens=8)
+    got = hf(
+        model,
+        ids,
+        mask,
+        logits_processor=as_logits_processor(spec, seed=seed),
+        do_sample=seed is not None,
+        max_new_tokens=8,
+    )
     assert torch.equal(expected.sequences, got)
     decode = as_custom_generate(spec)
     assert torch.equal(hf(model, ids, mask, custom_generate=decode, seed=seed, max_new_tokens=8), expected.sequences)
@@ -112,8 +126,15 @@ def test_on_the_embedded_model_the_adapters_equal_our_loop(docs_lm, batch, spec,
 def test_num_return_sequences_gives_each_copy_the_seed_of_our_loop(model, batch):
     ids, mask = batch
     expected = ours(model, ids, mask, chain=SAMPLING, seed=3, max_new_tokens=6, num_return_sequences=2)
-    got = hf(model, ids, mask, logits_processor=as_logits_processor(SAMPLING, seed=3, num_return_sequences=2),
-             max_new_tokens=6, num_return_sequences=2, do_sample=True)
+    got = hf(
+        model,
+        ids,
+        mask,
+        logits_processor=as_logits_processor(SAMPLING, seed=3, num_return_sequences=2),
+        max_new_tokens=6,
+        num_return_sequences=2,
+        do_sample=True,
+    )
     assert torch.equal(expected.sequences, got)
     assert not torch.equal(got[0], got[1])  # the two copies of prompt 0 drew different streams
 
@@ -131,10 +152,20 @@ def test_the_processor_starts_fresh_requests_for_a_new_generation(model, batch):
 def test_select_false_equals_transformers_warpers(lm, batch):
     model, _ = lm  # on the trained model too: its logits are peaked, unlike a random model's
     ids, mask = batch
-    chain = Chain.load({"samplers": [{"use": "temperature", "t": 0.7}, {"use": "top_k", "k": 30},
-                                     {"use": "top_p", "p": 0.8}, {"use": "min_p", "p": 0.05}, {"use": "dist"}]})
-    warpers = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(30), TopPLogitsWarper(0.8),
-                                   MinPLogitsWarper(0.05)])
+    chain = Chain.load(
+        {
+            "samplers": [
+                {"use": "temperature", "t": 0.7},
+                {"use": "top_k", "k": 30},
+                {"use": "top_p", "p": 0.8},
+                {"use": "min_p", "p": 0.05},
+                {"use": "dist"},
+            ]
+        }
+    )
+    warpers = LogitsProcessorList(
+        [TemperatureLogitsWarper(0.7), TopKLogitsWarper(30), TopPLogitsWarper(0.8), MinPLogitsWarper(0.05)]
+    )
     processor = as_logits_processor(chain, select=False)
     out = hf(model, ids, mask, do_sample=False, max_new_tokens=6, output_logits=True, return_dict_in_generate=True)
     for step, logits in enumerate(out.logits):
@@ -153,8 +184,11 @@ def test_select_false_accepts_the_tokens_transformers_chose(model, batch):
     assert positions.tolist() == [4, 4, 4]  # five calls: the tokens of the first four are accepted
 
 
-@pytest.mark.parametrize("which, steps", [("tiny_lm", (3, 1)), ("tiny_lm", (1, 3)), ("docs_lm", (1, 3))],
-                         ids=["string-then-eos", "eos-then-string", "docs-gpt2"])
+@pytest.mark.parametrize(
+    "which, steps",
+    [("tiny_lm", (3, 1)), ("tiny_lm", (1, 3)), ("docs_lm", (1, 3))],
+    ids=["string-then-eos", "eos-then-string", "docs-gpt2"],
+)
 def test_stopping_criteria_stop_the_same_rows_at_the_same_steps(request, which, steps):
     model, tok = request.getfixturevalue(which)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -162,12 +196,14 @@ def test_stopping_criteria_stop_the_same_rows_at_the_same_steps(request, which, 
     at = free.prompt_length
     texts = [tok.decode([t]) for t in free.sequences[0, at:].tolist()]
     # row 0 writes it at that step (or the first step after it whose token is whole characters)
-    string = next(t for t in texts[steps[0]:] if t.strip() and "\ufffd" not in t)
+    string = next(t for t in texts[steps[0] :] if t.strip() and "\ufffd" not in t)
     eos = int(free.sequences[1, at + steps[1]])  # row 1 emits it at that step: our "eos" for this test
-    crits = [{"use": "stop_strings", "strings": [string]}, {"use": "eos", "ids": [eos]},
-             {"use": "max_new_tokens", "n": 10}]
-    expected = generate(model, tok, PROMPTS, chain={"samplers": [{"use": "greedy"}], "stop": crits},
-                        pad_token_id=pad)
+    crits = [
+        {"use": "stop_strings", "strings": [string]},
+        {"use": "eos", "ids": [eos]},
+        {"use": "max_new_tokens", "n": 10},
+    ]
+    expected = generate(model, tok, PROMPTS, chain={"samplers": [{"use": "greedy"}], "stop": crits}, pad_token_id=pad)
     enc = [tok(p)["input_ids"] for p in PROMPTS]
     width = max(map(len, enc))
     ids = torch.tensor([[pad] * (width - len(e)) + e for e in enc])
@@ -175,8 +211,15 @@ def test_stopping_criteria_stop_the_same_rows_at_the_same_steps(request, which, 
     stopper = as_stopping_criteria(crits, tokenizer=tok, pad_token_id=pad)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        got = model.generate(input_ids=ids, attention_mask=mask, pad_token_id=pad, eos_token_id=None,
-                             do_sample=False, max_new_tokens=10, stopping_criteria=stopper)
+        got = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            pad_token_id=pad,
+            eos_token_id=None,
+            do_sample=False,
+            max_new_tokens=10,
+            stopping_criteria=stopper,
+        )
     assert stopper[0].finish_reasons == expected.finish_reasons
     assert set(expected.finish_reasons) == {"stop_strings", "eos"}  # both criteria took part
     for row, n in enumerate(expected.num_generated.tolist()):
@@ -196,10 +239,20 @@ def test_custom_generate_callable_runs_our_loop(model, batch):
 def test_custom_generate_honours_transformers_processors_and_return_sequences(model, batch):
     ids, mask = batch
     penalty = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5)])
-    expected = ours(model, ids, mask, chain=SAMPLING, seed=2, max_new_tokens=6, num_return_sequences=2,
-                    logits_processor=penalty)
-    got = hf(model, ids, mask, custom_generate=as_custom_generate(SAMPLING), seed=2, max_new_tokens=6,
-             num_return_sequences=2, repetition_penalty=1.5, do_sample=True)
+    expected = ours(
+        model, ids, mask, chain=SAMPLING, seed=2, max_new_tokens=6, num_return_sequences=2, logits_processor=penalty
+    )
+    got = hf(
+        model,
+        ids,
+        mask,
+        custom_generate=as_custom_generate(SAMPLING),
+        seed=2,
+        max_new_tokens=6,
+        num_return_sequences=2,
+        repetition_penalty=1.5,
+        do_sample=True,
+    )
     assert torch.equal(got, expected.sequences)
 
 
@@ -208,20 +261,44 @@ def test_custom_generate_drops_transformers_sampling_warpers_with_a_warning(mode
     expected = ours(model, ids, mask, chain=SAMPLING, seed=4, max_new_tokens=4)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # do_sample=True alone (transformers' top_k=50): no warning
-        model.generate(input_ids=ids, attention_mask=mask, pad_token_id=0, eos_token_id=None,
-                       custom_generate=as_custom_generate(SAMPLING), seed=4, max_new_tokens=4, do_sample=True)
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            pad_token_id=0,
+            eos_token_id=None,
+            custom_generate=as_custom_generate(SAMPLING),
+            seed=4,
+            max_new_tokens=4,
+            do_sample=True,
+        )
     with pytest.warns(UserWarning, match="TemperatureLogitsWarper, TopKLogitsWarper.*chain decides sampling"):
-        got = model.generate(input_ids=ids, attention_mask=mask, pad_token_id=0, eos_token_id=None,
-                             custom_generate=as_custom_generate(SAMPLING), seed=4, max_new_tokens=4,
-                             do_sample=True, temperature=0.3, top_k=5)
+        got = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            pad_token_id=0,
+            eos_token_id=None,
+            custom_generate=as_custom_generate(SAMPLING),
+            seed=4,
+            max_new_tokens=4,
+            do_sample=True,
+            temperature=0.3,
+            top_k=5,
+        )
     assert torch.equal(got, expected.sequences)
 
 
 def test_custom_generate_beam_search_runs_our_beam_search(model, batch):
     ids, mask = batch
     expected = ours(model, ids, mask, chain=GREEDY, max_new_tokens=5, num_beams=3, num_return_sequences=2)
-    got = hf(model, ids, mask, custom_generate=as_custom_generate(GREEDY), max_new_tokens=5, num_beams=3,
-             num_return_sequences=2)
+    got = hf(
+        model,
+        ids,
+        mask,
+        custom_generate=as_custom_generate(GREEDY),
+        max_new_tokens=5,
+        num_beams=3,
+        num_return_sequences=2,
+    )
     assert torch.equal(got, expected.sequences)
 
 
@@ -237,10 +314,27 @@ def test_custom_generate_passes_stop_regex_and_include_stop_str_in_output(docs_l
     stops = dict(stop_regex=[re.escape(free.texts[0][4:7])], stop_strings=[free.texts[1][5:8]])
     decode = as_custom_generate(GREEDY, tokenizer=tok)
     for include in (False, True, [True, False, False]):
-        want = generate(model, tok, input_ids=ids, attention_mask=mask, pad_token_id=0, ignore_eos=True,
-                        include_stop_str_in_output=include, **stops, **kw)
-        got = hf(model, ids, mask, custom_generate=decode, max_new_tokens=12, return_dict_in_generate=True,
-                 include_stop_str_in_output=include, **stops)
+        want = generate(
+            model,
+            tok,
+            input_ids=ids,
+            attention_mask=mask,
+            pad_token_id=0,
+            ignore_eos=True,
+            include_stop_str_in_output=include,
+            **stops,
+            **kw,
+        )
+        got = hf(
+            model,
+            ids,
+            mask,
+            custom_generate=decode,
+            max_new_tokens=12,
+            return_dict_in_generate=True,
+            include_stop_str_in_output=include,
+            **stops,
+        )
         assert torch.equal(got.sequences, want.sequences)
         assert got.finish_reasons == want.finish_reasons and got.stop_texts == want.stop_texts
         assert got.texts == want.texts
@@ -253,5 +347,11 @@ def test_custom_generate_passes_stop_regex_and_include_stop_str_in_output(docs_l
 def test_custom_generate_refuses_model_inputs_it_cannot_feed(model, batch):
     ids, mask = batch
     with pytest.raises(ConfigError, match=r"model inputs \['token_type_ids'\]"):
-        hf(model, ids, mask, custom_generate=as_custom_generate(GREEDY), max_new_tokens=2,
-           token_type_ids=torch.zeros_like(ids))
+        hf(
+            model,
+            ids,
+            mask,
+            custom_generate=as_custom_generate(GREEDY),
+            max_new_tokens=2,
+            token_type_ids=torch.zeros_like(ids),
+        )

@@ -45,8 +45,11 @@ class _Alias(importlib.abc.Loader):
         self.new = new
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        warnings.warn(f"{spec.name} is now {self.new} (docs/architecture.md); import it from there",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"{spec.name} is now {self.new} (docs/architecture.md); import it from there",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return importlib.import_module(self.new)  # the one module: its __name__ and __spec__ stay the new ones
 
     def exec_module(self, module: ModuleType) -> None:
@@ -54,8 +57,9 @@ class _Alias(importlib.abc.Loader):
 
 
 class _MovedFinder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname: str, path: object = None, target: object = None
-                  ) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         new = MOVED.get(fullname)
         if new is None and fullname.startswith("samplechain.templates."):
             new = "samplechain.tools.templates." + fullname.rpartition(".")[2]

@@ -35,8 +35,10 @@ __all__ = [
 
 NEG_INF = float("-inf")
 
-def compact_kept(logits: torch.Tensor, keep: torch.Tensor, counts: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+
+def compact_kept(
+    logits: torch.Tensor, keep: torch.Tensor, counts: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The entries of each row where keep (B, V) is True, compacted in column order into (B, max count): values
     (-inf past a row's count), positions and the counts (B,). A shorter row's spare slots take distinct columns
     it does not keep, so positions stay unique per row: the s-th column missing from its ascending survivors is
@@ -63,8 +65,13 @@ def tied_rows(values: torch.Tensor, counts: torch.Tensor) -> list[int]:
     "the counts[b] best" must choose among equal logits. Small CPU batches are checked with numpy (a few
     microseconds instead of a handful of torch calls: this runs on every top-k / top-p step)."""
     width = values.shape[1]
-    if values.device.type == "cpu" and counts.device.type == "cpu" and values.shape[0] <= 256 \
-            and values.dtype == torch.float32 and not values.requires_grad:
+    if (
+        values.device.type == "cpu"
+        and counts.device.type == "cpu"
+        and values.shape[0] <= 256
+        and values.dtype == torch.float32
+        and not values.requires_grad
+    ):
         v = values.numpy()
         if len(v) <= 8:  # a few rows: plain Python over two values each
             out = []
@@ -83,8 +90,9 @@ def tied_rows(values: torch.Tensor, counts: torch.Tensor) -> list[int]:
     return ((c < width) & (at == after) & (at > NEG_INF)).nonzero().flatten().tolist()
 
 
-def settle_ties(values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor, logits: torch.Tensor,
-                ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def settle_ties(
+    values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor, logits: torch.Tensor, ids: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Make "keep the counts[b] best" independent of how it was computed: where the counts[b]-th and the next
     value of a row's partial sort (values, index: (B, W), descending, W > counts[b] where the row has more
     candidates) are equal, the tied candidates kept are those with the lowest token ids, not the ones the partial
@@ -101,8 +109,12 @@ def settle_ties(values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor,
     cut = (counts.index_select(0, tied).clamp(1, values.shape[1]) - 1)[:, None]
     v = vals.gather(1, cut)  # (T, 1) the value at each tied row's cut
     places = vals == v  # (T, W) where the partial sort put it (a run, in descending order)
-    lowest = lowest_equal(logits.index_select(0, tied), v, int(places.sum(dim=-1).max()),
-                          None if ids is None else ids.index_select(0, tied))
+    lowest = lowest_equal(
+        logits.index_select(0, tied),
+        v,
+        int(places.sum(dim=-1).max()),
+        None if ids is None else ids.index_select(0, tied),
+    )
     rank = (torch.cumsum(places, dim=-1) - 1).clamp(min=0)  # the n-th place of v takes the n-th lowest id
     return values, index.index_copy(0, tied, torch.where(places, lowest.gather(1, rank), idx))
 
@@ -273,7 +285,12 @@ class Candidates:
         return Candidates(logits, ids, self.vocab_size, True, logits is not self.logits or self.writable)
 
     def restrict(
-        self, values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor, keep_all: torch.Tensor, *,
+        self,
+        values: torch.Tensor,
+        index: torch.Tensor,
+        counts: torch.Tensor,
+        keep_all: torch.Tensor,
+        *,
         ranked: bool = False,
     ) -> Candidates:
         """Keep, per row, the counts[b] best candidates given by a partial sort (values, index: (B, J), descending).
@@ -285,8 +302,9 @@ class Candidates:
         are already in the filters' order (`Backend.ranked_topk`, `Backend.at_least`), nothing to settle.
         """
         if not ranked:
-            values, index = settle_ties(values, index, torch.where(keep_all, values.shape[1], counts), self.logits,
-                                        self.ids)
+            values, index = settle_ties(
+                values, index, torch.where(keep_all, values.shape[1], counts), self.logits, self.ids
+            )
         if not bool(keep_all.any()):
             return self.take(values, index, is_sorted=True).keep_first(counts)
         if self.is_sorted:
@@ -513,8 +531,9 @@ class Backend:
         """Rows sorted by descending logit, and the permutation. (B, K) -> (B, K) x2."""
         raise NotImplementedError
 
-    def ranked_topk(self, logits: torch.Tensor, k: int, ids: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def ranked_topk(
+        self, logits: torch.Tensor, k: int, ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The k best candidates per row in the order every filter cuts by: descending logit, of equal logits the
         lowest token id first (ids (B, K), None: id = position). Values (B, k) in descending order and their
         positions: the set is the same on every backend and for a row alone or in any batch (the order among equal
@@ -522,8 +541,9 @@ class Backend:
         may do better (the cpu backend reads only the chunks that can hold the k best)."""
         return ranked_topk(logits, k, ids)
 
-    def at_least(self, logits: torch.Tensor, threshold: torch.Tensor, k: int = 0, *, ordered: bool = True
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def at_least(
+        self, logits: torch.Tensor, threshold: torch.Tensor, k: int = 0, *, ordered: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per row, the entries >= threshold[b] (B,) and at least the k best, in the filters' order (`ranked_topk`:
         descending, equal logits lowest position first, so a cut anywhere in them needs no settling): values and
         positions (B, J) with J = max(count, k) (a row's entries past max(count, k) may be anything) and the
@@ -544,8 +564,9 @@ class Backend:
         """Counter-based U(0, 1) noise (B, K) float64."""
         raise NotImplementedError
 
-    def gumbel_argmax(self, logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor,
-                      ids: torch.Tensor | None, stream: int) -> torch.Tensor:
+    def gumbel_argmax(
+        self, logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None, stream: int
+    ) -> torch.Tensor:
         """(B,) argmax(rng.shifted(logits) + gumbel noise) per row, first index on ties: a Gumbel-max draw (rows of
         huge logits shifted by their maximum, so the noise is not lost next to them). ids None
         means ids[b, j] == j. Backends may fuse it (the cpu backend hashes in place); the index must be the same."""

@@ -193,8 +193,9 @@ class Sampler:
         when the sampler is not a no-op on the batch (`is_noop`); must read nothing on the device."""
         return None
 
-    def sparse_changes(self, cand: Candidates, ctx: StepContext
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def sparse_changes(
+        self, cand: Candidates, ctx: StepContext
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """On the full untouched vocabulary (cand.ids is None): what apply() would change, as token ids (B, L),
         their new logits (B, L) and a mask (B, L) of the changes, each id at most once per row; None when the
         sampler cannot say (the executor then calls apply). Lets a following rank-only filter run on the changed
@@ -428,4 +429,3 @@ class StoppingCriterion:
     def hold_back(self) -> int:
         """Characters a stream keeps back while this criterion is active (0: it never cuts text)."""
         return 0
-

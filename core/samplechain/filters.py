@@ -26,8 +26,20 @@ import torch
 
 from .contracts import BUCKET_MASS, Backend, Candidates
 
-__all__ = ["BUCKETS", "MASS_MARGIN", "WIDE", "bucket_edge", "bucket_keys", "bucket_mass", "bucket_sums", "divided",
-           "kth_largest", "log_softmax64", "patched_top", "with_min_keep"]
+__all__ = [
+    "BUCKETS",
+    "MASS_MARGIN",
+    "WIDE",
+    "bucket_edge",
+    "bucket_keys",
+    "bucket_mass",
+    "bucket_sums",
+    "divided",
+    "kth_largest",
+    "log_softmax64",
+    "patched_top",
+    "with_min_keep",
+]
 
 WIDE = 16384  # rows at least this wide take the fast paths (float32 passes, chunked reads); read at call time
 _BUCKET_SHIFT = 20  # float32 bits >> 20: sign, exponent and 3 mantissa bits
@@ -82,8 +94,9 @@ def with_min_keep(cand: Candidates, backend: Backend, keep: torch.Tensor, min_ke
 _FIRST_EXTRA = 16
 
 
-def patched_top(cand: Candidates, changes: tuple[torch.Tensor, torch.Tensor, torch.Tensor], counts: torch.Tensor,
-                backend: Backend) -> Candidates | None:
+def patched_top(
+    cand: Candidates, changes: tuple[torch.Tensor, torch.Tensor, torch.Tensor], counts: torch.Tensor, backend: Backend
+) -> Candidates | None:
     """The counts[b] largest logits of each row of `cand` (the full vocabulary) after `changes` = (ids, new logits,
     mask) (B, L), each id at most once per row, are applied; sorted and compacted, as top_k leaves them. None when
     a row has fewer finite candidates than it keeps (the caller applies the change and filters the usual way).

@@ -9,8 +9,17 @@ from typing import Any, Callable
 
 import attrs
 
-__all__ = ["in_range", "finite", "one_of", "seed_field", "is_seed_field", "token_ids_field", "validators",
-           "field_type", "env_switch"]
+__all__ = [
+    "in_range",
+    "finite",
+    "one_of",
+    "seed_field",
+    "is_seed_field",
+    "token_ids_field",
+    "validators",
+    "field_type",
+    "env_switch",
+]
 
 _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
@@ -26,6 +35,7 @@ def env_switch(name: str, *, default: bool, on: str, off: str, error: type[Excep
     if value not in _ON + _OFF:
         raise error(f"{name}={raw!r}: expected 1 ({on}) or 0 ({off})")
     return value in _ON
+
 
 _SEED = "samplechain.seed"
 
@@ -77,6 +87,7 @@ def validators(field: attrs.Attribute) -> list[Any]:
     """A Params field's validators as a flat list (attrs wraps a list of them in one `and_` validator); an
     `in_range` one carries `.bounds` (low, high, low_open, high_open) and `.text`, a `one_of` one `.choices`: what
     tools that generate or document values read (tests, the reference page)."""
+
     def flat(v: Any) -> list[Any]:
         if v is None:
             return []

@@ -18,8 +18,20 @@ import os
 import numpy as np
 import torch
 
-__all__ = ["mix32", "row_keys", "uniform", "gumbel", "gumbel_argmax", "exponential", "fresh_seed", "SEED_MAX",
-           "device_row_keys", "device_uniform", "device_shifted", "device_gumbel_argmax"]
+__all__ = [
+    "mix32",
+    "row_keys",
+    "uniform",
+    "gumbel",
+    "gumbel_argmax",
+    "exponential",
+    "fresh_seed",
+    "SEED_MAX",
+    "device_row_keys",
+    "device_uniform",
+    "device_shifted",
+    "device_gumbel_argmax",
+]
 
 _M32 = 0xFFFFFFFF
 SEED_MAX = 2**63 - 1
@@ -77,8 +89,10 @@ _FEW_ROWS = 8  # up to this many rows, the row keys are Python ints
 def _row_keys_np(seed: np.ndarray, position: np.ndarray, stream: int) -> tuple[np.ndarray, np.ndarray]:
     if seed.size <= _FEW_ROWS:
         keys = [_row_key_int(int(a), int(b), stream) for a, b in zip(seed.tolist(), position.tolist())]
-        return (np.array([k for k, _ in keys], dtype=np.uint64).reshape(seed.shape),
-                np.array([k for _, k in keys], dtype=np.uint64).reshape(seed.shape))
+        return (
+            np.array([k for k, _ in keys], dtype=np.uint64).reshape(seed.shape),
+            np.array([k for _, k in keys], dtype=np.uint64).reshape(seed.shape),
+        )
     seed = seed.astype(np.uint64)
     position = position.astype(np.uint64)
     k = _mix32_np((seed >> np.uint64(32)) & _NP_M32 ^ np.uint64((stream * 0x9E3779B9) & _M32))
@@ -128,8 +142,12 @@ def _mix32_i32(x: torch.Tensor) -> torch.Tensor:
 
 def uniform(seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int = 0) -> torch.Tensor:
     """U(0, 1) noise, float64 (B, K), for token ids (B, K) of rows with seed/position (B,)."""
-    if ids.device.type == "cpu" and seed.device.type == "cpu" and position.device.type == "cpu" \
-            and ids.numel() <= _NP_SMALL:
+    if (
+        ids.device.type == "cpu"
+        and seed.device.type == "cpu"
+        and position.device.type == "cpu"
+        and ids.numel() <= _NP_SMALL
+    ):
         k1, k2 = _row_keys_np(seed.numpy(), position.numpy(), stream)
         x = (ids.numpy().astype(np.uint64) + k1[:, None]) & _NP_M32
         bits = _mix32_np(_mix32_np(x) ^ k2[:, None])
@@ -192,9 +210,14 @@ def device_shifted(logits: torch.Tensor, top: torch.Tensor | None = None) -> tor
     return logits.double() - torch.where(huge, top, torch.zeros_like(top)).double()[:, None]
 
 
-def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None,
-                  stream: int = 0, work: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-                  ) -> torch.Tensor:
+def gumbel_argmax(
+    logits: torch.Tensor,
+    seed: torch.Tensor,
+    position: torch.Tensor,
+    ids: torch.Tensor | None,
+    stream: int = 0,
+    work: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """argmax(shifted(logits) + gumbel(seed, position, ids, stream)) per row (B,), the same index bit for bit
     (first index on ties), computed in place on three (B, K) workspaces (int32, int32, float64) instead of a dozen
     fresh temporaries. ids None means ids[b, j] == j. `work` (contents undefined) may be given to reuse buffers.
@@ -207,8 +230,15 @@ def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tens
     if logits.device.type != "cpu" or B * K <= _NP_SMALL:
         full = torch.arange(K, device=logits.device).expand(B, -1) if ids is None else ids
         return torch.log(uniform(seed, position, full, stream)).neg_().log_().sub_(base).argmin(dim=-1)
-    x, t, g = work if work is not None else (
-        torch.empty(B, K, dtype=torch.int32), torch.empty(B, K, dtype=torch.int32), torch.empty(B, K, dtype=torch.float64))
+    x, t, g = (
+        work
+        if work is not None
+        else (
+            torch.empty(B, K, dtype=torch.int32),
+            torch.empty(B, K, dtype=torch.int32),
+            torch.empty(B, K, dtype=torch.float64),
+        )
+    )
     k1, k2 = row_keys(seed, position, stream)
     if ids is None:
         torch.add(torch.arange(K, dtype=torch.int32)[None, :], _as_i32(k1)[:, None], out=x)
@@ -220,8 +250,9 @@ def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tens
     return g.log_().neg_().log_().sub_(base).argmin(dim=-1)
 
 
-def device_gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor,
-                         ids: torch.Tensor | None, stream: int = 0) -> torch.Tensor:
+def device_gumbel_argmax(
+    logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None, stream: int = 0
+) -> torch.Tensor:
     """`gumbel_argmax` in torch ops only, without a host read (what a GPU runs, capturable in a CUDA graph): the
     same index bit for bit."""
     B, K = logits.shape

@@ -37,8 +37,18 @@ from typing import Any
 import torch
 
 __all__ = [
-    "ByteTable", "TooManySpellings", "byte_table", "decoded_tail", "gpt2_byte_decoder", "matching_mode",
-    "overlapping_sequences", "spellings", "tail_bytes", "token_bytes", "token_lengths", "word_token_ids",
+    "ByteTable",
+    "TooManySpellings",
+    "byte_table",
+    "decoded_tail",
+    "gpt2_byte_decoder",
+    "matching_mode",
+    "overlapping_sequences",
+    "spellings",
+    "tail_bytes",
+    "token_bytes",
+    "token_lengths",
+    "word_token_ids",
 ]
 
 _PREFIX = "abcdef"  # transformers' static prefix for tokens it cannot map to bytes directly
@@ -104,7 +114,7 @@ def _has_type(config: Any, name: str) -> bool:
 
 
 def matching_mode(tokenizer: Any) -> str | None:
-    """"byte_level", "byte_fallback" or None, from the tokenizer's decoder, as transformers decides it."""
+    """ "byte_level", "byte_fallback" or None, from the tokenizer's decoder, as transformers decides it."""
     decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
     if decoder is None:
         return None
@@ -123,8 +133,12 @@ def matching_mode(tokenizer: Any) -> str | None:
 
 
 def _byte_token(piece: str) -> bool:
-    return (len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">")
-            and all(ch in "0123456789abcdefABCDEF" for ch in piece[3:5]))
+    return (
+        len(piece) == 6
+        and piece.startswith("<0x")
+        and piece.endswith(">")
+        and all(ch in "0123456789abcdefABCDEF" for ch in piece[3:5])
+    )
 
 
 def token_bytes(tokenizer: Any) -> list[bytes]:
@@ -149,8 +163,9 @@ def token_bytes(tokenizer: Any) -> list[bytes]:
         elif sentencepiece:
             out.append(piece.replace("▁", " ").encode("utf-8"))
         elif bare:
-            out.append(tokenizer.decode([i], skip_special_tokens=True, clean_up_tokenization_spaces=False)
-                       .encode("utf-8"))
+            out.append(
+                tokenizer.decode([i], skip_special_tokens=True, clean_up_tokenization_spaces=False).encode("utf-8")
+            )
         else:
             if base is None:
                 base = tokenizer.convert_ids_to_tokens(tokenizer(_PREFIX, add_special_tokens=False)["input_ids"])
@@ -159,7 +174,7 @@ def token_bytes(tokenizer: Any) -> list[bytes]:
             if at < 0:  # the prefix did not survive (an unusual decoder): the token decoded alone
                 text = tokenizer.decode([i], clean_up_tokenization_spaces=False)
             else:
-                text = text[at + len(_PREFIX):]
+                text = text[at + len(_PREFIX) :]
             out.append(text.encode("utf-8"))
     return out
 
@@ -169,8 +184,14 @@ def _fingerprint(tokenizer: Any) -> tuple:
     n = len(tokenizer)
     sample = sorted(set(range(0, n, max(n // 256, 1))) | set(range(max(n - 64, 0), n)))
     special = tuple(sorted(getattr(tokenizer, "all_special_ids", None) or []))
-    return (type(tokenizer).__name__, getattr(tokenizer, "name_or_path", ""), n, matching_mode(tokenizer), special,
-            hash(tuple(tokenizer.convert_ids_to_tokens(sample))))
+    return (
+        type(tokenizer).__name__,
+        getattr(tokenizer, "name_or_path", ""),
+        n,
+        matching_mode(tokenizer),
+        special,
+        hash(tuple(tokenizer.convert_ids_to_tokens(sample))),
+    )
 
 
 def _build(pieces: list[bytes]) -> ByteTable:
@@ -232,8 +253,9 @@ def _index(table: ByteTable) -> tuple[dict[bytes, tuple[int, ...]], int]:
     return found
 
 
-def spellings(tokenizer: Any, text: str | bytes, *, limit: int = 256,
-              truncate: bool = False) -> tuple[tuple[int, ...], ...]:
+def spellings(
+    tokenizer: Any, text: str | bytes, *, limit: int = 256, truncate: bool = False
+) -> tuple[tuple[int, ...], ...]:
     """Every token-id sequence whose tokens' bytes (`token_bytes`) join to exactly `text`'s UTF-8 bytes, fewest
     tokens first, then by ids. `tokenizer` may be a ByteTable. The text is read as running text (see the module
     docstring: with SentencePiece or WordPiece, " the" is [▁the], "the" is not).
@@ -256,8 +278,10 @@ def spellings(tokenizer: Any, text: str | bytes, *, limit: int = 256,
                     steps[i].append((end, token))
                     count[i] += count[end]
     if count[0] > limit and not truncate:
-        raise TooManySpellings(f"{text!r} has {count[0]} spellings, more than limit={limit}: raise the limit, or "
-                               "pass truncate=True for the fewest-token ones")
+        raise TooManySpellings(
+            f"{text!r} has {count[0]} spellings, more than limit={limit}: raise the limit, or "
+            "pass truncate=True for the fewest-token ones"
+        )
     # best[i]: the first `limit` spellings of data[i:]; those starting with token t are t + the first of best[end]
     # (one more token and a fixed first id keep their order), so keeping `limit` per offset loses none
     best: list[list[tuple[int, ...]]] = [[] for _ in range(n + 1)]

@@ -44,7 +44,8 @@ class TokenGroups:
             identity = 0
         elif reduce == "amax":
             acc = torch.full_like(vals, -1).scatter_reduce_(
-                1, self.group, torch.where(inc, vals, torch.full_like(vals, -1)), reduce="amax")
+                1, self.group, torch.where(inc, vals, torch.full_like(vals, -1)), reduce="amax"
+            )
             identity = -1
         else:
             raise ValueError(f"reduce must be 'sum' or 'amax', got {reduce!r}")
@@ -56,8 +57,9 @@ class TokenGroups:
         return torch.zeros_like(self.targets).scatter_(1, self.order, self.starts) & self.targets
 
 
-def per_token_reduce(ids: torch.Tensor, values: torch.Tensor, targets: torch.Tensor, include: torch.Tensor,
-                     reduce: str = "sum") -> torch.Tensor:
+def per_token_reduce(
+    ids: torch.Tensor, values: torch.Tensor, targets: torch.Tensor, include: torch.Tensor, reduce: str = "sum"
+) -> torch.Tensor:
     """At every target position (b, l): the reduction of `values` over the target positions of row b whose id
     equals ids[b, l] and where `include` is True. Non-target positions get the reduction's identity (0 for "sum",
     -1 for "amax", which assumes non-negative values). ids, values (float or int), targets, include: (B, L)."""
@@ -82,8 +84,11 @@ def write_tokens(logits: torch.Tensor, ids: torch.Tensor, values: torch.Tensor, 
         if ids.shape[1]:
             first = mask.to(torch.uint8).argmax(dim=1, keepdim=True)  # (B, 1) the first masked position, or 0
             target = torch.where(mask, ids, ids.gather(1, first))
-            spare = torch.where(mask.any(dim=1, keepdim=True), values.gather(1, first).to(logits.dtype),
-                                logits.gather(1, ids.gather(1, first)))
+            spare = torch.where(
+                mask.any(dim=1, keepdim=True),
+                values.gather(1, first).to(logits.dtype),
+                logits.gather(1, ids.gather(1, first)),
+            )
             logits.scatter_(1, target, torch.where(mask, values.to(logits.dtype), spare))
         return
     rows, cols = mask.nonzero(as_tuple=True)

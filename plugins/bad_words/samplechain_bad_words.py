@@ -102,8 +102,10 @@ class BadWords(Sampler):
 
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
         if not self._words_ready:
-            raise SamplingError(f"{self.qualified_name()}: words need a tokenizer: run the chain through generate() "
-                                "or call chain.prepare(tokenizer=...) first, or give token ids as `ids`")
+            raise SamplingError(
+                f"{self.qualified_name()}: words need a tokenizer: run the chain through generate() "
+                "or call chain.prepare(tokenizer=...) first, or give token ids as `ids`"
+            )
         if not self.matcher.groups:
             return cand
         ban = self.matcher.bias(ctx.history, cand.vocab_size, cand.batch_size, cand.logits.device) < 0

@@ -16,8 +16,15 @@ import torch
 
 from samplechain import FUSED_SAMPLE, Backend, BackendError, FusedPart, filters, hookimpl, rng
 from samplechain.params import env_switch
-from samplechain.contracts import (BUCKET_MASS, LSE64_WIDTH, ROW_LSE, TOP_P_CANDIDATES, TYPICAL_BAND, compact_kept,
-                                   ranked_topk)
+from samplechain.contracts import (
+    BUCKET_MASS,
+    LSE64_WIDTH,
+    ROW_LSE,
+    TOP_P_CANDIDATES,
+    TYPICAL_BAND,
+    compact_kept,
+    ranked_topk,
+)
 from samplechain.filters import BUCKETS
 
 # chunked top-k pays when the k best chunks are a small part of the row (their gather and second top-k stay cheap)
@@ -97,8 +104,9 @@ def threshold_ranked_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, t
     return values, positions.gather(1, order)
 
 
-def chunked_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int, width: int, ordered: bool = True
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+def chunked_at_least(
+    logits: torch.Tensor, threshold: torch.Tensor, k: int, width: int, ordered: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Backend.at_least through chunk maxima: every entry >= threshold lies in a chunk whose maximum does, and
     the best k in the k best chunks by (maximum, lowest chunk number) (see chunked_ranked_topk). So: the chunks
     whose maximum reaches the threshold (at least k of them), gathered, counted and one ranked top-k of the
@@ -137,8 +145,9 @@ def _coarse(logits: torch.Tensor) -> bool:
     return sample.dtype == torch.float32 and not bool((sample.view(torch.int32) & 0x1FFF).any())
 
 
-def _distinct_topk(x: torch.Tensor, j: int, *, masked_ties: bool = False, whole: bool = True
-                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _distinct_topk(
+    x: torch.Tensor, j: int, *, masked_ties: bool = False, whole: bool = True
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """torch.topk(x, j) when no tie needs the filters' order: no entry left out equals the j-th value (the set is
     the ranked one) and, whole=True, no two of the j are equal (so is the order; nearly always on float32 logits);
     masked_ties: equal -inf values allowed, for callers that never keep those. None otherwise (bfloat16 logits):
@@ -158,20 +167,33 @@ def _distinct_topk(x: torch.Tensor, j: int, *, masked_ties: bool = False, whole:
             same = v[:, 1:] == v[:, :-1]
             if same.any() and (not masked_ties or (same & (v[:, 1:] > -np.inf)).any()):
                 return None
-        elif bool(((values[:, 1:] == values[:, :-1]) & (values[:, 1:] > float("-inf")) if masked_ties
-                   else values[:, 1:] == values[:, :-1]).any()):
+        elif bool(
+            (
+                (values[:, 1:] == values[:, :-1]) & (values[:, 1:] > float("-inf"))
+                if masked_ties
+                else values[:, 1:] == values[:, :-1]
+            ).any()
+        ):
             return None
     return values, where
 
 
-def cpu_ranked_topk(x: torch.Tensor, k: int, ids: torch.Tensor | None = None, *, whole: bool = False
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def cpu_ranked_topk(
+    x: torch.Tensor, k: int, ids: torch.Tensor | None = None, *, whole: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """contracts.ranked_topk (the set of the k best by (logit, lowest id); the order among equal values inside is
     free, unless whole: then it is the filters' order too), with a plain top-k where no tie needs settling, and
     numpy keys on small inputs, or one compiled pass over each row (a heap of the k best keys) where numba is
     installed and k is a small part of a wide enough input: 2-3x a plain top-k's speed, ties or not."""
-    if (k > 0 and k * _HEAP_SHARE <= x.shape[-1] and x.ndim == 2 and x.numel() >= _FUSED_MIN
-            and x.dtype == torch.float32 and not x.requires_grad and numba_enabled()):
+    if (
+        k > 0
+        and k * _HEAP_SHARE <= x.shape[-1]
+        and x.ndim == 2
+        and x.numel() >= _FUSED_MIN
+        and x.dtype == torch.float32
+        and not x.requires_grad
+        and numba_enabled()
+    ):
         import samplechain_cpu_numba
 
         found = samplechain_cpu_numba.ranked_topk(x, k, ids)
@@ -198,15 +220,19 @@ def _np_ranked_topk(x: torch.Tensor, k: int, ids: torch.Tensor | None) -> tuple[
     idn = np.arange(x.shape[1], dtype=np.int64)[None, :] if ids is None else ids.numpy()
     keys = (order << 32) | (0xFFFFFFFF - idn)
     width = keys.shape[1]
-    part = np.argpartition(keys, width - k, axis=-1)[:, width - k:] if k < width else \
-        np.broadcast_to(np.arange(width), keys.shape).copy()
+    part = (
+        np.argpartition(keys, width - k, axis=-1)[:, width - k :]
+        if k < width
+        else np.broadcast_to(np.arange(width), keys.shape).copy()
+    )
     top = np.take_along_axis(keys, part, axis=-1)
     where = torch.from_numpy(np.take_along_axis(part, np.argsort(-top, axis=-1, kind="stable"), axis=-1))
     return x.gather(1, where), where
 
 
-def compacted_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+def compacted_at_least(
+    logits: torch.Tensor, threshold: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Backend.at_least for many entries per row (thousands: flat rows): the entries >= threshold compacted
     with one nonzero into (B, max count) (in column order) and sorted there, stably (equal logits: lowest
     position first), about half the cost of a top-k of that many from the whole row. None when k asks for more
@@ -241,8 +267,16 @@ _NUMBA_MIN = (0, 65)  # the oldest tested (.venv-vllm)
 def numba_enabled() -> bool:
     """Whether wide Gumbel-max draws take the compiled path (samplechain_cpu_numba): numba installed (the
     plugin's `numba` extra) and SAMPLECHAIN_CPU_NUMBA not "0". Either way the tokens are the same."""
-    return env_switch("SAMPLECHAIN_CPU_NUMBA", default=True, on="the compiled Gumbel-max draw where numba is "
-                      "installed, the default", off="torch ops", error=BackendError) and _numba_installed()
+    return (
+        env_switch(
+            "SAMPLECHAIN_CPU_NUMBA",
+            default=True,
+            on="the compiled Gumbel-max draw where numba is installed, the default",
+            off="torch ops",
+            error=BackendError,
+        )
+        and _numba_installed()
+    )
 
 
 # Per call the compiled draw is the faster at every size (24 us against 71 at 50 entries, 0.1 ms against 1.3 at
@@ -256,6 +290,7 @@ def _compiled(module: str, name: str, *fixed: Any) -> Callable[..., Any]:
     """A Backend.kernels entry: module.name(logits, *args, *fixed) (samplechain_cpu_numba's or
     samplechain_cpu_cuts' compiled loops) on wide 2-D float32 inputs where numba is installed; None (the caller's
     torch path, the same result) elsewhere. The module is imported on the first call that runs."""
+
     def kernel(logits: torch.Tensor, *args: torch.Tensor) -> Any:
         if logits.numel() < _FUSED_MIN or logits.dtype != torch.float32 or logits.ndim != 2 or not numba_enabled():
             return None
@@ -265,8 +300,9 @@ def _compiled(module: str, name: str, *fixed: Any) -> Callable[..., Any]:
     return kernel
 
 
-def fused_sample(logits: torch.Tensor, parts: list[FusedPart], select: FusedPart, positions: torch.Tensor,
-                 stream: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def fused_sample(
+    logits: torch.Tensor, parts: list[FusedPart], select: FusedPart, positions: torch.Tensor, stream: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The executor's FUSED_SAMPLE on the CPU: dist over the whole vocabulary after at most one temperature (t > 0
     on every row) and at most one min_p (min_keep <= 1), in either order, in one compiled pass that also sums the
     normaliser (samplechain_cpu_numba.scaled_draw: the samplers' tokens bit for bit; the temperature's (B, V)
@@ -294,20 +330,23 @@ def fused_sample(logits: torch.Tensor, parts: list[FusedPart], select: FusedPart
         scaled = kinds == ["temperature", "min_p"]
         import samplechain_cpu_numba  # the floor from each row's amax, formed in the kernel as min_p_floor would
 
-        return samplechain_cpu_numba.scaled_draw(logits, t, select.value, positions, stream, scaled=scaled,
-                                                 min_p=part.value)
+        return samplechain_cpu_numba.scaled_draw(
+            logits, t, select.value, positions, stream, scaled=scaled, min_p=part.value
+        )
     elif logits.shape[1] <= LSE64_WIDTH:  # the executor's normaliser is float64 there: so is the kernel's
         raw = logits.amax(dim=-1)
         top = raw / (t if not isinstance(t, torch.Tensor) else t.to(raw.dtype))
         floor = torch.full_like(raw, float("-inf"))  # every token drawn from, its e** summed in float64
     import samplechain_cpu_numba
 
-    return samplechain_cpu_numba.scaled_draw(logits, t, select.value, positions, stream, floor=floor, scaled=scaled,
-                                             top=top)
+    return samplechain_cpu_numba.scaled_draw(
+        logits, t, select.value, positions, stream, floor=floor, scaled=scaled, top=top
+    )
 
 
-def _fused_top_p(logits: torch.Tensor, parts: list[FusedPart], select: FusedPart, positions: torch.Tensor,
-                 stream: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _fused_top_p(
+    logits: torch.Tensor, parts: list[FusedPart], select: FusedPart, positions: torch.Tensor, stream: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """`top_p -> dist` and `temperature -> top_p -> dist` on rows of at least filters.WIDE (t > 0, p < 1 on every
     row): top_p's TOP_P_CANDIDATES pass and the draw over the tokens it keeps in one compiled call per row
     (samplechain_cpu_cuts.top_p_draw), the same tokens as the samplers on that path; the candidates' copy and the
@@ -319,8 +358,11 @@ def _fused_top_p(logits: torch.Tensor, parts: list[FusedPart], select: FusedPart
     if not (bool((t > 0).all()) if isinstance(t, torch.Tensor) else t > 0):
         return None
     top_p = parts[-1]
-    p = top_p.value.double() if isinstance(top_p.value, torch.Tensor) else torch.full((batch,), float(top_p.value),
-                                                                                    dtype=torch.float64)
+    p = (
+        top_p.value.double()
+        if isinstance(top_p.value, torch.Tensor)
+        else torch.full((batch,), float(top_p.value), dtype=torch.float64)
+    )
     if bool((p >= 1.0).any()):
         return None  # a row that keeps everything: the samplers' no-op
     least = top_p.min_keep
@@ -366,8 +408,9 @@ class CpuBackend(Backend):
             return chunked_topk(logits, k, width)
         return torch.topk(logits, k, dim=-1, largest=True, sorted=True)
 
-    def ranked_topk(self, logits: torch.Tensor, k: int, ids: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def ranked_topk(
+        self, logits: torch.Tensor, k: int, ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         # wide rows of the untouched vocabulary: through chunk maxima, or a threshold where k is large (int64 keys
         # of a whole row cost ~10x a top-k); narrow or compacted candidates: keys (contracts.ranked_keys)
         if ids is None and logits.ndim == 2 and logits.is_contiguous() and k > 0 and logits.shape[-1] >= _MIN_VOCAB:
@@ -375,14 +418,18 @@ class CpuBackend(Backend):
             return chunked_ranked_topk(logits, k, width) if width else threshold_ranked_topk(logits, k)
         return cpu_ranked_topk(logits, k, ids)
 
-    def at_least(self, logits: torch.Tensor, threshold: torch.Tensor, k: int = 0, *, ordered: bool = True
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def at_least(
+        self, logits: torch.Tensor, threshold: torch.Tensor, k: int = 0, *, ordered: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if logits.ndim == 2 and logits.is_contiguous() and logits.shape[-1] >= _MIN_VOCAB:
             found = chunked_at_least(logits, threshold, k, _CHUNK, ordered)
             if found is not None:
                 return found
-            found = self._compiled_at_least(logits, threshold, k) if numba_enabled() and logits.dtype == torch.float32 \
+            found = (
+                self._compiled_at_least(logits, threshold, k)
+                if numba_enabled() and logits.dtype == torch.float32
                 else compacted_at_least(logits, threshold, k)
+            )
             if found is not None:
                 return found
         counts = (logits >= threshold[:, None]).sum(dim=-1)  # Backend.at_least, ranked the cpu backend's way
@@ -391,8 +438,9 @@ class CpuBackend(Backend):
         return values, index, counts
 
     @staticmethod
-    def _compiled_at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def _compiled_at_least(
+        logits: torch.Tensor, threshold: torch.Tensor, k: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         import samplechain_cpu_numba  # compacted_at_least's result without its (B, V) mask and nonzero
 
         return samplechain_cpu_numba.at_least(logits, threshold, k)
@@ -407,8 +455,9 @@ class CpuBackend(Backend):
     def uniform(self, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int) -> torch.Tensor:
         return rng.uniform(seed, position, ids, stream)
 
-    def gumbel_argmax(self, logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor,
-                      ids: torch.Tensor | None, stream: int) -> torch.Tensor:
+    def gumbel_argmax(
+        self, logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None, stream: int
+    ) -> torch.Tensor:
         # wide inputs: one compiled pass, 10-20x faster than the dozen torch passes below, the same tokens
         if logits.numel() >= _FUSED_MIN and numba_enabled():
             import samplechain_cpu_numba  # imports numba (~0.3 s): only once a draw needs it
@@ -417,8 +466,11 @@ class CpuBackend(Backend):
         work = None
         if logits.numel() > (1 << 16):  # the hash and the float64 noise in reusable workspaces
             i32 = torch.empty((), dtype=torch.int32).expand(logits.shape)
-            work = (self.scratch("gumbel.bits", i32), self.scratch("gumbel.temp", i32),
-                    self.scratch("gumbel.noise", torch.empty((), dtype=torch.float64).expand(logits.shape)))
+            work = (
+                self.scratch("gumbel.bits", i32),
+                self.scratch("gumbel.temp", i32),
+                self.scratch("gumbel.noise", torch.empty((), dtype=torch.float64).expand(logits.shape)),
+            )
         return rng.gumbel_argmax(logits, seed, position, ids, stream, work)
 
 

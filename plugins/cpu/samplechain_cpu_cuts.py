@@ -39,8 +39,23 @@ import numba
 import numpy as np
 import torch
 
-from samplechain_cpu_numba import (_BLOCK, _BUCKET_SHIFT, _HUGE, _descending_key, _exp64, _jit, _largest, _noise,
-                                   _noise_bound, _per_row, _row_keys, _salt, _stable_radix_sort, _threads, _token_bits)
+from samplechain_cpu_numba import (
+    _BLOCK,
+    _BUCKET_SHIFT,
+    _HUGE,
+    _descending_key,
+    _exp64,
+    _jit,
+    _largest,
+    _noise,
+    _noise_bound,
+    _per_row,
+    _row_keys,
+    _salt,
+    _stable_radix_sort,
+    _threads,
+    _token_bits,
+)
 from samplechain_cpu_numba import _FLOOR_64 as _EXP_FLOOR
 
 __all__ = ["typical_band", "top_p_candidates", "top_p_draw"]
@@ -62,7 +77,7 @@ def _scratch(name: str, rows: int, cols: int, dtype: type) -> np.ndarray:
     buf = pool.get(name)
     if buf is None or buf.size < rows * cols:
         buf = pool[name] = np.empty(max(rows * cols, 1), dtype=dtype)
-    return buf[:rows * cols].reshape(rows, cols)
+    return buf[: rows * cols].reshape(rows, cols)
 
 
 @_jit(nogil=True, fastmath={"contract"})
@@ -99,7 +114,7 @@ def _moments(xr, m):
     u = 0.0
     for start in range(0, xr.shape[0], _BLOCK):
         n = min(_BLOCK, xr.shape[0] - start)
-        _exps(xr[start:start + n], m, e, low)
+        _exps(xr[start : start + n], m, e, low)
         bs, bt, bu = _sums(e, low, n)
         s += bs
         t += bt
@@ -149,7 +164,7 @@ def _bucket_bound(xr, c, lse, reach, goal, least, mass, many):
     dense = False
     for start in range(0, xr.shape[0], _BLOCK):
         n = min(_BLOCK, xr.shape[0] - start)
-        block = xr[start:start + n]
+        block = xr[start : start + n]
         if dense:  # the last block was dense: this one likely too
             dense = _near(block, c, reach, lse, gap, w) * 8 > n
             for j in range(n):
@@ -223,7 +238,7 @@ def _bands(x, p, min_keep, limit, c_out, lse_out, counts, positions):
             m = min(_BLOCK, xr.shape[0] - start)
             if m < _BLOCK:
                 hit[:] = 0
-            hits, bad = _close(xr[start:start + m], c, upper, hit)  # -inf: an infinite distance, never in
+            hits, bad = _close(xr[start : start + m], c, upper, hit)  # -inf: an infinite distance, never in
             nan += bad
             if n + hits >= limit:  # the band is too wide for this path
                 n = limit
@@ -256,8 +271,9 @@ def _spares(x, counts, positions, values):
             j += 1
 
 
-def typical_band(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+def typical_band(
+    logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """The TYPICAL_BAND kernel: for logits (B, V) float32 and per-row p (B,) < 1 and min_keep (B,), the band of
     each row (see the module): (values (B, W) float32, positions (B, W) int64, counts (B,) int64, c (B,) float64,
     log Z (B,) float64). A row's band is values[b, :counts[b]] in position order; its spare slots hold -inf at
@@ -273,14 +289,27 @@ def typical_band(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor
     lse = np.zeros(batch)
     counts = np.empty(batch, dtype=np.int64)
     scratch = _scratch("band", batch, limit, np.int64)
-    _bands(x, p.detach().double().contiguous().numpy(), min_keep.detach().to(torch.int64).contiguous().numpy(),
-           limit, c, lse, counts, scratch)
+    _bands(
+        x,
+        p.detach().double().contiguous().numpy(),
+        min_keep.detach().to(torch.int64).contiguous().numpy(),
+        limit,
+        c,
+        lse,
+        counts,
+        scratch,
+    )
     kept = max(int(counts.max()) if batch else 0, 1)
     positions = np.ascontiguousarray(scratch[:, :kept])
     values = np.empty((batch, kept), dtype=np.float32)
     _spares(x, np.maximum(counts, 0), positions, values)
-    return (torch.from_numpy(values), torch.from_numpy(positions), torch.from_numpy(counts), torch.from_numpy(c),
-            torch.from_numpy(lse))
+    return (
+        torch.from_numpy(values),
+        torch.from_numpy(positions),
+        torch.from_numpy(counts),
+        torch.from_numpy(c),
+        torch.from_numpy(lse),
+    )
 
 
 # ----------------------------------------------------------------------------- TOP_P_CANDIDATES
@@ -316,7 +345,7 @@ def _gather(xr, cut, where, hit):
             return -1
         if m < _BLOCK:
             hit[:] = 0
-        _hits(xr[start:start + m], cut, hit)
+        _hits(xr[start : start + m], cut, hit)
         for g in range(_BLOCK // 8):
             if words[g] != 0:
                 for i in range(8):
@@ -343,7 +372,7 @@ def _row_nucleus(xr, p, min_keep, least, where, keys, spare_keys, spare_where):
     nan = 0
     for start in range(0, xr.shape[0], _BLOCK):  # one pass: the mass by depth below the top
         n = min(_BLOCK, xr.shape[0] - start)
-        block = xr[start:start + n]
+        block = xr[start : start + n]
         _depth_keys(block, top, e, keys_b)
         for j in range(n):
             depths[np.uint32(keys_b[j])] += e[j]  # unsigned: no negative-index wraparound test
@@ -395,8 +424,9 @@ def _nucleus(x, p, min_keep, least, top_out, total_out, threshold, counts, kept,
     nothing finite; -2: more than where's width, or fewer than `least`), and how many of them top-p keeps
     (kept[row]: the float64 running mass, at least min_keep[row] and 1)."""
     for row in numba.prange(x.shape[0]):
-        n, top, total, cut, keep, _ = _row_nucleus(x[row], p[row], min_keep[row], least, where[row], keys[row],
-                                                   spare_keys[row], spare_where[row])
+        n, top, total, cut, keep, _ = _row_nucleus(
+            x[row], p[row], min_keep[row], least, where[row], keys[row], spare_keys[row], spare_where[row]
+        )
         counts[row] = n
         if n != -1:
             top_out[row], total_out[row], threshold[row], kept[row] = top, total, cut, keep
@@ -433,8 +463,9 @@ def _ranked_spares(x, threshold, counts, ranked, values, positions):
             j += 1
 
 
-def top_p_candidates(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor
-                     ) -> tuple[torch.Tensor | None, ...] | None:
+def top_p_candidates(
+    logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor
+) -> tuple[torch.Tensor | None, ...] | None:
     """The TOP_P_CANDIDATES kernel (see contracts): for logits (B, V) float32, per-row p (B,) and min_keep (B,):
     (top (B, 1) and total (B,) float64, threshold (B,) float32, then values (B, W), positions (B, W) and counts (B,)
     of the tokens at or above the threshold, ranked as Backend.at_least ranks them, and kept (B,): how many of them
@@ -452,8 +483,21 @@ def top_p_candidates(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tens
     keys, spare_keys = _scratch("keys", batch, cap, np.uint32), _scratch("spare_keys", batch, cap, np.uint32)
     where, spare_where = _scratch("where", batch, cap, np.int64), _scratch("spare_where", batch, cap, np.int64)
     least = min_keep.detach().to(torch.int64).contiguous().numpy()
-    _nucleus(x, p.detach().double().contiguous().numpy(), least, int(least.max(initial=0)), top, total, threshold,
-             counts, kept, keys, where, spare_keys, spare_where)
+    _nucleus(
+        x,
+        p.detach().double().contiguous().numpy(),
+        least,
+        int(least.max(initial=0)),
+        top,
+        total,
+        threshold,
+        counts,
+        kept,
+        keys,
+        where,
+        spare_keys,
+        spare_where,
+    )
     if batch == 0 or (counts == -1).any():
         return None
     found = (torch.from_numpy(top)[:, None], torch.from_numpy(total), torch.from_numpy(threshold))
@@ -464,8 +508,13 @@ def top_p_candidates(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tens
     positions = np.empty((batch, width), dtype=np.int64)
     _threads(batch * width)  # a copy of the survivors: threads only where they outweigh their wake-up
     _ranked_spares(x, threshold, counts, spare_where, values, positions)
-    return (*found, torch.from_numpy(values), torch.from_numpy(positions), torch.from_numpy(counts),
-            torch.from_numpy(kept))
+    return (
+        *found,
+        torch.from_numpy(values),
+        torch.from_numpy(positions),
+        torch.from_numpy(counts),
+        torch.from_numpy(kept),
+    )
 
 
 # ----------------------------------------------------------------------------- top_p -> dist fused (FUSED_SAMPLE)
@@ -493,8 +542,7 @@ def _ranked_draw(xr, order, kept, k1, k2):
 
 
 @_jit(parallel=True, nogil=True)
-def _nucleus_draw(x, t, p, min_keep, seed, position, salt, tokens, lse, status, keys, where, spare_keys,
-                  spare_where):
+def _nucleus_draw(x, t, p, min_keep, seed, position, salt, tokens, lse, status, keys, where, spare_keys, spare_where):
     """Per row: top_p's kept tokens of x / t (_row_nucleus, on the float32 quotient where t != 1), the seeded draw
     among them under the row keys of seed, position and salt (_row_keys) (tokens[row]) and the float64 log of their
     normaliser around the row's top (lse[row]); status[row] _row_nucleus's n, or -3 where the row's top is beyond
@@ -509,8 +557,9 @@ def _nucleus_draw(x, t, p, min_keep, seed, position, salt, tokens, lse, status, 
             for j in range(xr.shape[0]):
                 q[j] = xr[j] / t[row]
             xr = q
-        n, top, _, _, keep, mass = _row_nucleus(xr, p[row], min_keep[row], min_keep[row], where[row], keys[row],
-                                                spare_keys[row], spare_where[row])
+        n, top, _, _, keep, mass = _row_nucleus(
+            xr, p[row], min_keep[row], min_keep[row], where[row], keys[row], spare_keys[row], spare_where[row]
+        )
         status[row] = n
         if n < 0:
             continue
@@ -524,8 +573,15 @@ def _nucleus_draw(x, t, p, min_keep, seed, position, salt, tokens, lse, status, 
         tokens[row] = spare_where[row, _ranked_draw(xr, spare_where[row], keep, k1[row], k2[row])]
 
 
-def top_p_draw(logits: torch.Tensor, t: torch.Tensor | float, p: torch.Tensor, min_keep: torch.Tensor,
-               seed: torch.Tensor, position: torch.Tensor, stream: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def top_p_draw(
+    logits: torch.Tensor,
+    t: torch.Tensor | float,
+    p: torch.Tensor,
+    min_keep: torch.Tensor,
+    seed: torch.Tensor,
+    position: torch.Tensor,
+    stream: int,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """`[temperature t ->] top_p -> dist` over wide rows in one compiled pass per row (the cpu backend's
     FUSED_SAMPLE): the tokens the samplers draw when top_p takes the TOP_P_CANDIDATES kernel's path (the same kept
     set: that path's cut on the same float64 normaliser; the same draw over it), and their logprobs under the kept
@@ -547,9 +603,22 @@ def top_p_draw(logits: torch.Tensor, t: torch.Tensor | float, p: torch.Tensor, m
     status = np.empty(batch, dtype=np.int64)
     keys, spare_keys = _scratch("keys", batch, cap, np.uint32), _scratch("spare_keys", batch, cap, np.uint32)
     where, spare_where = _scratch("where", batch, cap, np.int64), _scratch("spare_where", batch, cap, np.int64)
-    _nucleus_draw(x, scale, _per_row(p, batch, np.dtype(np.float64)), least, _per_row(seed, batch, np.dtype(np.int64)),
-                  _per_row(position, batch, np.dtype(np.int64)), _salt(stream), tokens, lse, status, keys, where,
-                  spare_keys, spare_where)
+    _nucleus_draw(
+        x,
+        scale,
+        _per_row(p, batch, np.dtype(np.float64)),
+        least,
+        _per_row(seed, batch, np.dtype(np.int64)),
+        _per_row(position, batch, np.dtype(np.int64)),
+        _salt(stream),
+        tokens,
+        lse,
+        status,
+        keys,
+        where,
+        spare_keys,
+        spare_where,
+    )
     if (status < 0).any():
         return None
     chosen = torch.from_numpy(tokens)

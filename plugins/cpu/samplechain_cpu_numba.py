@@ -50,14 +50,22 @@ def _wide_vectors() -> str | None:
     it holds for numba code compiled later in the process too, and it is left alone where numba compiled
     before this module, where NUMBA_CPU_NAME / NUMBA_CPU_FEATURES choose the target, without AVX-512, or with
     SAMPLECHAIN_CPU_WIDE_VECTORS=0. Returns the features set, or None."""
-    if not env_switch("SAMPLECHAIN_CPU_WIDE_VECTORS", default=True, on="512-bit vectors on AVX-512 CPUs, the default",
-                      off="LLVM's own choice for the CPU", error=BackendError):
+    if not env_switch(
+        "SAMPLECHAIN_CPU_WIDE_VECTORS",
+        default=True,
+        on="512-bit vectors on AVX-512 CPUs, the default",
+        off="LLVM's own choice for the CPU",
+        error=BackendError,
+    ):
         return None
     from numba.core import registry
     from numba.core.codegen import get_host_cpu_features
 
-    if numba.config.CPU_NAME is not None or numba.config.CPU_FEATURES is not None \
-            or "_toplevel_target_context" in vars(registry.cpu_target):  # chosen, or numba's target already built
+    if (
+        numba.config.CPU_NAME is not None
+        or numba.config.CPU_FEATURES is not None
+        or "_toplevel_target_context" in vars(registry.cpu_target)
+    ):  # chosen, or numba's target already built
         return None
     features = get_host_cpu_features()
     if "+avx512f" not in features.split(","):
@@ -71,11 +79,13 @@ _FEATURES = _wide_vectors()
 
 def _jit(**options):
     """numba.njit with the disk cache, or without where no cache location is writable."""
+
     def wrap(fn):
         try:
             return numba.njit(cache=True, **options)(fn)
         except RuntimeError:  # "no locator available": compiled anew in every process
             return numba.njit(**options)(fn)
+
     return wrap
 
 
@@ -192,8 +202,26 @@ def _exp64(y):
     kd = z * _LOG2E_64 + _SHIFTER
     k = kd - _SHIFTER
     r = (z - k * _LN2_HI_64) - k * _LN2_LO_64  # |r| <= ln 2 / 2: the series' 14th term is < 5e-18
-    poly = ((((((((((((_I13 * r + _I12) * r + _I11) * r + _I10) * r + _I9) * r + _I8) * r + _I7) * r + _I6) * r
-                  + _I5) * r + _I4) * r + _I3) * r + _I2) * r + 1.0) * r + 1.0
+    poly = (
+        (
+            (
+                (
+                    (
+                        (((((((_I13 * r + _I12) * r + _I11) * r + _I10) * r + _I9) * r + _I8) * r + _I7) * r + _I6) * r
+                        + _I5
+                    )
+                    * r
+                    + _I4
+                )
+                * r
+                + _I3
+            )
+            * r
+            + _I2
+        )
+        * r
+        + 1.0
+    ) * r + 1.0
     scale = np.int64((np.float64(kd).view(np.int64) - _SHIFTER_BITS + _BIAS_64) << np.int64(52)).view(np.float64)
     return poly * scale if y > _FLOOR_64 else 0.0
 
@@ -208,7 +236,7 @@ def _largest(sc, n):
             top = max(top, sc[j])
         return top
     bits = sc[:n].view(np.int32)
-    key = np.int32(-2**31)
+    key = np.int32(-(2**31))
     for j in range(n):
         b = bits[j]
         key = max(key, b ^ ((b >> np.int32(31)) & np.int32(0x7FFFFFFF)))
@@ -281,8 +309,8 @@ def _scan(x, ids, has_ids, row, lo, hi, k1, k2, shift, t, floor, scaled, top, ma
     ts = t if scaled else t / t  # what x is divided by before the floor (x / 1 is x)
     for start in range(lo, hi, _BLOCK):
         n = min(_BLOCK, hi - start)
-        xr = x[row, start:start + n]  # slices: indices from 0 need no wraparound test, so the loop vectorises
-        ir = ids[row, start:start + n] if has_ids else ids[0, :0]
+        xr = x[row, start : start + n]  # slices: indices from 0 need no wraparound test, so the loop vectorises
+        ir = ids[row, start : start + n] if has_ids else ids[0, :0]
         # a floor (min_p) leaves most blocks of an LLM's row without a token: their largest is below it
         skip = floor > -np.inf and _below(xr, n, ts, floor)
         if mass and top == top:
@@ -408,11 +436,25 @@ def _draw(x, ids, has_ids, seed, position, salt, chunks, t, floor, scaled, aroun
         row = task // chunks
         lo = (task % chunks) * size
         best_v[task], best_i[task], nan_i[task], big[task] = _scan(
-            x, ids, has_ids, row, lo, min(lo + size, width), k1[row], k2[row], 0.0, t[row], floor[row], scaled,
-            around[row], mass_m, mass_s)
+            x,
+            ids,
+            has_ids,
+            row,
+            lo,
+            min(lo + size, width),
+            k1[row],
+            k2[row],
+            0.0,
+            t[row],
+            floor[row],
+            scaled,
+            around[row],
+            mass_m,
+            mass_s,
+        )
     shift = np.zeros(batch)
     for row in range(batch):
-        if big[row * chunks:(row + 1) * chunks].sum() > 0:  # perhaps huge: rng.shifted's test on the maximum
+        if big[row * chunks : (row + 1) * chunks].sum() > 0:  # perhaps huge: rng.shifted's test on the maximum
             top = (x[row] / t[row]).max()
             if abs(top) > _HUGE and abs(top) < np.inf:
                 shift[row] = top
@@ -422,8 +464,22 @@ def _draw(x, ids, has_ids, seed, position, salt, chunks, t, floor, scaled, aroun
         if shift[row] != 0.0:  # a row of huge logits, again minus its maximum
             lo = (task % chunks) * size
             best_v[task], best_i[task], nan_i[task], _ = _scan(
-                x, ids, has_ids, row, lo, min(lo + size, width), k1[row], k2[row], shift[row], t[row], floor[row],
-                scaled, around[row], no_mass, no_mass)
+                x,
+                ids,
+                has_ids,
+                row,
+                lo,
+                min(lo + size, width),
+                k1[row],
+                k2[row],
+                shift[row],
+                t[row],
+                floor[row],
+                scaled,
+                around[row],
+                no_mass,
+                no_mass,
+            )
     for row in range(batch):
         pick, value, nan = best_i[row * chunks], best_v[row * chunks], -1
         for task in range(row * chunks, (row + 1) * chunks):
@@ -470,9 +526,23 @@ def _start() -> None:
         if _owner is not None:
             return
         zero = np.zeros(1, dtype=np.int64)
-        _draw(np.zeros((1, 1), dtype=np.float32), _NO_IDS, False, zero, zero, np.uint32(0), 1,
-              np.ones(1, dtype=np.float32), np.full(1, -np.inf, np.float32), False, np.full(1, np.nan), _NO_MASS,
-              _NO_MASS, np.empty(1, dtype=np.int64), _NO_LOGP)
+        _draw(
+            np.zeros((1, 1), dtype=np.float32),
+            _NO_IDS,
+            False,
+            zero,
+            zero,
+            np.uint32(0),
+            1,
+            np.ones(1, dtype=np.float32),
+            np.full(1, -np.inf, np.float32),
+            False,
+            np.full(1, np.nan),
+            _NO_MASS,
+            _NO_MASS,
+            np.empty(1, dtype=np.int64),
+            _NO_LOGP,
+        )
         _nesting_off()
         _owner = os.getpid()
 
@@ -522,10 +592,19 @@ def _salt(stream: int) -> np.uint32:
     return np.uint32((stream * 0x9E3779B9) & 0xFFFFFFFF)
 
 
-def _run(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None, stream: int,
-         t: torch.Tensor | float, mass: bool, floor: torch.Tensor | None = None, scaled: bool = False,
-         top: torch.Tensor | None = None, log_p: np.ndarray | None = None
-         ) -> tuple[np.ndarray, np.ndarray | None] | None:
+def _run(
+    logits: torch.Tensor,
+    seed: torch.Tensor,
+    position: torch.Tensor,
+    ids: torch.Tensor | None,
+    stream: int,
+    t: torch.Tensor | float,
+    mass: bool,
+    floor: torch.Tensor | None = None,
+    scaled: bool = False,
+    top: torch.Tensor | None = None,
+    log_p: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None] | None:
     """The compiled draw over logits / t (tokens (B,)), and with mass, the chosen tokens' logprobs under
     softmax(logits / t) (float32 (B,): logit / t minus the rows' log-sum-exp, rounded to float32); with floor (B,),
     over the tokens whose logit (scaled: logit / t) is not below it only, the log-sum-exp then over those in
@@ -551,9 +630,23 @@ def _run(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: 
     else:
         edge = np.full(batch, -np.inf, dtype=x.dtype) if floor is None else _per_row(floor, batch, x.dtype)
         around = np.full(batch, np.nan) if top is None else _per_row(top, batch, np.dtype(np.float64))
-    _draw(x, idn, ids is not None, _per_row(seed, batch, np.dtype(np.int64)),
-          _per_row(position, batch, np.dtype(np.int64)), _salt(stream), chunks,
-          scale, edge, scaled, around, mass_m, mass_s, out, _NO_LOGP if log_p is None else log_p)
+    _draw(
+        x,
+        idn,
+        ids is not None,
+        _per_row(seed, batch, np.dtype(np.int64)),
+        _per_row(position, batch, np.dtype(np.int64)),
+        _salt(stream),
+        chunks,
+        scale,
+        edge,
+        scaled,
+        around,
+        mass_m,
+        mass_s,
+        out,
+        _NO_LOGP if log_p is None else log_p,
+    )
     if not mass:
         return out, None
     logprobs = np.empty(batch, dtype=np.float32)
@@ -561,8 +654,9 @@ def _run(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: 
     return out, logprobs
 
 
-def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None,
-                  stream: int = 0) -> torch.Tensor:
+def gumbel_argmax(
+    logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None, stream: int = 0
+) -> torch.Tensor:
     """(B,) int64: rng.gumbel_argmax(logits, seed, position, ids, stream) in one compiled pass per row (two for
     rows of huge logits), on torch's number of threads. logits (B, K) on the CPU, any float dtype (float32 and
     float64 read as they are, others promoted exactly); ids (B, K) integer token ids or None (id = position)."""
@@ -572,10 +666,18 @@ def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tens
     return torch.from_numpy(found[0])
 
 
-def scaled_draw(logits: torch.Tensor, t: torch.Tensor | float, seed: torch.Tensor, position: torch.Tensor,
-                stream: int = 0, *, floor: torch.Tensor | None = None, scaled: bool = False,
-                top: torch.Tensor | None = None, min_p: torch.Tensor | float | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+def scaled_draw(
+    logits: torch.Tensor,
+    t: torch.Tensor | float,
+    seed: torch.Tensor,
+    position: torch.Tensor,
+    stream: int = 0,
+    *,
+    floor: torch.Tensor | None = None,
+    scaled: bool = False,
+    top: torch.Tensor | None = None,
+    min_p: torch.Tensor | float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """temperature -> dist over the whole vocabulary in one pass: the tokens of rng.gumbel_argmax(logits / t, ...)
     (bit for bit: the same float32 division, then the same draw) and log_softmax(logits / t) at them, float32 (B,).
     logits (B, V) float32 on the CPU, t > 0 a number or (B,) float32. The normaliser is summed per block of 1024
@@ -688,8 +790,9 @@ def _sorted_at_least(x, threshold, counts, values, positions):
             j += 1
 
 
-def at_least(logits: torch.Tensor, threshold: torch.Tensor, k: int = 0
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+def at_least(
+    logits: torch.Tensor, threshold: torch.Tensor, k: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """samplechain_cpu.compacted_at_least in two compiled passes: count each row's entries >= its threshold, then
     gather and sort only those (int64 keys: value, then lowest position), with no (B, V) temporary. The same
     values, positions and counts; None where that returns None (k more than a row holds above its threshold, or
@@ -797,8 +900,9 @@ def _ranked_topk(x, ids, has_ids, values, positions):
             values[row, i] = xr[where[i]]
 
 
-def ranked_topk(logits: torch.Tensor, k: int, ids: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+def ranked_topk(
+    logits: torch.Tensor, k: int, ids: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """contracts.ranked_topk in one compiled pass per row, with no (B, K) keys: the same values and positions, in
     the filters' order (descending logit, equal logits lowest id first), ties or not. logits (B, K) float32, 0 < k
     <= K; ids (B, K) integer or None (id = position). None in a forked child."""
@@ -883,7 +987,7 @@ def _row_lse(x, out):
         nan = 0
         for start in range(0, xr.shape[0], _BLOCK):
             n = min(_BLOCK, xr.shape[0] - start)
-            nan += _shifted_exps(xr[start:start + n], top, e)
+            nan += _shifted_exps(xr[start : start + n], top, e)
             _lane_sums(e, n, start, acc)
         total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
         out[row] = np.nan if nan else top + np.log(total)

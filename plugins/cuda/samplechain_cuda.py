@@ -48,8 +48,10 @@ def cuda_unavailable_reason() -> str:
         return ""
     if torch.version.cuda is None:
         return f"this torch ({torch.__version__}) was built without CUDA; install a CUDA build of torch"
-    return (f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds no usable CUDA device: no NVIDIA GPU, a "
-            f"driver older than CUDA {torch.version.cuda} needs, or CUDA_VISIBLE_DEVICES hides them")
+    return (
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds no usable CUDA device: no NVIDIA GPU, a "
+        f"driver older than CUDA {torch.version.cuda} needs, or CUDA_VISIBLE_DEVICES hides them"
+    )
 
 
 class CudaBackend(Backend):
@@ -99,8 +101,9 @@ class CudaBackend(Backend):
     def uniform(self, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, stream: int) -> torch.Tensor:
         return rng.device_uniform(seed, position, ids, stream)
 
-    def gumbel_argmax(self, logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor,
-                      ids: torch.Tensor | None, stream: int) -> torch.Tensor:
+    def gumbel_argmax(
+        self, logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor | None, stream: int
+    ) -> torch.Tensor:
         # no host read: on a GPU one Triton kernel (hash, noise and running argmax in one pass over each row, the
         # same token: samplechain_cuda_kernels); else torch ops, huge rows shifted on the device (rng.device_shifted)
         if self._triton is not None:
@@ -112,8 +115,9 @@ def _triton_kernels(device: torch.device, wanted: bool | None) -> ModuleType | N
     """samplechain_cuda_kernels where its kernels run for this backend, else None (the torch ops): on a CUDA device
     with triton installed, unless SAMPLECHAIN_CUDA_TRITON=0 or wanted is False; on CPU tensors only when wanted is
     True (under triton's interpreter: tests), which raises when they cannot run."""
-    switch = env_switch(ENV_TRITON, default=True, on="use the Triton kernels on a GPU, the default", off="torch ops",
-                        error=BackendError)
+    switch = env_switch(
+        ENV_TRITON, default=True, on="use the Triton kernels on a GPU, the default", off="torch ops", error=BackendError
+    )
     if wanted is False or not switch or (device.type != "cuda" and not wanted):
         return None
     import samplechain_cuda_kernels as kernels
@@ -124,8 +128,14 @@ def _triton_kernels(device: torch.device, wanted: bool | None) -> ModuleType | N
     return None if reason else kernels
 
 
-def _fused_sample(kernels: ModuleType, logits: torch.Tensor, parts: Sequence[FusedPart], select: FusedPart,
-                  positions: torch.Tensor, stream: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _fused_sample(
+    kernels: ModuleType,
+    logits: torch.Tensor,
+    parts: Sequence[FusedPart],
+    select: FusedPart,
+    positions: torch.Tensor,
+    stream: int,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The executor's FUSED_SAMPLE: the chain's tail (temperature first or last, then top_k, top_p, min_p in that
     order, each at most once, at least one) and dist in one kernel (samplechain_cuda_kernels.sample); None for any
     other order."""
@@ -143,8 +153,9 @@ def _fused_sample(kernels: ModuleType, logits: torch.Tensor, parts: Sequence[Fus
     keeps = tuple(by_kind[kind].min_keep if kind in by_kind else 1 for kind in _CUTS)
     off = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
     values = {kind: by_kind[kind].value if kind in by_kind else off[kind] for kind in _CUTS}
-    return kernels.sample(logits, select.value, positions, stream, temperature=first, temperature_last=last,
-                          min_keep=keeps, **values)
+    return kernels.sample(
+        logits, select.value, positions, stream, temperature=first, temperature_last=last, min_keep=keeps, **values
+    )
 
 
 @hookimpl

@@ -58,13 +58,20 @@ try:  # optional: the backend works without it (torch ops); pip install 'samplec
     import triton.language as tl
 except ImportError as _exc:  # pragma: no cover - depends on the environment
     triton = tl = None
-    _IMPORT_ERROR = (f"triton is not installed ({_exc}); pip install 'samplechain-cuda[triton]' "
-                     f"(or triton>=3.6)")
+    _IMPORT_ERROR = f"triton is not installed ({_exc}); pip install 'samplechain-cuda[triton]' (or triton>=3.6)"
 else:
     _IMPORT_ERROR = ""
 
-__all__ = ["Truncation", "gumbel_argmax", "kernels_unavailable_reason", "sample", "sample_top_k_top_p_min_p",
-           "truncate", "uniform", "HUGE"]
+__all__ = [
+    "Truncation",
+    "gumbel_argmax",
+    "kernels_unavailable_reason",
+    "sample",
+    "sample_top_k_top_p_min_p",
+    "truncate",
+    "uniform",
+    "HUGE",
+]
 
 HUGE = float(2**24)  # rng.HUGE: rows whose largest finite logit is beyond it are shifted by it
 
@@ -92,8 +99,10 @@ def kernels_unavailable_reason(device: Any = None) -> str:
     if _interpreted():
         return "" if kind in ("cpu", "cuda") else f"triton's interpreter runs kernels on cpu tensors, not {kind}"
     if kind == "cpu":
-        return ("the kernels run on CPU tensors only under triton's interpreter: set TRITON_INTERPRET=1 before "
-                "samplechain_cuda_kernels is imported")
+        return (
+            "the kernels run on CPU tensors only under triton's interpreter: set TRITON_INTERPRET=1 before "
+            "samplechain_cuda_kernels is imported"
+        )
     if kind != "cuda":
         return f"the triton kernels run on cuda tensors, not {kind}"
     if not torch.cuda.is_available():
@@ -194,9 +203,28 @@ if triton is not None:
         return y, kx, ky
 
     @triton.jit
-    def _draw_pass(x_row, ids_row, V, k1, k2, shift, t, tk, ck, ty, cy, dt, ref,
-                   HAS_IDS: tl.constexpr, TRUNC: tl.constexpr, HAS_T: tl.constexpr, SWAP: tl.constexpr,
-                   DRAW_T: tl.constexpr, MASS: tl.constexpr, BLOCK: tl.constexpr):
+    def _draw_pass(
+        x_row,
+        ids_row,
+        V,
+        k1,
+        k2,
+        shift,
+        t,
+        tk,
+        ck,
+        ty,
+        cy,
+        dt,
+        ref,
+        HAS_IDS: tl.constexpr,
+        TRUNC: tl.constexpr,
+        HAS_T: tl.constexpr,
+        SWAP: tl.constexpr,
+        DRAW_T: tl.constexpr,
+        MASS: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         """One pass of the Gumbel-max draw: the first argmin of M - (x - shift) over the (kept) tokens, the first
         NaN's position (V if none), the largest (kept) value and (MASS) the kept tokens' sum of exp(x - ref) in
         float64. DRAW_T: the kept tokens' values are divided by dt (a temperature after the truncation) first; dt <= 0
@@ -243,18 +271,69 @@ if triton is not None:
     # integer arguments that may be 1 (a width, a stride, a min_keep) must not be specialised into constants: the
     # kernels carry them into loop-carried values and jit helpers, which a constexpr breaks (tests compile them so)
     @triton.jit(do_not_specialize=["stride_x", "stride_ids", "V", "salt"])
-    def _gumbel_argmax_kernel(x_ptr, stride_x, ids_ptr, stride_ids, V, seed_ptr, pos_ptr, salt, out_ptr,
-                              HAS_IDS: tl.constexpr, BLOCK: tl.constexpr):
+    def _gumbel_argmax_kernel(
+        x_ptr,
+        stride_x,
+        ids_ptr,
+        stride_ids,
+        V,
+        seed_ptr,
+        pos_ptr,
+        salt,
+        out_ptr,
+        HAS_IDS: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         row = tl.program_id(0).to(tl.int64)
         x_row = x_ptr + row * stride_x
         ids_row = ids_ptr + row * stride_ids
         k1, k2 = _row_keys(tl.load(seed_ptr + row), tl.load(pos_ptr + row), salt)
         zero = tl.full((), 0.0, tl.float64)
-        _, best, nan_i, top, _ = _draw_pass(x_row, ids_row, V, k1, k2, zero, 1.0, 0, 0, 0, 0, 1.0, zero,
-                                            HAS_IDS, False, False, False, False, False, BLOCK)
+        _, best, nan_i, top, _ = _draw_pass(
+            x_row,
+            ids_row,
+            V,
+            k1,
+            k2,
+            zero,
+            1.0,
+            0,
+            0,
+            0,
+            0,
+            1.0,
+            zero,
+            HAS_IDS,
+            False,
+            False,
+            False,
+            False,
+            False,
+            BLOCK,
+        )
         if (tl.abs(top) > 16777216.0) & (tl.abs(top) < float("inf")):  # rng.shifted: noise next to huge logits
-            _, best, nan_i, top, _ = _draw_pass(x_row, ids_row, V, k1, k2, top, 1.0, 0, 0, 0, 0, 1.0, zero,
-                                                HAS_IDS, False, False, False, False, False, BLOCK)
+            _, best, nan_i, top, _ = _draw_pass(
+                x_row,
+                ids_row,
+                V,
+                k1,
+                k2,
+                top,
+                1.0,
+                0,
+                0,
+                0,
+                0,
+                1.0,
+                zero,
+                HAS_IDS,
+                False,
+                False,
+                False,
+                False,
+                False,
+                BLOCK,
+            )
         tl.store(out_ptr + row, tl.where(nan_i < V, nan_i, best))
 
     @triton.jit(do_not_specialize=["stride_ids", "K", "salt", "stride_out"])
@@ -268,9 +347,23 @@ if triton is not None:
             tl.store(out_ptr + row * stride_out + offs, _uniform64(tok, k1, k2), mask=valid)
 
     @triton.jit
-    def _pivot_pass(x_row, V, t, piv, tk, ck, top64, total, HAS_T: tl.constexpr, SWAP: tl.constexpr,
-                    ON_X: tl.constexpr, RESTRICT: tl.constexpr, MASS: tl.constexpr, BLOCK: tl.constexpr,
-                    NP: tl.constexpr):
+    def _pivot_pass(
+        x_row,
+        V,
+        t,
+        piv,
+        tk,
+        ck,
+        top64,
+        total,
+        HAS_T: tl.constexpr,
+        SWAP: tl.constexpr,
+        ON_X: tl.constexpr,
+        RESTRICT: tl.constexpr,
+        MASS: tl.constexpr,
+        BLOCK: tl.constexpr,
+        NP: tl.constexpr,
+    ):
         """For NP pivots (int64 keys): how many tokens (of S when RESTRICT) have a key >= each, and (MASS) their
         probability mass exp(y - top) / total in float64."""
         cnt = tl.zeros((NP,), tl.int32)
@@ -294,9 +387,27 @@ if triton is not None:
         return cnt, mass
 
     @triton.jit
-    def _search(x_row, V, t, lo, hi, lo_cnt, need, p, tk, ck, top64, total, HAS_T: tl.constexpr,
-                SWAP: tl.constexpr, ON_X: tl.constexpr, RESTRICT: tl.constexpr, MASS: tl.constexpr,
-                BLOCK: tl.constexpr, NP: tl.constexpr):
+    def _search(
+        x_row,
+        V,
+        t,
+        lo,
+        hi,
+        lo_cnt,
+        need,
+        p,
+        tk,
+        ck,
+        top64,
+        total,
+        HAS_T: tl.constexpr,
+        SWAP: tl.constexpr,
+        ON_X: tl.constexpr,
+        RESTRICT: tl.constexpr,
+        MASS: tl.constexpr,
+        BLOCK: tl.constexpr,
+        NP: tl.constexpr,
+    ):
         """The largest key v in [lo, hi) with count(key >= v) >= need (MASS: mass(key >= v) >= p), given that lo
         satisfies it and hi does not: NP pivots per pass over the row (the range shrinks NP + 1 times a pass). Returns
         v, the count at v, the count and the mass at v's successor (the tokens strictly above v)."""
@@ -305,8 +416,9 @@ if triton is not None:
         j = (tl.arange(0, NP) + 1).to(tl.int64)
         while hi - lo > 1:
             piv = lo + ((hi - lo) * j) // (NP + 1)
-            cnt, mass = _pivot_pass(x_row, V, t, piv, tk, ck, top64, total, HAS_T, SWAP, ON_X, RESTRICT, MASS,
-                                    BLOCK, NP)
+            cnt, mass = _pivot_pass(
+                x_row, V, t, piv, tk, ck, top64, total, HAS_T, SWAP, ON_X, RESTRICT, MASS, BLOCK, NP
+            )
             if MASS:
                 ok = mass >= p
             else:
@@ -321,8 +433,19 @@ if triton is not None:
         return lo, lo_cnt, hi_cnt, hi_mass
 
     @triton.jit
-    def _nth_equal(x_row, V, t, tau, n, tk, ck, HAS_T: tl.constexpr, SWAP: tl.constexpr, RESTRICT: tl.constexpr,
-                   BLOCK: tl.constexpr):
+    def _nth_equal(
+        x_row,
+        V,
+        t,
+        tau,
+        n,
+        tk,
+        ck,
+        HAS_T: tl.constexpr,
+        SWAP: tl.constexpr,
+        RESTRICT: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         """The position of the n-th (1-based, in row order = token id order) token (of S when RESTRICT) whose
         key (ky, or kx when not RESTRICT) equals tau; -1 if there are fewer."""
         run = tl.full((), 0, tl.int32)
@@ -340,15 +463,52 @@ if triton is not None:
             run += tl.sum(eq.to(tl.int32), axis=0)
         return found
 
-    @triton.jit(do_not_specialize=["stride_x", "V", "k_val", "kmin_val", "pmin_val", "mmin_val", "salt",
-                                   "stride_mask"])
-    def _truncate_kernel(x_ptr, stride_x, V, t_ptr, t_val, k_ptr, k_val, kmin_ptr, kmin_val, p_ptr, p_val,
-                         pmin_ptr, pmin_val, lm_ptr, lm_val, mmin_ptr, mmin_val, dt_ptr, dt_val, seed_ptr, pos_ptr,
-                         salt, thr_ptr, top_ptr, tok_ptr, lp_ptr, mask_ptr, stride_mask,
-                         HAS_T: tl.constexpr, T_ROW: tl.constexpr, K_ROW: tl.constexpr, KMIN_ROW: tl.constexpr,
-                         P_ROW: tl.constexpr, PMIN_ROW: tl.constexpr, LM_ROW: tl.constexpr,
-                         MMIN_ROW: tl.constexpr, SWAP: tl.constexpr, DRAW_T: tl.constexpr, DT_ROW: tl.constexpr,
-                         DRAW: tl.constexpr, MASK: tl.constexpr, BLOCK: tl.constexpr, NP: tl.constexpr):
+    @triton.jit(do_not_specialize=["stride_x", "V", "k_val", "kmin_val", "pmin_val", "mmin_val", "salt", "stride_mask"])
+    def _truncate_kernel(
+        x_ptr,
+        stride_x,
+        V,
+        t_ptr,
+        t_val,
+        k_ptr,
+        k_val,
+        kmin_ptr,
+        kmin_val,
+        p_ptr,
+        p_val,
+        pmin_ptr,
+        pmin_val,
+        lm_ptr,
+        lm_val,
+        mmin_ptr,
+        mmin_val,
+        dt_ptr,
+        dt_val,
+        seed_ptr,
+        pos_ptr,
+        salt,
+        thr_ptr,
+        top_ptr,
+        tok_ptr,
+        lp_ptr,
+        mask_ptr,
+        stride_mask,
+        HAS_T: tl.constexpr,
+        T_ROW: tl.constexpr,
+        K_ROW: tl.constexpr,
+        KMIN_ROW: tl.constexpr,
+        P_ROW: tl.constexpr,
+        PMIN_ROW: tl.constexpr,
+        LM_ROW: tl.constexpr,
+        MMIN_ROW: tl.constexpr,
+        SWAP: tl.constexpr,
+        DRAW_T: tl.constexpr,
+        DT_ROW: tl.constexpr,
+        DRAW: tl.constexpr,
+        MASK: tl.constexpr,
+        BLOCK: tl.constexpr,
+        NP: tl.constexpr,
+    ):
         row = tl.program_id(0).to(tl.int64)
         x_row = x_ptr + row * stride_x
         t = _param(t_ptr, t_val, row, T_ROW, tl.float32)
@@ -381,8 +541,27 @@ if triton is not None:
         width = vv
         take = tl.full((), 0, tl.int32)  # how many of the tokens equal to tk S keeps
         if (k > 0) & (kk < vv) & row_ok:
-            tk, _, above, _ = _search(x_row, V, t, kx_lo, kx_hi + 1, V, kk, 0.0, tk, ck, top64, 1.0, HAS_T, SWAP,
-                                      True, False, False, BLOCK, NP)
+            tk, _, above, _ = _search(
+                x_row,
+                V,
+                t,
+                kx_lo,
+                kx_hi + 1,
+                V,
+                kk,
+                0.0,
+                tk,
+                ck,
+                top64,
+                1.0,
+                HAS_T,
+                SWAP,
+                True,
+                False,
+                False,
+                BLOCK,
+                NP,
+            )
             take = (kk - above).to(tl.int32)
             ck = tl.full((), -1, tl.int64)  # found in the next pass
             width = kk
@@ -423,8 +602,27 @@ if triton is not None:
             p64 = p.to(tl.float64)
             count_p = tl.full((), 0, tl.int64)
             if p64 > 0:
-                v_p, at, above, g = _search(x_row, V, t, ky_lo, ky_hi + 1, n_in, 0, p64, tk, ck, top64, total,
-                                            HAS_T, SWAP, False, True, True, BLOCK, NP)
+                v_p, at, above, g = _search(
+                    x_row,
+                    V,
+                    t,
+                    ky_lo,
+                    ky_hi + 1,
+                    n_in,
+                    0,
+                    p64,
+                    tk,
+                    ck,
+                    top64,
+                    total,
+                    HAS_T,
+                    SWAP,
+                    False,
+                    True,
+                    True,
+                    BLOCK,
+                    NP,
+                )
                 q = tl.exp(_unkey(v_p).to(tl.float64) - top64) / total
                 n = (at - above).to(tl.float64)
                 r = tl.where(q > 0, tl.minimum(tl.math.ceil((p64 - g) / tl.where(q > 0, q, 1.0)), n), n)
@@ -452,8 +650,27 @@ if triton is not None:
                     ty = v_p
                     nth = count - above_p
                 else:  # a min_keep or temperature 0: search for it
-                    ty, _, above, _ = _search(x_row, V, t, ky_lo, ky_hi + 1, n_in, count, 0.0, tk, ck, top64,
-                                              total, HAS_T, SWAP, False, True, False, BLOCK, NP)
+                    ty, _, above, _ = _search(
+                        x_row,
+                        V,
+                        t,
+                        ky_lo,
+                        ky_hi + 1,
+                        n_in,
+                        count,
+                        0.0,
+                        tk,
+                        ck,
+                        top64,
+                        total,
+                        HAS_T,
+                        SWAP,
+                        False,
+                        True,
+                        False,
+                        BLOCK,
+                        NP,
+                    )
                     nth = count - above.to(tl.int64)
                 cy = _nth_equal(x_row, V, t, ty, nth, tk, ck, HAS_T, SWAP, True, BLOCK)
 
@@ -481,8 +698,28 @@ if triton is not None:
             ref = tl.where(row_ok, top.to(tl.float64), 0.0)  # the largest drawn value: kept, so the mass is >= 1
             big = (tl.abs(top) > 16777216.0) & row_ok  # rng.shifted, on the kept tokens (which hold the maximum)
             shift = tl.where(big, ref, 0.0)
-            _, best, nan_i, _, mass = _draw_pass(x_row, x_row, V, k1, k2, shift, t, tk, ck, ty, cy, dt, ref,
-                                                 False, True, HAS_T, SWAP, DRAW_T, True, BLOCK)
+            _, best, nan_i, _, mass = _draw_pass(
+                x_row,
+                x_row,
+                V,
+                k1,
+                k2,
+                shift,
+                t,
+                tk,
+                ck,
+                ty,
+                cy,
+                dt,
+                ref,
+                False,
+                True,
+                HAS_T,
+                SWAP,
+                DRAW_T,
+                True,
+                BLOCK,
+            )
             tok = tl.where(nan_i < V, nan_i, best)
             tl.store(tok_ptr + row, tok)
             # the token's logprob under the kept distribution: its drawn value - log sum exp over the kept ones
@@ -499,8 +736,10 @@ if triton is not None:
 
 # ------------------------------------------------------------------------------------------------- functions
 
-def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, stream: int,
-                  ids: torch.Tensor | None = None) -> torch.Tensor:
+
+def gumbel_argmax(
+    logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, stream: int, ids: torch.Tensor | None = None
+) -> torch.Tensor:
     """(B,) int64: rng.gumbel_argmax(logits, seed, position, ids, stream), the position of each row's draw (first
     index on ties). logits (B, K) float (any float dtype: promoted exactly), seed / position (B,) int64, ids (B, K)
     int64 token ids (None: position = id). One pass over each row (two for rows of huge logits)."""
@@ -514,9 +753,19 @@ def gumbel_argmax(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tens
         ids = _rows(ids)
     seed, position = _counter(seed, logits.device), _counter(position, logits.device)
     _gumbel_argmax_kernel[(batch,)](
-        logits, logits.stride(0), ids if ids is not None else logits, ids.stride(0) if ids is not None else 0,
-        width, seed, position, _salt(stream), out, HAS_IDS=ids is not None, BLOCK=_block(width, 1024),
-        num_warps=4)
+        logits,
+        logits.stride(0),
+        ids if ids is not None else logits,
+        ids.stride(0) if ids is not None else 0,
+        width,
+        seed,
+        position,
+        _salt(stream),
+        out,
+        HAS_IDS=ids is not None,
+        BLOCK=_block(width, 1024),
+        num_warps=4,
+    )
     return out
 
 
@@ -529,8 +778,9 @@ def uniform(seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor, strea
         return out
     ids = _rows(ids)
     seed, position = _counter(seed, ids.device), _counter(position, ids.device)
-    _uniform_kernel[(batch,)](ids, ids.stride(0), width, seed, position, _salt(stream), out, out.stride(0),
-                              BLOCK=_block(width, 1024))
+    _uniform_kernel[(batch,)](
+        ids, ids.stride(0), width, seed, position, _salt(stream), out, out.stride(0), BLOCK=_block(width, 1024)
+    )
     return out
 
 
@@ -541,9 +791,20 @@ def _arg(value: Any, dtype: torch.dtype, device: torch.device) -> tuple[Any, Any
     return None, value, False
 
 
-def _launch(logits: torch.Tensor, temperature: Any, top_k: Any, top_p: Any, min_p: Any, min_keep: Any,
-            seed: torch.Tensor | None, position: torch.Tensor | None, stream: int, mask: bool, draw: bool,
-            temperature_last: Any = None):
+def _launch(
+    logits: torch.Tensor,
+    temperature: Any,
+    top_k: Any,
+    top_p: Any,
+    min_p: Any,
+    min_keep: Any,
+    seed: torch.Tensor | None,
+    position: torch.Tensor | None,
+    stream: int,
+    mask: bool,
+    draw: bool,
+    temperature_last: Any = None,
+):
     _check(logits)
     batch, vocab = logits.shape
     device = logits.device
@@ -590,12 +851,51 @@ def _launch(logits: torch.Tensor, temperature: Any, top_k: Any, top_p: Any, min_
         return thr, top, tok, logprob, keep
     block = _block(vocab, 512)
     _truncate_kernel[(batch,)](
-        logits, logits.stride(0), vocab, t_ptr, t_val, k_args[0], k_args[1], kmin[0], kmin[1], p_args[0],
-        p_args[1], pmin[0], pmin[1], lm_args[0], lm_args[1], mmin[0], mmin[1], dt_args[0], dt_args[1],
-        seed, position, _salt(stream), thr, top, tok, logprob, keep, keep.stride(0) if keep is not None else 0,
-        HAS_T=has_t, T_ROW=t_row, K_ROW=k_args[2], KMIN_ROW=kmin[2], P_ROW=p_args[2], PMIN_ROW=pmin[2],
-        LM_ROW=lm_args[2], MMIN_ROW=mmin[2], SWAP=swap, DRAW_T=draw_t, DT_ROW=dt_args[2], DRAW=draw, MASK=mask,
-        BLOCK=block, NP=min(256, (1 << 20) // block) if _interpreted() else 16, num_warps=8)
+        logits,
+        logits.stride(0),
+        vocab,
+        t_ptr,
+        t_val,
+        k_args[0],
+        k_args[1],
+        kmin[0],
+        kmin[1],
+        p_args[0],
+        p_args[1],
+        pmin[0],
+        pmin[1],
+        lm_args[0],
+        lm_args[1],
+        mmin[0],
+        mmin[1],
+        dt_args[0],
+        dt_args[1],
+        seed,
+        position,
+        _salt(stream),
+        thr,
+        top,
+        tok,
+        logprob,
+        keep,
+        keep.stride(0) if keep is not None else 0,
+        HAS_T=has_t,
+        T_ROW=t_row,
+        K_ROW=k_args[2],
+        KMIN_ROW=kmin[2],
+        P_ROW=p_args[2],
+        PMIN_ROW=pmin[2],
+        LM_ROW=lm_args[2],
+        MMIN_ROW=mmin[2],
+        SWAP=swap,
+        DRAW_T=draw_t,
+        DT_ROW=dt_args[2],
+        DRAW=draw,
+        MASK=mask,
+        BLOCK=block,
+        NP=min(256, (1 << 20) // block) if _interpreted() else 16,
+        num_warps=8,
+    )
     return thr, top, tok, logprob, keep
 
 
@@ -604,9 +904,16 @@ def _f32(value: float) -> float:
     return struct.unpack("f", struct.pack("f", value))[0]
 
 
-def truncate(logits: torch.Tensor, *, temperature: float | torch.Tensor | None = None,
-             top_k: int | torch.Tensor = 0, top_p: float | torch.Tensor = 1.0, min_p: float | torch.Tensor = 0.0,
-             min_keep: Any = 1, mask: bool = False) -> tuple[Truncation, torch.Tensor | None]:
+def truncate(
+    logits: torch.Tensor,
+    *,
+    temperature: float | torch.Tensor | None = None,
+    top_k: int | torch.Tensor = 0,
+    top_p: float | torch.Tensor = 1.0,
+    min_p: float | torch.Tensor = 0.0,
+    min_keep: Any = 1,
+    mask: bool = False,
+) -> tuple[Truncation, torch.Tensor | None]:
     """Per row of logits (B, V) float32 (the full vocabulary: position = token id), what the chain
     temperature -> top_k -> top_p -> min_p keeps on the cpu backend: (Truncation, a (B, V) bool keep mask or None).
 
@@ -619,26 +926,53 @@ def truncate(logits: torch.Tensor, *, temperature: float | torch.Tensor | None =
     return trunc, (keep.view(torch.bool) if keep is not None else None)
 
 
-def sample_top_k_top_p_min_p(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, stream: int, *,
-                             temperature: float | torch.Tensor | None = None, top_k: int | torch.Tensor = 0,
-                             top_p: float | torch.Tensor = 1.0, min_p: float | torch.Tensor = 0.0,
-                             min_keep: Any = 1) -> torch.Tensor:
+def sample_top_k_top_p_min_p(
+    logits: torch.Tensor,
+    seed: torch.Tensor,
+    position: torch.Tensor,
+    stream: int,
+    *,
+    temperature: float | torch.Tensor | None = None,
+    top_k: int | torch.Tensor = 0,
+    top_p: float | torch.Tensor = 1.0,
+    min_p: float | torch.Tensor = 0.0,
+    min_keep: Any = 1,
+) -> torch.Tensor:
     """(B,) int64 token ids: `truncate` then the Gumbel-max draw over the kept tokens (rng's noise for seed,
     position, stream), in one kernel: the token the chain temperature -> top_k -> top_p -> min_p -> dist draws on
     the cpu backend, stream being dist's index in the chain."""
-    return sample(logits, seed, position, stream, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                  min_keep=min_keep)[0]
+    return sample(
+        logits,
+        seed,
+        position,
+        stream,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        min_keep=min_keep,
+    )[0]
 
 
-def sample(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, stream: int, *,
-           temperature: float | torch.Tensor | None = None, top_k: int | torch.Tensor = 0,
-           top_p: float | torch.Tensor = 1.0, min_p: float | torch.Tensor = 0.0, min_keep: Any = 1,
-           temperature_last: float | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(
+    logits: torch.Tensor,
+    seed: torch.Tensor,
+    position: torch.Tensor,
+    stream: int,
+    *,
+    temperature: float | torch.Tensor | None = None,
+    top_k: int | torch.Tensor = 0,
+    top_p: float | torch.Tensor = 1.0,
+    min_p: float | torch.Tensor = 0.0,
+    min_keep: Any = 1,
+    temperature_last: float | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(token ids (B,) int64, their logprobs (B,) float32) in one kernel: `truncate`, then the Gumbel-max draw over
     the kept tokens and the chosen token's log-probability under them (float64 log-sum-exp). temperature_last (a
     Python float or a (B,) tensor; None: none) divides the kept values before the draw, 0 keeping only the first
     maximum: the chain top_k -> top_p -> min_p -> temperature -> dist (llama.cpp's order), its truncation on the raw
     logits."""
-    _, _, tok, logprob, _ = _launch(logits, temperature, top_k, top_p, min_p, min_keep, seed, position, stream,
-                                    False, True, temperature_last)
+    _, _, tok, logprob, _ = _launch(
+        logits, temperature, top_k, top_p, min_p, min_keep, seed, position, stream, False, True, temperature_last
+    )
     return tok, logprob

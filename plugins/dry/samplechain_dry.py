@@ -29,8 +29,18 @@ from typing import Any
 import attrs
 import torch
 
-from samplechain import (Backend, Candidates, ChainWarning, Sampler, SamplingError, Stage, StepContext, finite,
-                         hookimpl, in_range)
+from samplechain import (
+    Backend,
+    Candidates,
+    ChainWarning,
+    Sampler,
+    SamplingError,
+    Stage,
+    StepContext,
+    finite,
+    hookimpl,
+    in_range,
+)
 from samplechain.strings import overlapping_sequences
 from samplechain.tokens import per_token_reduce, write_tokens
 
@@ -58,7 +68,8 @@ class DryParams:
     allowed_length: int = attrs.field(default=2, validator=in_range(0, None))
     penalty_last_n: int = attrs.field(default=-1, validator=in_range(-1, None, hint="-1 = whole context, 0 disables"))
     breakers: tuple[str, ...] = attrs.field(  # need a tokenizer; without one the defaults are off
-        default=LLAMA_CPP_BREAKERS, validator=_strings_ok)
+        default=LLAMA_CPP_BREAKERS, validator=_strings_ok
+    )
     breaker_ids: tuple[tuple[int, ...], ...] = attrs.field(default=(), validator=_ids_ok)
 
 
@@ -121,9 +132,13 @@ class Dry(Sampler):
                 )
             if not self._warned:
                 self._warned = True
-                warnings.warn(f"{self.qualified_name()}: no tokenizer, so llama.cpp's default sequence breakers "
-                              "are off: call chain.prepare(tokenizer=...) (generate() does), or set breakers = [] "
-                              "or breaker_ids to choose", ChainWarning, stacklevel=2)
+                warnings.warn(
+                    f"{self.qualified_name()}: no tokenizer, so llama.cpp's default sequence breakers "
+                    "are off: call chain.prepare(tokenizer=...) (generate() does), or set breakers = [] "
+                    "or breaker_ids to choose",
+                    ChainWarning,
+                    stacklevel=2,
+                )
         mult, base = ctx.param("multiplier"), ctx.param("base")
         allowed, last_n = ctx.param("allowed_length"), ctx.param("penalty_last_n")
         history = ctx.history
@@ -204,9 +219,17 @@ class Dry(Sampler):
         out = torch.where(has, x - penalty, x)
         return cand.replace_logits(out)
 
-
-    def _sparse(self, cand: Candidates, follower: torch.Tensor, repeat: torch.Tensor, ok: torch.Tensor,
-                mult: torch.Tensor, base: torch.Tensor, allowed: torch.Tensor, backend: Backend) -> Candidates:
+    def _sparse(
+        self,
+        cand: Candidates,
+        follower: torch.Tensor,
+        repeat: torch.Tensor,
+        ok: torch.Tensor,
+        mult: torch.Tensor,
+        base: torch.Tensor,
+        allowed: torch.Tensor,
+        backend: Backend,
+    ) -> Candidates:
         """Steps 3-4 at the history positions only: each follower token gets its longest repeat (grouped by token
         within the row) and the same penalty as the dense path, written to those tokens alone."""
         if self._single.numel():  # single-token breakers are never penalised

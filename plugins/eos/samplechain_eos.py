@@ -39,13 +39,19 @@ class Eos(StoppingCriterion):
     def prepare(self, setup: StopSetup) -> None:
         found = list(self.params.ids)
         if not found:
-            for source in (getattr(setup.tokenizer, "eos_token_id", None),
-                           getattr(setup.generation_config, "eos_token_id", None),
-                           getattr(setup.model_config, "eos_token_id", None)):
+            for source in (
+                getattr(setup.tokenizer, "eos_token_id", None),
+                getattr(setup.generation_config, "eos_token_id", None),
+                getattr(setup.model_config, "eos_token_id", None),
+            ):
                 found += [i for i in token_id_list(source) if i not in found]
         if not found:
-            warnings.warn("eos: no eos token id in the tokenizer, the generation config or the model config; this "
-                          "criterion never fires (give ids = [...] in the chain's stop list)", UserWarning, stacklevel=2)
+            warnings.warn(
+                "eos: no eos token id in the tokenizer, the generation config or the model config; this "
+                "criterion never fires (give ids = [...] in the chain's stop list)",
+                UserWarning,
+                stacklevel=2,
+            )
         self._ids = torch.tensor(found, dtype=torch.int64, device=setup.device)
 
     def resolved_ids(self) -> list[int]:

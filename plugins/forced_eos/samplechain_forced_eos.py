@@ -29,7 +29,6 @@ class ForcedEos(EosIds, Sampler):
     request_aliases = {"forced_eos_max_length": "max_length"}
     summary = "force an eos token as the last token a row may have"
 
-
     def needs_history(self) -> bool:
         return True
 

@@ -149,8 +149,10 @@ def _ll_tokenizer(tokenizer: Any, n_vocab: int | None, eos: tuple[int, ...]) -> 
         try:
             per[key] = from_tokenizer(tokenizer, n_vocab=n_vocab, eos_token=list(eos) or None)
         except ValueError as exc:
-            raise ConfigError(f"grammar: the tokenizer {type(tokenizer).__name__} cannot be used: {exc} (load it "
-                              f"with AutoTokenizer.from_pretrained(..., use_fast=True))") from None
+            raise ConfigError(
+                f"grammar: the tokenizer {type(tokenizer).__name__} cannot be used: {exc} (load it "
+                f"with AutoTokenizer.from_pretrained(..., use_fast=True))"
+            ) from None
     return per[key]
 
 
@@ -305,7 +307,7 @@ class Grammar(EosIds, Sampler):
             if not enabled[b]:
                 continue
             tokens = [t for t in history[b] if t >= 0]  # -1 is left padding
-            row = self._sync(request_id, tokens[prompt_lengths[b]:])
+            row = self._sync(request_id, tokens[prompt_lengths[b] :])
             if not row.active:
                 continue
             constrained[b] = True

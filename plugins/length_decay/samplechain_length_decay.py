@@ -30,7 +30,6 @@ class LengthDecay(EosIds, Sampler):
     request_aliases = {"length_decay_start": "start", "length_decay_factor": "factor"}
     summary = "exponentially raise eos logits after `start` generated tokens"
 
-
     def needs_history(self) -> bool:
         return True
 

@@ -30,7 +30,6 @@ class MinNewTokens(EosIds, Sampler):
     min_new_tokens_field = "n"  # vLLM's min_tokens: eos, stop strings, stop_regex, repetition wait for it too
     summary = "mask eos / stop ids until a row has generated n tokens"
 
-
     def needs_history(self) -> bool:
         return True
 

@@ -66,9 +66,9 @@ class MinP(Sampler):
         # in the filters' order (ties settled), so min_keep needs its own count and no column more; compacted
         # candidates (columns not in token-id order after a sort) are settled by id in restrict: one column more
         compacted = cand.ids is not None
-        values, index, above = ctx.backend.at_least(cand.logits, threshold,
-                                                    min(need + compacted, width) if need > 1 else 0,
-                                                    ordered=need > 1)  # min_keep <= 1: the cut is the count
+        values, index, above = ctx.backend.at_least(
+            cand.logits, threshold, min(need + compacted, width) if need > 1 else 0, ordered=need > 1
+        )  # min_keep <= 1: the cut is the count
         counts = torch.clamp(torch.maximum(above, min_keep), max=width)
         counts = torch.where(off, width, counts)
         if bool((counts >= width).all()):

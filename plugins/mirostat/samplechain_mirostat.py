@@ -46,7 +46,9 @@ def keep_top(logits: torch.Tensor, k: torch.Tensor, backend, ids: torch.Tensor |
     if ids is None:
         return above | (tied & (tied.cumsum(dim=-1) <= room[:, None]))
     order = torch.where(tied, ids, torch.iinfo(torch.int64).max).argsort(dim=-1)  # tied ones first, by id
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+    rank = torch.empty_like(order).scatter_(
+        1, order, torch.arange(order.shape[1], device=order.device).expand_as(order)
+    )
     return above | (tied & (rank < room[:, None]))
 
 

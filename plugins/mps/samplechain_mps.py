@@ -51,10 +51,12 @@ class Fallback(NamedTuple):
 
 _NO_FLOAT64 = "its result is float64 (the Backend contract's noise dtype), and MPS has no float64"
 # The declared table: the primitives that run on the CPU under this backend, and why. Tests check it.
-CPU_FALLBACKS: Mapping[str, Fallback] = MappingProxyType({
-    "gumbel": Fallback(_NO_FLOAT64, keep_on_cpu=True),
-    "uniform": Fallback(_NO_FLOAT64, keep_on_cpu=True),
-})
+CPU_FALLBACKS: Mapping[str, Fallback] = MappingProxyType(
+    {
+        "gumbel": Fallback(_NO_FLOAT64, keep_on_cpu=True),
+        "uniform": Fallback(_NO_FLOAT64, keep_on_cpu=True),
+    }
+)
 
 _warned: set[str] = set()  # ops that have warned in this process
 
@@ -74,8 +76,10 @@ def mps_unavailable_reason() -> str:
         return f"this torch ({torch.__version__}) was built without MPS; install the macOS arm64 wheel of torch"
     version = _macos_version()
     if version and version < _MIN_MACOS:
-        return (f"macOS {'.'.join(map(str, version))} is older than {'.'.join(map(str, _MIN_MACOS))}, the first "
-                f"with MPS; upgrade macOS")
+        return (
+            f"macOS {'.'.join(map(str, version))} is older than {'.'.join(map(str, _MIN_MACOS))}, the first "
+            f"with MPS; upgrade macOS"
+        )
     return "torch finds no MPS device (no Metal GPU, or a virtual machine without GPU access)"
 
 
@@ -109,7 +113,8 @@ class MpsBackend(Backend):
                 f"samplechain-mps: {op!r} runs on the CPU, not on the MPS device: {entry.reason}"
                 + ("; the result stays on the CPU" if entry.keep_on_cpu else "; the result is copied back")
                 + ". This is declared in samplechain_mps.CPU_FALLBACKS and warned once per process.",
-                MpsFallbackWarning, stacklevel=3,
+                MpsFallbackWarning,
+                stacklevel=3,
             )
         out = fn(*(t.cpu() for t in tensors))
         if entry.keep_on_cpu:

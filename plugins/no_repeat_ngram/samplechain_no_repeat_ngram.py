@@ -33,6 +33,7 @@ def banned_by_ngrams(history: torch.Tensor, n: int, vocab: int) -> torch.Tensor:
     banned.scatter_(1, torch.where(hit, last, vocab), True)
     return banned[:, :vocab]
 
+
 class NoRepeatNGram(Sampler):
     name = "no_repeat_ngram"
     stage = Stage.TRANSFORM

@@ -66,8 +66,9 @@ class Penalties(Sampler):
             return True
         return self.params.scope == "llama.cpp" and s("last_n") == 0
 
-    def sparse_changes(self, cand: Candidates, ctx: StepContext
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def sparse_changes(
+        self, cand: Candidates, ctx: StepContext
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         if cand.ids is not None or self.is_noop(ctx):
             return None
         ids, new, _targets, first = self._changes(cand, *self._windows(ctx))
@@ -125,18 +126,28 @@ class Penalties(Sampler):
             out = torch.where(off[:, None], x, out)
         return cand.replace_logits(out)
 
-
-    def _changes(self, cand: Candidates, history: torch.Tensor, rep_counted: torch.Tensor,
-                 freq_counted: torch.Tensor, rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor,
-                 off: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _changes(
+        self,
+        cand: Candidates,
+        history: torch.Tensor,
+        rep_counted: torch.Tensor,
+        freq_counted: torch.Tensor,
+        rep: torch.Tensor,
+        freq: torch.Tensor,
+        pres: torch.Tensor,
+        off: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The dense path's arithmetic at the history positions only, O(B * L log L) instead of O(B * V): the
         token ids (B, L), their new logits, where a change applies (positions of one token carry one value) and
         the first position of each changed token. Small CPU batches take numpy (~1 us an operation against
         torch's ~4): the same float32 operations in the same order, so the same bits (tests/test_tokens.py)."""
-        if history.device.type == "cpu" and cand.logits.device.type == "cpu" and history.numel() <= _NP_SMALL \
-                and not in_sync_free_step():
-            return _changes_np(cand.logits, history, rep_counted, freq_counted, rep, freq, pres, off,
-                               self.params.scope)
+        if (
+            history.device.type == "cpu"
+            and cand.logits.device.type == "cpu"
+            and history.numel() <= _NP_SMALL
+            and not in_sync_free_step()
+        ):
+            return _changes_np(cand.logits, history, rep_counted, freq_counted, rep, freq, pres, off, self.params.scope)
         vocab = cand.vocab_size
         inside = (history >= 0) & (history < vocab)
         targets = (rep_counted | freq_counted) & inside & ~off[:, None]
@@ -159,9 +170,17 @@ class Penalties(Sampler):
 _NP_SMALL = 4096  # history elements (B * L) up to which the changes are computed with numpy
 
 
-def _changes_np(logits: torch.Tensor, history: torch.Tensor, rep_counted: torch.Tensor, freq_counted: torch.Tensor,
-                rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor, off: torch.Tensor, scope: str
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _changes_np(
+    logits: torch.Tensor,
+    history: torch.Tensor,
+    rep_counted: torch.Tensor,
+    freq_counted: torch.Tensor,
+    rep: torch.Tensor,
+    freq: torch.Tensor,
+    pres: torch.Tensor,
+    off: torch.Tensor,
+    scope: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Penalties._changes in numpy: tokens grouped per row by np.unique on row * V + id."""
     h = history.numpy()
     batch, length = h.shape
@@ -192,8 +211,12 @@ def _changes_np(logits: torch.Tensor, history: torch.Tensor, rep_counted: torch.
         new = new - present * pres.numpy()[:, None]
     else:
         new = new - (counts * freq.numpy()[:, None] + present * pres.numpy()[:, None])
-    return (torch.from_numpy(ids), torch.from_numpy(new.astype(np.float32, copy=False)), torch.from_numpy(targets),
-            torch.from_numpy(first))
+    return (
+        torch.from_numpy(ids),
+        torch.from_numpy(new.astype(np.float32, copy=False)),
+        torch.from_numpy(targets),
+        torch.from_numpy(first),
+    )
 
 
 @hookimpl

@@ -45,8 +45,17 @@ from typing import Any
 import attrs
 import torch
 
-from samplechain import (Candidates, ConfigError, Sampler, SamplerSetup, Stage, StepContext, hookimpl, in_range,
-                         token_ids_field)
+from samplechain import (
+    Candidates,
+    ConfigError,
+    Sampler,
+    SamplerSetup,
+    Stage,
+    StepContext,
+    hookimpl,
+    in_range,
+    token_ids_field,
+)
 from samplechain.strings import byte_table
 
 IDLE, COUNTING, WAITING, FORCING, DONE = 0, 1, 2, 3, 4
@@ -82,9 +91,13 @@ def utf8_table(tokenizer: Any) -> torch.Tensor:
     need = torch.arange(4).expand(data.shape[0], 4).clone()  # (V, 4): column n starts awaiting n
     for j in range(data.shape[1]):  # the byte columns, vectorised over the vocabulary
         b = data[:, j : j + 1]
-        after = torch.where((b & 0xC0) == 0x80, (need - 1).clamp(min=0),
-                            torch.where((b & 0xE0) == 0xC0, 1, torch.where((b & 0xF0) == 0xE0, 2,
-                                                                             torch.where((b & 0xF8) == 0xF0, 3, 0))))
+        after = torch.where(
+            (b & 0xC0) == 0x80,
+            (need - 1).clamp(min=0),
+            torch.where(
+                (b & 0xE0) == 0xC0, 1, torch.where((b & 0xF0) == 0xE0, 2, torch.where((b & 0xF8) == 0xF0, 3, 0))
+            ),
+        )
         need = torch.where((j < lengths)[:, None], after, need)
     _UTF8[table] = need
     return need
@@ -109,7 +122,7 @@ def _last_at(history: torch.Tensor, seq: torch.Tensor, end: torch.Tensor) -> tor
     windows = history.unfold(1, n, 1)  # (B, width - n + 1, n)
     found = (windows == seq).all(dim=-1)
     cols = torch.arange(width - n + 1, device=history.device)
-    found &= (cols + n <= end[:, None])
+    found &= cols + n <= end[:, None]
     return torch.where(found, cols, -1).amax(dim=1)
 
 
@@ -118,8 +131,11 @@ class ReasoningBudget(Sampler):
     stage = Stage.TRANSFORM
     role = "mask"
     Params = ReasoningBudgetParams
-    request_aliases = {"reasoning_budget": "budget", "thinking_token_budget": "budget",
-                       "reasoning_budget_rearm": "rearm"}
+    request_aliases = {
+        "reasoning_budget": "budget",
+        "thinking_token_budget": "budget",
+        "reasoning_budget_rearm": "rearm",
+    }
     summary = "a thinking budget: force the end marker after N tokens of a thinking block (llama.cpp, vLLM)"
 
     def __init__(self, params: ReasoningBudgetParams) -> None:
@@ -160,17 +176,20 @@ class ReasoningBudget(Sampler):
             for key, found in (("start", self._start), ("end", self._end), ("message", self._message)):
                 bad = [t for t in found or () if t >= setup.vocab_size]
                 if bad:
-                    raise ConfigError(f"reasoning_budget.{key} has token ids {bad} outside the vocabulary of "
-                                      f"{setup.vocab_size}")
+                    raise ConfigError(
+                        f"reasoning_budget.{key} has token ids {bad} outside the vocabulary of {setup.vocab_size}"
+                    )
 
     def _tensors(self, device: Any) -> tuple[torch.Tensor, ...]:
         if self._start is None or self._end is None or self._message is None:
-            missing = [k for k, v in (("start", self._start), ("end", self._end), ("message", self._message))
-                       if v is None]
+            missing = [
+                k for k, v in (("start", self._start), ("end", self._end), ("message", self._message)) if v is None
+            ]
             raise ConfigError(
                 f"reasoning_budget cannot resolve {', '.join(missing)} without a tokenizer: run the chain through "
                 "generate() / model.generate / vLLM, call chain.prepare(tokenizer=...), or give "
-                + ", ".join(f"{k}_ids" for k in missing))
+                + ", ".join(f"{k}_ids" for k in missing)
+            )
         key = torch.device(device)
         if key not in self._on:
             as_t = lambda v: torch.tensor(v, dtype=torch.int64, device=key)  # noqa: E731
@@ -189,18 +208,30 @@ class ReasoningBudget(Sampler):
         return ctx.scalar("budget") == -1
 
     def state_spec(self):
-        return {"state": (torch.int64, (), IDLE), "remaining": (torch.int64, (), 0),
-                "force_pos": (torch.int64, (), 0), "start_pos": (torch.int64, (), 0),
-                "end_pos": (torch.int64, (), 0), "utf8_need": (torch.int64, (), 0),
-                "started": (torch.bool, (), False)}
+        return {
+            "state": (torch.int64, (), IDLE),
+            "remaining": (torch.int64, (), 0),
+            "force_pos": (torch.int64, (), 0),
+            "start_pos": (torch.int64, (), 0),
+            "end_pos": (torch.int64, (), 0),
+            "utf8_need": (torch.int64, (), 0),
+            "started": (torch.bool, (), False),
+        }
 
     # ----------------------------------------------------------------- the machine
-    def _step(self, s: dict[str, torch.Tensor], tok: torch.Tensor, budget: torch.Tensor, rearm: torch.Tensor,
-              consts: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+    def _step(
+        self,
+        s: dict[str, torch.Tensor],
+        tok: torch.Tensor,
+        budget: torch.Tensor,
+        rearm: torch.Tensor,
+        consts: tuple[torch.Tensor, ...],
+    ) -> dict[str, torch.Tensor]:
         """Every row's machine after accepting tok (B,): llama.cpp's common_reasoning_budget_accept, vectorised."""
         start, end, forced, utf8 = consts
-        st, rem, fpos, spos, epos, need = (s[k] for k in ("state", "remaining", "force_pos", "start_pos",
-                                                          "end_pos", "utf8_need"))
+        st, rem, fpos, spos, epos, need = (
+            s[k] for k in ("state", "remaining", "force_pos", "start_pos", "end_pos", "utf8_need")
+        )
         if utf8 is not None:
             known = (tok >= 0) & (tok < utf8.shape[0])  # ids past the tokenizer (padded vocabularies): no bytes
             need = torch.where(known, utf8[tok.clamp(0, utf8.shape[0] - 1), need], need)
@@ -238,8 +269,9 @@ class ReasoningBudget(Sampler):
             "started": torch.ones_like(s["started"]),
         }
 
-    def _from_prompt(self, ctx: StepContext, rows: torch.Tensor, consts: tuple[torch.Tensor, ...],
-                     state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _from_prompt(
+        self, ctx: StepContext, rows: torch.Tensor, consts: tuple[torch.Tensor, ...], state: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
         """The state of requests not seen before (rows (B,) bool): a prompt whose last start marker is not closed
         opens the block (its thinking tokens counted, as vLLM); then any tokens generated before this sampler saw
         the request (a resumed vLLM request) are replayed."""
@@ -282,8 +314,7 @@ class ReasoningBudget(Sampler):
         if ctx.missing_history is None and ctx.history is not None:
             state = self._from_prompt(ctx, fresh, consts, state)
             self._seen = (ctx.request_ids, ctx.positions.clone(), state)
-        elif self._seen is not None and self._seen[0] == ctx.request_ids and torch.equal(self._seen[1],
-                                                                                          ctx.positions):
+        elif self._seen is not None and self._seen[0] == ctx.request_ids and torch.equal(self._seen[1], ctx.positions):
             state = {k: torch.where(fresh, self._seen[2][k], v) for k, v in state.items()}
         return state
 

@@ -18,11 +18,15 @@ from samplechain import StopContext, StoppingCriterion, hookimpl, in_range
 
 def _sizes(inst, _attr, _value) -> None:
     if inst.min_pattern_size > inst.max_pattern_size:
-        raise ValueError(f"min_pattern_size {inst.min_pattern_size} > max_pattern_size {inst.max_pattern_size}; "
-                         f"give min_pattern_size <= max_pattern_size (0 means 1), or max_pattern_size 0 to disable")
+        raise ValueError(
+            f"min_pattern_size {inst.min_pattern_size} > max_pattern_size {inst.max_pattern_size}; "
+            f"give min_pattern_size <= max_pattern_size (0 means 1), or max_pattern_size 0 to disable"
+        )
     if inst.max_pattern_size > 0 and inst.min_count < 2:
-        raise ValueError(f"min_count {inst.min_count}: a pattern must repeat at least twice (min_count >= 2), "
-                         f"e.g. 3 for a phrase said three times; or set max_pattern_size 0 to disable")
+        raise ValueError(
+            f"min_count {inst.min_count}: a pattern must repeat at least twice (min_count >= 2), "
+            f"e.g. 3 for a phrase said three times; or set max_pattern_size 0 to disable"
+        )
 
 
 @attrs.frozen

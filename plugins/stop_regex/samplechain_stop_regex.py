@@ -59,8 +59,10 @@ def _valid(_inst, _attr, value) -> None:
         except re.error as exc:
             raise ValueError(f"pattern {i} ({pattern!r}) is not a valid regular expression: {exc}") from None
         if int(_sre_parse.parse(pattern).getwidth()[0]) == 0 or compiled.fullmatch(""):
-            raise ValueError(f"pattern {i} ({pattern!r}) can match the empty text and would stop at once: require "
-                             f"at least one character (e.g. '+' instead of '*')")
+            raise ValueError(
+                f"pattern {i} ({pattern!r}) can match the empty text and would stop at once: require "
+                f"at least one character (e.g. '+' instead of '*')"
+            )
 
 
 @attrs.frozen
@@ -101,8 +103,10 @@ class StopRegex(StoppingCriterion):
 
     def prepare(self, setup: StopSetup) -> None:
         if setup.tokenizer is None:
-            raise ConfigError("stop_regex needs the tokenizer to read text: pass tokenizer= to generate() (or to "
-                              "as_stopping_criteria)")
+            raise ConfigError(
+                "stop_regex needs the tokenizer to read text: pass tokenizer= to generate() (or to "
+                "as_stopping_criteria)"
+            )
         self._table = byte_table(setup.tokenizer)
         self._pieces = self._table.pieces  # token id -> its bytes (host side, cached on the table)
         self._reset()
@@ -125,7 +129,7 @@ class StopRegex(StoppingCriterion):
         for b in rows:
             data = decoded_tail(self._table, before[b].tolist(), self._keep + 1)
             self._whole[b] = len(data) <= self._keep
-            self._bufs[b] = bytearray(data[-self._keep:])
+            self._bufs[b] = bytearray(data[-self._keep :])
 
     def _search(self, data: bytes, before: int, whole: bool) -> StopMatch | None:
         prev, text = _text(data[:before], whole), _text(data, whole)

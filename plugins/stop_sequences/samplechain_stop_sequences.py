@@ -41,8 +41,8 @@ class StopSequences(StoppingCriterion):
         targets = torch.zeros((len(params.sequences), self.longest), dtype=torch.int64)
         care = torch.zeros((len(params.sequences), self.longest), dtype=torch.bool)
         for i, seq in enumerate(params.sequences):  # right-aligned; `care` marks the sequence's own positions
-            targets[i, self.longest - len(seq):] = torch.tensor(seq)
-            care[i, self.longest - len(seq):] = True
+            targets[i, self.longest - len(seq) :] = torch.tensor(seq)
+            care[i, self.longest - len(seq) :] = True
         self._tables = {targets.device: (targets, care)}
 
     def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,7 +56,7 @@ class StopSequences(StoppingCriterion):
 
     def check(self, ctx: StopContext) -> torch.Tensor:
         new = ctx.new_tokens
-        tail = new[:, -self.longest:]
+        tail = new[:, -self.longest :]
         if tail.shape[1] < self.longest:  # fewer new tokens than the longest sequence: -1 matches no id
             tail = F.pad(tail, (self.longest - tail.shape[1], 0), value=-1)
         targets, care = self._on(new.device)

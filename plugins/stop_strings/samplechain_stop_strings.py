@@ -79,22 +79,24 @@ class StopStrings(StoppingCriterion):
 
     def prepare(self, setup: StopSetup) -> None:
         if setup.tokenizer is None:
-            raise ConfigError("stop_strings needs the tokenizer to read text: pass tokenizer= to generate() (or to "
-                              "as_stopping_criteria)")
+            raise ConfigError(
+                "stop_strings needs the tokenizer to read text: pass tokenizer= to generate() (or to "
+                "as_stopping_criteria)"
+            )
         self._table = byte_table(setup.tokenizer)
         # the stop strings right-aligned in an (S, M) table; `care` marks their bytes (the rest is left fill)
         targets = torch.zeros((len(self._targets), self.longest), dtype=torch.int16)
         care = torch.zeros((len(self._targets), self.longest), dtype=torch.bool)
         for i, t in enumerate(self._targets):
-            targets[i, self.longest - len(t):] = torch.tensor(list(t), dtype=torch.int16)
-            care[i, self.longest - len(t):] = True
+            targets[i, self.longest - len(t) :] = torch.tensor(list(t), dtype=torch.int16)
+            care[i, self.longest - len(t) :] = True
         self._match = (targets.to(setup.device), care.to(setup.device))
 
     def check(self, ctx: StopContext) -> torch.Tensor:
         if self._table is None:
             self.prepare(ctx.setup)
         device = ctx.input_ids.device
-        ids = ctx.input_ids[:, -self.window:]  # (B, n) in reading order
+        ids = ctx.input_ids[:, -self.window :]  # (B, n) in reading order
         batch, n = ids.shape
         total = ctx.input_ids.shape[1]
         # left padding is not text: row b's tokens start at prompt_length - prompt_lengths[b]
@@ -115,7 +117,6 @@ class StopStrings(StoppingCriterion):
         ends_inside_last = torch.arange(self.longest, width + 1, device=device)[None, :] > (width - last_lengths)
         return (match & ends_inside_last).any(dim=1)
 
-
     def hold_back(self) -> int:
         return max(len(s) for s in self.params.strings) - 1
 
@@ -132,7 +133,7 @@ class StopStrings(StoppingCriterion):
             for text, target in zip(self.params.strings, self._targets):
                 at = data.find(target, max(before - len(target) + 1, 0))
                 if at >= 0:
-                    trailing = len(data[at + len(target):].decode("utf-8", errors="replace"))
+                    trailing = len(data[at + len(target) :].decode("utf-8", errors="replace"))
                     found = StopMatch(self.reason, text, trailing)
                     break
             out.append(found)

@@ -32,7 +32,7 @@ def _delta_ok(inst: TempExtParams, _attr: attrs.Attribute, value: float) -> None
     finite(inst, _attr, value)
     if inst.formula == "webui" and value > 0 and not inst.t - value > 0:
         raise ValueError(
-            f"with formula = \"webui\" the low temperature t - delta must be > 0 (t = {inst.t:g}); "
+            f'with formula = "webui" the low temperature t - delta must be > 0 (t = {inst.t:g}); '
             "webui divides the logits by it"
         )
 

@@ -92,8 +92,14 @@ _TRIES = (256, 4096)  # widths of the partial top-k the bracket is tried on
 _MARGIN = 1e-9  # relative: far above float64 rounding of the sums, far below any real change in the cdf
 
 
-def bracketed_counts(values: torch.Tensor, row_sum: torch.Tensor, z: torch.Tensor, min_keep: torch.Tensor,
-                     off: torch.Tensor, variant: str) -> torch.Tensor | None:
+def bracketed_counts(
+    values: torch.Tensor,
+    row_sum: torch.Tensor,
+    z: torch.Tensor,
+    min_keep: torch.Tensor,
+    off: torch.Tensor,
+    variant: str,
+) -> torch.Tensor | None:
     """(B,) kept counts from the M best logits of each row (values (B, M), descending) when every row's cut is
     decided by the bracket on the d2 normaliser, else None. row_sum (B,): sum of exp(x - max) over the whole row,
     float32 (only for llama.cpp's 1e-6 uniform rule, which is decided with a 1e-4 margin). Rows where off[b] are
@@ -159,8 +165,11 @@ class Tfs(Sampler):
         off = z >= 1.0
         if bool(off.all()):
             return cand
-        if not cand.is_sorted and cand.width >= filters.WIDE and (self.params.variant == "llama.cpp"
-                                                                 or cand.width == cand.vocab_size):
+        if (
+            not cand.is_sorted
+            and cand.width >= filters.WIDE
+            and (self.params.variant == "llama.cpp" or cand.width == cand.vocab_size)
+        ):
             x = cand.logits
             top = x.amax(dim=-1, keepdim=True)
             row_sum = torch.exp(x - top).sum(dim=-1)

@@ -74,10 +74,10 @@ class TopNSigma(Sampler):
         counts = torch.clamp(torch.maximum(keep.sum(dim=-1), min_keep), max=width)
         return cand.keep_best(counts, off, ctx.backend)
 
-
     @staticmethod
-    def _wide(cand: Candidates, ctx: StepContext, n: torch.Tensor, min_keep: torch.Tensor,
-              off: torch.Tensor) -> Candidates | None:
+    def _wide(
+        cand: Candidates, ctx: StepContext, n: torch.Tensor, min_keep: torch.Tensor, off: torch.Tensor
+    ) -> Candidates | None:
         """Wide rows: float32 statistics (torch's cascaded sums, ~1e-7 relative) instead of float64 copies of
         the row, the float64 threshold rounded up to the next float32 (so `logit >= it` is the float64
         comparison exactly), and the survivors found and compacted by one at_least call. None when a row's
@@ -98,8 +98,9 @@ class TopNSigma(Sampler):
         up = torch.where(off, top.float(), up)  # off rows must not widen the read
         need = int(torch.where(off, 0, min_keep).max())
         compacted = cand.ids is not None  # columns not in token-id order: ties settled by id in restrict
-        values, index, above = ctx.backend.at_least(x, up, min(need + compacted, cand.width) if need > 1 else 0,
-                                                    ordered=need > 1)  # min_keep <= 1: the cut is the count
+        values, index, above = ctx.backend.at_least(
+            x, up, min(need + compacted, cand.width) if need > 1 else 0, ordered=need > 1
+        )  # min_keep <= 1: the cut is the count
         counts = torch.clamp(torch.maximum(above, min_keep), max=cand.width)
         return cand.restrict(values, index, torch.where(off, cand.width, counts), off, ranked=not compacted)
 

@@ -67,8 +67,14 @@ def wide_row_mass(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     return probs, top, total
 
 
-def chunked_cut(logits: torch.Tensor, top: torch.Tensor, total: torch.Tensor, p: torch.Tensor,
-                min_keep: torch.Tensor, off: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+def chunked_cut(
+    logits: torch.Tensor,
+    top: torch.Tensor,
+    total: torch.Tensor,
+    p: torch.Tensor,
+    min_keep: torch.Tensor,
+    off: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """The top-p cut of wide rows from the chunks that hold the largest logits, or None (flat rows).
 
     The row is cut into chunks of 64; the n chunks with the largest maxima are gathered (plus the tail that fills
@@ -99,8 +105,9 @@ def chunked_cut(logits: torch.Tensor, top: torch.Tensor, total: torch.Tensor, p:
     return None
 
 
-def superset_threshold(probs: torch.Tensor, top: torch.Tensor, total: torch.Tensor, p: torch.Tensor,
-                       backend: Backend | None = None) -> torch.Tensor:
+def superset_threshold(
+    probs: torch.Tensor, top: torch.Tensor, total: torch.Tensor, p: torch.Tensor, backend: Backend | None = None
+) -> torch.Tensor:
     """For flat rows: a logit per row (B,) at or below the last token top-p keeps, without a sort. The
     probabilities are bucketed by their float32 bit pattern (monotone in the value), the bucket masses summed
     from the top, and the lower edge of the bucket where the sum passes p (plus a margin) turned back into a

@@ -57,10 +57,9 @@ def typical_keep(
     return _ranked_keep(distance, prob, p, min_keep, semantics)
 
 
-
-
-def _wide_keep(distance: torch.Tensor, prob: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor,
-               semantics: str) -> torch.Tensor | None:
+def _wide_keep(
+    distance: torch.Tensor, prob: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor, semantics: str
+) -> torch.Tensor | None:
     """typical's keep mask without ranking the whole row: the mass of the probabilities bucketed by distance (the
     float32 bit pattern of a distance >= 0 is monotone in it) gives a distance D whose set {distance <= D} holds
     more than p (plus a margin) and at least min_keep candidates; the stable ranking restricted to that set (kept
@@ -89,8 +88,16 @@ def _wide_keep(distance: torch.Tensor, prob: torch.Tensor, p: torch.Tensor, min_
     return torch.zeros_like(finite).scatter_(1, pos, keep_s) & finite
 
 
-def _ranked_keep(distance: torch.Tensor, prob: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor,
-                 semantics: str, size: torch.Tensor | None = None, *, per_row: bool = False):
+def _ranked_keep(
+    distance: torch.Tensor,
+    prob: torch.Tensor,
+    p: torch.Tensor,
+    min_keep: torch.Tensor,
+    semantics: str,
+    size: torch.Tensor | None = None,
+    *,
+    per_row: bool = False,
+):
     """Rank by distance (stable) and cut at mass p. With `size` (B,), the rows hold only their first size[b]
     candidates of the ranking: None when a row's cut is not certainly among them, or with per_row, the keep mask
     and which rows' cuts are (B,) bool."""
@@ -119,8 +126,9 @@ def _ranked_keep(distance: torch.Tensor, prob: torch.Tensor, p: torch.Tensor, mi
     return (kept, ~uncertain) if per_row else kept
 
 
-def _band_keep(band: tuple[torch.Tensor, ...], p: torch.Tensor, min_keep: torch.Tensor, semantics: str
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def _band_keep(
+    band: tuple[torch.Tensor, ...], p: torch.Tensor, min_keep: torch.Tensor, semantics: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """From a TYPICAL_BAND kernel's band: (keep (B, W) over its slots, done (B,) bool). The band is ranked by
     |c - x| (float64, spare slots at inf) and cut by the running mass of e**(x - log Z); rows the kernel left out
     (count -1), or whose cut the band does not surely hold, are not done (the caller ranks them whole)."""
@@ -134,8 +142,9 @@ def _band_keep(band: tuple[torch.Tensor, ...], p: torch.Tensor, min_keep: torch.
     return keep & done[:, None], done
 
 
-def _band_path(cand: Candidates, p: torch.Tensor, min_keep: torch.Tensor, semantics: str, backend: Backend
-               ) -> Candidates | None:
+def _band_path(
+    cand: Candidates, p: torch.Tensor, min_keep: torch.Tensor, semantics: str, backend: Backend
+) -> Candidates | None:
     """typical on the full vocabulary of wide rows through the backend's TYPICAL_BAND kernel; None where it has
     none (or declines). Rows it leaves out are ranked whole by typical_keep."""
     kernel = backend.kernel(TYPICAL_BAND)
@@ -149,8 +158,13 @@ def _band_path(cand: Candidates, p: torch.Tensor, min_keep: torch.Tensor, semant
     if bool(done.all()) and width * 8 <= cand.width:  # compacted, as Candidates.masked would compact the mask
         order = torch.argsort((~keep_band).to(torch.uint8), dim=1, stable=True)[:, :width]  # kept first, in order
         spare = torch.arange(width, device=order.device)[None, :] >= counts[:, None]  # the band's other tokens
-        return Candidates(values.gather(1, order).masked_fill_(spare, float("-inf")), positions.gather(1, order),
-                          cand.vocab_size, False, True)
+        return Candidates(
+            values.gather(1, order).masked_fill_(spare, float("-inf")),
+            positions.gather(1, order),
+            cand.vocab_size,
+            False,
+            True,
+        )
     keep = torch.zeros_like(cand.logits, dtype=torch.bool).scatter_(1, positions, keep_band)
     if not bool(done.all()):
         rest = (~done).nonzero()[:, 0]
@@ -186,8 +200,9 @@ class Typical(Sampler):
             keep = typical_keep(cand.logits, p, min_keep, self.params.semantics, wide=not sync_free)
         else:  # rank equal distances by token id, not by the order earlier filters left (batch invariance)
             by_id = cand.ids.argsort(dim=-1)
-            keep_by_id = typical_keep(cand.logits.gather(1, by_id), p, min_keep, self.params.semantics,
-                                      wide=not sync_free)
+            keep_by_id = typical_keep(
+                cand.logits.gather(1, by_id), p, min_keep, self.params.semantics, wide=not sync_free
+            )
             keep = torch.zeros_like(keep_by_id).scatter_(1, by_id, keep_by_id)
         keep |= off[:, None]
         return cand.masked(keep)

@@ -182,8 +182,16 @@ class Watermark(Sampler):
         out = torch.where(green, cand.logits + bias[:, None], cand.logits)
         return cand.replace_logits(out)
 
-    def _selfhash(self, cand: Candidates, backend: Backend, history: torch.Tensor, rows: list[int], keys: list[int],
-                  widths: list[int], sizes: list[int]) -> torch.Tensor:
+    def _selfhash(
+        self,
+        cand: Candidates,
+        backend: Backend,
+        history: torch.Tensor,
+        rows: list[int],
+        keys: list[int],
+        widths: list[int],
+        sizes: list[int],
+    ) -> torch.Tensor:
         """(B, K) bool: candidates among each row's 40 best that fall in their own green list. Of logits tied at
         the 40th place the lowest token ids are among the 40 (transformers: its sort's choice), so the biased set
         depends on the row alone, not on the order an earlier filter or the batch left."""
@@ -201,7 +209,7 @@ class Watermark(Sampler):
         for b in rows:
             table = self._cache.table(keys[b], device)
             w = widths[b]
-            context = history[b, history.shape[1] - (w - 1):] if w > 1 else history[b, :0]
+            context = history[b, history.shape[1] - (w - 1) :] if w > 1 else history[b, :0]
             windows = torch.cat([context.expand(n, -1), tokens[b, :, None]], dim=1)  # (n, w)
             seeds = _selfhash_seeds(table, keys[b], windows)
             masks = torch.stack([self._cache.mask(s, cand.vocab_size, sizes[b], device) for s in seeds])
@@ -290,8 +298,15 @@ def detect(
     if vocab_size is None or int(vocab_size) < 1:
         raise ValueError("vocab_size is required: the width of the logits the watermark was applied to")
     vocab = int(vocab_size)
-    cfg = _config(config, {"greenlist_ratio": greenlist_ratio, "hashing_key": hashing_key,
-                           "seeding_scheme": seeding_scheme, "context_width": context_width})
+    cfg = _config(
+        config,
+        {
+            "greenlist_ratio": greenlist_ratio,
+            "hashing_key": hashing_key,
+            "seeding_scheme": seeding_scheme,
+            "context_width": context_width,
+        },
+    )
     rows = _rows(token_ids)
     if prompt_ids is not None:
         prompts = _rows(prompt_ids)
@@ -307,8 +322,13 @@ def detect(
     else:
         if isinstance(prompt_length, torch.Tensor) and prompt_length.ndim == 0:
             prompt_length = int(prompt_length)
-        lengths = [int(prompt_length)] * len(rows) if isinstance(prompt_length, int) else [
-            int(x) for x in (prompt_length.tolist() if isinstance(prompt_length, torch.Tensor) else prompt_length)]
+        lengths = (
+            [int(prompt_length)] * len(rows)
+            if isinstance(prompt_length, int)
+            else [
+                int(x) for x in (prompt_length.tolist() if isinstance(prompt_length, torch.Tensor) else prompt_length)
+            ]
+        )
         if len(lengths) != len(rows):
             raise ValueError(f"{len(lengths)} prompt lengths for {len(rows)} rows")
     selfhash = cfg.seeding_scheme == "selfhash"
@@ -323,11 +343,13 @@ def detect(
         if bos_token_id is not None and ids and ids[0] == bos_token_id:
             ids = ids[1:]
         if prompt_context and n > 1:
-            ids = prompt[len(prompt) - min(n - 1, len(prompt)):] + ids
+            ids = prompt[len(prompt) - min(n - 1, len(prompt)) :] + ids
         if len(ids) - cfg.context_width < 1:
-            raise ValueError(f"row {i}: must have at least 1 token to score after the first "
-                             f"{cfg.context_width} (context_width) tokens, has {len(ids)}")
-        grams = [tuple(ids[j: j + n]) for j in range(len(ids) - n + 1)]
+            raise ValueError(
+                f"row {i}: must have at least 1 token to score after the first "
+                f"{cfg.context_width} (context_width) tokens, has {len(ids)}"
+            )
+        grams = [tuple(ids[j : j + n]) for j in range(len(ids) - n + 1)]
         counts: dict[tuple[int, ...], int] = {}
         for g in grams:
             counts[g] = counts.get(g, 0) + 1
@@ -348,5 +370,4 @@ def detect(
     ratio = cfg.greenlist_ratio
     z = (green - ratio * total) / torch.sqrt(total * ratio * (1 - ratio))
     p_value = 0.5 * torch.special.erfc(z / math.sqrt(2))
-    return WatermarkDetection(total.to(torch.int64), green.to(torch.int64), green / total, z, p_value,
-                              z > z_threshold)
+    return WatermarkDetection(total.to(torch.int64), green.to(torch.int64), green / total, z, p_value, z > z_threshold)

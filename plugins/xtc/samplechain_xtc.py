@@ -83,8 +83,9 @@ def removal_mask(logits: torch.Tensor, threshold: torch.Tensor, ids: torch.Tenso
     return remove & (qualify.sum(dim=-1, keepdim=True) >= 2)
 
 
-def wide_removals(logits: torch.Tensor, threshold: torch.Tensor, backend: Backend, ids: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def wide_removals(
+    logits: torch.Tensor, threshold: torch.Tensor, backend: Backend, ids: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`removal_mask` for wide unsorted rows, in float32, without a (B, K) mask: (rows, positions) of the removed
     candidates and the (B,) count removed per row. The qualifying candidates are the few >= the cut, read in
     descending order by `at_least`; of the least likely level, the highest token id stays, as in removal_mask."""
@@ -133,7 +134,8 @@ class Xtc(Sampler):
     def is_noop(self, ctx: StepContext) -> bool:
         s = ctx.scalar
         return (s("probability") is not None and s("probability") <= 0.0) or (
-            s("threshold") is not None and s("threshold") > 0.5)
+            s("threshold") is not None and s("threshold") > 0.5
+        )
 
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
         if self.is_noop(ctx):
@@ -161,7 +163,6 @@ class Xtc(Sampler):
         if not sync_free and not bool(remove.any()):
             return cand
         return cand.masked(~remove)  # sorted rows stay sorted, the survivors moved to the front
-
 
     def _wide(self, cand: Candidates, ctx: StepContext, act: torch.Tensor) -> Candidates:
         """The rows that act, in float32: their qualifying candidates set to -inf in the chain's own logits."""

@@ -21,8 +21,10 @@ def _chain(chain):
     if chain is None:
         here = Path(__file__).with_name("chain.toml")
         if not here.is_file():
-            raise ConfigError("this copy of custom_generate has no chain.toml next to it (transformers copies only "
-                              "the Python files): pass chain=<repo>/custom_generate/chain.toml")
+            raise ConfigError(
+                "this copy of custom_generate has no chain.toml next to it (transformers copies only "
+                "the Python files): pass chain=<repo>/custom_generate/chain.toml"
+            )
         chain = here
     return chain if isinstance(chain, Chain) else Chain.load(chain)
 
@@ -30,7 +32,9 @@ def _chain(chain):
 def generate(model, *args, chain=None, **kwargs):
     with plugin_registered(ban_digits, "custom-generate-chain:ban_digits"):
         chain = _chain(chain)
-        if "logits_processor" in kwargs:  # transformers' model.generate(custom_generate=FOLDER) passes all its arguments
+        if (
+            "logits_processor" in kwargs
+        ):  # transformers' model.generate(custom_generate=FOLDER) passes all its arguments
             decode = as_custom_generate(chain, tokenizer=kwargs.get("tokenizer"))
             return model.generate(*args, custom_generate=decode, **kwargs)
         return samplechain_generate(model, *args, chain=chain, **kwargs)

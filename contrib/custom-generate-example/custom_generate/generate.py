@@ -28,6 +28,7 @@ stop = [ { use = "stop_strings", strings = ["\\n\\n"] } ]
 
 
 def generate(model, *args, chain=None, **kwargs):
-    decode = as_custom_generate(Chain.load(chain if chain is not None else CHAIN),
-                                tokenizer=kwargs.get("tokenizer"))  # the stop string needs the tokenizer
+    decode = as_custom_generate(
+        Chain.load(chain if chain is not None else CHAIN), tokenizer=kwargs.get("tokenizer")
+    )  # the stop string needs the tokenizer
     return model.generate(*args, custom_generate=decode, **kwargs)

@@ -100,8 +100,11 @@ def test_argmax_is_unchanged(seed, cap):
 
 
 def test_declares_itself_argmax_invariant_transform():
-    chain = Chain.load({"samplers": [{"use": "softcap", "cap": 5.0}, {"use": "test_argmax"}]},
-                       host=host_with(Softcap), backend="recording")
+    chain = Chain.load(
+        {"samplers": [{"use": "softcap", "cap": 5.0}, {"use": "test_argmax"}]},
+        host=host_with(Softcap),
+        backend="recording",
+    )
     step = chain.describe()[0]
     assert step["name"] == "softcap.v1"
     assert step["stage"] == "transform"
@@ -147,20 +150,27 @@ def test_the_chain_value_is_the_default_for_every_request():
 )
 def test_a_bad_cap_is_a_config_error_naming_the_key(cap, message):
     with pytest.raises(ConfigError) as info:
-        Chain.load({"samplers": [{"use": "softcap", "cap": cap}, {"use": "test_argmax"}]},
-                   host=host_with(Softcap), backend="recording")
+        Chain.load(
+            {"samplers": [{"use": "softcap", "cap": cap}, {"use": "test_argmax"}]},
+            host=host_with(Softcap),
+            backend="recording",
+        )
     assert message in str(info.value)
 
 
 def test_cap_is_required():
     with pytest.raises(ConfigError, match=r"samplers\[0\]\.cap: required key missing"):
-        Chain.load({"samplers": [{"use": "softcap"}, {"use": "test_argmax"}]},
-                   host=host_with(Softcap), backend="recording")
+        Chain.load(
+            {"samplers": [{"use": "softcap"}, {"use": "test_argmax"}]}, host=host_with(Softcap), backend="recording"
+        )
 
 
 def test_a_bad_per_request_cap_is_rejected_when_the_request_joins():
-    chain = Chain.load({"samplers": [{"use": "softcap", "cap": 5.0}, {"use": "test_argmax"}]},
-                       host=host_with(Softcap), backend="recording")
+    chain = Chain.load(
+        {"samplers": [{"use": "softcap", "cap": 5.0}, {"use": "test_argmax"}]},
+        host=host_with(Softcap),
+        backend="recording",
+    )
     store = chain.new_store()
     with pytest.raises(RequestError, match=r"softcap\.cap = -2\.0: must be in \(0, inf\)"):
         store.add("r", {"softcap": -2.0})

@@ -20,8 +20,21 @@ from ..errors import ConfigError
 
 __all__ = ["add_parser", "cmd_bench", "markdown_table", "write_plot"]
 
-HEADERS = ["config", "logits", "dtype", "B", "ours ms", "transformers ms", "read ms", "baseline ms",
-           "transformers / ours", "ours / read", "ours / baseline", "target", "met?"]
+HEADERS = [
+    "config",
+    "logits",
+    "dtype",
+    "B",
+    "ours ms",
+    "transformers ms",
+    "read ms",
+    "baseline ms",
+    "transformers / ours",
+    "ours / read",
+    "ours / baseline",
+    "target",
+    "met?",
+]
 
 
 def _names(text: str) -> list[str]:
@@ -45,28 +58,41 @@ def add_parser(sub: Any) -> None:
         description="Time one sampling step of each configuration of the target matrix against transformers' "
         "equivalent processors (+ softmax + multinomial) and one logits.max(dim=-1) (the read floor), alternating "
         "in blocks, and print median (p10-p90) ms, the ratios and whether each target is met. Configurations: "
-        + "; ".join(f"{c.name}: {c.target_text}" for c in CONFIGS.values()) + ".",
+        + "; ".join(f"{c.name}: {c.target_text}" for c in CONFIGS.values())
+        + ".",
     )
     p.add_argument("--batch", type=_ints, default=[1, 8, 32], help="batch sizes (default 1,8,32)")
     p.add_argument("--vocab", type=int, default=128256, help="vocabulary size V (default 128256)")
-    p.add_argument("--kinds", type=_names, default=["peaked"], help=f"logits kinds: {', '.join(LOGIT_KINDS)} "
-                   "(default peaked)")
-    p.add_argument("--configs", type=_names, default=list(CONFIGS),
-                   help=f"configurations (default all: {','.join(CONFIGS)})")
-    p.add_argument("--dtypes", type=_names, default=list(DTYPES),
-                   help=f"logits dtypes (default {','.join(DTYPES)}); non-float32 rows are compared with our float32 "
-                   "time, transformers is timed at float32 only")
+    p.add_argument(
+        "--kinds", type=_names, default=["peaked"], help=f"logits kinds: {', '.join(LOGIT_KINDS)} (default peaked)"
+    )
+    p.add_argument(
+        "--configs", type=_names, default=list(CONFIGS), help=f"configurations (default all: {','.join(CONFIGS)})"
+    )
+    p.add_argument(
+        "--dtypes",
+        type=_names,
+        default=list(DTYPES),
+        help=f"logits dtypes (default {','.join(DTYPES)}); non-float32 rows are compared with our float32 "
+        "time, transformers is timed at float32 only",
+    )
     p.add_argument("--reps", type=int, default=20, help="timed calls per pipeline per round (default 20)")
     p.add_argument("--rounds", type=int, default=3, help="rounds, spread over the run, samples pooled (default 3)")
     p.add_argument("--warmup", type=int, default=None, help="untimed warm-up calls (default reps // 5, >= 3)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for the run (default 2)")
     p.add_argument("--markdown", action="store_true", help="print a markdown table instead of a rich one")
     p.add_argument("--json", metavar="PATH", help="also write the rows and the environment as JSON")
-    p.add_argument("--plot", metavar="PATH", help="also write a PNG: ms/step against batch size, one panel per "
-                   "configuration (and logits kind / dtype)")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="a bar over rounds x cells on stderr, drawn between timed blocks (default: when stderr is a "
-                   "terminal)")
+    p.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="also write a PNG: ms/step against batch size, one panel per configuration (and logits kind / dtype)",
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a bar over rounds x cells on stderr, drawn between timed blocks (default: when stderr is a terminal)",
+    )
     p.set_defaults(func=cmd_bench)
 
 
@@ -82,9 +108,21 @@ def _x(v: float | None, digits: int = 2) -> str:
 def _cells(r: dict[str, Any]) -> list[str]:
     base = "—" if r["baseline"] is None else f"{r['baseline_label']}: {_ms(r['baseline'])}"
     met = {True: "yes", False: "NO", None: "n/a"}[r["met"]]
-    return [r["config"], r["kind"], r["dtype"], str(r["batch"]), _ms(r["ours"]), _ms(r["transformers"]),
-            _ms(r["read"]), base, _x(r["transformers_over_ours"], 1), _x(r["ours_over_read"]),
-            _x(r["ours_over_baseline"], 3) if r["baseline"] is not None else "—", r["target"], met]
+    return [
+        r["config"],
+        r["kind"],
+        r["dtype"],
+        str(r["batch"]),
+        _ms(r["ours"]),
+        _ms(r["transformers"]),
+        _ms(r["read"]),
+        base,
+        _x(r["transformers_over_ours"], 1),
+        _x(r["ours_over_read"]),
+        _x(r["ours_over_baseline"], 3) if r["baseline"] is not None else "—",
+        r["target"],
+        met,
+    ]
 
 
 _RIGHT = range(4, 11)  # the numeric columns
@@ -120,15 +158,19 @@ def write_plot(rows: Sequence[dict[str, Any]], path: str | Path, *, dpi: int = 1
     fig = Figure(figsize=(4.2 * len(configs), 3.4 * len(groups)), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(groups), len(configs), squeeze=False)
-    lines = [("ours", "samplechain", dict(color="tab:blue", marker="o")),
-             ("transformers", "transformers", dict(color="tab:orange", marker="s")),
-             ("read", "read floor (max(dim=-1))", dict(color="tab:gray", marker="^")),
-             ("baseline", None, dict(color="tab:blue", marker=".", linestyle="--", alpha=0.6))]
+    lines = [
+        ("ours", "samplechain", dict(color="tab:blue", marker="o")),
+        ("transformers", "transformers", dict(color="tab:orange", marker="s")),
+        ("read", "read floor (max(dim=-1))", dict(color="tab:gray", marker="^")),
+        ("baseline", None, dict(color="tab:blue", marker=".", linestyle="--", alpha=0.6)),
+    ]
     for gi, (kind, dtype) in enumerate(groups):
         for ci, config in enumerate(configs):
             ax = axes[gi][ci]
-            cell = sorted((r for r in rows if r["config"] == config and (r["kind"], r["dtype"]) == (kind, dtype)),
-                          key=lambda r: r["batch"])
+            cell = sorted(
+                (r for r in rows if r["config"] == config and (r["kind"], r["dtype"]) == (kind, dtype)),
+                key=lambda r: r["batch"],
+            )
             for key, label, style in lines:
                 points = [(r["batch"], r[key]["median"]) for r in cell if r[key] is not None]
                 if points:
@@ -158,14 +200,26 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     if args.threads < 1:
         raise ConfigError(f"--threads {args.threads}: must be >= 1")
     env = environment(args.threads)
-    header = (f"samplechain {env['samplechain']}, torch {env['torch']}, transformers {env['transformers'] or 'n/a'}, "
-              f"{env['cpu']} ({env['cpu_count']} cores), torch threads {args.threads}, {env['date']}")
+    header = (
+        f"samplechain {env['samplechain']}, torch {env['torch']}, transformers {env['transformers'] or 'n/a'}, "
+        f"{env['cpu']} ({env['cpu_count']} cores), torch threads {args.threads}, {env['date']}"
+    )
     notes = [f"  {k}: {LOGIT_KINDS[k]}" for k in args.kinds if k in LOGIT_KINDS]
     if not transformers_available():
         notes.append("  transformers is not installed: its columns are n/a (pip install transformers)")
     start = time.perf_counter()
-    rows = run_matrix(args.batch, args.vocab, args.kinds, args.dtypes, args.reps, args.rounds, args.progress,
-                      configs=args.configs, threads=args.threads, warmup=args.warmup)
+    rows = run_matrix(
+        args.batch,
+        args.vocab,
+        args.kinds,
+        args.dtypes,
+        args.reps,
+        args.rounds,
+        args.progress,
+        configs=args.configs,
+        threads=args.threads,
+        warmup=args.warmup,
+    )
     elapsed = time.perf_counter() - start
     counts = {v: sum(r["met"] is v for r in rows) for v in (True, False, None)}
     tally = f"targets: {counts[True]} met, {counts[False]} missed, {counts[None]} n/a; {elapsed:.0f} s"
@@ -184,10 +238,15 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         payload = {
             "environment": env,
-            "settings": {k: getattr(args, k) for k in ("batch", "vocab", "kinds", "configs", "dtypes", "reps",
-                                                       "rounds", "warmup", "threads")},
-            "configs": {n: {"chain": c.chain, "transformers": c.transformers_text, "targets": c.target_text}
-                        for n, c in CONFIGS.items() if n in args.configs},
+            "settings": {
+                k: getattr(args, k)
+                for k in ("batch", "vocab", "kinds", "configs", "dtypes", "reps", "rounds", "warmup", "threads")
+            },
+            "configs": {
+                n: {"chain": c.chain, "transformers": c.transformers_text, "targets": c.target_text}
+                for n, c in CONFIGS.items()
+                if n in args.configs
+            },
             "logit_kinds": LOGIT_KINDS,
             "rows": rows,
             "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),

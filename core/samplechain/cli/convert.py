@@ -34,10 +34,15 @@ def cmd_convert(args: argparse.Namespace, console: Console) -> int:
         source: Any = inputs
     else:
         if len(inputs) != 1:
-            what = {"transformers": "a generation_config.json (or its folder)", "vllm": "a JSON file of vLLM "
-                    "sampling parameters", "toml": "a chain TOML file or preset:NAME"}[args.source]
-            raise ConfigError(f"convert --from {args.source}: expected one INPUT, {what}; got {len(inputs)}"
-                              + (f" ({' '.join(map(shlex.quote, inputs))})" if inputs else ""))
+            what = {
+                "transformers": "a generation_config.json (or its folder)",
+                "vllm": "a JSON file of vLLM sampling parameters",
+                "toml": "a chain TOML file or preset:NAME",
+            }[args.source]
+            raise ConfigError(
+                f"convert --from {args.source}: expected one INPUT, {what}; got {len(inputs)}"
+                + (f" ({' '.join(map(shlex.quote, inputs))})" if inputs else "")
+            )
         source = inputs[0]
     err = Console(stderr=True)
     with warnings.catch_warnings(record=True) as caught:
@@ -71,12 +76,25 @@ def add_parser(sub: Any) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--from", dest="source", required=True, choices=["transformers", "llama.cpp", "vllm", "toml"],
-                   help="what INPUT is")
-    p.add_argument("--to", dest="target", default="toml", choices=["toml", "transformers", "llama.cpp", "vllm"],
-                   help="what to write (default: toml)")
+    p.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        choices=["transformers", "llama.cpp", "vllm", "toml"],
+        help="what INPUT is",
+    )
+    p.add_argument(
+        "--to",
+        dest="target",
+        default="toml",
+        choices=["toml", "transformers", "llama.cpp", "vllm"],
+        help="what to write (default: toml)",
+    )
     p.add_argument("-o", "--output", default=None, help="write to this file instead of stdout")
-    p.add_argument("input", nargs="*",
-                   help="a file (generation_config.json, a JSON object of vLLM params, a chain TOML / preset:NAME); "
-                   "for llama.cpp the flags after --")
+    p.add_argument(
+        "input",
+        nargs="*",
+        help="a file (generation_config.json, a JSON object of vLLM params, a chain TOML / preset:NAME); "
+        "for llama.cpp the flags after --",
+    )
     p.set_defaults(func=cmd_convert)

@@ -67,23 +67,45 @@ def add_parser(sub: Any) -> None:
         "read from TOML or a preset. One prompt streams; several prompts run as one batch.",
     )
     p.add_argument("prompt", nargs="*", help=f"prompt text (words are joined; default: stdin, or {DEFAULT_PROMPT!r})")
-    p.add_argument("-p", "--prompt", action="append", dest="prompts", metavar="TEXT",
-                   help="a prompt of a batch (repeatable; several prompts run as one batch)")
+    p.add_argument(
+        "-p",
+        "--prompt",
+        action="append",
+        dest="prompts",
+        metavar="TEXT",
+        help="a prompt of a batch (repeatable; several prompts run as one batch)",
+    )
     add_run_arguments(p, new_tokens=96)
-    p.add_argument("--stop-regex", action="append", default=None, metavar="PATTERN",
-                   help="stop when this regular expression matches the end of the generated text (repeatable)")
-    p.add_argument("--include-stop-str", action="store_true",
-                   help="keep the matched stop string / regex text in the output (default: cut before it, as vLLM)")
+    p.add_argument(
+        "--stop-regex",
+        action="append",
+        default=None,
+        metavar="PATTERN",
+        help="stop when this regular expression matches the end of the generated text (repeatable)",
+    )
+    p.add_argument(
+        "--include-stop-str",
+        action="store_true",
+        help="keep the matched stop string / regex text in the output (default: cut before it, as vLLM)",
+    )
     p.add_argument("--num-beams", type=int, default=1, help="beam search with N beams (no streaming)")
     p.add_argument("--top-logprobs", type=int, default=0, help="with --json: the N most likely tokens per step")
-    p.add_argument("--logprobs-mode", default="processed", metavar="STAGE",
-                   help="with --json: the distribution of the logprobs: processed (default), raw, a chain entry's "
-                   "id, STAGE:logits for logit values, or vLLM's raw_logprobs / raw_logits / processed_logits")
+    p.add_argument(
+        "--logprobs-mode",
+        default="processed",
+        metavar="STAGE",
+        help="with --json: the distribution of the logprobs: processed (default), raw, a chain entry's "
+        "id, STAGE:logits for logit values, or vLLM's raw_logprobs / raw_logits / processed_logits",
+    )
     p.add_argument("--json", action="store_true", help="print the structured output as JSON instead of streaming")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="a progress bar over the steps on stderr (default: on when stderr is a terminal and the run "
-                   f"is long: several prompts, or more than {LONG_RUN_TOKENS} new tokens without streaming to a "
-                   "terminal; never with beam search)")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a progress bar over the steps on stderr (default: on when stderr is a terminal and the run "
+        f"is long: several prompts, or more than {LONG_RUN_TOKENS} new tokens without streaming to a "
+        "terminal; never with beam search)",
+    )
     p.set_defaults(func=cmd_generate)
 
 
@@ -94,12 +116,26 @@ def add_run_arguments(p: Any, *, new_tokens: int) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--chain", default=None, help="chain TOML file")
     src.add_argument("--preset", default=None, help="a preset from registry.toml (default: llama.cpp)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", dest="sets",
-                   help="per-request parameter, e.g. --set temperature=0.7 --set top_k.k=20 (repeatable)")
-    p.add_argument("--max-new-tokens", type=int, default=None,
-                   help=f"default {new_tokens} (unless the chain's stop list has a length limit)")
-    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
-                   help="stop string (repeatable; \\n and \\t are read as newline and tab)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        dest="sets",
+        help="per-request parameter, e.g. --set temperature=0.7 --set top_k.k=20 (repeatable)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help=f"default {new_tokens} (unless the chain's stop list has a length limit)",
+    )
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="stop string (repeatable; \\n and \\t are read as newline and tab)",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed for sampling (default: a fresh seed)")
     p.add_argument("--backend", default=None, help="override the chain's backend (e.g. cpu)")
 
@@ -116,8 +152,10 @@ def _load_model(path: str | None) -> tuple[Any, Any, str]:
     else:
         folder = Path(path)
         if not folder.is_dir():
-            raise ConfigError(f"--model {path}: no such folder; give a folder saved with save_pretrained "
-                              "(config.json, model.safetensors, tokenizer files)")
+            raise ConfigError(
+                f"--model {path}: no such folder; give a folder saved with save_pretrained "
+                "(config.json, model.safetensors, tokenizer files)"
+            )
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:  # never a folder's own model code: transformers would otherwise ask on the terminal and run it
@@ -126,9 +164,11 @@ def _load_model(path: str | None) -> tuple[Any, Any, str]:
     except ValueError as exc:
         if "trust_remote_code" not in str(exc):
             raise
-        raise ConfigError(f"--model {folder}: the folder's model needs its own Python code (auto_map), which "
-                          "`samplechain generate` never runs; load it in Python with transformers and "
-                          "trust_remote_code=True if you trust it, and call samplechain.generate()") from None
+        raise ConfigError(
+            f"--model {folder}: the folder's model needs its own Python code (auto_map), which "
+            "`samplechain generate` never runs; load it in Python with transformers and "
+            "trust_remote_code=True if you trust it, and call samplechain.generate()"
+        ) from None
     model.eval()
     return model, tokenizer, str(folder)
 
@@ -162,8 +202,13 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     model, tokenizer, folder = _load_model(args.model)
     has_limit = any(spec.cls.is_length_limit for spec in chain.config.stop)
     max_new = args.max_new_tokens if args.max_new_tokens is not None else (None if has_limit else 96)
-    kwargs: dict[str, Any] = dict(chain=chain, params=params, seed=args.seed, max_new_tokens=max_new,
-                                  stop_strings=[unescape(s) for s in args.stop] if args.stop else None)
+    kwargs: dict[str, Any] = dict(
+        chain=chain,
+        params=params,
+        seed=args.seed,
+        max_new_tokens=max_new,
+        stop_strings=[unescape(s) for s in args.stop] if args.stop else None,
+    )
     if args.stop_regex:
         kwargs["stop_regex"] = list(args.stop_regex)
     if args.include_stop_str:
@@ -179,18 +224,27 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
             with bar as b:  # closed before anything is printed
                 if b.enabled:
                     kwargs["progress"] = lambda step, total: b.update(completed=step, total=total)
-                out = generate(model, tokenizer, prompts, num_beams=args.num_beams, top_logprobs=args.top_logprobs,
-                               **kwargs)
+                out = generate(
+                    model, tokenizer, prompts, num_beams=args.num_beams, top_logprobs=args.top_logprobs, **kwargs
+                )
             elapsed = time.perf_counter() - start
             if args.json:
-                print(json.dumps(_as_json(out, prompts, tokenizer, chain, folder, args, elapsed), indent=2,
-                                 ensure_ascii=False))
+                print(
+                    json.dumps(
+                        _as_json(out, prompts, tokenizer, chain, folder, args, elapsed), indent=2, ensure_ascii=False
+                    )
+                )
             else:
                 for i, text in enumerate(out.texts or []):
-                    console.print(f"[bold]{escape(prompts[i // max(len(out.texts) // len(prompts), 1)])}"
-                                  f"[/bold]{escape(text)}", highlight=False, soft_wrap=True)
-                    err.print(f"[dim][{int(out.num_generated[i])} tokens, finish: {escape(str(out.finish_reasons[i]))}][/dim]",
-                              highlight=False)
+                    console.print(
+                        f"[bold]{escape(prompts[i // max(len(out.texts) // len(prompts), 1)])}[/bold]{escape(text)}",
+                        highlight=False,
+                        soft_wrap=True,
+                    )
+                    err.print(
+                        f"[dim][{int(out.num_generated[i])} tokens, finish: {escape(str(out.finish_reasons[i]))}][/dim]",
+                        highlight=False,
+                    )
         else:
             result: list[Any] = []
             tty = sys.stdout.isatty()
@@ -208,9 +262,11 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
             elapsed = time.perf_counter() - start
             out = result[0]
             n = int(out.num_generated[0])
-            err.print(f"[dim][{n} tokens in {elapsed:.2f} s, {n / max(elapsed, 1e-9):.1f} tokens/s, "
-                      f"finish: {escape(str(out.finish_reasons[0]))}; chain: {escape(repr(chain))}][/dim]",
-                      highlight=False)
+            err.print(
+                f"[dim][{n} tokens in {elapsed:.2f} s, {n / max(elapsed, 1e-9):.1f} tokens/s, "
+                f"finish: {escape(str(out.finish_reasons[0]))}; chain: {escape(repr(chain))}][/dim]",
+                highlight=False,
+            )
     for w in caught:
         if not issubclass(w.category, GenerationWarning):
             continue
@@ -230,8 +286,9 @@ def _show_progress(args: argparse.Namespace, prompts: list[str], max_new: int | 
     return None if long_run and not (streaming and sys.stdout.isatty()) else False
 
 
-def _as_json(out: Any, prompts: list[str], tokenizer: Any, chain: Any, folder: str, args: argparse.Namespace,
-             elapsed: float) -> dict[str, Any]:
+def _as_json(
+    out: Any, prompts: list[str], tokenizer: Any, chain: Any, folder: str, args: argparse.Namespace, elapsed: float
+) -> dict[str, Any]:
     rows = []
     per_prompt = max(len(out.sequences) // len(prompts), 1)
     start = out.prompt_length

@@ -25,8 +25,12 @@ def add_parser(sub: Any) -> None:
         "(default ~/.local/share/samplechain).",
     )
     p.add_argument("target", metavar="NAME_OR_PATH", help="a registry plugin name (min_p), a folder or a wheel")
-    p.add_argument("--pip-args", action="append", metavar="ARGS",
-                   help="extra pip arguments, one shell-quoted string (repeatable): --pip-args='--no-deps --no-index'")
+    p.add_argument(
+        "--pip-args",
+        action="append",
+        metavar="ARGS",
+        help="extra pip arguments, one shell-quoted string (repeatable): --pip-args='--no-deps --no-index'",
+    )
     p.add_argument("-e", "--editable", action="store_true", help="install a folder in editable mode (pip install -e)")
     p.set_defaults(func=cmd_install)
 

@@ -22,8 +22,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("name", metavar="NAME", help="plugin name: lowercase letters, digits, '_' or '-' (my-filter)")
     p.add_argument("--dir", default=".", help="folder to create samplechain-NAME/ in (default: the current one)")
-    p.add_argument("--kind", choices=plugin_tools.KINDS, default="sampler",
-                   help="sampler: an example filter (default); criterion: an example stopping criterion")
+    p.add_argument(
+        "--kind",
+        choices=plugin_tools.KINDS,
+        default="sampler",
+        help="sampler: an example filter (default); criterion: an example stopping criterion",
+    )
     p.set_defaults(func=cmd_new_plugin)
 
 

@@ -47,37 +47,41 @@ def _plugin_rows(available: bool) -> list[dict[str, Any]]:
     for info in infos:
         entry = registry.plugins.get(info.name)
         kind = ",".join(info.kinds) or (entry.kind if entry else "")
-        rows.append({
-            "name": info.name,
-            "kind": kind,
-            "version": info.version,
-            "distribution": info.distribution,
-            "status": info.status,
-            "error": info.error,
-            "provides": info.provides,
-            "step": _step_kind(info.provides, samplers),
-        })
+        rows.append(
+            {
+                "name": info.name,
+                "kind": kind,
+                "version": info.version,
+                "distribution": info.distribution,
+                "status": info.status,
+                "error": info.error,
+                "provides": info.provides,
+                "step": _step_kind(info.provides, samplers),
+            }
+        )
     if available:
         seen = {r["name"] for r in rows}
         for entry in registry.plugins.values():
             if entry.name in seen:
                 continue
-            rows.append({
-                "name": entry.name,
-                "kind": entry.kind,
-                "version": _installed_version(entry.distribution),
-                "distribution": entry.distribution,
-                "status": "not installed",
-                "error": None,
-                "provides": list(entry.provides),
-                "summary": entry.summary,
-                "install": entry.install_hint(registry.root),
-            })
+            rows.append(
+                {
+                    "name": entry.name,
+                    "kind": entry.kind,
+                    "version": _installed_version(entry.distribution),
+                    "distribution": entry.distribution,
+                    "status": "not installed",
+                    "error": None,
+                    "provides": list(entry.provides),
+                    "summary": entry.summary,
+                    "install": entry.install_hint(registry.root),
+                }
+            )
     return rows
 
 
 def _step_kind(provides: list[str], samplers: dict[str, dict[int, type]]) -> str | None:
-    """"sync-free" when every sampler a plugin provides declares it reads nothing on the host in a sync-free step
+    """ "sync-free" when every sampler a plugin provides declares it reads nothing on the host in a sync-free step
     (`Sampler.sync_free`), "host-bound" when one does not; None for plugins without samplers."""
     classes = []
     for name in provides:
@@ -109,8 +113,16 @@ def cmd_plugins(args: argparse.Namespace, console: Console) -> int:
         status = {"loaded": "[green]loaded", "broken": "[red]broken"}.get(r["status"], r["status"])
         rec = r["installed"]
         when = f"{rec['installed_at'][:10]} ({rec['source']})" if rec else "-"
-        cells = [r["name"], r["kind"], r["version"] or "-", r["distribution"] or "-", status, ", ".join(r["provides"]),
-                 r.get("step") or "-", escape(when)]
+        cells = [
+            r["name"],
+            r["kind"],
+            r["version"] or "-",
+            r["distribution"] or "-",
+            status,
+            ", ".join(r["provides"]),
+            r.get("step") or "-",
+            escape(when),
+        ]
         if args.available:
             cells.append(r.get("install", ""))
         table.add_row(*cells)

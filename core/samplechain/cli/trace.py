@@ -32,9 +32,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", default="trace", help="output path stem: writes OUT.png and OUT.html (default: trace)")
     p.add_argument("--no-table", action="store_true", help="do not print the table")
     p.add_argument("--max-rows", type=int, default=None, help="print at most N steps in the table")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="a progress bar over the steps on stderr (default: on when stderr is a terminal and more "
-                   f"than {LONG_RUN_TOKENS} new tokens are asked for)")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a progress bar over the steps on stderr (default: on when stderr is a terminal and more "
+        f"than {LONG_RUN_TOKENS} new tokens are asked for)",
+    )
     p.set_defaults(func=cmd_trace, prompts=None)
 
 
@@ -61,8 +65,13 @@ def cmd_trace(args: argparse.Namespace, console: Console) -> int:
     model, tokenizer, _folder = _load_model(args.model)
     has_limit = any(spec.cls.is_length_limit for spec in chain.config.stop)
     max_new = args.max_new_tokens if args.max_new_tokens is not None else (None if has_limit else 32)
-    kwargs: dict[str, Any] = dict(chain=chain, params=params, seed=args.seed, max_new_tokens=max_new,
-                                  stop_strings=[unescape(s) for s in args.stop] if args.stop else None)
+    kwargs: dict[str, Any] = dict(
+        chain=chain,
+        params=params,
+        seed=args.seed,
+        max_new_tokens=max_new,
+        stop_strings=[unescape(s) for s in args.stop] if args.stop else None,
+    )
     stem = _stem(args.out)
     stem.parent.mkdir(parents=True, exist_ok=True)
 
@@ -86,7 +95,9 @@ def cmd_trace(args: argparse.Namespace, console: Console) -> int:
     console.print(f"[bold]{escape(prompts[0])}[/bold]{escape(trace.texts[0])}", highlight=False, soft_wrap=True)
     n = trace.num_generated[0]
     reason = trace.output.finish_reasons[0] if trace.output is not None else None
-    err.print(f"[dim][{n} tokens in {elapsed:.2f} s, finish: {reason}; chain: {escape(trace.chain_repr)}][/dim]",
-              highlight=False)
+    err.print(
+        f"[dim][{n} tokens in {elapsed:.2f} s, finish: {reason}; chain: {escape(trace.chain_repr)}][/dim]",
+        highlight=False,
+    )
     err.print(f"wrote {escape(str(png))} and {escape(str(page))}", highlight=False)
     return 0

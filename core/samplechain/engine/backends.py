@@ -26,12 +26,12 @@ def select_backend(host: PluginHost, requested: str, device_type: str | None = N
         if not cls.is_available():
             raise BackendError(
                 f"backend {requested!r} is installed but cannot run here: {cls.unavailable_reason() or 'unavailable'}"
-                f"; choose another with backend = \"...\" in the chain or --backend"
+                f'; choose another with backend = "..." in the chain or --backend'
             )
         if device_type is not None and cls.device_type != device_type:
             raise BackendError(
                 f"logits are on device {device_type!r} but the chain asks for backend {requested!r}, which runs on "
-                f"{cls.device_type!r}; move the logits with .to({cls.device_type!r}) or set backend = \"auto\""
+                f'{cls.device_type!r}; move the logits with .to({cls.device_type!r}) or set backend = "auto"'
             )
         return cls()
     order = [device_type] if device_type is not None else list(PRECEDENCE)

@@ -57,7 +57,6 @@ from .store import RequestStore, StoreLayout
 __all__ = ["Chain", "SampleOutput"]
 
 
-
 @attrs.frozen
 class SampleOutput:
     """token_ids (B,) int64; logprobs (B,) float32 of each chosen token under the processed distribution (or the
@@ -121,7 +120,7 @@ class Chain:
         """From a TOML file, a TOML string, a dict, or "preset:NAME" (a preset from registry.toml)."""
         host = host or get_host()
         if isinstance(source, str) and source.startswith("preset:"):
-            return cls.from_preset(source[len("preset:"):], host=host, backend=backend)
+            return cls.from_preset(source[len("preset:") :], host=host, backend=backend)
         return cls(load_config(source, host=host), host=host, backend=backend)
 
     @classmethod
@@ -161,8 +160,11 @@ class Chain:
         breaker strings, bad_words strings, grammar). Returns the setup it gave."""
         if eos_token_ids is None:
             eos: list[int] = []
-            for src in (getattr(tokenizer, "eos_token_id", None), getattr(generation_config, "eos_token_id", None),
-                        getattr(model_config, "eos_token_id", None)):
+            for src in (
+                getattr(tokenizer, "eos_token_id", None),
+                getattr(generation_config, "eos_token_id", None),
+                getattr(model_config, "eos_token_id", None),
+            ):
                 for i in token_id_list(src):
                     if i not in eos:
                         eos.append(i)
@@ -194,7 +196,6 @@ class Chain:
             backend = select_backend(self.host, self.backend_name, device_type)
             self._backends[key] = backend
         return backend
-
 
     def process(
         self,
@@ -292,17 +293,36 @@ class Chain:
         name is a ConfigError listing the chain's entries. The tokens never depend on it. The default costs nothing
         more; anything else (or top_logprobs > 0) runs the step without the backend's fused tail and keeps a copy of
         each stage asked for (one (B, K) copy and a log-sum-exp each)."""
-        args = (logits, store, request_ids, accept, return_scores, history, prompt_lengths, unconditional_logits,
-                logprobs_at, top_logprobs)
+        args = (
+            logits,
+            store,
+            request_ids,
+            accept,
+            return_scores,
+            history,
+            prompt_lengths,
+            unconditional_logits,
+            logprobs_at,
+            top_logprobs,
+        )
         if not self._sync_free(logits):
             return self._sample(*args)
         with sync_free_step():
             return self._sample(*args)
 
-    def _sample(self, logits: torch.Tensor, store: RequestStore | None, request_ids: Sequence[str] | None,
-                accept: bool | str, return_scores: bool, history: torch.Tensor | None,
-                prompt_lengths: torch.Tensor | None, unconditional_logits: torch.Tensor | None,
-                logprobs_at: str | Sequence[str] = "processed", top_logprobs: int = 0) -> SampleOutput:
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        store: RequestStore | None,
+        request_ids: Sequence[str] | None,
+        accept: bool | str,
+        return_scores: bool,
+        history: torch.Tensor | None,
+        prompt_lengths: torch.Tensor | None,
+        unconditional_logits: torch.Tensor | None,
+        logprobs_at: str | Sequence[str] = "processed",
+        top_logprobs: int = 0,
+    ) -> SampleOutput:
         given = logits  # as the caller passed them: a failing step names the NaN / +inf it finds there
         logits, writable = self._checked(logits)
         batch, vocab = logits.shape
@@ -323,22 +343,27 @@ class Chain:
         cand = Candidates(logits, None, vocab, False, writable)
         last = len(self.samplers) - 1
         contexts: dict[int, StepContext] = {}  # this step's, each built once
-        plan = None if return_scores or modes is not None else self._fusion(store, view, positions, backend, hist,
-                                                                             uncond, contexts)
+        plan = (
+            None
+            if return_scores or modes is not None
+            else self._fusion(store, view, positions, backend, hist, uncond, contexts)
+        )
         kept: dict[int, Candidates] = {}  # logprobs_at's stages: -1 the logits as given, i after entry i
         if modes is not None:
             wanted = sorted({stage for stage, _ in modes if stage < last})
             begin = 0
             for stage in wanted:  # the filter stops after each stage asked for: no swap or fusion crosses it
                 if stage >= 0:
-                    cand = self._filter(cand, store, view, positions, backend, hist, uncond, begin=begin,
-                                        end=stage + 1, cache=contexts)
+                    cand = self._filter(
+                        cand, store, view, positions, backend, hist, uncond, begin=begin, end=stage + 1, cache=contexts
+                    )
                     begin = stage + 1
                 kept[stage] = kept_copy(cand)
             cand = self._filter(cand, store, view, positions, backend, hist, uncond, begin=begin, cache=contexts)
         else:
-            cand = self._filter(cand, store, view, positions, backend, hist, uncond, end=plan[0] if plan else last,
-                                cache=contexts)
+            cand = self._filter(
+                cand, store, view, positions, backend, hist, uncond, end=plan[0] if plan else last, cache=contexts
+            )
         fused = None
         if plan is not None:
             start, kernel, parts, select = plan
@@ -354,8 +379,9 @@ class Chain:
                 # the normaliser of what the selector sees, taken first: right after the previous pass over the
                 # logits the worker threads are still awake (measurably cheaper than after the selector)
                 lse = row_lse(cand.logits, backend)
-                chosen = self.samplers[last].select(cand, self._context(store, view, positions, backend, last, hist,
-                                                                        uncond, contexts))
+                chosen = self.samplers[last].select(
+                    cand, self._context(store, view, positions, backend, last, hist, uncond, contexts)
+                )
             except Exception as exc:
                 raise self._wrap(last, exc) from exc
             self._check_selection(last, chosen, cand)
@@ -364,9 +390,16 @@ class Chain:
             selection = (cand, chosen)
 
         def error() -> Exception:
-            return bad_rows(~torch.isfinite(logprobs), view.request_ids, given, unconditional_logits,
-                            lambda: self._stages(given, store, view, positions, backend, hist, uncond),
-                            sanitize=self._sanitize, describe=self._describe, selector=last)
+            return bad_rows(
+                ~torch.isfinite(logprobs),
+                view.request_ids,
+                given,
+                unconditional_logits,
+                lambda: self._stages(given, store, view, positions, backend, hist, uncond),
+                sanitize=self._sanitize,
+                describe=self._describe,
+                selector=last,
+            )
 
         failed = None
         if backend.sync_free:  # a device flag, read by out.check() where the caller reads the tokens
@@ -384,6 +417,7 @@ class Chain:
 
             def commit(also: torch.Tensor | None = None) -> None:  # also: another group's failure flag
                 store.advance(view, updates, failed if also is None else also if failed is None else failed | also)
+
             return out, commit  # type: ignore[return-value]
         if accept:
             updates = self._updates(store, view, positions, backend, token_ids, hist, selection=selection)
@@ -400,8 +434,10 @@ class Chain:
         view = store.batch(request_ids)
         positions = store.positions(view)
         backend = self._backend_for(store.device.type)
-        return any(s.needs_history() and not self._call(i, s.is_noop, self._context(store, view, positions, backend, i))
-                   for i, s in enumerate(self.samplers))
+        return any(
+            s.needs_history() and not self._call(i, s.is_noop, self._context(store, view, positions, backend, i))
+            for i, s in enumerate(self.samplers)
+        )
 
     def logprobs_stage(self, logprobs_at: str) -> tuple[int, bool]:
         """(stage, as logits) of a `logprobs_at` value (see `sample`): stage -1 is the logits as given, i the
@@ -411,9 +447,9 @@ class Chain:
             found = self._stage_names[logprobs_at] = parse_stage(self.config.samplers, logprobs_at)
         return found
 
-
-    def _logprobs_modes(self, logprobs_at: str | Sequence[str], top_logprobs: int,
-                        batch: int) -> list[tuple[int, bool]] | None:
+    def _logprobs_modes(
+        self, logprobs_at: str | Sequence[str], top_logprobs: int, batch: int
+    ) -> list[tuple[int, bool]] | None:
         """Each row's (stage, as logits); None for the default (processed logprobs, no top-n: the fast path)."""
         if top_logprobs == 0 and logprobs_at == "processed":  # the default: nothing to parse
             return None
@@ -424,8 +460,10 @@ class Chain:
         else:
             modes = [self.logprobs_stage(v) for v in logprobs_at]
             if len(modes) != batch:
-                raise RequestError(f"logprobs_at lists {len(modes)} values for {batch} rows: give one string for "
-                                   "the batch or one per row")
+                raise RequestError(
+                    f"logprobs_at lists {len(modes)} values for {batch} rows: give one string for "
+                    "the batch or one per row"
+                )
         processed = (len(self.samplers) - 1, False)
         return None if not top_logprobs and all(m == processed for m in modes) else modes
 
@@ -435,14 +473,28 @@ class Chain:
         positions = store.positions(view)
         self._accept(store, view, positions, self._backend_for(store.device.type), token_ids)
 
-    def _accept(self, store: RequestStore, view, positions, backend: Backend, token_ids: torch.Tensor,
-                hist: tuple[torch.Tensor, torch.Tensor] | None = None,
-                selection: tuple[Candidates, torch.Tensor] | None = None) -> None:
+    def _accept(
+        self,
+        store: RequestStore,
+        view,
+        positions,
+        backend: Backend,
+        token_ids: torch.Tensor,
+        hist: tuple[torch.Tensor, torch.Tensor] | None = None,
+        selection: tuple[Candidates, torch.Tensor] | None = None,
+    ) -> None:
         store.advance(view, self._updates(store, view, positions, backend, token_ids, hist, selection))
 
-    def _updates(self, store: RequestStore, view, positions, backend: Backend, token_ids: torch.Tensor,
-                 hist: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 selection: tuple[Candidates, torch.Tensor] | None = None) -> dict[tuple[int, str], torch.Tensor]:
+    def _updates(
+        self,
+        store: RequestStore,
+        view,
+        positions,
+        backend: Backend,
+        token_ids: torch.Tensor,
+        hist: tuple[torch.Tensor, torch.Tensor] | None = None,
+        selection: tuple[Candidates, torch.Tensor] | None = None,
+    ) -> dict[tuple[int, str], torch.Tensor]:
         """Every stateful sampler's new state rows; nothing is written to the store here."""
         updates: dict[tuple[int, str], torch.Tensor] = {}
         last = len(self.samplers) - 1
@@ -457,9 +509,20 @@ class Chain:
                 raise self._wrap(i, exc, phase="accept") from exc
         return updates
 
-    def _filter(self, cand: Candidates, store: RequestStore, view, positions, backend: Backend,
-                hist: tuple[torch.Tensor, torch.Tensor] | None, uncond: torch.Tensor | None, *, begin: int = 0,
-                end: int | None = None, cache: dict[int, StepContext] | None = None) -> Candidates:
+    def _filter(
+        self,
+        cand: Candidates,
+        store: RequestStore,
+        view,
+        positions,
+        backend: Backend,
+        hist: tuple[torch.Tensor, torch.Tensor] | None,
+        uncond: torch.Tensor | None,
+        *,
+        begin: int = 0,
+        end: int | None = None,
+        cache: dict[int, StepContext] | None = None,
+    ) -> Candidates:
         """Run the samplers begin .. end - 1 (default: every sampler but the selector). An order-preserving
         transform (temperature, t > 0) right before a rank-only filter (top_k) runs after it instead, on the k
         survivors rather than the whole vocabulary: the same values, one (B, V) pass fewer."""
@@ -472,8 +535,11 @@ class Chain:
                     cand, i = fused
                     continue
             swap = i + 1 < last and self._swaps(i, ctx)
-            steps = [(i + 1, self._context(store, view, positions, backend, i + 1, hist, uncond, cache)), (i, ctx)] \
-                if swap else [(i, ctx)]
+            steps = (
+                [(i + 1, self._context(store, view, positions, backend, i + 1, hist, uncond, cache)), (i, ctx)]
+                if swap
+                else [(i, ctx)]
+            )
             for j, ctx_j in steps:
                 try:
                     cand = self.samplers[j].apply(cand, ctx_j)
@@ -487,9 +553,16 @@ class Chain:
         executor runs first."""
         return self.samplers[i + 1].is_rank_only() and self.samplers[i].preserves_order(ctx)
 
-    def _fusion(self, store: RequestStore, view, positions, backend: Backend, hist, uncond,
-                cache: dict[int, StepContext] | None = None
-                ) -> tuple[int, Callable[..., Any], list[FusedPart], FusedPart] | None:
+    def _fusion(
+        self,
+        store: RequestStore,
+        view,
+        positions,
+        backend: Backend,
+        hist,
+        uncond,
+        cache: dict[int, StepContext] | None = None,
+    ) -> tuple[int, Callable[..., Any], list[FusedPart], FusedPart] | None:
         """The chain's tail a backend may run in one truncate-and-draw kernel (`FUSED_SAMPLE`): the selector and the
         samplers before it, back to the first that is neither a no-op on this batch nor a `FusedPart`. Returns
         (index of the tail's first sampler, the kernel, the parts in chain order (perhaps none: the selector
@@ -513,28 +586,47 @@ class Chain:
                     return None
                 found.append((i, part))
             start = i
-        if start > 0 and self._swaps(start - 1, self._context(store, view, positions, backend, start - 1, hist, uncond,
-                                                               cache)):
+        if start > 0 and self._swaps(
+            start - 1, self._context(store, view, positions, backend, start - 1, hist, uncond, cache)
+        ):
             return None  # _filter would run the tail's first sampler (top_k) before the one in front of it
-        select = self._call(last, self.samplers[last].fused,
-                            self._context(store, view, positions, backend, last, hist, uncond, cache))
+        select = self._call(
+            last, self.samplers[last].fused, self._context(store, view, positions, backend, last, hist, uncond, cache)
+        )
         if select is None or select.kind != "dist":
             return None
         parts = []
         ranked = False  # a top_k among the parts after this one
         for i, part in found:  # back to front
-            if part.kind == "temperature" and ranked and not isinstance(part.value, torch.Tensor) and \
-                    not self._swaps(i, self._context(store, view, positions, backend, i, hist, uncond, cache)):
+            if (
+                part.kind == "temperature"
+                and ranked
+                and not isinstance(part.value, torch.Tensor)
+                and not self._swaps(i, self._context(store, view, positions, backend, i, hist, uncond, cache))
+            ):
                 # a shared temperature ranks a following top_k by the raw logits only where _filter swaps them
-                part = attrs.evolve(part, value=torch.full(positions.shape, float(part.value), dtype=torch.float32,
-                                                           device=positions.device))
+                part = attrs.evolve(
+                    part,
+                    value=torch.full(positions.shape, float(part.value), dtype=torch.float32, device=positions.device),
+                )
             ranked = ranked or part.kind == "top_k"
             parts.append(part)
         parts.reverse()
         return start, kernel, parts, select
 
-    def _fuse_sparse_then_rank(self, cand: Candidates, ctx: StepContext, i: int, store: RequestStore, view,
-                               positions, backend: Backend, hist, uncond, last: int) -> tuple[Candidates, int] | None:
+    def _fuse_sparse_then_rank(
+        self,
+        cand: Candidates,
+        ctx: StepContext,
+        i: int,
+        store: RequestStore,
+        view,
+        positions,
+        backend: Backend,
+        hist,
+        uncond,
+        last: int,
+    ) -> tuple[Candidates, int] | None:
         """Sampler i changes a few tokens of the full vocabulary (penalties) and the next sampler before `last` that
         is not disabled this step keeps the k best (top_k): take the k best of the changed rows from a partial
         top-k of the original ones (filters.patched_top) instead of copying (B, V) to write the change. The same
@@ -561,9 +653,17 @@ class Chain:
         except Exception as exc:
             raise self._wrap(i, exc) from exc
 
-    def _context(self, store: RequestStore, view, positions, backend: Backend, i: int,
-                 hist: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 uncond: torch.Tensor | None = None, cache: dict[int, StepContext] | None = None) -> StepContext:
+    def _context(
+        self,
+        store: RequestStore,
+        view,
+        positions,
+        backend: Backend,
+        i: int,
+        hist: tuple[torch.Tensor, torch.Tensor] | None = None,
+        uncond: torch.Tensor | None = None,
+        cache: dict[int, StepContext] | None = None,
+    ) -> StepContext:
         """Sampler i's StepContext for this step; with `cache` (one step's), built once per sampler."""
         if cache is not None:
             ctx = cache.get(i)
@@ -574,13 +674,25 @@ class Chain:
         history, lengths = hist if hist is not None else (None, None)
         missing = None
         if history is None and self.samplers[i].needs_history():
-            missing = (f"{self.samplers[i].qualified_name()} reads the tokens so far: pass history= (B, L) token ids "
-                       "(prompt then generated, left padding as -1) to chain.sample; "
-                       "samplechain.generation.generate does this for you")
-        return StepContext(backend, view.params[i], view.scalars[i], positions, i, view.request_ids, state,
-                           history, lengths, unconditional_logits=uncond, missing_history=missing,
-                           bounds=view.bounds[i] if view.bounds else {})
-
+            missing = (
+                f"{self.samplers[i].qualified_name()} reads the tokens so far: pass history= (B, L) token ids "
+                "(prompt then generated, left padding as -1) to chain.sample; "
+                "samplechain.generation.generate does this for you"
+            )
+        return StepContext(
+            backend,
+            view.params[i],
+            view.scalars[i],
+            positions,
+            i,
+            view.request_ids,
+            state,
+            history,
+            lengths,
+            unconditional_logits=uncond,
+            missing_history=missing,
+            bounds=view.bounds[i] if view.bounds else {},
+        )
 
     @property
     def _sanitize(self) -> bool:
@@ -590,8 +702,9 @@ class Chain:
         return check_logits(logits, self._sanitize)
 
     def _checked_unconditional(self, uncond: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor | None:
-        needed_by = [s.qualified_name() for s in self.samplers if s.needs_unconditional_logits()] \
-            if uncond is None else []
+        needed_by = (
+            [s.qualified_name() for s in self.samplers if s.needs_unconditional_logits()] if uncond is None else []
+        )
         return check_unconditional(uncond, logits, needed_by, self._sanitize)
 
     def _wrap(self, i: int, exc: Exception, phase: str = "step") -> SamplechainError:
@@ -601,14 +714,22 @@ class Chain:
         return SamplingError(f"{text}: {type(exc).__name__}: {exc}; no request state was changed")
 
     def _check_selection(self, last: int, chosen: Any, cand: Candidates) -> None:
-        if not (isinstance(chosen, torch.Tensor) and chosen.dtype == torch.int64
-                and chosen.shape == (cand.batch_size,)):
+        if not (
+            isinstance(chosen, torch.Tensor) and chosen.dtype == torch.int64 and chosen.shape == (cand.batch_size,)
+        ):
             got = f"{chosen.dtype} {tuple(chosen.shape)}" if isinstance(chosen, torch.Tensor) else type(chosen).__name__
             raise self._wrap(last, TypeError(f"select() must return a (B,) int64 tensor of positions, got {got}"))
 
-
-    def _stages(self, given: torch.Tensor, store: RequestStore, view, positions, backend: Backend, hist,
-                uncond: torch.Tensor | None) -> Iterator[Candidates]:
+    def _stages(
+        self,
+        given: torch.Tensor,
+        store: RequestStore,
+        view,
+        positions,
+        backend: Backend,
+        hist,
+        uncond: torch.Tensor | None,
+    ) -> Iterator[Candidates]:
         """The candidates as given (checked again from the caller's tensor: the step may have written its own
         copy), then after each transform and filter in the declared order, without the executor's fusions: the
         slow path a failing step takes to find the stage that emptied a row. Nothing is accepted."""
@@ -621,7 +742,7 @@ class Chain:
             yield cand
 
     def _describe(self, i: int) -> str:
-        """"sampler 'top_k' (top_k.v1 at samplers[2], plugin 'top_k' (samplechain-top-k 0.1.0))": entry i."""
+        """ "sampler 'top_k' (top_k.v1 at samplers[2], plugin 'top_k' (samplechain-top-k 0.1.0))": entry i."""
         spec = self.config.samplers[i]
         info = self.host.provider("sampler", spec.cls)
         plugin = info.describe() if info else "an in-process plugin"
@@ -631,19 +752,19 @@ class Chain:
     def describe(self) -> list[dict[str, Any]]:
         out = []
         for spec, sampler in zip(self.config.samplers, self.samplers):
-            out.append({
-                "use": spec.use,
-                "name": spec.cls.qualified_name(),
-                "id": spec.id,
-                "stage": spec.cls.stage.value,
-                "params": attrs.asdict(spec.params),
-                "argmax_invariant": sampler.is_argmax_invariant(),
-                "stateful": sampler.is_stateful(),
-            })
+            out.append(
+                {
+                    "use": spec.use,
+                    "name": spec.cls.qualified_name(),
+                    "id": spec.id,
+                    "stage": spec.cls.stage.value,
+                    "params": attrs.asdict(spec.params),
+                    "argmax_invariant": sampler.is_argmax_invariant(),
+                    "stateful": sampler.is_stateful(),
+                }
+            )
         return out
 
     def __repr__(self) -> str:
         steps = " -> ".join(s["name"] for s in self.describe())
         return f"Chain({self.config.name or self.config.source}: {steps}, backend={self.backend_name})"
-
-

@@ -27,24 +27,34 @@ def check_logits(logits: Any, sanitize: bool) -> tuple[torch.Tensor, bool]:
     """(float32 contiguous logits, whether the chain owns them); with the chain's nonfinite = "sanitize" also
     cleaned (`sanitized`)."""
     if not isinstance(logits, torch.Tensor):
-        fix = "; convert with torch.as_tensor(logits)" if hasattr(logits, "__array__") or isinstance(
-            logits, (list, tuple)) else ""
-        raise SamplingError(
-            f"logits must be a torch.Tensor of shape (batch, vocab), got {type(logits).__name__}{fix}")
+        fix = (
+            "; convert with torch.as_tensor(logits)"
+            if hasattr(logits, "__array__") or isinstance(logits, (list, tuple))
+            else ""
+        )
+        raise SamplingError(f"logits must be a torch.Tensor of shape (batch, vocab), got {type(logits).__name__}{fix}")
     if logits.ndim != 2:
-        fix = {1: "; add a batch dimension with logits[None]",
-               3: "; a model's output (batch, seq, vocab) holds every position: pass the last, logits[:, -1, :]"}
-        raise SamplingError(f"logits must have shape (batch, vocab), got {tuple(logits.shape)}"
-                            f"{fix.get(logits.ndim, '')}")
+        fix = {
+            1: "; add a batch dimension with logits[None]",
+            3: "; a model's output (batch, seq, vocab) holds every position: pass the last, logits[:, -1, :]",
+        }
+        raise SamplingError(
+            f"logits must have shape (batch, vocab), got {tuple(logits.shape)}{fix.get(logits.ndim, '')}"
+        )
     if logits.dtype not in FLOATS:
-        raise SamplingError(f"logits dtype {logits.dtype} is not supported: pass the model's floating-point logits "
-                            "(float32, float16, bfloat16 or float64)")
+        raise SamplingError(
+            f"logits dtype {logits.dtype} is not supported: pass the model's floating-point logits "
+            "(float32, float16, bfloat16 or float64)"
+        )
     if logits.shape[1] == 0:
-        raise SamplingError(f"logits have an empty vocabulary axis (shape {tuple(logits.shape)}): pass one score "
-                            "per vocabulary token")
+        raise SamplingError(
+            f"logits have an empty vocabulary axis (shape {tuple(logits.shape)}): pass one score per vocabulary token"
+        )
     if logits.device.type == "meta":
-        raise SamplingError("logits are on the meta device (a shape without values): run the model on a real "
-                            "device (cpu, cuda, ...) and pass its logits")
+        raise SamplingError(
+            "logits are on the meta device (a shape without values): run the model on a real "
+            "device (cpu, cuda, ...) and pass its logits"
+        )
     if logits.requires_grad:  # a model run outside torch.no_grad(): sampling is not differentiable anyway
         logits = logits.detach()
     writable = False
@@ -74,22 +84,25 @@ def sanitized(x: torch.Tensor, writable: bool) -> tuple[torch.Tensor, bool]:
     return out, True
 
 
-def check_history(history: torch.Tensor | None, prompt_lengths: torch.Tensor | None, positions: torch.Tensor,
-                  logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+def check_history(
+    history: torch.Tensor | None, prompt_lengths: torch.Tensor | None, positions: torch.Tensor, logits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Check the token history a chain with history-reading samplers needs; default prompt lengths."""
     batch = logits.shape[0]
     if history is None:
         if prompt_lengths is not None:
             raise SamplingError("prompt_lengths were given without history: pass history= (B, L) token ids too")
         return None
-    if not (isinstance(history, torch.Tensor) and history.ndim == 2
-            and history.dtype in (torch.int64, torch.int32)):
+    if not (isinstance(history, torch.Tensor) and history.ndim == 2 and history.dtype in (torch.int64, torch.int32)):
         got = f"{history.dtype} {tuple(history.shape)}" if isinstance(history, torch.Tensor) else type(history)
-        raise SamplingError(f"history must be a (B={batch}, L) int64 or int32 tensor of token ids (left padding "
-                            f"as -1), got {got}")
+        raise SamplingError(
+            f"history must be a (B={batch}, L) int64 or int32 tensor of token ids (left padding as -1), got {got}"
+        )
     if history.shape[0] != batch:
-        raise SamplingError(f"history has {history.shape[0]} rows but the logits have {batch}: pass one row of "
-                            "token ids per logits row, in the same order")
+        raise SamplingError(
+            f"history has {history.shape[0]} rows but the logits have {batch}: pass one row of "
+            "token ids per logits row, in the same order"
+        )
     history = history.to(device=logits.device, dtype=torch.int64)
     if prompt_lengths is None:
         known = (history >= 0).sum(dim=1)
@@ -97,14 +110,17 @@ def check_history(history: torch.Tensor | None, prompt_lengths: torch.Tensor | N
     else:
         lengths = prompt_lengths if isinstance(prompt_lengths, torch.Tensor) else torch.as_tensor(prompt_lengths)
         if lengths.shape != (batch,) or lengths.dtype.is_floating_point or lengths.dtype.is_complex:
-            raise SamplingError(f"prompt_lengths must be a (B={batch},) integer tensor (each row's prompt length), "
-                                f"got {lengths.dtype} {tuple(lengths.shape)}")
+            raise SamplingError(
+                f"prompt_lengths must be a (B={batch},) integer tensor (each row's prompt length), "
+                f"got {lengths.dtype} {tuple(lengths.shape)}"
+            )
         prompt_lengths = lengths
     return history, prompt_lengths.to(device=logits.device, dtype=torch.int64)
 
 
-def check_unconditional(uncond: torch.Tensor | None, logits: torch.Tensor, needed_by: list[str], sanitize: bool
-                        ) -> torch.Tensor | None:
+def check_unconditional(
+    uncond: torch.Tensor | None, logits: torch.Tensor, needed_by: list[str], sanitize: bool
+) -> torch.Tensor | None:
     """Check the unconditional logits a guidance sampler (cfg) needs: the same shape as the logits. needed_by: the
     chain's samplers that need them (an error when they are missing)."""
     if uncond is None:
@@ -119,18 +135,30 @@ def check_unconditional(uncond: torch.Tensor | None, logits: torch.Tensor, neede
         return None
     if not isinstance(uncond, torch.Tensor) or tuple(uncond.shape) != tuple(logits.shape):
         got = tuple(uncond.shape) if isinstance(uncond, torch.Tensor) else type(uncond).__name__
-        raise SamplingError(f"unconditional_logits must have the logits' shape {tuple(logits.shape)} (one row per "
-                            f"logits row, the same vocabulary), got {got}")
+        raise SamplingError(
+            f"unconditional_logits must have the logits' shape {tuple(logits.shape)} (one row per "
+            f"logits row, the same vocabulary), got {got}"
+        )
     if uncond.dtype not in FLOATS:
-        raise SamplingError(f"unconditional_logits dtype {uncond.dtype} is not supported: pass the second "
-                            "forward's floating-point logits")
+        raise SamplingError(
+            f"unconditional_logits dtype {uncond.dtype} is not supported: pass the second "
+            "forward's floating-point logits"
+        )
     uncond = uncond.detach().to(device=logits.device, dtype=torch.float32)
     return sanitized(uncond, False)[0] if sanitize else uncond
 
 
-def bad_rows(bad: torch.Tensor, request_ids: Sequence[str], given: torch.Tensor, uncond: Any,
-             stages: Callable[[], Iterator[Candidates]], *, sanitize: bool, describe: Callable[[int], str],
-             selector: int) -> SamplingError:
+def bad_rows(
+    bad: torch.Tensor,
+    request_ids: Sequence[str],
+    given: torch.Tensor,
+    uncond: Any,
+    stages: Callable[[], Iterator[Candidates]],
+    *,
+    sanitize: bool,
+    describe: Callable[[int], str],
+    selector: int,
+) -> SamplingError:
     """The error of a step whose chosen logprob is not finite (the slow path: only a failing step gets here).
     Each bad row is blamed on what made it so: NaN / +inf in the logits as given, then in the unconditional
     logits (neither under "sanitize": those were replaced); else a row given with every token masked; else the
@@ -144,9 +172,11 @@ def bad_rows(bad: torch.Tensor, request_ids: Sequence[str], given: torch.Tensor,
         if not found:
             continue
         details = "; ".join(f"{request_ids[r]!r}: {what}" for r, what in list(found.items())[:8])
-        parts.append(f"{label} contain NaN or +inf for request(s) {[request_ids[r] for r in found]} ({details}): "
-                     f"check the model's output (a float16 overflow, bad weights), or set nonfinite = "
-                     f"\"sanitize\" in the chain to replace them as transformers' remove_invalid_values does")
+        parts.append(
+            f"{label} contain NaN or +inf for request(s) {[request_ids[r] for r in found]} ({details}): "
+            f"check the model's output (a float16 overflow, bad weights), or set nonfinite = "
+            f'"sanitize" in the chain to replace them as transformers\' remove_invalid_values does'
+        )
         rows = [r for r in rows if r not in found]
     blame: dict[tuple[int, str], list[str]] = {}  # (stage, what) -> requests; stage -1: the logits as given
     pending = set(rows)
@@ -165,20 +195,26 @@ def bad_rows(bad: torch.Tensor, request_ids: Sequence[str], given: torch.Tensor,
     for (i, what), names in sorted(blame.items()):
         by = "in the logits as given" if i < 0 else f"after {describe(i)}"
         if what == "masked":
-            parts.append(f"every token is masked (-inf) for request(s) {names} {by}: relax the chain's filters "
-                         f"or bias for those rows")
+            parts.append(
+                f"every token is masked (-inf) for request(s) {names} {by}: relax the chain's filters "
+                f"or bias for those rows"
+            )
         elif what == "nonfinite":
-            parts.append(f"the chain turned finite logits into NaN or +inf for request(s) {names} {by}: it "
-                         f"overflowed float32 (a temperature near 0, a huge bias?); chain.process() shows the "
-                         f"scores after the transforms and filters")
+            parts.append(
+                f"the chain turned finite logits into NaN or +inf for request(s) {names} {by}: it "
+                f"overflowed float32 (a temperature near 0, a huge bias?); chain.process() shows the "
+                f"scores after the transforms and filters"
+            )
         else:
-            parts.append(f"{describe(i)} chose a token without a finite logprob for request(s) {names}: "
-                         f"report it to the plugin named")
+            parts.append(
+                f"{describe(i)} chose a token without a finite logprob for request(s) {names}: "
+                f"report it to the plugin named"
+            )
     return SamplingError("; ".join(parts) + "; no request state was changed")
 
 
 def nonfinite_at(row: torch.Tensor) -> str:
-    """"2 NaN (first at token 5), +inf at token 3" for one row of logits; "" when it has neither."""
+    """ "2 NaN (first at token 5), +inf at token 3" for one row of logits; "" when it has neither."""
     out = []
     for name, hit in (("NaN", row.isnan()), ("+inf", row == _INF)):
         where = hit.nonzero().flatten().tolist()

@@ -97,14 +97,16 @@ def _array_hook(conv: cattrs.Converter, t: Any):
 
     def hook(value: Any, _type: Any) -> Any:
         if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (list, tuple)):
-            raise TypeError("expected an array, e.g. [1, 2] or [\"a\"]")
+            raise TypeError('expected an array, e.g. [1, 2] or ["a"]')
         errors, out = [], []
         for i, v in enumerate(value):
             try:
                 out.append(v if item is Any else conv.structure(v, item))
             except Exception as exc:  # noqa: BLE001 - collected with the index, as cattrs does
-                exc.__notes__ = [*getattr(exc, "__notes__", []), cattrs.errors.IterableValidationNote(
-                    f"Structuring {t} @ index {i}", i, item)]
+                exc.__notes__ = [
+                    *getattr(exc, "__notes__", []),
+                    cattrs.errors.IterableValidationNote(f"Structuring {t} @ index {i}", i, item),
+                ]
                 errors.append(exc)
         if errors:
             raise IterableValidationError(f"While structuring {t!r}", errors, t)
@@ -160,8 +162,10 @@ def _check_storable(kind: Any, value: Any) -> None:
         if abs(value) > _F32.max:
             raise ValueError(f"too large for float32 (parameters are float32; largest is {_F32.max:.4g})")
         if value != 0.0 and abs(value) < _F32.smallest_normal:
-            raise ValueError(f"too small for float32 (parameters are float32): use 0 or a magnitude of at least "
-                             f"{_F32.smallest_normal:.4g}")
+            raise ValueError(
+                f"too small for float32 (parameters are float32): use 0 or a magnitude of at least "
+                f"{_F32.smallest_normal:.4g}"
+            )
     elif kind is int and isinstance(value, int) and not -(2**63) <= value < 2**63:
         raise ValueError("out of the int64 range (parameters are int64)")
 
@@ -178,8 +182,12 @@ def parse_params(cls: type, raw: Mapping[str, Any], *, source: str, path: str) -
             hint = f"; did you mean {close[0]!r}?" if close else ""
             valid = ", ".join(fields) if fields else "none"
             problems.append(
-                _line(source, f"{path}.{key}", raw[key], f"unknown parameter of {cls.qualified_name()} "
-                      f"(valid: {valid}){hint}")
+                _line(
+                    source,
+                    f"{path}.{key}",
+                    raw[key],
+                    f"unknown parameter of {cls.qualified_name()} (valid: {valid}){hint}",
+                )
             )
     if problems:
         raise ConfigError("\n".join(problems))
@@ -188,9 +196,7 @@ def parse_params(cls: type, raw: Mapping[str, Any], *, source: str, path: str) -
             params = converter().structure(dict(raw), params_cls)
     except Exception as exc:  # noqa: BLE001 - re-raised as one ConfigError with paths
         pairs = _walk(exc, path)
-        raise ConfigError(
-            "\n".join(_line(source, p, _value_at(raw, p[len(path):]), m) for p, m in pairs)
-        ) from None
+        raise ConfigError("\n".join(_line(source, p, _value_at(raw, p[len(path) :]), m) for p, m in pairs)) from None
     for field in fields.values():
         value = getattr(params, field.name)
         try:
@@ -211,16 +217,22 @@ def _resolve_entries(
     specs: list[EntrySpec] = []
     problems: list[str] = []
     if not isinstance(raw_list, list):
-        return specs, [_line(source, path, raw_list, "expected an array of tables like { use = \"top_k\", k = 40 }")]
+        return specs, [_line(source, path, raw_list, 'expected an array of tables like { use = "top_k", k = 40 }')]
     for i, raw in enumerate(raw_list):
         where = f"{path}[{i}]"
         if not isinstance(raw, Mapping):
-            problems.append(_line(source, where, raw, "expected a table like { use = \"top_k\", k = 40 }"))
+            problems.append(_line(source, where, raw, 'expected a table like { use = "top_k", k = 40 }'))
             continue
         use = raw.get("use")
         if not isinstance(use, str):
-            problems.append(_line(source, f"{where}.use", raw.get("use", _MISSING),
-                                  "required: the name of a " + kind.replace("_", " ")))
+            problems.append(
+                _line(
+                    source,
+                    f"{where}.use",
+                    raw.get("use", _MISSING),
+                    "required: the name of a " + kind.replace("_", " "),
+                )
+            )
             continue
         try:
             cls = host.get(kind, use)
@@ -244,13 +256,13 @@ def _resolve_entries(
 def _check_shape(samplers: list[EntrySpec], source: str) -> list[str]:
     selectors = [s for s in samplers if s.cls.stage is Stage.SELECT]
     if not samplers:
-        return [f"{source}: chain.samplers: empty; a chain needs at least a selector, e.g. {{ use = \"dist\" }}"]
+        return [f'{source}: chain.samplers: empty; a chain needs at least a selector, e.g. {{ use = "dist" }}']
     problems = []
     if not selectors:
         last = samplers[-1]
         problems.append(
             f"{source}: {last.path}.use = {last.use!r}: the chain must end in exactly one selector "
-            f"(greedy, dist, ...); append {{ use = \"dist\" }} or {{ use = \"greedy\" }}"
+            f'(greedy, dist, ...); append {{ use = "dist" }} or {{ use = "greedy" }}'
         )
     elif len(selectors) > 1 or samplers[-1].cls.stage is not Stage.SELECT:
         found = ", ".join(f"{s.path} ({s.use})" for s in selectors)
@@ -276,7 +288,7 @@ def _pitfalls(samplers: list[EntrySpec], source: str) -> list[str]:
     if truncation is None:
         return out
     first = samplers.index(truncation)
-    for s in samplers[first + 1:]:
+    for s in samplers[first + 1 :]:
         role = s.cls.effective_role()
         if role in ("penalty", "bias"):
             out.append(
@@ -317,27 +329,43 @@ def load_config(
     if not isinstance(chain, Mapping):
         raise ConfigError(f"{label}: chain: expected a table [chain] with samplers = [...]")
     problems = [
-        _line(label, f"{prefix}{k}", chain[k], f"unknown key; expected one of {', '.join(_CHAIN_KEYS)}"
-              + (f"; did you mean {c[0]!r}?" if (c := difflib.get_close_matches(k, _KEYS, n=1)) else ""))
+        _line(
+            label,
+            f"{prefix}{k}",
+            chain[k],
+            f"unknown key; expected one of {', '.join(_CHAIN_KEYS)}"
+            + (f"; did you mean {c[0]!r}?" if (c := difflib.get_close_matches(k, _KEYS, n=1)) else ""),
+        )
         for k in chain
         if k not in _KEYS
     ]
     if "samplers" not in chain:
         problems.append(f"{label}: {prefix}samplers: required key missing (an array of sampler tables)")
-    for key, typ, expect in (("backend", str, "a backend name or \"auto\""), ("name", str, "a string"),
-                             ("description", str, "a string")):
+    for key, typ, expect in (
+        ("backend", str, 'a backend name or "auto"'),
+        ("name", str, "a string"),
+        ("description", str, "a string"),
+    ):
         if key in chain and not isinstance(chain[key], typ):
             problems.append(_line(label, f"{prefix}{key}", chain[key], f"expected {expect}"))
     if chain.get("nonfinite", "error") not in NONFINITE:
-        problems.append(_line(label, f"{prefix}nonfinite", chain["nonfinite"],
-                              f"must be one of {', '.join(map(repr, NONFINITE))} (what a NaN or +inf logit does: "
-                              f"\"error\" raises naming the request, \"sanitize\" replaces it as transformers' "
-                              f"remove_invalid_values does)"))
-    samplers, more = _resolve_entries(chain.get("samplers", []), "sampler", source=label,
-                                      path=f"{prefix}samplers", host=host)
+        problems.append(
+            _line(
+                label,
+                f"{prefix}nonfinite",
+                chain["nonfinite"],
+                f"must be one of {', '.join(map(repr, NONFINITE))} (what a NaN or +inf logit does: "
+                f'"error" raises naming the request, "sanitize" replaces it as transformers\' '
+                f"remove_invalid_values does)",
+            )
+        )
+    samplers, more = _resolve_entries(
+        chain.get("samplers", []), "sampler", source=label, path=f"{prefix}samplers", host=host
+    )
     problems += more
-    stop, more = _resolve_entries(chain.get("stop", []), "stopping_criterion", source=label,
-                                  path=f"{prefix}stop", host=host)
+    stop, more = _resolve_entries(
+        chain.get("stop", []), "stopping_criterion", source=label, path=f"{prefix}stop", host=host
+    )
     problems += more
     if not problems:
         problems += _check_shape(samplers, label)

@@ -62,13 +62,19 @@ class CudaGraph:
         self._graph.replay()
 
 
-def graphs_unavailable_reason(chain: Any, device: torch.device, store: RequestStore | None = None,
-                              request_ids: Sequence[str] | None = None) -> str:
+def graphs_unavailable_reason(
+    chain: Any, device: torch.device, store: RequestStore | None = None, request_ids: Sequence[str] | None = None
+) -> str:
     """Why the step of `chain` on `device` cannot be captured, or "" when it can. With the batch (store and
     request_ids), host-bound samplers that do not read the device on it (`Sampler.syncs_on`: the presets' disabled
     entries, temp_ext with delta 0) do not count."""
-    if not env_switch(ENV_GRAPHS, default=True, on="capture the sampling step in a CUDA graph on CUDA, the default",
-                      off="run it eagerly", error=ConfigError):
+    if not env_switch(
+        ENV_GRAPHS,
+        default=True,
+        on="capture the sampling step in a CUDA graph on CUDA, the default",
+        off="run it eagerly",
+        error=ConfigError,
+    ):
         return f"{ENV_GRAPHS}=0"
     if not isinstance(chain, Chain):
         return "a mixed batch of chains (MixedChains) is run eagerly"
@@ -81,8 +87,9 @@ def graphs_unavailable_reason(chain: Any, device: torch.device, store: RequestSt
     if host_bound and store is not None and request_ids is not None:  # on this batch (`Sampler.syncs_on`)
         view = store.batch(request_ids)
         positions = store.positions(view)
-        host_bound = [i for i in host_bound
-                      if chain.samplers[i].syncs_on(chain._context(store, view, positions, backend, i))]
+        host_bound = [
+            i for i in host_bound if chain.samplers[i].syncs_on(chain._context(store, view, positions, backend, i))
+        ]
     if host_bound:
         names = ", ".join(chain.samplers[i].qualified_name() for i in host_bound)
         return f"host-bound samplers ({names}) read the device during the step"
@@ -98,15 +105,22 @@ class StepGraphs:
     store, request_ids, ...). The first call for a bucket records it (and runs it); the inputs of every call are
     copied into that bucket's buffers. Call `check()` on the output as for a sync-free step."""
 
-    def __init__(self, chain: Chain, store: RequestStore, request_ids: Sequence[str], *,
-                 make_graph: Callable[[], Graph] | None = None) -> None:
+    def __init__(
+        self,
+        chain: Chain,
+        store: RequestStore,
+        request_ids: Sequence[str],
+        *,
+        make_graph: Callable[[], Graph] | None = None,
+    ) -> None:
         # make_graph: a new Graph per recording (None: CudaGraph; tests pass samplechain.tools.testing.ReplayGraph)
         self.chain, self.store, self.request_ids = chain, store, list(request_ids)
         self._make_graph = make_graph or CudaGraph
         self._graphs: dict[tuple, tuple[Graph, dict[str, torch.Tensor], SampleOutput]] = {}
 
-    def sample(self, logits: torch.Tensor, *, history: torch.Tensor | None = None,
-               prompt_lengths: torch.Tensor | None = None) -> SampleOutput:
+    def sample(
+        self, logits: torch.Tensor, *, history: torch.Tensor | None = None, prompt_lengths: torch.Tensor | None = None
+    ) -> SampleOutput:
         if history is not None:
             width = -(-history.shape[1] // HISTORY_BUCKET) * HISTORY_BUCKET
             history = torch.nn.functional.pad(history, (width - history.shape[1], 0), value=-1)
@@ -128,9 +142,15 @@ class StepGraphs:
         self.store.batch(self.request_ids)  # the composition gathered on the host (cached), not while recording
         self._graphs.clear()  # one bucket at a time: an earlier width never comes back in a generation
         graph = self._make_graph()
-        out = graph.capture(lambda: self.chain.sample(static["logits"], self.store, self.request_ids,
-                                                      history=static.get("history"),
-                                                      prompt_lengths=static.get("prompt_lengths")))
+        out = graph.capture(
+            lambda: self.chain.sample(
+                static["logits"],
+                self.store,
+                self.request_ids,
+                history=static.get("history"),
+                prompt_lengths=static.get("prompt_lengths"),
+            )
+        )
         self._graphs[key] = (graph, static, out)
         return _copied(out)
 

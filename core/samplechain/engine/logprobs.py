@@ -20,8 +20,12 @@ from .config import EntrySpec
 __all__ = ["VLLM_LOGPROBS_MODES", "at_stages", "kept_copy", "logit_of", "parse_stage", "row_lse"]
 
 # vLLM's logprobs_mode names: (stage, as logits)
-VLLM_LOGPROBS_MODES = {"raw_logprobs": ("raw", False), "raw_logits": ("raw", True),
-                       "processed_logprobs": ("processed", False), "processed_logits": ("processed", True)}
+VLLM_LOGPROBS_MODES = {
+    "raw_logprobs": ("raw", False),
+    "raw_logits": ("raw", True),
+    "processed_logprobs": ("processed", False),
+    "processed_logits": ("processed", True),
+}
 _INF = float("inf")
 
 
@@ -41,7 +45,7 @@ def row_lse(x: torch.Tensor, backend: Backend | None = None) -> torch.Tensor:
         # row's temporaries stay in cache (B = 128, V = 128256: 1.6x one read of the logits instead of 4.7x)
         out = torch.empty(x.shape[0], dtype=x.dtype)
         for row in range(x.shape[0]):
-            torch.logsumexp(x[row:row + 1], dim=-1, out=out[row:row + 1])
+            torch.logsumexp(x[row : row + 1], dim=-1, out=out[row : row + 1])
         return out
     kernel = backend.kernel(ROW_LSE) if backend is not None else None
     found = kernel(x) if kernel is not None else None
@@ -58,8 +62,10 @@ def parse_stage(entries: Sequence[EntrySpec], value: Any) -> tuple[int, bool]:
     the logits as given, i the distribution right after entry i, len(entries) - 1 the processed one."""
     last = len(entries) - 1
     listed = ", ".join(f"{e.id!r} ({e.path}, {e.cls.qualified_name()})" for e in entries)
-    valid = (f"'processed' (the default), 'raw', an entry's id: {listed}; add ':logits' for logit values, or "
-             "give one of vLLM's raw_logprobs, raw_logits, processed_logprobs, processed_logits")
+    valid = (
+        f"'processed' (the default), 'raw', an entry's id: {listed}; add ':logits' for logit values, or "
+        "give one of vLLM's raw_logprobs, raw_logits, processed_logprobs, processed_logits"
+    )
     if not isinstance(value, str):
         raise ConfigError(f"logprobs_at = {value!r}: expected a string (or one per row): {valid}")
     name, as_logits = VLLM_LOGPROBS_MODES.get(value, (value, False))
@@ -76,8 +82,10 @@ def parse_stage(entries: Sequence[EntrySpec], value: Any) -> tuple[int, bool]:
     if index is None:
         hits = [i for i, e in enumerate(entries) if name in (e.use, e.cls.name, e.cls.qualified_name())]
         if len(hits) > 1:
-            raise ConfigError(f"logprobs_at = {value!r}: {len(hits)} entries are {name!r} "
-                              f"({', '.join(entries[i].path for i in hits)}): name one by its id ({listed})")
+            raise ConfigError(
+                f"logprobs_at = {value!r}: {len(hits)} entries are {name!r} "
+                f"({', '.join(entries[i].path for i in hits)}): name one by its id ({listed})"
+            )
         index = hits[0] if hits else None
     if index is None:
         close = difflib.get_close_matches(name, [e.id for e in entries] + ["raw", "processed"], n=1)
@@ -102,9 +110,14 @@ def logit_of(cand: Candidates, token_ids: torch.Tensor) -> torch.Tensor:
     return torch.where(hit.any(dim=1), value, torch.full_like(value, -_INF))
 
 
-def at_stages(kept: dict[int, Candidates], modes: Sequence[tuple[int, bool]], token_ids: torch.Tensor,
-               processed: torch.Tensor, selected: tuple[torch.Tensor, torch.Tensor],
-               n: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor]:
+def at_stages(
+    kept: dict[int, Candidates],
+    modes: Sequence[tuple[int, bool]],
+    token_ids: torch.Tensor,
+    processed: torch.Tensor,
+    selected: tuple[torch.Tensor, torch.Tensor],
+    n: int,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor]:
     """Each row's chosen-token logprob (or logit), its n best and its rank under the stage and kind its mode names:
     every (stage, kind) asked for is computed once for the whole batch, then each row takes its own.
     kept: the candidates after each stage asked for, the largest key being what the selector saw; processed: the
@@ -134,6 +147,9 @@ def at_stages(kept: dict[int, Candidates], modes: Sequence[tuple[int, bool]], to
         out = torch.where(rows, value, out)
         ranks = rank if ranks is None else torch.where(rows, rank, ranks)
         if top is not None:
-            tops = top if tops is None else (torch.where(rows[:, None], top[0], tops[0]),
-                                             torch.where(rows[:, None], top[1], tops[1]))
+            tops = (
+                top
+                if tops is None
+                else (torch.where(rows[:, None], top[0], tops[0]), torch.where(rows[:, None], top[1], tops[1]))
+            )
     return out, tops, ranks

@@ -63,8 +63,9 @@ class MixedStore:
     def clone(self, source: str, target: str) -> None:
         """Fork a request onto its own chain: every parameter, the position and all sampler state."""
         if target in self.route:
-            raise RequestError(f"request {target!r} already exists (on chain {self.route[target]!r}); clone() needs "
-                               "a new id")
+            raise RequestError(
+                f"request {target!r} already exists (on chain {self.route[target]!r}); clone() needs a new id"
+            )
         chain = self.chain_of(source)
         self.stores[chain].clone(source, target)
         self.route[target] = chain
@@ -107,8 +108,10 @@ class MixedChains:
         entries = {key: tuple(c.config.stop) for key, c in self.chains.items()}
         first = next(iter(entries.values()))
         if any(e != first for e in entries.values()):
-            raise ConfigError("the chains of a mixed batch declare different [stop] criteria; stopping is decided for "
-                              "the whole batch: give the criteria to generate(stop=...) and drop them from the chains")
+            raise ConfigError(
+                "the chains of a mixed batch declare different [stop] criteria; stopping is decided for "
+                "the whole batch: give the criteria to generate(stop=...) and drop them from the chains"
+            )
         return first
 
     def prepare(self, **kwargs: Any) -> None:
@@ -147,8 +150,10 @@ class MixedChains:
         scores = torch.full((batch, vocab), float("-inf"), device=device) if return_scores else None
         per_row = not isinstance(logprobs_at, str)
         if per_row and len(logprobs_at) != batch:
-            raise RequestError(f"logprobs_at lists {len(logprobs_at)} values for {batch} rows: give one string for "
-                               "the batch or one per row")
+            raise RequestError(
+                f"logprobs_at lists {len(logprobs_at)} values for {batch} rows: give one string for "
+                "the batch or one per row"
+            )
         tops, ranks = None, None
         commits = []
         failed, checks = None, []  # deferred checks (sync-free backends): one flag for the whole batch
@@ -158,21 +163,29 @@ class MixedChains:
             extra: dict[str, Any] = {}
             if chain.needs_history:
                 extra["history"] = None if history is None else history.index_select(0, index.to(history.device))
-                extra["prompt_lengths"] = (None if prompt_lengths is None
-                                           else prompt_lengths.index_select(0, index.to(prompt_lengths.device)))
+                extra["prompt_lengths"] = (
+                    None if prompt_lengths is None else prompt_lengths.index_select(0, index.to(prompt_lengths.device))
+                )
             if chain.needs_unconditional_logits and unconditional_logits is not None:
                 extra["unconditional_logits"] = unconditional_logits.index_select(0, index)
             part = logits.index_select(0, index) if len(groups) > 1 else logits
-            out, commit = chain.sample(part, store.stores[key], [request_ids[r] for r in rows], accept="defer",
-                                       return_scores=return_scores, top_logprobs=top_logprobs,
-                                       logprobs_at=[logprobs_at[r] for r in rows] if per_row else logprobs_at,
-                                       **extra)
+            out, commit = chain.sample(
+                part,
+                store.stores[key],
+                [request_ids[r] for r in rows],
+                accept="defer",
+                return_scores=return_scores,
+                top_logprobs=top_logprobs,
+                logprobs_at=[logprobs_at[r] for r in rows] if per_row else logprobs_at,
+                **extra,
+            )
             token_ids.index_copy_(0, index, out.token_ids)
             logprobs.index_copy_(0, index, out.logprobs)
             if out.top_logprobs is not None:
                 if tops is None:
-                    tops = tuple(torch.empty((batch,) + t.shape[1:], dtype=t.dtype, device=device)
-                                 for t in out.top_logprobs)
+                    tops = tuple(
+                        torch.empty((batch,) + t.shape[1:], dtype=t.dtype, device=device) for t in out.top_logprobs
+                    )
                 for whole, got in zip(tops, out.top_logprobs):
                     whole.index_copy_(0, index, got)
             if out.ranks is not None:
@@ -188,8 +201,7 @@ class MixedChains:
         if accept:
             for commit in commits:  # nothing can fail here: every update was computed above
                 commit(failed)  # a deferred failure in any group: no group commits (decided on the device)
-        deferred = None if failed is None else (
-            failed, lambda: next(error() for flag, error in checks if bool(flag)))
+        deferred = None if failed is None else (failed, lambda: next(error() for flag, error in checks if bool(flag)))
         return SampleOutput(token_ids, logprobs, scores, deferred, tops, ranks)  # type: ignore[arg-type]
 
     def accept(self, store: MixedStore, request_ids: Sequence[str], token_ids: torch.Tensor) -> None:

@@ -29,8 +29,16 @@ from ..errors import ConfigError, SamplingError
 from .config import EntrySpec, parse_params
 from .discovery import PluginHost, get_host
 
-__all__ = ["Stopping", "StopResult", "CallableCriterion", "TransformersCriterion", "as_criterion", "as_rows",
-           "cut_text", "min_new_tokens_of"]
+__all__ = [
+    "Stopping",
+    "StopResult",
+    "CallableCriterion",
+    "TransformersCriterion",
+    "as_criterion",
+    "as_rows",
+    "cut_text",
+    "min_new_tokens_of",
+]
 
 
 @attrs.frozen
@@ -52,13 +60,13 @@ def cut_text(text: str, match: StopMatch | None, include: bool = False) -> str:
         return text
     end = len(text) - match.trailing
     start = end - len(match.text)
-    if end < 0 or text[max(start, 0):end] != match.text[max(-start, 0):]:
+    if end < 0 or text[max(start, 0) : end] != match.text[max(-start, 0) :]:
         # the tokenizer's decode differs from the criterion's view of the tail: find the match's last occurrence
         at = text.rfind(match.text)
         if at < 0:
             return text
         start, end = at, at + len(match.text)
-    return text[:end] if include else text[:max(start, 0)]
+    return text[:end] if include else text[: max(start, 0)]
 
 
 def min_new_tokens_of(store: Any, request_ids: Sequence[str]) -> torch.Tensor | None:
@@ -70,10 +78,13 @@ def min_new_tokens_of(store: Any, request_ids: Sequence[str]) -> torch.Tensor | 
     route = getattr(store, "route", None)
     out = torch.zeros(len(request_ids), dtype=torch.int64)
     found = False
-    for key, sub in (stores.items() if stores is not None else [(None, store)]):
+    for key, sub in stores.items() if stores is not None else [(None, store)]:
         rows = [b for b, r in enumerate(request_ids) if route is None or route.get(r) == key]
-        fields = [(i, e.cls.min_new_tokens_field) for i, e in enumerate(sub.layout.entries)
-                  if getattr(e.cls, "min_new_tokens_field", None) and e.id != "ignore_eos"]
+        fields = [
+            (i, e.cls.min_new_tokens_field)
+            for i, e in enumerate(sub.layout.entries)
+            if getattr(e.cls, "min_new_tokens_field", None) and e.id != "ignore_eos"
+        ]
         if not rows or not fields:
             continue
         found = True
@@ -160,9 +171,7 @@ def as_criterion(obj: Any) -> StoppingCriterion:
 
 
 def _is_transformers_criterion(obj: Any) -> bool:
-    return any(
-        c.__name__ == "StoppingCriteria" and c.__module__.startswith("transformers") for c in type(obj).__mro__
-    )
+    return any(c.__name__ == "StoppingCriteria" and c.__module__.startswith("transformers") for c in type(obj).__mro__)
 
 
 class Stopping:
@@ -182,8 +191,9 @@ class Stopping:
         return cls([spec.cls(spec.params) for spec in entries] + list(extra), **kwargs)
 
     @staticmethod
-    def criterion(name: str, params: dict[str, Any] | None = None, *, host: PluginHost | None = None,
-                  source: str = "generate()") -> StoppingCriterion:
+    def criterion(
+        name: str, params: dict[str, Any] | None = None, *, host: PluginHost | None = None, source: str = "generate()"
+    ) -> StoppingCriterion:
         """Build one criterion by (versioned) name with validated parameters: `criterion("eos")`."""
         cls = (host or get_host()).get("stopping_criterion", name)
         return cls(parse_params(cls, params or {}, source=source, path=cls.name))
@@ -215,7 +225,7 @@ class Stopping:
     def require_length_limit(self) -> None:
         if not self.has_length_limit:
             raise ConfigError(
-                "no length limit among the stopping criteria: add { use = \"max_new_tokens\", n = 128 } to the "
+                'no length limit among the stopping criteria: add { use = "max_new_tokens", n = 128 } to the '
                 "chain's stop list, or pass max_new_tokens= / max_length="
             )
 
@@ -259,8 +269,11 @@ class Stopping:
             except SamplingError:
                 raise
             except Exception as exc:
-                label = crit.label() if isinstance(crit, CallableCriterion) else f"stopping criterion " \
-                    f"{crit.qualified_name()}"
+                label = (
+                    crit.label()
+                    if isinstance(crit, CallableCriterion)
+                    else f"stopping criterion {crit.qualified_name()}"
+                )
                 raise SamplingError(f"{label} failed at step {ctx.step}: {type(exc).__name__}: {exc}") from exc
             if hit is False:  # "no row": the common answer of length limits, without building a tensor
                 continue

@@ -92,9 +92,7 @@ class StoreLayout:
                 entry_id, field = key.rsplit(".", 1)
                 targets = ((by_id[entry_id], field),)
             else:
-                known = sorted(self.aliases) + [
-                    f"{e.id}.{f.name}" for e in entries for f in attrs.fields(e.cls.Params)
-                ]
+                known = sorted(self.aliases) + [f"{e.id}.{f.name}" for e in entries for f in attrs.fields(e.cls.Params)]
                 close = difflib.get_close_matches(key, known, n=2)
                 hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
                 raise RequestError(
@@ -324,8 +322,9 @@ class RequestStore:
     def state_of(self, view: BatchView, entry: int) -> dict[str, torch.Tensor]:
         return {name: t.index_select(0, view.device_slots) for (i, name), t in self._state.items() if i == entry}
 
-    def advance(self, view: BatchView, new_state: Mapping[tuple[int, str], torch.Tensor],
-                failed: torch.Tensor | None = None) -> None:
+    def advance(
+        self, view: BatchView, new_state: Mapping[tuple[int, str], torch.Tensor], failed: torch.Tensor | None = None
+    ) -> None:
         """Commit one accepted step: positions += 1 and the samplers' updated state rows. failed: a 0-d bool
         device flag (a step whose check is deferred, on a backend that never waits for the host): when it is set,
         nothing changes, decided on the device without a host read."""

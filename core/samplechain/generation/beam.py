@@ -50,27 +50,41 @@ def _gather(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.take_along_dim(tensor, index, dim=1)
 
 
-def beam_generate(model: Any, tokenizer: Any = None, prompts: Any = None, *, num_beams: int,
-                  length_penalty: float = 1.0, early_stopping: bool | str = False, num_return_sequences: int = 1,
-                  **kwargs: Any) -> GenerationOutput:
+def beam_generate(
+    model: Any,
+    tokenizer: Any = None,
+    prompts: Any = None,
+    *,
+    num_beams: int,
+    length_penalty: float = 1.0,
+    early_stopping: bool | str = False,
+    num_return_sequences: int = 1,
+    **kwargs: Any,
+) -> GenerationOutput:
     if not isinstance(num_return_sequences, int) or not 1 <= num_return_sequences <= num_beams:
-        raise ConfigError(f"num_return_sequences = {num_return_sequences!r}: beam search returns at most num_beams = "
-                          f"{num_beams} sequences per prompt; use num_return_sequences <= num_beams")
+        raise ConfigError(
+            f"num_return_sequences = {num_return_sequences!r}: beam search returns at most num_beams = "
+            f"{num_beams} sequences per prompt; use num_return_sequences <= num_beams"
+        )
     if early_stopping not in (True, False, "never"):
         raise ConfigError(f"early_stopping = {early_stopping!r}: must be True, False or 'never'")
     if kwargs.get("top_logprobs"):
         raise ConfigError("top_logprobs is not available with beam search; use output_scores=True")
     if kwargs.get("logprobs_mode", "processed") not in ("processed", "processed_logprobs"):
-        raise ConfigError(f"logprobs_mode = {kwargs['logprobs_mode']!r} is not available with beam search (its "
-                          "logprobs are the processed ones); use output_logits=True for the raw logits")
+        raise ConfigError(
+            f"logprobs_mode = {kwargs['logprobs_mode']!r} is not available with beam search (its "
+            "logprobs are the processed ones); use output_logits=True for the raw logits"
+        )
     kwargs.pop("seed", None)  # beam search draws nothing
     gen = Generation(model, tokenizer, prompts, **kwargs)
     chain = gen.chain
     if isinstance(chain, MixedChains):
         raise ConfigError("beam search runs one chain over all beams: give one chain, not one per prompt")
     if chain.needs_unconditional_logits:
-        raise ConfigError("classifier-free guidance (cfg) is not supported with beam search here: use it with greedy "
-                          "or sampling (num_beams = 1)")
+        raise ConfigError(
+            "classifier-free guidance (cfg) is not supported with beam search here: use it with greedy "
+            "or sampling (num_beams = 1)"
+        )
     if chain.samplers[-1].name != "greedy":
         raise ConfigError(
             f"beam search picks continuations by score, so the chain must end in greedy, not "
@@ -81,8 +95,9 @@ def beam_generate(model: Any, tokenizer: Any = None, prompts: Any = None, *, num
 
 
 class _BeamSearch:
-    def __init__(self, gen: Generation, num_beams: int, length_penalty: float, early_stopping: bool | str,
-                 n_return: int) -> None:
+    def __init__(
+        self, gen: Generation, num_beams: int, length_penalty: float, early_stopping: bool | str, n_return: int
+    ) -> None:
         self.gen = gen
         self.nb = num_beams
         self.length_penalty = length_penalty
@@ -94,11 +109,16 @@ class _BeamSearch:
         """The criteria see k candidates per prompt, each with its prompt's length and min_new_tokens."""
         g = self.gen
         least = g.setup.min_new_tokens
-        return StopSetup(batch_size=self.batch * k, prompt_length=g.setup.prompt_length,
-                         prompt_lengths=g.prompt_lengths.repeat_interleave(k), device=g.input_ids.device,
-                         tokenizer=g.tokenizer, model_config=g.setup.model_config,
-                         generation_config=g.generation_config,
-                         min_new_tokens=None if least is None else least.repeat_interleave(k))
+        return StopSetup(
+            batch_size=self.batch * k,
+            prompt_length=g.setup.prompt_length,
+            prompt_lengths=g.prompt_lengths.repeat_interleave(k),
+            device=g.input_ids.device,
+            tokenizer=g.tokenizer,
+            model_config=g.setup.model_config,
+            generation_config=g.generation_config,
+            min_new_tokens=None if least is None else least.repeat_interleave(k),
+        )
 
     def run(self) -> GenerationOutput:
         import time
@@ -122,8 +142,9 @@ class _BeamSearch:
         max_new = g.stopping.max_new_tokens(cand_setup)
         limit = max_new if max_new is not None else 1 << 16
         max_length = prompt_len + limit
-        top_num_beam_mask = torch.cat([torch.ones(nb, dtype=torch.bool), torch.zeros(k - nb, dtype=torch.bool)]
-                                      ).to(device)
+        top_num_beam_mask = torch.cat([torch.ones(nb, dtype=torch.bool), torch.zeros(k - nb, dtype=torch.bool)]).to(
+            device
+        )
 
         # transformers' fill value for unused positions: (pad or first eos) when there is an eos
         eos_ids = eos.resolved_ids() if eos is not None and hasattr(eos, "resolved_ids") else []
@@ -167,7 +188,7 @@ class _BeamSearch:
                 if g.output_logits:
                     logits_out.append(logits.clone())
                 if g.vocab_limit is not None:
-                    logits[:, g.vocab_limit:] = float("-inf")
+                    logits[:, g.vocab_limit :] = float("-inf")
                 log_probs = torch.nn.functional.log_softmax(logits, dim=-1)
                 flat = running_sequences[:, :, :cur_len].reshape(batch * nb, cur_len)
                 if g.logits_processor is not None:
@@ -191,8 +212,16 @@ class _BeamSearch:
                 topk_running_lps[:, :, step] = per_beam.gather(1, topk_indices)
 
                 candidates = topk_running_sequences[:, :, : cur_len + 1].reshape(batch * k, cur_len + 1)
-                result = g.stopping.check(StopContext(candidates, step + 1, candidates[:, -1], cand_setup,
-                                                      topk_running_lps[:, :, step].reshape(-1), None))
+                result = g.stopping.check(
+                    StopContext(
+                        candidates,
+                        step + 1,
+                        candidates[:, -1],
+                        cand_setup,
+                        topk_running_lps[:, :, step].reshape(-1),
+                        None,
+                    )
+                )
                 hits = result.done.view(batch, k)
                 cand_reason = torch.full((batch * k,), -1, dtype=torch.int64, device=device)
                 if result.any:
@@ -230,8 +259,9 @@ class _BeamSearch:
 
                 runner.reorder(running_beam_indices[..., step].reshape(-1).to(torch.int64))
                 cur_len += 1
-                unsatisfied = self._heuristic(unsatisfied, running_beam_scores, beam_scores, is_sent_finished,
-                                              cur_len, max_length, prompt_len)
+                unsatisfied = self._heuristic(
+                    unsatisfied, running_beam_scores, beam_scores, is_sent_finished, cur_len, max_length, prompt_len
+                )
                 if not self._unfinished(unsatisfied, is_sent_finished, hits):
                     break
                 logits = runner.step(running_sequences[:, :, :cur_len].reshape(batch * nb, cur_len))
@@ -250,9 +280,14 @@ class _BeamSearch:
         matches = [m for _, m in ended]
         texts = None
         if g.tokenizer is not None:  # cut at the stop match as sampling's output() cuts (row b is prompt b // n's)
-            texts = [cut_text(g.tokenizer.decode(row[prompt_len: prompt_len + int(m)].tolist(),
-                                                 skip_special_tokens=True), match, g.include_stop_str_in_output[b // n])
-                     for b, (row, m, match) in enumerate(zip(seqs.cpu(), generated.tolist(), matches))]
+            texts = [
+                cut_text(
+                    g.tokenizer.decode(row[prompt_len : prompt_len + int(m)].tolist(), skip_special_tokens=True),
+                    match,
+                    g.include_stop_str_in_output[b // n],
+                )
+                for b, (row, m, match) in enumerate(zip(seqs.cpu(), generated.tolist(), matches))
+            ]
         return GenerationOutput(
             sequences=seqs,
             scores=tuple(scores_out) if g.output_scores else None,
@@ -267,13 +302,14 @@ class _BeamSearch:
             prompt_length=prompt_len,
         )
 
-    def _heuristic(self, unsatisfied, running_beam_scores, beam_scores, is_sent_finished, cur_len, max_length,
-                   prompt_len):
+    def _heuristic(
+        self, unsatisfied, running_beam_scores, beam_scores, is_sent_finished, cur_len, max_length, prompt_len
+    ):
         if self.early_stopping == "never" and self.length_penalty > 0.0:
             best_length = max_length - prompt_len
         else:
             best_length = cur_len - prompt_len
-        best_running = running_beam_scores[:, :1] / (best_length ** self.length_penalty)
+        best_running = running_beam_scores[:, :1] / (best_length**self.length_penalty)
         worst_finished = torch.where(is_sent_finished, torch.min(beam_scores, dim=1, keepdim=True)[0], _NEG)
         return unsatisfied & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
 

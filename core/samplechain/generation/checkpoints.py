@@ -33,8 +33,10 @@ def load_checkpoint(source: Mapping[str, Any] | str | Path) -> dict[str, Any]:
     else:
         raise ConfigError(f"resume={source!r}: pass the dict from Generation.checkpoint() or the path of its JSON file")
     if data.get("format") != CHECKPOINT_FORMAT:
-        raise ConfigError(f"resume: format {data.get('format')!r} is not {CHECKPOINT_FORMAT!r}; pass what "
-                          "Generation.checkpoint() returned (this version reads only its own format)")
+        raise ConfigError(
+            f"resume: format {data.get('format')!r} is not {CHECKPOINT_FORMAT!r}; pass what "
+            "Generation.checkpoint() returned (this version reads only its own format)"
+        )
     return data
 
 
@@ -59,8 +61,10 @@ class Checkpoints:
         elapsed = time.monotonic() - started if started else self._elapsed  # steps() started the clock at -elapsed
         uncond = None
         if self.uncond_ids is not None:
-            uncond = {"input_ids": self.uncond_ids[:, : self._uncond_width].tolist(),
-                      "attention_mask": self.uncond_mask.tolist()}
+            uncond = {
+                "input_ids": self.uncond_ids[:, : self._uncond_width].tolist(),
+                "attention_mask": self.uncond_mask.tolist(),
+            }
         return {
             "format": CHECKPOINT_FORMAT,
             "chain": chain_fingerprint(self.chain),
@@ -86,49 +90,69 @@ class Checkpoints:
     def _checkpoint_tensor(ckpt: Mapping[str, Any], key: str, device: Any) -> torch.Tensor:
         t = torch.tensor(ckpt[key], dtype=torch.int64)
         if t.ndim != 2:
-            raise ConfigError(f"resume: checkpoint[{key!r}] must be a (batch, length) list of lists, got shape "
-                              f"{tuple(t.shape)}; the checkpoint is damaged")
+            raise ConfigError(
+                f"resume: checkpoint[{key!r}] must be a (batch, length) list of lists, got shape "
+                f"{tuple(t.shape)}; the checkpoint is damaged"
+            )
         return t.to(device)
 
     def _restore_requests(self, ckpt: Mapping[str, Any]) -> None:
         if ckpt["chain"] != chain_fingerprint(self.chain):
-            raise ConfigError(f"resume: the checkpoint was made with the chain {ckpt['chain']}, this generation has "
-                              f"{chain_fingerprint(self.chain)}: resume with the chain of the interrupted run")
+            raise ConfigError(
+                f"resume: the checkpoint was made with the chain {ckpt['chain']}, this generation has "
+                f"{chain_fingerprint(self.chain)}: resume with the chain of the interrupted run"
+            )
         if list(ckpt["request_ids"]) != self.request_ids:
-            raise ConfigError(f"resume: the checkpoint's requests {ckpt['request_ids']} do not match its prompts; the "
-                              "checkpoint is damaged")
+            raise ConfigError(
+                f"resume: the checkpoint's requests {ckpt['request_ids']} do not match its prompts; the "
+                "checkpoint is damaged"
+            )
         self.store.restore(ckpt["store"])
 
     def _restore_unconditional(self, ckpt: Mapping[str, Any], device: Any) -> tuple[Any, Any]:
         uncond = ckpt.get("unconditional")
         if (uncond is None) == self.chain.needs_unconditional_logits:
             has = "has no" if uncond is None else "has a"
-            raise ConfigError(f"resume: the checkpoint {has} negative-prompt context but this chain "
-                              f"{'needs' if uncond is None else 'has no guidance sampler to use'} one: resume with the "
-                              "chain of the interrupted run")
+            raise ConfigError(
+                f"resume: the checkpoint {has} negative-prompt context but this chain "
+                f"{'needs' if uncond is None else 'has no guidance sampler to use'} one: resume with the "
+                "chain of the interrupted run"
+            )
         if uncond is None:
             return None, None
-        return self._checkpoint_tensor(uncond, "input_ids", device), self._checkpoint_tensor(uncond, "attention_mask",
-                                                                                             device)
+        return self._checkpoint_tensor(uncond, "input_ids", device), self._checkpoint_tensor(
+            uncond, "attention_mask", device
+        )
 
     def _restore_progress(self, ckpt: Mapping[str, Any]) -> None:
         """Tokens so far, logprobs, finished rows and the step count; steps() replays the tokens through the model."""
         batch = self.input_ids.shape[0]
-        generated = self._checkpoint_tensor(ckpt, "generated", self.input_ids.device) if ckpt["step"] else \
-            torch.zeros((batch, 0), dtype=torch.int64, device=self.input_ids.device)
+        generated = (
+            self._checkpoint_tensor(ckpt, "generated", self.input_ids.device)
+            if ckpt["step"]
+            else torch.zeros((batch, 0), dtype=torch.int64, device=self.input_ids.device)
+        )
         steps = int(ckpt["step"])
         if generated.shape != (batch, steps) or len(ckpt["finished"]) != batch:
-            raise ConfigError(f"resume: the checkpoint has {tuple(generated.shape)} generated tokens for {batch} rows "
-                              f"and {steps} steps; the checkpoint is damaged")
+            raise ConfigError(
+                f"resume: the checkpoint has {tuple(generated.shape)} generated tokens for {batch} rows "
+                f"and {steps} steps; the checkpoint is damaged"
+            )
         vocab = getattr(self.model.config, "vocab_size", None)
         if steps and isinstance(vocab, int) and int(generated.max()) >= vocab:
-            raise ConfigError(f"resume: the checkpoint holds token id {int(generated.max())} but the model has "
-                              f"{vocab} tokens: resume with the model of the interrupted run")
+            raise ConfigError(
+                f"resume: the checkpoint holds token id {int(generated.max())} but the model has "
+                f"{vocab} tokens: resume with the model of the interrupted run"
+            )
         self.input_ids = torch.cat([self.input_ids, generated], dim=-1)
         if self.uncond_ids is not None:  # the unconditional context grows with the same tokens
             self.uncond_ids = torch.cat([self.uncond_ids, generated], dim=-1)
-        self.logprobs = list(torch.tensor(ckpt["logprobs"], dtype=torch.float32).reshape(batch, steps)
-                             .to(self.input_ids.device).unbind(1))
+        self.logprobs = list(
+            torch.tensor(ckpt["logprobs"], dtype=torch.float32)
+            .reshape(batch, steps)
+            .to(self.input_ids.device)
+            .unbind(1)
+        )
         self.finished = torch.tensor(ckpt["finished"], dtype=torch.bool, device=self.input_ids.device)
         self.finish_reasons = list(ckpt["finish_reasons"])
         self.stop_matches = [None if m is None else StopMatch(*m) for m in ckpt.get("stop_matches") or [None] * batch]

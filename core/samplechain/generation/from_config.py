@@ -21,14 +21,36 @@ from ..errors import GenerationWarning
 __all__ = ["chain_from_generation_config", "asked_settings", "unmapped_settings"]
 
 # GenerationConfig fields that change decoding and that no sampler carries (with their defaults)
-_UNMAPPED = {"encoder_repetition_penalty": 1.0, "min_length": 0, "diversity_penalty": 0.0, "penalty_alpha": None,
-             "encoder_no_repeat_ngram_size": 0, "num_beam_groups": 1, "dola_layers": None}
+_UNMAPPED = {
+    "encoder_repetition_penalty": 1.0,
+    "min_length": 0,
+    "diversity_penalty": 0.0,
+    "penalty_alpha": None,
+    "encoder_no_repeat_ngram_size": 0,
+    "num_beam_groups": 1,
+    "dola_layers": None,
+}
 # fields the mapping reads (with their defaults): a chain passed explicitly replaces what they ask for
-_MAPPED = {"repetition_penalty": 1.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
-           "no_repeat_ngram_size": 0, "bad_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None,
-           "sequence_bias": None, "min_new_tokens": None, "top_h": None, "guidance_scale": None,
-           "forced_bos_token_id": None, "forced_eos_token_id": None, "remove_invalid_values": False,
-           "exponential_decay_length_penalty": None, "watermarking_config": None, "renormalize_logits": False}
+_MAPPED = {
+    "repetition_penalty": 1.0,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "sequence_bias": None,
+    "min_new_tokens": None,
+    "top_h": None,
+    "guidance_scale": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "remove_invalid_values": False,
+    "exponential_decay_length_penalty": None,
+    "watermarking_config": None,
+    "renormalize_logits": False,
+}
 
 
 def _non_default(config: Any, table: dict[str, Any]) -> list[str]:
@@ -86,8 +108,13 @@ def _processors(config: Any) -> list[dict[str, Any]]:
     if g("forced_bos_token_id") is not None:
         out.append({"use": "forced_bos", "bos_id": int(g("forced_bos_token_id"))})
     if g("forced_eos_token_id") is not None and g("max_length"):
-        out.append({"use": "forced_eos", "eos_ids": token_id_list(g("forced_eos_token_id")),
-                    "max_length": int(g("max_length"))})
+        out.append(
+            {
+                "use": "forced_eos",
+                "eos_ids": token_id_list(g("forced_eos_token_id")),
+                "max_length": int(g("max_length")),
+            }
+        )
     if g("remove_invalid_values"):
         out.append({"use": "inf_nan_remove"})
     if g("exponential_decay_length_penalty") is not None:
@@ -141,9 +168,12 @@ def chain_from_generation_config(config: Any, *, host: PluginHost | None = None)
     """The chain transformers would run for a GenerationConfig (see the module docstring for the order)."""
     unmapped = unmapped_settings(config) if config is not None else []
     if unmapped:
-        warnings.warn(f"the generation config asks for {', '.join(unmapped)}, which no samplechain sampler carries: "
-                      "they are not applied (run the chain inside model.generate with the adapters to keep them)",
-                      GenerationWarning, stacklevel=3)
+        warnings.warn(
+            f"the generation config asks for {', '.join(unmapped)}, which no samplechain sampler carries: "
+            "they are not applied (run the chain inside model.generate with the adapters to keep them)",
+            GenerationWarning,
+            stacklevel=3,
+        )
     if config is None:
         return Chain.load({"name": "greedy (generation config)", "samplers": [{"use": "greedy"}]}, host=host)
     sampling = bool(getattr(config, "do_sample", False))

@@ -20,8 +20,16 @@ from .outputs import GenerationOutput
 from .session import CHECKPOINT_FORMAT, Generation, load_checkpoint
 from .streaming import IncrementalDecoder
 
-__all__ = ["generate", "stream", "Generation", "StreamEvent", "chain_from_generation_config", "GenerationWarning",
-           "CHECKPOINT_FORMAT", "load_checkpoint"]
+__all__ = [
+    "generate",
+    "stream",
+    "Generation",
+    "StreamEvent",
+    "chain_from_generation_config",
+    "GenerationWarning",
+    "CHECKPOINT_FORMAT",
+    "load_checkpoint",
+]
 
 
 @attrs.frozen
@@ -49,9 +57,17 @@ def _steps(gen: Generation, progress: ProgressCallback | None) -> Iterator[tuple
         progress(step, total)
 
 
-def generate(model: Any, tokenizer: Any = None, prompts: str | Sequence[str] | None = None, *,
-             num_beams: int = 1, length_penalty: float = 1.0, early_stopping: bool | str = False,
-             progress: ProgressCallback | None = None, **kwargs: Any) -> GenerationOutput:
+def generate(
+    model: Any,
+    tokenizer: Any = None,
+    prompts: str | Sequence[str] | None = None,
+    *,
+    num_beams: int = 1,
+    length_penalty: float = 1.0,
+    early_stopping: bool | str = False,
+    progress: ProgressCallback | None = None,
+    **kwargs: Any,
+) -> GenerationOutput:
     """Generate from a causal LM through a chain. See `Generation` for the arguments; `num_beams > 1` runs beam
     search (`length_penalty`, `early_stopping`, `num_return_sequences` as transformers).
 
@@ -65,22 +81,38 @@ def generate(model: Any, tokenizer: Any = None, prompts: str | Sequence[str] | N
         raise ConfigError(f"num_beams = {num_beams!r}: must be an integer >= 1")
     if num_beams > 1:
         if kwargs.get("resume") is not None:
-            raise ConfigError("resume= continues a greedy or sampling generation; beam search (num_beams > 1) has "
-                              "no checkpoints: drop resume=, or use num_beams=1")
+            raise ConfigError(
+                "resume= continues a greedy or sampling generation; beam search (num_beams > 1) has "
+                "no checkpoints: drop resume=, or use num_beams=1"
+            )
         if progress is not None:
-            raise ConfigError("progress= is not available with beam search (num_beams > 1): drop progress=, or use "
-                              "num_beams=1")
-        return beam_generate(model, tokenizer, prompts, num_beams=num_beams, length_penalty=length_penalty,
-                             early_stopping=early_stopping, **kwargs)
+            raise ConfigError(
+                "progress= is not available with beam search (num_beams > 1): drop progress=, or use num_beams=1"
+            )
+        return beam_generate(
+            model,
+            tokenizer,
+            prompts,
+            num_beams=num_beams,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+            **kwargs,
+        )
     gen = Generation(model, tokenizer, prompts, **kwargs)
     for _ in _steps(gen, progress):
         pass
     return gen.output()
 
 
-def stream(model: Any, tokenizer: Any, prompts: str | Sequence[str] | None = None, *,
-           result: list[GenerationOutput] | None = None, progress: ProgressCallback | None = None,
-           **kwargs: Any) -> Iterator[StreamEvent]:
+def stream(
+    model: Any,
+    tokenizer: Any,
+    prompts: str | Sequence[str] | None = None,
+    *,
+    result: list[GenerationOutput] | None = None,
+    progress: ProgressCallback | None = None,
+    **kwargs: Any,
+) -> Iterator[StreamEvent]:
     """Yield text deltas per request as tokens are chosen; the deltas of a request concatenate to its output text
     (`GenerationOutput.texts`) and never split a multi-byte character. Pass `result=[]` to receive the final
     GenerationOutput; `progress` as in `generate()`, called after a step's events are yielded. With `resume=`,
@@ -104,7 +136,7 @@ def stream(model: Any, tokenizer: Any, prompts: str | Sequence[str] | None = Non
             n = int(gen.num_generated[b]) if bool(gen.finished[b]) else len(row)
             for token in row[:n]:
                 held[b] += decoders[b].push(token)
-            held[b] = held[b][max(len(held[b]) - holds[b], 0):]  # the rest went out before the checkpoint
+            held[b] = held[b][max(len(held[b]) - holds[b], 0) :]  # the rest went out before the checkpoint
     try:
         for tokens, active in _steps(gen, progress):
             for b in active.nonzero().flatten().tolist():

@@ -85,6 +85,8 @@ class ModelRunner:
             elif hasattr(cache, "reorder_cache"):
                 cache.reorder_cache(beam_idx)
             else:
-                raise ConfigError(f"{type(self.model).__name__}'s cache cannot be reordered, so beam search cannot "
-                                  "run on it; use greedy or sampling")
+                raise ConfigError(
+                    f"{type(self.model).__name__}'s cache cannot be reordered, so beam search cannot "
+                    "run on it; use greedy or sampling"
+                )
             break

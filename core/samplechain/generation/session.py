@@ -43,12 +43,18 @@ __all__ = ["Generation", "CHECKPOINT_FORMAT", "load_checkpoint"]
 def _as_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bool = True) -> Chain:
     if chain is None:
         return chain_from_generation_config(generation_config, host=host)
-    if check and generation_config is not None and (getattr(generation_config, "do_sample", False)
-                                          or asked_settings(generation_config)):
+    if (
+        check
+        and generation_config is not None
+        and (getattr(generation_config, "do_sample", False) or asked_settings(generation_config))
+    ):
         asked = ["do_sample=True"] if getattr(generation_config, "do_sample", False) else []
-        warnings.warn(f"the model's generation config asks for {', '.join(asked + asked_settings(generation_config))}; "
-                      "the chain given replaces it (the chain alone decides the decoding)", GenerationWarning,
-                      stacklevel=4)
+        warnings.warn(
+            f"the model's generation config asks for {', '.join(asked + asked_settings(generation_config))}; "
+            "the chain given replaces it (the chain alone decides the decoding)",
+            GenerationWarning,
+            stacklevel=4,
+        )
     if isinstance(chain, (Chain, MixedChains)):
         return chain
     if isinstance(chain, (str, Path, Mapping)):
@@ -63,8 +69,9 @@ def _as_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bo
         mixed = MixedChains({keys[id(c)]: c for c in loaded})
         mixed.row_chains = [keys[id(c)] for c in loaded]  # prompt i -> its chain's key
         return mixed
-    raise ConfigError(f"chain={chain!r}: pass a Chain, a TOML file path, a dict, 'preset:NAME', or one of these per "
-                      "prompt in a list")
+    raise ConfigError(
+        f"chain={chain!r}: pass a Chain, a TOML file path, a dict, 'preset:NAME', or one of these per prompt in a list"
+    )
 
 
 class Generation(Checkpoints):
@@ -108,16 +115,29 @@ class Generation(Checkpoints):
     ) -> None:
         ckpt = None if resume is None else load_checkpoint(resume)
         if ckpt is not None:
-            given = [name for name, value in (("prompts", prompts), ("input_ids", input_ids),
-                                              ("attention_mask", attention_mask), ("params", params), ("seed", seed),
-                                              ("negative_prompt", negative_prompt),
-                                              ("negative_prompt_ids", negative_prompt_ids)) if value is not None]
+            given = [
+                name
+                for name, value in (
+                    ("prompts", prompts),
+                    ("input_ids", input_ids),
+                    ("attention_mask", attention_mask),
+                    ("params", params),
+                    ("seed", seed),
+                    ("negative_prompt", negative_prompt),
+                    ("negative_prompt_ids", negative_prompt_ids),
+                )
+                if value is not None
+            ]
             if given:
-                raise ConfigError(f"resume= restores {', '.join(given)} from the checkpoint: drop {', '.join(given)} "
-                                  "(pass the same chain, criteria and model as the interrupted run)")
+                raise ConfigError(
+                    f"resume= restores {', '.join(given)} from the checkpoint: drop {', '.join(given)} "
+                    "(pass the same chain, criteria and model as the interrupted run)"
+                )
             if num_return_sequences not in (1, ckpt["num_return_sequences"]):
-                raise ConfigError(f"num_return_sequences = {num_return_sequences}, but the checkpoint was made with "
-                                  f"{ckpt['num_return_sequences']}: drop num_return_sequences when resuming")
+                raise ConfigError(
+                    f"num_return_sequences = {num_return_sequences}, but the checkpoint was made with "
+                    f"{ckpt['num_return_sequences']}: drop num_return_sequences when resuming"
+                )
             num_return_sequences = ckpt["num_return_sequences"]
             eos_token_id = ckpt["eos_token_id"] if eos_token_id is None else eos_token_id
             pad_token_id = ckpt["pad_token_id"] if pad_token_id is None else pad_token_id
@@ -147,8 +167,10 @@ class Generation(Checkpoints):
             ids, mask, self.prompt_lengths = self._inputs(prompts, input_ids, attention_mask, device)
             self.num_prompts = ids.shape[0]
         else:  # rows as the interrupted run had them: padded, repeated for num_return_sequences
-            ids, mask = self._checkpoint_tensor(ckpt, "input_ids", device), self._checkpoint_tensor(
-                ckpt, "attention_mask", device)
+            ids, mask = (
+                self._checkpoint_tensor(ckpt, "input_ids", device),
+                self._checkpoint_tensor(ckpt, "attention_mask", device),
+            )
             self.prompt_lengths = mask.sum(dim=1).cpu()
             self.num_prompts = ids.shape[0] // num_return_sequences
 
@@ -158,8 +180,9 @@ class Generation(Checkpoints):
         if isinstance(self.chain, MixedChains):
             rows = getattr(self.chain, "row_chains", None)
             if rows is None or len(rows) != self.num_prompts:
-                raise ConfigError(f"chain= lists {len(rows or [])} chains for {self.num_prompts} prompts: give one "
-                                  "chain per prompt")
+                raise ConfigError(
+                    f"chain= lists {len(rows or [])} chains for {self.num_prompts} prompts: give one chain per prompt"
+                )
         if num_return_sequences > 1 and self._is_greedy():
             raise ConfigError(
                 f"num_return_sequences = {num_return_sequences} with a greedy chain would return the same sequence "
@@ -181,15 +204,15 @@ class Generation(Checkpoints):
         if ckpt is None:
             self._add_requests(params, seed)
             self.uncond_ids, self.uncond_mask = self._unconditional_inputs(
-                negative_prompt, negative_prompt_ids, negative_prompt_attention_mask, device)
+                negative_prompt, negative_prompt_ids, negative_prompt_attention_mask, device
+            )
         else:
             self._restore_requests(ckpt)
             self.uncond_ids, self.uncond_mask = self._restore_unconditional(ckpt, device)
         # the unconditional context's own width: the tokens after it are the generated ones (checkpoints)
         self._uncond_width = 0 if self.uncond_ids is None else self.uncond_ids.shape[1]
 
-        self.stopping = self._stopping(stop, max_new_tokens, max_length, max_time, stop_strings, ignore_eos,
-                                       stop_regex)
+        self.stopping = self._stopping(stop, max_new_tokens, max_length, max_time, stop_strings, ignore_eos, stop_regex)
         # vLLM's include_stop_str_in_output, per row: a row stopped by a stop string / stop_regex keeps the match
         self.include_stop_str_in_output = self._include_rows(include_stop_str_in_output)
         self.setup = StopSetup(
@@ -203,8 +226,13 @@ class Generation(Checkpoints):
             min_new_tokens=min_new_tokens_of(self.store, self.request_ids),
         )
         self.vocab_limit = self._vocab_limit()
-        self.chain.prepare(tokenizer=tokenizer, model_config=model.config, generation_config=self.generation_config,
-                           vocab_size=getattr(model.config, "vocab_size", None), eos_token_ids=self.eos_ids)
+        self.chain.prepare(
+            tokenizer=tokenizer,
+            model_config=model.config,
+            generation_config=self.generation_config,
+            vocab_size=getattr(model.config, "vocab_size", None),
+            eos_token_ids=self.eos_ids,
+        )
         self.finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
         self.finish_reasons: list[str | None] = [None] * ids.shape[0]
         self.stop_matches: list[StopMatch | None] = [None] * ids.shape[0]  # what a text criterion matched
@@ -225,8 +253,11 @@ class Generation(Checkpoints):
     # ----------------------------------------------------------------- preparation
     def _eos_from_model(self) -> list[int]:
         found: list[int] = []
-        sources = [getattr(self.tokenizer, "eos_token_id", None), getattr(self.generation_config, "eos_token_id", None),
-                   getattr(self.model.config, "eos_token_id", None)]
+        sources = [
+            getattr(self.tokenizer, "eos_token_id", None),
+            getattr(self.generation_config, "eos_token_id", None),
+            getattr(self.model.config, "eos_token_id", None),
+        ]
         for src in sources:
             for i in token_id_list(src):
                 if i not in found:
@@ -236,12 +267,17 @@ class Generation(Checkpoints):
     def _pad_id(self, explicit: int | None) -> int:
         if explicit is not None:
             return int(explicit)
-        for src in (getattr(self.tokenizer, "pad_token_id", None), getattr(self.generation_config, "pad_token_id", None)):
+        for src in (
+            getattr(self.tokenizer, "pad_token_id", None),
+            getattr(self.generation_config, "pad_token_id", None),
+        ):
             if src is not None:
                 return int(token_id_list(src)[0])
         if self.eos_ids:
-            self._pad_note = (f"no pad token in the tokenizer or generation config: using eos id {self.eos_ids[0]} "
-                              "to pad prompts and finished rows (pass pad_token_id= to choose another)")
+            self._pad_note = (
+                f"no pad token in the tokenizer or generation config: using eos id {self.eos_ids[0]} "
+                "to pad prompts and finished rows (pass pad_token_id= to choose another)"
+            )
             return self.eos_ids[0]
         self._pad_note = "no pad or eos token anywhere: padding with id 0 (pass pad_token_id= to choose another)"
         return 0
@@ -261,18 +297,22 @@ class Generation(Checkpoints):
             if ids.ndim == 1:
                 ids = ids[None]
             if ids.ndim != 2 or ids.dtype not in (torch.int64, torch.int32):
-                raise ConfigError(f"input_ids must be a (batch, length) integer tensor, got {tuple(ids.shape)} "
-                                  f"{ids.dtype}")
+                raise ConfigError(
+                    f"input_ids must be a (batch, length) integer tensor, got {tuple(ids.shape)} {ids.dtype}"
+                )
             if attention_mask is None:
                 mask = self._mask_from_padding(ids)
             else:
                 mask = torch.as_tensor(attention_mask)
             if mask.shape != ids.shape:
-                raise ConfigError(f"attention_mask shape {tuple(mask.shape)} differs from input_ids shape "
-                                  f"{tuple(ids.shape)}")
+                raise ConfigError(
+                    f"attention_mask shape {tuple(mask.shape)} differs from input_ids shape {tuple(ids.shape)}"
+                )
             if ids.shape[0] > 1 and bool((mask[:, -1] == 0).any()):
-                raise ConfigError("input_ids are right-padded (attention_mask ends in 0 for some rows); decoder-only "
-                                  "generation needs left padding: tokenizer.padding_side = 'left'")
+                raise ConfigError(
+                    "input_ids are right-padded (attention_mask ends in 0 for some rows); decoder-only "
+                    "generation needs left padding: tokenizer.padding_side = 'left'"
+                )
             rows = [[int(t) for t, m in zip(r, mr) if m] for r, mr in zip(ids.tolist(), mask.tolist())]
         bos = getattr(self.tokenizer, "bos_token_id", None)
         if bos is None:
@@ -280,10 +320,13 @@ class Generation(Checkpoints):
         for i, row in enumerate(rows):
             if not row:
                 if bos is None:
-                    raise ConfigError(f"prompt {i} is empty and the model has no bos token to start from: give the "
-                                      "prompt at least one token")
-                warnings.warn(f"prompt {i} is empty: starting it from the bos token {bos}", GenerationWarning,
-                              stacklevel=4)
+                    raise ConfigError(
+                        f"prompt {i} is empty and the model has no bos token to start from: give the "
+                        "prompt at least one token"
+                    )
+                warnings.warn(
+                    f"prompt {i} is empty: starting it from the bos token {bos}", GenerationWarning, stacklevel=4
+                )
                 row.append(int(bos))
         limit = max_positions(self.model.config)
         for i, row in enumerate(rows):
@@ -297,8 +340,8 @@ class Generation(Checkpoints):
         mask = torch.zeros((len(rows), width), dtype=torch.int64)
         for i, row in enumerate(rows):
             if row:
-                ids[i, width - len(row):] = torch.tensor(row, dtype=torch.int64)
-                mask[i, width - len(row):] = 1
+                ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.int64)
+                mask[i, width - len(row) :] = 1
         lengths = torch.tensor([len(r) for r in rows], dtype=torch.int64)
         return ids.to(device), mask.to(device), lengths
 
@@ -314,20 +357,25 @@ class Generation(Checkpoints):
         """The context of classifier-free guidance's second forward, one row per request, left-padded."""
         if not self.chain.needs_unconditional_logits:
             if text is not None or ids is not None:
-                raise ConfigError("a negative prompt was given but the chain has no guidance sampler to use it: put "
-                                  "{ use = \"cfg\", scale = 1.5 } first in the chain")
+                raise ConfigError(
+                    "a negative prompt was given but the chain has no guidance sampler to use it: put "
+                    '{ use = "cfg", scale = 1.5 } first in the chain'
+                )
             return None, None
         if text is None and ids is None:
-            texts = [getattr(s.params, "negative_prompt", "") for s in self.chain.samplers
-                     if s.needs_unconditional_logits()]
+            texts = [
+                getattr(s.params, "negative_prompt", "") for s in self.chain.samplers if s.needs_unconditional_logits()
+            ]
             text = next((t for t in texts if t), None)
         if ids is not None:
             ids = torch.as_tensor(ids)
             ids = ids[None] if ids.ndim == 1 else ids
             mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask)
             if mask.shape != ids.shape:
-                raise ConfigError(f"negative_prompt_attention_mask shape {tuple(mask.shape)} differs from "
-                                  f"negative_prompt_ids shape {tuple(ids.shape)}")
+                raise ConfigError(
+                    f"negative_prompt_attention_mask shape {tuple(mask.shape)} differs from "
+                    f"negative_prompt_ids shape {tuple(ids.shape)}"
+                )
         elif text is not None:
             if self.tokenizer is None:
                 raise ConfigError("a negative prompt given as text needs a tokenizer; or pass negative_prompt_ids")
@@ -337,14 +385,15 @@ class Generation(Checkpoints):
             ids = torch.full((len(rows), width), self.pad_id, dtype=torch.int64)
             mask = torch.zeros((len(rows), width), dtype=torch.int64)
             for i, row in enumerate(rows):
-                ids[i, width - len(row):] = torch.tensor(row)
-                mask[i, width - len(row):] = 1
+                ids[i, width - len(row) :] = torch.tensor(row)
+                mask[i, width - len(row) :] = 1
         else:  # transformers without negative_prompt_ids: each row's last prompt token
             last = self.input_ids[:, -1:]
             return last.clone(), torch.ones_like(last)
         if ids.shape[0] not in (1, self.num_prompts):
-            raise ConfigError(f"{ids.shape[0]} negative prompts for {self.num_prompts} prompts: give one, or one per "
-                              "prompt")
+            raise ConfigError(
+                f"{ids.shape[0]} negative prompts for {self.num_prompts} prompts: give one, or one per prompt"
+            )
         ids = ids.expand(self.num_prompts, -1) if ids.shape[0] == 1 else ids
         mask = mask.expand(self.num_prompts, -1) if mask.shape[0] == 1 else mask
         if self.n > 1:
@@ -360,8 +409,10 @@ class Generation(Checkpoints):
         else:
             per_prompt = [dict(p or {}) for p in params]
             if len(per_prompt) != self.num_prompts:
-                raise ConfigError(f"params has {len(per_prompt)} entries for {self.num_prompts} prompts: give one "
-                                  "mapping per prompt, or one mapping for all")
+                raise ConfigError(
+                    f"params has {len(per_prompt)} entries for {self.num_prompts} prompts: give one "
+                    "mapping per prompt, or one mapping for all"
+                )
         mixed = isinstance(self.chain, MixedChains)
         for i, p in enumerate(per_prompt):
             key = self.chain.row_chains[i] if mixed else None
@@ -380,8 +431,9 @@ class Generation(Checkpoints):
     def _criterion(self, name: str, params: dict[str, Any]) -> Any:
         return Stopping.criterion(name, params, host=self.host)
 
-    def _stopping(self, extra, max_new_tokens, max_length, max_time, stop_strings, ignore_eos,
-                  stop_regex=None) -> Stopping:
+    def _stopping(
+        self, extra, max_new_tokens, max_length, max_time, stop_strings, ignore_eos, stop_regex=None
+    ) -> Stopping:
         entries = self.chain.stop_entries if isinstance(self.chain, MixedChains) else self.chain.config.stop
         stopping = Stopping.from_entries(entries, extra, require_length_limit=False)
         if stop_strings:
@@ -394,8 +446,12 @@ class Generation(Checkpoints):
             if self.eos_ids:
                 stopping.add(self._criterion("eos", {"ids": self.eos_ids}))
             else:
-                warnings.warn("no eos token in the tokenizer, generation config or model config: rows stop only at "
-                              "the length limit or another criterion", GenerationWarning, stacklevel=4)
+                warnings.warn(
+                    "no eos token in the tokenizer, generation config or model config: rows stop only at "
+                    "the length limit or another criterion",
+                    GenerationWarning,
+                    stacklevel=4,
+                )
         if max_time is not None:
             stopping.add(self._criterion("max_time", {"seconds": float(max_time)}))
         if max_new_tokens is not None:
@@ -424,12 +480,20 @@ class Generation(Checkpoints):
             return None
         v = getattr(self.model.config, "vocab_size", None)
         if isinstance(v, int) and v > n:
-            warnings.warn(f"the model has {v} logit columns but the tokenizer only {n} tokens: the extra "
-                          f"{v - n} columns are masked", GenerationWarning, stacklevel=4)
+            warnings.warn(
+                f"the model has {v} logit columns but the tokenizer only {n} tokens: the extra "
+                f"{v - n} columns are masked",
+                GenerationWarning,
+                stacklevel=4,
+            )
             return n
         if isinstance(v, int) and v < n:
-            warnings.warn(f"the tokenizer has {n} tokens but the model only {v} logit columns: tokens {v}..{n - 1} "
-                          "can never be generated (are they the right pair?)", GenerationWarning, stacklevel=4)
+            warnings.warn(
+                f"the tokenizer has {n} tokens but the model only {v} logit columns: tokens {v}..{n - 1} "
+                "can never be generated (are they the right pair?)",
+                GenerationWarning,
+                stacklevel=4,
+            )
         return None
 
     # ----------------------------------------------------------------- running
@@ -440,8 +504,9 @@ class Generation(Checkpoints):
         width = self.input_ids.shape[1] - self._replay
         uwidth = 0 if self.uncond_ids is None else self.uncond_ids.shape[1] - self._replay
         runner = ModelRunner(self.model, self.input_ids[:, :width], self.attention_mask)
-        guidance = None if self.uncond_ids is None else ModelRunner(
-            self.model, self.uncond_ids[:, :uwidth], self.uncond_mask)
+        guidance = (
+            None if self.uncond_ids is None else ModelRunner(self.model, self.uncond_ids[:, :uwidth], self.uncond_mask)
+        )
         self.setup.start_time = time.monotonic() - self._elapsed
         self.stopping.prepare(self.setup)
         with torch.inference_mode():
@@ -464,14 +529,15 @@ class Generation(Checkpoints):
                     self.uncond_ids = torch.cat([self.uncond_ids, token_ids[:, None]], dim=-1)
                     uncond = guidance.step(self.uncond_ids)
 
-    def _one_step(self, logits: torch.Tensor, step: int,
-                  uncond: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _one_step(
+        self, logits: torch.Tensor, step: int, uncond: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.output_logits:
             self.raw_logits.append(logits.clone())
         if self.vocab_limit is not None:
-            logits[:, self.vocab_limit:] = float("-inf")
+            logits[:, self.vocab_limit :] = float("-inf")
             if uncond is not None:
-                uncond[:, self.vocab_limit:] = float("-inf")
+                uncond[:, self.vocab_limit :] = float("-inf")
         if self.logits_processor is not None:
             logits = self.logits_processor(self.input_ids, logits)
         want_scores = self.output_scores
@@ -484,13 +550,23 @@ class Generation(Checkpoints):
                 out = step_graphs.sample(logits, **history)
             except Exception as exc:  # noqa: BLE001 - a capture the device refuses: the eager step (it raises the
                 self._graphs = False  # chain's own errors again)
-                warnings.warn(f"the sampling step could not be captured in a CUDA graph ({type(exc).__name__}: "
-                              f"{exc}); running it eagerly (cuda_graphs=False hides this)", GenerationWarning,
-                              stacklevel=4)
+                warnings.warn(
+                    f"the sampling step could not be captured in a CUDA graph ({type(exc).__name__}: "
+                    f"{exc}); running it eagerly (cuda_graphs=False hides this)",
+                    GenerationWarning,
+                    stacklevel=4,
+                )
         if out is None:
-            out = self.chain.sample(logits, self.store, self.request_ids, return_scores=want_scores,
-                                    unconditional_logits=uncond, logprobs_at=self._logprobs_at,
-                                    top_logprobs=self.top_logprobs, **history)
+            out = self.chain.sample(
+                logits,
+                self.store,
+                self.request_ids,
+                return_scores=want_scores,
+                unconditional_logits=uncond,
+                logprobs_at=self._logprobs_at,
+                top_logprobs=self.top_logprobs,
+                **history,
+            )
             self._eager_steps += 1
         out = out.check()
         tokens, logprobs = out.token_ids, out.logprobs
@@ -530,8 +606,10 @@ class Generation(Checkpoints):
         elif isinstance(mode, Sequence) and len(mode) == self.num_prompts:
             values = [v for v in mode for _ in range(self.n)]
         else:
-            raise ConfigError(f"logprobs_mode = {mode!r}: give one string (for example 'raw', 'processed', "
-                              f"'processed_logits' or a chain entry's id) or one per prompt ({self.num_prompts})")
+            raise ConfigError(
+                f"logprobs_mode = {mode!r}: give one string (for example 'raw', 'processed', "
+                f"'processed_logits' or a chain entry's id) or one per prompt ({self.num_prompts})"
+            )
         for p in range(self.num_prompts):
             chain = self.chain.chains[self.chain.row_chains[p]] if isinstance(self.chain, MixedChains) else self.chain
             chain.logprobs_stage(mode if isinstance(mode, str) else mode[p])
@@ -542,8 +620,10 @@ class Generation(Checkpoints):
         request), repeated over the prompt's num_return_sequences."""
         flags = list(value) if isinstance(value, Sequence) else [value] * self.num_prompts
         if isinstance(value, str) or len(flags) != self.num_prompts or any(f not in (True, False) for f in flags):
-            raise ConfigError(f"include_stop_str_in_output = {value!r}: give one bool, or a list of "
-                              f"{self.num_prompts} bools (one per prompt)")
+            raise ConfigError(
+                f"include_stop_str_in_output = {value!r}: give one bool, or a list of "
+                f"{self.num_prompts} bools (one per prompt)"
+            )
         return [bool(f) for f in flags for _ in range(self.n)]
 
     def _step_graphs(self, logits: torch.Tensor) -> graphs.StepGraphs | None:
@@ -552,8 +632,9 @@ class Generation(Checkpoints):
         if self._graphs is None and self._eager_steps and self._cuda_graphs is not False:
             reason = graphs.graphs_unavailable_reason(self.chain, logits.device, self.store, self.request_ids)
             if reason and self._cuda_graphs:
-                warnings.warn(f"cuda_graphs=True, but the sampling step runs eagerly: {reason}", GenerationWarning,
-                              stacklevel=5)
+                warnings.warn(
+                    f"cuda_graphs=True, but the sampling step runs eagerly: {reason}", GenerationWarning, stacklevel=5
+                )
             self._graphs = False if reason else graphs.StepGraphs(self.chain, self.store, self.request_ids)
         return self._graphs or None
 
@@ -578,8 +659,9 @@ class Generation(Checkpoints):
         if self.tokenizer is not None:
             texts = [
                 cut_text(self.tokenizer.decode(row[:n].tolist(), skip_special_tokens=True), match, include)
-                for row, n, match, include in zip(new.cpu(), self.num_generated.tolist(), self.stop_matches,
-                                                  self.include_stop_str_in_output)
+                for row, n, match, include in zip(
+                    new.cpu(), self.num_generated.tolist(), self.stop_matches, self.include_stop_str_in_output
+                )
             ]
         return GenerationOutput(
             sequences=self.input_ids,
@@ -589,9 +671,9 @@ class Generation(Checkpoints):
             top_logprobs=tuple(self.tops) if self.top_logprobs else None,
             finish_reasons=list(self.finish_reasons),
             stop_texts=[None if m is None else m.text for m in self.stop_matches],
-            num_generated=torch.where(self.finished.cpu(), self.num_generated, torch.full_like(
-                self.num_generated, self._steps)),
+            num_generated=torch.where(
+                self.finished.cpu(), self.num_generated, torch.full_like(self.num_generated, self._steps)
+            ),
             texts=texts,
             prompt_length=prompt_length,
         )
-

@@ -14,6 +14,7 @@ from typing import Any
 
 __all__ = ["IncrementalDecoder"]
 
+
 class IncrementalDecoder:
     """Feed token ids one at a time; `push` returns the new text that became final ("" while a character is
     incomplete); `flush` returns whatever is left at the end (a dangling partial character decodes as U+FFFD,

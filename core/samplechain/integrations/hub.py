@@ -45,8 +45,14 @@ from ..engine.chain import Chain
 from ..engine.discovery import PluginHost, get_host
 from ..errors import ConfigError
 
-__all__ = ["CustomGenerateRepo", "load_custom_generate", "check_requirements", "UnpinnedRevisionWarning",
-           "resolve_repo", "plugin_registered"]
+__all__ = [
+    "CustomGenerateRepo",
+    "load_custom_generate",
+    "check_requirements",
+    "UnpinnedRevisionWarning",
+    "resolve_repo",
+    "plugin_registered",
+]
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
@@ -68,7 +74,8 @@ def resolve_repo(source: str | Path, revision: str | None = None, cache_dir: str
         warnings.warn(
             f"custom_generate repo {text!r} opened at {'its default branch' if revision is None else repr(revision)}: "
             "the code behind a branch or tag can change; pin revision= to a commit hash",
-            UnpinnedRevisionWarning, stacklevel=3,
+            UnpinnedRevisionWarning,
+            stacklevel=3,
         )
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
@@ -105,8 +112,11 @@ def _check_one(req: Requirement, env: dict[str, str], seen: set[str], failed: li
     for extra in sorted(req.extras):  # what the extra pulls in must be there too
         for line in md.requires(req.name) or []:
             dep = Requirement(line)
-            if dep.marker is not None and dep.marker.evaluate({**env, "extra": extra}) and \
-                    not dep.marker.evaluate({**env, "extra": ""}):
+            if (
+                dep.marker is not None
+                and dep.marker.evaluate({**env, "extra": extra})
+                and not dep.marker.evaluate({**env, "extra": ""})
+            ):
                 dep.marker = None
                 _check_one(dep, env, seen, failed)
 
@@ -123,8 +133,10 @@ def check_requirements(path: Path, *, label: str | None = None) -> None:
         if not line or line.startswith("#"):
             continue
         if line.startswith("-"):
-            raise ConfigError(f"{path}:{number}: {line!r}: pip options are not supported in a custom_generate "
-                              "requirements.txt (list requirements only)")
+            raise ConfigError(
+                f"{path}:{number}: {line!r}: pip options are not supported in a custom_generate "
+                "requirements.txt (list requirements only)"
+            )
         try:
             req = Requirement(line)
         except InvalidRequirement as exc:
@@ -133,9 +145,11 @@ def check_requirements(path: Path, *, label: str | None = None) -> None:
             continue  # not for this environment
         _check_one(req, env, seen, failed)
     if failed:
-        raise ImportError(f"Missing requirements in your local environment for `{label or path.parent.parent}`:\n"
-                          + "\n".join(failed)
-                          + f"\ninstall or upgrade them (pip install -r {path}) and load the repository again")
+        raise ImportError(
+            f"Missing requirements in your local environment for `{label or path.parent.parent}`:\n"
+            + "\n".join(failed)
+            + f"\ninstall or upgrade them (pip install -r {path}) and load the repository again"
+        )
 
 
 def _import_package(folder: Path, label: str) -> tuple[str, ModuleType]:
@@ -158,8 +172,9 @@ def _import_package(folder: Path, label: str) -> tuple[str, ModuleType]:
     try:
         generate = importlib.import_module(f"{package}.generate")
     except SyntaxError as exc:
-        raise ConfigError(f"{label}: custom_generate/generate.py has a syntax error at line {exc.lineno}: "
-                          f"{exc.msg}") from None
+        raise ConfigError(
+            f"{label}: custom_generate/generate.py has a syntax error at line {exc.lineno}: {exc.msg}"
+        ) from None
     if not callable(getattr(generate, "generate", None)):
         raise ConfigError(f"{label}: custom_generate/generate.py defines no generate(model, ...) function")
     return package, generate
@@ -188,8 +203,16 @@ def plugin_registered(module: ModuleType, name: str, host: PluginHost | None = N
 class CustomGenerateRepo:
     """An opened custom_generate repository. `generate(model, ...)` runs the repo's own `generate`."""
 
-    def __init__(self, root: Path, label: str, package: str, module: ModuleType, plugins: dict[str, ModuleType],
-                 chain: Chain | None, host: PluginHost) -> None:
+    def __init__(
+        self,
+        root: Path,
+        label: str,
+        package: str,
+        module: ModuleType,
+        plugins: dict[str, ModuleType],
+        chain: Chain | None,
+        host: PluginHost,
+    ) -> None:
         self.root, self.label, self.package, self.module = root, label, package, module
         self.plugins, self.chain, self.host = plugins, chain, host
 
@@ -219,16 +242,24 @@ class CustomGenerateRepo:
         return f"CustomGenerateRepo({self.label!r}, plugins={list(self.plugins)}{extra})"
 
 
-def load_custom_generate(source: str | Path, *, revision: str | None = None, trust_remote_code: bool = False,
-                         cache_dir: str | Path | None = None, host: PluginHost | None = None) -> CustomGenerateRepo:
+def load_custom_generate(
+    source: str | Path,
+    *,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    cache_dir: str | Path | None = None,
+    host: PluginHost | None = None,
+) -> CustomGenerateRepo:
     """Open a custom_generate repository (a local folder or a repo id in the HF cache); see the module docstring."""
     host = host or get_host()
     root = resolve_repo(source, revision, cache_dir)
     label = str(source) if revision is None else f"{source}@{revision}"
     folder = root / "custom_generate"
     if not (folder / "generate.py").is_file():
-        raise ConfigError(f"`{label}` does not contain a `custom_generate` subdirectory with a `generate.py` file, "
-                          "so it is not a custom_generate repository")
+        raise ConfigError(
+            f"`{label}` does not contain a `custom_generate` subdirectory with a `generate.py` file, "
+            "so it is not a custom_generate repository"
+        )
     if trust_remote_code is not True:
         files = sorted(str(p.relative_to(root)) for p in folder.rglob("*.py"))
         raise ConfigError(

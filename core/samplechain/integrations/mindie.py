@@ -38,8 +38,15 @@ from ..engine.discovery import PluginHost
 from ..engine.mixed import MixedChains, MixedStore
 from ..errors import ConfigError
 
-__all__ = ["MindIEArgumentError", "SamplingData", "SamplingParam", "MindIESampler", "Sampler",
-           "GREEDY_CHAIN", "SAMPLING_CHAIN"]
+__all__ = [
+    "MindIEArgumentError",
+    "SamplingData",
+    "SamplingParam",
+    "MindIESampler",
+    "Sampler",
+    "GREEDY_CHAIN",
+    "SAMPLING_CHAIN",
+]
 
 _PENALTIES = {"use": "penalties", "repeat": 1.0, "frequency": 0.0, "presence": 0.0, "last_n": -1, "scope": "vllm"}
 GREEDY_CHAIN: dict[str, Any] = {"name": "mindie-greedy", "samplers": [dict(_PENALTIES), {"use": "greedy"}]}
@@ -75,8 +82,10 @@ def _as_numpy(name: str, value: Any) -> np.ndarray:
 
 def _check_dims(name: str, value: np.ndarray, ndim: int) -> None:
     if value.ndim != ndim:
-        raise MindIEArgumentError(name, f"must be a {ndim}-D array (one {'row' if ndim == 2 else 'value'} per "
-                                        f"request), got shape {value.shape}")
+        raise MindIEArgumentError(
+            name,
+            f"must be a {ndim}-D array (one {'row' if ndim == 2 else 'value'} per request), got shape {value.shape}",
+        )
 
 
 def _check_kind(name: str, value: np.ndarray, kinds: str, what: str) -> None:
@@ -106,8 +115,14 @@ class SamplingData:
     Build it with `SamplingData.from_numpy` (validation happens there, as in MindIE). `all_input_ids` and
     `output_ids` hold what `to_tensor` returned for the numpy arrays (None when not given)."""
 
-    def __init__(self, all_input_ids: Any, output_ids: Any, is_prefill: bool = True,
-                 request_ids: Optional[np.ndarray] = None, to_tensor: Optional[Callable] = None) -> None:
+    def __init__(
+        self,
+        all_input_ids: Any,
+        output_ids: Any,
+        is_prefill: bool = True,
+        request_ids: Optional[np.ndarray] = None,
+        to_tensor: Optional[Callable] = None,
+    ) -> None:
         self.all_input_ids = all_input_ids
         self.output_ids = output_ids
         self.is_prefill = is_prefill
@@ -140,8 +155,9 @@ class SamplingData:
             _check_kind(name, arr, "iu", "integer token ids")
             arrays[name] = arr
         if arrays and to_tensor is None:
-            raise MindIEArgumentError("to_tensor", "is required when all_input_ids or output_ids is given "
-                                                   "(e.g. to_tensor=torch.from_numpy)")
+            raise MindIEArgumentError(
+                "to_tensor", "is required when all_input_ids or output_ids is given (e.g. to_tensor=torch.from_numpy)"
+            )
         if to_tensor is not None and not callable(to_tensor):
             raise MindIEArgumentError("to_tensor", f"must be callable, got {type(to_tensor).__name__}")
         if request_ids is not None:
@@ -163,14 +179,24 @@ class SamplingData:
         )
 
     def __repr__(self) -> str:
-        return (f"SamplingData(all_input_ids={self.all_input_ids!r}, output_ids={self.output_ids!r}, "
-                f"is_prefill={self.is_prefill}, request_ids={self.request_ids!r})")
+        return (
+            f"SamplingData(all_input_ids={self.all_input_ids!r}, output_ids={self.output_ids!r}, "
+            f"is_prefill={self.is_prefill}, request_ids={self.request_ids!r})"
+        )
 
 
 _FLOAT_PARAMS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "temperature", "top_p")
 _INT_PARAMS = ("top_k", "seed")
-_ALL_PARAMS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "temperature", "top_k", "top_p",
-               "seed", "do_sample")
+_ALL_PARAMS = (
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "temperature",
+    "top_k",
+    "top_p",
+    "seed",
+    "do_sample",
+)
 
 
 class SamplingParam:
@@ -207,9 +233,16 @@ class SamplingParam:
         rewards); temperature > 0 (1 = off; 0 is accepted and makes the row greedy, as MindIE's code does);
         top_k int >= 0 (0 = off; >= vocab keeps every token); 0 < top_p <= 1 (1 = off); seed int >= 0;
         do_sample bool. to_tensor is required when any array is given."""
-        given = dict(repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
-                     presence_penalty=presence_penalty, temperature=temperature, top_k=top_k, top_p=top_p,
-                     seed=seed, do_sample=do_sample)
+        given = dict(
+            repetition_penalty=repetition_penalty,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            do_sample=do_sample,
+        )
         arrays: dict[str, Optional[np.ndarray]] = {}
         first: Optional[str] = None
         for name in _ALL_PARAMS:
@@ -237,8 +270,9 @@ class SamplingParam:
             arr.setflags(write=False)
             arrays[name] = arr
         if first is not None and to_tensor is None:
-            raise MindIEArgumentError("to_tensor", "is required when any sampling parameter is given "
-                                                   "(e.g. to_tensor=torch.from_numpy)")
+            raise MindIEArgumentError(
+                "to_tensor", "is required when any sampling parameter is given (e.g. to_tensor=torch.from_numpy)"
+            )
         checks = (
             ("repetition_penalty", lambda a: a > 0, "must be > 0 (1.0 = no penalty)"),
             ("temperature", lambda a: a >= 0, "must be > 0 (1.0 = unchanged; 0 = greedy)"),
@@ -301,10 +335,12 @@ class MindIESampler:
     finished requests."""
 
     def __init__(self, *, host: Optional[PluginHost] = None, backend: Optional[str] = None) -> None:
-        self.mixed = MixedChains({
-            _GREEDY: Chain.load(GREEDY_CHAIN, host=host, backend=backend),
-            _SAMPLE: Chain.load(SAMPLING_CHAIN, host=host, backend=backend),
-        })
+        self.mixed = MixedChains(
+            {
+                _GREEDY: Chain.load(GREEDY_CHAIN, host=host, backend=backend),
+                _SAMPLE: Chain.load(SAMPLING_CHAIN, host=host, backend=backend),
+            }
+        )
         self.store: MixedStore = self.mixed.new_store()
         self._requests: dict[str, _Request] = {}
 
@@ -330,14 +366,16 @@ class MindIESampler:
         return int(self.store.stores[chain].snapshot([key])[key]["position"])
 
     # ----------------------------------------------------------------- sampling
-    def __call__(self, logits: Any, sampling_data: Optional[SamplingData],
-                 sampling_param: Optional[SamplingParam]) -> tuple[Optional[np.ndarray], np.ndarray]:
+    def __call__(
+        self, logits: Any, sampling_data: Optional[SamplingData], sampling_param: Optional[SamplingParam]
+    ) -> tuple[Optional[np.ndarray], np.ndarray]:
         """MindIE's inner `self.sampler(...)` order: (logits_or_logprobs, next_tokens)."""
         tokens, values = self.sample(logits, sampling_data, sampling_param)
         return values, tokens
 
-    def sample(self, logits: Any, sampling_data: Optional[SamplingData] = None,
-               sampling_param: Optional[SamplingParam] = None) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    def sample(
+        self, logits: Any, sampling_data: Optional[SamplingData] = None, sampling_param: Optional[SamplingParam] = None
+    ) -> tuple[np.ndarray, Optional[np.ndarray]]:
         logits = self._check_logits(logits)
         batch, vocab = logits.shape
         data = sampling_data if sampling_data is not None else SamplingData(None, None)
@@ -372,12 +410,15 @@ class MindIESampler:
             for b, (rid, (route, params)) in enumerate(zip(ids, rows)):
                 cached.append(self._join(rid, route, params, data.is_prefill, all_ids, b, vocab))
 
-        penalised = any(p.get("repetition_penalty", 1.0) != 1.0 or p.get("frequency_penalty", 0.0) != 0.0
-                        or p.get("presence_penalty", 0.0) != 0.0 for _, p in rows)
+        penalised = any(
+            p.get("repetition_penalty", 1.0) != 1.0
+            or p.get("frequency_penalty", 0.0) != 0.0
+            or p.get("presence_penalty", 0.0) != 0.0
+            for _, p in rows
+        )
         extra: dict[str, Any] = {}
         if penalised:
-            extra["history"], extra["prompt_lengths"] = self._history(all_ids, out_ids, cached, vocab,
-                                                                      logits.device)
+            extra["history"], extra["prompt_lengths"] = self._history(all_ids, out_ids, cached, vocab, logits.device)
         any_greedy = not bool(do_sample.all())
         out = self.mixed.sample(logits, store, ids, return_scores=any_greedy, **extra).check()
 
@@ -400,8 +441,10 @@ class MindIESampler:
         if isinstance(logits, np.ndarray):
             logits = torch.from_numpy(logits)
         if not isinstance(logits, torch.Tensor):
-            raise MindIEArgumentError("logits", f"must be a torch.Tensor (or numpy array) of shape (batch, vocab), "
-                                                f"got {type(logits).__name__}")
+            raise MindIEArgumentError(
+                "logits",
+                f"must be a torch.Tensor (or numpy array) of shape (batch, vocab), got {type(logits).__name__}",
+            )
         if logits.ndim != 2:
             raise MindIEArgumentError("logits", f"must have shape (batch, vocab), got {tuple(logits.shape)}")
         return logits
@@ -427,8 +470,16 @@ class MindIESampler:
             params["seed"] = int(seed)
         return _SAMPLE, params
 
-    def _join(self, rid: str, route: str, params: dict[str, Any], is_prefill: bool, all_ids: Optional[np.ndarray],
-              b: int, vocab: int) -> _Request:
+    def _join(
+        self,
+        rid: str,
+        route: str,
+        params: dict[str, Any],
+        is_prefill: bool,
+        all_ids: Optional[np.ndarray],
+        b: int,
+        vocab: int,
+    ) -> _Request:
         req = self._requests.get(rid)
         if is_prefill or req is None:
             if req is not None:
@@ -456,8 +507,13 @@ class MindIESampler:
         return req
 
     @staticmethod
-    def _history(all_ids: Optional[np.ndarray], out_ids: Optional[np.ndarray], cached: list[Optional[_Request]],
-                 vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _history(
+        all_ids: Optional[np.ndarray],
+        out_ids: Optional[np.ndarray],
+        cached: list[Optional[_Request]],
+        vocab: int,
+        device: torch.device,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, L) history for the penalties (scope "vllm"): each row's all_input_ids tokens then its output_ids
         tokens, right-aligned with -1 on the left; prompt_lengths = the all_input_ids part. Rows of a continued
         request whose call omits an id array use the request's cached prompt + generated tokens instead."""
@@ -467,16 +523,23 @@ class MindIESampler:
             width = max((len(r) for r in rows), default=0)
             out = np.full((batch, width), -1, dtype=np.int64)
             for b, r in enumerate(rows):
-                out[b, :len(r)] = r
+                out[b, : len(r)] = r
             return out
 
         ins, outs = all_ids, out_ids
         if all_ids is None:
-            ins = pad([np.asarray(r.prompt.tolist() + r.generated, dtype=np.int64) if r is not None
-                       else np.zeros(0, np.int64) for r in cached])
+            ins = pad(
+                [
+                    np.asarray(r.prompt.tolist() + r.generated, dtype=np.int64)
+                    if r is not None
+                    else np.zeros(0, np.int64)
+                    for r in cached
+                ]
+            )
         if out_ids is None:
-            outs = pad([np.asarray(r.generated, dtype=np.int64) if r is not None else np.zeros(0, np.int64)
-                        for r in cached])
+            outs = pad(
+                [np.asarray(r.generated, dtype=np.int64) if r is not None else np.zeros(0, np.int64) for r in cached]
+            )
         ins = np.where((ins >= 0) & (ins < vocab), ins, -1)
         outs = np.where((outs >= 0) & (outs < vocab), outs, -1)
         both = np.concatenate([ins, outs], axis=1)
@@ -486,8 +549,10 @@ class MindIESampler:
         if history.shape[1] == 0:
             history = np.full((batch, 1), -1, dtype=np.int64)
         prompt_lengths = (ins >= 0).sum(axis=1)
-        return (torch.from_numpy(np.ascontiguousarray(history)).to(device),
-                torch.from_numpy(prompt_lengths.astype(np.int64)).to(device))
+        return (
+            torch.from_numpy(np.ascontiguousarray(history)).to(device),
+            torch.from_numpy(prompt_lengths.astype(np.int64)).to(device),
+        )
 
 
 Sampler = MindIESampler  # MindIE's name

@@ -48,8 +48,9 @@ def _per_prompt(params: Any, prompts: int) -> list[dict[str, Any]]:
         return [dict(params or {}) for _ in range(prompts)]
     rows = [dict(p or {}) for p in params]
     if len(rows) != prompts:
-        raise ConfigError(f"params has {len(rows)} entries for {prompts} prompts: give one per prompt, or one "
-                          "mapping for all")
+        raise ConfigError(
+            f"params has {len(rows)} entries for {prompts} prompts: give one per prompt, or one mapping for all"
+        )
     return rows
 
 
@@ -75,8 +76,16 @@ class ChainLogitsProcessor(LogitsProcessor):
     the sequence.
     """
 
-    def __init__(self, chain: Any, *, params: Any = None, seed: int | None = None, select: bool | None = None,
-                 num_return_sequences: int = 1, host: PluginHost | None = None) -> None:
+    def __init__(
+        self,
+        chain: Any,
+        *,
+        params: Any = None,
+        seed: int | None = None,
+        select: bool | None = None,
+        num_return_sequences: int = 1,
+        host: PluginHost | None = None,
+    ) -> None:
         self.chain = _chain(chain, host)
         self.params = params
         self.seed = seed
@@ -95,8 +104,10 @@ class ChainLogitsProcessor(LogitsProcessor):
     def _start(self, batch: int, device: torch.device) -> None:
         n = self.num_return_sequences
         if batch % n:
-            raise ConfigError(f"batch of {batch} rows with num_return_sequences = {n}: give as_logits_processor "
-                              "the same num_return_sequences as model.generate")
+            raise ConfigError(
+                f"batch of {batch} rows with num_return_sequences = {n}: give as_logits_processor "
+                "the same num_return_sequences as model.generate"
+            )
         self.store = self.chain.new_store(device=device.type, capacity=batch)
         self.request_ids = [str(b) if n == 1 else f"{b // n}.{b % n}" for b in range(batch)]
         seeded = "seed" in self.store.layout.aliases
@@ -129,11 +140,23 @@ class ChainLogitsProcessor(LogitsProcessor):
         return masked.scatter_(1, out.token_ids[:, None], out.logprobs[:, None])
 
 
-def as_logits_processor(chain: Any, *, params: Any = None, seed: int | None = None, select: bool | None = None,
-                        num_return_sequences: int = 1, host: PluginHost | None = None) -> LogitsProcessorList:
+def as_logits_processor(
+    chain: Any,
+    *,
+    params: Any = None,
+    seed: int | None = None,
+    select: bool | None = None,
+    num_return_sequences: int = 1,
+    host: PluginHost | None = None,
+) -> LogitsProcessorList:
     """A LogitsProcessorList holding a ChainLogitsProcessor (see there for select=True / False)."""
-    return LogitsProcessorList([ChainLogitsProcessor(chain, params=params, seed=seed, select=select,
-                                                     num_return_sequences=num_return_sequences, host=host)])
+    return LogitsProcessorList(
+        [
+            ChainLogitsProcessor(
+                chain, params=params, seed=seed, select=select, num_return_sequences=num_return_sequences, host=host
+            )
+        ]
+    )
 
 
 def _criteria(spec: Any, host: PluginHost | None) -> Stopping:
@@ -146,8 +169,10 @@ def _criteria(spec: Any, host: PluginHost | None) -> Stopping:
             out.add(Stopping.criterion(item, host=host))
         elif isinstance(item, Mapping):
             if "use" not in item:
-                raise ConfigError(f"stopping criterion {dict(item)!r}: needs use = NAME, e.g. "
-                                  "{'use': 'stop_strings', 'strings': ['\\n']}")
+                raise ConfigError(
+                    f"stopping criterion {dict(item)!r}: needs use = NAME, e.g. "
+                    "{'use': 'stop_strings', 'strings': ['\\n']}"
+                )
             params = {k: v for k, v in item.items() if k != "use"}
             out.add(Stopping.criterion(item["use"], params, host=host))
         else:
@@ -163,8 +188,9 @@ class ChainStoppingCriteria(StoppingCriteria):
     pad id from `pad_token_id`, the tokenizer or the model's generation config). A call with another batch size
     or an input no longer than the last one starts a new generation."""
 
-    def __init__(self, stopping: Stopping, *, tokenizer: Any = None, model: Any = None,
-                 pad_token_id: int | None = None) -> None:
+    def __init__(
+        self, stopping: Stopping, *, tokenizer: Any = None, model: Any = None, pad_token_id: int | None = None
+    ) -> None:
         self.stopping = stopping
         self.tokenizer = tokenizer
         self.model = model
@@ -176,8 +202,10 @@ class ChainStoppingCriteria(StoppingCriteria):
     def _pad_id(self) -> int | None:
         if self.pad_token_id is not None:
             return self.pad_token_id
-        for src in (getattr(self.tokenizer, "pad_token_id", None),
-                    getattr(getattr(self.model, "generation_config", None), "pad_token_id", None)):
+        for src in (
+            getattr(self.tokenizer, "pad_token_id", None),
+            getattr(getattr(self.model, "generation_config", None), "pad_token_id", None),
+        ):
             if src is not None:
                 return int(src)
         return None
@@ -193,9 +221,14 @@ class ChainStoppingCriteria(StoppingCriteria):
         else:
             lengths = torch.full((batch,), length - 1, dtype=torch.int64)
         self.setup = StopSetup(
-            batch_size=batch, prompt_length=length - 1, prompt_lengths=lengths.cpu(), device=input_ids.device,
-            tokenizer=self.tokenizer, model_config=getattr(self.model, "config", None),
-            generation_config=getattr(self.model, "generation_config", None), start_time=time.monotonic(),
+            batch_size=batch,
+            prompt_length=length - 1,
+            prompt_lengths=lengths.cpu(),
+            device=input_ids.device,
+            tokenizer=self.tokenizer,
+            model_config=getattr(self.model, "config", None),
+            generation_config=getattr(self.model, "generation_config", None),
+            start_time=time.monotonic(),
         )
         self.stopping.prepare(self.setup)
         self.finish_reasons = [None] * batch
@@ -205,8 +238,11 @@ class ChainStoppingCriteria(StoppingCriteria):
         if self.setup is None or batch != self.setup.batch_size or length <= self._last:
             self._start(input_ids)
         self._last = length
-        last_scores = scores[-1] if isinstance(scores, (tuple, list)) and scores else (
-            scores if isinstance(scores, torch.Tensor) else None)
+        last_scores = (
+            scores[-1]
+            if isinstance(scores, (tuple, list)) and scores
+            else (scores if isinstance(scores, torch.Tensor) else None)
+        )
         token_ids = input_ids[:, -1]
         logprobs = None
         if last_scores is not None and last_scores.dim() == 2:
@@ -221,22 +257,47 @@ class ChainStoppingCriteria(StoppingCriteria):
         return result.done
 
 
-def as_stopping_criteria(criteria: Any, *, tokenizer: Any = None, model: Any = None, pad_token_id: int | None = None,
-                         host: PluginHost | None = None) -> StoppingCriteriaList:
+def as_stopping_criteria(
+    criteria: Any,
+    *,
+    tokenizer: Any = None,
+    model: Any = None,
+    pad_token_id: int | None = None,
+    host: PluginHost | None = None,
+) -> StoppingCriteriaList:
     """A StoppingCriteriaList from a Stopping, or a list of names ("eos"), dicts ({"use": "stop_strings",
     "strings": [...]}), StoppingCriterion instances or callables. transformers keeps its own length limit."""
-    return StoppingCriteriaList([ChainStoppingCriteria(_criteria(criteria, host), tokenizer=tokenizer, model=model,
-                                                       pad_token_id=pad_token_id)])
+    return StoppingCriteriaList(
+        [ChainStoppingCriteria(_criteria(criteria, host), tokenizer=tokenizer, model=model, pad_token_id=pad_token_id)]
+    )
 
 
 # what transformers adds to the processors for do_sample=True: the chain decides sampling, so these are dropped
-_WARPERS = tuple(getattr(_lp, name) for name in (
-    "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TopHLogitsWarper",
-    "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper") if hasattr(_lp, name))
+_WARPERS = tuple(
+    getattr(_lp, name)
+    for name in (
+        "TemperatureLogitsWarper",
+        "TopKLogitsWarper",
+        "TopPLogitsWarper",
+        "MinPLogitsWarper",
+        "TopHLogitsWarper",
+        "TypicalLogitsWarper",
+        "EpsilonLogitsWarper",
+        "EtaLogitsWarper",
+    )
+    if hasattr(_lp, name)
+)
 # model inputs transformers prepares for its own loop; samplechain's loop makes its own from input_ids + mask
 # what model.generate prepares itself; transformers >= 5.24 names the cache `cache` (past_key_values deprecated)
-_PREPARED = {"attention_mask", "position_ids", "logits_to_keep", "past_key_values", "cache", "use_cache",
-             "cache_position"}
+_PREPARED = {
+    "attention_mask",
+    "position_ids",
+    "logits_to_keep",
+    "past_key_values",
+    "cache",
+    "use_cache",
+    "cache_position",
+}
 
 
 def _implicit_top_k(warper: Any) -> bool:
@@ -256,8 +317,7 @@ def _fresh_cache(cache: Any) -> bool:
         return False
 
 
-def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost | None = None,
-                       **defaults: Any) -> Any:
+def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost | None = None, **defaults: Any) -> Any:
     """A callable for `model.generate(custom_generate=...)` that runs samplechain's own loop with `chain`.
 
     transformers prepares the inputs and the generation config, then calls it; it takes from them:
@@ -286,20 +346,33 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
 
     resolved = _chain(chain, host)
 
-    def custom_generate(model: Any, input_ids: torch.LongTensor, logits_processor: Any = None,
-                        stopping_criteria: Any = None, generation_config: Any = None, tokenizer: Any = None,
-                        seed: int | None = None, params: Any = None, stop_strings: Any = None,
-                        stop_regex: Any = None, include_stop_str_in_output: Any = None,
-                        **model_kwargs: Any) -> Any:
+    def custom_generate(
+        model: Any,
+        input_ids: torch.LongTensor,
+        logits_processor: Any = None,
+        stopping_criteria: Any = None,
+        generation_config: Any = None,
+        tokenizer: Any = None,
+        seed: int | None = None,
+        params: Any = None,
+        stop_strings: Any = None,
+        stop_regex: Any = None,
+        include_stop_str_in_output: Any = None,
+        **model_kwargs: Any,
+    ) -> Any:
         gc = generation_config or model.generation_config
         unknown = sorted(k for k, v in model_kwargs.items() if k not in _PREPARED and v is not None)
         if unknown:
-            raise ConfigError(f"model.generate(custom_generate=as_custom_generate(...)) got model inputs {unknown}: "
-                              "samplechain's loop feeds the model input_ids and attention_mask only; call "
-                              "model.generate without custom_generate for these inputs")
+            raise ConfigError(
+                f"model.generate(custom_generate=as_custom_generate(...)) got model inputs {unknown}: "
+                "samplechain's loop feeds the model input_ids and attention_mask only; call "
+                "model.generate without custom_generate for these inputs"
+            )
         if not (_fresh_cache(model_kwargs.get("past_key_values")) and _fresh_cache(model_kwargs.get("cache"))):
-            raise ConfigError("past_key_values already holds tokens: samplechain's loop builds its own cache from "
-                              "the prompt; pass the whole prompt as input_ids and no past_key_values")
+            raise ConfigError(
+                "past_key_values already holds tokens: samplechain's loop builds its own cache from "
+                "the prompt; pass the whole prompt as input_ids and no past_key_values"
+            )
 
         processors = list(logits_processor or [])
         warpers = [p for p in processors if isinstance(p, _WARPERS)] if gc.do_sample else []
@@ -307,9 +380,13 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
         # transformers adds top_k=50 to every do_sample=True call unless told otherwise: not the user's choice
         dropped = [type(p).__name__ for p in warpers if not _implicit_top_k(p)]
         if dropped:
-            warnings.warn(f"do_sample=True made transformers add {', '.join(dropped)}; the chain decides sampling, so "
-                          "they are not applied (put temperature / top_k / top_p in the chain, and pass "
-                          "do_sample=False to model.generate to silence this)", UserWarning, stacklevel=3)
+            warnings.warn(
+                f"do_sample=True made transformers add {', '.join(dropped)}; the chain decides sampling, so "
+                "they are not applied (put temperature / top_k / top_p in the chain, and pass "
+                "do_sample=False to model.generate to silence this)",
+                UserWarning,
+                stacklevel=3,
+            )
         extra: list[Any] = list(stop)
         for crit in stopping_criteria or []:
             if not isinstance(crit, (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria)):
@@ -346,8 +423,11 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
             params=params if params is not None else kwargs.get("params"),
             stop_strings=stop_strings or kwargs.get("stop_strings"),
             stop_regex=stop_regex or kwargs.get("stop_regex"),
-            include_stop_str_in_output=(include_stop_str_in_output if include_stop_str_in_output is not None
-                                        else kwargs.get("include_stop_str_in_output", False)),
+            include_stop_str_in_output=(
+                include_stop_str_in_output
+                if include_stop_str_in_output is not None
+                else kwargs.get("include_stop_str_in_output", False)
+            ),
             output_scores=bool(gc.output_scores),
             output_logits=bool(gc.output_logits),
             logits_processor=LogitsProcessorList(processors) if processors else None,

@@ -34,8 +34,24 @@ import torch
 from ..errors import ConfigError
 
 __all__ = [
-    "LOGIT_KINDS", "DTYPES", "CONFIGS", "BenchConfig", "Target", "make_logits", "make_history", "transformers_step",
-    "time_blocks", "stage_medians", "markdown_rows", "rich_rows", "print_rows", "print_breakdown", "summary", "warmup_for", "environment", "run_matrix",
+    "LOGIT_KINDS",
+    "DTYPES",
+    "CONFIGS",
+    "BenchConfig",
+    "Target",
+    "make_logits",
+    "make_history",
+    "transformers_step",
+    "time_blocks",
+    "stage_medians",
+    "markdown_rows",
+    "rich_rows",
+    "print_rows",
+    "print_breakdown",
+    "summary",
+    "warmup_for",
+    "environment",
+    "run_matrix",
 ]
 
 LOGIT_KINDS = {
@@ -62,8 +78,7 @@ def make_logits(kind: str, batch: int, vocab: int, seed: int = 0) -> torch.Tenso
     raise ConfigError(f"unknown logits kind {kind!r}; choose from {', '.join(LOGIT_KINDS)}")
 
 
-def make_history(batch: int = 32, vocab: int = 128256, length: int = PROMPT + GENERATED,
-                 seed: int = 0) -> torch.Tensor:
+def make_history(batch: int = 32, vocab: int = 128256, length: int = PROMPT + GENERATED, seed: int = 0) -> torch.Tensor:
     """(B, L) int64 token ids: random tokens in [100, V) mixed with phrases of 3-8 tokens from a pool of 16 shared
     by all rows, each row ending in the first 5 tokens of a phrase it used earlier, so DRY finds repeats that the
     next token would extend, and penalties see repeated tokens. Never contains the breaker ids (< 100)."""
@@ -116,8 +131,9 @@ def time_blocks(fns: dict[str, Callable[[], Any]], reps: int, warmup: int, block
     return times
 
 
-def stage_medians(chain: Any, processors: Any, ours: Callable[[], Any], input_ids: torch.Tensor,
-                  logits: torch.Tensor, reps: int) -> dict[str, dict[str, float]]:
+def stage_medians(
+    chain: Any, processors: Any, ours: Callable[[], Any], input_ids: torch.Tensor, logits: torch.Tensor, reps: int
+) -> dict[str, dict[str, float]]:
     """Median ms of each stage of both pipelines, their steps alternating: for samplechain each sampler's
     apply()/select() of `chain` (timers set as instance attributes: this chain only) and "executor (rest of
     sample())"; for transformers each processor of `processors` on (input_ids, logits), softmax, multinomial and
@@ -131,6 +147,7 @@ def stage_medians(chain: Any, processors: Any, ours: Callable[[], Any], input_id
             out = fn(*args, **kwargs)
             step[label] = step.get(label, 0.0) + (time.perf_counter() - t0) * 1e3
             return out
+
         return wrapper
 
     last = len(chain.samplers) - 1
@@ -161,8 +178,10 @@ def stage_medians(chain: Any, processors: Any, ours: Callable[[], Any], input_id
             stages["total"] = total
             if n >= warmup:
                 samples[name].append(stages)
-    return {name: {label: statistics.median(r.get(label, 0.0) for r in rows) for label in rows[0]}
-            for name, rows in samples.items()}
+    return {
+        name: {label: statistics.median(r.get(label, 0.0) for r in rows) for label in rows[0]}
+        for name, rows in samples.items()
+    }
 
 
 def markdown_rows(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int]) -> str:
@@ -184,8 +203,14 @@ def rich_rows(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Coll
     return table
 
 
-def print_rows(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int], *, markdown: bool,
-               title: str = "ms per step: median (p10–p90)") -> None:
+def print_rows(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    right: Collection[int],
+    *,
+    markdown: bool,
+    title: str = "ms per step: median (p10–p90)",
+) -> None:
     """Print the table as markdown, or with rich (200 columns when piped: rich would wrap at 80)."""
     if markdown:
         print(markdown_rows(headers, rows, right))
@@ -213,13 +238,20 @@ def timing_arguments(parser: Any, *, reps: int, rounds: int | None = None, threa
     --markdown and --progress, with the script's own defaults."""
     parser.add_argument("--reps", type=int, default=reps, help=f"timed calls per pipeline per round (default {reps})")
     if rounds is not None:
-        parser.add_argument("--rounds", type=int, default=rounds,
-                            help=f"measure every cell this many times, spread over the run, samples pooled "
-                                 f"(default {rounds})")
+        parser.add_argument(
+            "--rounds",
+            type=int,
+            default=rounds,
+            help=f"measure every cell this many times, spread over the run, samples pooled (default {rounds})",
+        )
     parser.add_argument("--threads", type=int, default=threads, help=f"torch.set_num_threads (default {threads})")
     parser.add_argument("--markdown", action="store_true", help="print a markdown table instead of a rich one")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="a bar on stderr, drawn between timed blocks (default: when stderr is a terminal)")
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a bar on stderr, drawn between timed blocks (default: when stderr is a terminal)",
+    )
 
 
 def summary(times: list[float]) -> dict[str, float]:
@@ -286,17 +318,21 @@ def _ratio_at_most(key: str, limit: float) -> Callable[[dict[str, Any]], bool | 
 
 
 def faster_than_transformers(x: float) -> Target:
-    return Target(f">= {x:g}x faster than transformers",
-                  lambda row: None if row["transformers_over_ours"] is None else row["transformers_over_ours"] >= x)
+    return Target(
+        f">= {x:g}x faster than transformers",
+        lambda row: None if row["transformers_over_ours"] is None else row["transformers_over_ours"] >= x,
+    )
 
 
 def within_read(x: float) -> Target:
     return Target(f"<= {x:g}x read", _ratio_at_most("ours_over_read", x))
 
 
-B1 = Target(f"B=1: <= 3x read + {B1_SLACK_MS * 1e3:g} us",
-            lambda row: row["ours"]["median"] <= 3 * row["read"]["median"] + B1_SLACK_MS,
-            lambda row: row["batch"] == 1)
+B1 = Target(
+    f"B=1: <= 3x read + {B1_SLACK_MS * 1e3:g} us",
+    lambda row: row["ours"]["median"] <= 3 * row["read"]["median"] + B1_SLACK_MS,
+    lambda row: row["batch"] == 1,
+)
 SEEDED = Target("seeded <= 1.2x unseeded", _ratio_at_most("ours_over_baseline", 1.2))
 DTYPE = Target("no slower than float32 input", _ratio_at_most("ours_over_baseline", 1.0))
 
@@ -330,50 +366,70 @@ def _chain(name: str, *samplers: dict[str, Any]) -> dict[str, Any]:
 
 def _hf(*names_and_args: tuple[str, tuple[Any, ...]]) -> Callable[[], Any]:
     """A builder of LogitsProcessorList([transformers.<name>(*args), ...]); transformers is imported when called."""
+
     def build() -> Any:
         import transformers
 
         return transformers.LogitsProcessorList([getattr(transformers, n)(*a) for n, a in names_and_args])
+
     return build
 
 
-CONFIGS: dict[str, BenchConfig] = {c.name: c for c in (
-    BenchConfig(
-        "llama.cpp",
-        _chain("llama.cpp preset", {"use": "penalties", "repeat": 1.1, "last_n": 64}, {"use": "top_k", "k": 40},
-               {"use": "top_p", "p": 0.95}, {"use": "min_p", "p": 0.05}, {"use": "temperature", "t": 0.8},
-               {"use": "dist"}),
-        _hf(("RepetitionPenaltyLogitsProcessor", (1.1,)), ("TopKLogitsWarper", (40,)), ("TopPLogitsWarper", (0.95,)),
-            ("MinPLogitsWarper", (0.05,)), ("TemperatureLogitsWarper", (0.8,))),
-        "RepetitionPenalty 1.1 (whole history) → TopK 40 → TopP .95 → MinP .05 → Temp .8",
-        (faster_than_transformers(50), within_read(5), B1),
-        history=True,
-    ),
-    BenchConfig(
-        "top-p",
-        _chain("top-p 0.9", {"use": "top_p", "p": 0.9}, {"use": "dist"}),
-        _hf(("TopPLogitsWarper", (0.9,))),
-        "TopP .9",
-        (faster_than_transformers(30), within_read(10), B1),
-    ),
-    BenchConfig(
-        "min-p",
-        _chain("min-p 0.05 + temperature", {"use": "min_p", "p": 0.05}, {"use": "temperature", "t": 0.8},
-               {"use": "dist"}),
-        _hf(("MinPLogitsWarper", (0.05,)), ("TemperatureLogitsWarper", (0.8,))),
-        "MinP .05 → Temp .8",
-        (within_read(4), B1),
-    ),
-    BenchConfig(
-        "seeded",
-        _chain("dist, seeded per request", {"use": "dist"}),
-        _hf(),
-        "softmax + multinomial only",
-        (SEEDED,),
-        request=lambda i: {"seed": 1000 + i},
-        baseline=("unseeded", _chain("dist, unseeded", {"use": "dist"})),
-    ),
-)}
+CONFIGS: dict[str, BenchConfig] = {
+    c.name: c
+    for c in (
+        BenchConfig(
+            "llama.cpp",
+            _chain(
+                "llama.cpp preset",
+                {"use": "penalties", "repeat": 1.1, "last_n": 64},
+                {"use": "top_k", "k": 40},
+                {"use": "top_p", "p": 0.95},
+                {"use": "min_p", "p": 0.05},
+                {"use": "temperature", "t": 0.8},
+                {"use": "dist"},
+            ),
+            _hf(
+                ("RepetitionPenaltyLogitsProcessor", (1.1,)),
+                ("TopKLogitsWarper", (40,)),
+                ("TopPLogitsWarper", (0.95,)),
+                ("MinPLogitsWarper", (0.05,)),
+                ("TemperatureLogitsWarper", (0.8,)),
+            ),
+            "RepetitionPenalty 1.1 (whole history) → TopK 40 → TopP .95 → MinP .05 → Temp .8",
+            (faster_than_transformers(50), within_read(5), B1),
+            history=True,
+        ),
+        BenchConfig(
+            "top-p",
+            _chain("top-p 0.9", {"use": "top_p", "p": 0.9}, {"use": "dist"}),
+            _hf(("TopPLogitsWarper", (0.9,))),
+            "TopP .9",
+            (faster_than_transformers(30), within_read(10), B1),
+        ),
+        BenchConfig(
+            "min-p",
+            _chain(
+                "min-p 0.05 + temperature",
+                {"use": "min_p", "p": 0.05},
+                {"use": "temperature", "t": 0.8},
+                {"use": "dist"},
+            ),
+            _hf(("MinPLogitsWarper", (0.05,)), ("TemperatureLogitsWarper", (0.8,))),
+            "MinP .05 → Temp .8",
+            (within_read(4), B1),
+        ),
+        BenchConfig(
+            "seeded",
+            _chain("dist, seeded per request", {"use": "dist"}),
+            _hf(),
+            "softmax + multinomial only",
+            (SEEDED,),
+            request=lambda i: {"seed": 1000 + i},
+            baseline=("unseeded", _chain("dist, unseeded", {"use": "dist"})),
+        ),
+    )
+}
 
 
 def _targets_for(config: BenchConfig, row: dict[str, Any]) -> list[Target]:
@@ -426,8 +482,9 @@ def run_matrix(
     from ..engine.chain import Chain
     from .progress import progress_bar
 
-    config_names = _parse_choices(list(configs) if configs is not None else list(CONFIGS), list(CONFIGS),
-                                  "configuration")
+    config_names = _parse_choices(
+        list(configs) if configs is not None else list(CONFIGS), list(CONFIGS), "configuration"
+    )
     kinds = _parse_choices(list(kinds), list(LOGIT_KINDS), "logits kind")
     dtypes = _parse_choices(list(dtypes), list(DTYPES), "dtype")
     if not batches or min(batches) < 1:
@@ -452,8 +509,16 @@ def run_matrix(
                 for cell in cells:
                     name, kind, dtype, batch = cell
                     bar.update(status=f"round {r + 1}/{rounds}: {name} {kind} {dtype} B={batch}")  # before timing
-                    fns, inputs = _cell_fns(CONFIGS[name], chains[name], baselines.get(name), pipelines.get(name),
-                                            kind, DTYPES[dtype], batch, vocab)
+                    fns, inputs = _cell_fns(
+                        CONFIGS[name],
+                        chains[name],
+                        baselines.get(name),
+                        pipelines.get(name),
+                        kind,
+                        DTYPES[dtype],
+                        batch,
+                        vocab,
+                    )
                     before = [x.clone() for x in inputs]
                     times = time_blocks(fns, reps, warmup)
                     if not all(torch.equal(x, y) for x, y in zip(inputs, before)):
@@ -466,8 +531,9 @@ def run_matrix(
     return [_row(cell, samples[cell], vocab, reps * rounds) for cell in cells]
 
 
-def _cell_fns(config: BenchConfig, chain: Any, baseline: Any, pipeline: Any, kind: str, dtype: torch.dtype,
-              batch: int, vocab: int) -> tuple[dict[str, Callable[[], Any]], list[torch.Tensor]]:
+def _cell_fns(
+    config: BenchConfig, chain: Any, baseline: Any, pipeline: Any, kind: str, dtype: torch.dtype, batch: int, vocab: int
+) -> tuple[dict[str, Callable[[], Any]], list[torch.Tensor]]:
     """The timed calls of one cell, each with its own request store (one request per row), and their inputs."""
     logits32 = make_logits(kind, batch, vocab)
     logits = logits32.to(dtype).contiguous()
@@ -503,8 +569,9 @@ def _cell_fns(config: BenchConfig, chain: Any, baseline: Any, pipeline: Any, kin
 def _row(cell: tuple[str, str, str, int], times: dict[str, list[float]], vocab: int, reps: int) -> dict[str, Any]:
     name, kind, dtype, batch = cell
     config = CONFIGS[name]
-    stats = {key: (summary(times[key]) if key in times else None) for key in ("ours", "transformers", "read",
-                                                                               "baseline")}
+    stats = {
+        key: (summary(times[key]) if key in times else None) for key in ("ours", "transformers", "read", "baseline")
+    }
     ours = stats["ours"]["median"]  # type: ignore[index]
 
     def over(a: dict[str, float] | None, b: dict[str, float] | None) -> float | None:
@@ -514,8 +581,15 @@ def _row(cell: tuple[str, str, str, int], times: dict[str, list[float]], vocab: 
     if "baseline" in times:
         baseline_label = "float32 input" if dtype != "float32" else config.baseline[0]  # type: ignore[index]
     row: dict[str, Any] = {
-        "config": name, "chain": config.chain["chain"]["name"], "kind": kind, "dtype": dtype, "batch": batch,
-        "vocab": vocab, "reps": reps, **stats, "baseline_label": baseline_label,
+        "config": name,
+        "chain": config.chain["chain"]["name"],
+        "kind": kind,
+        "dtype": dtype,
+        "batch": batch,
+        "vocab": vocab,
+        "reps": reps,
+        **stats,
+        "baseline_label": baseline_label,
         "transformers_pipeline": config.transformers_text if stats["transformers"] else None,
         "transformers_over_ours": over(stats["transformers"], stats["ours"]),
         "ours_over_read": ours / stats["read"]["median"],  # type: ignore[index]
@@ -527,4 +601,3 @@ def _row(cell: tuple[str, str, str, int], times: dict[str, list[float]], vocab: 
     results = [c["met"] for c in checks]  # met: False if any target is missed, None if any is n/a, else True
     row["met"] = False if False in results else (None if None in results or not results else True)
     return row
-

@@ -24,8 +24,9 @@ def tiny_model(seed: int = 0):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=257, n_positions=512, n_embd=64, n_layer=2, n_head=4,
-                        bos_token_id=EOS, eos_token_id=EOS)
+    config = GPT2Config(
+        vocab_size=257, n_positions=512, n_embd=64, n_layer=2, n_head=4, bos_token_id=EOS, eos_token_id=EOS
+    )
     return GPT2LMHeadModel(config).eval()
 
 
@@ -35,8 +36,8 @@ def _encode(prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.full((len(rows), width), EOS, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):  # left padding
-        ids[i, width - len(r):] = torch.tensor(r)
-        mask[i, width - len(r):] = 1
+        ids[i, width - len(r) :] = torch.tensor(r)
+        mask[i, width - len(r) :] = 1
     return ids, mask
 
 
@@ -51,8 +52,9 @@ def run_demo(args: argparse.Namespace, console: Console) -> int:
         store.add(rid, {"seed": args.seed} if args.seed is not None else {})
     console.print(f"[bold]chain[/bold] {escape(repr(chain))}")
     input_ids, mask = _encode(prompts)
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                use_cache=True)
+    out = model(
+        input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True
+    )
     generated: list[list[int]] = [[] for _ in prompts]
     history = input_ids.masked_fill(mask == 0, -1)  # for samplers that read the tokens so far (penalties, DRY)
     lengths = mask.sum(-1)
@@ -66,9 +68,13 @@ def run_demo(args: argparse.Namespace, console: Console) -> int:
         for row, tok in enumerate(step.token_ids.tolist()):
             generated[row].append(tok)
         mask = torch.cat([mask, torch.ones((len(prompts), 1), dtype=mask.dtype)], dim=1)
-        out = model(input_ids=step.token_ids[:, None], attention_mask=mask,
-                    position_ids=(mask.sum(-1, keepdim=True) - 1), past_key_values=out.past_key_values,
-                    use_cache=True)
+        out = model(
+            input_ids=step.token_ids[:, None],
+            attention_mask=mask,
+            position_ids=(mask.sum(-1, keepdim=True) - 1),
+            past_key_values=out.past_key_values,
+            use_cache=True,
+        )
     table = Table(title=f"{args.max_new_tokens} tokens per request")
     table.add_column("request")
     table.add_column("prompt")

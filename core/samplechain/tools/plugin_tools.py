@@ -75,14 +75,15 @@ def normalize_distribution(name: str) -> str:
 
 # ===================================================================== new-plugin
 
+
 @attrs.frozen
 class PluginNames:
     """Every name a generated plugin uses, derived from the one the author gave."""
 
-    plugin: str        # entry-point name = sampler / criterion name: my_filter
-    module: str        # samplechain_my_filter
+    plugin: str  # entry-point name = sampler / criterion name: my_filter
+    module: str  # samplechain_my_filter
     distribution: str  # samplechain-my-filter
-    class_name: str    # MyFilter
+    class_name: str  # MyFilter
 
     @property
     def directory(self) -> str:
@@ -97,7 +98,7 @@ def plugin_names(name: str) -> PluginNames:
         raise PluginToolError("plugin name is empty: give a lowercase name such as 'my_filter' or 'my-filter'")
     plugin = name.strip().replace("-", "_")
     if plugin.lower().startswith("samplechain_"):
-        rest = plugin[len("samplechain_"):]
+        rest = plugin[len("samplechain_") :]
         raise PluginToolError(
             f"plugin name {given!r}: leave out the 'samplechain' prefix, it is added to the distribution and "
             f"module names (try {rest.replace('_', '-')!r})"
@@ -149,8 +150,14 @@ def _core_requirement() -> str:
     return f"samplechain>={major}.{minor},<{major + 1}"
 
 
-def new_plugin(name: str, directory: str | os.PathLike[str] = ".", kind: str = "sampler", *,
-               registry: Registry | None = None, check_taken: bool = True) -> Path:
+def new_plugin(
+    name: str,
+    directory: str | os.PathLike[str] = ".",
+    kind: str = "sampler",
+    *,
+    registry: Registry | None = None,
+    check_taken: bool = True,
+) -> Path:
     """Write a ready plugin package `samplechain-NAME/` into `directory` and return its path.
 
     kind: "sampler" (an example filter) or "criterion" (an example stopping criterion). Refuses a name another
@@ -183,13 +190,16 @@ def new_plugin(name: str, directory: str | os.PathLike[str] = ".", kind: str = "
             )
     from . import templates
 
-    files = templates.render(kind, {
-        "plugin": names.plugin,
-        "module": names.module,
-        "distribution": names.distribution,
-        "Class": names.class_name,
-        "requirement": _core_requirement(),
-    })
+    files = templates.render(
+        kind,
+        {
+            "plugin": names.plugin,
+            "module": names.module,
+            "distribution": names.distribution,
+            "Class": names.class_name,
+            "requirement": _core_requirement(),
+        },
+    )
     for relative, text in files.items():
         path = target / relative
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -199,14 +209,15 @@ def new_plugin(name: str, directory: str | os.PathLike[str] = ".", kind: str = "
 
 # ===================================================================== install
 
+
 @attrs.frozen
 class InstallTarget:
     """What `install` hands to pip, and what it knows about it beforehand."""
 
-    requirement: str                 # the argument pip gets: a path or a distribution name
-    source: str                      # what to record: "path:/abs/dir", "registry:min_p -> path:...", "index:dist"
+    requirement: str  # the argument pip gets: a path or a distribution name
+    source: str  # what to record: "path:/abs/dir", "registry:min_p -> path:...", "index:dist"
     distribution: str | None = None  # when known before installing
-    name: str | None = None          # the plugin name asked for (registry) or declared (pyproject entry point)
+    name: str | None = None  # the plugin name asked for (registry) or declared (pyproject entry point)
     is_path: bool = False
 
 
@@ -231,14 +242,17 @@ def _project_table(folder: Path) -> Mapping[str, Any]:
 def _path_target(raw: str) -> InstallTarget:
     path = Path(raw).expanduser()
     if not path.exists():
-        raise PluginToolError(f"{raw}: no such file or folder (a plugin folder with pyproject.toml, a wheel, or a "
-                              f"plugin name from registry.toml)")
+        raise PluginToolError(
+            f"{raw}: no such file or folder (a plugin folder with pyproject.toml, a wheel, or a "
+            f"plugin name from registry.toml)"
+        )
     path = path.resolve()
     distribution = name = None
     if path.is_dir():
         if not (path / "pyproject.toml").exists() and not (path / "setup.py").exists():
-            raise PluginToolError(f"{path}: not a Python project (no pyproject.toml or setup.py); "
-                                  f"`samplechain new-plugin` creates one")
+            raise PluginToolError(
+                f"{path}: not a Python project (no pyproject.toml or setup.py); `samplechain new-plugin` creates one"
+            )
         project = _project_table(path)
         distribution = project.get("name")
         eps = project.get("entry-points", {}).get(GROUP, {})
@@ -246,8 +260,9 @@ def _path_target(raw: str) -> InstallTarget:
             name = next(iter(eps))
     elif path.name.endswith(".whl"):
         distribution = path.name.split("-")[0]
-    return InstallTarget(requirement=str(path), source=f"path:{path}", distribution=distribution, name=name,
-                         is_path=True)
+    return InstallTarget(
+        requirement=str(path), source=f"path:{path}", distribution=distribution, name=name, is_path=True
+    )
 
 
 def _registry_entry(name: str, registry: Registry) -> PluginEntry | None:
@@ -295,16 +310,27 @@ def resolve_target(target: str, registry: Registry | None = None) -> InstallTarg
         message = f"unknown plugin {target!r}: not in {registry.source}"
         if hint:
             message += f"; did you mean {hint}?"
-        message += (" (`samplechain plugins --available` lists them; a plugin folder or wheel is installed by its "
-                    "path, e.g. `samplechain install ./samplechain-mine`)")
+        message += (
+            " (`samplechain plugins --available` lists them; a plugin folder or wheel is installed by its "
+            "path, e.g. `samplechain install ./samplechain-mine`)"
+        )
         raise PluginToolError(message)
     local = registry.root / entry.path
     if (local / "pyproject.toml").exists():
         local = local.resolve()
-        return InstallTarget(requirement=str(local), source=f"registry:{entry.name} path:{local}",
-                             distribution=entry.distribution, name=entry.name, is_path=True)
-    return InstallTarget(requirement=entry.distribution, source=f"registry:{entry.name} index:{entry.distribution}",
-                         distribution=entry.distribution, name=entry.name)
+        return InstallTarget(
+            requirement=str(local),
+            source=f"registry:{entry.name} path:{local}",
+            distribution=entry.distribution,
+            name=entry.name,
+            is_path=True,
+        )
+    return InstallTarget(
+        requirement=entry.distribution,
+        source=f"registry:{entry.name} index:{entry.distribution}",
+        distribution=entry.distribution,
+        name=entry.name,
+    )
 
 
 _PROBE = textwrap.dedent("""\
@@ -327,8 +353,9 @@ def _probe(python: str) -> dict[str, Any]:
     """Distributions of `python`'s environment that provide samplechain plugins (name -> version, plugins)."""
     done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
-        raise PluginToolError(f"{python}: could not read the environment's installed distributions:\n"
-                              + _tail(done.stdout + done.stderr))
+        raise PluginToolError(
+            f"{python}: could not read the environment's installed distributions:\n" + _tail(done.stdout + done.stderr)
+        )
     return json.loads(done.stdout)
 
 
@@ -337,8 +364,14 @@ def _tail(text: str, lines: int = PIP_TAIL_LINES) -> str:
     return "\n".join("  " + line for line in kept)
 
 
-def install(target: str, pip_args: Sequence[str] = (), *, editable: bool = False, python: str | None = None,
-            registry: Registry | None = None) -> dict[str, Any]:
+def install(
+    target: str,
+    pip_args: Sequence[str] = (),
+    *,
+    editable: bool = False,
+    python: str | None = None,
+    registry: Registry | None = None,
+) -> dict[str, Any]:
     """pip-install a plugin (registry name, folder or wheel) into `python`'s environment (default: the running
     interpreter's) and record it. Returns the record. A pip failure raises one PluginToolError with pip's last
     lines."""
@@ -365,8 +398,11 @@ def install(target: str, pip_args: Sequence[str] = (), *, editable: bool = False
         distribution = changed[0] if len(changed) == 1 else resolved.distribution
     info = after.get(distribution or "", {"version": None, "plugins": []})
     if not info["plugins"] and distribution is not None:
-        print(f"warning: {distribution} declares no entry point in group 'samplechain': samplechain will not find "
-              f"a plugin in it", file=sys.stderr)
+        print(
+            f"warning: {distribution} declares no entry point in group 'samplechain': samplechain will not find "
+            f"a plugin in it",
+            file=sys.stderr,
+        )
     record = {
         "name": resolved.name or (info["plugins"][0] if info["plugins"] else None) or distribution,
         "plugins": info["plugins"],
@@ -383,6 +419,7 @@ def install(target: str, pip_args: Sequence[str] = (), *, editable: bool = False
 
 
 # ===================================================================== records
+
 
 def data_dir() -> Path:
     """Where samplechain keeps per-user data: $SAMPLECHAIN_HOME, $XDG_DATA_HOME/samplechain,
@@ -416,9 +453,13 @@ def _load_records() -> list[dict[str, Any]]:
 
 def _save_record(record: dict[str, Any]) -> None:
     records = [
-        r for r in _load_records()
-        if not (r.get("environment") == record["environment"] and r.get("distribution") is not None
-                and normalize_distribution(r["distribution"]) == normalize_distribution(record["distribution"] or ""))
+        r
+        for r in _load_records()
+        if not (
+            r.get("environment") == record["environment"]
+            and r.get("distribution") is not None
+            and normalize_distribution(r["distribution"]) == normalize_distribution(record["distribution"] or "")
+        )
     ]
     records.append(record)
     path = records_path()

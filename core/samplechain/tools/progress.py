@@ -44,8 +44,7 @@ class Bar:
         self.completed += n
         self._draw(advance=n, status=status)
 
-    def update(self, *, completed: float | None = None, total: float | None = None,
-               status: str | None = None) -> None:
+    def update(self, *, completed: float | None = None, total: float | None = None, status: str | None = None) -> None:
         if completed is not None:
             self.completed = completed
         self._draw(completed=completed, total=total, status=status)
@@ -61,8 +60,15 @@ class Bar:
 
 
 @contextmanager
-def progress_bar(total: float | None, description: str, enabled: bool | None = None, *,
-                 console: Console | None = None, transient: bool = True, auto_refresh: bool = True) -> Iterator[Bar]:
+def progress_bar(
+    total: float | None,
+    description: str,
+    enabled: bool | None = None,
+    *,
+    console: Console | None = None,
+    transient: bool = True,
+    auto_refresh: bool = True,
+) -> Iterator[Bar]:
     """A rich progress bar over `total` units (None: unknown, the bar pulses) as a context manager.
 
     enabled: None = on when `console` (default: a new stderr Console) is a terminal; True/False force it.
@@ -81,9 +87,16 @@ def progress_bar(total: float | None, description: str, enabled: bool | None = N
     isatty = getattr(sys.stdout, "isatty", None)
     same_terminal = ours and bool(isatty and isatty())
     progress = Progress(
-        TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
-        console=console, transient=transient, auto_refresh=auto_refresh, redirect_stdout=same_terminal,
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=console,
+        transient=transient,
+        auto_refresh=auto_refresh,
+        redirect_stdout=same_terminal,
         redirect_stderr=ours,
     )
     with progress:

@@ -41,13 +41,39 @@ from .tiny_models import (
 )
 
 __all__ = [
-    "RecordingBackend", "ScriptedLogits", "ArgmaxSelector", "host_with", "run_chain", "byte_bpe_tokenizer", "tiny_gpt2",
-    "check_eos_ids_from_setup", "random_logits", "hard_logits", "cut_logits", "top_k_only", "sampler_chain", "request_store", "sample_steps",
+    "RecordingBackend",
+    "ScriptedLogits",
+    "ArgmaxSelector",
+    "host_with",
+    "run_chain",
+    "byte_bpe_tokenizer",
+    "tiny_gpt2",
+    "check_eos_ids_from_setup",
+    "random_logits",
+    "hard_logits",
+    "cut_logits",
+    "top_k_only",
+    "sampler_chain",
+    "request_store",
+    "sample_steps",
     "processed_scores",
-    "assert_rows_equal_alone", "assert_bitwise_no_op", "assert_kept_logits_bitwise", "assert_probs_close",
-    "assert_wide_path_keeps", "pieces_tokenizer", "piece_ids", "ScriptedLM",
-    "CutoffWarperTests", "HostSyncError", "no_host_sync", "HOST_READS", "ReplayGraph",
-    "TOKENIZER_TEXT", "metaspace_tokenizer", "byte_fallback_tokenizer", "wordpiece_tokenizer",
+    "assert_rows_equal_alone",
+    "assert_bitwise_no_op",
+    "assert_kept_logits_bitwise",
+    "assert_probs_close",
+    "assert_wide_path_keeps",
+    "pieces_tokenizer",
+    "piece_ids",
+    "ScriptedLM",
+    "CutoffWarperTests",
+    "HostSyncError",
+    "no_host_sync",
+    "HOST_READS",
+    "ReplayGraph",
+    "TOKENIZER_TEXT",
+    "metaspace_tokenizer",
+    "byte_fallback_tokenizer",
+    "wordpiece_tokenizer",
 ]
 
 
@@ -65,8 +91,9 @@ class RecordingBackend(Backend):
         self.calls.append(("topk", tuple(logits.shape)))
         return torch.topk(logits, k, dim=-1)
 
-    def ranked_topk(self, logits: torch.Tensor, k: int, ids: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def ranked_topk(
+        self, logits: torch.Tensor, k: int, ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         self.calls.append(("ranked_topk", tuple(logits.shape)))
         return super().ranked_topk(logits, k, ids)
 
@@ -171,8 +198,16 @@ def cut_logits(vocab: int, seed: int = 0) -> torch.Tensor:
     under 30% -inf, and logits ~5e7 (noise shifted by the row's maximum)."""
     g = torch.Generator().manual_seed(seed)
     n = lambda scale: torch.randn(vocab, generator=g) * scale  # noqa: E731
-    rows = [n(3.0), n(2.0).bfloat16().float(), torch.round(n(2.0)), n(3.0), n(1.0), n(3.0), n(4.0).bfloat16().float(),
-            n(2.0) + 5e7]
+    rows = [
+        n(3.0),
+        n(2.0).bfloat16().float(),
+        torch.round(n(2.0)),
+        n(3.0),
+        n(1.0),
+        n(3.0),
+        n(4.0).bfloat16().float(),
+        n(2.0) + 5e7,
+    ]
     rows[3][torch.rand(vocab, generator=g) < 0.4] = float("-inf")
     rows[4][vocab // 3] += 15.0
     rows[5][7:] = float("-inf")
@@ -188,8 +223,9 @@ def top_k_only(values: torch.Tensor, k: int, *, by: torch.Tensor | None = None) 
     return torch.full_like(values, float("-inf")).scatter_(1, index, values.gather(1, index))
 
 
-def sampler_chain(entry: Mapping[str, Any], *, before: Sequence[Mapping[str, Any]] | None = None,
-                  selector: str = "greedy") -> Chain:
+def sampler_chain(
+    entry: Mapping[str, Any], *, before: Sequence[Mapping[str, Any]] | None = None, selector: str = "greedy"
+) -> Chain:
     """A chain of the samplers in `before`, then `entry` (one sampler's chain entry: {"use": name, ...}), then the
     selector `selector` (a FILTER or TRANSFORM needs one after it)."""
     return Chain.load({"samplers": [*(before or []), dict(entry), {"use": selector}]})
@@ -205,8 +241,9 @@ def request_store(chain: Chain, per_row: Sequence[Mapping[str, Any]]) -> tuple[R
     return store, ids
 
 
-def sample_steps(chain: Chain, logits: torch.Tensor, per_row: Sequence[Mapping[str, Any]], steps: int
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_steps(
+    chain: Chain, logits: torch.Tensor, per_row: Sequence[Mapping[str, Any]], steps: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens and logprobs (steps, B) of `steps` accepted steps on the same logits, one request per row
     (`request_store`): what seeded draws are compared by across paths and batches."""
     store, ids = request_store(chain, per_row)
@@ -214,8 +251,14 @@ def sample_steps(chain: Chain, logits: torch.Tensor, per_row: Sequence[Mapping[s
     return torch.stack([o.token_ids for o in outs]), torch.stack([o.logprobs for o in outs])
 
 
-def processed_scores(chain: Chain, logits: torch.Tensor, per_row: Sequence[Mapping[str, Any]] | None = None, *,
-                     process: bool = False, **sample_kwargs: Any) -> torch.Tensor:
+def processed_scores(
+    chain: Chain,
+    logits: torch.Tensor,
+    per_row: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    process: bool = False,
+    **sample_kwargs: Any,
+) -> torch.Tensor:
     """(B, V) processed scores of one step: -inf for removed tokens, as transformers reports them.
 
     per_row: one dict of per-request parameters per row (a store with one request per row, `request_store`); None:
@@ -229,8 +272,14 @@ def processed_scores(chain: Chain, logits: torch.Tensor, per_row: Sequence[Mappi
     return chain.sample(logits, *args, return_scores=True, **sample_kwargs).scores
 
 
-def assert_rows_equal_alone(chain: Chain, logits: torch.Tensor, per_row: Sequence[Mapping[str, Any]], *,
-                            process: bool = False, **sample_kwargs: Any) -> torch.Tensor:
+def assert_rows_equal_alone(
+    chain: Chain,
+    logits: torch.Tensor,
+    per_row: Sequence[Mapping[str, Any]],
+    *,
+    process: bool = False,
+    **sample_kwargs: Any,
+) -> torch.Tensor:
     """Batch invariance with per-request parameters: the processed scores of the batch (one request per row with
     per_row[i]) equal, bitwise and row by row, those of each row run alone as a batch of one. Tensor sample_kwargs
     with one entry per row (history, prompt_lengths, unconditional_logits) are sliced to the row. Returns the
@@ -239,7 +288,8 @@ def assert_rows_equal_alone(chain: Chain, logits: torch.Tensor, per_row: Sequenc
     batch = processed_scores(chain, logits, per_row, process=process, **sample_kwargs)
     for i, params in enumerate(per_row):
         row_kwargs = {
-            key: value[i : i + 1] if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows
+            key: value[i : i + 1]
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows
             else value
             for key, value in sample_kwargs.items()
         }
@@ -248,8 +298,14 @@ def assert_rows_equal_alone(chain: Chain, logits: torch.Tensor, per_row: Sequenc
     return batch
 
 
-def assert_bitwise_no_op(chain: Chain, logits: torch.Tensor, per_row: Sequence[Mapping[str, Any]] | None = None,
-                         *, process: bool = False, **sample_kwargs: Any) -> None:
+def assert_bitwise_no_op(
+    chain: Chain,
+    logits: torch.Tensor,
+    per_row: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    process: bool = False,
+    **sample_kwargs: Any,
+) -> None:
     """The processed scores are the input logits, bitwise (a disabled value must pass rows through unchanged)."""
     out = processed_scores(chain, logits, per_row, process=process, **sample_kwargs)
     assert torch.equal(out, logits), "a disabled sampler must leave the logits bitwise unchanged"
@@ -264,8 +320,7 @@ def assert_kept_logits_bitwise(ours: torch.Tensor, logits: torch.Tensor) -> torc
     return kept
 
 
-def assert_probs_close(ours: torch.Tensor, ref: torch.Tensor, atol: float = 1e-5, *,
-                       sort_rows: bool = False) -> None:
+def assert_probs_close(ours: torch.Tensor, ref: torch.Tensor, atol: float = 1e-5, *, sort_rows: bool = False) -> None:
     """softmax(ours) and softmax(ref) in float64 agree within atol (rtol 0). sort_rows: compare each row's values
     sorted in descending order (the kept multiset, independent of which of tied tokens survives)."""
     if sort_rows:
@@ -305,14 +360,28 @@ class CutoffWarperTests:
     def pytest_generate_tests(self, metafunc: Any) -> None:
         axes = {
             "test_matches_transformers_on_random_logits": [
-                ("vocab", (50, 1000, 32000)), ("seed", (0, 1)), ("value", self.values)],
+                ("vocab", (50, 1000, 32000)),
+                ("seed", (0, 1)),
+                ("value", self.values),
+            ],
             "test_half_precision_input_with_ties_matches_transformers": [
-                ("dtype", (torch.float16, torch.bfloat16)), ("value", (3e-4, 0.01))],
+                ("dtype", (torch.float16, torch.bfloat16)),
+                ("value", (3e-4, 0.01)),
+            ],
             "test_min_keep_matches_transformers": [("value,min_keep", [(0.5, 5), (0.9, 20), (0.01, 3)])],
             "test_zero_is_a_bitwise_no_op": [("vocab", (50, 32000))],
-            "test_bad_values_are_refused": [("key,value", [
-                (self.field, 1.0), (self.field, -0.1), (self.field, math.nan), (self.field, math.inf),
-                ("min_keep", -1)])],
+            "test_bad_values_are_refused": [
+                (
+                    "key,value",
+                    [
+                        (self.field, 1.0),
+                        (self.field, -0.1),
+                        (self.field, math.nan),
+                        (self.field, math.inf),
+                        ("min_keep", -1),
+                    ],
+                )
+            ],
         }
         for names, values in axes.get(metafunc.function.__name__, ()):
             metafunc.parametrize(names, values)
@@ -433,8 +502,14 @@ class CutoffWarperTests:
         assert bool(torch.isfinite(out.scores.gather(1, out.token_ids[:, None])).all())
 
 
-def assert_wide_path_keeps(entry: Mapping[str, Any], monkeypatch: Any, per_row: Sequence[Mapping[str, Any]],
-                           scale: float, seed: int = 11, vocab: int = 40000) -> torch.Tensor:
+def assert_wide_path_keeps(
+    entry: Mapping[str, Any],
+    monkeypatch: Any,
+    per_row: Sequence[Mapping[str, Any]],
+    scale: float,
+    seed: int = 11,
+    vocab: int = 40000,
+) -> torch.Tensor:
     """A sampler's wide-row fast path (rows >= filters.WIDE) against its plain path (WIDE raised past the row) on
     random rows of `vocab` (every third entry of row 1 -inf): bitwise the same processed scores, and the sampler
     did remove tokens. Returns the scores. `monkeypatch` is pytest's fixture."""
@@ -449,9 +524,21 @@ def assert_wide_path_keeps(entry: Mapping[str, Any], monkeypatch: Any, per_row: 
 
 
 # aten ops that make the host wait for the device: a value read on the host, or an output whose size depends on data
-HOST_READS = frozenset({
-    "_local_scalar_dense", "nonzero", "nonzero_static", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
-    "repeat_interleave", "equal", "is_nonzero", "_assert_async"})
+HOST_READS = frozenset(
+    {
+        "_local_scalar_dense",
+        "nonzero",
+        "nonzero_static",
+        "masked_select",
+        "_unique2",
+        "unique_dim",
+        "unique_consecutive",
+        "repeat_interleave",
+        "equal",
+        "is_nonzero",
+        "_assert_async",
+    }
+)
 
 
 class HostSyncError(AssertionError):
@@ -467,8 +554,11 @@ class _NoHostSync(TorchDispatchMode):
 
 
 def _caller() -> str:
-    frames = [f for f in traceback.extract_stack()[:-2]
-              if "/torch/" not in f.filename and not f.filename.endswith(("testing.py", "contextlib.py"))]
+    frames = [
+        f
+        for f in traceback.extract_stack()[:-2]
+        if "/torch/" not in f.filename and not f.filename.endswith(("testing.py", "contextlib.py"))
+    ]
     return " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in frames[-3:][::-1]) or "?"
 
 
@@ -479,9 +569,11 @@ def no_host_sync() -> Iterator[None]:
     size (at dispatch, so on CPU tensors too), and `.tolist()` / `.numpy()` (which CPU tensors answer without a
     dispatch). Run a sync-free backend's step on CPU tensors under it (`CudaBackend(device="cpu")`): CI has no GPU,
     and torch.cuda.set_sync_debug_mode("error") needs one."""
+
     def refuse(what: str) -> Callable[..., Any]:
         def read(*args: Any, **kwargs: Any) -> Any:
             raise HostSyncError(f"Tensor.{what}() reads the values on the host, at {_caller()}")
+
         return read
 
     saved = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
@@ -533,6 +625,8 @@ class ReplayGraph:
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     """A view op run again on the same base (expand, slicing): nothing to copy (an expanded view cannot take one)."""
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.storage_offset() == \
-        b.storage_offset() and a.stride() == b.stride()
-
+    return (
+        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and a.storage_offset() == b.storage_offset()
+        and a.stride() == b.stride()
+    )

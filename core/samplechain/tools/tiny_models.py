@@ -14,8 +14,16 @@ import torch
 from ..engine.chain import Chain
 
 __all__ = [
-    "TOKENIZER_TEXT", "ScriptedLM", "byte_bpe_tokenizer", "byte_fallback_tokenizer", "check_eos_ids_from_setup",
-    "metaspace_tokenizer", "piece_ids", "pieces_tokenizer", "tiny_gpt2", "wordpiece_tokenizer",
+    "TOKENIZER_TEXT",
+    "ScriptedLM",
+    "byte_bpe_tokenizer",
+    "byte_fallback_tokenizer",
+    "check_eos_ids_from_setup",
+    "metaspace_tokenizer",
+    "piece_ids",
+    "pieces_tokenizer",
+    "tiny_gpt2",
+    "wordpiece_tokenizer",
 ]
 
 
@@ -37,7 +45,9 @@ def byte_bpe_tokenizer(vocab_size: int = 300, text: str | None = None) -> Any:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator([text or _SAMPLE_TEXT] * 4, trainer)
@@ -46,7 +56,8 @@ def byte_bpe_tokenizer(vocab_size: int = 300, text: str | None = None) -> Any:
 
 TOKENIZER_TEXT = (
     "Stop the lastopper! The stopped stopwatch stops. Sentence one.\n\nSentence two: ends here. "
-    "A list is a mutable sequence; tuples are immutable. Naïve café, 日本語のテキスト and 🎉 emoji. ") * 3
+    "A list is a mutable sequence; tuples are immutable. Naïve café, 日本語のテキスト and 🎉 emoji. "
+) * 3
 
 
 def metaspace_tokenizer(text: str = TOKENIZER_TEXT) -> Any:
@@ -57,8 +68,9 @@ def metaspace_tokenizer(text: str = TOKENIZER_TEXT) -> Any:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.train_from_iterator([text] * 4, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
-                                                            show_progress=False))
+    tok.train_from_iterator(
+        [text] * 4, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    )
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
@@ -72,14 +84,23 @@ def byte_fallback_tokenizer(text: str = TOKENIZER_TEXT) -> Any:
 
     state = json.loads(metaspace_tokenizer(text.encode("ascii", "ignore").decode()).backend_tokenizer.to_str())
     vocab, specials = state["model"]["vocab"], ["<unk>", "<s>", "</s>"]
-    order = specials + [f"<0x{b:02X}>" for b in range(256)] + [t for t in sorted(vocab, key=vocab.get)
-                                                               if t not in specials]
+    order = (
+        specials + [f"<0x{b:02X}>" for b in range(256)] + [t for t in sorted(vocab, key=vocab.get) if t not in specials]
+    )
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["model"]["merges"]]
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(order)}, merges=merges, unk_token="<unk>",
-                               byte_fallback=True, fuse_unk=True))
+    tok = Tokenizer(
+        models.BPE(
+            vocab={t: i for i, t in enumerate(order)},
+            merges=merges,
+            unk_token="<unk>",
+            byte_fallback=True,
+            fuse_unk=True,
+        )
+    )
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
@@ -91,8 +112,9 @@ def wordpiece_tokenizer(text: str = TOKENIZER_TEXT) -> Any:
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator([text] * 4, trainers.WordPieceTrainer(vocab_size=300, special_tokens=["[UNK]", "[SEP]"],
-                                                                  show_progress=False))
+    tok.train_from_iterator(
+        [text] * 4, trainers.WordPieceTrainer(vocab_size=300, special_tokens=["[UNK]", "[SEP]"], show_progress=False)
+    )
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]")
 
 
@@ -157,20 +179,36 @@ class ScriptedLM(torch.nn.Module):
         return CausalLMOutput(logits=logits)
 
 
-def tiny_gpt2(vocab_size: int = 300, *, seed: int = 0, n_positions: int = 128, eos_token_id: int | None = 0,
-              bos_token_id: int | None = 0, init: float = 0.5) -> Any:
+def tiny_gpt2(
+    vocab_size: int = 300,
+    *,
+    seed: int = 0,
+    n_positions: int = 128,
+    eos_token_id: int | None = 0,
+    bos_token_id: int | None = 0,
+    init: float = 0.5,
+) -> Any:
     """A real, random-weight transformers GPT2LMHeadModel small enough for unit tests. `init` (the initializer
     range) is large so that greedy decoding does not just repeat the prompt's last token."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=vocab_size, n_positions=n_positions,
-                        bos_token_id=bos_token_id, eos_token_id=eos_token_id, initializer_range=init)
+    config = GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=vocab_size,
+        n_positions=n_positions,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        initializer_range=init,
+    )
     return GPT2LMHeadModel(config).eval()
 
 
-def check_eos_ids_from_setup(entry: Mapping[str, Any], logits: torch.Tensor, eos: Sequence[int],
-                             **sample_args: Any) -> None:
+def check_eos_ids_from_setup(
+    entry: Mapping[str, Any], logits: torch.Tensor, eos: Sequence[int], **sample_args: Any
+) -> None:
     """Contract test for samplers with an `eos_ids` parameter (contracts.EosIds): without ids and without
     `chain.prepare` a step fails naming eos_ids; after `chain.prepare(eos_token_ids=eos)` the chain behaves exactly
     as with `eos_ids = eos` given; negative ids are refused at load naming the key. `entry` is the sampler's chain

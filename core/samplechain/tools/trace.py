@@ -110,8 +110,9 @@ class Tracer:
 
     def _finish(self, cand: Candidates, chosen: Any) -> None:
         snaps, self._current = self._current, []
-        if not (isinstance(chosen, torch.Tensor) and chosen.dtype == torch.int64
-                and chosen.shape == (cand.batch_size,)) or len(snaps) != len(self.labels):
+        if not (
+            isinstance(chosen, torch.Tensor) and chosen.dtype == torch.int64 and chosen.shape == (cand.batch_size,)
+        ) or len(snaps) != len(self.labels):
             return  # the chain reports the bad selection (or this was not a full sample call)
         if bool(((chosen < 0) | (chosen >= cand.width)).any()):
             return
@@ -126,8 +127,12 @@ class Tracer:
                 match = snap.ids == tokens[:, None]
                 logit = torch.where(match, snap.logits, torch.full_like(snap.logits, float("-inf"))).amax(dim=1)
             probs.append((logit.to(torch.float64) - snap.lse).exp().nan_to_num(0.0))
-        step = StepTrace(torch.stack([s.width for s in snaps]).cpu(), torch.stack([s.entropy for s in snaps]).cpu(),
-                         torch.stack(probs).cpu(), tokens.cpu())
+        step = StepTrace(
+            torch.stack([s.width for s in snaps]).cpu(),
+            torch.stack([s.entropy for s in snaps]).cpu(),
+            torch.stack(probs).cpu(),
+            tokens.cpu(),
+        )
         self.steps.append(step)
         if self.on_step is not None:
             self.on_step(step)
@@ -138,7 +143,7 @@ def _labels(chain: Chain) -> list[str]:
     raw = [spec.id or spec.use for spec in chain.config.samplers]
     out = []
     for i, name in enumerate(raw):
-        out.append(name if raw.count(name) == 1 else f"{name}#{raw[:i + 1].count(name)}")
+        out.append(name if raw.count(name) == 1 else f"{name}#{raw[: i + 1].count(name)}")
     return out
 
 
@@ -151,8 +156,7 @@ class TracedSampler(Sampler):
         self.tracer = tracer
         self.index = index
         self.params = inner.params
-        for attr in ("name", "version", "stage", "Params", "summary", "request_aliases", "role",
-                     "replaces_truncation"):
+        for attr in ("name", "version", "stage", "Params", "summary", "request_aliases", "role", "replaces_truncation"):
             setattr(self, attr, getattr(inner, attr))
 
     def __getattr__(self, name: str) -> Any:  # plugin-specific attributes (eos_tensor, compiled grammars ...)
@@ -258,16 +262,25 @@ class Trace:
         return self.num_generated[request]
 
     def widths(self, request: int = 0) -> torch.Tensor:
-        return torch.stack([s.widths[:, request] for s in self.steps[: self._n(request)]]) if self._n(request) \
+        return (
+            torch.stack([s.widths[:, request] for s in self.steps[: self._n(request)]])
+            if self._n(request)
             else torch.zeros(0, len(self.labels), dtype=torch.int64)
+        )
 
     def entropies(self, request: int = 0) -> torch.Tensor:
-        return torch.stack([s.entropies[:, request] for s in self.steps[: self._n(request)]]) if self._n(request) \
+        return (
+            torch.stack([s.entropies[:, request] for s in self.steps[: self._n(request)]])
+            if self._n(request)
             else torch.zeros(0, len(self.labels), dtype=torch.float64)
+        )
 
     def chosen_probs(self, request: int = 0) -> torch.Tensor:
-        return torch.stack([s.chosen_probs[:, request] for s in self.steps[: self._n(request)]]) \
-            if self._n(request) else torch.zeros(0, len(self.labels), dtype=torch.float64)
+        return (
+            torch.stack([s.chosen_probs[:, request] for s in self.steps[: self._n(request)]])
+            if self._n(request)
+            else torch.zeros(0, len(self.labels), dtype=torch.float64)
+        )
 
     def rows(self, request: int = 0) -> list[dict[str, Any]]:
         """One dict per generated step of the request: step (1-based), token_id, token (raw), text (decoded
@@ -276,12 +289,24 @@ class Trace:
         widths, ents, probs = self.widths(request), self.entropies(request), self.chosen_probs(request)
         for t in range(self._n(request)):
             stages = [
-                {"stage": label, "kind": kind, "width": int(widths[t, s]), "entropy": float(ents[t, s]),
-                 "chosen_prob": float(probs[t, s])}
+                {
+                    "stage": label,
+                    "kind": kind,
+                    "width": int(widths[t, s]),
+                    "entropy": float(ents[t, s]),
+                    "chosen_prob": float(probs[t, s]),
+                }
                 for s, (label, kind) in enumerate(zip(self.labels, self.kinds))
             ]
-            out.append({"step": t + 1, "token_id": self.token_ids[request][t], "token": self.tokens[request][t],
-                        "text": self.pieces[request][t], "stages": stages})
+            out.append(
+                {
+                    "step": t + 1,
+                    "token_id": self.token_ids[request][t],
+                    "token": self.tokens[request][t],
+                    "text": self.pieces[request][t],
+                    "stages": stages,
+                }
+            )
         return out
 
     def effective_stages(self, request: int = 0) -> list[int]:
@@ -295,7 +320,8 @@ class Trace:
                 keep.append(s)
                 continue
             same = bool((widths[:, s] == widths[:, s - 1]).all()) and bool(
-                torch.allclose(ents[:, s], ents[:, s - 1], rtol=0, atol=1e-9))
+                torch.allclose(ents[:, s], ents[:, s - 1], rtol=0, atol=1e-9)
+            )
             if not same:
                 keep.append(s)
         return keep
@@ -336,11 +362,24 @@ class Trace:
             last = len(self.labels) - 1
             for j, s in enumerate(shown):
                 if s == last:  # the selector's distribution is the last stage's: drawn on top, dotted
-                    style = dict(color="black", marker=".", markersize=3, linewidth=1.0, linestyle=":",
-                                 label=_tex_safe(f"{self.labels[s]} (sampled)"), zorder=5)
+                    style = dict(
+                        color="black",
+                        marker=".",
+                        markersize=3,
+                        linewidth=1.0,
+                        linestyle=":",
+                        label=_tex_safe(f"{self.labels[s]} (sampled)"),
+                        zorder=5,
+                    )
                 else:
-                    style = dict(color=colors(j % 10), marker=markers[j % len(markers)], markersize=4,
-                                 linewidth=1.4, label=_tex_safe(self.labels[s]), linestyle="-" if j < 10 else "--")
+                    style = dict(
+                        color=colors(j % 10),
+                        marker=markers[j % len(markers)],
+                        markersize=4,
+                        linewidth=1.4,
+                        label=_tex_safe(self.labels[s]),
+                        linestyle="-" if j < 10 else "--",
+                    )
                 axes[0].plot(x, widths[:, s].tolist(), **style)
                 axes[1].plot(x, ents[:, s].tolist(), **style)
                 axes[2].plot(x, probs[:, s].tolist(), **style)
@@ -351,19 +390,21 @@ class Trace:
             axes[2].set_ylim(-0.03, 1.03)
             for ax in axes:
                 ax.grid(True, alpha=0.3)
-            axes[0].legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, title="stage",
-                           title_fontsize=8)
+            axes[0].legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, title="stage", title_fontsize=8)
             labels = self.tick_labels(request)
             every = max(1, math.ceil(n / 120))
             axes[2].set_xticks(x[::every])
-            axes[2].set_xticklabels([_tex_safe(t) for t in labels[::every]], rotation=90, fontsize=8, fontfamily="monospace")
+            axes[2].set_xticklabels(
+                [_tex_safe(t) for t in labels[::every]], rotation=90, fontsize=8, fontfamily="monospace"
+            )
             axes[2].set_xlabel("step (decoded token)")
             text = _visible(self.texts[request], keep_newlines=False)
             title = textwrap.shorten(f"{self.prompts[request]} ▸ {text}", width=220, placeholder=" …")
             fig.suptitle(_tex_safe("\n".join(textwrap.wrap(title, width=110)[:3])), fontsize=10, ha="left", x=0.01)
             if hidden:
-                axes[0].set_title(_tex_safe(f"no effect (hidden): {', '.join(hidden)}"), fontsize=8, loc="left",
-                                  color="0.4")
+                axes[0].set_title(
+                    _tex_safe(f"no effect (hidden): {', '.join(hidden)}"), fontsize=8, loc="left", color="0.4"
+                )
             buf = io.BytesIO()
             fig.savefig(buf, format="png", dpi=dpi)
         return buf.getvalue()
@@ -377,16 +418,20 @@ class Trace:
     def html(self, request: int = 0) -> str:
         esc = html.escape
         png = base64.b64encode(self.png_bytes(request)).decode("ascii")
-        head = "".join(f"<th>{esc(label)}<br><small>{esc(kind)}</small></th>"
-                       for label, kind in zip(self.labels, self.kinds))
+        head = "".join(
+            f"<th>{esc(label)}<br><small>{esc(kind)}</small></th>" for label, kind in zip(self.labels, self.kinds)
+        )
         body = []
         for row in self.rows(request):
             cells = "".join(
                 f"<td>{st['width']}<br><small>H {st['entropy']:.3f} · p {st['chosen_prob']:.4f}</small></td>"
-                for st in row["stages"])
+                for st in row["stages"]
+            )
             final = row["stages"][-1]["chosen_prob"]
-            body.append(f'<tr class="step"><td>{row["step"]}</td><td class="tok">{esc(_visible(row["text"]))}</td>'
-                        f'<td>{row["token_id"]}</td><td>{final:.4f}</td>{cells}</tr>')
+            body.append(
+                f'<tr class="step"><td>{row["step"]}</td><td class="tok">{esc(_visible(row["text"]))}</td>'
+                f"<td>{row['token_id']}</td><td>{final:.4f}</td>{cells}</tr>"
+            )
         prompt, text = self.prompts[request], self.texts[request]
         return _PAGE.format(
             title=esc(textwrap.shorten(f"trace: {prompt}", width=80)),
@@ -410,8 +455,13 @@ class Trace:
         caption = "cells: candidates / entropy (nats); p: chosen token's probability in the sampled distribution"
         if hidden:
             caption += f"; no effect: {', '.join(hidden)}"
-        table = Table(title=f"chain trace ({self._n(request)} steps)", caption=escape(caption), box=None,
-                      pad_edge=False, header_style="bold")
+        table = Table(
+            title=f"chain trace ({self._n(request)} steps)",
+            caption=escape(caption),
+            box=None,
+            pad_edge=False,
+            header_style="bold",
+        )
         table.add_column("#", justify="right", style="dim")
         table.add_column("text", overflow="fold", max_width=16)
         for s in shown:
@@ -422,8 +472,9 @@ class Trace:
             rows = rows[:max_rows]
         for row in rows:
             cells = [f"{row['stages'][s]['width']}[dim]/{row['stages'][s]['entropy']:.2f}[/dim]" for s in shown]
-            table.add_row(str(row["step"]), escape(repr(row["text"])[1:-1]), *cells,
-                          f"{row['stages'][-1]['chosen_prob']:.3f}")
+            table.add_row(
+                str(row["step"]), escape(repr(row["text"])[1:-1]), *cells, f"{row['stages'][-1]['chosen_prob']:.3f}"
+            )
         return table
 
 
@@ -534,6 +585,6 @@ def trace_generation(
     if gen.n > 1:
         prompts = [p for p in prompts for _ in range(gen.n)]
     texts = list(out.texts) if out.texts else ["".join(p) for p in pieces]
-    return Trace(prompts, tracer.labels, tracer.kinds, tracer.steps, num, ids, tokens_raw, pieces, texts,
-                 repr(copy), out)
-
+    return Trace(
+        prompts, tracer.labels, tracer.kinds, tracer.steps, num, ids, tokens_raw, pieces, texts, repr(copy), out
+    )

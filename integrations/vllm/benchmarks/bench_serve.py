@@ -40,11 +40,32 @@ MODES: dict[str, tuple[str, dict[str, Any] | None]] = {
 
 
 def start(port: int, max_num_seqs: int, log: Any) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(default_model_path()),
-           "--served-model-name", "docs-gpt2", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--enforce-eager", "--max-model-len", "256", "--max-num-seqs", str(max_num_seqs), "--disable-log-stats"]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-           "VLLM_USE_V2_MODEL_RUNNER": "0"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(default_model_path()),
+        "--served-model-name",
+        "docs-gpt2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "256",
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--disable-log-stats",
+    ]
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_USE_V2_MODEL_RUNNER": "0",
+    }
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
@@ -64,8 +85,14 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
 
 def round_trip(url: str, n: int, tokens: int, xargs: dict[str, Any] | None) -> float:
     def one(i: int) -> None:
-        body: dict[str, Any] = {"model": "docs-gpt2", "prompt": f"Example {i}: in Python, a list is",
-                                "max_tokens": tokens, "ignore_eos": True, "temperature": 1.0, "seed": i}
+        body: dict[str, Any] = {
+            "model": "docs-gpt2",
+            "prompt": f"Example {i}: in Python, a list is",
+            "max_tokens": tokens,
+            "ignore_eos": True,
+            "temperature": 1.0,
+            "seed": i,
+        }
         if xargs:
             body["vllm_xargs"] = xargs
         r = requests.post(url + "/v1/completions", json=body, timeout=600)
@@ -96,6 +123,7 @@ def main() -> None:
         modes = args.modes.split(",")
         try:
             from samplechain_vllm import SamplechainLogitsProcessor  # noqa: F401
+
             plugin = "plugin installed, idle"
         except ImportError:  # samplechain requests would silently run vLLM's sampling: measure vLLM alone
             plugin, modes = "plugin not installed", ["vllm"]
@@ -109,13 +137,17 @@ def main() -> None:
             for k, key in enumerate(modes):
                 runs[k].append(round_trip(url, args.requests, args.tokens, MODES[key][1]))
         medians = [statistics.median(r) for r in runs]
-        print(f"| mode ({args.requests} concurrent requests, {args.tokens} tokens each) | requests/s, median | "
-              f"best | tokens/s, median | vs first | vs first, round by round (median) |")
+        print(
+            f"| mode ({args.requests} concurrent requests, {args.tokens} tokens each) | requests/s, median | "
+            f"best | tokens/s, median | vs first | vs first, round by round (median) |"
+        )
         print("| --- | ---: | ---: | ---: | ---: | ---: |")
         for name, run, med in zip(names, runs, medians):
             paired = statistics.median(a / b for a, b in zip(run, runs[0]))  # each round against the first mode's
-            print(f"| {name} | {med:.1f} | {max(run):.1f} | {med * args.tokens:.0f} | {med / medians[0]:.2f}x | "
-                  f"{paired:.2f}x |")
+            print(
+                f"| {name} | {med:.1f} | {max(run):.1f} | {med * args.tokens:.0f} | {med / medians[0]:.2f}x | "
+                f"{paired:.2f}x |"
+            )
         for name, run in zip(names, runs):
             print(f"{name}: " + " ".join(f"{v:.1f}" for v in run), file=sys.stderr)
         print(f"\nserver log: {log.name}", file=sys.stderr)

@@ -6,5 +6,13 @@ see `samplechain_vllm.requests` for the forms and docs/vllm.md for serving."""
 from .processor import SamplechainLogitsProcessor, load_chain, request_params
 from .requests import EXTRA_KEY, ChainSpec, RequestSpec, RequestSpecError, parse_request
 
-__all__ = ["SamplechainLogitsProcessor", "load_chain", "request_params", "EXTRA_KEY", "ChainSpec", "RequestSpec",
-           "RequestSpecError", "parse_request"]
+__all__ = [
+    "SamplechainLogitsProcessor",
+    "load_chain",
+    "request_params",
+    "EXTRA_KEY",
+    "ChainSpec",
+    "RequestSpec",
+    "RequestSpecError",
+    "parse_request",
+]

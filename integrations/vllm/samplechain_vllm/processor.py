@@ -127,8 +127,10 @@ def _thinking_budget(sampling_params: Any, spec: RequestSpec, chain: Chain) -> t
     given = {k: v for k, v in spec.params.items() if _targets(chain, k) & wanted}
     for key, value in given.items():
         if value != budget:
-            raise RequestSpecError(f"samplechain: thinking_token_budget = {budget} but the samplechain parameter "
-                                   f"{key!r} = {value!r}: two budgets for one request; give it once")
+            raise RequestSpecError(
+                f"samplechain: thinking_token_budget = {budget} but the samplechain parameter "
+                f"{key!r} = {value!r}: two budgets for one request; give it once"
+            )
     if given:
         return spec, False
     return attrs.evolve(spec, params={**spec.params, BUDGET_ALIAS: budget}), True
@@ -144,14 +146,20 @@ def _criteria(chain: Chain, spec: RequestSpec, key: str | None = None) -> list[A
         if entry.cls.name in _NO_LOGPROBS:
             if key is not None and (key, entry.cls.name) not in _warned:
                 _warned.add((key, entry.cls.name))
-                logger.warning("samplechain: chain %s: the %r stopping criterion needs each chosen token's "
-                               "probability, which the vLLM processor does not compute; it is ignored", key,
-                               entry.cls.name)
+                logger.warning(
+                    "samplechain: chain %s: the %r stopping criterion needs each chosen token's "
+                    "probability, which the vLLM processor does not compute; it is ignored",
+                    key,
+                    entry.cls.name,
+                )
             continue
         crits.append(entry.cls(entry.params))
     if spec.stop_regex:
-        crits.append(Stopping.criterion("stop_regex", {"patterns": list(spec.stop_regex)},
-                                        source=f"request '{PARAM_PREFIX}stop_regex'"))
+        crits.append(
+            Stopping.criterion(
+                "stop_regex", {"patterns": list(spec.stop_regex)}, source=f"request '{PARAM_PREFIX}stop_regex'"
+            )
+        )
     return crits
 
 
@@ -177,7 +185,8 @@ def _check(sampling_params: Any, trial: bool = True) -> tuple[RequestSpec, Chain
                 names = ", ".join(dict.fromkeys(c.name for c in crits))
                 raise RequestSpecError(
                     f"samplechain: the request's stopping criteria ({names}) end it with the end-of-sequence token, "
-                    f"which ignore_eos=True does not stop at; drop ignore_eos, or the criteria")
+                    f"which ignore_eos=True does not stop at; drop ignore_eos, or the criteria"
+                )
     except RequestSpecError:
         raise
     except Exception as exc:  # ConfigError, RequestError, PluginError ...: one clear line for the HTTP 400
@@ -233,12 +242,12 @@ class _Watch:
         start, first = self.setup.prompt_length, self.checked
         if start + n > self.ids.shape[1]:
             grown = torch.zeros(1, max(start + n, 2 * self.ids.shape[1]), dtype=torch.int64)
-            grown[:, :start + first] = self.ids[:, :start + first]
+            grown[:, : start + first] = self.ids[:, : start + first]
             self.ids = grown
         if n - first == 1:  # the usual step: one token, no list-to-tensor copy
             self.ids[0, start + first] = output[first]
         else:
-            self.ids[0, start + first:start + n] = torch.tensor(output[first:n], dtype=torch.int64)
+            self.ids[0, start + first : start + n] = torch.tensor(output[first:n], dtype=torch.int64)
         self.checked = n
 
     def caught_up(self, output: list[int]) -> _Watch:
@@ -257,8 +266,12 @@ class _Watch:
         start, first = self.setup.prompt_length, self.checked
         self._take(output, n)
         for step in range(first + 1, n + 1):  # one token per step, unless vLLM handed over several
-            ctx = StopContext(input_ids=self.ids[:, :start + step], step=step,
-                              token_ids=self.ids[:, start + step - 1], setup=self.setup)
+            ctx = StopContext(
+                input_ids=self.ids[:, : start + step],
+                step=step,
+                token_ids=self.ids[:, start + step - 1],
+                setup=self.setup,
+            )
             result = self.stopping.check(ctx)
             if result.any and bool(result.done[0]):
                 return result.reasons[0] or "stop"
@@ -288,19 +301,22 @@ class _Row:
         prompt = len(self.prompt)
         n = prompt + _generated(self.output)
         seen = self.seen
-        if seen is None or n < self.filled or (
-                self.filled > prompt and seen[self.filled - 1] != self.output[self.filled - prompt - 1]):
+        if (
+            seen is None
+            or n < self.filled
+            or (self.filled > prompt and seen[self.filled - 1] != self.output[self.filled - prompt - 1])
+        ):
             seen = np.empty(max(16, 2 * n), dtype=np.int64)  # first use, or vLLM's list changed under us
             seen[:prompt] = self.prompt
             self.seen, self.filled = seen, prompt
         if n > seen.shape[0]:
             grown = np.empty(2 * n, dtype=np.int64)
-            grown[:self.filled] = seen[:self.filled]
+            grown[: self.filled] = seen[: self.filled]
             self.seen = seen = grown
         if n - self.filled == 1:  # the usual step
             seen[self.filled] = self.output[self.filled - prompt]
         elif n > self.filled:
-            seen[self.filled:n] = self.output[self.filled - prompt:n - prompt]
+            seen[self.filled : n] = self.output[self.filled - prompt : n - prompt]
         self.filled = n
         return seen[:n]
 
@@ -383,8 +399,15 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
             logger.error("samplechain: request %s cannot join its chain %s: %s", rid, spec.chain.key, exc)
             return _Row(rid, None, list(prompt or ()), output, failed=f"{type(exc).__name__}: {exc}", eos=eos)
         group.rows += 1
-        row = _Row(rid, group, list(prompt or ()), output, logprobs=getattr(params, "logprobs", None),
-                   at=spec.logprobs_at, eos=eos)
+        row = _Row(
+            rid,
+            group,
+            list(prompt or ()),
+            output,
+            logprobs=getattr(params, "logprobs", None),
+            at=spec.logprobs_at,
+            eos=eos,
+        )
         try:
             row.watch = self._watch(row, chain, spec, getattr(params, "min_tokens", 0) or 0)
         except Exception as exc:  # a criterion's prepare() (no tokenizer ...): the request fails alone
@@ -405,14 +428,20 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
             return None
         least = min_new_tokens_of(row.group.store, [row.rid])  # type: ignore[union-attr]
         least = max(int(least[0]) if least is not None else 0, int(min_tokens))
-        setup = StopSetup(batch_size=1, prompt_length=len(row.prompt),
-                          prompt_lengths=torch.tensor([len(row.prompt)]), device=torch.device("cpu"),
-                          tokenizer=self._load_tokenizer(), model_config=self._hf_config, start_time=time.monotonic(),
-                          min_new_tokens=torch.tensor([least]) if least else None)
+        setup = StopSetup(
+            batch_size=1,
+            prompt_length=len(row.prompt),
+            prompt_lengths=torch.tensor([len(row.prompt)]),
+            device=torch.device("cpu"),
+            tokenizer=self._load_tokenizer(),
+            model_config=self._hf_config,
+            start_time=time.monotonic(),
+            min_new_tokens=torch.tensor([least]) if least else None,
+        )
         stopping = Stopping(crits, require_length_limit=False)
         stopping.prepare(setup)
         ids = torch.zeros(1, max(16, 2 * len(row.prompt)), dtype=torch.int64)
-        ids[0, :len(row.prompt)] = torch.tensor(row.prompt, dtype=torch.int64)
+        ids[0, : len(row.prompt)] = torch.tensor(row.prompt, dtype=torch.int64)
         # a resumed request: its earlier tokens were checked before; its newest one is checked at the next step
         return _Watch(stopping, setup, ids, 0).caught_up(row.output)
 
@@ -430,8 +459,11 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
     def _prepare(self, chain: Chain) -> None:
         """What generate() gives every sampler once: tokenizer (DRY breakers, bad-word strings), model config,
         vocabulary size, eos ids."""
-        chain.prepare(tokenizer=self._load_tokenizer(), model_config=self._hf_config,
-                      vocab_size=getattr(self._hf_config, "vocab_size", None))
+        chain.prepare(
+            tokenizer=self._load_tokenizer(),
+            model_config=self._hf_config,
+            vocab_size=getattr(self._hf_config, "vocab_size", None),
+        )
 
     def _load_tokenizer(self) -> Any:
         if not self._tokenizer_loaded:
@@ -442,8 +474,10 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
                     from transformers import AutoTokenizer
 
                     self._tokenizer = AutoTokenizer.from_pretrained(
-                        name, revision=getattr(self._model_config, "tokenizer_revision", None),
-                        trust_remote_code=bool(getattr(self._model_config, "trust_remote_code", False)))
+                        name,
+                        revision=getattr(self._model_config, "tokenizer_revision", None),
+                        trust_remote_code=bool(getattr(self._model_config, "trust_remote_code", False)),
+                    )
                     self._tokenizer_size = len(self._tokenizer)
                 except Exception as exc:  # samplers that need it say so in prepare()
                     logger.warning("samplechain: could not load the tokenizer %r: %s", name, exc)
@@ -483,8 +517,13 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
                 reason = row.watch.check(row.output)  # type: ignore[union-attr]
             except Exception as exc:  # a criterion that breaks ends its request alone, as a failing sampler does
                 row.failed = f"{type(exc).__name__}: {exc}"
-                logger.error("samplechain: request %s (batch row %d): a stopping criterion failed and the request is "
-                             "ended with the end-of-sequence token: %s", row.rid, i, row.failed)
+                logger.error(
+                    "samplechain: request %s (batch row %d): a stopping criterion failed and the request is "
+                    "ended with the end-of-sequence token: %s",
+                    row.rid,
+                    i,
+                    row.failed,
+                )
                 reason = None
             if reason is not None:
                 row.stopped = reason
@@ -502,11 +541,14 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
                 by_group.setdefault(id(row.group), (row.group, []))[1].append(i)
                 if row.watch is not None:
                     self._watched.append(i)
-        return [(g, idx, torch.tensor(idx, dtype=torch.int64, device=self._device),
-                 tuple(self._rows[i].rid for i in idx)) for g, idx in by_group.values()]
+        return [
+            (g, idx, torch.tensor(idx, dtype=torch.int64, device=self._device), tuple(self._rows[i].rid for i in idx))
+            for g, idx in by_group.values()
+        ]
 
-    def _sample(self, group: _Group, logits: torch.Tensor, rows: Sequence[_Row], rids: Sequence[str],
-                indices: Sequence[int]) -> torch.Tensor:
+    def _sample(
+        self, group: _Group, logits: torch.Tensor, rows: Sequence[_Row], rids: Sequence[str], indices: Sequence[int]
+    ) -> torch.Tensor:
         limit = self._vocab_limit(logits.shape[1])
         if limit is not None:  # as generate(): columns past the tokenizer are tokens nobody can decode
             logits[:, limit:] = float("-inf")
@@ -540,30 +582,42 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         """Write this step's chain-scored rows into vLLM's LogprobsTensors (column 0 the sampled token, then the
         top n, and its rank); called by the wrapper around Sampler.forward right after the step."""
         pending, self._pending = self._pending, {}
-        if not pending or tensors is None or tensors.logprob_token_ids.ndim != 2 \
-                or tensors.logprobs.shape[0] != self._width:  # the whole vocabulary, or not this step's rows
+        if (
+            not pending
+            or tensors is None
+            or tensors.logprob_token_ids.ndim != 2
+            or tensors.logprobs.shape[0] != self._width
+        ):  # the whole vocabulary, or not this step's rows
             return
         width = tensors.logprobs.shape[1] - 1
         index = torch.tensor(list(pending), dtype=torch.int64, device=tensors.logprobs.device)
-        value, top_values, top_ids, rank = (torch.stack([p[k] for p in pending.values()]).to(tensors.logprobs.device)
-                                            for k in range(4))
+        value, top_values, top_ids, rank = (
+            torch.stack([p[k] for p in pending.values()]).to(tensors.logprobs.device) for k in range(4)
+        )
         n = min(width, top_values.shape[1])
         tensors.logprobs[index, 0] = value.to(tensors.logprobs.dtype)
-        tensors.logprobs[index, 1:1 + n] = top_values[:, :n].to(tensors.logprobs.dtype)
-        tensors.logprob_token_ids[index, 1:1 + n] = top_ids[:, :n].to(tensors.logprob_token_ids.dtype)
+        tensors.logprobs[index, 1 : 1 + n] = top_values[:, :n].to(tensors.logprobs.dtype)
+        tensors.logprob_token_ids[index, 1 : 1 + n] = top_ids[:, :n].to(tensors.logprob_token_ids.dtype)
         tensors.selected_token_ranks[index] = rank.to(tensors.selected_token_ranks.dtype)
 
-    def _isolate(self, group: _Group, logits: torch.Tensor, indices: Sequence[int],
-                 rows: Sequence[_Row]) -> torch.Tensor:
+    def _isolate(
+        self, group: _Group, logits: torch.Tensor, indices: Sequence[int], rows: Sequence[_Row]
+    ) -> torch.Tensor:
         """A batched step failed: sample each row alone so only the culprits fail (nothing was accepted)."""
         tokens = torch.zeros(len(rows), dtype=torch.int64, device=logits.device)
         for k, (i, row) in enumerate(zip(indices, rows)):
             try:
-                tokens[k] = self._sample(group, logits[i:i + 1].clone(), [row], [row.rid], [i])[0]
+                tokens[k] = self._sample(group, logits[i : i + 1].clone(), [row], [row.rid], [i])[0]
             except Exception as exc:
                 row.failed = f"{type(exc).__name__}: {exc}"
-                logger.error("samplechain: request %s (batch row %d, prompt %r...) failed and is ended with the "
-                             "end-of-sequence token: %s", row.rid, i, row.prompt[:8], row.failed)
+                logger.error(
+                    "samplechain: request %s (batch row %d, prompt %r...) failed and is ended with the "
+                    "end-of-sequence token: %s",
+                    row.rid,
+                    i,
+                    row.prompt[:8],
+                    row.failed,
+                )
                 self._release(row)
         return tokens
 
@@ -576,8 +630,10 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         logits[index, torch.tensor([self._eos_id() if e is None else e for e in eos], device=logits.device)] = 0.0
 
     def _eos_id(self) -> int:
-        for src in (getattr(self._load_tokenizer(), "eos_token_id", None), getattr(self._hf_config, "eos_token_id",
-                                                                                     None)):
+        for src in (
+            getattr(self._load_tokenizer(), "eos_token_id", None),
+            getattr(self._hf_config, "eos_token_id", None),
+        ):
             if isinstance(src, int):
                 return src
             if isinstance(src, (list, tuple)) and src:
@@ -646,7 +702,7 @@ def _history(rows: Sequence[_Row], device: torch.device) -> dict[str, torch.Tens
     width = max(1, max(len(s) for s in seqs))
     hist = np.full((len(seqs), width), -1, dtype=np.int64)
     for i, seq in enumerate(seqs):
-        hist[i, width - len(seq):] = seq
+        hist[i, width - len(seq) :] = seq
     lengths = torch.tensor([len(row.prompt) for row in rows], dtype=torch.int64)
     return {"history": torch.from_numpy(hist).to(device), "prompt_lengths": lengths.to(device)}
 

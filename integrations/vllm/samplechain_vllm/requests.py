@@ -32,8 +32,16 @@ from typing import Any
 
 import attrs
 
-__all__ = ["EXTRA_KEY", "VLLM_SEED_KEY", "ChainSpec", "RequestSpec", "RequestSpecError", "parse_request",
-           "DEFAULT_CHAIN_ENV", "CHAIN_DIR_ENV"]
+__all__ = [
+    "EXTRA_KEY",
+    "VLLM_SEED_KEY",
+    "ChainSpec",
+    "RequestSpec",
+    "RequestSpecError",
+    "parse_request",
+    "DEFAULT_CHAIN_ENV",
+    "CHAIN_DIR_ENV",
+]
 
 EXTRA_KEY = "samplechain"
 PARAM_PREFIX = EXTRA_KEY + "."  # flat per-request parameters: "samplechain.top_k": 20
@@ -70,9 +78,9 @@ class RequestSpec:
 
 
 def _preset(name: str) -> ChainSpec:
-    name = name[len("preset:"):] if name.startswith("preset:") else name
+    name = name[len("preset:") :] if name.startswith("preset:") else name
     if not name:
-        raise RequestSpecError("samplechain: empty preset name; give one such as \"llama.cpp\"")
+        raise RequestSpecError('samplechain: empty preset name; give one such as "llama.cpp"')
     return ChainSpec(f"preset:{name}", f"preset:{name}")
 
 
@@ -85,13 +93,14 @@ def _chain_file(name: str, *, trusted: bool) -> ChainSpec:
         if not root:
             raise RequestSpecError(
                 f"samplechain: chain file {name!r} refused: the server allows no chain files; start it with "
-                f"{CHAIN_DIR_ENV}=/path/to/chains, or send the chain inline ({{\"chain\": {{\"samplers\": [...]}}}})"
+                f'{CHAIN_DIR_ENV}=/path/to/chains, or send the chain inline ({{"chain": {{"samplers": [...]}}}})'
             )
         base = Path(root).expanduser().resolve()
         path = (base / path).resolve()
         if base not in path.parents:
-            raise RequestSpecError(f"samplechain: chain file {name!r} is outside {CHAIN_DIR_ENV} ({base}); name a "
-                                   "file inside that folder")
+            raise RequestSpecError(
+                f"samplechain: chain file {name!r} is outside {CHAIN_DIR_ENV} ({base}); name a file inside that folder"
+            )
     if not path.is_file():
         raise RequestSpecError(f"samplechain: chain file {name!r} not found (looked at {path})")
     return ChainSpec(f"file:{path}:{path.stat().st_mtime_ns}", path)
@@ -105,8 +114,9 @@ def _chain(value: Any, *, trusted: bool = False) -> ChainSpec:
             raise RequestSpecError(f"samplechain: inline chain is not plain JSON data: {exc}") from None
         return ChainSpec(f"inline:{key}", dict(value))
     if not isinstance(value, str):
-        raise RequestSpecError(f"samplechain: chain must be a preset name, a chain file name or a chain table, got "
-                               f"{type(value).__name__}")
+        raise RequestSpecError(
+            f"samplechain: chain must be a preset name, a chain file name or a chain table, got {type(value).__name__}"
+        )
     if value.startswith("preset:"):
         return _preset(value)
     if value.endswith((".toml", ".json")) or "/" in value:
@@ -127,24 +137,30 @@ def parse_request(extra_args: Mapping[str, Any] | None, seed: int | None = None)
     seeds a seeded chain unless params give their own."""
     extra = extra_args or {}
     raw = extra.get(EXTRA_KEY, None)
-    flat = {k[len(PARAM_PREFIX):]: v for k, v in extra.items() if isinstance(k, str) and k.startswith(PARAM_PREFIX)}
+    flat = {k[len(PARAM_PREFIX) :]: v for k, v in extra.items() if isinstance(k, str) and k.startswith(PARAM_PREFIX)}
     logprobs_at = flat.pop(LOGPROBS_KEY, None)
     stop_regex = flat.pop(STOP_REGEX_KEY, None)
     if VLLM_SEED_KEY in flat:
         handed = flat.pop(VLLM_SEED_KEY)
         if isinstance(handed, bool) or not isinstance(handed, int):
-            raise RequestSpecError(f"samplechain: {PARAM_PREFIX}{VLLM_SEED_KEY} must be an integer (the request's "
-                                   f"seed), got {handed!r}")
+            raise RequestSpecError(
+                f"samplechain: {PARAM_PREFIX}{VLLM_SEED_KEY} must be an integer (the request's seed), got {handed!r}"
+            )
         if seed is not None and seed != handed:
-            raise RequestSpecError(f"samplechain: seed = {seed} but {PARAM_PREFIX}{VLLM_SEED_KEY} = {handed}: two "
-                                   f"seeds for one request; give it once")
+            raise RequestSpecError(
+                f"samplechain: seed = {seed} but {PARAM_PREFIX}{VLLM_SEED_KEY} = {handed}: two "
+                f"seeds for one request; give it once"
+            )
         seed = handed
     if raw is False or (isinstance(raw, str) and raw.strip().lower() in _OFF):
         if flat or logprobs_at is not None or stop_regex is not None:
-            given = list(flat) + [k for k, v in ((LOGPROBS_KEY, logprobs_at), (STOP_REGEX_KEY, stop_regex))
-                                  if v is not None]
-            raise RequestSpecError(f"samplechain: {raw!r} turns samplechain off but parameters were given "
-                                   f"({', '.join(PARAM_PREFIX + k for k in given)})")
+            given = list(flat) + [
+                k for k, v in ((LOGPROBS_KEY, logprobs_at), (STOP_REGEX_KEY, stop_regex)) if v is not None
+            ]
+            raise RequestSpecError(
+                f"samplechain: {raw!r} turns samplechain off but parameters were given "
+                f"({', '.join(PARAM_PREFIX + k for k in given)})"
+            )
         return None
     if isinstance(raw, str) and raw.lstrip().startswith("{"):
         try:
@@ -158,8 +174,10 @@ def parse_request(extra_args: Mapping[str, Any] | None, seed: int | None = None)
         chain = default_chain()
         if chain is None:
             if raw is True:
-                raise RequestSpecError(f"samplechain: true asks for the server's default chain but none is set "
-                                       f"({DEFAULT_CHAIN_ENV}); name a preset: {{\"samplechain\": \"llama.cpp\"}}")
+                raise RequestSpecError(
+                    f"samplechain: true asks for the server's default chain but none is set "
+                    f'({DEFAULT_CHAIN_ENV}); name a preset: {{"samplechain": "llama.cpp"}}'
+                )
             return None
     elif isinstance(raw, str):
         chain = _chain(raw)
@@ -178,8 +196,10 @@ def parse_request(extra_args: Mapping[str, Any] | None, seed: int | None = None)
         else:
             found = default_chain()
             if found is None:
-                raise RequestSpecError(f"samplechain: no chain named and the server has no default "
-                                       f"({DEFAULT_CHAIN_ENV}); add \"preset\" or \"chain\"")
+                raise RequestSpecError(
+                    f"samplechain: no chain named and the server has no default "
+                    f'({DEFAULT_CHAIN_ENV}); add "preset" or "chain"'
+                )
             chain = found
         given = raw.get("params", {}) or {}
         if not isinstance(given, Mapping) or not all(isinstance(k, str) for k in given):
@@ -187,25 +207,33 @@ def parse_request(extra_args: Mapping[str, Any] | None, seed: int | None = None)
         params = dict(given)
         if LOGPROBS_KEY in raw:
             if logprobs_at is not None:
-                raise RequestSpecError(f"samplechain: {LOGPROBS_KEY} given both in the object and as "
-                                       f"{PARAM_PREFIX}{LOGPROBS_KEY}; give it once")
+                raise RequestSpecError(
+                    f"samplechain: {LOGPROBS_KEY} given both in the object and as "
+                    f"{PARAM_PREFIX}{LOGPROBS_KEY}; give it once"
+                )
             logprobs_at = raw[LOGPROBS_KEY]
         if STOP_REGEX_KEY in raw:
             if stop_regex is not None:
-                raise RequestSpecError(f"samplechain: {STOP_REGEX_KEY} given both in the object and as "
-                                       f"{PARAM_PREFIX}{STOP_REGEX_KEY}; give it once")
+                raise RequestSpecError(
+                    f"samplechain: {STOP_REGEX_KEY} given both in the object and as "
+                    f"{PARAM_PREFIX}{STOP_REGEX_KEY}; give it once"
+                )
             stop_regex = raw[STOP_REGEX_KEY]
     else:
-        raise RequestSpecError(f"samplechain: expected a preset name or an object with preset / chain / params, "
-                               f"got {type(raw).__name__}")
+        raise RequestSpecError(
+            f"samplechain: expected a preset name or an object with preset / chain / params, got {type(raw).__name__}"
+        )
     clash = sorted(set(params) & set(flat))
     if clash:
-        raise RequestSpecError(f"samplechain: parameter(s) {clash} given both in params and as "
-                               f"{PARAM_PREFIX}NAME; give each once")
+        raise RequestSpecError(
+            f"samplechain: parameter(s) {clash} given both in params and as {PARAM_PREFIX}NAME; give each once"
+        )
     params.update(flat)
     if logprobs_at is not None and not isinstance(logprobs_at, str):
-        raise RequestSpecError(f"samplechain: {LOGPROBS_KEY} must be a string such as \"raw\", \"processed\" or a "
-                               f"chain entry's id, got {logprobs_at!r}")
+        raise RequestSpecError(
+            f'samplechain: {LOGPROBS_KEY} must be a string such as "raw", "processed" or a '
+            f"chain entry's id, got {logprobs_at!r}"
+        )
     return RequestSpec(chain, params, None if seed is None else int(seed), logprobs_at, _patterns(stop_regex))
 
 
@@ -216,6 +244,8 @@ def _patterns(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)) or not value or not all(isinstance(p, str) for p in value):
-        raise RequestSpecError(f"samplechain: {STOP_REGEX_KEY} must be a regular expression or a non-empty list of "
-                               f"them, e.g. \"(?i)the end\" or [\"END\", \"\\\\n{{2,}}\"], got {value!r}")
+        raise RequestSpecError(
+            f"samplechain: {STOP_REGEX_KEY} must be a regular expression or a non-empty list of "
+            f'them, e.g. "(?i)the end" or ["END", "\\\\n{{2,}}"], got {value!r}'
+        )
     return tuple(value)

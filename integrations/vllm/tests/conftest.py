@@ -33,10 +33,27 @@ def _free_port() -> int:
 
 
 def server_command(port: int, *, max_num_seqs: int = 32) -> list[str]:
-    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(default_model_path()),
-            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-            "--enforce-eager", "--max-model-len", "256", "--max-num-seqs", str(max_num_seqs),
-            "--disable-log-stats"]
+    return [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(default_model_path()),
+        "--served-model-name",
+        MODEL_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "256",
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--disable-log-stats",
+    ]
 
 
 def server_env() -> dict[str, str]:
@@ -57,15 +74,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
     log = tmp_path_factory.mktemp("vllm") / "serve.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(server_command(port), stdout=out, stderr=subprocess.STDOUT, env=server_env(),
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            server_command(port), stdout=out, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + STARTUP_S
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode} before it was ready:\n"
-                            f"{_tail(log)}")
+                pytest.fail(f"vllm serve exited with {proc.returncode} before it was ready:\n{_tail(log)}")
             try:
                 if requests.get(url + "/health", timeout=2).status_code == 200:
                     break

@@ -16,8 +16,9 @@ from samplechain_vllm import SamplechainLogitsProcessor
 def make_processor(logprobs_mode: str | None = None) -> SamplechainLogitsProcessor:
     """A SamplechainLogitsProcessor with the vLLM config fields it reads (logprobs_mode: vLLM's --logprobs-mode)."""
     path = str(default_model_path())
-    model_config = types.SimpleNamespace(tokenizer=path, tokenizer_revision=None, trust_remote_code=False,
-                                         hf_config=AutoConfig.from_pretrained(path))
+    model_config = types.SimpleNamespace(
+        tokenizer=path, tokenizer_revision=None, trust_remote_code=False, hf_config=AutoConfig.from_pretrained(path)
+    )
     if logprobs_mode is not None:
         model_config.logprobs_mode = logprobs_mode
     return SamplechainLogitsProcessor(types.SimpleNamespace(model_config=model_config), torch.device("cpu"), False)

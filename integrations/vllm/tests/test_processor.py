@@ -35,16 +35,20 @@ class Reference:
 
     def __init__(self, chain: str, seed: int | None, prompt: list[int]) -> None:
         self.chain = Chain.load(chain)
-        self.chain.prepare(tokenizer=make_processor()._load_tokenizer(),
-                           model_config=AutoConfig.from_pretrained(default_model_path()), vocab_size=V)
+        self.chain.prepare(
+            tokenizer=make_processor()._load_tokenizer(),
+            model_config=AutoConfig.from_pretrained(default_model_path()),
+            vocab_size=V,
+        )
         self.store = self.chain.new_store()
         self.store.add("r", {"seed": seed} if seed is not None else {})
         self.prompt = prompt
 
     def step(self, logits: torch.Tensor, output: list[int]) -> int:
         hist = torch.tensor([self.prompt + output])
-        kwargs = {"history": hist, "prompt_lengths": torch.tensor([len(self.prompt)])} \
-            if self.chain.needs_history else {}
+        kwargs = (
+            {"history": hist, "prompt_lengths": torch.tensor([len(self.prompt)])} if self.chain.needs_history else {}
+        )
         return int(self.chain.sample(logits[None].clone(), self.store, ["r"], **kwargs).token_ids[0])
 
 
@@ -56,8 +60,7 @@ def test_rows_follow_their_requests_through_add_move_remove() -> None:
     chains = [("preset:llama.cpp", 11), ("preset:greedy", None), (None, None), ("preset:llama.cpp", 12)]
     xargs = [{"samplechain": "llama.cpp"}, {"samplechain": "greedy"}, None, {"samplechain": "llama.cpp"}]
     refs = {k: Reference(c, s, prompts[k]) for k, (c, s) in enumerate(chains) if c is not None}
-    proc.update_state(update(4, added=[(k, params(xargs[k], chains[k][1]), prompts[k], outputs[k])
-                                       for k in range(4)]))
+    proc.update_state(update(4, added=[(k, params(xargs[k], chains[k][1]), prompts[k], outputs[k]) for k in range(4)]))
     where = {0: 0, 1: 1, 2: 2, 3: 3}  # request -> batch row
     gen = torch.Generator().manual_seed(0)
     for step in range(6):
@@ -146,8 +149,15 @@ def test_a_resumed_request_continues_at_its_position() -> None:
 
 def test_a_failing_row_is_ended_alone() -> None:
     proc = make_processor()
-    proc.update_state(update(2, added=[(0, params({"samplechain": "llama.cpp"}, 1), [5], []),
-                                       (1, params({"samplechain": "llama.cpp"}, 2), [6], [])]))
+    proc.update_state(
+        update(
+            2,
+            added=[
+                (0, params({"samplechain": "llama.cpp"}, 1), [5], []),
+                (1, params({"samplechain": "llama.cpp"}, 2), [6], []),
+            ],
+        )
+    )
     logits = torch.randn(2, V, generator=torch.Generator().manual_seed(4))
     logits[1] = float("-inf")  # nothing left to choose for request 1 (vLLM's bad_words / allowed ids could do it)
     out = proc.apply(logits)
@@ -158,15 +168,18 @@ def test_a_failing_row_is_ended_alone() -> None:
     assert torch.isfinite(out[0]).sum() == 1
 
 
-@pytest.mark.parametrize("xargs, words", [
-    ({"samplechain": "no-such"}, ["no such preset"]),
-    ({"samplechain": "llama.cpp", "samplechain.min_p": -1}, ["min_p"]),
-    ({"samplechain": "x.toml"}, ["refused"]),
-    ({"samplechain": {"preset": "greedy", "chain": "greedy"}}, ["either preset or chain"]),
-    ({"samplechain.top_k": 3}, ["no chain named"]),
-    ({"samplechain": "greedy", "samplechain.seed": 3}, ["unknown parameter", "seed"]),
-    ({"samplechain": "llama.cpp", "samplechain.vllm_seed": "7"}, ["samplechain.vllm_seed", "integer"]),
-])
+@pytest.mark.parametrize(
+    "xargs, words",
+    [
+        ({"samplechain": "no-such"}, ["no such preset"]),
+        ({"samplechain": "llama.cpp", "samplechain.min_p": -1}, ["min_p"]),
+        ({"samplechain": "x.toml"}, ["refused"]),
+        ({"samplechain": {"preset": "greedy", "chain": "greedy"}}, ["either preset or chain"]),
+        ({"samplechain.top_k": 3}, ["no chain named"]),
+        ({"samplechain": "greedy", "samplechain.seed": 3}, ["unknown parameter", "seed"]),
+        ({"samplechain": "llama.cpp", "samplechain.vllm_seed": "7"}, ["samplechain.vllm_seed", "integer"]),
+    ],
+)
 def test_validate_params_names_the_problem(xargs, words) -> None:
     with pytest.raises(ValueError) as info:
         SamplechainLogitsProcessor.validate_params(params(xargs))
@@ -197,9 +210,16 @@ def test_a_bad_value_past_the_frontend_ends_that_request_alone() -> None:
     has): a value the frontend would refuse, given to the engine directly, ends that request alone, with the
     parameter named in the log, and the group's other requests go on."""
     proc = make_processor()
-    proc.update_state(update(3, added=[(0, params({"samplechain": "llama.cpp"}, 1), [5], []),
-                                       (1, params({"samplechain": "llama.cpp", "samplechain.min_p": -1}, 2), [6], []),
-                                       (2, params({"samplechain": "llama.cpp"}, 3), [7], [])]))
+    proc.update_state(
+        update(
+            3,
+            added=[
+                (0, params({"samplechain": "llama.cpp"}, 1), [5], []),
+                (1, params({"samplechain": "llama.cpp", "samplechain.min_p": -1}, 2), [6], []),
+                (2, params({"samplechain": "llama.cpp"}, 3), [7], []),
+            ],
+        )
+    )
     assert proc._rows[1].failed is not None and "min_p" in proc._rows[1].failed
     out = proc.apply(torch.randn(3, V))
     assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [0]  # ended with eos
@@ -214,8 +234,9 @@ def test_a_request_that_cannot_join_is_ended_and_the_engine_goes_on(monkeypatch)
         raise RuntimeError("prepare exploded")
 
     monkeypatch.setattr(proc, "_prepare", broken)  # update_state must not raise: vLLM would stop the engine
-    proc.update_state(update(2, added=[(0, params({"samplechain": "llama.cpp"}, 1), [5], []),
-                                       (1, params(None), [6], [])]))
+    proc.update_state(
+        update(2, added=[(0, params({"samplechain": "llama.cpp"}, 1), [5], []), (1, params(None), [6], [])])
+    )
     logits = torch.randn(2, V)
     raw = logits.clone()
     out = proc.apply(logits)
@@ -245,8 +266,14 @@ def test_the_history_is_built_only_for_steps_that_read_it(monkeypatch) -> None:
     penalised = Reference("preset:llama.cpp", 2, [7, 8, 9])
     penalised.store.remove("r")
     penalised.store.add("r", {"seed": 2, "repeat_penalty": 1.5})
-    proc.update_state(update(2, added=[(1, params({"samplechain": "llama.cpp", "samplechain.repeat_penalty": 1.5}, 2),
-                                        [7, 8, 9], outputs[1])]))
+    proc.update_state(
+        update(
+            2,
+            added=[
+                (1, params({"samplechain": "llama.cpp", "samplechain.repeat_penalty": 1.5}, 2), [7, 8, 9], outputs[1])
+            ],
+        )
+    )
     for step in range(3):
         logits = torch.randn(2, V, generator=gen) * 3
         raw = logits.clone()
@@ -265,14 +292,20 @@ def test_the_kept_history_follows_vllms_output_lists() -> None:
     from samplechain_vllm.processor import _generated, _history, _Row
 
     def rebuilt(rows: list[_Row]) -> torch.Tensor:
-        seqs = [row.prompt + row.output[:_generated(row.output)] for row in rows]
+        seqs = [row.prompt + row.output[: _generated(row.output)] for row in rows]
         width = max(len(s) for s in seqs)
         return torch.tensor([[-1] * (width - len(s)) + s for s in seqs])
 
     rows = [_Row("a", None, [5, 6, 7], []), _Row("b", None, list(range(40)), [1]), _Row("c", None, [9], [2, 3])]
-    edits = [lambda o: o.append(4), lambda o: o.extend([8, 8, 8]), lambda o: o.extend([6, -1]),
-             lambda o: o.__setitem__(slice(-1, None), [7]), lambda o: o.extend(range(100)),
-             lambda o: o.__setitem__(slice(None), [3, 1]), lambda o: o.__setitem__(slice(None), [])]
+    edits = [
+        lambda o: o.append(4),
+        lambda o: o.extend([8, 8, 8]),
+        lambda o: o.extend([6, -1]),
+        lambda o: o.__setitem__(slice(-1, None), [7]),
+        lambda o: o.extend(range(100)),
+        lambda o: o.__setitem__(slice(None), [3, 1]),
+        lambda o: o.__setitem__(slice(None), []),
+    ]
     for step in range(12):
         for i, row in enumerate(rows):
             edits[(step + i) % len(edits)](row.output)

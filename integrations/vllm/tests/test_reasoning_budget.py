@@ -55,12 +55,18 @@ def test_per_request_budgets_close_the_block_in_one_batch(tok) -> None:
     budgets = [2, 5, 3]  # the third prompt opens no block: its budget never applies
     outputs: list[list[int]] = [[], [], []]
     proc = make_processor()
-    proc.update_state(BatchUpdate(batch_size=3, removed=[], moved=[],
-                                  added=[(b, request(budgets[b], 10 + b), prompts[b], outputs[b]) for b in range(3)]))
+    proc.update_state(
+        BatchUpdate(
+            batch_size=3,
+            removed=[],
+            moved=[],
+            added=[(b, request(budgets[b], 10 + b), prompts[b], outputs[b]) for b in range(3)],
+        )
+    )
     run(proc, prompts, outputs, 12)
-    assert outputs[0][2:2 + len(end)] == end
-    assert outputs[1][5:5 + len(end)] == end
-    assert outputs[2][:len(end)] != end  # no block open: nothing forced
+    assert outputs[0][2 : 2 + len(end)] == end
+    assert outputs[1][5 : 5 + len(end)] == end
+    assert outputs[2][: len(end)] != end  # no block open: nothing forced
 
 
 def test_a_request_resumed_mid_thought_keeps_its_budget(tok) -> None:
@@ -72,12 +78,13 @@ def test_a_request_resumed_mid_thought_keeps_its_budget(tok) -> None:
     proc = make_processor()
     proc.update_state(BatchUpdate(batch_size=1, removed=[], moved=[], added=[(0, request(4, 1), prompt, output)]))
     run(proc, [prompt], [output], 8)
-    assert output[4:4 + len(end)] == end
+    assert output[4 : 4 + len(end)] == end
 
 
 MESSAGE = " Time to answer."
-WITH_MESSAGE = {"chain": {"samplers": [{"use": "reasoning_budget", "message": MESSAGE}, {"use": "top_k", "k": 20},
-                                       {"use": "dist"}]}}
+WITH_MESSAGE = {
+    "chain": {"samplers": [{"use": "reasoning_budget", "message": MESSAGE}, {"use": "top_k", "k": 20}, {"use": "dist"}]}
+}
 
 
 def vllm_step(proc, holder, outputs, gen):
@@ -97,8 +104,9 @@ def serve(tok, params_list, steps, validate=True):
     if validate:
         for params in params_list:
             SamplechainLogitsProcessor.validate_params(params)
-    config = types.SimpleNamespace(reasoning_start_token_ids=tok.encode("<think>"),
-                                   reasoning_end_token_ids=tok.encode("</think>"))
+    config = types.SimpleNamespace(
+        reasoning_start_token_ids=tok.encode("<think>"), reasoning_end_token_ids=tok.encode("</think>")
+    )
     holder = ThinkingBudgetStateHolder(config, 8, 0, torch.device("cpu"), False)
     proc = make_processor()
     outputs: list[list[int]] = [[] for _ in params_list]
@@ -126,7 +134,7 @@ def test_vllms_thinking_token_budget_is_the_chains_budget_and_is_forced_once(tok
     assert by_field.extra_args == handed and by_field.seed is None
     assert xargs == {"samplechain": WITH_MESSAGE}  # the caller's dict is not changed, the params get a new one
     forced = tok.encode(MESSAGE) + tok.encode("</think>")
-    assert outputs[0][3:3 + len(forced)] == forced
+    assert outputs[0][3 : 3 + len(forced)] == forced
     assert outputs[0] == outputs[1]  # same prompt, seed and budget: the same tokens either way
     SamplechainLogitsProcessor.validate_params(by_field)  # validated again (LLM.generate reuses params): unchanged
     assert by_field.extra_args == handed
@@ -139,7 +147,7 @@ def test_without_the_hand_over_vllm_would_force_over_the_chains_message(tok) -> 
     (out,), tracked = serve(tok, [params], 16, validate=False)
     assert tracked
     forced = tok.encode(MESSAGE) + tok.encode("</think>")
-    assert out[3:3 + len(forced)] != forced
+    assert out[3 : 3 + len(forced)] != forced
 
 
 def test_a_chain_without_the_sampler_leaves_the_budget_to_vllm(tok) -> None:
@@ -150,22 +158,28 @@ def test_a_chain_without_the_sampler_leaves_the_budget_to_vllm(tok) -> None:
     (out,), tracked = serve(tok, [params], 12)
     assert params.thinking_token_budget == 3 and tracked
     (free,), _ = serve(tok, [SamplingParams(extra_args={"samplechain": "greedy"}, max_tokens=16)], 12)
-    at = next(i for i in range(len(out)) if out[i:i + len(end)] == end)
-    assert out[:at] == free[:at] and free[at:at + len(end)] != end  # the chain's own tokens until vLLM forces
+    at = next(i for i in range(len(out)) if out[i : i + len(end)] == end)
+    assert out[:at] == free[:at] and free[at : at + len(end)] != end  # the chain's own tokens until vLLM forces
     # vLLM 0.32 counts a prompt's open block as if its start marker were one token: <think> is 4 tokens here, so
     # the block runs 3 tokens past the budget (docs/reasoning.md, the differences table)
     assert at == 3 + len(tok.encode("<think>")) - 1
 
 
-@pytest.mark.parametrize("given", [{"samplechain.thinking_token_budget": 3}, {"samplechain.reasoning_budget": 3},
-                                   {"samplechain.reasoning_budget.budget": 3}])
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"samplechain.thinking_token_budget": 3},
+        {"samplechain.reasoning_budget": 3},
+        {"samplechain.reasoning_budget.budget": 3},
+    ],
+)
 def test_the_same_budget_both_ways_is_fine_two_budgets_are_an_error(given) -> None:
     params = SamplingParams(thinking_token_budget=3, extra_args={"samplechain": "reasoning-think", **given})
     SamplechainLogitsProcessor.validate_params(params)
     assert params.thinking_token_budget is None and params.extra_args == {"samplechain": "reasoning-think", **given}
     key = next(iter(given))
     params = SamplingParams(thinking_token_budget=4, extra_args={"samplechain": "reasoning-think", **given})
-    with pytest.raises(RequestSpecError, match=f"thinking_token_budget = 4 .*'{key[len('samplechain.'):]}' = 3"):
+    with pytest.raises(RequestSpecError, match=f"thinking_token_budget = 4 .*'{key[len('samplechain.') :]}' = 3"):
         SamplechainLogitsProcessor.validate_params(params)
 
 
@@ -176,16 +190,19 @@ def test_serving_with_a_thinking_budget_equals_generate(server: str) -> None:
 
     budgets = [1, 4]
     seeds = [21, 22]
-    jobs = [(PROMPTS[b], {"samplechain": "reasoning-think", "samplechain.thinking_token_budget": budgets[b]},
-             seeds[b]) for b in range(2)]
+    jobs = [
+        (PROMPTS[b], {"samplechain": "reasoning-think", "samplechain.thinking_token_budget": budgets[b]}, seeds[b])
+        for b in range(2)
+    ]
     responses = run_all(server, jobs)
     for b, r in enumerate(responses):
         assert r.status_code == 200, r.text
-        want = reference_tokens("preset:reasoning-think", [PROMPTS[b]], [seeds[b]], 16,
-                                {"reasoning_budget": budgets[b]})["tokens"][0]
+        want = reference_tokens(
+            "preset:reasoning-think", [PROMPTS[b]], [seeds[b]], 16, {"reasoning_budget": budgets[b]}
+        )["tokens"][0]
         assert r.json()["choices"][0]["token_ids"] == want
         end = AutoTokenizer.from_pretrained(default_model_path()).encode("</think>")
-        assert want[budgets[b]:budgets[b] + len(end)] == end
+        assert want[budgets[b] : budgets[b] + len(end)] == end
 
 
 @pytest.mark.slow

@@ -42,18 +42,30 @@ INLINE = {"samplers": [{"use": "top_k", "k": 8}, {"use": "temperature", "t": 1.3
 CASES: list[tuple[str, dict[str, Any], Any, list[int | None], dict[str, Any] | None]] = [
     ("greedy", {"samplechain": "greedy"}, "preset:greedy", [None] * len(PROMPTS), None),
     ("llama.cpp seeded", {"samplechain": "llama.cpp"}, "preset:llama.cpp", SEEDS, None),
-    ("llama.cpp seeded, inline params", {"samplechain": "llama.cpp", "samplechain.top_k": 5,
-                                         "samplechain.temperature": 1.5}, "preset:llama.cpp", SEEDS,
-     {"top_k": 5, "temperature": 1.5}),
+    (
+        "llama.cpp seeded, inline params",
+        {"samplechain": "llama.cpp", "samplechain.top_k": 5, "samplechain.temperature": 1.5},
+        "preset:llama.cpp",
+        SEEDS,
+        {"top_k": 5, "temperature": 1.5},
+    ),
     ("inline chain as JSON", {"samplechain": json.dumps({"chain": INLINE})}, INLINE, SEEDS, None),
     ("chain file", {"samplechain": "creative.toml"}, str(CHAIN_DIR / "creative.toml"), SEEDS, None),
 ]
 
 
-def complete(url: str, prompt: str, xargs: dict[str, Any] | None, seed: int | None = None,
-             **extra: Any) -> requests.Response:
-    body: dict[str, Any] = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": MAX_TOKENS, "ignore_eos": True,
-                            "return_token_ids": True, "temperature": 1.0, **extra}
+def complete(
+    url: str, prompt: str, xargs: dict[str, Any] | None, seed: int | None = None, **extra: Any
+) -> requests.Response:
+    body: dict[str, Any] = {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "temperature": 1.0,
+        **extra,
+    }
     if xargs is not None:
         body["vllm_xargs"] = xargs
     if seed is not None:
@@ -69,8 +81,9 @@ def run_all(url: str, jobs: list[tuple[str, dict[str, Any] | None, int | None]])
 
 @pytest.fixture(scope="module")
 def references() -> dict[str, dict[str, list[list[int]]]]:
-    return {name: reference_tokens(chain, PROMPTS, seeds, MAX_TOKENS, params)
-            for name, _, chain, seeds, params in CASES}
+    return {
+        name: reference_tokens(chain, PROMPTS, seeds, MAX_TOKENS, params) for name, _, chain, seeds, params in CASES
+    }
 
 
 def test_serving_equals_generate_for_16_concurrent_prompts_per_chain(server: str, references) -> None:
@@ -115,10 +128,10 @@ def test_bad_chain_gets_a_clear_error_while_other_requests_continue(server: str,
     good = [(p, {"samplechain": "llama.cpp"}, s) for p, s in zip(PROMPTS[:8], SEEDS)]
     bad = [(PROMPTS[0], xargs, 1) for xargs, _ in BAD]
     responses = run_all(server, good + bad)
-    for i, r in enumerate(responses[:len(good)]):
+    for i, r in enumerate(responses[: len(good)]):
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["token_ids"] == references["llama.cpp seeded"]["tokens"][i]
-    for (xargs, words), r in zip(BAD, responses[len(good):]):
+    for (xargs, words), r in zip(BAD, responses[len(good) :]):
         assert r.status_code == 400, f"{xargs}: {r.status_code} {r.text}"
         message = r.json()["error"]["message"]
         assert "samplechain" in message, message

@@ -30,10 +30,24 @@ def reference(stage: str) -> list[dict[str, Any]]:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     out = []
     for prompt, seed in zip(PROMPTS, SEEDS):
-        got = generate(model, tok, prompt, chain="preset:llama.cpp", seed=seed, max_new_tokens=MAX_TOKENS,
-                       ignore_eos=True, logprobs_mode=stage, top_logprobs=TOP)
-        out.append({"tokens": got.sequences[0, got.prompt_length:].tolist(), "logprobs": got.logprobs[0].tolist(),
-                    "top": [sorted(v[0].tolist(), reverse=True) for v, _ in got.top_logprobs]})
+        got = generate(
+            model,
+            tok,
+            prompt,
+            chain="preset:llama.cpp",
+            seed=seed,
+            max_new_tokens=MAX_TOKENS,
+            ignore_eos=True,
+            logprobs_mode=stage,
+            top_logprobs=TOP,
+        )
+        out.append(
+            {
+                "tokens": got.sequences[0, got.prompt_length :].tolist(),
+                "logprobs": got.logprobs[0].tolist(),
+                "top": [sorted(v[0].tolist(), reverse=True) for v, _ in got.top_logprobs],
+            }
+        )
     return out
 
 
@@ -47,10 +61,10 @@ def test_served_logprobs_equal_generate_at_every_stage(server: str, stage: str) 
         choice = response.json()["choices"][0]
         assert choice["token_ids"] == ref["tokens"]
         served = choice["logprobs"]
-        torch.testing.assert_close(torch.tensor(served["token_logprobs"]), torch.tensor(ref["logprobs"]),
-                                   atol=2e-3, rtol=1e-3)
+        torch.testing.assert_close(
+            torch.tensor(served["token_logprobs"]), torch.tensor(ref["logprobs"]), atol=2e-3, rtol=1e-3
+        )
         for step, top in enumerate(served["top_logprobs"]):
             values = sorted(top.values(), reverse=True)[:TOP]  # the sampled token may be listed besides the top n
             finite = [v for v in ref["top"][step] if v > float("-inf")]
-            torch.testing.assert_close(torch.tensor(values[:len(finite)]), torch.tensor(finite), atol=2e-3,
-                                       rtol=1e-3)
+            torch.testing.assert_close(torch.tensor(values[: len(finite)]), torch.tensor(finite), atol=2e-3, rtol=1e-3)

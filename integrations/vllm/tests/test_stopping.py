@@ -60,7 +60,7 @@ def regex_end(tok, script: list[int], pattern: str = PATTERN, after: int = 0) ->
     """The number of tokens after which the pattern first matches the decoded text, the match ending in a token
     past the first `after` (stated independently of the criterion: decode prefixes, search)."""
     for k in range(after + 1, len(script) + 1):
-        before = len(tok.decode(script[:k - 1]))
+        before = len(tok.decode(script[: k - 1]))
         if any(m.end() > before for m in re.finditer(pattern, tok.decode(script[:k]))):
             return k
     raise AssertionError("no match")
@@ -71,39 +71,64 @@ def test_a_requests_stop_regex_ends_it_with_eos_one_step_after_the_match(tok) ->
     k = regex_end(tok, script)
     outputs: list[list[int]] = [[], []]
     proc = make_processor()
-    proc.update_state(BatchUpdate(batch_size=2, removed=[], moved=[], added=[
-        (0, request({"samplechain": "greedy", "samplechain.stop_regex": [PATTERN, "never+"]}), [5, 6], outputs[0]),
-        (1, request({"samplechain": "greedy"}), [5, 6], outputs[1])]))
+    proc.update_state(
+        BatchUpdate(
+            batch_size=2,
+            removed=[],
+            moved=[],
+            added=[
+                (
+                    0,
+                    request({"samplechain": "greedy", "samplechain.stop_regex": [PATTERN, "never+"]}),
+                    [5, 6],
+                    outputs[0],
+                ),
+                (1, request({"samplechain": "greedy"}), [5, 6], outputs[1]),
+            ],
+        )
+    )
     drive(proc, [script, script], outputs, k + 2)
     assert outputs[0] == script[:k] + [eos, eos]  # the match kept, then eos (vLLM ends the request at the first)
-    assert outputs[1] == script[:k + 2]  # the other request is untouched
+    assert outputs[1] == script[: k + 2]  # the other request is untouched
     assert proc._rows[0].stopped == f"stop_regex:{PATTERN}"
 
 
 def test_a_chains_stop_list_is_enforced_but_its_length_limits_and_eos_are_vllms(tok) -> None:
     a, b, c = tok.encode(" a")[0], tok.encode(" b")[0], tok.encode(" c")[0]
     script = [c, a, b, a, b, a, b, c, c]  # " a b" said three times: after 7 tokens
-    stops = chain({"use": "max_new_tokens", "n": 2}, {"use": "eos", "ids": [c]},
-                  {"use": "repetition", "max_pattern_size": 2, "min_count": 3},
-                  {"use": "stop_regex", "patterns": ["z"]})
+    stops = chain(
+        {"use": "max_new_tokens", "n": 2},
+        {"use": "eos", "ids": [c]},
+        {"use": "repetition", "max_pattern_size": 2, "min_count": 3},
+        {"use": "stop_regex", "patterns": ["z"]},
+    )
     outputs: list[list[int]] = [[]]
     proc = make_processor()
-    proc.update_state(BatchUpdate(batch_size=1, removed=[], moved=[],
-                                  added=[(0, request({"samplechain": stops}), [5], outputs[0])]))
+    proc.update_state(
+        BatchUpdate(batch_size=1, removed=[], moved=[], added=[(0, request({"samplechain": stops}), [5], outputs[0])])
+    )
     drive(proc, [script], outputs, 9)
     assert outputs[0] == script[:7] + [tok.eos_token_id] * 2  # not stopped at 2 tokens, nor at the c of eos ids
     assert proc._rows[0].stopped == "repetition"
 
 
-@pytest.mark.parametrize("entry,text", [({"use": "stop_strings", "strings": ["at the"]}, " We are at the"),
-                                        ({"use": "stop_sequences", "sequences": [[3, 4]]}, None)])
+@pytest.mark.parametrize(
+    "entry,text",
+    [
+        ({"use": "stop_strings", "strings": ["at the"]}, " We are at the"),
+        ({"use": "stop_sequences", "sequences": [[3, 4]]}, None),
+    ],
+)
 def test_other_criteria_of_the_chain_are_enforced_the_same_way(tok, entry, text) -> None:
     script = tok.encode(TEXT) if text is not None else [7, 3, 4, 9, 9]
     k = len(tok.encode(text)) if text is not None else 3
     outputs: list[list[int]] = [[]]
     proc = make_processor()
-    proc.update_state(BatchUpdate(batch_size=1, removed=[], moved=[],
-                                  added=[(0, request({"samplechain": chain(entry)}), [5], outputs[0])]))
+    proc.update_state(
+        BatchUpdate(
+            batch_size=1, removed=[], moved=[], added=[(0, request({"samplechain": chain(entry)}), [5], outputs[0])]
+        )
+    )
     drive(proc, [script], outputs, k + 1)
     assert outputs[0] == script[:k] + [tok.eos_token_id]
     assert proc._rows[0].stopped == entry["use"]
@@ -114,8 +139,14 @@ def test_confidence_cannot_run_and_is_ignored_with_a_warning(tok, caplog) -> Non
     outputs: list[list[int]] = [[]]
     proc = make_processor()
     with caplog.at_level("WARNING", logger="samplechain_vllm"):
-        proc.update_state(BatchUpdate(batch_size=1, removed=[], moved=[], added=[
-            (0, request({"samplechain": chain({"use": "confidence", "threshold": 0.99})}), [5], outputs[0])]))
+        proc.update_state(
+            BatchUpdate(
+                batch_size=1,
+                removed=[],
+                moved=[],
+                added=[(0, request({"samplechain": chain({"use": "confidence", "threshold": 0.99})}), [5], outputs[0])],
+            )
+        )
     assert "'confidence' stopping criterion" in caplog.text and "ignored" in caplog.text
     drive(proc, [[7] * 4], outputs, 3)
     assert outputs[0] == [7] * 3 and proc._watched == []
@@ -125,9 +156,18 @@ def test_requests_without_criteria_are_not_looked_at(tok) -> None:
     plain = chain({"use": "max_new_tokens", "n": 4}, {"use": "eos"})  # both vLLM's: nothing to watch
     outputs: list[list[int]] = [[], [], []]
     proc = make_processor()
-    proc.update_state(BatchUpdate(batch_size=3, removed=[], moved=[], added=[
-        (0, request({"samplechain": "greedy"}), [5], outputs[0]), (1, request({"samplechain": plain}), [5], outputs[1]),
-        (2, request({"samplechain": "greedy", "samplechain.stop_regex": "x"}), [5], outputs[2])]))
+    proc.update_state(
+        BatchUpdate(
+            batch_size=3,
+            removed=[],
+            moved=[],
+            added=[
+                (0, request({"samplechain": "greedy"}), [5], outputs[0]),
+                (1, request({"samplechain": plain}), [5], outputs[1]),
+                (2, request({"samplechain": "greedy", "samplechain.stop_regex": "x"}), [5], outputs[2]),
+            ],
+        )
+    )
     drive(proc, [[7] * 4] * 3, outputs, 2)
     assert [i for i, row in proc._rows.items() if row.watch is not None] == [2] and proc._watched == [2]
     proc.update_state(BatchUpdate(batch_size=2, removed=[2], moved=[], added=[]))
@@ -141,14 +181,23 @@ def test_min_tokens_holds_the_criteria_back(tok) -> None:
     script = tok.encode(TEXT)
     first = regex_end(tok, script)
     second = regex_end(tok, script, after=first)
-    with_min = json.dumps({"chain": {"samplers": [{"use": "min_new_tokens", "n": first}, {"use": "greedy"}],
-                                     "stop": [{"use": "stop_regex", "patterns": [PATTERN]}]}})
-    for xargs, kwargs in [({"samplechain": "greedy", "samplechain.stop_regex": PATTERN}, {"min_tokens": first}),
-                          ({"samplechain": with_min}, {})]:
+    with_min = json.dumps(
+        {
+            "chain": {
+                "samplers": [{"use": "min_new_tokens", "n": first}, {"use": "greedy"}],
+                "stop": [{"use": "stop_regex", "patterns": [PATTERN]}],
+            }
+        }
+    )
+    for xargs, kwargs in [
+        ({"samplechain": "greedy", "samplechain.stop_regex": PATTERN}, {"min_tokens": first}),
+        ({"samplechain": with_min}, {}),
+    ]:
         outputs: list[list[int]] = [[]]
         proc = make_processor()
-        proc.update_state(BatchUpdate(batch_size=1, removed=[], moved=[],
-                                      added=[(0, request(xargs, **kwargs), [5], outputs[0])]))
+        proc.update_state(
+            BatchUpdate(batch_size=1, removed=[], moved=[], added=[(0, request(xargs, **kwargs), [5], outputs[0])])
+        )
         drive(proc, [script], outputs, second + 1)
         assert outputs[0] == script[:second] + [tok.eos_token_id], xargs
 
@@ -161,8 +210,14 @@ def test_criteria_follow_their_request_through_moves_and_preemption(tok) -> None
     xargs = {"samplechain": "greedy", "samplechain.stop_regex": PATTERN}
     outputs: list[list[int]] = [[], []]
     proc = make_processor()
-    proc.update_state(BatchUpdate(batch_size=2, removed=[], moved=[], added=[
-        (0, request(xargs), [5], outputs[0]), (1, request(xargs), [5], outputs[1])]))
+    proc.update_state(
+        BatchUpdate(
+            batch_size=2,
+            removed=[],
+            moved=[],
+            added=[(0, request(xargs), [5], outputs[0]), (1, request(xargs), [5], outputs[1])],
+        )
+    )
     drive(proc, [script, late], outputs, 3)
     proc.update_state(BatchUpdate(batch_size=2, removed=[], moved=[(0, 1, MoveDirectionality.SWAP)], added=[]))
     drive(proc, [script, late], outputs, k - 2, rows=[1, 0])
@@ -174,7 +229,7 @@ def test_criteria_follow_their_request_through_moves_and_preemption(tok) -> None
     proc.update_state(BatchUpdate(batch_size=1, removed=[], moved=[], added=[(0, request(xargs), [5], resumed)]))
     drive(proc, [script], [resumed], 1)
     assert resumed == script[:k] + [eos]
-    resumed = list(script[:k - 1])  # resumed before the match: it is found when it completes
+    resumed = list(script[: k - 1])  # resumed before the match: it is found when it completes
     proc = make_processor()
     proc.update_state(BatchUpdate(batch_size=1, removed=[], moved=[], added=[(0, request(xargs), [5], resumed)]))
     drive(proc, [script], [resumed], 2)
@@ -200,11 +255,17 @@ BAD = [
     ({"samplechain": "off", "samplechain.stop_regex": "x"}, {}, ["turns samplechain off", "samplechain.stop_regex"]),
     ({"samplechain.stop_regex": "x"}, {}, ["no chain named"]),  # it needs a chain (the server has no default)
     ({"samplechain": {"preset": "greedy", "stop_regex": "x"}, "samplechain.stop_regex": "y"}, {}, ["give it once"]),
-    ({"samplechain": chain({"use": "stop_regex", "patterns": ["x"]}), "samplechain.stop_regex": "y"}, {},
-     ["stop_regex", "twice"]),
+    (
+        {"samplechain": chain({"use": "stop_regex", "patterns": ["x"]}), "samplechain.stop_regex": "y"},
+        {},
+        ["stop_regex", "twice"],
+    ),
     ({"samplechain": "greedy", "samplechain.stop_regex": "x"}, {"ignore_eos": True}, ["ignore_eos", "stop_regex"]),
-    ({"samplechain": chain({"use": "repetition", "max_pattern_size": 2})}, {"ignore_eos": True},
-     ["ignore_eos", "repetition"]),
+    (
+        {"samplechain": chain({"use": "repetition", "max_pattern_size": 2})},
+        {"ignore_eos": True},
+        ["ignore_eos", "repetition"],
+    ),
 ]
 
 
@@ -239,8 +300,9 @@ def test_serving_ends_a_request_on_its_stop_regex(server: str, tok) -> None:
     words = re.findall(r"[A-Za-z]{3,}", tok.decode(free[8:]))
     pattern = re.escape(words[0])  # a word the greedy text reaches after at least 8 tokens
     k = regex_end(tok, free, pattern)
-    r = complete(server, prompt, {"samplechain": "greedy", "samplechain.stop_regex": pattern}, ignore_eos=False,
-                 max_tokens=24)
+    r = complete(
+        server, prompt, {"samplechain": "greedy", "samplechain.stop_regex": pattern}, ignore_eos=False, max_tokens=24
+    )
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert choice["token_ids"] == free[:k] + [tok.eos_token_id]

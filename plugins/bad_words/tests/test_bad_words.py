@@ -22,7 +22,7 @@ def case(seed, B=8, V=200, L=12):
     g = torch.Generator().manual_seed(seed)
     logits, history = torch.randn(B, V, generator=g), torch.randint(0, 16, (B, L), generator=g)
     for b, t in enumerate([[3], [1, 2], [4, 4, 4], [5], [6], [8], [2, 3], [4, 4]][:B]):
-        history[b, L - len(t):] = torch.tensor(t)
+        history[b, L - len(t) :] = torch.tensor(t)
     return logits, history
 
 

@@ -36,7 +36,8 @@ def test_formula_matches_transformers(scale, dtype):
     g = torch.Generator().manual_seed(int(scale * 10))
     cond, uncond = (torch.randn(4, 300, generator=g) * 3).to(dtype), torch.randn(4, 300, generator=g) * 3
     ref = UnbatchedClassifierFreeGuidanceLogitsProcessor(scale, FixedModel(uncond))(
-        torch.zeros(4, 3, dtype=torch.long), cond.float())
+        torch.zeros(4, 3, dtype=torch.long), cond.float()
+    )
     ours = chain(scale=scale).sample(cond, unconditional_logits=uncond, return_scores=True).scores
     assert torch.allclose(torch.softmax(ours, -1), torch.softmax(ref, -1), atol=1e-5)
 
@@ -51,7 +52,7 @@ def test_per_row_scale_equals_rows_alone_and_scale_one_is_a_no_op():
         store.add(f"r{i}", {"guidance_scale": s})
     batch = c.sample(cond, store, ["r0", "r1", "r2"], unconditional_logits=uncond, return_scores=True).scores
     for i, s in enumerate(scales):
-        alone = chain(scale=s).sample(cond[i:i + 1], unconditional_logits=uncond[i:i + 1], return_scores=True)
+        alone = chain(scale=s).sample(cond[i : i + 1], unconditional_logits=uncond[i : i + 1], return_scores=True)
         assert torch.equal(batch[i], alone.scores[0])
     assert torch.equal(batch[0], cond[0])
 
@@ -90,10 +91,25 @@ def test_generation_equals_transformers_guidance(lm, negative):
     kwargs = {}
     if negative is not None:
         kwargs["negative_prompt_ids"] = tok(negative, return_tensors="pt")["input_ids"]
-    ref = model.generate(**prompt, do_sample=False, guidance_scale=1.8, max_new_tokens=16, output_scores=True,
-                         return_dict_in_generate=True, pad_token_id=tok.eos_token_id, **kwargs)
-    ours = generate(model, tok, "In Python, a list is", chain=chain(scale=1.8), max_new_tokens=16,
-                    output_scores=True, negative_prompt=negative)
+    ref = model.generate(
+        **prompt,
+        do_sample=False,
+        guidance_scale=1.8,
+        max_new_tokens=16,
+        output_scores=True,
+        return_dict_in_generate=True,
+        pad_token_id=tok.eos_token_id,
+        **kwargs,
+    )
+    ours = generate(
+        model,
+        tok,
+        "In Python, a list is",
+        chain=chain(scale=1.8),
+        max_new_tokens=16,
+        output_scores=True,
+        negative_prompt=negative,
+    )
     plain = generate(model, tok, "In Python, a list is", chain=Chain.load("preset:greedy"), max_new_tokens=16)
     n = ref.sequences.shape[1]
     assert torch.equal(ours.sequences[0, :n], ref.sequences[0])
@@ -105,13 +121,11 @@ def test_generation_equals_transformers_guidance(lm, negative):
 def test_negative_prompt_per_request_and_from_the_chain(lm):
     model, tok = lm
     prompts = ["In Python, a list is", "A dictionary maps"]
-    both = generate(model, tok, prompts, chain=chain(scale=2.0), max_new_tokens=8,
-                    negative_prompt=["The list", "Keys"])
+    both = generate(model, tok, prompts, chain=chain(scale=2.0), max_new_tokens=8, negative_prompt=["The list", "Keys"])
     for i, (p, neg) in enumerate(zip(prompts, ["The list", "Keys"])):
         alone = generate(model, tok, p, chain=chain(scale=2.0), max_new_tokens=8, negative_prompt=neg)
         assert both.texts[i] == alone.texts[0]
-    from_chain = generate(model, tok, prompts[0], chain=chain(scale=2.0, negative_prompt="The list"),
-                          max_new_tokens=8)
+    from_chain = generate(model, tok, prompts[0], chain=chain(scale=2.0, negative_prompt="The list"), max_new_tokens=8)
     assert from_chain.texts[0] == both.texts[0]
     with pytest.raises(ConfigError, match="no guidance sampler"):
         generate(model, tok, prompts[0], chain=Chain.load("preset:greedy"), negative_prompt="x", max_new_tokens=2)

@@ -14,8 +14,12 @@ from samplechain import ConfigError, StopContext, StopSetup
 
 
 def make_setup(batch):
-    return StopSetup(batch_size=batch, prompt_length=1, prompt_lengths=torch.ones(batch, dtype=torch.int64),
-                     device=torch.device("cpu"))
+    return StopSetup(
+        batch_size=batch,
+        prompt_length=1,
+        prompt_lengths=torch.ones(batch, dtype=torch.int64),
+        device=torch.device("cpu"),
+    )
 
 
 def contexts(scores, chosen):
@@ -44,7 +48,7 @@ def test_equals_transformers_row_by_row_on_random_distributions(threshold):
     ids, with_logprobs, with_scores = contexts(scores, chosen)
     ours = crit.check(with_logprobs).tolist()
     assert crit.check(with_scores).tolist() == ours
-    theirs = [ConfidenceCriteria(threshold)(ids[r:r + 1], (scores[r:r + 1],)) for r in range(64)]
+    theirs = [ConfidenceCriteria(threshold)(ids[r : r + 1], (scores[r : r + 1],)) for r in range(64)]
     assert ours == theirs
     assert 0 < sum(ours) < 64
 
@@ -55,13 +59,18 @@ def test_without_logprobs_or_scores_it_never_fires():
     assert crit.check(StopContext(ids, 1, ids[:, -1], make_setup(2))).tolist() == [False, False]
 
 
-@pytest.mark.parametrize("threshold, message", [
-    (0.0, r"threshold = 0.0: must be in \(0, 1\)"),
-    (1.0, r"threshold = 1.0: must be in \(0, 1\)"),
-    (1.5, r"threshold = 1.5: must be in \(0, 1\)"),
-    (float("nan"), "threshold = nan: must be a finite number"),
-    ("0.5", "threshold = '0.5': expected a number"),
-])
+@pytest.mark.parametrize(
+    "threshold, message",
+    [
+        (0.0, r"threshold = 0.0: must be in \(0, 1\)"),
+        (1.0, r"threshold = 1.0: must be in \(0, 1\)"),
+        (1.5, r"threshold = 1.5: must be in \(0, 1\)"),
+        (float("nan"), "threshold = nan: must be a finite number"),
+        ("0.5", "threshold = '0.5': expected a number"),
+    ],
+)
 def test_threshold_is_a_probability_strictly_between_0_and_1(threshold, message):
     with pytest.raises(ConfigError, match=message):
-        samplechain.load_config({"samplers": [{"use": "greedy"}], "stop": [{"use": "confidence", "threshold": threshold}]})
+        samplechain.load_config(
+            {"samplers": [{"use": "greedy"}], "stop": [{"use": "confidence", "threshold": threshold}]}
+        )

@@ -67,7 +67,7 @@ def test_rows_do_not_depend_on_the_batch():
     x = _logits("ties", 9, 128256)
     values, index = BACKEND.topk(x, 40)
     for row in (0, 4, 8):
-        v, i = BACKEND.topk(x[row:row + 1].clone(), 40)
+        v, i = BACKEND.topk(x[row : row + 1].clone(), 40)
         assert torch.equal(v[0], values[row]) and torch.equal(i[0], index[row])
 
 

@@ -51,8 +51,9 @@ def _torch_path(x: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor, semant
 
 def _kernel_path(kernel, x: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor, semantics: str) -> torch.Tensor:
     """The full-width keep mask the plugin's band path gives (Candidates over the kept tokens)."""
-    out = typical._band_path(Candidates(x.clone(), None, x.shape[1], False, True), p, min_keep, semantics,
-                             cpu.CpuBackend())
+    out = typical._band_path(
+        Candidates(x.clone(), None, x.shape[1], False, True), p, min_keep, semantics, cpu.CpuBackend()
+    )
     assert out is not None
     full = out.full()
     return torch.isfinite(full.logits)
@@ -101,8 +102,10 @@ def test_kept_sets_equal_the_full_ranking(band, kind, semantics):
         p = torch.rand(5, generator=g, dtype=torch.float64) * 0.98 + 0.01
         min_keep = torch.randint(0, 30, (5,), generator=g)
         done += int((band(x, p, min_keep)[2] >= 0).sum())
-        assert torch.equal(_kernel_path(band, x, p, min_keep, semantics), _torch_path(x, p, min_keep, semantics)), \
-            (kind, seed)
+        assert torch.equal(_kernel_path(band, x, p, min_keep, semantics), _torch_path(x, p, min_keep, semantics)), (
+            kind,
+            seed,
+        )
     assert done >= (10 if kind == "sharp" else 20)
 
 
@@ -144,7 +147,7 @@ def test_a_row_keeps_the_same_tokens_alone_and_in_any_batch(band):
     min_keep = torch.randint(1, 5, (x.shape[0],), generator=g)
     together = _kernel_path(band, x, p, min_keep, "llama.cpp")
     for row in range(x.shape[0]):
-        alone = _kernel_path(band, x[row:row + 1], p[row:row + 1], min_keep[row:row + 1], "llama.cpp")
+        alone = _kernel_path(band, x[row : row + 1], p[row : row + 1], min_keep[row : row + 1], "llama.cpp")
         assert torch.equal(alone[0], together[row]), row
     flipped = _kernel_path(band, x.flip(0), p.flip(0), min_keep.flip(0), "llama.cpp")
     assert torch.equal(flipped.flip(0), together)
@@ -165,8 +168,12 @@ def test_seeded_chains_draw_the_same_tokens_either_way(numba, monkeypatch):
     x = torch.cat([make_logits("peaked", 4, 40000, seed=2), torch.randn(2, 40000) * 3])
 
     def run() -> tuple[torch.Tensor, torch.Tensor]:
-        chain = Chain.load({"samplers": [{"use": "typical", "p": 0.8}, {"use": "temperature", "t": 0.7},
-                                         {"use": "dist"}], "backend": "cpu"})
+        chain = Chain.load(
+            {
+                "samplers": [{"use": "typical", "p": 0.8}, {"use": "temperature", "t": 0.7}, {"use": "dist"}],
+                "backend": "cpu",
+            }
+        )
         store = chain.new_store(capacity=6)
         ids = [f"r{i}" for i in range(6)]
         for i, rid in enumerate(ids):
@@ -280,11 +287,13 @@ def test_random_wide_chains_draw_the_samplers_tokens_and_are_batch_invariant(ban
     import random
 
     rng = random.Random(trial)
-    pool = [{"use": "temperature", "t": round(rng.uniform(0.3, 1.5), 2)},
-            {"use": "top_p", "p": round(rng.uniform(0.05, 0.99), 2)},
-            {"use": "min_p", "p": round(rng.uniform(0.0, 0.3), 3)},
-            {"use": "typical", "p": round(rng.uniform(0.1, 0.99), 2)},
-            {"use": "top_k", "k": rng.randint(1, 200)}]
+    pool = [
+        {"use": "temperature", "t": round(rng.uniform(0.3, 1.5), 2)},
+        {"use": "top_p", "p": round(rng.uniform(0.05, 0.99), 2)},
+        {"use": "min_p", "p": round(rng.uniform(0.0, 0.3), 3)},
+        {"use": "typical", "p": round(rng.uniform(0.1, 0.99), 2)},
+        {"use": "top_k", "k": rng.randint(1, 200)},
+    ]
     chain = Chain.load({"samplers": [*rng.sample(pool, rng.randint(1, 3)), {"use": "dist"}], "backend": "cpu"})
     width = rng.choice([16384, 20000, 70000])
     x = torch.cat([_rows(kind, 1, seed=trial, width=width) for kind in ("peaked", "flat", "tied", "masked")])
@@ -295,7 +304,7 @@ def test_random_wide_chains_draw_the_samplers_tokens_and_are_batch_invariant(ban
 
     tokens, logprobs = steps(x, requests)
     for row in range(4):
-        alone = steps(x[row:row + 1], requests[row:row + 1])
+        alone = steps(x[row : row + 1], requests[row : row + 1])
         assert torch.equal(alone[0][:, 0], tokens[:, row]) and torch.equal(alone[1][:, 0], logprobs[:, row]), row
     monkeypatch.setenv("SAMPLECHAIN_CPU_NUMBA", "0")
     want_tokens, want_logprobs = steps(x, requests)
@@ -326,8 +335,15 @@ def test_the_cpu_backend_fuses_top_p(nucleus, monkeypatch, case):
     x = torch.cat([_rows(kind, 2, seed=9) for kind in ("peaked", "flat", "tied", "masked")])
     requests = [{"seed": 30 + i} for i in range(8)]
     if case == "per request":
-        requests = [{"seed": 30 + i, "top_p": float(torch.rand(1, generator=g)) * 0.98 + 0.01,
-                     "temperature": 0.4 + i / 6, "min_keep": i % 3} for i in range(8)]
+        requests = [
+            {
+                "seed": 30 + i,
+                "top_p": float(torch.rand(1, generator=g)) * 0.98 + 0.01,
+                "temperature": 0.4 + i / 6,
+                "min_keep": i % 3,
+            }
+            for i in range(8)
+        ]
     elif case == "a row that keeps everything":
         requests[3]["top_p"] = 1.0
     elif case == "a greedy row":
@@ -352,8 +368,9 @@ def test_the_cpu_backend_fuses_top_p(nucleus, monkeypatch, case):
 
 
 def test_fused_top_p_rows_draw_the_same_alone_and_in_any_batch(nucleus):
-    chain = Chain.load({"samplers": [{"use": "temperature", "t": 0.9}, {"use": "top_p", "p": 0.7}, {"use": "dist"}],
-                        "backend": "cpu"})
+    chain = Chain.load(
+        {"samplers": [{"use": "temperature", "t": 0.9}, {"use": "top_p", "p": 0.7}, {"use": "dist"}], "backend": "cpu"}
+    )
     x = torch.cat([_rows(kind, 2, seed=12, width=70000) for kind in ("peaked", "flat", "tied")])
     requests = [{"seed": 5 + i, "top_p": 0.2 + 0.12 * i} for i in range(6)]
 
@@ -368,7 +385,7 @@ def test_fused_top_p_rows_draw_the_same_alone_and_in_any_batch(nucleus):
     tokens, logprobs = step(slice(0, 6))
     for row in range(6):
         alone = step(slice(row, row + 1))
-        assert torch.equal(alone[0], tokens[row:row + 1]) and torch.equal(alone[1], logprobs[row:row + 1]), row
+        assert torch.equal(alone[0], tokens[row : row + 1]) and torch.equal(alone[1], logprobs[row : row + 1]), row
 
 
 @pytest.mark.parametrize("bad", ["nan", "huge"])

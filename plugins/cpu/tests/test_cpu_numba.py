@@ -120,7 +120,7 @@ def test_huge_and_plain_rows_share_a_batch(fused):
     for seed in range(3):
         got = _same(fused, x, seed=seed)
         seeds, positions = _args(4, seed)
-        alone = [int(fused.gumbel_argmax(x[b:b + 1], seeds[b:b + 1], positions[b:b + 1], None)) for b in range(4)]
+        alone = [int(fused.gumbel_argmax(x[b : b + 1], seeds[b : b + 1], positions[b : b + 1], None)) for b in range(4)]
         assert got.tolist() == alone
 
 
@@ -151,14 +151,18 @@ def test_strided_inputs_and_an_empty_batch(fused):
 
 def _backend_and_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     seeds, positions = _args(x.shape[0], 9)
-    return (cpu.CpuBackend().gumbel_argmax(x, seeds, positions, None, 3),
-            rng.gumbel_argmax(x, seeds, positions, None, 3))
+    return (
+        cpu.CpuBackend().gumbel_argmax(x, seeds, positions, None, 3),
+        rng.gumbel_argmax(x, seeds, positions, None, 3),
+    )
 
 
 def _refusing_module() -> types.ModuleType:
     """A stand-in for samplechain_cpu_numba whose draw fails the test."""
+
     def refuse(*args):
         raise AssertionError("the compiled path ran")
+
     module = types.ModuleType("samplechain_cpu_numba")
     module.gumbel_argmax = refuse
     return module
@@ -239,8 +243,11 @@ def test_wide_vectors_on_avx512_the_same_tokens(fused, monkeypatch, tmp_path):
     checks), the logprobs the same to float32's rounding."""
     wide = _wide_probe(monkeypatch, tmp_path, "default")
     assert wide["set"] is wide["avx512"] and wide["wide"] is wide["avx512"]
-    for how, env in (("off", {"SAMPLECHAIN_CPU_WIDE_VECTORS": "0"}), ("chosen", {"NUMBA_CPU_NAME": "generic"}),
-                     ("compiled-before", {})):
+    for how, env in (
+        ("off", {"SAMPLECHAIN_CPU_WIDE_VECTORS": "0"}),
+        ("chosen", {"NUMBA_CPU_NAME": "generic"}),
+        ("compiled-before", {}),
+    ):
         got = _wide_probe(monkeypatch, tmp_path, how, **env)
         assert not got["set"] and not got["wide"], how
         assert got["tokens"] == wide["tokens"], how
@@ -307,9 +314,11 @@ def test_the_float32_noise_bound_is_below_the_noise(fused):
 
     bound32 = numba.njit(lambda b: np.array([fused._noise_bound32(v) for v in b]))
     bound64 = numba.njit(lambda b: np.array([fused._noise_bound(v) for v in b]))
-    n = np.concatenate([np.array([0, 1, 2, 3, 2**32 - 1], dtype=np.int64)]
-                       + [np.arange(2**e - 70, 2**e + 70) for e in range(3, 33)]
-                       + [np.random.default_rng(0).integers(0, 2**32, 1_000_000)])
+    n = np.concatenate(
+        [np.array([0, 1, 2, 3, 2**32 - 1], dtype=np.int64)]
+        + [np.arange(2**e - 70, 2**e + 70) for e in range(3, 33)]
+        + [np.random.default_rng(0).integers(0, 2**32, 1_000_000)]
+    )
     n = n[(n >= 0) & (n < 2**32)]
     bits = (2**32 - 1 - n).astype(np.uint32)
     noise = np.log(-np.log((bits.astype(np.float64) + 0.5) * 2.0**-32))
@@ -403,8 +412,9 @@ def _steps(chain, x: torch.Tensor, requests: list[dict], steps: int = 3) -> tupl
     return sample_steps(chain, x, requests, steps)
 
 
-def _fused_against_samplers(fused, monkeypatch, chain, x: torch.Tensor, requests: list[dict]
-                            ) -> tuple[list[dict], torch.Tensor, torch.Tensor]:
+def _fused_against_samplers(
+    fused, monkeypatch, chain, x: torch.Tensor, requests: list[dict]
+) -> tuple[list[dict], torch.Tensor, torch.Tensor]:
     """Three steps with the compiled kernels, then with SAMPLECHAIN_CPU_NUMBA=0 (the samplers): the same tokens,
     asserted. Returns the keyword arguments of each scaled_draw call, and both runs' logprobs."""
     calls = []
@@ -417,8 +427,9 @@ def _fused_against_samplers(fused, monkeypatch, chain, x: torch.Tensor, requests
     return calls, logprobs, want_logprobs
 
 
-@pytest.mark.parametrize("case", ["shared", "per request", "a cold row", "dist alone", "rows up to LSE64_WIDTH",
-                                  "narrow rows"])
+@pytest.mark.parametrize(
+    "case", ["shared", "per request", "a cold row", "dist alone", "rows up to LSE64_WIDTH", "narrow rows"]
+)
 def test_the_cpu_backend_fuses_temperature_and_dist(fused, monkeypatch, case):
     """The cpu backend's FUSED_SAMPLE runs `temperature -> dist` (and `dist` alone) on rows of at least
     filters.WIDE in one compiled pass: the samplers' tokens bit for bit over several steps, their logprobs within
@@ -433,7 +444,8 @@ def test_the_cpu_backend_fuses_temperature_and_dist(fused, monkeypatch, case):
     elif case == "a cold row":
         requests[2]["temperature"] = 0.0
     calls, logprobs, want_logprobs = _fused_against_samplers(
-        fused, monkeypatch, _temperature_chain(None if case == "dist alone" else 0.8), x, requests)
+        fused, monkeypatch, _temperature_chain(None if case == "dist alone" else 0.8), x, requests
+    )
     if case in ("a cold row", "narrow rows"):
         assert not calls and torch.equal(logprobs, want_logprobs)
     else:
@@ -461,13 +473,19 @@ def test_the_cpu_backend_fuses_min_p(fused, monkeypatch, case):
     from samplechain.tools.bench import make_logits
 
     g = torch.Generator().manual_seed(64)
-    x = torch.cat([make_logits("peaked", 3, 40000, seed=4), torch.randn(2, 40000, generator=g) * 3,
-                   make_logits("peaked", 2, 40000, seed=5).bfloat16().float()])
+    x = torch.cat(
+        [
+            make_logits("peaked", 3, 40000, seed=4),
+            torch.randn(2, 40000, generator=g) * 3,
+            make_logits("peaked", 2, 40000, seed=5).bfloat16().float(),
+        ]
+    )
     x[4, torch.rand(40000, generator=g) < 0.5] = -INF
     requests = [{"seed": 20 + i} for i in range(7)]
     if case == "per request":
-        requests = [{"seed": 20 + i, "min_p": [0.0, 0.01, 0.2, 0.5][i % 4], "temperature": 0.5 + i / 5}
-                    for i in range(7)]
+        requests = [
+            {"seed": 20 + i, "min_p": [0.0, 0.01, 0.2, 0.5][i % 4], "temperature": 0.5 + i / 5} for i in range(7)
+        ]
     chain = Chain.load({"samplers": [*MIN_P_CASES[case], {"use": "dist"}], "backend": "cpu"})
     calls, logprobs, want_logprobs = _fused_against_samplers(fused, monkeypatch, chain, x, requests)
     torch.testing.assert_close(logprobs, want_logprobs, rtol=1e-6, atol=1e-6)
@@ -581,8 +599,13 @@ def test_compiled_ranked_topk_equals_the_keys_topk(fused, trial):
     x[-1, 3] = -INF
     if trial >= 4:
         x[-1, 7], x[-1, 9], x[0, 11] = NAN, -NAN, INF
-    ids = None if trial % 3 == 0 else torch.stack([torch.randperm(width, generator=g) for _ in range(batch)]) \
-        if trial % 3 == 1 else torch.randint(0, 2**31 - 1, (batch, width), generator=g)
+    ids = (
+        None
+        if trial % 3 == 0
+        else torch.stack([torch.randperm(width, generator=g) for _ in range(batch)])
+        if trial % 3 == 1
+        else torch.randint(0, 2**31 - 1, (batch, width), generator=g)
+    )
     for k in sorted({1, 2, 40, width // 16, width}):
         got, want = fused.ranked_topk(x, k, ids), ranked_topk(x, k, ids)
         assert torch.equal(got[1], want[1]), (k, got[1], want[1])
@@ -595,8 +618,8 @@ def test_compiled_ranked_topk_rows_alone_and_through_the_backend(fused, monkeypa
     x = torch.randn(32, 4096, generator=torch.Generator().manual_seed(110)).bfloat16().float()
     batch = fused.ranked_topk(x, 40)
     for row in (0, 17, 31):
-        alone = fused.ranked_topk(x[row:row + 1], 40)
-        assert torch.equal(alone[1], batch[1][row:row + 1]) and torch.equal(alone[0], batch[0][row:row + 1])
+        alone = fused.ranked_topk(x[row : row + 1], 40)
+        assert torch.equal(alone[1], batch[1][row : row + 1]) and torch.equal(alone[0], batch[0][row : row + 1])
     calls = []
     real = fused.ranked_topk
     monkeypatch.setattr(fused, "ranked_topk", lambda *a: calls.append(a[1]) or real(*a))
@@ -666,4 +689,4 @@ def test_compiled_row_lse_is_the_same_alone_and_at_any_padding(fused):
         batch = kernel(padded(x, 20000 + seed))
         assert torch.equal(batch, kernel(padded(x, 16900 + 3 * seed)))
         for row in range(4):
-            assert torch.equal(kernel(padded(x[row:row + 1], 16400 + 5 * seed)), batch[row:row + 1])
+            assert torch.equal(kernel(padded(x[row : row + 1], 16400 + 5 * seed)), batch[row : row + 1])

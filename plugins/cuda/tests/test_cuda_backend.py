@@ -21,8 +21,15 @@ from samplechain.tools.testing import hard_logits
 REF = samplechain_cpu.CpuBackend()
 HAS_CUDA = torch.cuda.is_available()
 PRIMITIVES = ("topk", "sort_desc", "gumbel", "uniform")
-CHAIN = {"samplers": [{"use": "top_k", "k": 40}, {"use": "top_p", "p": 0.9}, {"use": "min_p", "p": 0.02},
-                      {"use": "temperature", "t": 0.7}, {"use": "dist", "seed": 1234}]}
+CHAIN = {
+    "samplers": [
+        {"use": "top_k", "k": 40},
+        {"use": "top_p", "p": 0.9},
+        {"use": "min_p", "p": 0.02},
+        {"use": "temperature", "t": 0.7},
+        {"use": "dist", "seed": 1234},
+    ]
+}
 
 
 @pytest.fixture
@@ -46,6 +53,7 @@ def _noise_args(batch: int, width: int, seed: int = 3):
 
 # ---------------------------------------------------------------- without a GPU
 
+
 def test_primitives_on_cpu_equal_the_reference(clean_env):
     backend = cuda.CudaBackend(device="cpu")
     x = _logits()
@@ -65,8 +73,9 @@ def test_the_device_path_of_the_noise_equals_the_cpu_fast_path():
     # same rows drawn in small batches (numpy path) must match bit for bit.
     seeds, positions, ids = _noise_args(70000, 1)
     whole = rng.uniform(seeds, positions, ids, 5)
-    parts = torch.cat([rng.uniform(seeds[i:i + 1000], positions[i:i + 1000], ids[i:i + 1000], 5)
-                       for i in range(0, 70000, 1000)])
+    parts = torch.cat(
+        [rng.uniform(seeds[i : i + 1000], positions[i : i + 1000], ids[i : i + 1000], 5) for i in range(0, 70000, 1000)]
+    )
     assert torch.equal(whole, parts)
 
 
@@ -81,8 +90,18 @@ class _RecordOps(TorchDispatchMode):
 
 
 # aten ops that wait for the device: a value read on the host, or an output whose size depends on the data
-_SYNCING = {"_local_scalar_dense", "nonzero", "nonzero_static", "masked_select", "_unique2", "unique_dim",
-            "unique_consecutive", "repeat_interleave", "equal", "is_nonzero"}
+_SYNCING = {
+    "_local_scalar_dense",
+    "nonzero",
+    "nonzero_static",
+    "masked_select",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "repeat_interleave",
+    "equal",
+    "is_nonzero",
+}
 
 
 def test_primitives_dispatch_no_host_synchronising_op(clean_env):
@@ -108,9 +127,11 @@ def _calls(fn) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("fn", [*(getattr(cuda.CudaBackend, p) for p in PRIMITIVES), rng.mix32, rng._mul32,
-                                rng._mix32_i32, rng._as_i32],
-                         ids=[*PRIMITIVES, "rng.mix32", "rng._mul32", "rng._mix32_i32", "rng._as_i32"])
+@pytest.mark.parametrize(
+    "fn",
+    [*(getattr(cuda.CudaBackend, p) for p in PRIMITIVES), rng.mix32, rng._mul32, rng._mix32_i32, rng._as_i32],
+    ids=[*PRIMITIVES, "rng.mix32", "rng._mul32", "rng._mix32_i32", "rng._as_i32"],
+)
 def test_primitive_source_reads_nothing_on_the_host(fn):
     forbidden = {"item", "tolist", "bool", "int", "float", "nonzero", "cpu", "numpy", "synchronize"}
     assert not set(_calls(fn)) & forbidden, f"{fn.__qualname__} calls {set(_calls(fn)) & forbidden}"
@@ -171,6 +192,7 @@ def test_a_chain_that_names_cuda_fails_clearly_instead_of_falling_back(clean_env
 
 # ---------------------------------------------------------------- with a GPU
 
+
 def gpu_test(fn):
     """Marked `gpu`, skipped without a CUDA device, and run without the caller's plugin / FlashInfer variables."""
     fn = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")(fn)
@@ -198,8 +220,9 @@ def test_gpu_noise_equals_the_reference():
     for stream in (0, 7):
         assert torch.equal(backend.uniform(*on_gpu, stream).cpu(), REF.uniform(seeds, positions, ids, stream))
         # CUDA's float64 log and the CPU's may round to neighbouring doubles: allclose at a few ulp
-        torch.testing.assert_close(backend.gumbel(*on_gpu, stream).cpu(), REF.gumbel(seeds, positions, ids, stream),
-                                   rtol=0, atol=3e-14)
+        torch.testing.assert_close(
+            backend.gumbel(*on_gpu, stream).cpu(), REF.gumbel(seeds, positions, ids, stream), rtol=0, atol=3e-14
+        )
 
 
 @gpu_test

@@ -25,12 +25,21 @@ from samplechain.tools.testing import cut_logits
 PATH = Path(__file__).resolve().parents[1] / "samplechain_cuda_kernels.py"
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_CUDA = torch.cuda.is_available()
-needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed: pip install "
-                                  "'samplechain-cuda[triton]' (scripts/setup.sh does)")
+needs_triton = pytest.mark.skipif(
+    not HAS_TRITON, reason="triton is not installed: pip install 'samplechain-cuda[triton]' (scripts/setup.sh does)"
+)
 INF = float("inf")
 STREAM = 4  # dist's index in CHAIN
-CHAIN = {"samplers": [{"use": "temperature", "t": 1.0}, {"use": "top_k", "k": 0}, {"use": "top_p", "p": 1.0},
-                      {"use": "min_p", "p": 0.0}, {"use": "dist", "seed": 1}], "backend": "cpu"}
+CHAIN = {
+    "samplers": [
+        {"use": "temperature", "t": 1.0},
+        {"use": "top_k", "k": 0},
+        {"use": "top_p", "p": 1.0},
+        {"use": "min_p", "p": 0.0},
+        {"use": "dist", "seed": 1},
+    ],
+    "backend": "cpu",
+}
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +48,10 @@ def interpreted() -> ModuleType:
     import samplechain_cuda_kernels as kernels
 
     if not kernels._interpreted():
-        pytest.skip("triton compiles the kernels in this session (a CUDA device is present, or TRITON_INTERPRET is "
-                    "not 1): the gpu tests run the same comparisons")
+        pytest.skip(
+            "triton compiles the kernels in this session (a CUDA device is present, or TRITON_INTERPRET is "
+            "not 1): the gpu tests run the same comparisons"
+        )
     return kernels
 
 
@@ -56,6 +67,7 @@ def compiled() -> ModuleType:
 
 # ------------------------------------------------------------------------------------------------- inputs
 
+
 def _noise_args(batch: int, width: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     seeds = torch.randint(0, 2**62, (batch,), generator=g)
@@ -69,13 +81,18 @@ def _noise_args(batch: int, width: int, seed: int):
 def _gumbel_inputs(vocab: int, seed: int) -> torch.Tensor:
     x = cut_logits(vocab, seed)
     g = torch.Generator().manual_seed(seed + 1)
-    extra = torch.stack([torch.randn(vocab, generator=g) * 1e30,  # shifted by its max (rng.shifted)
-                         torch.full((vocab,), -INF),  # nothing left: index 0, as argmin
-                         torch.round(torch.randn(vocab, generator=g)) - 3e7])
+    extra = torch.stack(
+        [
+            torch.randn(vocab, generator=g) * 1e30,  # shifted by its max (rng.shifted)
+            torch.full((vocab,), -INF),  # nothing left: index 0, as argmin
+            torch.round(torch.randn(vocab, generator=g)) - 3e7,
+        ]
+    )
     return torch.cat([x, extra])
 
 
 # ------------------------------------------------------------------------------------------------- the chain
+
 
 def _chain_run(logits: torch.Tensor, rows: list[dict], steps: int):
     """Kept sets (B, V) of the cpu chain and its tokens at positions 0 .. steps - 1."""
@@ -92,6 +109,7 @@ def _chain_run(logits: torch.Tensor, rows: list[dict], steps: int):
 def _kernel_args(rows: list[dict], shared: set[str]) -> dict:
     """The kernels' parameters for the chain's rows: a Python number where every row shares it (the chain's
     scalar path), else a (B,) tensor."""
+
     def value(key, default):
         values = [r.get(key, default) for r in rows]
         if key in shared:
@@ -100,8 +118,13 @@ def _kernel_args(rows: list[dict], shared: set[str]) -> dict:
         return torch.tensor(values)
 
     keeps = tuple(value(f"{name}.min_keep", 1) for name in ("top_k", "top_p", "min_p"))
-    return dict(temperature=value("temperature", 1.0), top_k=value("top_k", 0), top_p=value("top_p", 1.0),
-                min_p=value("min_p", 0.0), min_keep=keeps)
+    return dict(
+        temperature=value("temperature", 1.0),
+        top_k=value("top_k", 0),
+        top_p=value("top_p", 1.0),
+        min_p=value("min_p", 0.0),
+        min_keep=keeps,
+    )
 
 
 def _rows(**columns) -> list[dict]:
@@ -111,17 +134,42 @@ def _rows(**columns) -> list[dict]:
 
 # name -> (rows' parameters, the ones every row shares: the chain's scalar paths, Python numbers for the kernels)
 SCENARIOS = {
-    "per-row": (_rows(temperature=(0.7, 1.0, 1.3, 0.5, 0.9, 1.0, 2.0, 0.8), top_k=(0, 40, 5, 1000, 50, 0, 20, 3),
-                      top_p=(0.9, 1.0, 0.5, 0.95, 0.8, 0.3, 0.99, 0.6),
-                      min_p=(0.05, 0.0, 0.1, 0.0, 0.02, 0.2, 0.0, 0.01)), set()),
-    "shared": ([dict(temperature=0.8, top_k=50, top_p=0.9, min_p=0.05)] * 8,
-               {"temperature", "top_k", "top_p", "min_p"}),
-    "edges": (_rows(temperature=(0.0, 1.0, 0.6, 1.0, 3.0, 0.9, 1.0, 1.2), top_k=(7, -1, 100000, 30, 0, 12, 60, 1),
-                    top_p=(0.9, 0.0, 0.97, 1.0, 0.7, 0.99, 0.6, 0.4), min_p=(0.0, 0.3, 0.0, 0.9, 0.05, 0.0, 0.5, 0.2),
-                    **{"top_k.min_keep": (1, 0, 1, 45, 1, 1, 2, 3), "top_p.min_keep": (1, 5, 0, 1, 1, 30, 7, 1),
-                       "min_p.min_keep": (1, 1, 1, 3, 9, 1, 20, 2)}), set()),
-    "shared-t": (_rows(temperature=(1.5,) * 8, top_k=(40,) * 8, top_p=(0.9, 0.5, 0.95, 1.0, 0.8, 0.99, 0.7, 0.3),
-                       min_p=(0.0, 0.1, 0.02, 0.05, 0.0, 0.0, 0.3, 0.01)), {"temperature", "top_k"}),
+    "per-row": (
+        _rows(
+            temperature=(0.7, 1.0, 1.3, 0.5, 0.9, 1.0, 2.0, 0.8),
+            top_k=(0, 40, 5, 1000, 50, 0, 20, 3),
+            top_p=(0.9, 1.0, 0.5, 0.95, 0.8, 0.3, 0.99, 0.6),
+            min_p=(0.05, 0.0, 0.1, 0.0, 0.02, 0.2, 0.0, 0.01),
+        ),
+        set(),
+    ),
+    "shared": (
+        [dict(temperature=0.8, top_k=50, top_p=0.9, min_p=0.05)] * 8,
+        {"temperature", "top_k", "top_p", "min_p"},
+    ),
+    "edges": (
+        _rows(
+            temperature=(0.0, 1.0, 0.6, 1.0, 3.0, 0.9, 1.0, 1.2),
+            top_k=(7, -1, 100000, 30, 0, 12, 60, 1),
+            top_p=(0.9, 0.0, 0.97, 1.0, 0.7, 0.99, 0.6, 0.4),
+            min_p=(0.0, 0.3, 0.0, 0.9, 0.05, 0.0, 0.5, 0.2),
+            **{
+                "top_k.min_keep": (1, 0, 1, 45, 1, 1, 2, 3),
+                "top_p.min_keep": (1, 5, 0, 1, 1, 30, 7, 1),
+                "min_p.min_keep": (1, 1, 1, 3, 9, 1, 20, 2),
+            },
+        ),
+        set(),
+    ),
+    "shared-t": (
+        _rows(
+            temperature=(1.5,) * 8,
+            top_k=(40,) * 8,
+            top_p=(0.9, 0.5, 0.95, 1.0, 0.8, 0.99, 0.7, 0.3),
+            min_p=(0.0, 0.1, 0.02, 0.05, 0.0, 0.0, 0.3, 0.01),
+        ),
+        {"temperature", "top_k"},
+    ),
 }
 
 
@@ -130,6 +178,7 @@ def _seeded(rows: list[dict], base: int) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------------- checks
+
 
 def check_uniform(kernels: ModuleType, device: str) -> None:
     for stream, seed in ((0, 1), (3, 2), (17, 3)):
@@ -149,15 +198,20 @@ def check_gumbel_argmax(kernels: ModuleType, device: str, trials: int) -> None:
         assert torch.equal(kernels.gumbel_argmax(on(x), on(seeds), on(positions), stream).cpu(), want), trial
         assert want[-2] == 0  # the all -inf row
         # candidates with their own token ids (compacted rows), and logits of other float dtypes
-        assert torch.equal(kernels.gumbel_argmax(on(x), on(seeds), on(positions), stream, ids=on(ids)).cpu(),
-                           rng.gumbel_argmax(x, seeds, positions, ids, stream)), trial
+        assert torch.equal(
+            kernels.gumbel_argmax(on(x), on(seeds), on(positions), stream, ids=on(ids)).cpu(),
+            rng.gumbel_argmax(x, seeds, positions, ids, stream),
+        ), trial
         half = x.bfloat16()
-        assert torch.equal(kernels.gumbel_argmax(on(half), on(seeds), on(positions), stream).cpu(),
-                           rng.gumbel_argmax(half, seeds, positions, None, stream)), trial
+        assert torch.equal(
+            kernels.gumbel_argmax(on(half), on(seeds), on(positions), stream).cpu(),
+            rng.gumbel_argmax(half, seeds, positions, None, stream),
+        ), trial
 
 
-def check_chain(kernels: ModuleType, device: str, scenario: str, vocab: int, seed: int, steps: int = 2,
-                public: bool = True) -> None:
+def check_chain(
+    kernels: ModuleType, device: str, scenario: str, vocab: int, seed: int, steps: int = 2, public: bool = True
+) -> None:
     """The kernels' kept sets and tokens (positions 0 .. steps - 1) against the cpu chain's. public=False takes the
     kept set and the first token from one launch (what truncate and sample_top_k_top_p_min_p each run: half the
     interpreter's time)."""
@@ -176,21 +230,37 @@ def check_chain(kernels: ModuleType, device: str, scenario: str, vocab: int, see
         trunc, mask = kernels.truncate(xd, mask=True, **args)
         count = trunc.count
     else:
-        thr, _, first, _, keep = kernels._launch(xd, args["temperature"], args["top_k"], args["top_p"], args["min_p"],
-                                              args["min_keep"], seeds, positions[0], STREAM, True, True)
+        thr, _, first, _, keep = kernels._launch(
+            xd,
+            args["temperature"],
+            args["top_k"],
+            args["top_p"],
+            args["min_p"],
+            args["min_keep"],
+            seeds,
+            positions[0],
+            STREAM,
+            True,
+            True,
+        )
         mask, count = keep.view(torch.bool), thr[:, 4]
     finite = mask.cpu() & torch.isfinite(x)  # the kernel's count may reach into -inf tokens, as the chain's
     bad = (finite != kept).any(dim=1).nonzero().flatten().tolist()
-    assert not bad, (f"{scenario}: kept sets differ in rows {bad}: kernel {finite.sum(1).tolist()} chain "
-                     f"{kept.sum(1).tolist()}")
+    assert not bad, (
+        f"{scenario}: kept sets differ in rows {bad}: kernel {finite.sum(1).tolist()} chain {kept.sum(1).tolist()}"
+    )
     assert bool((count.cpu() >= kept.sum(1)).all())
     for step in range(steps):
-        got = first if step == 0 and first is not None else kernels.sample_top_k_top_p_min_p(
-            xd, seeds, positions[step], STREAM, **args)
+        got = (
+            first
+            if step == 0 and first is not None
+            else kernels.sample_top_k_top_p_min_p(xd, seeds, positions[step], STREAM, **args)
+        )
         assert torch.equal(got.cpu(), tokens[step]), (scenario, step, got.cpu(), tokens[step])
 
 
 # ------------------------------------------------------------------------------------------------- without a GPU
+
 
 def test_importable_without_triton(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
@@ -238,15 +308,23 @@ def test_gumbel_argmax_across_blocks(interpreted, small_blocks):
 @needs_triton
 @pytest.mark.parametrize("scenario", ["per-row", "shared", "edges", "shared-t"])
 def test_truncation_and_draw_equal_the_cpu_chain(interpreted, scenario):
-    check_chain(interpreted, "cpu", scenario, vocab=1500 + 500 * list(SCENARIOS).index(scenario), seed=3, steps=1,
-                public=scenario == "per-row")
+    check_chain(
+        interpreted,
+        "cpu",
+        scenario,
+        vocab=1500 + 500 * list(SCENARIOS).index(scenario),
+        seed=3,
+        steps=1,
+        public=scenario == "per-row",
+    )
 
 
 @needs_triton
 @pytest.mark.parametrize("scenario", ["per-row", "edges"])
 def test_truncation_and_draw_across_blocks(interpreted, small_blocks, scenario):
-    check_chain(interpreted, "cpu", scenario, vocab=1100 + 400 * list(SCENARIOS).index(scenario), seed=5, steps=1,
-                public=False)
+    check_chain(
+        interpreted, "cpu", scenario, vocab=1100 + 400 * list(SCENARIOS).index(scenario), seed=5, steps=1, public=False
+    )
 
 
 @needs_triton
@@ -270,15 +348,25 @@ def test_llama_cpp_top_p_cut_on_p(interpreted):
 
 def _calls(fn) -> set[str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    return {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
-            for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    return {
+        n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+    }
 
 
 @needs_triton
 def test_no_host_reads_in_the_functions(interpreted):
     forbidden = {"item", "tolist", "bool", "nonzero", "cpu", "numpy", "synchronize", "any", "all"}
-    for fn in (interpreted.gumbel_argmax, interpreted.uniform, interpreted.truncate,
-               interpreted.sample_top_k_top_p_min_p, interpreted._launch, interpreted._arg, interpreted._counter):
+    for fn in (
+        interpreted.gumbel_argmax,
+        interpreted.uniform,
+        interpreted.truncate,
+        interpreted.sample_top_k_top_p_min_p,
+        interpreted._launch,
+        interpreted._arg,
+        interpreted._counter,
+    ):
         assert not _calls(fn) & forbidden, f"{fn.__name__} calls {_calls(fn) & forbidden}"
 
 
@@ -332,6 +420,7 @@ def test_the_kernels_compile_for_a_gpu_without_one():
 
 # ------------------------------------------------------------------------------------------------- with a GPU
 
+
 def gpu_test(fn):
     fn = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")(fn)
     return needs_triton(pytest.mark.gpu(fn))
@@ -353,8 +442,12 @@ def test_gpu_kernels_equal_the_cpu_reference(compiled):
 def test_gpu_kernels_do_not_synchronise(compiled):
     x = cut_logits(32000, 1).cuda()
     seeds, positions, _ = (t.cuda() for t in _noise_args(8, 1, 5))
-    args = dict(temperature=torch.full((8,), 0.7, device="cuda"), top_k=torch.full((8,), 50, device="cuda"),
-                top_p=torch.full((8,), 0.9, device="cuda"), min_p=torch.full((8,), 0.05, device="cuda"))
+    args = dict(
+        temperature=torch.full((8,), 0.7, device="cuda"),
+        top_k=torch.full((8,), 50, device="cuda"),
+        top_p=torch.full((8,), 0.9, device="cuda"),
+        min_p=torch.full((8,), 0.05, device="cuda"),
+    )
     compiled.sample_top_k_top_p_min_p(x, seeds, positions, 4, **args)  # compile first
     compiled.gumbel_argmax(x, seeds, positions, 4)
     torch.cuda.synchronize()

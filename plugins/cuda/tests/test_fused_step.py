@@ -21,43 +21,132 @@ BATCH = 8
 
 # name -> (chain, per-request parameters of its 6 rows or None, the kinds the kernel gets, or None: not fused)
 FUSED = {
-    "vllm order": ({"samplers": [{"use": "temperature", "t": 0.7}, {"use": "top_k", "k": 40},
-                                 {"use": "top_p", "p": 0.9}, {"use": "dist", "seed": 3}]},
-                   None, ["temperature", "top_k", "top_p"]),
-    "llama.cpp order": ({"samplers": [{"use": "top_k", "k": 40}, {"use": "top_p", "p": 0.95},
-                                      {"use": "min_p", "p": 0.05}, {"use": "temperature", "t": 0.8},
-                                      {"use": "dist", "seed": 4}]}, None, ["top_k", "top_p", "min_p", "temperature"]),
-    "per-row": ({"samplers": [{"use": "temperature", "t": 1.0}, {"use": "top_k", "k": 0}, {"use": "top_p", "p": 1.0},
-                              {"use": "min_p", "p": 0.0}, {"use": "dist"}]},
-                [{"temperature": t, "top_k": k, "top_p": p, "min_p": m, "seed": 50 + i}
-                 for i, (t, k, p, m) in enumerate([(0.7, 40, 0.9, 0.0), (1.0, 0, 0.5, 0.1), (0.0, 20, 1.0, 0.0),
-                                                   (1.3, 5, 0.95, 0.02), (0.9, 0, 1.0, 0.3), (1.0, 100, 0.8, 0.0),
-                                                   (0.6, 3, 0.99, 0.05), (2.0, 0, 0.7, 0.0)])],
-                ["temperature", "top_k", "top_p", "min_p"]),
+    "vllm order": (
+        {
+            "samplers": [
+                {"use": "temperature", "t": 0.7},
+                {"use": "top_k", "k": 40},
+                {"use": "top_p", "p": 0.9},
+                {"use": "dist", "seed": 3},
+            ]
+        },
+        None,
+        ["temperature", "top_k", "top_p"],
+    ),
+    "llama.cpp order": (
+        {
+            "samplers": [
+                {"use": "top_k", "k": 40},
+                {"use": "top_p", "p": 0.95},
+                {"use": "min_p", "p": 0.05},
+                {"use": "temperature", "t": 0.8},
+                {"use": "dist", "seed": 4},
+            ]
+        },
+        None,
+        ["top_k", "top_p", "min_p", "temperature"],
+    ),
+    "per-row": (
+        {
+            "samplers": [
+                {"use": "temperature", "t": 1.0},
+                {"use": "top_k", "k": 0},
+                {"use": "top_p", "p": 1.0},
+                {"use": "min_p", "p": 0.0},
+                {"use": "dist"},
+            ]
+        },
+        [
+            {"temperature": t, "top_k": k, "top_p": p, "min_p": m, "seed": 50 + i}
+            for i, (t, k, p, m) in enumerate(
+                [
+                    (0.7, 40, 0.9, 0.0),
+                    (1.0, 0, 0.5, 0.1),
+                    (0.0, 20, 1.0, 0.0),
+                    (1.3, 5, 0.95, 0.02),
+                    (0.9, 0, 1.0, 0.3),
+                    (1.0, 100, 0.8, 0.0),
+                    (0.6, 3, 0.99, 0.05),
+                    (2.0, 0, 0.7, 0.0),
+                ]
+            )
+        ],
+        ["temperature", "top_k", "top_p", "min_p"],
+    ),
     "temperature last, per row, some 0": (
         {"samplers": [{"use": "top_k", "k": 30}, {"use": "temp_ext", "t": 1.0}, {"use": "dist"}]},
         [{"temperature": t, "seed": 70 + i} for i, t in enumerate([0.5, 0.0, 1.5, 1.0, 0.0, 2.0, 0.7, 0.0])],
-        ["top_k", "temperature"]),
-    "min_keep": ({"samplers": [{"use": "top_p", "p": 0.3, "min_keep": 8}, {"use": "min_p", "p": 0.4, "min_keep": 5},
-                               {"use": "dist", "seed": 5}]}, None, ["top_p", "min_p"]),
-    "penalties in front": ({"samplers": [{"use": "penalties", "repeat": 1.3, "presence": 0.2},
-                                         {"use": "top_k", "k": 50}, {"use": "top_p", "p": 0.9},
-                                         {"use": "dist", "seed": 6}]}, None, ["top_k", "top_p"]),
-    "a truncation in front (masked, not compacted)": ({"samplers": [{"use": "typical", "p": 0.9},
-                                                                    {"use": "top_k", "k": 40},
-                                                                    {"use": "dist", "seed": 11}]}, None, ["top_k"]),
+        ["top_k", "temperature"],
+    ),
+    "min_keep": (
+        {
+            "samplers": [
+                {"use": "top_p", "p": 0.3, "min_keep": 8},
+                {"use": "min_p", "p": 0.4, "min_keep": 5},
+                {"use": "dist", "seed": 5},
+            ]
+        },
+        None,
+        ["top_p", "min_p"],
+    ),
+    "penalties in front": (
+        {
+            "samplers": [
+                {"use": "penalties", "repeat": 1.3, "presence": 0.2},
+                {"use": "top_k", "k": 50},
+                {"use": "top_p", "p": 0.9},
+                {"use": "dist", "seed": 6},
+            ]
+        },
+        None,
+        ["top_k", "top_p"],
+    ),
+    "a truncation in front (masked, not compacted)": (
+        {"samplers": [{"use": "typical", "p": 0.9}, {"use": "top_k", "k": 40}, {"use": "dist", "seed": 11}]},
+        None,
+        ["top_k"],
+    ),
     "transformers preset": ("preset:transformers", None, ["top_k"]),
     "llama.cpp preset": ("preset:llama.cpp", None, ["top_k", "top_p", "min_p", "temperature"]),
 }
 NOT_FUSED = {
-    "min_p before top_k": ({"samplers": [{"use": "temperature", "t": 0.8}, {"use": "min_p", "p": 0.05},
-                                         {"use": "top_k", "k": 40}, {"use": "dist", "seed": 7}]}, None),
-    "temperature between cuts": ({"samplers": [{"use": "top_k", "k": 40}, {"use": "temperature", "t": 0.8},
-                                               {"use": "top_p", "p": 0.9}, {"use": "dist", "seed": 8}]}, None),
-    "typical in the tail": ({"samplers": [{"use": "top_k", "k": 40}, {"use": "typical", "p": 0.9},
-                                          {"use": "dist", "seed": 9}]}, None),
-    "compacted in front": ({"samplers": [{"use": "top_k", "k": 60}, {"use": "typical", "p": 0.95},
-                                         {"use": "top_p", "p": 0.9}, {"use": "dist", "seed": 11}]}, None),
+    "min_p before top_k": (
+        {
+            "samplers": [
+                {"use": "temperature", "t": 0.8},
+                {"use": "min_p", "p": 0.05},
+                {"use": "top_k", "k": 40},
+                {"use": "dist", "seed": 7},
+            ]
+        },
+        None,
+    ),
+    "temperature between cuts": (
+        {
+            "samplers": [
+                {"use": "top_k", "k": 40},
+                {"use": "temperature", "t": 0.8},
+                {"use": "top_p", "p": 0.9},
+                {"use": "dist", "seed": 8},
+            ]
+        },
+        None,
+    ),
+    "typical in the tail": (
+        {"samplers": [{"use": "top_k", "k": 40}, {"use": "typical", "p": 0.9}, {"use": "dist", "seed": 9}]},
+        None,
+    ),
+    "compacted in front": (
+        {
+            "samplers": [
+                {"use": "top_k", "k": 60},
+                {"use": "typical", "p": 0.95},
+                {"use": "top_p", "p": 0.9},
+                {"use": "dist", "seed": 11},
+            ]
+        },
+        None,
+    ),
     "temperature only": ({"samplers": [{"use": "temperature", "t": 0.8}, {"use": "dist", "seed": 10}]}, None),
     "greedy": ({"samplers": [{"use": "top_k", "k": 5}, {"use": "greedy"}]}, None),
 }
@@ -82,6 +171,7 @@ def _run(config, rows, backend, steps: int = 2):
     if backend is not None:
         kernel = backend.kernel(FUSED_SAMPLE)
         if kernel is not None:
+
             def spy(*args):
                 result = kernel(*args)
                 calls.append(([part.kind for part in args[1]], result is not None))
@@ -148,9 +238,18 @@ def test_the_plan_reads_nothing_on_the_device():
 
     backend = cuda.CudaBackend(device="cpu")
     backend._kernels[FUSED_SAMPLE] = kernel
-    chain = Chain.load({"samplers": [{"use": "penalties", "repeat": 1.2}, {"use": "temperature", "t": 0.7},
-                                     {"use": "top_k", "k": 40}, {"use": "top_p", "p": 0.9}, {"use": "min_p", "p": 0.0},
-                                     {"use": "dist"}]})
+    chain = Chain.load(
+        {
+            "samplers": [
+                {"use": "penalties", "repeat": 1.2},
+                {"use": "temperature", "t": 0.7},
+                {"use": "top_k", "k": 40},
+                {"use": "top_p", "p": 0.9},
+                {"use": "min_p", "p": 0.0},
+                {"use": "dist"},
+            ]
+        }
+    )
     chain._backends["cpu"] = backend
     store = chain.new_store()
     ids = ["a", "b"]
@@ -176,8 +275,16 @@ def test_a_shared_temperature_not_before_top_k_is_given_per_row():
     seen = []
     backend = cuda.CudaBackend(device="cpu")
     backend._kernels[FUSED_SAMPLE] = lambda logits, parts, *rest: seen.append(parts)
-    chain = Chain.load({"samplers": [{"use": "temperature", "t": 0.7}, {"use": "top_p", "p": 1.0},
-                                     {"use": "top_k", "k": 40}, {"use": "dist", "seed": 1}]})
+    chain = Chain.load(
+        {
+            "samplers": [
+                {"use": "temperature", "t": 0.7},
+                {"use": "top_p", "p": 1.0},
+                {"use": "top_k", "k": 40},
+                {"use": "dist", "seed": 1},
+            ]
+        }
+    )
     chain._backends["cpu"] = backend
     out = chain.sample(torch.randn(3, 500))  # the kernel declined (None): the samplers ran
     assert out.token_ids.shape == (3,)
@@ -195,17 +302,25 @@ def test_scores_asked_for_take_the_samplers():
     assert (out.scores > -float("inf")).sum(dim=1).tolist() == [4, 4]
 
 
-NOOPS = [{"use": "typical", "p": 1.0}, {"use": "xtc", "probability": 0.0}, {"use": "epsilon", "epsilon": 0.0},
-         {"use": "top_n_sigma", "n": -1.0}]
+NOOPS = [
+    {"use": "typical", "p": 1.0},
+    {"use": "xtc", "probability": 0.0},
+    {"use": "epsilon", "epsilon": 0.0},
+    {"use": "top_n_sigma", "n": -1.0},
+]
 
 
 def _random_chain(rnd) -> tuple[dict, list[dict] | None]:
     """Cuts in a random order (the kernel's or not), a temperature anywhere, no-ops between, shared or per-row
     parameters."""
-    cuts = rnd.sample([{"use": "top_k", "k": rnd.choice([1, 5, 40, 0])},
-                       {"use": "top_p", "p": rnd.choice([0.3, 0.9, 1.0]), "min_keep": rnd.choice([1, 3])},
-                       {"use": "min_p", "p": rnd.choice([0.02, 0.2]), "min_keep": rnd.choice([1, 4])}],
-                      rnd.randint(1, 3))
+    cuts = rnd.sample(
+        [
+            {"use": "top_k", "k": rnd.choice([1, 5, 40, 0])},
+            {"use": "top_p", "p": rnd.choice([0.3, 0.9, 1.0]), "min_keep": rnd.choice([1, 3])},
+            {"use": "min_p", "p": rnd.choice([0.02, 0.2]), "min_keep": rnd.choice([1, 4])},
+        ],
+        rnd.randint(1, 3),
+    )
     if rnd.random() < 0.5:
         cuts.sort(key=lambda entry: ["top_k", "top_p", "min_p"].index(entry["use"]))
     entries = list(cuts)
@@ -215,8 +330,10 @@ def _random_chain(rnd) -> tuple[dict, list[dict] | None]:
         entries.insert(rnd.randint(0, len(entries)), dict(noop))
     rows = None
     if rnd.random() < 0.5:  # per-request temperature and top_p (the chain's per-row paths)
-        rows = [{"temperature": rnd.choice([0.0, 0.5, 1.0, 1.4]), "top_p": rnd.choice([0.5, 0.95, 1.0]),
-                 "seed": 300 + i} for i in range(BATCH)]
+        rows = [
+            {"temperature": rnd.choice([0.0, 0.5, 1.0, 1.4]), "top_p": rnd.choice([0.5, 0.95, 1.0]), "seed": 300 + i}
+            for i in range(BATCH)
+        ]
         for entry in entries:
             if entry["use"] == "top_p":
                 entry["p"] = 1.0

@@ -23,18 +23,35 @@ SYNC_FREE_CHAINS = {
     "top_p": {"samplers": [{"use": "top_p", "p": 0.9}, {"use": "dist", "seed": 14}]},
     "min_p": {"samplers": [{"use": "min_p", "p": 0.05}, {"use": "dist", "seed": 15}]},
     "min_p min_keep": {"samplers": [{"use": "min_p", "p": 0.3, "min_keep": 5}, {"use": "dist", "seed": 15}]},
-    "top_k top_p min_p": {"samplers": [{"use": "temperature", "t": 0.8}, {"use": "top_k", "k": 40},
-                                       {"use": "top_p", "p": 0.9}, {"use": "min_p", "p": 0.02},
-                                       {"use": "dist", "seed": 16}]},
-    "penalties": {"samplers": [{"use": "penalties", "repeat": 1.3, "frequency": 0.2, "presence": 0.1},
-                               {"use": "top_k", "k": 50}, {"use": "dist", "seed": 17}]},
+    "top_k top_p min_p": {
+        "samplers": [
+            {"use": "temperature", "t": 0.8},
+            {"use": "top_k", "k": 40},
+            {"use": "top_p", "p": 0.9},
+            {"use": "min_p", "p": 0.02},
+            {"use": "dist", "seed": 16},
+        ]
+    },
+    "penalties": {
+        "samplers": [
+            {"use": "penalties", "repeat": 1.3, "frequency": 0.2, "presence": 0.1},
+            {"use": "top_k", "k": 50},
+            {"use": "dist", "seed": 17},
+        ]
+    },
     "logit_bias": {"samplers": [{"use": "logit_bias", "bias": {"5": 30.0, "7": -100.0}}, {"use": "greedy"}]},
     "typical": {"samplers": [{"use": "typical", "p": 0.9}, {"use": "dist", "seed": 18}]},
     "top_n_sigma": {"samplers": [{"use": "top_n_sigma", "n": 1.5}, {"use": "dist", "seed": 19}]},
-    "top_n_sigma min_keep": {"samplers": [{"use": "top_n_sigma", "n": 0.5, "min_keep": 4},
-                                          {"use": "dist", "seed": 19}]},
-    "xtc": {"samplers": [{"use": "top_k", "k": 60}, {"use": "xtc", "probability": 0.7, "threshold": 0.02},
-                         {"use": "dist", "seed": 20}]},
+    "top_n_sigma min_keep": {
+        "samplers": [{"use": "top_n_sigma", "n": 0.5, "min_keep": 4}, {"use": "dist", "seed": 19}]
+    },
+    "xtc": {
+        "samplers": [
+            {"use": "top_k", "k": 60},
+            {"use": "xtc", "probability": 0.7, "threshold": 0.02},
+            {"use": "dist", "seed": 20},
+        ]
+    },
     "xtc wide": {"samplers": [{"use": "xtc", "probability": 0.7, "threshold": 0.001}, {"use": "dist", "seed": 20}]},
     "llama.cpp": "preset:llama.cpp",
     "transformers": "preset:transformers",
@@ -91,16 +108,24 @@ def test_the_cuda_step_reads_nothing_on_the_host_and_draws_the_cpu_tokens(name, 
 
 def test_the_guard_catches_host_reads():
     x = torch.arange(6.0)
-    for read in (lambda: x.sum().item(), lambda: bool(x.any()), lambda: int(x.max()), lambda: x.nonzero(),
-                 lambda: x.tolist(), lambda: x.numpy(), lambda: torch.masked_select(x, x > 2)):
+    for read in (
+        lambda: x.sum().item(),
+        lambda: bool(x.any()),
+        lambda: int(x.max()),
+        lambda: x.nonzero(),
+        lambda: x.tolist(),
+        lambda: x.numpy(),
+        lambda: torch.masked_select(x, x > 2),
+    ):
         with pytest.raises(HostSyncError), no_host_sync():
             read()
     assert x.tolist() == [0, 1, 2, 3, 4, 5]  # restored on the way out
 
 
 def test_a_deferred_failure_names_the_request_and_changes_no_state():
-    chain = _chain({"samplers": [{"use": "penalties", "repeat": 1.3}, {"use": "dist", "seed": 3}]},
-                   cuda.CudaBackend(device="cpu"))
+    chain = _chain(
+        {"samplers": [{"use": "penalties", "repeat": 1.3}, {"use": "dist", "seed": 3}]}, cuda.CudaBackend(device="cpu")
+    )
     store = chain.new_store(capacity=3)
     store.add_many(["a", "b", "c"])
     logits = torch.randn(3, 1000)

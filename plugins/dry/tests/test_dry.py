@@ -20,7 +20,11 @@ import torch
 import samplechain
 from samplechain import Chain, ChainWarning, ConfigError, SamplingError, strings
 from samplechain.tools.testing import (
-    assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, sampler_chain, top_k_only,
+    assert_bitwise_no_op,
+    assert_rows_equal_alone,
+    processed_scores,
+    sampler_chain,
+    top_k_only,
 )
 
 TOL = 1e-5
@@ -125,8 +129,9 @@ def random_history(g, L, span):
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize(("mult", "base", "allowed", "last_n"), [(0.8, 1.75, 2, -1), (1.0, 1.1, 3, 40),
-                                                                 (2.0, 3.0, 1, 25), (0.5, 1.0, 2, -1)])
+@pytest.mark.parametrize(
+    ("mult", "base", "allowed", "last_n"), [(0.8, 1.75, 2, -1), (1.0, 1.1, 3, 40), (2.0, 3.0, 1, 25), (0.5, 1.0, 2, -1)]
+)
 @pytest.mark.parametrize("breakers", ([], [[5]], [[5], [7, 8], [2, 3, 4]], [[7, 8], [8]]))
 def test_matches_llama_cpp_transcription(seed, mult, base, allowed, last_n, breakers):
     g = torch.Generator().manual_seed(seed)
@@ -156,9 +161,13 @@ def test_per_row_parameters_equal_rows_alone_and_disabled_rows_pass_unchanged():
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(5, 30, generator=g)
     history = torch.tensor([random_history(g, 50, 8) for _ in range(5)])
-    rows = [{"dry_multiplier": 0.0}, {"dry_multiplier": 0.8}, {"dry_multiplier": 1.0, "dry_penalty_last_n": 10},
-            {"dry_multiplier": 1.5, "dry_allowed_length": 4, "dry_base": 1.3}, {"dry_multiplier": 1.0,
-                                                                                "dry_penalty_last_n": 0}]
+    rows = [
+        {"dry_multiplier": 0.0},
+        {"dry_multiplier": 0.8},
+        {"dry_multiplier": 1.0, "dry_penalty_last_n": 10},
+        {"dry_multiplier": 1.5, "dry_allowed_length": 4, "dry_base": 1.3},
+        {"dry_multiplier": 1.0, "dry_penalty_last_n": 0},
+    ]
     c = chain(breaker_ids=[[3]])
     batch = assert_rows_equal_alone(c, logits, rows, history=history)
     assert torch.equal(batch[0], logits[0]) and torch.equal(batch[4], logits[4])
@@ -170,8 +179,9 @@ def test_after_top_k_penalises_the_same_candidates():
     logits = torch.randn(3, 30, generator=g)
     history = torch.tensor([random_history(g, 50, 8) for _ in range(3)])
     full = run(chain(multiplier=1.0), logits, history)
-    c = Chain.load({"samplers": [{"use": "top_k", "k": 12}, {"use": "dry", "multiplier": 1.0, "breakers": []},
-                                 {"use": "greedy"}]})
+    c = Chain.load(
+        {"samplers": [{"use": "top_k", "k": 12}, {"use": "dry", "multiplier": 1.0, "breakers": []}, {"use": "greedy"}]}
+    )
     want = top_k_only(full, 12, by=logits)
     assert torch.equal(run(c, logits, history), want)
 
@@ -240,8 +250,9 @@ def test_other_string_breakers_without_a_tokenizer_are_an_error():
     c = chain(multiplier=0.8, breakers=["\n"])
     with pytest.raises(SamplingError, match=r"breakers \['\\n'\] need a tokenizer.*breaker_ids"):
         run(c, torch.zeros(1, 8), torch.tensor([[1, 2, 1, 2]]))
-    assert torch.equal(run(chain(multiplier=0.0, breakers=["\n"]), torch.zeros(1, 8), torch.tensor([[1, 2]])),
-                       torch.zeros(1, 8))  # a DRY that is off never needs them
+    assert torch.equal(
+        run(chain(multiplier=0.0, breakers=["\n"]), torch.zeros(1, 8), torch.tensor([[1, 2]])), torch.zeros(1, 8)
+    )  # a DRY that is off never needs them
 
 
 def test_string_breakers_are_the_string_services_overlapping_sequences():

@@ -29,8 +29,14 @@ def test_per_row_ids_and_disabled_rows():
     store = c.new_store()
     for i, bos in enumerate((-1, 4, 9)):
         store.add(f"r{i}", {"forced_bos_token_id": bos})
-    out = c.sample(logits, store, ["r0", "r1", "r2"], history=torch.zeros(3, 2, dtype=torch.long),
-                   prompt_lengths=torch.full((3,), 2), return_scores=True)
+    out = c.sample(
+        logits,
+        store,
+        ["r0", "r1", "r2"],
+        history=torch.zeros(3, 2, dtype=torch.long),
+        prompt_lengths=torch.full((3,), 2),
+        return_scores=True,
+    )
     assert out.token_ids.tolist() == [int(logits[0].argmax()), 4, 9]
     assert torch.equal(out.scores[0], logits[0])
     assert torch.equal(out.scores[1], ForcedBOSTokenLogitsProcessor(4)(torch.zeros(1, 1), logits[1:2].clone())[0])

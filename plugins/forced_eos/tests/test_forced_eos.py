@@ -40,4 +40,10 @@ def test_per_row_max_length_with_left_padding():
 
 def test_eos_ids_default_to_the_generations():
     logits = torch.randn(3, 60, generator=torch.Generator().manual_seed(5))
-    check_eos_ids_from_setup({"use": "forced_eos", "max_length": 5}, logits, EOS, history=torch.zeros(3, 4, dtype=torch.long), prompt_lengths=torch.full((3,), 2))
+    check_eos_ids_from_setup(
+        {"use": "forced_eos", "max_length": 5},
+        logits,
+        EOS,
+        history=torch.zeros(3, 4, dtype=torch.long),
+        prompt_lengths=torch.full((3,), 2),
+    )

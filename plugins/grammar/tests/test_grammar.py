@@ -14,8 +14,10 @@ from samplechain.models import default_model_path
 
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer", "minimum": 0,
-                                                                        "maximum": 150}},
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    },
     "required": ["name", "age"],
     "additionalProperties": False,
 }
@@ -59,15 +61,38 @@ def allowed_ids(chain: Chain, tokenizer, prompt: str, generated, seed: int = 0) 
 
 
 def matches_schema(obj) -> bool:
-    return (isinstance(obj, dict) and set(obj) == {"name", "age"} and isinstance(obj["name"], str)
-            and len(obj["name"]) <= 24 and isinstance(obj["age"], int) and not isinstance(obj["age"], bool)
-            and 0 <= obj["age"] <= 150)
+    return (
+        isinstance(obj, dict)
+        and set(obj) == {"name", "age"}
+        and isinstance(obj["name"], str)
+        and len(obj["name"]) <= 24
+        and isinstance(obj["age"], int)
+        and not isinstance(obj["age"], bool)
+        and 0 <= obj["age"] <= 150
+    )
 
 
 PROMPTS = [
-    "The list", "A function", "Return the value", "In Python,", "The module", "An exception is raised",
-    "For example:", "The default", "This method", "Strings are", "Use the", "If the file", "The result of",
-    "Numbers", "When a", "The class", "Each item", "The socket", "Data is", "Note that",
+    "The list",
+    "A function",
+    "Return the value",
+    "In Python,",
+    "The module",
+    "An exception is raised",
+    "For example:",
+    "The default",
+    "This method",
+    "Strings are",
+    "Use the",
+    "If the file",
+    "The result of",
+    "Numbers",
+    "When a",
+    "The class",
+    "Each item",
+    "The socket",
+    "Data is",
+    "Note that",
 ]
 
 
@@ -92,8 +117,9 @@ def test_json_schema_compact_greedy(model, tokenizer):
 
 
 def test_any_json_object(model, tokenizer):
-    out = generate(model, tokenizer, PROMPTS[:3], chain=grammar_chain("dist", json=True), max_new_tokens=80,
-                   seed=5, pad_token_id=0)
+    out = generate(
+        model, tokenizer, PROMPTS[:3], chain=grammar_chain("dist", json=True), max_new_tokens=80, seed=5, pad_token_id=0
+    )
     for text, reason in zip(out.texts, out.finish_reasons):
         if reason == "eos":
             assert isinstance(json.loads(text), dict)
@@ -102,38 +128,59 @@ def test_any_json_object(model, tokenizer):
 
 
 def test_gbnf_yes_no(model, tokenizer):
-    out = generate(model, tokenizer, PROMPTS[:6], chain=grammar_chain("dist", gbnf='root ::= "yes" | "no"'),
-                   max_new_tokens=10, seed=1, pad_token_id=0)
+    out = generate(
+        model,
+        tokenizer,
+        PROMPTS[:6],
+        chain=grammar_chain("dist", gbnf='root ::= "yes" | "no"'),
+        max_new_tokens=10,
+        seed=1,
+        pad_token_id=0,
+    )
     assert all(t in ("yes", "no") for t in out.texts), out.texts
     assert out.finish_reasons == ["eos"] * 6
 
 
 def test_regex(model, tokenizer):
-    out = generate(model, tokenizer, PROMPTS[:6], chain=grammar_chain("dist", regex=r"[0-9]{3}-[a-z]{2,4}"),
-                   max_new_tokens=20, seed=2, pad_token_id=0)
+    out = generate(
+        model,
+        tokenizer,
+        PROMPTS[:6],
+        chain=grammar_chain("dist", regex=r"[0-9]{3}-[a-z]{2,4}"),
+        max_new_tokens=20,
+        seed=2,
+        pad_token_id=0,
+    )
     assert all(re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", t) for t in out.texts), out.texts
 
 
 def test_per_row_grammars_in_one_batch(model, tokenizer):
-    chain = Chain.load({"samplers": [
-        {"use": "grammar", "id": "yn", "gbnf": 'root ::= "yes" | "no"', "enabled": False},
-        {"use": "grammar", "id": "num", "regex": r"[0-9]{1,3}", "enabled": False},
-        {"use": "dist"},
-    ]})
+    chain = Chain.load(
+        {
+            "samplers": [
+                {"use": "grammar", "id": "yn", "gbnf": 'root ::= "yes" | "no"', "enabled": False},
+                {"use": "grammar", "id": "num", "regex": r"[0-9]{1,3}", "enabled": False},
+                {"use": "dist"},
+            ]
+        }
+    )
     params = [{"yn.enabled": True}, {"num.enabled": True}, {"yn.enabled": True}, None]
-    out = generate(model, tokenizer, PROMPTS[:4], chain=chain, params=params, max_new_tokens=8, seed=4,
-                   pad_token_id=0)
+    out = generate(model, tokenizer, PROMPTS[:4], chain=chain, params=params, max_new_tokens=8, seed=4, pad_token_id=0)
     assert out.texts[0] in ("yes", "no") and out.texts[2] in ("yes", "no")
     assert re.fullmatch(r"[0-9]{1,3}", out.texts[1])
     assert not re.fullmatch(r"yes|no|[0-9]{1,3}", out.texts[3])  # unconstrained row: the model's own prose
 
 
 def test_per_row_scores_equal_each_row_alone(tokenizer):
-    chain = Chain.load({"samplers": [
-        {"use": "grammar", "id": "yn", "gbnf": 'root ::= "yes" | "no"'},
-        {"use": "grammar", "id": "num", "regex": r"[0-9]+"},
-        {"use": "greedy"},
-    ]})
+    chain = Chain.load(
+        {
+            "samplers": [
+                {"use": "grammar", "id": "yn", "gbnf": 'root ::= "yes" | "no"'},
+                {"use": "grammar", "id": "num", "regex": r"[0-9]+"},
+                {"use": "greedy"},
+            ]
+        }
+    )
     chain.prepare(tokenizer=tokenizer)
     rows = [{"num.enabled": False}, {"yn.enabled": False}, {"yn.enabled": False, "num.enabled": False}]
     logits = torch.randn(3, len(tokenizer), generator=torch.Generator().manual_seed(0))
@@ -144,8 +191,9 @@ def test_per_row_scores_equal_each_row_alone(tokenizer):
         store.add(f"r{i}", p)
     batch = chain.process(logits, store, ["r0", "r1", "r2"], history=history, prompt_lengths=lengths)
     for i in range(3):
-        alone = chain.process(logits[i:i + 1], store, [f"r{i}"], history=history[i:i + 1],
-                              prompt_lengths=lengths[i:i + 1])
+        alone = chain.process(
+            logits[i : i + 1], store, [f"r{i}"], history=history[i : i + 1], prompt_lengths=lengths[i : i + 1]
+        )
         assert torch.equal(alone[0], batch[i])
     assert torch.equal(batch[2], logits[2])  # both grammars disabled: bitwise unchanged
     assert {tokenizer.decode([t]) for t in torch.isfinite(batch[0]).nonzero().flatten().tolist()} <= {"e", "es"}
@@ -173,8 +221,9 @@ def test_history_outside_the_grammar_allows_only_eos(tokenizer):
 
 def test_compacted_candidates_honour_ids(tokenizer):
     full = Chain.load({"samplers": [{"use": "grammar", "regex": "[a-z]+"}, {"use": "greedy"}]})
-    after = Chain.load({"samplers": [{"use": "top_k", "k": 300}, {"use": "grammar", "regex": "[a-z]+"},
-                                     {"use": "greedy"}]})
+    after = Chain.load(
+        {"samplers": [{"use": "top_k", "k": 300}, {"use": "grammar", "regex": "[a-z]+"}, {"use": "greedy"}]}
+    )
     for c in (full, after):
         c.prepare(tokenizer=tokenizer)
     logits = torch.randn(2, len(tokenizer), generator=torch.Generator().manual_seed(1))
@@ -214,8 +263,9 @@ def test_lazy_trigger_word(tokenizer):
     assert allowed and all(tokenizer.decode([t]).isdigit() for t in allowed)
     # text after the trigger inside the same token stream is fed to the grammar too
     allowed = allowed_ids(chain, tokenizer, "Run it:", "we will run <call>12")
-    assert all(re.fullmatch(r"[0-9]*(</?|</c|</ca|</cal|</call|</call>)?|[0-9]+", tokenizer.decode([t]))
-               for t in allowed)
+    assert all(
+        re.fullmatch(r"[0-9]*(</?|</c|</ca|</cal|</call|</call>)?|[0-9]+", tokenizer.decode([t])) for t in allowed
+    )
     done = tokenizer.encode("go <call>7</call>")
     assert allowed_ids(chain, tokenizer, "Run it:", done) == {tokenizer.eos_token_id}
 
@@ -252,9 +302,9 @@ def test_lazy_generation_is_free_until_the_trigger_token(model, tokenizer):
     triggered = 0
     for b, text in enumerate(out.texts):
         start = out.prompt_length
-        new = out.sequences[b, start:start + int(out.num_generated[b])].tolist()
+        new = out.sequences[b, start : start + int(out.num_generated[b])].tolist()
         if the in new:
-            tail = tokenizer.decode(new[new.index(the):], skip_special_tokens=True)
+            tail = tokenizer.decode(new[new.index(the) :], skip_special_tokens=True)
             assert re.fullmatch(r" the( [0-9]{0,2}\.?)?", tail), text
             triggered += 1
             if out.finish_reasons[b] == "eos":
@@ -268,8 +318,9 @@ def _run(chain, store, rid, tokenizer, prompt, steps, generated=None):
     generated = list(generated or [])
     for _ in range(steps):
         logits = torch.randn(1, len(tokenizer), generator=torch.Generator().manual_seed(len(generated)))
-        out = chain.sample(logits, store, [rid], history=torch.tensor([p + generated]),
-                           prompt_lengths=torch.tensor([len(p)]))
+        out = chain.sample(
+            logits, store, [rid], history=torch.tensor([p + generated]), prompt_lengths=torch.tensor([len(p)])
+        )
         generated.append(int(out.token_ids[0]))
     return generated
 
@@ -281,10 +332,8 @@ def test_sample_without_accept_is_repeatable(tokenizer):
     gen = _run(chain, store, "a", tokenizer, "Hi", 5)
     history, lengths = history_of(tokenizer, "Hi", gen)
     logits = torch.randn(1, len(tokenizer))
-    one = chain.sample(logits, store, ["a"], accept=False, history=history, prompt_lengths=lengths,
-                       return_scores=True)
-    two = chain.sample(logits, store, ["a"], accept=False, history=history, prompt_lengths=lengths,
-                       return_scores=True)
+    one = chain.sample(logits, store, ["a"], accept=False, history=history, prompt_lengths=lengths, return_scores=True)
+    two = chain.sample(logits, store, ["a"], accept=False, history=history, prompt_lengths=lengths, return_scores=True)
     assert torch.equal(one.token_ids, two.token_ids) and torch.equal(one.scores, two.scores)
     chain.accept(store, ["a"], one.token_ids)
 
@@ -319,20 +368,23 @@ def test_reused_request_id_is_replayed(tokenizer):
 
 
 # ----------------------------------------------------------------------------- configuration errors
-@pytest.mark.parametrize("params, key", [
-    ({"gbnf": 'root ::= ( "yes"'}, "gbnf"),
-    ({"gbnf": "root ::= undefined_rule"}, "gbnf"),
-    ({"regex": "[a-"}, "regex"),
-    ({"json_schema": "{not json"}, "json_schema"),
-    ({"json_schema": '{"type": "objectx"}'}, "json_schema"),
-    ({}, "gbnf"),
-    ({"gbnf": 'root ::= "a"', "regex": "a"}, "regex"),
-    ({"json": True, "regex": "a"}, "regex"),
-    ({"regex": "a", "json_whitespace": "some"}, "json_whitespace"),
-    ({"regex": "a", "triggers": "<call>"}, "triggers"),
-    ({"regex": "a", "triggers": [""]}, "triggers"),
-    ({"regex": "a", "trigger_tokens": [-1]}, "trigger_tokens"),
-])
+@pytest.mark.parametrize(
+    "params, key",
+    [
+        ({"gbnf": 'root ::= ( "yes"'}, "gbnf"),
+        ({"gbnf": "root ::= undefined_rule"}, "gbnf"),
+        ({"regex": "[a-"}, "regex"),
+        ({"json_schema": "{not json"}, "json_schema"),
+        ({"json_schema": '{"type": "objectx"}'}, "json_schema"),
+        ({}, "gbnf"),
+        ({"gbnf": 'root ::= "a"', "regex": "a"}, "regex"),
+        ({"json": True, "regex": "a"}, "regex"),
+        ({"regex": "a", "json_whitespace": "some"}, "json_whitespace"),
+        ({"regex": "a", "triggers": "<call>"}, "triggers"),
+        ({"regex": "a", "triggers": [""]}, "triggers"),
+        ({"regex": "a", "trigger_tokens": [-1]}, "trigger_tokens"),
+    ],
+)
 def test_bad_config_names_the_parameter(params, key):
     with pytest.raises(ConfigError, match=rf"samplers\[0\]\.{key}"):
         grammar_chain(**params)

@@ -182,8 +182,16 @@ def test_eot_fallback_after_top_k_when_eot_is_not_a_candidate(tok):
 # --------------------------------------------------------------------------- the step-by-step port
 def random_rows(seed: int, vocab: int = 300) -> torch.Tensor:
     """Rows of (live candidates, logit scale, eos): peaked and flat rows, with eos unlikely, absent or on top."""
-    shapes = [(4, 1.0, "low"), (8, 2.0, "low"), (12, 1.0, "top"), (20, 0.05, "low"), (40, 0.05, None),
-              (80, 3.0, "low"), (300, 0.01, "low"), (300, 5.0, "top")]
+    shapes = [
+        (4, 1.0, "low"),
+        (8, 2.0, "low"),
+        (12, 1.0, "top"),
+        (20, 0.05, "low"),
+        (40, 0.05, None),
+        (80, 3.0, "low"),
+        (300, 0.01, "low"),
+        (300, 5.0, "top"),
+    ]
     g = torch.Generator().manual_seed(seed)
     rows = []
     for live_n, scale, eos in shapes:
@@ -297,8 +305,12 @@ def test_extra_eog_ids(tok):
 
 @pytest.mark.parametrize(
     ("params", "key"),
-    [({"eot_id": -2}, "eot_id"), ({"output": "p"}, "output"), ({"eog_ids": [-1]}, "eog_ids"),
-     ({"enabled": "yes"}, "enabled")],
+    [
+        ({"eot_id": -2}, "eot_id"),
+        ({"output": "p"}, "output"),
+        ({"eog_ids": [-1]}, "eog_ids"),
+        ({"enabled": "yes"}, "enabled"),
+    ],
 )
 def test_bad_values_are_refused_naming_the_key(params, key):
     with pytest.raises(ConfigError, match=key):

@@ -40,8 +40,9 @@ def test_matches_transformers(generated, start, factor):
         assert bool((ref[masked].isnan() | (ref[masked] == logits[masked])).all())
         assert bool(ref[masked].isnan().any()) == (factor > 1 and generated > start)
         ref = torch.where(masked, logits, ref)
-    ours = chain(start=start, factor=factor).sample(logits, history=history,
-                                                    prompt_lengths=torch.full((3,), prompt), return_scores=True)
+    ours = chain(start=start, factor=factor).sample(
+        logits, history=history, prompt_lengths=torch.full((3,), prompt), return_scores=True
+    )
     torch.testing.assert_close(ours.scores, ref, rtol=1e-6, atol=1e-6)
     assert (torch.softmax(ours.scores, -1) - torch.softmax(ref, -1)).abs().max() < 1e-5
 
@@ -52,23 +53,34 @@ def test_per_row_equals_rows_alone_and_factor_one_is_a_no_op():
     history = torch.randint(0, 100, (3, 12), generator=g)
     history[2, :4] = -1
     prompt_lengths = torch.tensor([4, 4, 2])
-    rows = [{"length_decay_factor": 1.0}, {"length_decay_start": 2, "length_decay_factor": 1.3},
-            {"length_decay_start": 1, "length_decay_factor": 2.0}]
+    rows = [
+        {"length_decay_factor": 1.0},
+        {"length_decay_start": 2, "length_decay_factor": 1.3},
+        {"length_decay_start": 1, "length_decay_factor": 2.0},
+    ]
     c = chain()
     store = c.new_store()
     for i, p in enumerate(rows):
         store.add(f"r{i}", p)
-    batch = c.sample(logits, store, ["r0", "r1", "r2"], history=history, prompt_lengths=prompt_lengths,
-                     return_scores=True).scores
+    batch = c.sample(
+        logits, store, ["r0", "r1", "r2"], history=history, prompt_lengths=prompt_lengths, return_scores=True
+    ).scores
     assert torch.equal(batch[0], logits[0])
     for b in (1, 2):
         row = history[b][history[b] >= 0][None, :]
         p = rows[b]
-        ref = ExponentialDecayLengthPenalty((p["length_decay_start"], p["length_decay_factor"]), EOS,
-                                            int(prompt_lengths[b]))(row, logits[b : b + 1].clone())
+        ref = ExponentialDecayLengthPenalty(
+            (p["length_decay_start"], p["length_decay_factor"]), EOS, int(prompt_lengths[b])
+        )(row, logits[b : b + 1].clone())
         torch.testing.assert_close(batch[b : b + 1], ref, rtol=1e-6, atol=1e-6)
 
 
 def test_eos_ids_default_to_the_generations():
     logits = torch.randn(3, 60, generator=torch.Generator().manual_seed(5))
-    check_eos_ids_from_setup({"use": "length_decay", "factor": 1.2}, logits, EOS, history=torch.zeros(3, 8, dtype=torch.long), prompt_lengths=torch.full((3,), 2))
+    check_eos_ids_from_setup(
+        {"use": "length_decay", "factor": 1.2},
+        logits,
+        EOS,
+        history=torch.zeros(3, 8, dtype=torch.long),
+        prompt_lengths=torch.full((3,), 2),
+    )

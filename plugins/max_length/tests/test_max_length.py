@@ -16,8 +16,13 @@ def rows(answer, batch):
 
 
 def setup(prompt_length, prompt_lengths, config=None):
-    return StopSetup(batch_size=len(prompt_lengths), prompt_length=prompt_length,
-                     prompt_lengths=torch.tensor(prompt_lengths), device=torch.device("cpu"), model_config=config)
+    return StopSetup(
+        batch_size=len(prompt_lengths),
+        prompt_length=prompt_length,
+        prompt_lengths=torch.tensor(prompt_lengths),
+        device=torch.device("cpu"),
+        model_config=config,
+    )
 
 
 @pytest.mark.parametrize("n", [5, 7, 12])
@@ -53,12 +58,15 @@ def test_no_warning_within_the_limits(recwarn):
     assert not recwarn.list
 
 
-@pytest.mark.parametrize("stop, message", [
-    ({"n": 0}, r"stop\[0\].n = 0: must be in \[1, inf\)"),
-    ({"n": 2.0}, r"stop\[0\].n = 2.0: expected an integer"),
-    ({}, r"stop\[0\].n: required key missing"),
-    ({"length": 5}, r"stop\[0\].length = 5: unknown parameter of max_length.v1"),
-])
+@pytest.mark.parametrize(
+    "stop, message",
+    [
+        ({"n": 0}, r"stop\[0\].n = 0: must be in \[1, inf\)"),
+        ({"n": 2.0}, r"stop\[0\].n = 2.0: expected an integer"),
+        ({}, r"stop\[0\].n: required key missing"),
+        ({"length": 5}, r"stop\[0\].length = 5: unknown parameter of max_length.v1"),
+    ],
+)
 def test_bad_values(stop, message):
     with pytest.raises(ConfigError, match=message):
         samplechain.load_config({"samplers": [{"use": "greedy"}], "stop": [{"use": "max_length", **stop}]})

@@ -13,8 +13,13 @@ from samplechain import ConfigError, StopContext, StopSetup
 
 def setup(prompt_length=4, batch=3, config=None, prompt_lengths=None):
     lengths = torch.tensor(prompt_lengths) if prompt_lengths else torch.full((batch,), prompt_length)
-    return StopSetup(batch_size=batch, prompt_length=prompt_length, prompt_lengths=lengths,
-                     device=torch.device("cpu"), model_config=config)
+    return StopSetup(
+        batch_size=batch,
+        prompt_length=prompt_length,
+        prompt_lengths=lengths,
+        device=torch.device("cpu"),
+        model_config=config,
+    )
 
 
 def rows(answer, batch):
@@ -36,8 +41,11 @@ def test_equals_transformers_max_length_criteria_at_prompt_plus_n(n):
 
 def test_warns_past_the_model_positions():
     crit = samplechain.Stopping.criterion("max_new_tokens", {"n": 10})
-    with pytest.warns(UserWarning, match="max_new_tokens = 10 after a 60-token prompt runs past the model's 64 "
-                                         "positions.*lower max_new_tokens to 4"):
+    with pytest.warns(
+        UserWarning,
+        match="max_new_tokens = 10 after a 60-token prompt runs past the model's 64 "
+        "positions.*lower max_new_tokens to 4",
+    ):
         crit.prepare(setup(60, config=GPT2Config(n_positions=64)))
 
 
@@ -48,15 +56,18 @@ def test_no_warning_within_the_model_positions(recwarn):
     assert not recwarn.list
 
 
-@pytest.mark.parametrize("stop, message", [
-    ({"n": 0}, r"stop\[0\].n = 0: must be in \[1, inf\)"),
-    ({"n": -3}, r"stop\[0\].n = -3: must be in \[1, inf\)"),
-    ({"n": "5"}, r"stop\[0\].n = '5': expected an integer"),
-    ({"n": 1.5}, r"stop\[0\].n = 1.5: expected an integer"),
-    ({"n": True}, r"stop\[0\].n = True: expected an integer"),
-    ({}, r"stop\[0\].n: required key missing"),
-    ({"n": 5, "m": 1}, r"stop\[0\].m = 1: unknown parameter of max_new_tokens.v1 \(valid: n\)"),
-])
+@pytest.mark.parametrize(
+    "stop, message",
+    [
+        ({"n": 0}, r"stop\[0\].n = 0: must be in \[1, inf\)"),
+        ({"n": -3}, r"stop\[0\].n = -3: must be in \[1, inf\)"),
+        ({"n": "5"}, r"stop\[0\].n = '5': expected an integer"),
+        ({"n": 1.5}, r"stop\[0\].n = 1.5: expected an integer"),
+        ({"n": True}, r"stop\[0\].n = True: expected an integer"),
+        ({}, r"stop\[0\].n: required key missing"),
+        ({"n": 5, "m": 1}, r"stop\[0\].m = 1: unknown parameter of max_new_tokens.v1 \(valid: n\)"),
+    ],
+)
 def test_bad_values(stop, message):
     with pytest.raises(ConfigError, match=message):
         samplechain.load_config({"samplers": [{"use": "greedy"}], "stop": [{"use": "max_new_tokens", **stop}]})

@@ -43,8 +43,9 @@ def test_per_row_n_with_padded_prompts_equals_transformers_per_row():
     store = c.new_store()
     for i, n in enumerate(ns):
         store.add(f"r{i}", {"min_tokens": n})
-    ours = c.sample(logits, store, [f"r{i}" for i in range(4)], history=history, prompt_lengths=prompt_lengths,
-                    return_scores=True).scores
+    ours = c.sample(
+        logits, store, [f"r{i}" for i in range(4)], history=history, prompt_lengths=prompt_lengths, return_scores=True
+    ).scores
     for b in range(4):
         row = history[b][history[b] >= 0][None, :]
         ref = MinNewTokensLengthLogitsProcessor(int(prompt_lengths[b]), ns[b], EOS)(row, logits[b : b + 1].clone())
@@ -55,14 +56,22 @@ def test_per_row_n_with_padded_prompts_equals_transformers_per_row():
 def test_after_top_k():
     logits = logits_for(4)
     logits[:, EOS] += 10
-    c = Chain.load({"samplers": [{"use": "top_k", "k": 5}, {"use": "min_new_tokens", "eos_ids": EOS, "n": 3},
-                                 {"use": "greedy"}]})
-    out = c.sample(logits, history=torch.zeros(3, 4, dtype=torch.long), prompt_lengths=torch.full((3,), 4),
-                   return_scores=True).scores
+    c = Chain.load(
+        {"samplers": [{"use": "top_k", "k": 5}, {"use": "min_new_tokens", "eos_ids": EOS, "n": 3}, {"use": "greedy"}]}
+    )
+    out = c.sample(
+        logits, history=torch.zeros(3, 4, dtype=torch.long), prompt_lengths=torch.full((3,), 4), return_scores=True
+    ).scores
     assert not bool(torch.isfinite(out[:, EOS]).any())
     assert int(torch.isfinite(out).sum()) == 3 * 3
 
 
 def test_eos_ids_default_to_the_generations():
     logits = torch.randn(3, 60, generator=torch.Generator().manual_seed(5))
-    check_eos_ids_from_setup({"use": "min_new_tokens", "n": 3}, logits, EOS, history=torch.zeros(3, 4, dtype=torch.long), prompt_lengths=torch.full((3,), 4))
+    check_eos_ids_from_setup(
+        {"use": "min_new_tokens", "n": 3},
+        logits,
+        EOS,
+        history=torch.zeros(3, 4, dtype=torch.long),
+        prompt_lengths=torch.full((3,), 4),
+    )

@@ -21,7 +21,11 @@ from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsW
 
 from samplechain import Chain
 from samplechain.tools.testing import (
-    assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain,
+    assert_bitwise_no_op,
+    assert_rows_equal_alone,
+    processed_scores,
+    random_logits,
+    sampler_chain,
 )
 
 SEEDS = (0, 1, 2)
@@ -140,12 +144,18 @@ def test_wide_vocab_mixed_rows_through_the_chunked_path():
     logits = random_logits(9, 6, 128256, 2.0)
     logits[1] = random_logits(10, 1, 128256, 25.0)[0]  # a handful of survivors
     logits[3, ::3] = float("-inf")
-    per_row = [{"min_p": 0.05}, {"min_p": 0.1}, {"min_p": 0.0}, {"min_p": 0.3}, {"min_p": 0.9, "min_keep": 50},
-               {"min_p": 0.001}]
+    per_row = [
+        {"min_p": 0.05},
+        {"min_p": 0.1},
+        {"min_p": 0.0},
+        {"min_p": 0.3},
+        {"min_p": 0.9, "min_keep": 50},
+        {"min_p": 0.001},
+    ]
     ours = processed_scores(chain(0.05), logits, per_row)
     for row, params in enumerate(per_row):
         if params["min_p"] == 0.0:
             assert torch.equal(ours[row], logits[row])
         else:
-            assert_matches(ours[row:row + 1], logits[row:row + 1], params["min_p"], params.get("min_keep", 1))
+            assert_matches(ours[row : row + 1], logits[row : row + 1], params["min_p"], params.get("min_keep", 1))
     assert int(torch.isfinite(ours[4]).sum()) == 50

@@ -60,8 +60,9 @@ def scripted_logits(steps: int, vocab: int, seed: int = 1234) -> list[list[float
     rows = []
     for t in range(steps):
         s = 0.8 + 0.1 * (t % 7)
-        row = (-s * torch.log(torch.arange(1, vocab + 1, dtype=torch.float64))
-               + 0.05 * torch.randn(vocab, generator=g, dtype=torch.float64))
+        row = -s * torch.log(torch.arange(1, vocab + 1, dtype=torch.float64)) + 0.05 * torch.randn(
+            vocab, generator=g, dtype=torch.float64
+        )
         row = row[torch.randperm(vocab, generator=g)].float()
         row[torch.randperm(vocab, generator=g)[:3]] = NEG_INF
         rows.append(row.tolist())

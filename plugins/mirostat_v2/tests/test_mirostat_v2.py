@@ -51,8 +51,9 @@ def scripted_logits(steps: int, vocab: int) -> list[list[float]]:
     rows = []
     for t in range(steps):
         s = 0.6 + 0.15 * t
-        row = (-s * torch.log(torch.arange(1, vocab + 1, dtype=torch.float64))
-               + 0.05 * torch.randn(vocab, generator=g, dtype=torch.float64))
+        row = -s * torch.log(torch.arange(1, vocab + 1, dtype=torch.float64)) + 0.05 * torch.randn(
+            vocab, generator=g, dtype=torch.float64
+        )
         row = row[torch.randperm(vocab, generator=g)].float()
         row[torch.randperm(vocab, generator=g)[:3]] = NEG_INF
         rows.append(row.tolist())
@@ -139,9 +140,16 @@ def test_surprise_converges_to_tau_with_the_embedded_model(model_and_tokenizer):
 
     model, tok = model_and_tokenizer
     tau, eta, n = 3.0, 0.1, 150
-    out = generate(model, tok, "The list type in Python", chain={"samplers": [
-        {"use": "mirostat_v2", "tau": tau, "eta": eta}]}, max_new_tokens=n, seed=5, ignore_eos=True,
-        output_logits=True)
+    out = generate(
+        model,
+        tok,
+        "The list type in Python",
+        chain={"samplers": [{"use": "mirostat_v2", "tau": tau, "eta": eta}]},
+        max_new_tokens=n,
+        seed=5,
+        ignore_eos=True,
+        output_logits=True,
+    )
     tokens = out.sequences[0, -n:].tolist()
     mu, surprises, mus = 2 * tau, [], []
     for step, token in enumerate(tokens):
@@ -151,12 +159,19 @@ def test_surprise_converges_to_tau_with_the_embedded_model(model_and_tokenizer):
         surprises.append((mu - new_mu) / eta + tau)
         mu = new_mu
         mus.append(mu)
-    second = surprises[n // 2:]
+    second = surprises[n // 2 :]
     assert abs(sum(second) / len(second) - tau) < 0.75, (sum(second) / len(second), mus[::10])
     assert max(mus) < 12 and min(mus) > 0
-    plain = generate(model, tok, "The list type in Python", chain={"samplers": [{"use": "dist"}]},
-                     max_new_tokens=n, seed=5, ignore_eos=True)
-    plain_surprise = float(-plain.logprobs[0, n // 2:].mean()) / math.log(2)
+    plain = generate(
+        model,
+        tok,
+        "The list type in Python",
+        chain={"samplers": [{"use": "dist"}]},
+        max_new_tokens=n,
+        seed=5,
+        ignore_eos=True,
+    )
+    plain_surprise = float(-plain.logprobs[0, n // 2 :].mean()) / math.log(2)
     assert plain_surprise > tau + 1.5  # without the controller the same model is far above tau
 
 

@@ -136,8 +136,15 @@ class MpsLogicOnCpu(mps.MpsBackend):
         return True
 
 
-CHAIN = {"samplers": [{"use": "top_k", "k": 40}, {"use": "top_p", "p": 0.9}, {"use": "min_p", "p": 0.02},
-                      {"use": "temperature", "t": 0.7}, {"use": "dist", "seed": 1234}]}
+CHAIN = {
+    "samplers": [
+        {"use": "top_k", "k": 40},
+        {"use": "top_p", "p": 0.9},
+        {"use": "min_p", "p": 0.02},
+        {"use": "temperature", "t": 0.7},
+        {"use": "dist", "seed": 1234},
+    ]
+}
 
 
 def test_a_seeded_chain_draws_the_cpu_backends_tokens(monkeypatch):

@@ -15,8 +15,13 @@ from transformers.generation.logits_process import TopKLogitsWarper
 
 from samplechain import Chain, ConfigError, RequestError
 from samplechain.tools.testing import (
-    assert_bitwise_no_op, assert_kept_logits_bitwise, assert_probs_close, assert_rows_equal_alone, processed_scores,
-    random_logits, sampler_chain,
+    assert_bitwise_no_op,
+    assert_kept_logits_bitwise,
+    assert_probs_close,
+    assert_rows_equal_alone,
+    processed_scores,
+    random_logits,
+    sampler_chain,
 )
 
 B = 6

@@ -164,8 +164,15 @@ def test_defaults_are_a_bitwise_no_op():
 
 def test_after_top_k_equals_penalties_then_top_k():
     logits, history = random_case(2)
-    compact = Chain.load({"samplers": [{"use": "top_k", "k": 30}, {"use": "penalties", "repeat": 1.5, "frequency": 0.2,
-                                                                   "last_n": -1}, {"use": "greedy"}]})
+    compact = Chain.load(
+        {
+            "samplers": [
+                {"use": "top_k", "k": 30},
+                {"use": "penalties", "repeat": 1.5, "frequency": 0.2, "last_n": -1},
+                {"use": "greedy"},
+            ]
+        }
+    )
     full = scores(chain(repeat=1.5, frequency=0.2, last_n=-1), logits, history)
     ref = torch.full_like(logits, float("-inf"))
     idx = logits.topk(30, dim=-1).indices
@@ -196,15 +203,34 @@ def test_numpy_changes_equal_the_torch_changes_bitwise(scope, monkeypatch):
         logits[0, ::7] = float("-inf")
         history = torch.randint(-1, vocab, (batch, length), generator=g)
         history[:, : min(3, length)] = -1
-        chain = Chain.load({"samplers": [{"use": "penalties", "repeat": 1.3, "frequency": 0.4, "presence": -0.2,
-                                          "last_n": 17, "scope": scope}, {"use": "greedy"}]})
+        chain = Chain.load(
+            {
+                "samplers": [
+                    {
+                        "use": "penalties",
+                        "repeat": 1.3,
+                        "frequency": 0.4,
+                        "presence": -0.2,
+                        "last_n": 17,
+                        "scope": scope,
+                    },
+                    {"use": "greedy"},
+                ]
+            }
+        )
         store = chain.new_store()
         ids = [f"r{i}" for i in range(batch)]
         for i, rid in enumerate(ids):
             store.add(rid, {"repeat_penalty": [1.3, 1.0, 0.8][i], "frequency_penalty": [0.4, 0.0, 0.1][i]})
         view = store.batch(ids)
-        ctx = chain._context(store, view, store.positions(view), chain._backend_for("cpu"), 0,
-                             (history, torch.full((batch,), length // 2)))
+        ctx = chain._context(
+            store,
+            view,
+            store.positions(view),
+            chain._backend_for("cpu"),
+            0,
+            (history, torch.full((batch,), length // 2)),
+        )
         sampler, cand = chain.samplers[0], Candidates(logits, None, vocab, False, False)
         windows = sampler._windows(ctx)
         fast = sampler._changes(cand, *windows)

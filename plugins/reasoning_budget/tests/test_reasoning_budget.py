@@ -66,8 +66,20 @@ class LlamaCppBudget:
     continue_end (force the rest of a partly emitted end marker); rearm (DONE re-arms on a start marker). budget -1:
     llama.cpp builds no sampler at all, so nothing is ever forced."""
 
-    def __init__(self, start, end, forced, budget, pieces, *, utf8="piece", continue_end=False, rearm=True,
-                 state=IDLE, message_len=0):
+    def __init__(
+        self,
+        start,
+        end,
+        forced,
+        budget,
+        pieces,
+        *,
+        utf8="piece",
+        continue_end=False,
+        rearm=True,
+        state=IDLE,
+        message_len=0,
+    ):
         self.start, self.end = Matcher(start), Matcher(end)
         self.forced_tokens, self.budget, self.remaining = forced, budget, budget
         self.pieces, self.utf8, self.continue_end, self.rearm = pieces, utf8, continue_end, rearm
@@ -123,8 +135,10 @@ class LlamaCppBudget:
 
 
 # ----------------------------------------------------------------- tokenizers
-TEXT = ("A list is a mutable sequence; tuples are immutable. The function returns the value of the key. "
-        "Let me think about it: the answer is simple, because the loop ends when the list is empty. ") * 4
+TEXT = (
+    "A list is a mutable sequence; tuples are immutable. The function returns the value of the key. "
+    "Let me think about it: the answer is simple, because the loop ends when the list is empty. "
+) * 4
 
 
 @pytest.fixture(scope="module")
@@ -199,8 +213,9 @@ def drive(chain, vocab, scripts, budgets, prompts=None, rearm=False, store=None,
         seqs = [prompts[b] + out[b] for b in range(rows)]
         width = max(map(len, seqs))
         hist = torch.tensor([[-1] * (width - len(s)) + s for s in seqs])
-        res = chain.sample(logits, store, ids, history=hist, prompt_lengths=torch.tensor([len(p) for p in prompts]),
-                           return_scores=True)
+        res = chain.sample(
+            logits, store, ids, history=hist, prompt_lengths=torch.tensor([len(p) for p in prompts]), return_scores=True
+        )
         for b in range(rows):
             out[b].append(int(res.token_ids[b]))
             if int(torch.isfinite(res.scores[b]).sum()) == 1:
@@ -228,15 +243,37 @@ def ids_of(tok, chain):
 def ours_as_reference(tok, chain, budget, rearm, **kw):
     """The reference with our documented semantics switched on."""
     start, end, message = ids_of(tok, chain)
-    return LlamaCppBudget(start, end, message + end, budget, pieces_of(tok), utf8="text", continue_end=True,
-                          rearm=rearm, message_len=len(message), **kw)
+    return LlamaCppBudget(
+        start,
+        end,
+        message + end,
+        budget,
+        pieces_of(tok),
+        utf8="text",
+        continue_end=True,
+        rearm=rearm,
+        message_len=len(message),
+        **kw,
+    )
 
 
 def scripts_for(tok):
     """Two thinking blocks with characters of 2, 3 and 4 bytes (split over byte tokens on both tokenizers) and a
     few tokens after each block."""
-    return enc(tok, "<think>", "Let me think: ü, 中文 and 🎉 then the list", "</think>", " The answer.",
-               "<think>", " Again: 日本 is", "</think>", " Done here.") + enc(tok, " x") * 40
+    return (
+        enc(
+            tok,
+            "<think>",
+            "Let me think: ü, 中文 and 🎉 then the list",
+            "</think>",
+            " The answer.",
+            "<think>",
+            " Again: 日本 is",
+            "</think>",
+            " Done here.",
+        )
+        + enc(tok, " x") * 40
+    )
 
 
 # ----------------------------------------------------------------- the state machine, step by step
@@ -257,8 +294,20 @@ def test_agrees_with_llama_cpp_exactly_where_no_difference_applies(fallback):
     """Markers of one token (no partial end), ASCII thinking (every piece whole), re-arm on: llama.cpp's own
     semantics, unchanged, for every budget."""
     tok = fallback
-    script = enc(tok, "<think>", "the list is a mutable sequence and the key", "</think>", " The value.",
-                 "<think>", " the loop ends", "</think>", " Done.") + enc(tok, " x") * 30
+    script = (
+        enc(
+            tok,
+            "<think>",
+            "the list is a mutable sequence and the key",
+            "</think>",
+            " The value.",
+            "<think>",
+            " the loop ends",
+            "</think>",
+            " Done.",
+        )
+        + enc(tok, " x") * 30
+    )
     chain = budget_chain(tok, message=" Let me answer.")
     start, end, message = ids_of(tok, chain)
     assert len(start) == 1 and len(end) == 1
@@ -281,7 +330,7 @@ def test_a_multi_byte_character_is_never_cut(tokenizer, request):
     pieces = pieces_of(tok)
     start_len = len(enc(tok, "<think>"))
     for b, budget in enumerate(budgets):
-        closing = next(i for i in range(start_len, len(got[b])) if got[b][i:i + len(end)] == end)
+        closing = next(i for i in range(start_len, len(got[b])) if got[b][i : i + len(end)] == end)
         thought = b"".join(pieces[t] for t in got[b][start_len:closing])
         thought.decode("utf-8")  # raises if a character was cut
         assert closing - start_len >= budget
@@ -311,11 +360,11 @@ def test_a_partial_end_marker_is_continued_not_restarted(embedded):
     script = start + enc(tok, " a b") + end[:2] + enc(tok, " c") * 20
     budget = len(enc(tok, " a b")) + 2  # spent on the second token of the end marker
     got, forced = drive(chain, len(tok), [script], [budget], steps=len(start) + budget + len(end))
-    assert got[0][len(start) + budget - 2:][:len(end)] == end  # "</think>", the message skipped
+    assert got[0][len(start) + budget - 2 :][: len(end)] == end  # "</think>", the message skipped
     assert forced[0] == list(range(len(start) + budget, len(start) + budget + len(end) - 2))
     ref = LlamaCppBudget(start, end, message + end, budget, pieces_of(tok))  # llama.cpp: all of it again
     llama, _ = reference_run(script, ref, steps=len(start) + budget + len(message + end))
-    assert llama[len(start) + budget:] == message + end
+    assert llama[len(start) + budget :] == message + end
 
 
 def test_budget_zero_forces_at_once_and_minus_one_never(fallback):
@@ -388,8 +437,9 @@ def test_budget_zero_with_an_open_prompt_block_forces_the_first_token(fallback):
     tok = fallback
     chain = budget_chain(tok, message=" Done.")
     start, end, message = ids_of(tok, chain)
-    got, forced = drive(chain, len(tok), [enc(tok, " the list") * 3], [0], prompts=[start],
-                        steps=len(message) + len(end))
+    got, forced = drive(
+        chain, len(tok), [enc(tok, " the list") * 3], [0], prompts=[start], steps=len(message) + len(end)
+    )
     assert got[0] == message + end
 
 
@@ -405,11 +455,14 @@ def test_per_request_aliases_and_bad_values(fallback):
         store.add("d", {"reasoning_budgett": 3})
 
 
-@pytest.mark.parametrize("params, words", [
-    ({"start": ""}, ["start"]),
-    ({"end": "", "end_ids": []}, ["end"]),
-    ({"budget": -3}, ["budget", "-1"]),
-])
+@pytest.mark.parametrize(
+    "params, words",
+    [
+        ({"start": ""}, ["start"]),
+        ({"end": "", "end_ids": []}, ["end"]),
+        ({"budget": -3}, ["budget", "-1"]),
+    ],
+)
 def test_bad_chain_values_name_the_key(params, words):
     with pytest.raises(ConfigError) as info:
         Chain.load({"samplers": [{"use": "reasoning_budget", **params}, {"use": "greedy"}]})
@@ -434,8 +487,14 @@ def test_string_markers_without_a_tokenizer_say_what_to_do():
 
 
 def test_ids_work_without_a_tokenizer():
-    chain = Chain.load({"samplers": [{"use": "reasoning_budget", "budget": 1, "start_ids": [3], "end_ids": [4, 5],
-                                      "message_ids": [6]}, {"use": "greedy"}]})
+    chain = Chain.load(
+        {
+            "samplers": [
+                {"use": "reasoning_budget", "budget": 1, "start_ids": [3], "end_ids": [4, 5], "message_ids": [6]},
+                {"use": "greedy"},
+            ]
+        }
+    )
     got, forced = drive(chain, 8, [[3, 1, 1, 1, 1, 1]], [1])
     assert got[0] == [3, 1, 6, 4, 5, 1] and forced[0] == [2, 3, 4]
 
@@ -453,26 +512,40 @@ def lm(embedded):
     return AutoModelForCausalLM.from_pretrained(default_model_path()).eval()
 
 
-CHAIN = {"samplers": [{"use": "reasoning_budget", "message": " Enough."}, {"use": "top_k", "k": 20},
-                      {"use": "dist"}]}
+CHAIN = {"samplers": [{"use": "reasoning_budget", "message": " Enough."}, {"use": "top_k", "k": 20}, {"use": "dist"}]}
 PROMPTS = ["Question: what is a list?\n<think>", "Question: what is a dict?\n<think> Well"]
 
 
 def test_generate_closes_the_block_after_the_budget(lm, embedded):
     tok = embedded
-    out = generate(lm, tok, PROMPTS, chain=CHAIN, params=[{"reasoning_budget": 6}, {"reasoning_budget": 5}],
-                   max_new_tokens=20, seed=4, ignore_eos=True, pad_token_id=tok.eos_token_id)
+    out = generate(
+        lm,
+        tok,
+        PROMPTS,
+        chain=CHAIN,
+        params=[{"reasoning_budget": 6}, {"reasoning_budget": 5}],
+        max_new_tokens=20,
+        seed=4,
+        ignore_eos=True,
+        pad_token_id=tok.eos_token_id,
+    )
     end = enc(tok, " Enough.", "</think>")
     width = out.sequences.shape[1] - 20
     for b, spent in ((0, 6), (1, 2)):  # row 1's prompt already holds three thinking tokens (" Well")
         new = out.sequences[b, width:].tolist()
-        assert new[spent:spent + len(end)] == end, tok.decode(new)
+        assert new[spent : spent + len(end)] == end, tok.decode(new)
 
 
 def test_generation_checkpoint_resumes_with_the_same_tokens(lm, embedded):
     tok = embedded
-    kwargs = dict(chain=CHAIN, params=[{"reasoning_budget": 4}, {"reasoning_budget": 3}], max_new_tokens=16, seed=9,
-                  ignore_eos=True, pad_token_id=tok.eos_token_id)
+    kwargs = dict(
+        chain=CHAIN,
+        params=[{"reasoning_budget": 4}, {"reasoning_budget": 3}],
+        max_new_tokens=16,
+        seed=9,
+        ignore_eos=True,
+        pad_token_id=tok.eos_token_id,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         whole = generate(lm, tok, PROMPTS, **kwargs).sequences
@@ -496,14 +569,26 @@ def test_model_generate_through_the_adapter_equals_generate(lm, embedded, chain)
     prompt = PROMPTS[0]
     chain = Chain.load(chain)
     chain.prepare(tokenizer=tok)  # the adapter has no tokenizer: string markers are resolved here
-    ours = generate(lm, tok, [prompt], chain=chain, params={"reasoning_budget": 3}, max_new_tokens=12, seed=5,
-                    pad_token_id=tok.eos_token_id).sequences
+    ours = generate(
+        lm,
+        tok,
+        [prompt],
+        chain=chain,
+        params={"reasoning_budget": 3},
+        max_new_tokens=12,
+        seed=5,
+        pad_token_id=tok.eos_token_id,
+    ).sequences
     enc_ = tok(prompt, return_tensors="pt")
-    theirs = lm.generate(**enc_, logits_processor=as_logits_processor(chain, params={"reasoning_budget": 3},
-                                                                      seed=5),
-                         do_sample=False, max_new_tokens=12, pad_token_id=tok.eos_token_id)
+    theirs = lm.generate(
+        **enc_,
+        logits_processor=as_logits_processor(chain, params={"reasoning_budget": 3}, seed=5),
+        do_sample=False,
+        max_new_tokens=12,
+        pad_token_id=tok.eos_token_id,
+    )
     assert theirs.tolist() == ours.tolist()
     message = chain.samplers[0].params.message
     forced = (enc(tok, message) if message else []) + enc(tok, "</think>")
-    new = theirs[0, enc_["input_ids"].shape[1]:].tolist()
-    assert new[3:3 + len(forced)] == forced
+    new = theirs[0, enc_["input_ids"].shape[1] :].tolist()
+    assert new[3 : 3 + len(forced)] == forced

@@ -10,8 +10,15 @@ from transformers.generation.logits_process import SequenceBiasLogitsProcessor
 from samplechain import Chain, ConfigError
 
 NEG = float("-inf")
-BIAS = [[[7], 2.0], [[3, 9], -4.0], [[1, 2, 9], 1.5], [[4, 4, 4, 11], NEG], [[5, 12], 3.0], [[6, 12], -1.0],
-        [[8, 13], NEG]]
+BIAS = [
+    [[7], 2.0],
+    [[3, 9], -4.0],
+    [[1, 2, 9], 1.5],
+    [[4, 4, 4, 11], NEG],
+    [[5, 12], 3.0],
+    [[6, 12], -1.0],
+    [[8, 13], NEG],
+]
 
 
 def run(bias, logits, history, before=()):
@@ -24,7 +31,7 @@ def case(seed, B=8, V=200, L=12):
     logits, history = torch.randn(B, V, generator=g), torch.randint(0, 16, (B, L), generator=g)
     tails = [[3], [1, 2], [4, 4, 4], [5], [6], [8], [2, 3], [4, 4]]  # rows end in (parts of) the prefixes
     for b, t in enumerate(tails[:B]):
-        history[b, L - len(t):] = torch.tensor(t)
+        history[b, L - len(t) :] = torch.tensor(t)
     return logits, history
 
 

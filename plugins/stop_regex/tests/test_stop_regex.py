@@ -47,8 +47,13 @@ def run_steps(crit, tok, rows: list[list[int]], prompt: list[int]):
     """Feed the rows to the criterion one step at a time (as generate does); the first step each row stops at."""
     batch = len(rows)
     ids = torch.tensor([prompt] * batch)
-    setup = StopSetup(batch_size=batch, prompt_length=len(prompt), prompt_lengths=torch.full((batch,), len(prompt)),
-                      device=ids.device, tokenizer=tok)
+    setup = StopSetup(
+        batch_size=batch,
+        prompt_length=len(prompt),
+        prompt_lengths=torch.full((batch,), len(prompt)),
+        device=ids.device,
+        tokenizer=tok,
+    )
     crit.prepare(setup)
     stopped: dict[int, tuple[int, str, str]] = {}
     for step in range(1, len(rows[0]) + 1):
@@ -75,8 +80,10 @@ def test_agrees_with_the_reference_on_random_sequences(tok):
 
 def test_a_match_across_token_boundaries_fires_when_it_completes(tok):
     rows = [piece_ids(tok, ["ab", "EN", "D", "ab"]), piece_ids(tok, ["E", "N", "D", "D"])]
-    assert run_steps(criterion(["END"]), tok, rows, [1]) == {0: (3, "stop_regex:END", "END"),
-                                                              1: (3, "stop_regex:END", "END")}
+    assert run_steps(criterion(["END"]), tok, rows, [1]) == {
+        0: (3, "stop_regex:END", "END"),
+        1: (3, "stop_regex:END", "END"),
+    }
 
 
 def test_the_first_pattern_in_order_names_the_reason(tok):
@@ -96,8 +103,9 @@ def test_look_back_bounds_how_far_a_match_starts(tok):
     rows = [piece_ids(tok, ["a", "b", "c", "d", "e", "f", "g"])]
     assert run_steps(criterion(["a[a-z]+g"]), tok, rows, [1]) == {0: (7, "stop_regex:a[a-z]+g", "abcdefg")}
     assert run_steps(criterion(["a[a-z]+g"], max_lookback=5), tok, rows, [1]) == {}
-    assert run_steps(criterion(["a[a-z]+g"], max_lookback=6), tok, rows, [1]) == {0: (7, "stop_regex:a[a-z]+g",
-                                                                                     "abcdefg")}
+    assert run_steps(criterion(["a[a-z]+g"], max_lookback=6), tok, rows, [1]) == {
+        0: (7, "stop_regex:a[a-z]+g", "abcdefg")
+    }
 
 
 def test_the_derived_look_back_is_the_longest_match_less_one():
@@ -120,8 +128,7 @@ def test_a_fresh_criterion_mid_generation_reads_the_text_so_far(tok):
     """A resumed generation: the first check sees many tokens at once."""
     row = piece_ids(tok, ["ab", "EN", "ab", "EN", "D"])
     ids = torch.tensor([[1] + row])
-    setup = StopSetup(batch_size=1, prompt_length=1, prompt_lengths=torch.tensor([1]), device=ids.device,
-                      tokenizer=tok)
+    setup = StopSetup(batch_size=1, prompt_length=1, prompt_lengths=torch.tensor([1]), device=ids.device, tokenizer=tok)
     crit = criterion(["ENabEND", "NabEN"])
     crit.prepare(setup)
     ctx = StopContext(ids, 5, ids[:, -1], setup)
@@ -129,13 +136,16 @@ def test_a_fresh_criterion_mid_generation_reads_the_text_so_far(tok):
     assert crit.matches(ctx, [0])[0].text == "ENabEND"
 
 
-@pytest.mark.parametrize("patterns, message", [
-    ([], "at least one pattern"),
-    (["ok", "(unclosed"], "pattern 1 ('(unclosed') is not a valid regular expression: missing ), unterminated"),
-    (["a*"], "pattern 0 ('a*') can match the empty text"),
-    ([r"\b"], "can match the empty text"),
-    (["(?=x)"], "can match the empty text"),
-])
+@pytest.mark.parametrize(
+    "patterns, message",
+    [
+        ([], "at least one pattern"),
+        (["ok", "(unclosed"], "pattern 1 ('(unclosed') is not a valid regular expression: missing ), unterminated"),
+        (["a*"], "pattern 0 ('a*') can match the empty text"),
+        ([r"\b"], "can match the empty text"),
+        (["(?=x)"], "can match the empty text"),
+    ],
+)
 def test_bad_patterns(patterns, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         criterion(patterns)
@@ -150,8 +160,10 @@ def test_needs_a_tokenizer():
 
 def test_from_a_chain_file_in_generate(tok, tmp_path):
     path = tmp_path / "chain.toml"
-    path.write_text('[chain]\nsamplers = [{ use = "greedy" }]\n'
-                    'stop = [{ use = "max_new_tokens", n = 16 }, { use = "stop_regex", patterns = ["\\\\n\\\\n+"] }]\n')
+    path.write_text(
+        '[chain]\nsamplers = [{ use = "greedy" }]\n'
+        'stop = [{ use = "max_new_tokens", n = 16 }, { use = "stop_regex", patterns = ["\\\\n\\\\n+"] }]\n'
+    )
     model = ScriptedLM([piece_ids(tok, ["ab", "\n", "\n", "ba"])], len(tok))
     out = generate(model, tok, ["x"], chain=Chain.load(path), pad_token_id=0)
     assert out.finish_reasons == ["stop_regex:\\n\\n+"] and out.texts == ["ab"] and out.stop_texts == ["\n\n"]
@@ -171,14 +183,20 @@ def test_an_escaped_string_stops_where_stop_strings_stops(num_beams):
     tok = byte_bpe_tokenizer(300)
     model = tiny_gpt2(len(tok), seed=3)
     prompts = ["the quick", "a b"]
-    kw = dict(max_new_tokens=20, ignore_eos=True, num_beams=num_beams, pad_token_id=0,
-              chain={"chain": {"samplers": [{"use": "greedy"}]}})
+    kw = dict(
+        max_new_tokens=20,
+        ignore_eos=True,
+        num_beams=num_beams,
+        pad_token_id=0,
+        chain={"chain": {"samplers": [{"use": "greedy"}]}},
+    )
     free = generate(model, tok, prompts, **kw)
     text = free.texts[0]
-    stop = next(text[i:i + 3] for i in range(2, len(text)) if text[i:i + 3].isascii() and len(text[i:i + 3]) == 3)
+    stop = next(text[i : i + 3] for i in range(2, len(text)) if text[i : i + 3].isascii() and len(text[i : i + 3]) == 3)
     by_string = generate(model, tok, prompts, stop_strings=[stop], **kw)
     by_regex = generate(model, tok, prompts, stop_regex=[re.escape(stop)], **kw)
     assert torch.equal(by_string.sequences, by_regex.sequences)
     assert [r and r.split(":")[0] for r in by_regex.finish_reasons] == [
-        r and r.replace("stop_strings", "stop_regex") for r in by_string.finish_reasons]
+        r and r.replace("stop_strings", "stop_regex") for r in by_string.finish_reasons
+    ]
     assert "stop_strings" in by_string.finish_reasons

@@ -17,14 +17,18 @@ def criterion(sequences):
 
 def check(crit, ids, prompt_length):
     batch = ids.shape[0]
-    setup = StopSetup(batch_size=batch, prompt_length=prompt_length, prompt_lengths=torch.full((batch,), prompt_length),
-                      device=ids.device)
+    setup = StopSetup(
+        batch_size=batch,
+        prompt_length=prompt_length,
+        prompt_lengths=torch.full((batch,), prompt_length),
+        device=ids.device,
+    )
     crit.prepare(setup)
     return crit.check(StopContext(ids, ids.shape[1] - prompt_length, ids[:, -1], setup)).tolist()
 
 
 def reference(new_tokens: list[int], sequences) -> bool:
-    return any(len(s) <= len(new_tokens) and new_tokens[len(new_tokens) - len(s):] == list(s) for s in sequences)
+    return any(len(s) <= len(new_tokens) and new_tokens[len(new_tokens) - len(s) :] == list(s) for s in sequences)
 
 
 def test_rows_stop_when_their_new_tokens_end_with_a_sequence():
@@ -52,22 +56,28 @@ def test_random_batches_equal_the_reference_row_by_row():
     assert 100 < hits < 900  # both answers well represented
 
 
-@pytest.mark.parametrize("sequences, message", [
-    ([], r"sequences = \[\]: give at least one sequence"),
-    ([[1], []], r"sequences = \[\[1\], \[\]\]: sequence 1 is empty"),
-    ([[1, "a"]], r"sequences\[0\]\[1\] = 'a': expected an integer"),
-    ([[1, -2]], r"sequence 0 has a negative token id \(-2\)"),
-    ([1, 2], r"sequences\[0\] = 1: expected an array"),
-    ("13", r"sequences = '13': expected an array"),
-])
+@pytest.mark.parametrize(
+    "sequences, message",
+    [
+        ([], r"sequences = \[\]: give at least one sequence"),
+        ([[1], []], r"sequences = \[\[1\], \[\]\]: sequence 1 is empty"),
+        ([[1, "a"]], r"sequences\[0\]\[1\] = 'a': expected an integer"),
+        ([[1, -2]], r"sequence 0 has a negative token id \(-2\)"),
+        ([1, 2], r"sequences\[0\] = 1: expected an array"),
+        ("13", r"sequences = '13': expected an array"),
+    ],
+)
 def test_bad_sequences(sequences, message):
     with pytest.raises(ConfigError, match=message):
-        samplechain.load_config({"samplers": [{"use": "greedy"}],
-                                 "stop": [{"use": "stop_sequences", "sequences": sequences}]})
+        samplechain.load_config(
+            {"samplers": [{"use": "greedy"}], "stop": [{"use": "stop_sequences", "sequences": sequences}]}
+        )
 
 
 def test_from_toml():
-    config = samplechain.load_config('samplers = [{ use = "greedy" }]\n'
-                                     'stop = [{ use = "max_new_tokens", n = 4 }, '
-                                     '{ use = "stop_sequences", sequences = [[13, 13], [2]] }]\n')
+    config = samplechain.load_config(
+        'samplers = [{ use = "greedy" }]\n'
+        'stop = [{ use = "max_new_tokens", n = 4 }, '
+        '{ use = "stop_sequences", sequences = [[13, 13], [2]] }]\n'
+    )
     assert config.stop[1].params.sequences == ((13, 13), (2,))

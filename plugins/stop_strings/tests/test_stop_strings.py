@@ -35,6 +35,7 @@ def embedded():
     if not (EMBEDDED / "tokenizer.json").exists():
         pytest.skip("the embedded docs-gpt2 model is not trained in this checkout")
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(EMBEDDED))
 
 
@@ -66,8 +67,9 @@ def run(crit, tok, rows, prompt_lengths=None):
     """One check over rows (left-padded with id 0); prompt_lengths (default: whole rows) marks the real tokens."""
     ids = left_pad(rows)
     lengths = torch.tensor(prompt_lengths or [len(r) for r in rows])
-    setup = StopSetup(batch_size=len(rows), prompt_length=ids.shape[1], prompt_lengths=lengths, device=ids.device,
-                      tokenizer=tok)
+    setup = StopSetup(
+        batch_size=len(rows), prompt_length=ids.shape[1], prompt_lengths=lengths, device=ids.device, tokenizer=tok
+    )
     crit.prepare(setup)
     return crit.check(StopContext(ids, 1, ids[:, -1], setup)).tolist()
 
@@ -113,7 +115,7 @@ def test_agrees_with_transformers_on_random_sequences(kind):
         for row in rows[:3]:  # cut stop strings from the rows' own bytes, ending near the end of the row
             data = b"".join(table[i] for i in row)
             end = rng.randint(max(len(data) - 6, 1), len(data))
-            piece = data[max(end - rng.randint(1, 8), 0): end]
+            piece = data[max(end - rng.randint(1, 8), 0) : end]
             try:
                 stops.append(piece.decode("utf-8"))
             except UnicodeDecodeError:  # a cut through a character: not a string
@@ -142,13 +144,37 @@ def test_agrees_with_transformers_on_random_sequences(kind):
 
 def test_transformers_docstring_examples():
     """The positive and negative examples StopStringCriteria's docstring lists for the stop string "stop"."""
-    words = ["st", "op", "stop", "opera", "sto", "pper", "las", "topper", "s", "to", "pped", "at", "tion", "xstop",
-             "xsto"]
+    words = [
+        "st",
+        "op",
+        "stop",
+        "opera",
+        "sto",
+        "pper",
+        "las",
+        "topper",
+        "s",
+        "to",
+        "pped",
+        "at",
+        "tion",
+        "xstop",
+        "xsto",
+    ]
     tok = hand_made(words)
     ids = {w: tok.convert_tokens_to_ids(w) for w in words + ["x", "p", "o", "t", "s"]}  # ASCII: piece == text
     assert len(set(ids.values())) == len(ids)
-    stops = [["st", "op"], ["stop"], ["st", "opera"], ["sto", "pper"], ["las", "topper"], ["s", "to", "pped"],
-             ["xstop"], ["x", "s", "t", "op"], ["xsto", "p"]]
+    stops = [
+        ["st", "op"],
+        ["stop"],
+        ["st", "opera"],
+        ["sto", "pper"],
+        ["las", "topper"],
+        ["s", "to", "pped"],
+        ["xstop"],
+        ["x", "s", "t", "op"],
+        ["xsto", "p"],
+    ]
     goes_on = [["stop", "at"], ["st", "op", "at"], ["st", "opera", "tion"], ["sto"], ["xsto"], ["p", "o", "t", "s"]]
     rows = [[ids[w] for w in seq] for seq in stops + goes_on]
     expected = [True] * len(stops) + [False] * len(goes_on)
@@ -163,10 +189,12 @@ def test_multi_byte_characters_split_over_byte_tokens():
     cafe = [b("caf")] + [byte_id[x] for x in "é".encode()]  # "caf" 0xC3 0xA9
     party = [byte_id[x] for x in "🎉".encode()]  # four byte tokens
     rows = [cafe, cafe[:-1], party, party[:-1], party[:2], [b("caf")]]
-    for stops, expected in ((["é"], [True, False, False, False, False, False]),
-                            (["🎉"], [False, False, True, False, False, False]),
-                            (["café"], [True, False, False, False, False, False]),
-                            (["f"], [False, False, False, False, False, True])):
+    for stops, expected in (
+        (["é"], [True, False, False, False, False, False]),
+        (["🎉"], [False, False, True, False, False, False]),
+        (["café"], [True, False, False, False, False, False]),
+        (["f"], [False, False, False, False, False, True]),
+    ):
         assert run(criterion(stops), tok, rows) == expected, stops
         assert transformers_says(tok, stops, rows) == expected, stops
 
@@ -178,7 +206,7 @@ def test_every_prefix_of_real_text_stops_exactly_when_the_decoded_text_shows_the
     ids = tok(TEXT)["input_ids"][:160]
     crit = criterion(strings)
     for n in range(1, len(ids) + 1):
-        full, before = tok.decode(ids[:n]), tok.decode(ids[:n - 1])
+        full, before = tok.decode(ids[:n]), tok.decode(ids[: n - 1])
         # a prefix that ends inside a character decodes with U+FFFD: compare where the text is whole
         if "\ufffd" in full[-2:] or "\ufffd" in before[-2:]:
             continue
@@ -244,24 +272,28 @@ def test_per_step_cost_does_not_depend_on_the_vocabulary_size(tok):
     step gathers the bytes of the last few tokens only; anything touching the whole table would not finish."""
     p = tok.convert_tokens_to_ids("p")
     small = plugin.byte_table(tok)
-    huge = plugin.ByteTable(small.bytes[p:p + 1].expand(10**9, -1), small.lengths[p:p + 1].expand(10**9))
+    huge = plugin.ByteTable(small.bytes[p : p + 1].expand(10**9, -1), small.lengths[p : p + 1].expand(10**9))
     crit = criterion(["pp", "ppp"])
     run(crit, tok, [[p]])
     crit._table = huge
     ids = torch.tensor([[7, 10**9 - 1, 10**9 - 2], [10**9 - 1, 10**9 - 1, 10**9 - 1], [7, 7, 10**9 - 3]])
-    setup = StopSetup(batch_size=3, prompt_length=3, prompt_lengths=torch.tensor([3, 3, 1]), device=ids.device,
-                      tokenizer=tok)
+    setup = StopSetup(
+        batch_size=3, prompt_length=3, prompt_lengths=torch.tensor([3, 3, 1]), device=ids.device, tokenizer=tok
+    )
     assert crit.check(StopContext(ids, 1, ids[:, -1], setup)).tolist() == [True, True, False]
 
 
 # ----------------------------------------------------------------- configuration
-@pytest.mark.parametrize("strings, message", [
-    ([], r"strings = \[\]: give at least one stop string"),
-    (["ok", ""], r"strings = \['ok', ''\]: stop string 1 is empty \(''\)"),
-    ("abc", "strings = 'abc': expected an array"),
-    ([1], r"strings\[0\] = 1: expected a string"),
-    (None, "strings = None"),
-])
+@pytest.mark.parametrize(
+    "strings, message",
+    [
+        ([], r"strings = \[\]: give at least one stop string"),
+        (["ok", ""], r"strings = \['ok', ''\]: stop string 1 is empty \(''\)"),
+        ("abc", "strings = 'abc': expected an array"),
+        ([1], r"strings\[0\] = 1: expected a string"),
+        (None, "strings = None"),
+    ],
+)
 def test_bad_stop_strings(strings, message):
     stop = {"use": "stop_strings"} | ({} if strings is None else {"strings": strings})
     if strings is None:
@@ -271,9 +303,11 @@ def test_bad_stop_strings(strings, message):
 
 
 def test_from_toml():
-    config = samplechain.load_config('samplers = [{ use = "greedy" }]\n'
-                                     'stop = [{ use = "max_new_tokens", n = 8 }, '
-                                     '{ use = "stop_strings", strings = ["\\n\\n", "User:"] }]\n')
+    config = samplechain.load_config(
+        'samplers = [{ use = "greedy" }]\n'
+        'stop = [{ use = "max_new_tokens", n = 8 }, '
+        '{ use = "stop_strings", strings = ["\\n\\n", "User:"] }]\n'
+    )
     assert [e.params for e in config.stop][1].strings == ("\n\n", "User:")
 
 

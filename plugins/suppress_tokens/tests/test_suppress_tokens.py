@@ -65,12 +65,14 @@ def test_begin_suppress_per_row_with_padded_prompts():
     store = c.new_store()
     for i, a in enumerate(ats):
         store.add(f"r{i}", {"begin_suppress_at": a})
-    ours = c.sample(logits, store, [f"r{i}" for i in range(4)], history=history, prompt_lengths=prompt_lengths,
-                    return_scores=True).scores
+    ours = c.sample(
+        logits, store, [f"r{i}" for i in range(4)], history=history, prompt_lengths=prompt_lengths, return_scores=True
+    ).scores
     for b in range(4):
         row = history[b][history[b] >= 0][None, :]
         ref = SuppressTokensAtBeginLogitsProcessor(IDS, begin_index=int(prompt_lengths[b]) + ats[b])(
-            row, logits[b : b + 1].clone())
+            row, logits[b : b + 1].clone()
+        )
         assert torch.equal(ours[b : b + 1], ref), b
 
 

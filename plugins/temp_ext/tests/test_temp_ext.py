@@ -17,7 +17,11 @@ import torch
 
 from samplechain import Chain, ConfigError
 from samplechain.tools.testing import (
-    assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain,
+    assert_bitwise_no_op,
+    assert_rows_equal_alone,
+    processed_scores,
+    random_logits,
+    sampler_chain,
 )
 
 B = 8
@@ -208,8 +212,11 @@ def test_formulas_differ_where_the_references_do():
 @pytest.mark.parametrize("delta", (0.0, -1.0))
 def test_delta_not_positive_is_the_temperature_plugin_bitwise(t, delta):
     logits = logits_for(5, 1000)
-    want = Chain.load({"samplers": [{"use": "temperature", "t": t}, {"use": "greedy"}]}).sample(
-        logits, return_scores=True).scores
+    want = (
+        Chain.load({"samplers": [{"use": "temperature", "t": t}, {"use": "greedy"}]})
+        .sample(logits, return_scores=True)
+        .scores
+    )
     assert torch.equal(processed_scores(chain(t=t, delta=delta), logits), want)
 
 

@@ -19,7 +19,11 @@ import torch
 
 from samplechain import Chain, ConfigError, RequestError
 from samplechain.tools.testing import (
-    assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain,
+    assert_bitwise_no_op,
+    assert_rows_equal_alone,
+    processed_scores,
+    random_logits,
+    sampler_chain,
 )
 
 NEG_INF = float("-inf")
@@ -219,8 +223,14 @@ def test_wide_rows_bracket_the_normaliser_and_keep_what_the_full_sort_keeps(vari
     logits = _zipf_rows(4, 6, 30000, 1.5)
     logits[1, ::2] = float("-inf")
     logits[3] = _zipf_rows(5, 1, 30000, 1.1)[0]  # a slower decay: the cut lies deeper
-    per_row = [{"tfs": 0.95}, {"tfs": 0.5}, {"tfs": 1.0}, {"tfs": 0.95, "min_keep": 30}, {"tfs": 0.2},
-               {"tfs": 0.9, "min_keep": 3}]
+    per_row = [
+        {"tfs": 0.95},
+        {"tfs": 0.5},
+        {"tfs": 1.0},
+        {"tfs": 0.95, "min_keep": 30},
+        {"tfs": 0.2},
+        {"tfs": 0.9, "min_keep": 3},
+    ]
     c = chain(z=0.95, variant=variant)
     calls = []
     real = tfs.bracketed_counts
@@ -239,13 +249,16 @@ def test_wide_rows_bracket_the_normaliser_and_keep_what_the_full_sort_keeps(vari
     assert torch.equal(fast, processed_scores(c, flat, per_row))
 
 
-@pytest.mark.parametrize(("entry", "key"), [
-    ({"z": 1.5}, "z"),
-    ({"z": -0.1}, "z"),
-    ({"z": float("nan")}, "z"),
-    ({"z": 0.5, "min_keep": -1}, "min_keep"),
-    ({"z": 0.5, "variant": "kobold"}, "variant"),
-])
+@pytest.mark.parametrize(
+    ("entry", "key"),
+    [
+        ({"z": 1.5}, "z"),
+        ({"z": -0.1}, "z"),
+        ({"z": float("nan")}, "z"),
+        ({"z": 0.5, "min_keep": -1}, "min_keep"),
+        ({"z": 0.5, "variant": "kobold"}, "variant"),
+    ],
+)
 def test_bad_values_are_refused(entry, key):
     with pytest.raises(ConfigError, match=rf"\.{key} ="):
         Chain.load({"samplers": [{"use": "tfs", **entry}, {"use": "greedy"}]})

@@ -16,7 +16,12 @@ import torch
 
 from samplechain import Chain, ConfigError, RequestError
 from samplechain.tools.testing import (
-    assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain, top_k_only,
+    assert_bitwise_no_op,
+    assert_rows_equal_alone,
+    processed_scores,
+    random_logits,
+    sampler_chain,
+    top_k_only,
 )
 
 NEG_INF = float("-inf")
@@ -122,12 +127,15 @@ def test_per_row_parameters_equal_rows_alone(seed):
             assert_matches(batch[i : i + 1], logits[i : i + 1], params["top_a"], params.get("min_keep", 1))
 
 
-@pytest.mark.parametrize(("entry", "key"), [
-    ({"a": 1.5}, "a"),
-    ({"a": -0.1}, "a"),
-    ({"a": float("nan")}, "a"),
-    ({"a": 0.2, "min_keep": -1}, "min_keep"),
-])
+@pytest.mark.parametrize(
+    ("entry", "key"),
+    [
+        ({"a": 1.5}, "a"),
+        ({"a": -0.1}, "a"),
+        ({"a": float("nan")}, "a"),
+        ({"a": 0.2, "min_keep": -1}, "min_keep"),
+    ],
+)
 def test_bad_values_are_refused(entry, key):
     with pytest.raises(ConfigError, match=rf"\.{key} ="):
         Chain.load({"samplers": [{"use": "top_a", **entry}, {"use": "greedy"}]})

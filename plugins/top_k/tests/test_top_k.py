@@ -13,7 +13,11 @@ from transformers.generation.logits_process import TopKLogitsWarper
 
 from samplechain import Chain
 from samplechain.tools.testing import (
-    assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain,
+    assert_bitwise_no_op,
+    assert_rows_equal_alone,
+    processed_scores,
+    random_logits,
+    sampler_chain,
 )
 
 SEEDS = (0, 1, 2)

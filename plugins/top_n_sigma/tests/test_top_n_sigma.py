@@ -16,7 +16,12 @@ import torch
 
 from samplechain import Chain, ConfigError, RequestError
 from samplechain.tools.testing import (
-    assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain, top_k_only,
+    assert_bitwise_no_op,
+    assert_rows_equal_alone,
+    processed_scores,
+    random_logits,
+    sampler_chain,
+    top_k_only,
 )
 
 NEG_INF = float("-inf")
@@ -138,16 +143,21 @@ def test_per_row_parameters_equal_rows_alone(seed):
         if params["top_n_sigma"] <= 0:
             assert torch.equal(batch[i], logits[i])
         else:
-            assert_matches_llama(batch[i : i + 1], logits[i : i + 1], [params["top_n_sigma"]], params.get("min_keep", 1))
+            assert_matches_llama(
+                batch[i : i + 1], logits[i : i + 1], [params["top_n_sigma"]], params.get("min_keep", 1)
+            )
 
 
 # ----------------------------------------------------------------- validation
-@pytest.mark.parametrize(("entry", "key"), [
-    ({"n": float("nan")}, "n"),
-    ({"n": float("inf")}, "n"),
-    ({"n": 1.0, "min_keep": -1}, "min_keep"),
-    ({}, "n"),
-])
+@pytest.mark.parametrize(
+    ("entry", "key"),
+    [
+        ({"n": float("nan")}, "n"),
+        ({"n": float("inf")}, "n"),
+        ({"n": 1.0, "min_keep": -1}, "min_keep"),
+        ({}, "n"),
+    ],
+)
 def test_bad_values_are_refused(entry, key):
     with pytest.raises(ConfigError, match=key):
         Chain.load({"samplers": [{"use": "top_n_sigma", **entry}, {"use": "greedy"}]})
@@ -168,8 +178,13 @@ def test_wide_rows_keep_what_the_float64_path_keeps(scale, monkeypatch):
     logits = random_logits(8, 5, 40000, scale)
     logits[1, ::3] = float("-inf")
     logits[4, 2:] = float("-inf")  # two finite candidates
-    per_row = [{"top_n_sigma": 1.0}, {"top_n_sigma": 0.5}, {"top_n_sigma": -1.0}, {"top_n_sigma": 2.0, "min_keep": 40},
-               {"top_n_sigma": 1.0}]
+    per_row = [
+        {"top_n_sigma": 1.0},
+        {"top_n_sigma": 0.5},
+        {"top_n_sigma": -1.0},
+        {"top_n_sigma": 2.0, "min_keep": 40},
+        {"top_n_sigma": 1.0},
+    ]
     chain = sampler_chain({"use": "top_n_sigma", "n": 1.0})
     fast = processed_scores(chain, logits, per_row)
     monkeypatch.setattr("samplechain.filters.WIDE", 10**9)

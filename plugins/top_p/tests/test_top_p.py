@@ -21,7 +21,11 @@ from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsW
 
 from samplechain import Chain
 from samplechain.tools.testing import (
-    assert_bitwise_no_op, assert_rows_equal_alone, processed_scores, random_logits, sampler_chain,
+    assert_bitwise_no_op,
+    assert_rows_equal_alone,
+    processed_scores,
+    random_logits,
+    sampler_chain,
 )
 
 SEEDS = (0, 1, 2)
@@ -199,5 +203,5 @@ def test_wide_vocab_mixed_rows_find_the_width_in_one_estimate():
         if params["top_p"] == 1.0:
             assert torch.equal(ours[row], logits[row])  # off: the row passes through
         else:
-            assert_matches(ours[row:row + 1], logits[row:row + 1], params["top_p"])
+            assert_matches(ours[row : row + 1], logits[row : row + 1], params["top_p"])
     assert int(torch.isfinite(ours[0]).sum()) > 1000 and int(torch.isfinite(ours[1]).sum()) < 64

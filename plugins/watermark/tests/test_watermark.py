@@ -52,8 +52,7 @@ def reference(input_ids, scores, vocab=None, **params):
     out = scores.clone()
     for b in range(scores.shape[0]):
         best = scores[b].sort(descending=True, stable=True).indices[:40]
-        green = [t for t in best.tolist()
-                 if t in proc._get_greenlist_ids(torch.cat([input_ids[b], torch.tensor([t])]))]
+        green = [t for t in best.tolist() if t in proc._get_greenlist_ids(torch.cat([input_ids[b], torch.tensor([t])]))]
         out[b, green] += proc.bias
     return out
 
@@ -182,8 +181,14 @@ def test_zero_bias_is_a_bitwise_noop():
 
 
 def test_bad_parameters_name_the_key():
-    for key, value in (("greenlist_ratio", 0.0), ("greenlist_ratio", 1.0), ("bias", math.inf),
-                       ("hashing_key", -1), ("seeding_scheme", "minhash"), ("context_width", 0)):
+    for key, value in (
+        ("greenlist_ratio", 0.0),
+        ("greenlist_ratio", 1.0),
+        ("bias", math.inf),
+        ("hashing_key", -1),
+        ("seeding_scheme", "minhash"),
+        ("context_width", 0),
+    ):
         with pytest.raises(ConfigError, match=key):
             chain(**{key: value})
 
@@ -250,8 +255,9 @@ def transformers_detector(vocab, bos=None, ignore_repeated_ngrams=False, **param
     """The installed WatermarkDetector, answering as transformers >= 5.23 does (see above)."""
     # bos -1 never matches (transformers compares input_ids[:, 0] with it and fails on None)
     config = types.SimpleNamespace(vocab_size=vocab, bos_token_id=-1 if bos is None else bos, is_encoder_decoder=False)
-    detector = WatermarkDetector(config, "cpu", WatermarkingConfig(**params),
-                                 ignore_repeated_ngrams=ignore_repeated_ngrams)
+    detector = WatermarkDetector(
+        config, "cpu", WatermarkingConfig(**params), ignore_repeated_ngrams=ignore_repeated_ngrams
+    )
     if ignore_repeated_ngrams and not DEDUPS_REPEATED_NGRAMS:
         detector._score_ngrams_in_passage = types.MethodType(_score_ngrams_5_19, detector)
 
@@ -263,8 +269,7 @@ def transformers_detector(vocab, bos=None, ignore_repeated_ngrams=False, **param
         assert np.array_equal(np.asarray(out.p_value), _approximate_p_value(z), equal_nan=True)
         p_value = 0.5 * torch.special.erfc(torch.as_tensor(z / np.sqrt(2))).numpy()  # transformers 5.23
         fields = ("num_tokens_scored", "num_green_tokens", "green_fraction", "z_score", "prediction")
-        return types.SimpleNamespace(**{f: getattr(out, f) for f in fields}, p_value=p_value,
-                                     confidence=1 - p_value)
+        return types.SimpleNamespace(**{f: getattr(out, f) for f in fields}, p_value=p_value, confidence=1 - p_value)
 
     return run
 
@@ -304,8 +309,14 @@ def test_detector_equals_transformers(scheme, width, ignore):
     assert_same(ours, ref)
     # a WatermarkingConfig as config, and the prompt cut off
     prompt = torch.randint(0, V, (4, 5), generator=g)
-    cut = wm.detect(torch.cat([prompt, ids], 1), torch.tensor(5), V, config=WatermarkingConfig(**params),
-                    ignore_repeated_ngrams=ignore, z_threshold=1.0)
+    cut = wm.detect(
+        torch.cat([prompt, ids], 1),
+        torch.tensor(5),
+        V,
+        config=WatermarkingConfig(**params),
+        ignore_repeated_ngrams=ignore,
+        z_threshold=1.0,
+    )
     assert_same(cut, ref)
 
 
@@ -318,7 +329,7 @@ def test_detector_prompt_context_bos_and_padding(scheme):
     params = {"seeding_scheme": scheme, "context_width": width}
     # prompt_context: the prompt's last n - 1 tokens are context, every generated token is scored
     ours = wm.detect(seq, 10, V, prompt_context=True, **params)
-    ref = transformers_detector(V, **params)(seq[:, 10 - (n - 1):], return_dict=True)
+    ref = transformers_detector(V, **params)(seq[:, 10 - (n - 1) :], return_dict=True)
     assert_same(ours, ref)
     assert ours.num_tokens_scored.tolist() == [14] * 3
     # a leading bos is dropped, as transformers drops the model's bos
@@ -369,8 +380,13 @@ def test_same_tokens_as_transformers_processor_in_generate(model_and_tokenizer, 
     model, tok = model_and_tokenizer
     V = model.config.vocab_size
     kw = {"max_new_tokens": 16, "ignore_eos": True}
-    ours = generate(model, tok, PROMPTS[:4], chain={"samplers": [{"use": "watermark", "seeding_scheme": scheme},
-                                                                  {"use": "greedy"}]}, **kw)
+    ours = generate(
+        model,
+        tok,
+        PROMPTS[:4],
+        chain={"samplers": [{"use": "watermark", "seeding_scheme": scheme}, {"use": "greedy"}]},
+        **kw,
+    )
     proc = LogitsProcessorList([WatermarkLogitsProcessor(V, "cpu", seeding_scheme=scheme)])
     ref = generate(model, tok, PROMPTS[:4], chain={"samplers": [{"use": "greedy"}]}, logits_processor=proc, **kw)
     assert torch.equal(ours.sequences, ref.sequences)
@@ -384,15 +400,17 @@ def test_detects_watermarked_generations(model_and_tokenizer, scheme):
     model, tok = model_and_tokenizer
     V = model.config.vocab_size
     kw = {"max_new_tokens": 64, "ignore_eos": True, "seed": 1234}
-    marked = generate(model, tok, PROMPTS, chain={"samplers": [{"use": "watermark", "seeding_scheme": scheme},
-                                                               {"use": "dist"}]}, **kw)
+    marked = generate(
+        model, tok, PROMPTS, chain={"samplers": [{"use": "watermark", "seeding_scheme": scheme}, {"use": "dist"}]}, **kw
+    )
     plain = generate(model, tok, PROMPTS, chain={"samplers": [{"use": "dist"}]}, **kw)
     detector = transformers_detector(V, bos=model.config.bos_token_id, seeding_scheme=scheme)
     for out, marked_text in ((marked, True), (plain, False)):
-        new = out.sequences[:, out.prompt_length:]
+        new = out.sequences[:, out.prompt_length :]
         assert new.shape == (8, 64)
-        ours = wm.detect(out.sequences, out.prompt_length, V, seeding_scheme=scheme,
-                         bos_token_id=model.config.bos_token_id)
+        ours = wm.detect(
+            out.sequences, out.prompt_length, V, seeding_scheme=scheme, bos_token_id=model.config.bos_token_id
+        )
         for b in range(8):  # transformers' detector wants one bos convention per batch: row by row
             ref = detector(new[b : b + 1], return_dict=True)
             assert ours.z_score[b].item() == float(ref.z_score[0]), f"row {b}"

@@ -199,13 +199,15 @@ def test_wide_rows_remove_what_the_float64_path_removes(monkeypatch):
     logits[2, 1] = logits[2, 2] = logits[2, 4] = 30.0  # a three-way tie at the least likely qualifying level
     logits[3, 2:] = NEG_INF  # two finite candidates
     logits[5, ::2] = NEG_INF
-    rows = [{"xtc_probability": 1.0, "xtc_threshold": 0.001, "seed": 1},
-            {"xtc_probability": 1.0, "xtc_threshold": 0.05, "seed": 2, "min_keep": 39996},
-            {"xtc_probability": 1.0, "xtc_threshold": 0.1, "seed": 3},
-            {"xtc_probability": 1.0, "xtc_threshold": 0.1, "seed": 4},
-            {"xtc_probability": 0.0, "xtc_threshold": 0.1, "seed": 5},
-            {"xtc_probability": 1.0, "xtc_threshold": 0.0005, "seed": 6},
-            {"xtc_probability": 1.0, "xtc_threshold": 0.1, "seed": 7, "xtc.keep_special": True}]
+    rows = [
+        {"xtc_probability": 1.0, "xtc_threshold": 0.001, "seed": 1},
+        {"xtc_probability": 1.0, "xtc_threshold": 0.05, "seed": 2, "min_keep": 39996},
+        {"xtc_probability": 1.0, "xtc_threshold": 0.1, "seed": 3},
+        {"xtc_probability": 1.0, "xtc_threshold": 0.1, "seed": 4},
+        {"xtc_probability": 0.0, "xtc_threshold": 0.1, "seed": 5},
+        {"xtc_probability": 1.0, "xtc_threshold": 0.0005, "seed": 6},
+        {"xtc_probability": 1.0, "xtc_threshold": 0.1, "seed": 7, "xtc.keep_special": True},
+    ]
     c = chain(0.5, 0.1, keep_special=False)
     c.samplers[0]._protected = (int(logits[6].argmax()),)  # as prepare() sets them from a tokenizer
     fast = processed_scores(c, logits, rows)
@@ -258,15 +260,18 @@ def test_per_row_parameters_equal_rows_alone_over_steps():
 
 
 # ----------------------------------------------------------------- validation
-@pytest.mark.parametrize(("entry", "key"), [
-    ({"probability": 1.5}, "probability"),
-    ({"probability": -0.1}, "probability"),
-    ({"probability": 0.5, "threshold": -0.1}, "threshold"),
-    ({"probability": 0.5, "threshold": float("nan")}, "threshold"),
-    ({"probability": 0.5, "min_keep": -1}, "min_keep"),
-    ({"probability": 0.5, "seed": -1}, "seed"),
-    ({"probability": 0.5, "keep_special": "yes"}, "keep_special"),
-])
+@pytest.mark.parametrize(
+    ("entry", "key"),
+    [
+        ({"probability": 1.5}, "probability"),
+        ({"probability": -0.1}, "probability"),
+        ({"probability": 0.5, "threshold": -0.1}, "threshold"),
+        ({"probability": 0.5, "threshold": float("nan")}, "threshold"),
+        ({"probability": 0.5, "min_keep": -1}, "min_keep"),
+        ({"probability": 0.5, "seed": -1}, "seed"),
+        ({"probability": 0.5, "keep_special": "yes"}, "keep_special"),
+    ],
+)
 def test_bad_values_are_refused(entry, key):
     with pytest.raises(ConfigError, match=rf"\.{key} ="):
         Chain.load({"samplers": [{"use": "xtc", **entry}, {"use": "greedy"}]})

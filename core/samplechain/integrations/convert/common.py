@@ -60,7 +60,7 @@ def _config(chain: Any) -> ChainConfig:
     if isinstance(chain, str) and chain.startswith("preset:"):
         from ...engine.chain import Chain
 
-        return Chain.from_preset(chain[len("preset:"):]).config
+        return Chain.from_preset(chain[len("preset:") :]).config
     return load_config(chain)
 
 
@@ -111,8 +111,10 @@ def normalized(chain: Any) -> dict[str, Any]:
     """Samplers and stop criteria with every parameter filled in (no name): two chains that run the same compare
     equal."""
     samplers, stop, _ = _entries(chain)
-    return {"samplers": [_entry_dict(e, compact=False) for e in samplers],
-            "stop": [_entry_dict(e, compact=False) for e in stop]}
+    return {
+        "samplers": [_entry_dict(e, compact=False) for e in samplers],
+        "stop": [_entry_dict(e, compact=False) for e in stop],
+    }
 
 
 def _checked(chain: dict[str, Any], source: str) -> dict[str, Any]:
@@ -195,8 +197,10 @@ def to_toml(chain: Any) -> str:
 
 # ------------------------------------------------------------------------------------- disabled values
 _OFF: dict[str, Callable[[dict[str, Any]], bool]] = {
-    "penalties": lambda p: (p["repeat"] == 1 and p["frequency"] == 0 and p["presence"] == 0)
-    or (p["scope"] == "llama.cpp" and p["last_n"] == 0),
+    "penalties": lambda p: (
+        (p["repeat"] == 1 and p["frequency"] == 0 and p["presence"] == 0)
+        or (p["scope"] == "llama.cpp" and p["last_n"] == 0)
+    ),
     "dry": lambda p: p["multiplier"] == 0,
     "top_n_sigma": lambda p: p["n"] <= 0,
     "top_k": lambda p: p["k"] <= 0,
@@ -241,15 +245,18 @@ def _only(e: _Entry, target: str, allowed: Sequence[str], **fixed: Any) -> None:
             continue
         want = fixed.get(key, defaults.get(key, attrs.NOTHING))
         if want is attrs.NOTHING or _plain(want) != _plain(value):
-            raise ConfigError(f"{e.label()}: {key} = {_plain(value)!r} cannot be expressed in {target}"
-                              + (f" (it has only {key} = {_plain(want)!r})" if want is not attrs.NOTHING else ""))
+            raise ConfigError(
+                f"{e.label()}: {key} = {_plain(value)!r} cannot be expressed in {target}"
+                + (f" (it has only {key} = {_plain(want)!r})" if want is not attrs.NOTHING else "")
+            )
 
 
-def _order(active: list[tuple[_Entry, int]], target: str, why: str,
-           commute: Callable[[str, str], bool] = lambda a, b: False) -> None:
+def _order(
+    active: list[tuple[_Entry, int]], target: str, why: str, commute: Callable[[str, str], bool] = lambda a, b: False
+) -> None:
     """`active` is (entry, rank in the target's fixed order): every inverted pair must commute."""
     for i, (a, ra) in enumerate(active):
-        for b, rb in active[i + 1:]:
+        for b, rb in active[i + 1 :]:
             if ra == rb:
                 raise ConfigError(f"{b.label()}: {target} has one {b.name} step; {a.label()} already takes it")
             if ra > rb and not commute(a.name, b.name):
@@ -272,8 +279,10 @@ def _temperature(e: _Entry, target: str) -> float:
     """A temperature / temp_ext entry as a plain temperature (no dynamic range)."""
     if e.name == "temp_ext":
         if e.p["delta"] > 0:
-            raise ConfigError(f"{e.label()}: delta = {e.p['delta']!r} (dynamic temperature) cannot be expressed in "
-                              f"{target}, which has only a fixed temperature")
+            raise ConfigError(
+                f"{e.label()}: delta = {e.p['delta']!r} (dynamic temperature) cannot be expressed in "
+                f"{target}, which has only a fixed temperature"
+            )
         _only(e, target, ("t", "delta", "exponent", "formula"))
     return float(e.p["t"])
 

@@ -13,15 +13,46 @@ from .common import _TEMPS, _checked, _entries, _Entry, _hint, _off, _only, _pla
 
 # ---------------------------------------------------------------------------------------------- llama.cpp
 # common/sampling.cpp: common_sampler_types_from_names (canonical, then the alternative names) / _from_chars
-_LC_CANONICAL = {"dry": "dry", "top_k": "top_k", "top_p": "top_p", "top_n_sigma": "top_n_sigma", "typ_p": "typ_p",
-                 "min_p": "min_p", "temperature": "temperature", "xtc": "xtc", "infill": "infill",
-                 "penalties": "penalties", "adaptive_p": "adaptive_p"}
-_LC_ALT = {"top-k": "top_k", "top-p": "top_p", "top-n-sigma": "top_n_sigma", "nucleus": "top_p",
-           "typical-p": "typ_p", "typical": "typ_p", "typ-p": "typ_p", "typ": "typ_p", "min-p": "min_p",
-           "temp": "temperature", "adaptive-p": "adaptive_p"}
+_LC_CANONICAL = {
+    "dry": "dry",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "top_n_sigma": "top_n_sigma",
+    "typ_p": "typ_p",
+    "min_p": "min_p",
+    "temperature": "temperature",
+    "xtc": "xtc",
+    "infill": "infill",
+    "penalties": "penalties",
+    "adaptive_p": "adaptive_p",
+}
+_LC_ALT = {
+    "top-k": "top_k",
+    "top-p": "top_p",
+    "top-n-sigma": "top_n_sigma",
+    "nucleus": "top_p",
+    "typical-p": "typ_p",
+    "typical": "typ_p",
+    "typ-p": "typ_p",
+    "typ": "typ_p",
+    "min-p": "min_p",
+    "temp": "temperature",
+    "adaptive-p": "adaptive_p",
+}
 LLAMA_CPP_SAMPLER_NAMES = {**_LC_CANONICAL, **_LC_ALT}
-LLAMA_CPP_SAMPLER_CHARS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
-                           "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties", "a": "adaptive_p"}
+LLAMA_CPP_SAMPLER_CHARS = {
+    "d": "dry",
+    "k": "top_k",
+    "y": "typ_p",
+    "p": "top_p",
+    "s": "top_n_sigma",
+    "m": "min_p",
+    "t": "temperature",
+    "x": "xtc",
+    "i": "infill",
+    "e": "penalties",
+    "a": "adaptive_p",
+}
 _LC_DEFAULT_ORDER = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
 _LC_DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a fresh random seed
 
@@ -29,20 +60,36 @@ _LC_DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a fresh random seed
 _F = float
 _LC_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {}
 for _names, _key, _kind in [
-    (("--samplers",), "samplers", str), (("--sampling-seq", "--sampler-seq"), "sampling_seq", str),
-    (("-s", "--seed"), "seed", int), (("--top-k",), "top_k", int), (("--top-p",), "top_p", _F),
-    (("--min-p",), "min_p", _F), (("--typical", "--typical-p"), "typ_p", _F), (("--temp", "--temperature"), "temp", _F),
-    (("--top-nsigma", "--top-n-sigma"), "top_n_sigma", _F), (("--xtc-probability",), "xtc_probability", _F),
-    (("--xtc-threshold",), "xtc_threshold", _F), (("--dynatemp-range",), "dynatemp_range", _F),
-    (("--dynatemp-exp",), "dynatemp_exponent", _F), (("--repeat-last-n",), "penalty_last_n", int),
-    (("--repeat-penalty",), "penalty_repeat", _F), (("--presence-penalty",), "penalty_present", _F),
-    (("--frequency-penalty",), "penalty_freq", _F), (("--dry-multiplier",), "dry_multiplier", _F),
-    (("--dry-base",), "dry_base", _F), (("--dry-allowed-length",), "dry_allowed_length", int),
-    (("--dry-penalty-last-n",), "dry_penalty_last_n", int), (("--dry-sequence-breaker",), "dry_sequence_breaker", str),
-    (("--mirostat",), "mirostat", int), (("--mirostat-lr",), "mirostat_eta", _F),
-    (("--mirostat-ent",), "mirostat_tau", _F), (("--adaptive-target",), "adaptive_target", _F),
-    (("--adaptive-decay",), "adaptive_decay", _F), (("--ignore-eos",), "ignore_eos", bool),
-    (("-l", "--logit-bias"), "logit_bias", str), (("--grammar",), "grammar", str),
+    (("--samplers",), "samplers", str),
+    (("--sampling-seq", "--sampler-seq"), "sampling_seq", str),
+    (("-s", "--seed"), "seed", int),
+    (("--top-k",), "top_k", int),
+    (("--top-p",), "top_p", _F),
+    (("--min-p",), "min_p", _F),
+    (("--typical", "--typical-p"), "typ_p", _F),
+    (("--temp", "--temperature"), "temp", _F),
+    (("--top-nsigma", "--top-n-sigma"), "top_n_sigma", _F),
+    (("--xtc-probability",), "xtc_probability", _F),
+    (("--xtc-threshold",), "xtc_threshold", _F),
+    (("--dynatemp-range",), "dynatemp_range", _F),
+    (("--dynatemp-exp",), "dynatemp_exponent", _F),
+    (("--repeat-last-n",), "penalty_last_n", int),
+    (("--repeat-penalty",), "penalty_repeat", _F),
+    (("--presence-penalty",), "penalty_present", _F),
+    (("--frequency-penalty",), "penalty_freq", _F),
+    (("--dry-multiplier",), "dry_multiplier", _F),
+    (("--dry-base",), "dry_base", _F),
+    (("--dry-allowed-length",), "dry_allowed_length", int),
+    (("--dry-penalty-last-n",), "dry_penalty_last_n", int),
+    (("--dry-sequence-breaker",), "dry_sequence_breaker", str),
+    (("--mirostat",), "mirostat", int),
+    (("--mirostat-lr",), "mirostat_eta", _F),
+    (("--mirostat-ent",), "mirostat_tau", _F),
+    (("--adaptive-target",), "adaptive_target", _F),
+    (("--adaptive-decay",), "adaptive_decay", _F),
+    (("--ignore-eos",), "ignore_eos", bool),
+    (("-l", "--logit-bias"), "logit_bias", str),
+    (("--grammar",), "grammar", str),
     (("-j", "--json-schema"), "json_schema", str),
 ]:
     for _n in _names:
@@ -50,13 +97,36 @@ for _names, _key, _kind in [
 
 # common_params_sampling's defaults (common/common.h)
 _LC_DEFAULTS: dict[str, Any] = {
-    "seed": _LC_DEFAULT_SEED, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "xtc_probability": 0.0,
-    "xtc_threshold": 0.1, "typ_p": 1.0, "temp": 0.8, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
-    "penalty_last_n": 64, "penalty_repeat": 1.0, "penalty_freq": 0.0, "penalty_present": 0.0,
-    "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
-    "dry_sequence_breakers": ["\n", ":", "\"", "*"], "top_n_sigma": -1.0, "mirostat": 0, "mirostat_tau": 5.0,
-    "mirostat_eta": 0.1, "adaptive_target": -1.0, "adaptive_decay": 0.9, "ignore_eos": False,
-    "logit_bias": [], "grammar": "", "json_schema": "", "samplers": list(_LC_DEFAULT_ORDER),
+    "seed": _LC_DEFAULT_SEED,
+    "top_k": 40,
+    "top_p": 0.95,
+    "min_p": 0.05,
+    "xtc_probability": 0.0,
+    "xtc_threshold": 0.1,
+    "typ_p": 1.0,
+    "temp": 0.8,
+    "dynatemp_range": 0.0,
+    "dynatemp_exponent": 1.0,
+    "penalty_last_n": 64,
+    "penalty_repeat": 1.0,
+    "penalty_freq": 0.0,
+    "penalty_present": 0.0,
+    "dry_multiplier": 0.0,
+    "dry_base": 1.75,
+    "dry_allowed_length": 2,
+    "dry_penalty_last_n": -1,
+    "dry_sequence_breakers": ["\n", ":", '"', "*"],
+    "top_n_sigma": -1.0,
+    "mirostat": 0,
+    "mirostat_tau": 5.0,
+    "mirostat_eta": 0.1,
+    "adaptive_target": -1.0,
+    "adaptive_decay": 0.9,
+    "ignore_eos": False,
+    "logit_bias": [],
+    "grammar": "",
+    "json_schema": "",
+    "samplers": list(_LC_DEFAULT_ORDER),
 }
 _IGNORE_EOS_N = 2**31 - 1  # min_new_tokens with this n bans the eos ids for the whole generation
 
@@ -77,16 +147,21 @@ def _lc_sampler_names(flag: str, value: str, chars: bool) -> list[str]:
         for c in value:
             if c not in LLAMA_CPP_SAMPLER_CHARS:
                 valid = "".join(LLAMA_CPP_SAMPLER_CHARS)
-                raise ConfigError(f"llama.cpp flags: {flag} {value!r}: unknown sampler letter {c!r} (valid: {valid}: "
-                                  + ", ".join(f"{k}={v}" for k, v in LLAMA_CPP_SAMPLER_CHARS.items()) + ")")
+                raise ConfigError(
+                    f"llama.cpp flags: {flag} {value!r}: unknown sampler letter {c!r} (valid: {valid}: "
+                    + ", ".join(f"{k}={v}" for k, v in LLAMA_CPP_SAMPLER_CHARS.items())
+                    + ")"
+                )
             out.append(LLAMA_CPP_SAMPLER_CHARS[c])
         return out
     for name in value.split(";"):
         if name == "":
             continue  # string_split keeps empty pieces; llama.cpp warns and skips them
         if name not in LLAMA_CPP_SAMPLER_NAMES:
-            raise ConfigError(f"llama.cpp flags: {flag} {value!r}: unknown sampler name {name!r}"
-                              f"{_hint(name, list(LLAMA_CPP_SAMPLER_NAMES))} (valid: {', '.join(_LC_CANONICAL)})")
+            raise ConfigError(
+                f"llama.cpp flags: {flag} {value!r}: unknown sampler name {name!r}"
+                f"{_hint(name, list(LLAMA_CPP_SAMPLER_NAMES))} (valid: {', '.join(_LC_CANONICAL)})"
+            )
         out.append(LLAMA_CPP_SAMPLER_NAMES[name])
     return out
 
@@ -98,8 +173,9 @@ def _lc_logit_bias(flag: str, value: str) -> tuple[int, float]:
             raise ValueError
         bias = float(m[3])
     except ValueError:
-        raise ConfigError(f"llama.cpp flags: {flag} {value!r}: expected TOKEN_ID(+/-)BIAS, e.g. 15043+1 or "
-                          "15043-inf") from None
+        raise ConfigError(
+            f"llama.cpp flags: {flag} {value!r}: expected TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf"
+        ) from None
     return int(m[1]), -bias if m[2] == "-" else bias
 
 
@@ -112,8 +188,10 @@ def _lc_parse(args: Sequence[str] | str) -> dict[str, Any]:
         tok = tokens[i]
         flag, eq, inline = tok.partition("=") if tok.startswith("--") else (tok, "", "")
         if flag not in _LC_FLAGS:
-            raise ConfigError(f"llama.cpp flags: unknown sampling flag {tok!r}{_hint(flag, list(_LC_FLAGS))} "
-                              f"(supported: {', '.join(n for n in _LC_FLAGS if n.startswith('--'))})")
+            raise ConfigError(
+                f"llama.cpp flags: unknown sampling flag {tok!r}{_hint(flag, list(_LC_FLAGS))} "
+                f"(supported: {', '.join(n for n in _LC_FLAGS if n.startswith('--'))})"
+            )
         key, kind = _LC_FLAGS[flag]
         if kind is bool:
             if eq:
@@ -180,20 +258,34 @@ def from_llama_cpp(args: Sequence[str] | str) -> dict[str, Any]:
         front.append({"use": "logit_bias", "bias": [[t, b] for t, b in s["logit_bias"]]})
     temp = {"use": "temp_ext", "t": s["temp"], "delta": s["dynatemp_range"], "exponent": s["dynatemp_exponent"]}
     if s["mirostat"] == 1:
-        samplers = front + [{**temp, "delta": 0.0, "exponent": 1.0},
-                            {"use": "mirostat", "tau": s["mirostat_tau"], "eta": s["mirostat_eta"], "m": 100,
-                             **seeded}]
+        samplers = front + [
+            {**temp, "delta": 0.0, "exponent": 1.0},
+            {"use": "mirostat", "tau": s["mirostat_tau"], "eta": s["mirostat_eta"], "m": 100, **seeded},
+        ]
         return _checked({"name": "llama.cpp-mirostat", "samplers": samplers}, "llama.cpp flags")
     if s["mirostat"] == 2:
-        samplers = front + [{**temp, "delta": 0.0, "exponent": 1.0},
-                            {"use": "mirostat_v2", "tau": s["mirostat_tau"], "eta": s["mirostat_eta"], **seeded}]
+        samplers = front + [
+            {**temp, "delta": 0.0, "exponent": 1.0},
+            {"use": "mirostat_v2", "tau": s["mirostat_tau"], "eta": s["mirostat_eta"], **seeded},
+        ]
         return _checked({"name": "llama.cpp-mirostat-v2", "samplers": samplers}, "llama.cpp flags")
     by_name = {
-        "penalties": {"use": "penalties", "repeat": s["penalty_repeat"], "frequency": s["penalty_freq"],
-                      "presence": s["penalty_present"], "last_n": s["penalty_last_n"], "scope": "llama.cpp"},
-        "dry": {"use": "dry", "multiplier": s["dry_multiplier"], "base": s["dry_base"],
-                "allowed_length": s["dry_allowed_length"], "penalty_last_n": s["dry_penalty_last_n"],
-                "breakers": list(s["dry_sequence_breakers"])},
+        "penalties": {
+            "use": "penalties",
+            "repeat": s["penalty_repeat"],
+            "frequency": s["penalty_freq"],
+            "presence": s["penalty_present"],
+            "last_n": s["penalty_last_n"],
+            "scope": "llama.cpp",
+        },
+        "dry": {
+            "use": "dry",
+            "multiplier": s["dry_multiplier"],
+            "base": s["dry_base"],
+            "allowed_length": s["dry_allowed_length"],
+            "penalty_last_n": s["dry_penalty_last_n"],
+            "breakers": list(s["dry_sequence_breakers"]),
+        },
         "top_n_sigma": {"use": "top_n_sigma", "n": s["top_n_sigma"]},
         "top_k": {"use": "top_k", "k": s["top_k"]},
         "typ_p": {"use": "typical", "p": s["typ_p"]},
@@ -226,8 +318,15 @@ def _fmt(x: float) -> str:
     return repr(float(x)) if not float(x).is_integer() else str(int(x)) if abs(x) < 1e15 else repr(float(x))
 
 
-def _lc_sampler(e: _Entry, s: dict[str, Any], names: list[str], put: Callable[..., None],
-                seed_of: Callable[[_Entry], None], mirostat: bool, target: str) -> None:
+def _lc_sampler(
+    e: _Entry,
+    s: dict[str, Any],
+    names: list[str],
+    put: Callable[..., None],
+    seed_of: Callable[[_Entry], None],
+    mirostat: bool,
+    target: str,
+) -> None:
     n, p = e.name, e.p
     if mirostat:
         if n in _TEMPS and not any(x in s for x in ("temp",)):
@@ -235,21 +334,31 @@ def _lc_sampler(e: _Entry, s: dict[str, Any], names: list[str], put: Callable[..
             return
         if _off(e):
             return
-        raise ConfigError(f"{e.label()}: with mirostat llama.cpp runs only temperature before it (it drops "
-                          f"every other sampler), so {n} cannot be expressed")
+        raise ConfigError(
+            f"{e.label()}: with mirostat llama.cpp runs only temperature before it (it drops "
+            f"every other sampler), so {n} cannot be expressed"
+        )
     if n == "penalties":
         _only(e, target, ("repeat", "frequency", "presence", "last_n"), scope="llama.cpp")
-        for k, key in (("repeat", "penalty_repeat"), ("frequency", "penalty_freq"),
-                       ("presence", "penalty_present"), ("last_n", "penalty_last_n")):
+        for k, key in (
+            ("repeat", "penalty_repeat"),
+            ("frequency", "penalty_freq"),
+            ("presence", "penalty_present"),
+            ("last_n", "penalty_last_n"),
+        ):
             put(e, key, p[k])
         names.append("penalties")
     elif n == "dry":
         _only(e, target, ("multiplier", "base", "allowed_length", "penalty_last_n", "breakers"))
         if p["base"] < 1:
             raise ConfigError(f"{e.label()}: base = {p['base']!r}: llama.cpp ignores a --dry-base below 1")
-        for k, key in (("multiplier", "dry_multiplier"), ("base", "dry_base"),
-                       ("allowed_length", "dry_allowed_length"), ("penalty_last_n", "dry_penalty_last_n"),
-                       ("breakers", "dry_sequence_breakers")):
+        for k, key in (
+            ("multiplier", "dry_multiplier"),
+            ("base", "dry_base"),
+            ("allowed_length", "dry_allowed_length"),
+            ("penalty_last_n", "dry_penalty_last_n"),
+            ("breakers", "dry_sequence_breakers"),
+        ):
             put(e, key, _plain(p[k]))
         names.append("dry")
     elif n == "top_n_sigma":
@@ -290,8 +399,10 @@ def _lc_sampler(e: _Entry, s: dict[str, Any], names: list[str], put: Callable[..
         _only(e, target, ("enabled",))
         names.append("infill")
     else:
-        raise ConfigError(f"{e.label()}: llama.cpp has no {n} sampler (its samplers: "
-                          f"{', '.join(_LC_CANONICAL)}; plus grammar, --logit-bias and --ignore-eos first)")
+        raise ConfigError(
+            f"{e.label()}: llama.cpp has no {n} sampler (its samplers: "
+            f"{', '.join(_LC_CANONICAL)}; plus grammar, --logit-bias and --ignore-eos first)"
+        )
 
 
 def to_llama_cpp(chain: Any) -> list[str]:
@@ -299,16 +410,20 @@ def to_llama_cpp(chain: Any) -> list[str]:
     target = "llama.cpp"
     samplers, stop, _ = _entries(chain)
     for e in stop:
-        raise ConfigError(f"{e.label()}: llama.cpp's sampling flags carry no stopping criteria (use -n / "
-                          f"--reverse-prompt on the llama.cpp command line)")
+        raise ConfigError(
+            f"{e.label()}: llama.cpp's sampling flags carry no stopping criteria (use -n / "
+            f"--reverse-prompt on the llama.cpp command line)"
+        )
     flags: list[str] = []
     seeds: list[tuple[_Entry, int]] = []
     s: dict[str, Any] = {}  # common_params_sampling keys set by the chain
 
     def put(e: _Entry, key: str, value: Any) -> None:
         if key in s and s[key] != value:
-            raise ConfigError(f"{e.label()}: llama.cpp has one {key} for every sampler; another entry set "
-                              f"{s[key]!r}, this one {value!r}")
+            raise ConfigError(
+                f"{e.label()}: llama.cpp has one {key} for every sampler; another entry set "
+                f"{s[key]!r}, this one {value!r}"
+            )
         s[key] = value
 
     def seed_of(e: _Entry) -> None:
@@ -328,8 +443,10 @@ def to_llama_cpp(chain: Any) -> list[str]:
             if _off(e):
                 continue
             if front_done:
-                raise ConfigError(f"{e.label()} runs after a sampler of the --samplers chain, which llama.cpp cannot "
-                                  f"express: it applies the grammar, --ignore-eos and --logit-bias first")
+                raise ConfigError(
+                    f"{e.label()} runs after a sampler of the --samplers chain, which llama.cpp cannot "
+                    f"express: it applies the grammar, --ignore-eos and --logit-bias first"
+                )
             if n == "grammar":
                 _only(e, target, ("gbnf", "json_schema", "eos_ids", "json_whitespace"))
                 if p["gbnf"]:
@@ -368,12 +485,16 @@ def to_llama_cpp(chain: Any) -> list[str]:
         put(selector, "mirostat_eta", selector.p["eta"])
         seed_of(selector)
     else:
-        raise ConfigError(f"{selector.label()}: llama.cpp always ends its chain with dist (or mirostat / "
-                          f"adaptive_p); for {selector.name} put temp_ext with t = 0 before dist")
+        raise ConfigError(
+            f"{selector.label()}: llama.cpp always ends its chain with dist (or mirostat / "
+            f"adaptive_p); for {selector.name} put temp_ext with t = 0 before dist"
+        )
     for e, seed in seeds:
         if seed != seeds[0][1]:
-            raise ConfigError(f"{e.label()}: seed = {seed} differs from {seeds[0][0].label()}'s {seeds[0][1]}: "
-                              "llama.cpp has one --seed")
+            raise ConfigError(
+                f"{e.label()}: seed = {seed} differs from {seeds[0][0].label()}'s {seeds[0][1]}: "
+                "llama.cpp has one --seed"
+            )
         if not 0 <= seed < _LC_DEFAULT_SEED:
             raise ConfigError(f"{e.label()}: seed = {seed}: llama.cpp seeds are in [0, 2**32 - 1)")
     if seeds:
@@ -381,8 +502,15 @@ def to_llama_cpp(chain: Any) -> list[str]:
     if not mirostat and names != _LC_DEFAULT_ORDER:
         flags = ["--samplers", ";".join(names)] + flags
     flag_of = {key: f for f, (key, _k) in _LC_FLAGS.items() if f.startswith("--") and key not in ("samplers",)}
-    flag_of.update({"typ_p": "--typical", "temp": "--temp", "seed": "--seed", "top_n_sigma": "--top-n-sigma",
-                    "json_schema": "--json-schema"})
+    flag_of.update(
+        {
+            "typ_p": "--typical",
+            "temp": "--temp",
+            "seed": "--seed",
+            "top_n_sigma": "--top-n-sigma",
+            "json_schema": "--json-schema",
+        }
+    )
     order = [k for k in _LC_DEFAULTS if k != "seed"] + ["seed"]
     for key, value in sorted(s.items(), key=lambda kv: order.index(kv[0])):
         if key == "dry_sequence_breakers":

@@ -26,10 +26,30 @@ from .common import (
 )
 
 # ------------------------------------------------------------------------------------------ transformers
-_TF_ORDER = ["cfg", "sequence_bias", "penalties", "no_repeat_ngram", "bad_words", "min_new_tokens", "forced_bos",
-             "forced_eos", "inf_nan_remove", "length_decay", "suppress_tokens", "begin_suppress_tokens",
-             "temperature", "top_h", "top_k", "top_p", "min_p", "typical", "epsilon", "eta", "watermark",
-             "renormalize"]
+_TF_ORDER = [
+    "cfg",
+    "sequence_bias",
+    "penalties",
+    "no_repeat_ngram",
+    "bad_words",
+    "min_new_tokens",
+    "forced_bos",
+    "forced_eos",
+    "inf_nan_remove",
+    "length_decay",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "temperature",
+    "top_h",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical",
+    "epsilon",
+    "eta",
+    "watermark",
+    "renormalize",
+]
 _TF_WARPERS = {"temperature", "top_h", "top_k", "top_p", "min_p", "typical", "epsilon", "eta"}
 
 
@@ -78,9 +98,11 @@ def _wrong_kinds(settings: Mapping[str, Any]) -> str:
             return isinstance(value, int) or (isinstance(value, float) and isinstance(default, float))
         return isinstance(value, type(default))
 
-    culprits = [f"{k} = {v!r} (expected {type(defaults[k]).__name__}, e.g. {defaults[k]!r})"
-                for k, v in settings.items() if defaults.get(k) is not None and v is not None
-                and not same(v, defaults[k])]
+    culprits = [
+        f"{k} = {v!r} (expected {type(defaults[k]).__name__}, e.g. {defaults[k]!r})"
+        for k, v in settings.items()
+        if defaults.get(k) is not None and v is not None and not same(v, defaults[k])
+    ]
     return f"{'; '.join(culprits)}: " if culprits else ""
 
 
@@ -143,11 +165,14 @@ def to_transformers(chain: Any) -> dict[str, Any]:
     for e in active:
         name = "temperature" if e.name == "temp_ext" else e.name
         if name not in _TF_ORDER:
-            raise ConfigError(f"{e.label()}: transformers has no {e.name} processor (it has: "
-                              f"{', '.join(_TF_ORDER)})")
+            raise ConfigError(f"{e.label()}: transformers has no {e.name} processor (it has: {', '.join(_TF_ORDER)})")
         ranked.append((e, _TF_ORDER.index(name)))
-    _order(ranked, target, "transformers applies its processors in the fixed order of "
-           f"_get_logits_processor ({' -> '.join(_TF_ORDER)})", _commute)
+    _order(
+        ranked,
+        target,
+        f"transformers applies its processors in the fixed order of _get_logits_processor ({' -> '.join(_TF_ORDER)})",
+        _commute,
+    )
     for e in active:
         n, p = e.name, e.p
         if n == "cfg":
@@ -157,9 +182,11 @@ def to_transformers(chain: Any) -> dict[str, Any]:
             kw["sequence_bias"] = [[list(seq), float(b)] for seq, b in _plain(p["bias"])]
         elif n == "penalties":
             if p["scope"] != "transformers" or p["frequency"] != 0 or p["presence"] != 0:
-                raise ConfigError(f"{e.label()}: transformers has only repetition_penalty over the whole sequence "
-                                  f"(scope = \"transformers\", frequency = presence = 0); this entry has scope = "
-                                  f"{p['scope']!r}, frequency = {p['frequency']!r}, presence = {p['presence']!r}")
+                raise ConfigError(
+                    f"{e.label()}: transformers has only repetition_penalty over the whole sequence "
+                    f'(scope = "transformers", frequency = presence = 0); this entry has scope = '
+                    f"{p['scope']!r}, frequency = {p['frequency']!r}, presence = {p['presence']!r}"
+                )
             kw["repetition_penalty"] = float(p["repeat"])
         elif n == "no_repeat_ngram":
             kw["no_repeat_ngram_size"] = int(p["n"])
@@ -212,26 +239,33 @@ def to_transformers(chain: Any) -> dict[str, Any]:
             kw["renormalize_logits"] = True
     if selector.name == "dist":
         if selector.p["seed"] is not None:
-            raise ConfigError(f"{selector.label()}: seed = {selector.p['seed']!r} cannot be expressed in a "
-                              "GenerationConfig (call transformers.set_seed before generate)")
+            raise ConfigError(
+                f"{selector.label()}: seed = {selector.p['seed']!r} cannot be expressed in a "
+                "GenerationConfig (call transformers.set_seed before generate)"
+            )
         kw["do_sample"] = True
         kw.setdefault("top_k", 0)  # generate() would otherwise apply its default top_k = 50
     elif selector.name == "greedy":
         kw["do_sample"] = False
         warpers = [e for e in active if (("temperature" if e.name == "temp_ext" else e.name) in _TF_WARPERS)]
         if warpers:
-            raise ConfigError(f"{warpers[0].label()}: transformers skips the warpers (temperature, top_k, top_p ...)"
-                              " when do_sample=False, so a greedy chain cannot carry them")
+            raise ConfigError(
+                f"{warpers[0].label()}: transformers skips the warpers (temperature, top_k, top_p ...)"
+                " when do_sample=False, so a greedy chain cannot carry them"
+            )
     else:
-        raise ConfigError(f"{selector.label()}: transformers selects with sampling (dist) or greedy only, "
-                          f"not {selector.name}")
+        raise ConfigError(
+            f"{selector.label()}: transformers selects with sampling (dist) or greedy only, not {selector.name}"
+        )
     for e in stop:
         if e.name == "max_new_tokens":
             kw["max_new_tokens"] = int(e.p["n"])
         elif e.name == "max_length":
             if "max_length" in kw and kw["max_length"] != int(e.p["n"]):
-                raise ConfigError(f"{e.label()}: n = {e.p['n']} conflicts with forced_eos' max_length = "
-                                  f"{kw['max_length']} (a GenerationConfig has one max_length)")
+                raise ConfigError(
+                    f"{e.label()}: n = {e.p['n']} conflicts with forced_eos' max_length = "
+                    f"{kw['max_length']} (a GenerationConfig has one max_length)"
+                )
             kw["max_length"] = int(e.p["n"])
         elif e.name == "max_time":
             kw["max_time"] = float(e.p["seconds"])
@@ -246,8 +280,10 @@ def to_transformers(chain: Any) -> dict[str, Any]:
         first = eos_sets[0]
         for e, ids in eos_sets[1:]:
             if sorted(set(ids)) != sorted(set(first[1])):
-                raise ConfigError(f"{e.label()}: eos ids {ids} differ from {first[0].label()}'s {first[1]}: a "
-                                  "GenerationConfig has one eos_token_id")
+                raise ConfigError(
+                    f"{e.label()}: eos ids {ids} differ from {first[0].label()}'s {first[1]}: a "
+                    "GenerationConfig has one eos_token_id"
+                )
         ids = first[1]
         kw["eos_token_id"] = ids[0] if len(ids) == 1 else ids
     return kw

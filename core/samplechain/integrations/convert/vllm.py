@@ -24,18 +24,60 @@ from .common import (
 )
 
 # --------------------------------------------------------------------------------------------------- vLLM
-_VLLM_ORDER = ["allowed_tokens", "bad_words", "min_new_tokens", "logit_bias", "penalties", "temperature",
-               "min_p", "top_k", "top_p"]
-_VLLM_KNOWN = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
-               "presence_penalty", "seed", "logit_bias", "allowed_token_ids", "bad_words", "min_tokens", "stop",
-               "stop_token_ids", "max_tokens", "max_completion_tokens", "ignore_eos"}
+_VLLM_ORDER = [
+    "allowed_tokens",
+    "bad_words",
+    "min_new_tokens",
+    "logit_bias",
+    "penalties",
+    "temperature",
+    "min_p",
+    "top_k",
+    "top_p",
+]
+_VLLM_KNOWN = {
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "seed",
+    "logit_bias",
+    "allowed_token_ids",
+    "bad_words",
+    "min_tokens",
+    "stop",
+    "stop_token_ids",
+    "max_tokens",
+    "max_completion_tokens",
+    "ignore_eos",
+}
 # request-level settings of SamplingParams / the OpenAI API that are no part of a chain (dropped with a warning
 # when not at their default)
-_VLLM_REQUEST = {"n": 1, "best_of": None, "logprobs": None, "top_logprobs": None, "prompt_logprobs": None,
-                 "detokenize": True, "skip_special_tokens": True, "spaces_between_special_tokens": True,
-                 "include_stop_str_in_output": False, "output_kind": None, "truncate_prompt_tokens": None,
-                 "stream": False, "echo": False, "user": None, "model": None, "prompt": None, "messages": None,
-                 "extra_args": None, "logits_processors": None, "stream_options": None}
+_VLLM_REQUEST = {
+    "n": 1,
+    "best_of": None,
+    "logprobs": None,
+    "top_logprobs": None,
+    "prompt_logprobs": None,
+    "detokenize": True,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "include_stop_str_in_output": False,
+    "output_kind": None,
+    "truncate_prompt_tokens": None,
+    "stream": False,
+    "echo": False,
+    "user": None,
+    "model": None,
+    "prompt": None,
+    "messages": None,
+    "extra_args": None,
+    "logits_processors": None,
+    "stream_options": None,
+}
 
 
 def _load_json(source: Any, what: str) -> tuple[dict[str, Any], str]:
@@ -68,11 +110,16 @@ def from_vllm(source: Any) -> dict[str, Any]:
             continue
         if key in _VLLM_REQUEST:
             if value != _VLLM_REQUEST[key]:
-                warnings.warn(f"{where}: {key} = {value!r} is a request setting, not part of a chain: dropped",
-                              ConvertWarning, stacklevel=2)
+                warnings.warn(
+                    f"{where}: {key} = {value!r} is a request setting, not part of a chain: dropped",
+                    ConvertWarning,
+                    stacklevel=2,
+                )
             continue
-        raise ConfigError(f"{where}: unknown key {key!r}{_hint(key, sorted(_VLLM_KNOWN | set(_VLLM_REQUEST)))} "
-                          f"(supported: {', '.join(sorted(_VLLM_KNOWN))})")
+        raise ConfigError(
+            f"{where}: unknown key {key!r}{_hint(key, sorted(_VLLM_KNOWN | set(_VLLM_REQUEST)))} "
+            f"(supported: {', '.join(sorted(_VLLM_KNOWN))})"
+        )
 
     def get(key: str, default: Any) -> Any:
         value = raw.get(key)
@@ -100,17 +147,26 @@ def from_vllm(source: Any) -> dict[str, Any]:
         {"use": "bad_words", "words": bad} if bad else {"use": "bad_words", "ids": []},
         {"use": "min_new_tokens", "n": int(get("min_tokens", 0))},
         {"use": "logit_bias", "bias": {str(k): float(v) for k, v in bias.items()}},
-        {"use": "penalties", "repeat": number("repetition_penalty", 1.0), "frequency": number("frequency_penalty", 0.0),
-         "presence": number("presence_penalty", 0.0), "scope": "vllm"},
+        {
+            "use": "penalties",
+            "repeat": number("repetition_penalty", 1.0),
+            "frequency": number("frequency_penalty", 0.0),
+            "presence": number("presence_penalty", 0.0),
+            "scope": "vllm",
+        },
     ]
     seed = raw.get("seed")
     if temperature < 1e-5:
         samplers.append({"use": "greedy"})
         name = "vllm (greedy)"
     else:
-        samplers += [{"use": "temperature", "t": temperature}, {"use": "min_p", "p": number("min_p", 0.0)},
-                     {"use": "top_k", "k": max(top_k, 0)}, {"use": "top_p", "p": number("top_p", 1.0)},
-                     {"use": "dist"} if seed is None else {"use": "dist", "seed": seed}]
+        samplers += [
+            {"use": "temperature", "t": temperature},
+            {"use": "min_p", "p": number("min_p", 0.0)},
+            {"use": "top_k", "k": max(top_k, 0)},
+            {"use": "top_p", "p": number("top_p", 1.0)},
+            {"use": "dist"} if seed is None else {"use": "dist", "seed": seed},
+        ]
         name = "vllm"
     stop: list[dict[str, Any]] = []
     max_tokens = raw.get("max_tokens", raw.get("max_completion_tokens"))
@@ -123,8 +179,12 @@ def from_vllm(source: Any) -> dict[str, Any]:
     if get("stop_token_ids", []):
         stop.append({"use": "stop_sequences", "sequences": [[t] for t in raw["stop_token_ids"]]})
     if raw.get("ignore_eos"):
-        warnings.warn(f"{where}: ignore_eos = true is a generate() setting (generate(..., ignore_eos=True)), not "
-                      "part of a chain: dropped", ConvertWarning, stacklevel=2)
+        warnings.warn(
+            f"{where}: ignore_eos = true is a generate() setting (generate(..., ignore_eos=True)), not "
+            "part of a chain: dropped",
+            ConvertWarning,
+            stacklevel=2,
+        )
     out: dict[str, Any] = {"name": name, "samplers": samplers}
     if stop:
         out["stop"] = stop
@@ -151,13 +211,17 @@ def to_vllm(chain: Any) -> dict[str, Any]:
             kw["allowed_token_ids"] = list(p["ids"])
         elif n == "bad_words":
             if p["ids"] or p["eos_ids"]:
-                raise ConfigError(f"{e.label()}: vLLM's bad_words are strings (words = [...]); token-id sequences "
-                                  f"(ids = {_plain(p['ids'])}) cannot be expressed")
+                raise ConfigError(
+                    f"{e.label()}: vLLM's bad_words are strings (words = [...]); token-id sequences "
+                    f"(ids = {_plain(p['ids'])}) cannot be expressed"
+                )
             kw["bad_words"] = list(p["words"])
         elif n == "min_new_tokens":
             if p["eos_ids"]:
-                raise ConfigError(f"{e.label()}: eos_ids = {list(p['eos_ids'])}: vLLM's min_tokens masks the "
-                                  "model's eos and the stop_token_ids, not a chosen list")
+                raise ConfigError(
+                    f"{e.label()}: eos_ids = {list(p['eos_ids'])}: vLLM's min_tokens masks the "
+                    "model's eos and the stop_token_ids, not a chosen list"
+                )
             kw["min_tokens"] = int(p["n"])
         elif n == "logit_bias":
             pairs = p["bias"].items() if isinstance(p["bias"], Mapping) else p["bias"]
@@ -167,13 +231,17 @@ def to_vllm(chain: Any) -> dict[str, Any]:
             kw["logit_bias"] = out
         elif n == "penalties":
             _only(e, target, ("repeat", "frequency", "presence", "last_n"), scope="vllm")
-            kw.update(repetition_penalty=float(p["repeat"]), frequency_penalty=float(p["frequency"]),
-                      presence_penalty=float(p["presence"]))
+            kw.update(
+                repetition_penalty=float(p["repeat"]),
+                frequency_penalty=float(p["frequency"]),
+                presence_penalty=float(p["presence"]),
+            )
         elif n in _TEMPS:
             t = _temperature(e, target)
             if t <= 0:
-                raise ConfigError(f"{e.label()}: t = {t!r}: vLLM reads temperature 0 as greedy; end the chain with "
-                                  "greedy instead")
+                raise ConfigError(
+                    f"{e.label()}: t = {t!r}: vLLM reads temperature 0 as greedy; end the chain with greedy instead"
+                )
             kw["temperature"] = t
         elif n in ("min_p", "top_p"):
             _only(e, target, ("p",))
@@ -184,8 +252,10 @@ def to_vllm(chain: Any) -> dict[str, Any]:
     if selector.name == "greedy":
         sampling = [e for e in active if e.name in ("temperature", "temp_ext", "min_p", "top_k", "top_p")]
         if sampling:
-            raise ConfigError(f"{sampling[0].label()}: vLLM's greedy (temperature 0) skips temperature, min_p, "
-                              "top_k and top_p, so a greedy chain cannot carry them")
+            raise ConfigError(
+                f"{sampling[0].label()}: vLLM's greedy (temperature 0) skips temperature, min_p, "
+                "top_k and top_p, so a greedy chain cannot carry them"
+            )
         kw["temperature"] = 0.0
     elif selector.name == "dist":
         kw.setdefault("temperature", 1.0)
@@ -203,6 +273,8 @@ def to_vllm(chain: Any) -> dict[str, Any]:
         elif e.name == "eos" and not e.p["ids"]:
             continue  # vLLM stops at the model's eos unless ignore_eos
         else:
-            raise ConfigError(f"{e.label()}: vLLM cannot express the stopping criterion {e.name} with "
-                              f"{_plain(e.p)} (it has max_tokens, stop strings and one-token stop_token_ids)")
+            raise ConfigError(
+                f"{e.label()}: vLLM cannot express the stopping criterion {e.name} with "
+                f"{_plain(e.p)} (it has max_tokens, stop strings and one-token stop_token_ids)"
+            )
     return kw

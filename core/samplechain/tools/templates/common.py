@@ -1,6 +1,6 @@
 """Files every generated plugin gets (string.Template texts)."""
 
-PYPROJECT = '''\
+PYPROJECT = """\
 [build-system]
 requires = ["hatchling>=1.21"]
 build-backend = "hatchling.build"
@@ -27,9 +27,9 @@ only-include = ["${module}.py"]
 
 [tool.pytest.ini_options]
 testpaths = ["tests"]
-'''
+"""
 
-README_HEAD = '''\
+README_HEAD = """\
 # ${distribution}
 
 A [samplechain](https://pypi.org/project/samplechain/) plugin: ${summary}.
@@ -46,9 +46,9 @@ pip install ${distribution}   # once published
 samplechain plugins           # ${plugin} should be listed as loaded
 ```
 
-'''
+"""
 
-README_TAIL = '''\
+README_TAIL = """\
 
 ## Test
 
@@ -70,15 +70,15 @@ twine upload dist/*
 
 Then users run `pip install ${distribution}`: the entry point makes `${plugin}` available to every chain,
 with no change to samplechain. See samplechain's docs/plugin-authoring.md and docs/plugins.md.
-'''
+"""
 
-GITIGNORE = '''\
+GITIGNORE = """\
 __pycache__/
 *.egg-info/
 build/
 dist/
 .pytest_cache/
-'''
+"""
 
 CONFTEST = '''\
 """Lets the tests run from a plain checkout as well as after `pip install`: the plugin module sits one folder

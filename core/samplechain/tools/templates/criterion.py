@@ -46,7 +46,7 @@ def register_stopping_criteria(register):
     register(${Class})
 '''
 
-README_BODY = '''\
+README_BODY = """\
 ## Use
 
 ```toml
@@ -60,7 +60,7 @@ stop = [{ use = "max_new_tokens", n = 256 }, { use = "${plugin}", n = 8 }]
 | `n` | 8 | >= 2 | a row stops once its last n generated tokens are one and the same token |
 
 Its finish reason is `${plugin}`.
-'''
+"""
 
 TESTS = '''\
 """`${plugin}` against the same rule written in plain torch; bad values.

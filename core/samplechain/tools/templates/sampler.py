@@ -69,7 +69,7 @@ def register_samplers(register):
     register(${Class})
 '''
 
-README_BODY = '''\
+README_BODY = """\
 ## Use
 
 ```toml
@@ -86,7 +86,7 @@ samplers = [
 | `min_keep` | 1 | >= 0 | at least this many of the most likely tokens survive |
 
 Per request: `${plugin}` (margin) and `${plugin}_min_keep`, e.g. `store.add("r1", {"${plugin}": 1.5})`.
-'''
+"""
 
 TESTS = '''\
 """`${plugin}` against the same filter written in plain torch; per-row parameters; bad values.
