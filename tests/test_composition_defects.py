@@ -1,9 +1,9 @@
 """The defects the composition fuzzer (tests/test_composition_fuzz.py) found, each pinned by its smallest case.
 
-Issue 14 named the first three (a valid chain emptying a row, an error naming nothing, backends disagreeing on
-ties in top_h); the rest turned up while the fuzzer ran: biases after a truncation read as sorted, a forced token
+Three concern the chain as a whole (a valid chain emptying a row, an error naming nothing, backends disagreeing on
+ties in top_h); the others are narrower: biases after a truncation read as sorted, a forced token
 lost to compaction, inf_nan_remove bringing back what a filter removed, mirostat's ties and float32 sums, top_h's
-rounding at top_h = 1, cfg's 0 x -inf, and errors that did not say which sampler emptied a row.
+rounding at top_h = 1, cfg's 0 x -inf, and an error that names the sampler after which a row had nothing.
 """
 
 from __future__ import annotations
@@ -32,19 +32,19 @@ def staged(entries: list[dict], logits: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-# ----------------------------------------------------------------- issue 14, item 1
-ITEM_1 = [{"use": "top_n_sigma", "n": 1.0}, {"use": "typical", "p": 0.05}, {"use": "top_k", "k": 1}]
+# ----------------------------------------------------------------- a valid chain never empties a row
+HOLE_MAKERS = [{"use": "top_n_sigma", "n": 1.0}, {"use": "typical", "p": 0.05}, {"use": "top_k", "k": 1}]
 
 
 def test_a_later_cut_never_takes_a_masked_hole_for_a_candidate():
     """[top_n_sigma, typical, top_k 1, greedy] emptied 245 of the first 300 rows: typical masked survivors of the
     sorted candidates top_n_sigma left, and top_k's "first k" took a -inf hole. Masking sorted candidates now moves
     the survivors to the front, so every row keeps the token the stages give one by one."""
-    chain = load([*ITEM_1, {"use": "greedy"}])
+    chain = load([*HOLE_MAKERS, {"use": "greedy"}])
     for seed in range(300):
         x = torch.randn(1, 64, generator=torch.Generator().manual_seed(seed))
         out = chain.sample(x, return_scores=True)
-        assert torch.equal(out.scores, staged(ITEM_1, x)), seed
+        assert torch.equal(out.scores, staged(HOLE_MAKERS, x)), seed
         assert int(out.token_ids[0]) == int(torch.isfinite(out.scores[0]).nonzero()[0]), seed
 
 
@@ -58,7 +58,7 @@ def test_a_bias_after_a_truncation_is_not_read_as_sorted():
     assert torch.equal(out, staged(entries, x))
 
 
-# ----------------------------------------------------------------- issue 14, item 2
+# ----------------------------------------------------------------- errors name the sampler and the request
 def test_finite_huge_logprobs_are_not_taken_for_an_overflow():
     """adaptive_p over hard_logits: every chosen logprob is finite (about -3e38), but their sum overflowed to -inf
     and the step raised an error naming nothing. The check is per row now."""
@@ -108,7 +108,7 @@ def test_an_overflow_names_the_sampler_that_made_it():
         chain.sample(x)
 
 
-# ----------------------------------------------------------------- issue 14, item 4
+# ----------------------------------------------------------------- ties at a cut, whatever the backend's order
 class ReversedTies(RecordingBackend):
     """A backend whose partial sort returns equal logits highest id first (the reference: lowest first), as
     another device's top-k may: a filter's kept set must not depend on it."""

@@ -23,10 +23,11 @@ Invariants of every case (the test names them in its failure message):
 
 Two tests, 1,500 derandomized examples each in CI (about 4 minutes together on 2 cores; marked slow):
 `test_random_compositions` (the whole catalogue) and `test_random_truncation_chains` (the truncating filters and
-temperature only, where compaction and sortedness interact most: it finds issue 14's emptied row, [top_n_sigma,
-typical, top_k 1], when that fix is undone). A third, `test_random_sync_free_chains` (a fifth as many examples),
-runs chains of the samplers that declare a sync-free step on the cuda backend's logic (CPU tensors, under
-`no_host_sync`) against the cpu backend: the same tokens or the same error. `SAMPLECHAIN_FUZZ_EXAMPLES=N` runs N each, `SAMPLECHAIN_FUZZ_SEED=S` a
+temperature only, where compaction and sortedness interact most: it finds the emptied row of
+test_composition_defects.py, [top_n_sigma, typical, top_k 1], when that fix is undone). A third,
+`test_random_sync_free_chains` (a fifth as many examples), runs chains of the samplers that declare a sync-free
+step on the cuda backend's logic (CPU tensors, under `no_host_sync`) against the cpu backend: the same tokens or
+the same error. `SAMPLECHAIN_FUZZ_EXAMPLES=N` runs N each, `SAMPLECHAIN_FUZZ_SEED=S` a
 fresh random sequence instead of the fixed one. A failure prints the case; `check(eval(printed_case))` replays it.
 """
 
