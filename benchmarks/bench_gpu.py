@@ -331,7 +331,7 @@ def _met(value: bool | None) -> str:
 
 
 def kernel_target(row: dict[str, Any]) -> tuple[str, bool | None]:
-    """Issue 15's target for the step as generate() runs it: the better of the eager step and its graph replay."""
+    """The GPU target for the step as generate() runs it: the better of the eager step and its graph replay."""
     best = min(v for v in (row["samplechain_ms"], row.get("graph_ms")) if v is not None)
     if row["batch"] == 1:
         return f"<= {TARGET_B1_MS:g} ms", best <= TARGET_B1_MS

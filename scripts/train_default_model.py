@@ -74,7 +74,6 @@ SKIP = {
     "sre_parse",
     "sre_constants",
     "tabnanny",
-    "this",
 }
 
 
@@ -232,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
 
-    from transformers import GPT2Config, GPT2LMHeadModel, GenerationConfig
+    from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel
 
     from samplechain.tools.progress import progress_bar
 

@@ -24,7 +24,7 @@ def _one_thread():
     yield
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model_with_frequent_eos(seed: int, n_eos: int = 1):
     """A random GPT-2 whose eos ids are tokens it actually emits, so beams finish at different steps."""
     model = tiny_gpt2(120, seed=seed, eos_token_id=None)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from samplechain.tools import bench
 from samplechain.cli import main
+from samplechain.tools import bench
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--vocab", "2000", "--batch", "1,2", "--reps", "2", "--rounds", "1", "--kinds", "randn", "--no-progress"]

@@ -34,7 +34,6 @@ fresh random sequence instead of the fixed one. A failure prints the case; `chec
 from __future__ import annotations
 
 import functools
-import math
 import os
 import re
 import warnings
@@ -50,9 +49,9 @@ from hypothesis import strategies as st
 
 from samplechain import Chain, Stage, get_host
 from samplechain import filters as sc_filters
+from samplechain.engine.store import _DTYPES
 from samplechain.errors import SamplechainError, SamplingError
 from samplechain.params import field_type, is_seed_field, validators
-from samplechain.engine.store import _DTYPES
 from samplechain.tools.testing import byte_bpe_tokenizer
 
 NEG_INF = float("-inf")
@@ -463,9 +462,8 @@ def sync_free_samplers() -> list[str]:
 def check_sync_free(case: Case) -> None:
     """The cuda backend's sync-free step (on CPU tensors) against the cpu backend: two accepted steps, the second
     under `no_host_sync`; the same tokens, or the same error (the deferred one from `SampleOutput.check`)."""
-    from samplechain_cuda import CudaBackend
-
     from samplechain.tools.testing import no_host_sync
+    from samplechain_cuda import CudaBackend
 
     batch, vocab = case.logits.shape
     rows = list(range(batch))

@@ -11,6 +11,7 @@ import torch
 
 from samplechain import Chain
 from samplechain.cli import main
+from samplechain.errors import ChainWarning, ConfigError
 from samplechain.integrations.convert import (
     ConvertWarning,
     chain_to_dict,
@@ -23,7 +24,6 @@ from samplechain.integrations.convert import (
     to_transformers,
     to_vllm,
 )
-from samplechain.errors import ChainWarning, ConfigError
 
 transformers = pytest.importorskip("transformers")
 

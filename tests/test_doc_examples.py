@@ -26,10 +26,10 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 from samplechain import Chain

@@ -15,8 +15,8 @@ import torch
 from transformers.generation import logits_process as tp
 
 from samplechain import Chain, ConfigError
-from samplechain.generation import generate
 from samplechain.engine.discovery import get_host
+from samplechain.generation import generate
 from samplechain.tools.testing import tiny_gpt2
 
 B, V, PROMPT, N = 5, 400, 6, 5

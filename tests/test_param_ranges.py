@@ -20,8 +20,8 @@ import attrs
 import pytest
 
 from samplechain import Chain, ConfigError, RequestError, Stage, get_host
-from samplechain.params import field_type, finite, is_seed_field, validators
 from samplechain.engine.store import _DTYPES
+from samplechain.params import field_type, finite, is_seed_field, validators
 
 # fewer would mean the generator lost its way (a renamed validator, an empty host), not that every field is valid
 MIN_CONFIG_CASES = 60

@@ -30,9 +30,9 @@ import pytest
 
 import samplechain
 from samplechain import cli
+from samplechain.engine.registry import load_registry
 from samplechain.tools import plugin_tools
 from samplechain.tools.plugin_tools import PluginToolError, install, installed_records, new_plugin, plugin_names
-from samplechain.engine.registry import load_registry
 
 if sys.version_info >= (3, 11):
     import tomllib

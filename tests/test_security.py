@@ -314,6 +314,7 @@ def test_weights_ship_as_safetensors_only():
 
 def test_the_byte_sniffer_recognises_pickles_and_torch_archives(tmp_path):
     import pickle  # noqa: S403 -- writes a test pickle; this file is a test, scanned with the pickle rules off
+
     import torch
 
     (tmp_path / "weights.txt").write_bytes(pickle.dumps({"w": [1.0]}, protocol=4))

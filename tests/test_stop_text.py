@@ -14,8 +14,8 @@ import pytest
 
 import samplechain
 from samplechain import StopMatch
-from samplechain.generation import Generation, generate, stream
 from samplechain.engine.stopping import cut_text
+from samplechain.generation import Generation, generate, stream
 from samplechain.tools.testing import ScriptedLM, piece_ids, pieces_tokenizer
 
 GREEDY = {"chain": {"samplers": [{"use": "min_new_tokens"}, {"use": "greedy"}]}}

@@ -71,7 +71,7 @@ _REFERENCE = re.compile(
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _calls_a_reference(function) -> bool:
     try:
         return bool(_REFERENCE.search(inspect.getsource(function)))

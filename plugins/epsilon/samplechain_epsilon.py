@@ -12,8 +12,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
-from samplechain import filters
+from samplechain import Candidates, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
 from samplechain.filters import with_min_keep
 
 

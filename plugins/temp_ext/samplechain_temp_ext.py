@@ -21,8 +21,7 @@ import math
 import attrs
 import torch
 
-from samplechain import Candidates, FusedPart, Sampler, Stage, StepContext, finite, hookimpl, in_range, one_of
-from samplechain import filters
+from samplechain import Candidates, FusedPart, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range, one_of
 from samplechain.contracts import in_sync_free_step
 
 FORMULAS = ("llama.cpp", "webui")

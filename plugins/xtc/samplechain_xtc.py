@@ -36,12 +36,12 @@ from samplechain import (
     SamplerSetup,
     Stage,
     StepContext,
+    filters,
     finite,
     hookimpl,
     in_range,
     seed_field,
 )
-from samplechain import filters
 from samplechain.contracts import in_sync_free_step
 
 NEG_INF = float("-inf")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from samplechain import Chain, ConfigError
 from samplechain.generation import generate as samplechain_generate
-from samplechain.integrations.hub import plugin_registered
 from samplechain.integrations import as_custom_generate
+from samplechain.integrations.hub import plugin_registered
 
 from .ban_digits import BanDigits  # `from .x import` is what transformers' loader copies along
 

@@ -27,8 +27,8 @@ row of the batch is greedy. See docs/mindie.md for the full mapping and the docu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -120,8 +120,8 @@ class SamplingData:
         all_input_ids: Any,
         output_ids: Any,
         is_prefill: bool = True,
-        request_ids: Optional[np.ndarray] = None,
-        to_tensor: Optional[Callable] = None,
+        request_ids: np.ndarray | None = None,
+        to_tensor: Callable | None = None,
     ) -> None:
         self.all_input_ids = all_input_ids
         self.output_ids = output_ids
@@ -132,11 +132,11 @@ class SamplingData:
     @classmethod
     def from_numpy(
         cls,
-        all_input_ids: Optional[np.ndarray] = None,
-        output_ids: Optional[np.ndarray] = None,
-        to_tensor: Optional[Callable] = None,
+        all_input_ids: np.ndarray | None = None,
+        output_ids: np.ndarray | None = None,
+        to_tensor: Callable | None = None,
         is_prefill: bool = True,
-        request_ids: Optional[np.ndarray] = None,
+        request_ids: np.ndarray | None = None,
     ) -> SamplingData:
         """all_input_ids: 2-D int (B, L), every input and output token of each request (repetition_penalty).
         output_ids: 2-D int (B, L'), every output token of each request (frequency / presence penalty).
@@ -204,29 +204,29 @@ class SamplingParam:
     every row). Build it with `SamplingParam.from_numpy`. The validated arrays are kept as read-only numpy copies
     under their own names (`param.temperature`, ...); the caller's arrays are never modified."""
 
-    def __init__(self, arrays: dict[str, Optional[np.ndarray]], to_tensor: Optional[Callable] = None) -> None:
+    def __init__(self, arrays: dict[str, np.ndarray | None], to_tensor: Callable | None = None) -> None:
         self.to_tensor = to_tensor
-        self.repetition_penalty: Optional[np.ndarray] = arrays.get("repetition_penalty")
-        self.frequency_penalty: Optional[np.ndarray] = arrays.get("frequency_penalty")
-        self.presence_penalty: Optional[np.ndarray] = arrays.get("presence_penalty")
-        self.temperature: Optional[np.ndarray] = arrays.get("temperature")
-        self.top_k: Optional[np.ndarray] = arrays.get("top_k")
-        self.top_p: Optional[np.ndarray] = arrays.get("top_p")
-        self.seed: Optional[np.ndarray] = arrays.get("seed")
-        self.do_sample: Optional[np.ndarray] = arrays.get("do_sample")
+        self.repetition_penalty: np.ndarray | None = arrays.get("repetition_penalty")
+        self.frequency_penalty: np.ndarray | None = arrays.get("frequency_penalty")
+        self.presence_penalty: np.ndarray | None = arrays.get("presence_penalty")
+        self.temperature: np.ndarray | None = arrays.get("temperature")
+        self.top_k: np.ndarray | None = arrays.get("top_k")
+        self.top_p: np.ndarray | None = arrays.get("top_p")
+        self.seed: np.ndarray | None = arrays.get("seed")
+        self.do_sample: np.ndarray | None = arrays.get("do_sample")
 
     @classmethod
     def from_numpy(
         cls,
-        repetition_penalty: Optional[np.ndarray] = None,
-        frequency_penalty: Optional[np.ndarray] = None,
-        presence_penalty: Optional[np.ndarray] = None,
-        temperature: Optional[np.ndarray] = None,
-        top_k: Optional[np.ndarray] = None,
-        top_p: Optional[np.ndarray] = None,
-        seed: Optional[np.ndarray] = None,
-        do_sample: Optional[np.ndarray] = None,
-        to_tensor: Optional[Callable] = None,
+        repetition_penalty: np.ndarray | None = None,
+        frequency_penalty: np.ndarray | None = None,
+        presence_penalty: np.ndarray | None = None,
+        temperature: np.ndarray | None = None,
+        top_k: np.ndarray | None = None,
+        top_p: np.ndarray | None = None,
+        seed: np.ndarray | None = None,
+        do_sample: np.ndarray | None = None,
+        to_tensor: Callable | None = None,
     ) -> SamplingParam:
         """Each argument a 1-D array with one value per request, or None. Ranges (MindIE's documentation):
         repetition_penalty > 0 (1 = off); frequency_penalty / presence_penalty any finite value (0 = off, negative
@@ -243,8 +243,8 @@ class SamplingParam:
             seed=seed,
             do_sample=do_sample,
         )
-        arrays: dict[str, Optional[np.ndarray]] = {}
-        first: Optional[str] = None
+        arrays: dict[str, np.ndarray | None] = {}
+        first: str | None = None
         for name in _ALL_PARAMS:
             value = given[name]
             if value is None:
@@ -288,7 +288,7 @@ class SamplingParam:
         return cls(arrays, to_tensor)
 
     @property
-    def batch_size(self) -> Optional[int]:
+    def batch_size(self) -> int | None:
         for name in _ALL_PARAMS:
             arr = getattr(self, name)
             if arr is not None:
@@ -334,7 +334,7 @@ class MindIESampler:
     requests: a seeded row then draws from position 0 on every call, as MindIE warns. `clear(ids)` forgets
     finished requests."""
 
-    def __init__(self, *, host: Optional[PluginHost] = None, backend: Optional[str] = None) -> None:
+    def __init__(self, *, host: PluginHost | None = None, backend: str | None = None) -> None:
         self.mixed = MixedChains(
             {
                 _GREEDY: Chain.load(GREEDY_CHAIN, host=host, backend=backend),
@@ -351,7 +351,7 @@ class MindIESampler:
     def __len__(self) -> int:
         return len(self._requests)
 
-    def clear(self, request_ids: Optional[Sequence[Any]] = None) -> None:
+    def clear(self, request_ids: Sequence[Any] | None = None) -> None:
         """Forget finished requests (all of them when request_ids is None)."""
         keys = list(self._requests) if request_ids is None else [str(r) for r in np.asarray(request_ids).tolist()]
         for key in keys:
@@ -367,15 +367,15 @@ class MindIESampler:
 
     # ----------------------------------------------------------------- sampling
     def __call__(
-        self, logits: Any, sampling_data: Optional[SamplingData], sampling_param: Optional[SamplingParam]
-    ) -> tuple[Optional[np.ndarray], np.ndarray]:
+        self, logits: Any, sampling_data: SamplingData | None, sampling_param: SamplingParam | None
+    ) -> tuple[np.ndarray | None, np.ndarray]:
         """MindIE's inner `self.sampler(...)` order: (logits_or_logprobs, next_tokens)."""
         tokens, values = self.sample(logits, sampling_data, sampling_param)
         return values, tokens
 
     def sample(
-        self, logits: Any, sampling_data: Optional[SamplingData] = None, sampling_param: Optional[SamplingParam] = None
-    ) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        self, logits: Any, sampling_data: SamplingData | None = None, sampling_param: SamplingParam | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         logits = self._check_logits(logits)
         batch, vocab = logits.shape
         data = sampling_data if sampling_data is not None else SamplingData(None, None)
@@ -402,7 +402,7 @@ class MindIESampler:
             ids = [f"row{b}" for b in range(batch)]
             for rid, (route, params) in zip(ids, rows):
                 store.add(rid, params, chain=route)
-            cached: list[Optional[_Request]] = [None] * batch
+            cached: list[_Request | None] = [None] * batch
         else:
             store = self.store
             ids = [str(r) for r in data.request_ids.tolist()]
@@ -476,7 +476,7 @@ class MindIESampler:
         route: str,
         params: dict[str, Any],
         is_prefill: bool,
-        all_ids: Optional[np.ndarray],
+        all_ids: np.ndarray | None,
         b: int,
         vocab: int,
     ) -> _Request:
@@ -508,9 +508,9 @@ class MindIESampler:
 
     @staticmethod
     def _history(
-        all_ids: Optional[np.ndarray],
-        out_ids: Optional[np.ndarray],
-        cached: list[Optional[_Request]],
+        all_ids: np.ndarray | None,
+        out_ids: np.ndarray | None,
+        cached: list[_Request | None],
         vocab: int,
         device: torch.device,
     ) -> tuple[torch.Tensor, torch.Tensor]:

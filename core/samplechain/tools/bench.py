@@ -3,7 +3,7 @@
 It lives in the package (not in benchmarks/) so that `samplechain bench` works from a pip install, and so that
 benchmarks/bench_chain.py, bench_presets.py and bench_targets.py measure with one timer and one set of inputs.
 
-The matrix is the issue's list of speed targets (V = 128256, float32, 2 threads, medians). Each configuration
+The matrix is the project's list of CPU speed targets (V = 128256, float32, 2 threads, medians). Each configuration
 is timed in one process against
 
 - transformers: the equivalent LogitsProcessorList, then softmax + torch.multinomial (GenerationMixin._sample);

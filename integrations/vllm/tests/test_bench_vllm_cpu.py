@@ -1,4 +1,4 @@
-"""benchmarks/bench_vllm_cpu.py (issue 16: samplechain against vLLM's CPU sampler) runs end to end on tiny sizes in
+"""benchmarks/bench_vllm_cpu.py (samplechain against vLLM's CPU sampler) runs end to end on tiny sizes in
 .venv-vllm and prints one row per configuration and batch size with both samplers' times."""
 
 from __future__ import annotations

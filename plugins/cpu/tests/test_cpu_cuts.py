@@ -10,11 +10,11 @@ import torch
 
 import samplechain_cpu as cpu
 import samplechain_typical as typical
-from samplechain_top_p import kept_counts
 from samplechain import Candidates, Chain
 from samplechain.contracts import TOP_P_CANDIDATES, TYPICAL_BAND
-from samplechain.tools.testing import assert_rows_equal_alone, processed_scores, sample_steps, sampler_chain
 from samplechain.tools.bench import make_logits
+from samplechain.tools.testing import assert_rows_equal_alone, processed_scores, sample_steps, sampler_chain
+from samplechain_top_p import kept_counts
 
 INF, NAN = float("inf"), float("nan")
 V = 20000  # wide enough for the kernel (>= filters.WIDE), small enough to rank whole rows in the reference

@@ -276,7 +276,7 @@ def test_numba_from_vllms_pin_on(monkeypatch):
 
 def test_openmp_nesting_is_left_off(fused):
     """numba 0.65 turns OpenMP's nesting on in torch's runtime when its threads start (each small torch op then
-    waited ~4 ms): after a compiled pass it is off, and _nesting_off turns it off wherever it is found on."""
+    waits ~4 ms): after a compiled pass it is off, and _nesting_off turns it off wherever it is found on."""
     import ctypes
 
     fused.gumbel_argmax(torch.randn(4, 20000), *_args(4, 0), None)

@@ -1,4 +1,4 @@
-"""A step that never waits for the host (shared/DESIGN.md, "On accelerators"), checked without a GPU: the cuda
+"""A step that never waits for the host (docs/backends.md, "cuda"), checked without a GPU: the cuda
 backend's step runs on CPU tensors (`CudaBackend(device="cpu")`) under `samplechain.tools.testing.no_host_sync`, which
 fails on every host read (`.item()`, `bool(tensor)`, `nonzero`, `.tolist()`, ...), and draws the cpu backend's
 tokens. Checks that need the host are deferred to a device flag (`SampleOutput.check`): the error still names the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from samplechain import Chain
 from samplechain.tools.testing import top_k_only
 

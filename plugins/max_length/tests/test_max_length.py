@@ -7,8 +7,8 @@ import torch
 from transformers import GPT2Config, MaxLengthCriteria
 
 import samplechain
-from samplechain.engine.stopping import as_rows
 from samplechain import ConfigError, StopContext, StopSetup
+from samplechain.engine.stopping import as_rows
 
 
 def rows(answer, batch):

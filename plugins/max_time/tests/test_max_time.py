@@ -9,8 +9,8 @@ import torch
 from transformers import MaxTimeCriteria
 
 import samplechain
-from samplechain.engine.stopping import as_rows
 from samplechain import ConfigError, StopContext, StopSetup
+from samplechain.engine.stopping import as_rows
 
 
 def rows(answer, batch):

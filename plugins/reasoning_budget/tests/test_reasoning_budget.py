@@ -22,8 +22,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 import samplechain_reasoning_budget as plugin
 from samplechain import Chain, ConfigError, RequestError, SamplechainError
 from samplechain.generation import Generation, generate
-from samplechain.tools import testing
 from samplechain.models import default_model_path
+from samplechain.tools import testing
 
 IDLE, COUNTING, WAITING, FORCING, DONE = range(5)
 

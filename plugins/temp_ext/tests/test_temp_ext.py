@@ -286,6 +286,7 @@ def test_entropy_of_a_peaked_row_keeps_its_digits_and_its_width():
     the same padded with -inf to another width (a compacted row in a batch). log(S) with S = 1 + 1e-14 rounded with
     the width of the sum, and so did the dynamic temperature (which scales every logit by ~1e11 on such rows)."""
     import mpmath
+
     from samplechain_temp_ext import _row_entropy
 
     row = torch.tensor([0.0, -33.0, -34.5, -36.0, -35.25, -40.0])
