@@ -1,4 +1,5 @@
-"""Sparse per-token work on token histories: what penalties and DRY need without touching the whole vocabulary.
+"""Token ids and token histories: the eos ids a model states, left-padded batches of rows, and the sparse
+per-token work penalties and DRY need without touching the whole vocabulary.
 
 A history is (B, L) token ids. These helpers group a row's positions by token id (a sort per row, O(L log L))
 instead of scattering into a (B, V) table, so a penalty over 64 or 4096 history tokens costs in L, not in V.
@@ -6,12 +7,38 @@ instead of scattering into a (B, V) table, so a penalty over 64 or 4096 history 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import attrs
+import numpy as np
 import torch
 
-from .contracts import in_sync_free_step
+from .contracts import in_sync_free_step, token_id_list
 
-__all__ = ["TokenGroups", "first_occurrence", "per_token_reduce", "write_tokens"]
+__all__ = ["TokenGroups", "eos_token_ids", "first_occurrence", "left_pad", "per_token_reduce", "write_tokens"]
+
+
+def eos_token_ids(tokenizer: Any = None, generation_config: Any = None, model_config: Any = None) -> list[int]:
+    """The end-of-sequence ids the tokenizer, the generation config and the model config state (each an int, a
+    list or a tensor, or absent), in that order and without repeats. Pass only the sources a caller trusts."""
+    found: list[int] = []
+    for source in (tokenizer, generation_config, model_config):
+        for i in token_id_list(getattr(source, "eos_token_id", None)):
+            if i not in found:
+                found.append(i)
+    return found
+
+
+def left_pad(rows: Sequence[Sequence[int]], fill: int) -> torch.Tensor:
+    """(B, W) int64 on the CPU: each row right-aligned, `fill` before the shorter ones; W is the longest row's
+    length (at least 1). Rows may be lists or numpy arrays; numpy fills it, as one slice copy per row."""
+    width = max(1, max((len(r) for r in rows), default=0))
+    out = np.full((len(rows), width), fill, dtype=np.int64)
+    for i, row in enumerate(rows):
+        if len(row):
+            out[i, width - len(row) :] = row
+    return torch.from_numpy(out)
 
 
 @attrs.frozen

@@ -158,18 +158,13 @@ class Chain:
         generation configs, the vocabulary size and eos ids (found in the tokenizer and configs when not given).
         `generate()` calls it; call it yourself before `sample()` when a chain has samplers that need it (DRY's
         breaker strings, bad_words strings, grammar). Returns the setup it gave."""
-        if eos_token_ids is None:
-            eos: list[int] = []
-            for src in (
-                getattr(tokenizer, "eos_token_id", None),
-                getattr(generation_config, "eos_token_id", None),
-                getattr(model_config, "eos_token_id", None),
-            ):
-                for i in token_id_list(src):
-                    if i not in eos:
-                        eos.append(i)
-        else:
-            eos = token_id_list(eos_token_ids)
+        from ..tokens import eos_token_ids as stated_eos_ids
+
+        eos = (
+            stated_eos_ids(tokenizer, generation_config, model_config)
+            if eos_token_ids is None
+            else token_id_list(eos_token_ids)
+        )
         if vocab_size is None and model_config is not None:
             vocab_size = getattr(model_config, "vocab_size", None)
         setup = SamplerSetup(vocab_size, tokenizer, model_config, generation_config, tuple(eos), extra)

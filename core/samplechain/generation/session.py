@@ -32,12 +32,13 @@ from ..engine.discovery import PluginHost, get_host
 from ..engine.mixed import MixedChains
 from ..engine.stopping import Stopping, cut_text, min_new_tokens_of
 from ..errors import ConfigError, GenerationWarning
+from ..tokens import eos_token_ids, left_pad
 from .checkpoints import CHECKPOINT_FORMAT, Checkpoints, load_checkpoint
 from .from_config import asked_settings, chain_from_generation_config
 from .model import ModelRunner
 from .outputs import GenerationOutput
 
-__all__ = ["Generation", "CHECKPOINT_FORMAT", "load_checkpoint"]
+__all__ = ["CHECKPOINT_FORMAT", "Generation", "load_checkpoint"]
 
 
 def _as_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bool = True) -> Chain:
@@ -159,7 +160,11 @@ class Generation(Checkpoints):
         if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
             raise ConfigError(f"num_return_sequences = {num_return_sequences!r}: must be an integer >= 1")
 
-        self.eos_ids = token_id_list(eos_token_id) if eos_token_id is not None else self._eos_from_model()
+        self.eos_ids = (
+            token_id_list(eos_token_id)
+            if eos_token_id is not None
+            else eos_token_ids(self.tokenizer, self.generation_config, self.model.config)
+        )
         self._pad_note: str | None = None
         self.pad_id = self._pad_id(pad_token_id)
         device = getattr(model, "device", torch.device("cpu"))
@@ -251,19 +256,6 @@ class Generation(Checkpoints):
             self._restore_progress(ckpt)
 
     # ----------------------------------------------------------------- preparation
-    def _eos_from_model(self) -> list[int]:
-        found: list[int] = []
-        sources = [
-            getattr(self.tokenizer, "eos_token_id", None),
-            getattr(self.generation_config, "eos_token_id", None),
-            getattr(self.model.config, "eos_token_id", None),
-        ]
-        for src in sources:
-            for i in token_id_list(src):
-                if i not in found:
-                    found.append(i)
-        return found
-
     def _pad_id(self, explicit: int | None) -> int:
         if explicit is not None:
             return int(explicit)
@@ -335,13 +327,7 @@ class Generation(Checkpoints):
                     f"prompt {i} has {len(row)} tokens but the model has {limit} positions, leaving no room to "
                     "generate: shorten the prompt (keep its last tokens)"
                 )
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.int64)
-        mask = torch.zeros((len(rows), width), dtype=torch.int64)
-        for i, row in enumerate(rows):
-            if row:
-                ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.int64)
-                mask[i, width - len(row) :] = 1
+        ids, mask = _left_padded(rows, self.pad_id)
         lengths = torch.tensor([len(r) for r in rows], dtype=torch.int64)
         return ids.to(device), mask.to(device), lengths
 
@@ -381,12 +367,7 @@ class Generation(Checkpoints):
                 raise ConfigError("a negative prompt given as text needs a tokenizer; or pass negative_prompt_ids")
             texts = [text] if isinstance(text, str) else list(text)
             rows = [list(self.tokenizer(t)["input_ids"]) or [self.pad_id] for t in texts]
-            width = max(len(r) for r in rows)
-            ids = torch.full((len(rows), width), self.pad_id, dtype=torch.int64)
-            mask = torch.zeros((len(rows), width), dtype=torch.int64)
-            for i, row in enumerate(rows):
-                ids[i, width - len(row) :] = torch.tensor(row)
-                mask[i, width - len(row) :] = 1
+            ids, mask = _left_padded(rows, self.pad_id)
         else:  # transformers without negative_prompt_ids: each row's last prompt token
             last = self.input_ids[:, -1:]
             return last.clone(), torch.ones_like(last)
@@ -677,3 +658,9 @@ class Generation(Checkpoints):
             texts=texts,
             prompt_length=prompt_length,
         )
+
+
+def _left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt rows left-padded with `pad_id`, and their attention mask (0 on the padding): the mask is formed
+    apart from the ids, as a prompt may contain the pad id itself."""
+    return left_pad(rows, pad_id), left_pad([[1] * len(r) for r in rows], 0)

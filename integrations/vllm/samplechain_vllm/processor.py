@@ -63,6 +63,7 @@ import torch
 from samplechain import Chain, StopContext, Stopping, StopSetup
 from samplechain.engine.stopping import min_new_tokens_of
 from samplechain.engine.store import RequestStore
+from samplechain.tokens import eos_token_ids, left_pad
 
 from .requests import PARAM_PREFIX, VLLM_SEED_KEY, ChainSpec, RequestSpec, RequestSpecError, parse_request
 
@@ -630,15 +631,10 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         logits[index, torch.tensor([self._eos_id() if e is None else e for e in eos], device=logits.device)] = 0.0
 
     def _eos_id(self) -> int:
-        for src in (
-            getattr(self._load_tokenizer(), "eos_token_id", None),
-            getattr(self._hf_config, "eos_token_id", None),
-        ):
-            if isinstance(src, int):
-                return src
-            if isinstance(src, (list, tuple)) and src:
-                return int(src[0])
-        return 0
+        """The first eos id the tokenizer or the model config states (vLLM's own eos comes from these two, not from
+        a generation config), 0 when neither states one."""
+        ids = eos_token_ids(self._load_tokenizer(), model_config=self._hf_config)
+        return ids[0] if ids else 0
 
     def _vocab_limit(self, width: int) -> int | None:
         n = self._tokenizer_size
@@ -698,13 +694,9 @@ def _generated(output: Sequence[int]) -> int:
 def _history(rows: Sequence[_Row], device: torch.device) -> dict[str, torch.Tensor]:
     """history (B, L): prompt then generated ids, left-padded with -1; prompt_lengths (B,) (as generate()). Each
     row's ids are kept from step to step (_Row.sequence), so a step costs O(B) Python, not O(B * L)."""
-    seqs = [row.sequence() for row in rows]
-    width = max(1, max(len(s) for s in seqs))
-    hist = np.full((len(seqs), width), -1, dtype=np.int64)
-    for i, seq in enumerate(seqs):
-        hist[i, width - len(seq) :] = seq
+    hist = left_pad([row.sequence() for row in rows], -1)
     lengths = torch.tensor([len(row.prompt) for row in rows], dtype=torch.int64)
-    return {"history": torch.from_numpy(hist).to(device), "prompt_lengths": lengths.to(device)}
+    return {"history": hist.to(device), "prompt_lengths": lengths.to(device)}
 
 
 def _keep_only(logits: torch.Tensor, index: torch.Tensor, tokens: torch.Tensor) -> None:
