@@ -80,6 +80,30 @@ def test_clone_copies_parameters_position_and_rng():
     assert snap["child"]["position"] == snap["parent"]["position"] == 4
 
 
+def test_set_position_moves_only_the_rng_position():
+    chain = Chain.load(CHAIN)
+    logits = torch.randn(6, 1, 60)
+    store = chain.new_store()
+    store.add("r", {"seed": 5, "temperature": 0.8})
+    first = [int(chain.sample(logits[i], store, ["r"]).token_ids) for i in range(6)]
+    store.set_position("r", 2)  # as a serving engine replaying steps 2.. after a discarded sample
+    assert store.snapshot()["r"]["position"] == 2
+    assert [int(chain.sample(logits[i], store, ["r"]).token_ids) for i in range(2, 6)] == first[2:]
+    assert store.snapshot()["r"]["params"]["temperature.t"] == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("position", [-1, 1.5, "3", True, None])
+def test_set_position_refuses_a_bad_position_and_an_unknown_request(position):
+    chain = Chain.load(CHAIN)
+    store = chain.new_store()
+    store.add("alpha")
+    with pytest.raises(RequestError, match=r"request 'alpha': position must be an integer >= 0"):
+        store.set_position("alpha", position)
+    assert store.snapshot()["alpha"]["position"] == 0
+    with pytest.raises(RequestError, match="unknown request 'alpah'; did you mean 'alpha'"):
+        store.set_position("alpah", 1)
+
+
 def test_snapshot_and_restore_continue_the_same_tokens():
     chain = Chain.load(CHAIN)
     logits = torch.randn(8, 1, 60)

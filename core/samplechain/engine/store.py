@@ -5,6 +5,7 @@ Lifecycle (as llama.cpp's sampler accept, and vLLM's persistent batch):
     accept(request_ids, tokens)  the chosen tokens advance RNG positions (and, via the chain, sampler state)
     remove(request_id)         a request leaves; its slot is freed and reused
     reset(request_id)          back to position 0 and initial sampler state, parameters kept
+    set_position(request_id, n)  the RNG position only (a serving engine that discarded or replayed steps)
 Rows live in preallocated column tensors indexed by slot, so a batch is one gather, never a Python loop over rows.
 """
 
@@ -260,6 +261,17 @@ class RequestStore:
         for slot in slots:
             self._positions[slot] = 0
             self._reset_state(slot)
+
+    def set_position(self, request_id: str, position: int) -> None:
+        """Move a request's RNG position to `position` (the number of tokens it has accepted), its parameters and
+        sampler state kept: for a serving engine whose step was discarded, or a request resumed with output."""
+        slot = self._slot(request_id)
+        if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or position < 0:
+            raise RequestError(
+                f"request {request_id!r}: position must be an integer >= 0 (its number of accepted tokens), "
+                f"got {position!r}"
+            )
+        self._positions[slot] = int(position)
 
     def clone(self, source: str, target: str) -> None:
         """Fork a request (beam search, n > 1): the copy gets every parameter, the position and all state."""

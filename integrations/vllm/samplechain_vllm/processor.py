@@ -652,11 +652,7 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
 
     @staticmethod
     def _set_position(row: _Row, position: int) -> None:
-        store = row.group.store  # type: ignore[union-attr]
-        snap = store.snapshot([row.rid])
-        snap[row.rid]["position"] = position
-        store.remove(row.rid)
-        store.restore(snap)
+        row.group.store.set_position(row.rid, position)  # type: ignore[union-attr]
 
 
 def _install_sampler_hook() -> None:
