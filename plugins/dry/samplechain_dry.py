@@ -213,8 +213,7 @@ class Dry(Sampler):
         # step 4: the penalty, exponent capped against float overflow
         penalty = dry_penalty(best, mult, base, allowed)
         has = best >= 0
-        if cand.ids is not None:
-            penalty, has = penalty.gather(1, cand.ids), has.gather(1, cand.ids)
+        penalty, has = penalty.gather(1, cand.ids), has.gather(1, cand.ids)  # cand.ids is set: the sparse path returned
         x = cand.logits
         out = torch.where(has, x - penalty, x)
         return cand.replace_logits(out)

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 from ..contracts import max_positions
-from .loop import (
-    CHECKPOINT_FORMAT,
-    Generation,
-    GenerationWarning,
-    StreamEvent,
-    chain_from_generation_config,
-    generate,
-    load_checkpoint,
-    stream,
-)
+from ..errors import GenerationWarning
+from .checkpoints import CHECKPOINT_FORMAT, load_checkpoint
+from .from_config import chain_from_generation_config
+from .loop import StreamEvent, generate, stream
 from .model import ModelRunner
 from .outputs import GenerationOutput
+from .session import Generation
 from .streaming import IncrementalDecoder
 
 __all__ = [

@@ -13,23 +13,13 @@ import attrs
 import torch
 
 from ..engine.stopping import cut_text
-from ..errors import ConfigError, GenerationWarning, SamplechainError
+from ..errors import ConfigError
 from .beam import beam_generate
-from .from_config import chain_from_generation_config
 from .outputs import GenerationOutput
-from .session import CHECKPOINT_FORMAT, Generation, load_checkpoint
+from .session import Generation
 from .streaming import IncrementalDecoder
 
-__all__ = [
-    "generate",
-    "stream",
-    "Generation",
-    "StreamEvent",
-    "chain_from_generation_config",
-    "GenerationWarning",
-    "CHECKPOINT_FORMAT",
-    "load_checkpoint",
-]
+__all__ = ["StreamEvent", "generate", "stream"]
 
 
 @attrs.frozen
@@ -137,22 +127,19 @@ def stream(
             for token in row[:n]:
                 held[b] += decoders[b].push(token)
             held[b] = held[b][max(len(held[b]) - holds[b], 0) :]  # the rest went out before the checkpoint
-    try:
-        for tokens, active in _steps(gen, progress):
-            for b in active.nonzero().flatten().tolist():
-                token = int(tokens[b])
-                pending = held[b] + decoders[b].push(token)
-                reason = gen.finish_reasons[b]
-                if reason is not None:  # the rest, cut at a stop match as the output text is
-                    pending += decoders[b].flush()
-                    text, held[b] = _cut_pending(decoders[b].emitted, pending, gen, b), ""
-                else:
-                    cut = max(len(pending) - holds[b], 0)
-                    text, held[b] = pending[:cut], pending[cut:]
-                if text or reason is not None:
-                    yield StreamEvent(b, text, token, reason)
-    except SamplechainError:
-        raise
+    for tokens, active in _steps(gen, progress):
+        for b in active.nonzero().flatten().tolist():
+            token = int(tokens[b])
+            pending = held[b] + decoders[b].push(token)
+            reason = gen.finish_reasons[b]
+            if reason is not None:  # the rest, cut at a stop match as the output text is
+                pending += decoders[b].flush()
+                text, held[b] = _cut_pending(decoders[b].emitted, pending, gen, b), ""
+            else:
+                cut = max(len(pending) - holds[b], 0)
+                text, held[b] = pending[:cut], pending[cut:]
+            if text or reason is not None:
+                yield StreamEvent(b, text, token, reason)
     if result is not None:
         result.append(gen.output())
 

@@ -33,12 +33,12 @@ from ..engine.mixed import MixedChains
 from ..engine.stopping import Stopping, cut_text, min_new_tokens_of
 from ..errors import ConfigError, GenerationWarning
 from ..tokens import eos_token_ids, left_pad
-from .checkpoints import CHECKPOINT_FORMAT, Checkpoints, load_checkpoint
+from .checkpoints import Checkpoints, load_checkpoint
 from .from_config import asked_settings, chain_from_generation_config
 from .model import ModelRunner
 from .outputs import GenerationOutput
 
-__all__ = ["CHECKPOINT_FORMAT", "Generation", "load_checkpoint"]
+__all__ = ["Generation"]
 
 
 def _as_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bool = True) -> Chain:
