@@ -128,12 +128,21 @@ class FusedPart:
 class Sampler:
     """One step of a chain, applied to a whole batch at once.
 
-    Subclasses set `name`, `version`, `stage`, `Params` (an attrs class whose fields are the parameters, with
-    validators and defaults) and implement `apply` (transform / filter) or `select` (selector). Parameters arrive
-    per row through `ctx.param(field)`; a row whose value disables the sampler must pass through unchanged.
-    Capabilities are declared by methods, never discovered by signature inspection.
+    What every sampler implements (a new sampler needs nothing else):
+      - class attributes `name`, `stage`, `Params` (an attrs class whose fields are the parameters, with validators
+        and defaults), and optionally `version`, `summary`, `request_aliases`, `role`, `sync_free`;
+      - `apply` (transform / filter) or `select` (selector). Parameters arrive per row through `ctx.param(field)`;
+        a row whose value disables the sampler must pass through unchanged;
+      - where it applies: `prepare` (read the tokenizer / model once per generation), `is_stateful` with
+        `state_spec` and `accept` (per-request state), `needs_history`, `needs_unconditional_logits`,
+        `supported_devices`, `is_argmax_invariant`.
+
+    The optional capabilities below the line let the executor go faster; their defaults are always correct. Each
+    is declared (a class attribute, or a method that answers for the step's batch), never found by inspecting
+    which methods a subclass overrides.
     """
 
+    # ----------------------------------------------------------------- what every sampler implements
     name: ClassVar[str]
     version: ClassVar[int] = 1
     stage: ClassVar[Stage]
@@ -171,9 +180,54 @@ class Sampler:
             return cls.role
         return {Stage.FILTER: "truncation", Stage.TRANSFORM: "shape"}.get(cls.stage, "select")
 
+    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
+        """Transforms and filters: the candidates after this sampler (never `cand.logits` modified in place unless
+        `cand.writable`; removed candidates -inf, or compacted away)."""
+        raise NotImplementedError(f"{self.qualified_name()} is a {self.stage.value} sampler without apply()")
+
+    def select(self, cand: Candidates, ctx: StepContext) -> torch.Tensor:
+        """Return the chosen candidate position (B,) int64 into cand's K axis."""
+        raise NotImplementedError(f"{self.qualified_name()} is not a selector")
+
+    def prepare(self, setup: SamplerSetup) -> None:
+        """Once per generation (or `chain.prepare(...)`), before the first step: read what the sampler needs from
+        the tokenizer and model (DRY resolves its breaker strings, min_new_tokens its eos ids, grammar compiles).
+        May raise ConfigError / ValueError naming the missing piece; the chain reports it with the plugin."""
+
+    def is_stateful(self) -> bool:
+        """True when the sampler keeps per-request state in the store (see `state_spec`)."""
+        return False
+
+    def state_spec(self) -> Mapping[str, tuple[torch.dtype, tuple[int, ...], float | int]]:
+        """Per-request state columns: name -> (dtype, per-row shape, initial value)."""
+        return {}
+
+    def accept(self, ctx: StepContext, token_ids: torch.Tensor) -> Mapping[str, torch.Tensor]:
+        """Given the chosen tokens (B,), return updated state columns (B, ...) for this batch."""
+        return {}
+
+    def needs_history(self) -> bool:
+        """True when the sampler reads previous tokens (penalties, DRY ...)."""
+        return False
+
+    def needs_unconditional_logits(self) -> bool:
+        """True when the sampler needs a second forward per step on a negative prompt (classifier-free guidance):
+        `generate()` runs it and passes the logits as `ctx.unconditional_logits`."""
+        return False
+
+    def supported_devices(self) -> frozenset[str]:
+        """The device types (backends' `device_type`) the sampler runs on."""
+        return ALL_DEVICES
+
     def is_argmax_invariant(self) -> bool:
         """True when the sampler never changes which token greedy decoding would pick."""
         return False
+
+    # ----------------------------------------------------------------- optional: the executor's fast paths
+    # Declared flags: True where the class implements the method of that name (tests/test_sampler_contract.py
+    # checks every registered sampler); the executor calls it only then.
+    has_sparse_changes: ClassVar[bool] = False  # `sparse_changes` (penalties)
+    has_fused_part: ClassVar[bool] = False  # `fused` (temperature, top_k, top_p, min_p, dist)
 
     def is_noop(self, ctx: StepContext) -> bool:
         """True when apply() returns its input unchanged on this step's batch (a disabled sampler): the executor may
@@ -188,23 +242,19 @@ class Sampler:
         return not type(self).sync_free and not self.is_noop(ctx)
 
     def fused(self, ctx: StepContext) -> FusedPart | None:
-        """What apply() (a selector: select()) does on this step's batch as a part of a backend's fused
-        truncate-and-draw kernel (`FusedPart`), or None when it is none of the kinds the kernel knows. Called only
-        when the sampler is not a no-op on the batch (`is_noop`); must read nothing on the device."""
+        """With `has_fused_part`: what apply() (a selector: select()) does on this step's batch as a part of a
+        backend's fused truncate-and-draw kernel (`FusedPart`), or None when it is none of the kinds the kernel
+        knows. Called only when the sampler is not a no-op on the batch (`is_noop`); must read nothing on the
+        device."""
         return None
 
     def sparse_changes(
         self, cand: Candidates, ctx: StepContext
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """On the full untouched vocabulary (cand.ids is None): what apply() would change, as token ids (B, L),
-        their new logits (B, L) and a mask (B, L) of the changes, each id at most once per row; None when the
-        sampler cannot say (the executor then calls apply). Lets a following rank-only filter run on the changed
-        row without the (B, V) copy apply() must write into."""
-        return None
-
-    def rank_counts(self, cand: Candidates, ctx: StepContext) -> torch.Tensor | None:
-        """For rank-only filters: how many of the best candidates each row keeps (B,), or None when a row keeps
-        every candidate."""
+        """With `has_sparse_changes`: on the full untouched vocabulary (cand.ids is None) what apply() would change,
+        as token ids (B, L), their new logits (B, L) and a mask (B, L) of the changes, each id at most once per row;
+        None when the sampler cannot say (the executor then calls apply). Lets a following rank-only filter run on
+        the changed row without the (B, V) copy apply() must write into."""
         return None
 
     def is_rank_only(self) -> bool:
@@ -212,46 +262,15 @@ class Sampler:
         order-preserving transform right before it may then run after it, on the survivors only."""
         return False
 
+    def rank_counts(self, cand: Candidates, ctx: StepContext) -> torch.Tensor | None:
+        """For rank-only filters (`is_rank_only`): how many of the best candidates each row keeps (B,), or None when
+        a row keeps every candidate."""
+        return None
+
     def preserves_order(self, ctx: StepContext) -> bool:
         """True when apply() on this step's batch maps every row's logits through a non-decreasing function and
         nothing else (temperature with t > 0): the executor may run a following rank-only filter first."""
         return False
-
-    def is_stateful(self) -> bool:
-        """True when the sampler keeps per-request state in the store (see `state_spec`)."""
-        return False
-
-    def needs_history(self) -> bool:
-        """True when the sampler reads previous tokens (penalties, DRY ...)."""
-        return False
-
-    def needs_unconditional_logits(self) -> bool:
-        """True when the sampler needs a second forward per step on a negative prompt (classifier-free guidance):
-        `generate()` runs it and passes the logits as `ctx.unconditional_logits`."""
-        return False
-
-    def supported_devices(self) -> frozenset[str]:
-        return ALL_DEVICES
-
-    def state_spec(self) -> Mapping[str, tuple[torch.dtype, tuple[int, ...], float | int]]:
-        """Per-request state columns: name -> (dtype, per-row shape, initial value)."""
-        return {}
-
-    def prepare(self, setup: SamplerSetup) -> None:
-        """Once per generation (or `chain.prepare(...)`), before the first step: read what the sampler needs from
-        the tokenizer and model (DRY resolves its breaker strings, min_new_tokens its eos ids, grammar compiles).
-        May raise ConfigError / ValueError naming the missing piece; the chain reports it with the plugin."""
-
-    def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
-        raise NotImplementedError(f"{self.qualified_name()} is a {self.stage.value} sampler without apply()")
-
-    def select(self, cand: Candidates, ctx: StepContext) -> torch.Tensor:
-        """Return the chosen candidate position (B,) int64 into cand's K axis."""
-        raise NotImplementedError(f"{self.qualified_name()} is not a selector")
-
-    def accept(self, ctx: StepContext, token_ids: torch.Tensor) -> Mapping[str, torch.Tensor]:
-        """Given the chosen tokens (B,), return updated state columns (B, ...) for this batch."""
-        return {}
 
 
 @attrs.define(slots=True)

@@ -26,6 +26,7 @@ class Dist(Sampler):
     Params = DistParams
     request_aliases = {"seed": "seed"}
     summary = "seeded sampling from the processed distribution (Gumbel-max)"
+    has_fused_part = True
 
     def fused(self, ctx: StepContext) -> FusedPart:
         return FusedPart("dist", ctx.param("seed"))

@@ -29,6 +29,7 @@ class MinP(Sampler):
     Params = MinPParams
     request_aliases = {"min_p": "p", "min_keep": "min_keep"}
     summary = "keep tokens with probability >= p * the top probability"
+    has_fused_part = True
 
     def is_noop(self, ctx: StepContext) -> bool:
         shared = ctx.scalar("p")

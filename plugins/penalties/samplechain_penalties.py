@@ -56,6 +56,7 @@ class Penalties(Sampler):
         "repeat_last_n": "last_n",
     }
     summary = "repeat / frequency / presence penalties over a window of previous tokens"
+    has_sparse_changes = True
 
     def needs_history(self) -> bool:
         return True

@@ -99,6 +99,7 @@ class TempExt(Sampler):
         "dynatemp_exponent": "exponent",
     }
     summary = "dynamic temperature in [t - delta, t + delta] from the normalised entropy (llama.cpp temp_ext)"
+    has_fused_part = True
 
     def is_argmax_invariant(self) -> bool:
         return True  # a positive temperature keeps the order; T <= 0 keeps the (first) argmax itself

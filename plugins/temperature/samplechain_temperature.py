@@ -22,6 +22,7 @@ class Temperature(Sampler):
     Params = TemperatureParams
     request_aliases = {"temperature": "t"}
     summary = "divide logits by the temperature; 0 = keep only the argmax"
+    has_fused_part = True
 
     def is_argmax_invariant(self) -> bool:
         return True

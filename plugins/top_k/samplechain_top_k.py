@@ -28,6 +28,7 @@ class TopK(Sampler):
     Params = TopKParams
     request_aliases = {"top_k": "k", "min_keep": "min_keep"}
     summary = "keep the k most likely tokens"
+    has_fused_part = True
 
     def is_rank_only(self) -> bool:
         return True

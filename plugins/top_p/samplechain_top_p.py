@@ -125,6 +125,7 @@ class TopP(Sampler):
     Params = TopPParams
     request_aliases = {"top_p": "p", "min_keep": "min_keep"}
     summary = "keep the smallest most-likely set with probability mass >= p"
+    has_fused_part = True
 
     def is_noop(self, ctx: StepContext) -> bool:
         shared = ctx.scalar("p")

@@ -101,10 +101,10 @@ class Chain:
         self.backend_name = backend or config.backend
         self._backends: dict[str, Backend] = {}
         self._stateful = [i for i, s in enumerate(self.samplers) if s.is_stateful()]
-        # samplers that can describe their change of the full vocabulary sparsely (executor fusion with top_k)
-        self._sparse = {i for i, s in enumerate(self.samplers) if type(s).sparse_changes is not Sampler.sparse_changes}
+        # samplers that declare their change of the full vocabulary sparsely (executor fusion with top_k)
+        self._sparse = {i for i, s in enumerate(self.samplers) if s.has_sparse_changes}
         # a selector a backend's fused truncate-and-draw kernel can run (dist), perhaps after samplers that tell it theirs
-        self._fusable = type(self.samplers[-1]).fused is not Sampler.fused and not self.samplers[-1].is_stateful()
+        self._fusable = self.samplers[-1].has_fused_part and not self.samplers[-1].is_stateful()
         self.needs_history = any(s.needs_history() for s in self.samplers)
         self.needs_unconditional_logits = any(s.needs_unconditional_logits() for s in self.samplers)
         self.setup: SamplerSetup | None = None  # the last prepare()'s
@@ -574,7 +574,7 @@ class Chain:
         for i in range(last - 1, -1, -1):
             ctx = self._context(store, view, positions, backend, i, hist, uncond, cache)
             if not self._call(i, self.samplers[i].is_noop, ctx):
-                part = self._call(i, self.samplers[i].fused, ctx)
+                part = self._call(i, self.samplers[i].fused, ctx) if self.samplers[i].has_fused_part else None
                 if part is None:
                     break
                 if takes is not None and part.kind not in takes:
