@@ -1,4 +1,5 @@
-"""The import paths the core had before its layered layout (docs/architecture.md), kept working.
+"""The import paths the core had before its layered layout (docs/architecture.md), kept working until they are
+removed in 0.3.0 (CHANGELOG.md, "Deprecated").
 
 `import samplechain.state` (or `from samplechain.plugins import get_host`) gives the module at its new place,
 `samplechain.engine.store`, the same module object, with a DeprecationWarning naming the new path. Nothing is
