@@ -47,8 +47,8 @@ def _wide_vectors() -> str | None:
     same tokens: a loop's width changes no draw, only the rounding of the float32 mass's reassociated sum, which
     is under float32's own. numba has one target machine a process, built at its first compilation, so this is
     numba.config.CPU_FEATURES, set here before any of ours: it holds for numba code compiled later in the process
-    too, and it is left alone where numba compiled before this module, where NUMBA_CPU_NAME / NUMBA_CPU_FEATURES choose the target, without AVX-512, or with
-    SAMPLECHAIN_CPU_WIDE_VECTORS=0. Returns the features set, or None."""
+    too, and it is left alone where numba compiled before this module, where NUMBA_CPU_NAME / NUMBA_CPU_FEATURES
+    choose the target, without AVX-512, or with SAMPLECHAIN_CPU_WIDE_VECTORS=0. Returns the features set, or None."""
     if not env_switch(
         "SAMPLECHAIN_CPU_WIDE_VECTORS",
         default=True,
