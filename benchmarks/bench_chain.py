@@ -159,10 +159,10 @@ def run(
                         checks[(kind, batch, vocab)] = compare_candidates(chain, processors, logits)
                     times = _time(
                         {
-                            "ours": lambda: chain.sample(logits, store, ids),
-                            "transformers": lambda: transformers_step(processors, input_ids, logits),
-                            "read": lambda: logits.max(dim=-1),  # one pass with indices: what any top-k/argmax pays
-                            "read_amax": lambda: logits.amax(dim=-1),  # one vectorised pass, no indices
+                            "ours": lambda x=logits, s=store, r=ids: chain.sample(x, s, r),
+                            "transformers": lambda i=input_ids, x=logits: transformers_step(processors, i, x),
+                            "read": lambda x=logits: x.max(dim=-1),  # one pass with indices: what any top-k/argmax pays
+                            "read_amax": lambda x=logits: x.amax(dim=-1),  # one vectorised pass, no indices
                         },
                         reps,
                         warmup,

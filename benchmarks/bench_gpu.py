@@ -387,7 +387,7 @@ def run_kernels(
                         "prompt_lengths": torch.full((batch,), PROMPT_IN_HISTORY, dtype=torch.int64, device=device),
                     }
                 fns: dict[str, Callable[[], Any]] = {
-                    "samplechain": lambda c=chain, s=store, x=logits, e=extra: c.sample(x, s, ids, **e),
+                    "samplechain": lambda c=chain, s=store, x=logits, r=ids, e=extra: c.sample(x, s, r, **e),
                     "max": lambda x=logits: x.max(dim=-1),
                 }
                 desc = {"samplechain": f"chain.sample, backend {backend!r}", "max": "logits.max(-1)"}
@@ -409,8 +409,9 @@ def run_kernels(
                 if med["samplechain"] is None:
                     raise RuntimeError(f"{name} {dtype} B={batch}: samplechain failed: {errors.get('samplechain')}")
 
-                def over(a: str, b: str) -> float | None:
-                    return None if med[a] is None or med[b] is None else med[a] / med[b]
+                def over(a: str, b: str, med: dict[str, float | None] = med) -> float | None:
+                    m, n = med[a], med[b]
+                    return None if m is None or n is None else m / n
 
                 row: dict[str, Any] = {
                     "chain": name,
@@ -581,10 +582,12 @@ def run_e2e(
             ours_t, theirs_t = [], []
             out: dict[str, torch.Tensor] = {}
 
-            def run_ours() -> None:
+            def run_ours(out: dict[str, torch.Tensor] = out, ids: torch.Tensor = ids, chain: Chain = chain) -> None:
                 out["ours"] = _ours(model, ids, chain, n)
 
-            def run_theirs() -> None:
+            def run_theirs(
+                out: dict[str, torch.Tensor] = out, ids: torch.Tensor = ids, sampling: bool = sampling
+            ) -> None:
                 out["theirs"] = _theirs(model, ids, sampling, n)
 
             for rep in range(repeats):  # alternating who goes first: a slow spell hits both alike

@@ -152,9 +152,11 @@ def run(
                 theirs = LlamaRows(vocab, history)
                 as_numpy = logits.numpy()
                 fns = {
-                    "samplechain": lambda: chain.sample(logits, store, ids, history=history, prompt_lengths=lengths),
-                    "llama.cpp": lambda: theirs.step(as_numpy),
-                    "read": lambda: logits.max(dim=-1),
+                    "samplechain": lambda c=chain, x=logits, s=store, r=ids, h=history, n=lengths: c.sample(
+                        x, s, r, history=h, prompt_lengths=n
+                    ),
+                    "llama.cpp": lambda t=theirs, a=as_numpy: t.step(a),
+                    "read": lambda x=logits: x.max(dim=-1),
                 }
                 try:
                     for name, ts in time_blocks(fns, reps, warmup_for(reps)).items():

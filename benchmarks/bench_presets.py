@@ -254,11 +254,11 @@ def run(
                     fns: dict[str, Callable[[], Any]] = {}
                     for name, (preset, _p, _hf, _n) in CONFIGS.items():
                         chain, store = s.chains[preset], s.stores[name]
-                        fns[name] = lambda c=chain, st=store: c.sample(
-                            logits, st, s.ids, history=history, prompt_lengths=lengths
+                        fns[name] = lambda c=chain, st=store, x=logits: c.sample(
+                            x, st, s.ids, history=history, prompt_lengths=lengths
                         )
                     for hf, procs in s.hf.items():
-                        fns[hf] = lambda p=procs: transformers_step(p, history, logits)
+                        fns[hf] = lambda p=procs, x=logits: transformers_step(p, history, x)
                     times = _time(fns, reps, warmup)
                     if not torch.equal(logits, before):
                         raise AssertionError("a pipeline modified the caller's logits in place")

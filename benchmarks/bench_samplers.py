@@ -84,10 +84,10 @@ def run(batch: int, vocab: int, kind: str, reps: int, progress: bool | None) -> 
             ids = [f"r{i}" for i in range(batch)]
             for rid in ids:
                 store.add(rid, {})
-            fns = {"ours": lambda: chain.sample(logits, store, ids), "read": lambda: logits.max(dim=-1)}
+            fns = {"ours": lambda c=chain, s=store, r=ids: c.sample(logits, s, r), "read": lambda: logits.max(dim=-1)}
             if hf is not None:
                 procs = hf()
-                fns["transformers"] = lambda: transformers_step(procs, input_ids, logits)
+                fns["transformers"] = lambda p=procs: transformers_step(p, input_ids, logits)
             times = {k: summary(v) for k, v in time_blocks(fns, reps, warmup_for(reps)).items()}
             rows.append({"sampler": name, **times})
             bar.advance()

@@ -145,9 +145,9 @@ def matrix(args: argparse.Namespace) -> None:
                 extra = {} if history is None else {"history": history, "prompt_lengths": torch.full((batch,), PROMPT)}
                 input_ids = history if history is not None else torch.zeros(batch, 1, dtype=torch.long)
                 paths = {
-                    "samplechain": lambda x: chain.sample(x, store, ids, **extra).token_ids,
+                    "samplechain": lambda x, c=chain, s=store, r=ids, e=extra: c.sample(x, s, r, **e).token_ids,
                     "vllm": vllm_matrix_step(batch, history, PROMPT, *MATRIX_VLLM[name]),
-                    "transformers": lambda x: transformers_step(processors, input_ids, x),
+                    "transformers": lambda x, p=processors, i=input_ids: transformers_step(p, i, x),
                     "read": lambda x: x.max(dim=-1).values,
                 }
                 med = _medians(paths, base, work, args.reps)

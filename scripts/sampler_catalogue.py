@@ -485,7 +485,7 @@ def render_reference() -> str:
         "| backend | device | equivalence to the reference | availability | from | description |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for name, versions in _ours("backend").items():
+    for versions in _ours("backend").values():
         cls = _newest(versions)
         checked = cls.is_available.__func__ is not Backend.is_available.__func__  # type: ignore[attr-defined]
         availability = f"checked at run time by `{cls.__name__}.is_available()`" if checked else "always"

@@ -377,7 +377,7 @@ def _named(exc: SamplechainError, case: Case, rows: Sequence[int]) -> None:
     text = str(exc)
     assert isinstance(exc, SamplingError), f"{type(exc).__name__} from a valid chain and valid requests: {text}"
     assert any(f"at samplers[{i}]" in text for i in range(len(case.entries))), f"names no sampler: {text}"
-    for requests, where, index in EMPTIED.findall(text):
+    for requests, _where, index in EMPTIED.findall(text):
         assert any(f"'req{b}'" in requests for b in rows), f"the error names no request: {text}"
         assert index, f"a row given with a finite logit was taken for an empty one: {text}"
         role = catalogue()[case.entries[int(index)]["use"]].effective_role()
@@ -428,7 +428,7 @@ def test_every_transform_and_filter_is_drawn():
     """The generator covers the catalogue: every registered transform and filter, and none is left out."""
     names = set(catalogue())
     assert {"top_k", "top_p", "typical", "top_n_sigma", "penalties", "grammar", "logit_bias"} <= names
-    for name, cls in catalogue().items():
+    for _name, cls in catalogue().items():
         for field in _fields(cls):
             field_strategy(cls, field, 100).validate()  # every field has a valid strategy
 

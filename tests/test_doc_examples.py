@@ -220,7 +220,7 @@ def test_examples_run(path, namespace, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("path", with_blocks({"toml"}), ids=lambda p: str(p.relative_to(ROOT)))
 def test_toml_examples_parse_and_chains_load(path):
-    for lang, code, skip, line in blocks(path):
+    for lang, code, skip, _line in blocks(path):
         if lang != "toml" or skip is not None:
             continue
         data = tomllib.loads(code)

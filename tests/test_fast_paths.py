@@ -161,7 +161,9 @@ def test_penalties_then_top_k_fused_equals_the_two_in_turn(seed, monkeypatch):
         chain = Chain.load({"samplers": FUSED_CHAIN})
         calls = []
         original = chain.samplers[0].apply
-        monkeypatch.setattr(chain.samplers[0], "apply", lambda c, x, _o=original: calls.append(1) or _o(c, x))
+        monkeypatch.setattr(
+            chain.samplers[0], "apply", lambda c, x, _o=original, _calls=calls: _calls.append(1) or _o(c, x)
+        )
         if not fused:
             monkeypatch.setattr(chain.samplers[0], "sparse_changes", lambda c, x: None)
         store, ids = request_store(chain, per_row)

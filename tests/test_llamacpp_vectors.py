@@ -190,7 +190,7 @@ def check_llama_assertions(n: int, seq: str, k: int, p: float, m: float) -> None
     """Replay test_sampler_queue's own GGML_ASSERTs (float32 arithmetic where the C++ uses float) on the model."""
     f = np.float32
     steps = llama_survivors(n, seq, k, p, m)
-    min_token_id, max_token_id = 0, n - 1
+    min_token_id = 0
     for s, (lo, is_sorted) in zip(seq, steps):
         size = n - lo  # the model's array: ids lo..n-1, the first is max_token_id when sorted
         if s == "k":

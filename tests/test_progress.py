@@ -82,7 +82,7 @@ def test_the_total_is_the_chain_s_own_length_limit(tiny):
 def test_stream_reports_after_each_step_s_events(tiny):
     model, tok = tiny
     log: list[object] = []
-    for event in stream(
+    for _event in stream(
         model,
         tok,
         "The",

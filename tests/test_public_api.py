@@ -173,7 +173,7 @@ def test_the_old_module_paths_still_import_the_moved_modules():
 
     from samplechain._moved import MOVED
 
-    for old, new in MOVED.items():
+    for _old, new in MOVED.items():
         assert importlib.import_module(new).__name__ == new
     # a fresh interpreter: the old names are not imported yet
     code = (

@@ -13,7 +13,7 @@ CHAIN = {"samplers": [{"use": "top_k", "k": 20}, {"use": "temperature", "t": 0.9
 def run_alone(chain, logits_seq, params):
     store = chain.new_store()
     store.add("solo", params)
-    return [int(chain.sample(l[None], store, ["solo"]).token_ids[0]) for l in logits_seq]
+    return [int(chain.sample(row[None], store, ["solo"]).token_ids[0]) for row in logits_seq]
 
 
 def test_requests_joining_and_leaving_keep_their_own_streams():

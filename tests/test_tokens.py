@@ -21,16 +21,18 @@ def test_per_token_reduce_equals_brute_force():
     for reduce in ("sum", "amax"):
         got = per_token_reduce(ids, values, targets, include, reduce)
         for b in range(4):
-            for l in range(30):
+            for pos in range(30):
                 same = [
-                    values[b, j].item() for j in range(30) if ids[b, j] == ids[b, l] and include[b, j] and targets[b, j]
+                    values[b, j].item()
+                    for j in range(30)
+                    if ids[b, j] == ids[b, pos] and include[b, j] and targets[b, j]
                 ]
                 want = (
                     (sum(same) if reduce == "sum" else max(same, default=-1))
-                    if targets[b, l]
+                    if targets[b, pos]
                     else (0 if reduce == "sum" else -1)
                 )
-                assert got[b, l].item() == want, (reduce, b, l)
+                assert got[b, pos].item() == want, (reduce, b, pos)
     with pytest.raises(ValueError, match="reduce"):
         per_token_reduce(ids, values, targets, include, "mean")
 

@@ -47,7 +47,10 @@ import torch
 
 from samplechain import ConfigError, StopContext, StopMatch, StoppingCriterion, StopSetup, hookimpl
 from samplechain.strings import ByteTable, byte_table, tail_bytes, token_lengths
-from samplechain.strings import matching_mode, token_bytes  # noqa: F401 (its old names)
+
+# its old names, re-exported
+from samplechain.strings import matching_mode as matching_mode
+from samplechain.strings import token_bytes as token_bytes
 
 
 def _valid(_inst, _attr, value) -> None:

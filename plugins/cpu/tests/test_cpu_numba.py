@@ -683,7 +683,7 @@ def test_compiled_row_lse_is_the_same_alone_and_at_any_padding(fused):
         x = torch.randn(4, 3000, generator=torch.Generator().manual_seed(seed)) * 5
         n = 37 + 97 * seed
 
-        def padded(rows: torch.Tensor, width: int) -> torch.Tensor:
+        def padded(rows: torch.Tensor, width: int, n: int = n) -> torch.Tensor:
             return torch.cat([rows[:, :n], torch.full((rows.shape[0], width - n), -INF)], dim=1)
 
         batch = kernel(padded(x, 20000 + seed))
