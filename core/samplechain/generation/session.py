@@ -32,9 +32,10 @@ from ..engine.discovery import PluginHost, get_host
 from ..engine.mixed import MixedChains
 from ..engine.stopping import Stopping, cut_text, min_new_tokens_of
 from ..errors import ConfigError, GenerationWarning
-from ..tokens import eos_token_ids, left_pad
+from ..tokens import eos_token_ids
 from .checkpoints import Checkpoints, load_checkpoint
 from .from_config import asked_settings, chain_from_generation_config
+from .inputs import PromptInputs
 from .model import ModelRunner
 from .outputs import GenerationOutput
 
@@ -54,7 +55,7 @@ def _as_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bo
             f"the model's generation config asks for {', '.join(asked + asked_settings(generation_config))}; "
             "the chain given replaces it (the chain alone decides the decoding)",
             GenerationWarning,
-            stacklevel=4,
+            stacklevel=6,
         )
     if isinstance(chain, (Chain, MixedChains)):
         return chain
@@ -75,7 +76,22 @@ def _as_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bo
     )
 
 
-class Generation(Checkpoints):
+def _refuse_with_resume(ckpt: Mapping[str, Any], num_return_sequences: int, **restored: Any) -> None:
+    """resume= takes the prompts, parameters and seeds from the checkpoint: the same given again is an error."""
+    given = [name for name, value in restored.items() if value is not None]
+    if given:
+        raise ConfigError(
+            f"resume= restores {', '.join(given)} from the checkpoint: drop {', '.join(given)} "
+            "(pass the same chain, criteria and model as the interrupted run)"
+        )
+    if num_return_sequences not in (1, ckpt["num_return_sequences"]):
+        raise ConfigError(
+            f"num_return_sequences = {num_return_sequences}, but the checkpoint was made with "
+            f"{ckpt['num_return_sequences']}: drop num_return_sequences when resuming"
+        )
+
+
+class Generation(PromptInputs, Checkpoints):
     """One prepared generation: inputs, chain and store, criteria. `steps()` runs it; `output()` collects;
     `checkpoint()` saves it between two steps and `resume=` continues a saved one."""
 
@@ -115,33 +131,50 @@ class Generation(Checkpoints):
         cuda_graphs: bool | None = None,
     ) -> None:
         ckpt = None if resume is None else load_checkpoint(resume)
-        if ckpt is not None:
-            given = [
-                name
-                for name, value in (
-                    ("prompts", prompts),
-                    ("input_ids", input_ids),
-                    ("attention_mask", attention_mask),
-                    ("params", params),
-                    ("seed", seed),
-                    ("negative_prompt", negative_prompt),
-                    ("negative_prompt_ids", negative_prompt_ids),
-                )
-                if value is not None
-            ]
-            if given:
-                raise ConfigError(
-                    f"resume= restores {', '.join(given)} from the checkpoint: drop {', '.join(given)} "
-                    "(pass the same chain, criteria and model as the interrupted run)"
-                )
-            if num_return_sequences not in (1, ckpt["num_return_sequences"]):
-                raise ConfigError(
-                    f"num_return_sequences = {num_return_sequences}, but the checkpoint was made with "
-                    f"{ckpt['num_return_sequences']}: drop num_return_sequences when resuming"
-                )
+        if ckpt is not None:  # what the checkpoint holds is not given again
+            _refuse_with_resume(
+                ckpt,
+                num_return_sequences,
+                prompts=prompts,
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                params=params,
+                seed=seed,
+                negative_prompt=negative_prompt,
+                negative_prompt_ids=negative_prompt_ids,
+            )
             num_return_sequences = ckpt["num_return_sequences"]
             eos_token_id = ckpt["eos_token_id"] if eos_token_id is None else eos_token_id
             pad_token_id = ckpt["pad_token_id"] if pad_token_id is None else pad_token_id
+        self._configure(model, tokenizer, generation_config, host, logits_processor, cuda_graphs)
+        self._outputs(output_scores, output_logits, top_logprobs, logprobs_mode, num_return_sequences)
+        self._token_ids(eos_token_id, pad_token_id)
+        device = getattr(model, "device", torch.device("cpu"))
+        # the model's own config is checked for settings a given chain overrides; an explicit generation_config
+        # comes from a caller (the custom_generate adapter) that has dealt with them
+        check = generation_config is None
+        if ckpt is None:
+            self._start(prompts, input_ids, attention_mask, chain, check, num_return_sequences, device)
+            self._add_requests(params, seed)
+            self.uncond_ids, self.uncond_mask = self._unconditional_inputs(
+                negative_prompt, negative_prompt_ids, negative_prompt_attention_mask, device
+            )
+        else:
+            self._resume(ckpt, chain, check, num_return_sequences, device)
+            self._restore_requests(ckpt)
+            self.uncond_ids, self.uncond_mask = self._restore_unconditional(ckpt, device)
+        # the unconditional context's own width: the tokens after it are the generated ones (checkpoints)
+        self._uncond_width = 0 if self.uncond_ids is None else self.uncond_ids.shape[1]
+        self.stopping = self._stopping(stop, max_new_tokens, max_length, max_time, stop_strings, ignore_eos, stop_regex)
+        # vLLM's include_stop_str_in_output, per row: a row stopped by a stop string / stop_regex keeps the match
+        self.include_stop_str_in_output = self._include_rows(include_stop_str_in_output)
+        self._prepare()
+        self._fresh_progress()
+        if ckpt is not None:
+            self._restore_progress(ckpt)
+
+    # ----------------------------------------------------------------- construction
+    def _configure(self, model, tokenizer, generation_config, host, logits_processor, cuda_graphs) -> None:
         self.model = model
         # the sampling step captured in a CUDA graph (samplechain.engine.graphs): None where it can, True asks (a warning
         # says why not), False never; SAMPLECHAIN_CUDA_GRAPHS=0 turns it off too
@@ -151,6 +184,8 @@ class Generation(Checkpoints):
         self.tokenizer = tokenizer
         self.host = host or get_host()
         self.generation_config = generation_config or getattr(model, "generation_config", None)
+
+    def _outputs(self, output_scores, output_logits, top_logprobs, logprobs_mode, num_return_sequences) -> None:
         self.output_scores = output_scores
         self.output_logits = output_logits
         if not isinstance(top_logprobs, int) or top_logprobs < 0:
@@ -160,6 +195,7 @@ class Generation(Checkpoints):
         if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
             raise ConfigError(f"num_return_sequences = {num_return_sequences!r}: must be an integer >= 1")
 
+    def _token_ids(self, eos_token_id: Any, pad_token_id: int | None) -> None:
         self.eos_ids = (
             token_id_list(eos_token_id)
             if eos_token_id is not None
@@ -167,82 +203,84 @@ class Generation(Checkpoints):
         )
         self._pad_note: str | None = None
         self.pad_id = self._pad_id(pad_token_id)
-        device = getattr(model, "device", torch.device("cpu"))
-        if ckpt is None:
-            ids, mask, self.prompt_lengths = self._inputs(prompts, input_ids, attention_mask, device)
-            self.num_prompts = ids.shape[0]
-        else:  # rows as the interrupted run had them: padded, repeated for num_return_sequences
-            ids, mask = (
-                self._checkpoint_tensor(ckpt, "input_ids", device),
-                self._checkpoint_tensor(ckpt, "attention_mask", device),
-            )
-            self.prompt_lengths = mask.sum(dim=1).cpu()
-            self.num_prompts = ids.shape[0] // num_return_sequences
 
-        # the model's own config is checked for settings a given chain overrides; an explicit generation_config
-        # comes from a caller (the custom_generate adapter) that has dealt with them
-        self.chain = _as_chain(chain, self.generation_config, self.host, check=generation_config is None)
+    def _start(self, prompts, input_ids, attention_mask, chain, check: bool, n: int, device) -> None:
+        """Rows from the prompts (text or input_ids), left-padded, repeated for num_return_sequences."""
+        ids, mask, self.prompt_lengths = self._inputs(prompts, input_ids, attention_mask, device)
+        self.num_prompts = ids.shape[0]
+        self._open(chain, check, n)
+        if self.n > 1:
+            ids = ids.repeat_interleave(self.n, dim=0)
+            mask = mask.repeat_interleave(self.n, dim=0)
+            self.prompt_lengths = self.prompt_lengths.repeat_interleave(self.n)
+        self._rows(ids, mask)
+
+    def _resume(self, ckpt: Mapping[str, Any], chain, check: bool, n: int, device) -> None:
+        """Rows as the interrupted run had them: padded, repeated for num_return_sequences."""
+        ids = self._checkpoint_tensor(ckpt, "input_ids", device)
+        mask = self._checkpoint_tensor(ckpt, "attention_mask", device)
+        self.prompt_lengths = mask.sum(dim=1).cpu()
+        self.num_prompts = ids.shape[0] // n
+        self._open(chain, check, n)
+        self._rows(ids, mask)
+
+    def _open(self, chain: Any, check: bool, n: int) -> None:
+        """The chain (one per prompt for a mixed batch) and the number of sequences per prompt."""
+        self.chain = _as_chain(chain, self.generation_config, self.host, check=check)
         if isinstance(self.chain, MixedChains):
             rows = getattr(self.chain, "row_chains", None)
             if rows is None or len(rows) != self.num_prompts:
                 raise ConfigError(
                     f"chain= lists {len(rows or [])} chains for {self.num_prompts} prompts: give one chain per prompt"
                 )
-        if num_return_sequences > 1 and self._is_greedy():
+        if n > 1 and self._is_greedy():
             raise ConfigError(
-                f"num_return_sequences = {num_return_sequences} with a greedy chain would return the same sequence "
-                f"{num_return_sequences} times: use a sampling chain (ending in dist) or beam search (num_beams)"
+                f"num_return_sequences = {n} with a greedy chain would return the same sequence "
+                f"{n} times: use a sampling chain (ending in dist) or beam search (num_beams)"
             )
-        self.n = num_return_sequences
-        if self.n > 1 and ckpt is None:
-            ids = ids.repeat_interleave(self.n, dim=0)
-            mask = mask.repeat_interleave(self.n, dim=0)
-            self.prompt_lengths = self.prompt_lengths.repeat_interleave(self.n)
+        self.n = n
+
+    def _rows(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """The batch's rows, one request each in a new store."""
         self.input_ids, self.attention_mask = ids, mask
         self.request_ids = [
             f"{i}" if self.n == 1 else f"{i}.{j}" for i in range(self.num_prompts) for j in range(self.n)
         ]
         if self._pad_note and len(self.request_ids) > 1:  # a single row is never padded: nothing to say
-            warnings.warn(self._pad_note, GenerationWarning, stacklevel=3)
-        self._logprobs_at = self._logprobs_rows(logprobs_mode)
+            warnings.warn(self._pad_note, GenerationWarning, stacklevel=5)
+        self._logprobs_at = self._logprobs_rows(self.logprobs_mode)
         self.store = self.chain.new_store(device=ids.device.type, capacity=len(self.request_ids))
-        if ckpt is None:
-            self._add_requests(params, seed)
-            self.uncond_ids, self.uncond_mask = self._unconditional_inputs(
-                negative_prompt, negative_prompt_ids, negative_prompt_attention_mask, device
-            )
-        else:
-            self._restore_requests(ckpt)
-            self.uncond_ids, self.uncond_mask = self._restore_unconditional(ckpt, device)
-        # the unconditional context's own width: the tokens after it are the generated ones (checkpoints)
-        self._uncond_width = 0 if self.uncond_ids is None else self.uncond_ids.shape[1]
 
-        self.stopping = self._stopping(stop, max_new_tokens, max_length, max_time, stop_strings, ignore_eos, stop_regex)
-        # vLLM's include_stop_str_in_output, per row: a row stopped by a stop string / stop_regex keeps the match
-        self.include_stop_str_in_output = self._include_rows(include_stop_str_in_output)
+    def _prepare(self) -> None:
+        """The criteria's and the samplers' once-per-generation setup."""
+        ids, model = self.input_ids, self.model
         self.setup = StopSetup(
             batch_size=ids.shape[0],
             prompt_length=ids.shape[1],
             prompt_lengths=self.prompt_lengths,
             device=ids.device,
-            tokenizer=tokenizer,
+            tokenizer=self.tokenizer,
             model_config=model.config,
             generation_config=self.generation_config,
             min_new_tokens=min_new_tokens_of(self.store, self.request_ids),
         )
         self.vocab_limit = self._vocab_limit()
         self.chain.prepare(
-            tokenizer=tokenizer,
+            tokenizer=self.tokenizer,
             model_config=model.config,
             generation_config=self.generation_config,
             vocab_size=getattr(model.config, "vocab_size", None),
             eos_token_ids=self.eos_ids,
         )
-        self.finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-        self.finish_reasons: list[str | None] = [None] * ids.shape[0]
-        self.stop_matches: list[StopMatch | None] = [None] * ids.shape[0]  # what a text criterion matched
-        self.num_generated = torch.zeros(ids.shape[0], dtype=torch.int64)  # set when a row finishes
-        self._all_rows = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
+
+    def _fresh_progress(self) -> None:
+        """No step run yet: no row finished, nothing recorded."""
+        batch, device = self.input_ids.shape[0], self.input_ids.device
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.finish_reasons: list[str | None] = [None] * batch
+        self.stop_matches: list[StopMatch | None] = [None] * batch  # what a text criterion matched
+        self.num_generated = torch.zeros(batch, dtype=torch.int64)  # set when a row finishes
+        self._all_rows = torch.ones(batch, dtype=torch.bool, device=device)
         self._any_finished = False
         self._all_finished = False
         self._steps = 0
@@ -252,135 +290,8 @@ class Generation(Checkpoints):
         self.tops: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._replay = 0  # tokens at the end of input_ids that steps() feeds the model before sampling (resume)
         self._elapsed = 0.0  # seconds the interrupted run had taken (max_time goes on counting from there)
-        if ckpt is not None:
-            self._restore_progress(ckpt)
 
     # ----------------------------------------------------------------- preparation
-    def _pad_id(self, explicit: int | None) -> int:
-        if explicit is not None:
-            return int(explicit)
-        for src in (
-            getattr(self.tokenizer, "pad_token_id", None),
-            getattr(self.generation_config, "pad_token_id", None),
-        ):
-            if src is not None:
-                return int(token_id_list(src)[0])
-        if self.eos_ids:
-            self._pad_note = (
-                f"no pad token in the tokenizer or generation config: using eos id {self.eos_ids[0]} "
-                "to pad prompts and finished rows (pass pad_token_id= to choose another)"
-            )
-            return self.eos_ids[0]
-        self._pad_note = "no pad or eos token anywhere: padding with id 0 (pass pad_token_id= to choose another)"
-        return 0
-
-    def _inputs(self, prompts, input_ids, attention_mask, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if (prompts is None) == (input_ids is None):
-            raise ConfigError("pass either prompts (with a tokenizer) or input_ids, not both and not neither")
-        if prompts is not None:
-            if self.tokenizer is None:
-                raise ConfigError("prompts given as text need a tokenizer: generate(model, tokenizer, prompts)")
-            texts = [prompts] if isinstance(prompts, str) else list(prompts)
-            if not texts:
-                raise ConfigError("prompts is an empty list: give at least one prompt")
-            rows = [list(self.tokenizer(t)["input_ids"]) for t in texts]
-        else:
-            ids = torch.as_tensor(input_ids)
-            if ids.ndim == 1:
-                ids = ids[None]
-            if ids.ndim != 2 or ids.dtype not in (torch.int64, torch.int32):
-                raise ConfigError(
-                    f"input_ids must be a (batch, length) integer tensor, got {tuple(ids.shape)} {ids.dtype}"
-                )
-            if attention_mask is None:
-                mask = self._mask_from_padding(ids)
-            else:
-                mask = torch.as_tensor(attention_mask)
-            if mask.shape != ids.shape:
-                raise ConfigError(
-                    f"attention_mask shape {tuple(mask.shape)} differs from input_ids shape {tuple(ids.shape)}"
-                )
-            if ids.shape[0] > 1 and bool((mask[:, -1] == 0).any()):
-                raise ConfigError(
-                    "input_ids are right-padded (attention_mask ends in 0 for some rows); decoder-only "
-                    "generation needs left padding: tokenizer.padding_side = 'left'"
-                )
-            rows = [[int(t) for t, m in zip(r, mr) if m] for r, mr in zip(ids.tolist(), mask.tolist())]
-        bos = getattr(self.tokenizer, "bos_token_id", None)
-        if bos is None:
-            bos = getattr(self.generation_config, "bos_token_id", None)
-        for i, row in enumerate(rows):
-            if not row:
-                if bos is None:
-                    raise ConfigError(
-                        f"prompt {i} is empty and the model has no bos token to start from: give the "
-                        "prompt at least one token"
-                    )
-                warnings.warn(
-                    f"prompt {i} is empty: starting it from the bos token {bos}", GenerationWarning, stacklevel=4
-                )
-                row.append(int(bos))
-        limit = max_positions(self.model.config)
-        for i, row in enumerate(rows):
-            if limit is not None and len(row) >= limit:
-                raise ConfigError(
-                    f"prompt {i} has {len(row)} tokens but the model has {limit} positions, leaving no room to "
-                    "generate: shorten the prompt (keep its last tokens)"
-                )
-        ids, mask = _left_padded(rows, self.pad_id)
-        lengths = torch.tensor([len(r) for r in rows], dtype=torch.int64)
-        return ids.to(device), mask.to(device), lengths
-
-    def _mask_from_padding(self, ids: torch.Tensor) -> torch.Tensor:
-        """No attention_mask: as transformers infers it, pad tokens are padding when the pad id is not an eos id
-        (otherwise an eos inside a prompt could not be told from padding) and some row contains one."""
-        pad = self.pad_id if self._pad_note is None else None  # an explicit or configured pad, not the fallback
-        if pad is None or pad in self.eos_ids or not bool((ids == pad).any()):
-            return torch.ones_like(ids)
-        return (ids != pad).to(torch.int64)
-
-    def _unconditional_inputs(self, text, ids, mask, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The context of classifier-free guidance's second forward, one row per request, left-padded."""
-        if not self.chain.needs_unconditional_logits:
-            if text is not None or ids is not None:
-                raise ConfigError(
-                    "a negative prompt was given but the chain has no guidance sampler to use it: put "
-                    '{ use = "cfg", scale = 1.5 } first in the chain'
-                )
-            return None, None
-        if text is None and ids is None:
-            texts = [
-                getattr(s.params, "negative_prompt", "") for s in self.chain.samplers if s.needs_unconditional_logits()
-            ]
-            text = next((t for t in texts if t), None)
-        if ids is not None:
-            ids = torch.as_tensor(ids)
-            ids = ids[None] if ids.ndim == 1 else ids
-            mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask)
-            if mask.shape != ids.shape:
-                raise ConfigError(
-                    f"negative_prompt_attention_mask shape {tuple(mask.shape)} differs from "
-                    f"negative_prompt_ids shape {tuple(ids.shape)}"
-                )
-        elif text is not None:
-            if self.tokenizer is None:
-                raise ConfigError("a negative prompt given as text needs a tokenizer; or pass negative_prompt_ids")
-            texts = [text] if isinstance(text, str) else list(text)
-            rows = [list(self.tokenizer(t)["input_ids"]) or [self.pad_id] for t in texts]
-            ids, mask = _left_padded(rows, self.pad_id)
-        else:  # transformers without negative_prompt_ids: each row's last prompt token
-            last = self.input_ids[:, -1:]
-            return last.clone(), torch.ones_like(last)
-        if ids.shape[0] not in (1, self.num_prompts):
-            raise ConfigError(
-                f"{ids.shape[0]} negative prompts for {self.num_prompts} prompts: give one, or one per prompt"
-            )
-        ids = ids.expand(self.num_prompts, -1) if ids.shape[0] == 1 else ids
-        mask = mask.expand(self.num_prompts, -1) if mask.shape[0] == 1 else mask
-        if self.n > 1:
-            ids, mask = ids.repeat_interleave(self.n, dim=0), mask.repeat_interleave(self.n, dim=0)
-        return ids.to(device=device, dtype=torch.int64).contiguous(), mask.to(device).contiguous()
-
     def _is_greedy(self) -> bool:
         return self.chain.is_greedy
 
@@ -658,9 +569,3 @@ class Generation(Checkpoints):
             texts=texts,
             prompt_length=prompt_length,
         )
-
-
-def _left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompt rows left-padded with `pad_id`, and their attention mask (0 on the padding): the mask is formed
-    apart from the ids, as a prompt may contain the pad id itself."""
-    return left_pad(rows, pad_id), left_pad([[1] * len(r) for r in rows], 0)

@@ -1,0 +1,150 @@
+"""The rows a generation starts from: prompts (text or input_ids) and the negative prompts of classifier-free
+guidance, left-padded with the pad token a generation chooses."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import torch
+
+from ..contracts import max_positions, token_id_list
+from ..errors import ConfigError, GenerationWarning
+from ..tokens import left_pad
+
+__all__ = ["PromptInputs"]
+
+
+class PromptInputs:
+    """Generation's pad token and input rows (the attributes are Generation's)."""
+
+    def _pad_id(self, explicit: int | None) -> int:
+        if explicit is not None:
+            return int(explicit)
+        for src in (
+            getattr(self.tokenizer, "pad_token_id", None),
+            getattr(self.generation_config, "pad_token_id", None),
+        ):
+            if src is not None:
+                return int(token_id_list(src)[0])
+        if self.eos_ids:
+            self._pad_note = (
+                f"no pad token in the tokenizer or generation config: using eos id {self.eos_ids[0]} "
+                "to pad prompts and finished rows (pass pad_token_id= to choose another)"
+            )
+            return self.eos_ids[0]
+        self._pad_note = "no pad or eos token anywhere: padding with id 0 (pass pad_token_id= to choose another)"
+        return 0
+
+    def _inputs(self, prompts, input_ids, attention_mask, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if (prompts is None) == (input_ids is None):
+            raise ConfigError("pass either prompts (with a tokenizer) or input_ids, not both and not neither")
+        if prompts is not None:
+            if self.tokenizer is None:
+                raise ConfigError("prompts given as text need a tokenizer: generate(model, tokenizer, prompts)")
+            texts = [prompts] if isinstance(prompts, str) else list(prompts)
+            if not texts:
+                raise ConfigError("prompts is an empty list: give at least one prompt")
+            rows = [list(self.tokenizer(t)["input_ids"]) for t in texts]
+        else:
+            ids = torch.as_tensor(input_ids)
+            if ids.ndim == 1:
+                ids = ids[None]
+            if ids.ndim != 2 or ids.dtype not in (torch.int64, torch.int32):
+                raise ConfigError(
+                    f"input_ids must be a (batch, length) integer tensor, got {tuple(ids.shape)} {ids.dtype}"
+                )
+            if attention_mask is None:
+                mask = self._mask_from_padding(ids)
+            else:
+                mask = torch.as_tensor(attention_mask)
+            if mask.shape != ids.shape:
+                raise ConfigError(
+                    f"attention_mask shape {tuple(mask.shape)} differs from input_ids shape {tuple(ids.shape)}"
+                )
+            if ids.shape[0] > 1 and bool((mask[:, -1] == 0).any()):
+                raise ConfigError(
+                    "input_ids are right-padded (attention_mask ends in 0 for some rows); decoder-only "
+                    "generation needs left padding: tokenizer.padding_side = 'left'"
+                )
+            rows = [[int(t) for t, m in zip(r, mr) if m] for r, mr in zip(ids.tolist(), mask.tolist())]
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        if bos is None:
+            bos = getattr(self.generation_config, "bos_token_id", None)
+        for i, row in enumerate(rows):
+            if not row:
+                if bos is None:
+                    raise ConfigError(
+                        f"prompt {i} is empty and the model has no bos token to start from: give the "
+                        "prompt at least one token"
+                    )
+                warnings.warn(
+                    f"prompt {i} is empty: starting it from the bos token {bos}", GenerationWarning, stacklevel=5
+                )
+                row.append(int(bos))
+        limit = max_positions(self.model.config)
+        for i, row in enumerate(rows):
+            if limit is not None and len(row) >= limit:
+                raise ConfigError(
+                    f"prompt {i} has {len(row)} tokens but the model has {limit} positions, leaving no room to "
+                    "generate: shorten the prompt (keep its last tokens)"
+                )
+        ids, mask = _left_padded(rows, self.pad_id)
+        lengths = torch.tensor([len(r) for r in rows], dtype=torch.int64)
+        return ids.to(device), mask.to(device), lengths
+
+    def _mask_from_padding(self, ids: torch.Tensor) -> torch.Tensor:
+        """No attention_mask: as transformers infers it, pad tokens are padding when the pad id is not an eos id
+        (otherwise an eos inside a prompt could not be told from padding) and some row contains one."""
+        pad = self.pad_id if self._pad_note is None else None  # an explicit or configured pad, not the fallback
+        if pad is None or pad in self.eos_ids or not bool((ids == pad).any()):
+            return torch.ones_like(ids)
+        return (ids != pad).to(torch.int64)
+
+    def _unconditional_inputs(self, text, ids, mask, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The context of classifier-free guidance's second forward, one row per request, left-padded."""
+        if not self.chain.needs_unconditional_logits:
+            if text is not None or ids is not None:
+                raise ConfigError(
+                    "a negative prompt was given but the chain has no guidance sampler to use it: put "
+                    '{ use = "cfg", scale = 1.5 } first in the chain'
+                )
+            return None, None
+        if text is None and ids is None:
+            texts = [
+                getattr(s.params, "negative_prompt", "") for s in self.chain.samplers if s.needs_unconditional_logits()
+            ]
+            text = next((t for t in texts if t), None)
+        if ids is not None:
+            ids = torch.as_tensor(ids)
+            ids = ids[None] if ids.ndim == 1 else ids
+            mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask)
+            if mask.shape != ids.shape:
+                raise ConfigError(
+                    f"negative_prompt_attention_mask shape {tuple(mask.shape)} differs from "
+                    f"negative_prompt_ids shape {tuple(ids.shape)}"
+                )
+        elif text is not None:
+            if self.tokenizer is None:
+                raise ConfigError("a negative prompt given as text needs a tokenizer; or pass negative_prompt_ids")
+            texts = [text] if isinstance(text, str) else list(text)
+            rows = [list(self.tokenizer(t)["input_ids"]) or [self.pad_id] for t in texts]
+            ids, mask = _left_padded(rows, self.pad_id)
+        else:  # transformers without negative_prompt_ids: each row's last prompt token
+            last = self.input_ids[:, -1:]
+            return last.clone(), torch.ones_like(last)
+        if ids.shape[0] not in (1, self.num_prompts):
+            raise ConfigError(
+                f"{ids.shape[0]} negative prompts for {self.num_prompts} prompts: give one, or one per prompt"
+            )
+        ids = ids.expand(self.num_prompts, -1) if ids.shape[0] == 1 else ids
+        mask = mask.expand(self.num_prompts, -1) if mask.shape[0] == 1 else mask
+        if self.n > 1:
+            ids, mask = ids.repeat_interleave(self.n, dim=0), mask.repeat_interleave(self.n, dim=0)
+        return ids.to(device=device, dtype=torch.int64).contiguous(), mask.to(device).contiguous()
+
+
+def _left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt rows left-padded with `pad_id`, and their attention mask (0 on the padding): the mask is formed
+    apart from the ids, as a prompt may contain the pad id itself."""
+    return left_pad(rows, pad_id), left_pad([[1] * len(r) for r in rows], 0)
