@@ -6,7 +6,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test test-fast bench transformers-min test-transformers-min vllm test-vllm
+.PHONY: setup run test test-fast bench gpu-check transformers-min test-transformers-min vllm test-vllm
 setup:
 	./scripts/setup.sh
 
@@ -51,3 +51,11 @@ vllm:
 
 test-vllm: vllm
 	cd integrations/vllm && SAMPLECHAIN_STRICT=1 $(abspath $(VLLM_VENV))/bin/python -m pytest -q -m vllm
+
+# The GPU check (scripts/gpu_check.py, docs/backends.md "On your own GPU"): on a CUDA machine whose python3 has the
+# project installed, the gpu tests, the step benchmark against FlashInfer and generate() against model.generate in
+# 5 minutes; reports in $(OUT). ONLY=kernels (or tests, e2e) reruns one part; on a CPU add GPU_CHECK_ARGS=--dry-run.
+OUT ?= gpu-report
+GPU_PYTHON ?= python3
+gpu-check:
+	$(GPU_PYTHON) scripts/gpu_check.py --out $(OUT) $(if $(ONLY),--only $(ONLY)) $(GPU_CHECK_ARGS)

@@ -29,6 +29,9 @@ median over `--e2e-repeats` runs, who goes first alternating.
     source .gpu/device_setup.sh && python3 benchmarks/bench_gpu.py --out gpu.md --json gpu.json
     .venv/bin/python benchmarks/bench_gpu.py --device cpu --tiny              # a dry run of everything, < 1 minute
 
+`--profile N` profiles the eager step of up to N cells that miss their target (torch.profiler: kernels launched, host
+waits and reads, the slowest kernels). scripts/gpu_check.py runs this benchmark as one part of the project's GPU check.
+
 Targets (printed next to the results): every chain <= 1.5x FlashInfer at B >= 8 and <= 0.15 ms at B = 1;
 generate() per step <= 1.0x model.generate when sampling and <= 0.9x greedy.
 """
@@ -351,9 +354,12 @@ def run_kernels(
     warmup: int,
     fi: Any,
     log: Callable[[str], None] = lambda s: None,
+    profile: int = 0,
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
-    """One row per (dtype, B, chain), and per chain the description of its peers."""
+    """One row per (dtype, B, chain), and per chain the description of its peers. The first `profile` cells that miss
+    their target (one per chain and dtype) get the eager step's profile in the row ("profile": `profile_step`)."""
     timer = Timer(device)
+    profiled: set[tuple[str, str]] = set()
     built = {
         name: Chain.load(
             CHAINS[name] if isinstance(CHAINS[name], str) else {"chain": {"name": name, "samplers": CHAINS[name]}},
@@ -429,6 +435,9 @@ def run_kernels(
                     "errors": errors,
                 }
                 row["target"], row["met"] = kernel_target(row)
+                if row["met"] is False and len(profiled) < profile and (name, dtype) not in profiled:
+                    profiled.add((name, dtype))
+                    row["profile"] = profile_step(fns["samplechain"], device)
                 rows.append(row)
                 log(
                     f"{name:28s} {dtype:7s} B={batch:<4d} samplechain {med['samplechain']:.3f} ms  graph "
@@ -437,6 +446,68 @@ def run_kernels(
                     + (f"  errors: {errors}" if errors else "")
                 )
     return rows, peers
+
+
+def profile_step(fn: Callable[[], Any], device: torch.device, steps: int = 20) -> dict[str, Any]:
+    """torch.profiler over `steps` calls of one step (after one unprofiled call), per step: the device kernels launched
+    (on cpu: the aten ops run), the host waits (synchronising runtime calls: cuda*Synchronize, blocking copies), the
+    host reads of device values (aten::_local_scalar_dense: `.item()`, `bool(tensor)` ...), and the five slowest
+    kernels (ops) by their own time."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+        for _ in range(steps):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+    events = list(prof.key_averages())
+
+    def own_ms(e: Any) -> float:  # the event's own time, on the device for kernels
+        us = getattr(e, "self_device_time_total", None) if cuda else None
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0) if cuda else e.self_cpu_time_total
+        return float(us) / 1e3 / steps
+
+    if cuda:
+        kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    else:
+        kernels = [e for e in events if e.key.startswith("aten::")]
+    waits = sum(e.count for e in events if "Synchronize" in e.key or e.key in ("cudaMemcpy", "cudaStreamWaitEvent"))
+    reads = sum(e.count for e in events if e.key == "aten::_local_scalar_dense")
+    slowest = sorted(kernels, key=own_ms, reverse=True)[:5]
+    return {
+        "steps": steps,
+        "kernels_per_step": sum(e.count for e in kernels) / steps,
+        "host_waits_per_step": waits / steps,
+        "host_reads_per_step": reads / steps,
+        "kernel_ms_per_step": sum(own_ms(e) for e in kernels),
+        "slowest": [
+            {"name": e.key[:120], "ms_per_step": own_ms(e), "calls_per_step": e.count / steps} for e in slowest
+        ],
+    }
+
+
+def profile_section(rows: Sequence[dict[str, Any]], device_type: str) -> list[str]:
+    """Markdown lines for the profiled cells (none: no lines)."""
+    profiled = [r for r in rows if r.get("profile")]
+    if not profiled:
+        return []
+    what = "kernels" if device_type == "cuda" else "aten ops"
+    out = ["", f"## Profiles of the cells that missed their target (torch.profiler, per step; {what})", ""]
+    for r in profiled:
+        p = r["profile"]
+        slow = "; ".join(f"`{k['name']}` {k['ms_per_step']:.3f} ms x{k['calls_per_step']:g}" for k in p["slowest"])
+        out.append(
+            f"- {r['chain']} {r['dtype']} B={r['batch']}: {p['kernels_per_step']:g} {what}, "
+            f"{p['host_waits_per_step']:g} host waits, {p['host_reads_per_step']:g} host reads, "
+            f"{p['kernel_ms_per_step']:.3f} ms in {what}; slowest: {slow}"
+        )
+    return out
 
 
 def _ms(v: float | None, digits: int = 3) -> str:
@@ -732,6 +803,7 @@ def report(
         if errs:
             out += ["", "Errors (those pipelines are n/a in their rows):", ""]
             out += [f"- {c} {d} B={b}: {e}" for c, d, b, e in errs]
+        out += profile_section(kernels, env["device_type"])
     if e2e:
         shape = "Llama-3.2-1B-shaped" if args.model == "llama-3.2-1b" else f"{args.model}"
         out += [
@@ -783,6 +855,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", help="also write the Markdown report to this file")
     ap.add_argument("--json", help="also write every number and the environment as JSON")
     ap.add_argument("--quiet", action="store_true", help="no per-cell lines on stderr")
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="profile the eager step of up to N cells that miss their target, one per chain and dtype "
+        "(torch.profiler: kernels, host waits and reads, the slowest kernels; default 0)",
+    )
     args = ap.parse_args(argv)
     for key, value in (TINY if args.tiny else FULL).items():
         if getattr(args, key) is None:
@@ -836,6 +916,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.warmup,
             fi,
             log,
+            profile=args.profile,
         )
     if "e2e" in args.parts:
         model = build_model(args.model, device, getattr(torch, args.model_dtype))
