@@ -27,6 +27,7 @@ there (before the match, or after it with its prompt's include_stop_str_in_outpu
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -121,161 +122,193 @@ class _BeamSearch:
         )
 
     def run(self) -> GenerationOutput:
-        import time
-
-        g, nb, batch = self.gen, self.nb, self.batch
+        g, nb = self.gen, self.nb
         ids = g.input_ids.repeat_interleave(nb, dim=0)
         mask = g.attention_mask.repeat_interleave(nb, dim=0)
-        prompt_len = ids.shape[1]
-        device = ids.device
+        self.prompt_len, self.device = ids.shape[1], ids.device
+        fill = self._prepare_criteria()
+        self._start_hypotheses(ids, fill)
+        self._beam_requests()
+        self.scores_out: list[torch.Tensor] = []
+        self.logits_out: list[torch.Tensor] = []
+        runner = ModelRunner(g.model, ids, mask)
+        self.cur_len = self.prompt_len
+        with torch.inference_mode():
+            logits = runner.prefill()
+            while True:
+                step = self.cur_len - self.prompt_len
+                self._step(self._log_probs(logits), step)
+                runner.reorder(self.running_beam_indices[..., step].reshape(-1).to(torch.int64))
+                self.cur_len += 1
+                self.unsatisfied = self._heuristic(
+                    self.unsatisfied,
+                    self.running_beam_scores,
+                    self.beam_scores,
+                    self.is_sent_finished,
+                    self.cur_len,
+                    self.max_length,
+                    self.prompt_len,
+                )
+                if not self._unfinished(self.unsatisfied, self.is_sent_finished, self.hits):
+                    break
+                flat = self.running_sequences[:, :, : self.cur_len].reshape(self.batch * nb, self.cur_len)
+                logits = runner.step(flat)
+        return self._output()
 
-        # criteria see the K candidate continuations of every prompt
+    def _prepare_criteria(self) -> int:
+        """Criteria see the K candidate continuations of every prompt; sets K and the length limit and returns the
+        fill value of unused positions (transformers': pad, or the first eos when pad is 0, when there is an eos)."""
+        g, nb = self.gen, self.nb
         eos = next((c for c in g.stopping if c.name == "eos"), None)
         g.setup.start_time = time.monotonic()
         if eos is not None:
             eos.prepare(g.setup)  # its ids decide K before the candidates' setup exists
-        n_eos = len(eos.resolved_ids()) if eos is not None and hasattr(eos, "resolved_ids") else 0
-        k = max(2, 1 + n_eos) * nb
-        cand_setup = self._candidates_setup(k)
-        cand_setup.start_time = g.setup.start_time
-        g.stopping.prepare(cand_setup)
-        max_new = g.stopping.max_new_tokens(cand_setup)
-        limit = max_new if max_new is not None else 1 << 16
-        max_length = prompt_len + limit
-        top_num_beam_mask = torch.cat([torch.ones(nb, dtype=torch.bool), torch.zeros(k - nb, dtype=torch.bool)]).to(
-            device
-        )
-
-        # transformers' fill value for unused positions: (pad or first eos) when there is an eos
         eos_ids = eos.resolved_ids() if eos is not None and hasattr(eos, "resolved_ids") else []
-        fill = (g.pad_id or eos_ids[0]) if eos_ids else g.pad_id
-        running_sequences = torch.full((batch, nb, max_length), fill, dtype=torch.int64, device=device)
-        running_sequences[:, :, :prompt_len] = ids.view(batch, nb, prompt_len)
-        sequences = running_sequences.clone()
-        running_beam_scores = torch.zeros((batch, nb), dtype=torch.float32, device=device)
-        running_beam_scores[:, 1:] = _NEG
-        beam_scores = torch.full((batch, nb), _NEG, dtype=torch.float32, device=device)
-        is_sent_finished = torch.zeros((batch, nb), dtype=torch.bool, device=device)
-        unsatisfied = torch.ones((batch, 1), dtype=torch.bool, device=device)
-        hits = torch.zeros((batch, nb), dtype=torch.bool, device=device)
-        running_beam_indices = torch.full((batch, nb, limit), -1, dtype=torch.int32, device=device)
-        beam_indices = running_beam_indices.clone()
-        running_lps = torch.zeros((batch, nb, limit), dtype=torch.float32, device=device)
-        lps = running_lps.clone()
-        # how each hypothesis ended, as a code into `endings`: (finish reason, the StopMatch of a text criterion)
-        endings: list[tuple[str, StopMatch | None]] = []
-        codes: dict[tuple[str, StopMatch | None], int] = {}
-        running_reason = torch.full((batch, nb), -1, dtype=torch.int64, device=device)  # never set while running
-        reason = running_reason.clone()
+        self.k = k = max(2, 1 + len(eos_ids)) * nb
+        self.cand_setup = self._candidates_setup(k)
+        self.cand_setup.start_time = g.setup.start_time
+        g.stopping.prepare(self.cand_setup)
+        max_new = g.stopping.max_new_tokens(self.cand_setup)
+        self.limit = max_new if max_new is not None else 1 << 16
+        self.max_length = self.prompt_len + self.limit
+        self.top_num_beam_mask = torch.cat(
+            [torch.ones(nb, dtype=torch.bool), torch.zeros(k - nb, dtype=torch.bool)]
+        ).to(self.device)
+        return (g.pad_id or eos_ids[0]) if eos_ids else g.pad_id
 
-        processes = len(g.chain.samplers) > 1
-        # every beam is a request of its own in the store (a batch holds an id once), with its prompt's parameters;
-        # process() accepts nothing, so the beams' state never diverges and needs no reordering
-        beam_rids = [f"{rid}.beam{j}" for rid in g.request_ids for j in range(nb)]
-        if processes:
+    def _start_hypotheses(self, ids: torch.Tensor, fill: int) -> None:
+        """The running beams (only the first of a prompt live at first) and the empty finished set."""
+        batch, nb, limit, device = self.batch, self.nb, self.limit, self.device
+        self.running_sequences = torch.full((batch, nb, self.max_length), fill, dtype=torch.int64, device=device)
+        self.running_sequences[:, :, : self.prompt_len] = ids.view(batch, nb, self.prompt_len)
+        self.sequences = self.running_sequences.clone()
+        self.running_beam_scores = torch.zeros((batch, nb), dtype=torch.float32, device=device)
+        self.running_beam_scores[:, 1:] = _NEG
+        self.beam_scores = torch.full((batch, nb), _NEG, dtype=torch.float32, device=device)
+        self.is_sent_finished = torch.zeros((batch, nb), dtype=torch.bool, device=device)
+        self.unsatisfied = torch.ones((batch, 1), dtype=torch.bool, device=device)
+        self.hits = torch.zeros((batch, nb), dtype=torch.bool, device=device)
+        self.running_beam_indices = torch.full((batch, nb, limit), -1, dtype=torch.int32, device=device)
+        self.beam_indices = self.running_beam_indices.clone()
+        self.running_lps = torch.zeros((batch, nb, limit), dtype=torch.float32, device=device)
+        self.lps = self.running_lps.clone()
+        # how each hypothesis ended, as a code into `endings`: (finish reason, the StopMatch of a text criterion)
+        self.endings: list[tuple[str, StopMatch | None]] = []
+        self.codes: dict[tuple[str, StopMatch | None], int] = {}
+        self.reason = torch.full((batch, nb), -1, dtype=torch.int64, device=device)
+        self.batch_offset = torch.arange(batch, device=device).view(-1, 1) * nb
+
+    def _beam_requests(self) -> None:
+        """Every beam is a request of its own in the store (a batch holds an id once), with its prompt's
+        parameters; process() accepts nothing, so the beams' state never diverges and needs no reordering."""
+        g, nb = self.gen, self.nb
+        self.processes = len(g.chain.samplers) > 1
+        self.beam_rids = [f"{rid}.beam{j}" for rid in g.request_ids for j in range(nb)]
+        if self.processes:
             for rid in g.request_ids:
                 for j in range(nb):
                     g.store.clone(rid, f"{rid}.beam{j}")
-        scores_out: list[torch.Tensor] = []
-        logits_out: list[torch.Tensor] = []
-        batch_offset = torch.arange(batch, device=device).view(-1, 1) * nb
 
-        runner = ModelRunner(g.model, ids, mask)
-        cur_len = prompt_len
-        with torch.inference_mode():
-            logits = runner.prefill()
-            while True:
-                if g.output_logits:
-                    logits_out.append(logits.clone())
-                if g.vocab_limit is not None:
-                    logits[:, g.vocab_limit :] = float("-inf")
-                log_probs = torch.nn.functional.log_softmax(logits, dim=-1)
-                flat = running_sequences[:, :, :cur_len].reshape(batch * nb, cur_len)
-                if g.logits_processor is not None:
-                    log_probs = g.logits_processor(flat, log_probs)
-                if processes:
-                    log_probs = g.chain.process(log_probs, g.store, beam_rids, **g.history_args(flat))
-                if g.output_scores:
-                    scores_out.append(log_probs.clone())
-                vocab = log_probs.shape[-1]
-                per_beam = log_probs.view(batch, nb * vocab)
-                acc = (log_probs.view(batch, nb, vocab) + running_beam_scores[:, :, None]).view(batch, nb * vocab)
+    def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The beams' log-probabilities after the logits processor and the chain's processing."""
+        g = self.gen
+        if g.output_logits:
+            self.logits_out.append(logits.clone())
+        if g.vocab_limit is not None:
+            logits[:, g.vocab_limit :] = float("-inf")
+        log_probs = torch.nn.functional.log_softmax(logits, dim=-1)
+        flat = self.running_sequences[:, :, : self.cur_len].reshape(self.batch * self.nb, self.cur_len)
+        if g.logits_processor is not None:
+            log_probs = g.logits_processor(flat, log_probs)
+        if self.processes:
+            log_probs = g.chain.process(log_probs, g.store, self.beam_rids, **g.history_args(flat))
+        if g.output_scores:
+            self.scores_out.append(log_probs.clone())
+        return log_probs
 
-                topk_log_probs, topk_indices = torch.topk(acc, k=k)
-                topk_beam = topk_indices // vocab
-                topk_running_beam_indices = _gather(running_beam_indices, topk_beam)
-                topk_running_sequences = _gather(running_sequences, topk_beam)
-                topk_running_lps = _gather(running_lps, topk_beam)
-                step = cur_len - prompt_len
-                topk_running_sequences[:, :, cur_len] = topk_indices % vocab
-                topk_running_beam_indices[:, :, step] = (topk_beam + batch_offset).to(torch.int32)
-                topk_running_lps[:, :, step] = per_beam.gather(1, topk_indices)
+    def _step(self, log_probs: torch.Tensor, step: int) -> None:
+        """The top K continuations, checked by the criteria; the unfinished run on, the finished are kept."""
+        batch, nb, k, cur_len = self.batch, self.nb, self.k, self.cur_len
+        vocab = log_probs.shape[-1]
+        per_beam = log_probs.view(batch, nb * vocab)
+        acc = (log_probs.view(batch, nb, vocab) + self.running_beam_scores[:, :, None]).view(batch, nb * vocab)
+        topk_log_probs, topk_indices = torch.topk(acc, k=k)
+        topk_beam = topk_indices // vocab
+        topk_running_beam_indices = _gather(self.running_beam_indices, topk_beam)
+        topk_running_sequences = _gather(self.running_sequences, topk_beam)
+        topk_running_lps = _gather(self.running_lps, topk_beam)
+        topk_running_sequences[:, :, cur_len] = topk_indices % vocab
+        topk_running_beam_indices[:, :, step] = (topk_beam + self.batch_offset).to(torch.int32)
+        topk_running_lps[:, :, step] = per_beam.gather(1, topk_indices)
+        cand_reason = self._check(topk_running_sequences, topk_running_lps, step)
 
-                candidates = topk_running_sequences[:, :, : cur_len + 1].reshape(batch * k, cur_len + 1)
-                result = g.stopping.check(
-                    StopContext(
-                        candidates,
-                        step + 1,
-                        candidates[:, -1],
-                        cand_setup,
-                        topk_running_lps[:, :, step].reshape(-1),
-                        None,
-                    )
-                )
-                hits = result.done.view(batch, k)
-                cand_reason = torch.full((batch * k,), -1, dtype=torch.int64, device=device)
-                if result.any:
-                    for row, r in enumerate(result.reasons):
-                        if r is not None:
-                            ending = (r, result.matches.get(row))
-                            if ending not in codes:
-                                codes[ending] = len(endings)
-                                endings.append(ending)
-                            cand_reason[row] = codes[ending]
-                cand_reason = cand_reason.view(batch, k)
+        # the best unfinished continuations run on
+        topk_running_log_probs = topk_log_probs + self.hits.to(torch.float32) * _NEG
+        nxt = torch.topk(topk_running_log_probs, k=nb)[1]
+        self.running_sequences = _gather(topk_running_sequences, nxt)
+        self.running_beam_scores = _gather(topk_running_log_probs, nxt)
+        self.running_beam_indices = _gather(topk_running_beam_indices, nxt)
+        self.running_lps = _gather(topk_running_lps, nxt)
+        self._keep_finished(
+            topk_log_probs, topk_running_sequences, topk_running_beam_indices, topk_running_lps, cand_reason
+        )
 
-                # the best unfinished continuations run on
-                topk_running_log_probs = topk_log_probs + hits.to(torch.float32) * _NEG
-                nxt = torch.topk(topk_running_log_probs, k=nb)[1]
-                running_sequences = _gather(topk_running_sequences, nxt)
-                running_beam_scores = _gather(topk_running_log_probs, nxt)
-                running_beam_indices = _gather(topk_running_beam_indices, nxt)
-                running_lps = _gather(topk_running_lps, nxt)
+    def _check(self, topk_running_sequences: torch.Tensor, topk_running_lps: torch.Tensor, step: int) -> torch.Tensor:
+        """The criteria over the K candidates of every prompt: sets `hits` (batch, K) and returns each candidate's
+        ending code (-1: none)."""
+        batch, k, cur_len = self.batch, self.k, self.cur_len
+        candidates = topk_running_sequences[:, :, : cur_len + 1].reshape(batch * k, cur_len + 1)
+        result = self.gen.stopping.check(
+            StopContext(
+                candidates,
+                step + 1,
+                candidates[:, -1],
+                self.cand_setup,
+                topk_running_lps[:, :, step].reshape(-1),
+                None,
+            )
+        )
+        self.hits = result.done.view(batch, k)
+        cand_reason = torch.full((batch * k,), -1, dtype=torch.int64, device=self.device)
+        if result.any:
+            for row, r in enumerate(result.reasons):
+                if r is not None:
+                    ending = (r, result.matches.get(row))
+                    if ending not in self.codes:
+                        self.codes[ending] = len(self.endings)
+                        self.endings.append(ending)
+                    cand_reason[row] = self.codes[ending]
+        return cand_reason.view(batch, k)
 
-                # finished hypotheses among the top num_beams enter the finished set if they score better
-                did_finish = hits & top_num_beam_mask[None, :]
-                finished_scores = topk_log_probs / ((cur_len + 1 - prompt_len) ** self.length_penalty)
-                full = torch.all(is_sent_finished, dim=-1, keepdim=True) & (self.early_stopping is True)
-                finished_scores = finished_scores + full.to(torch.float32) * _NEG
-                finished_scores = finished_scores + (~unsatisfied).to(torch.float32) * _NEG
-                finished_scores = finished_scores + (~did_finish) * _NEG
-                merged = torch.topk(torch.cat((beam_scores, finished_scores), dim=1), k=nb)[1]
-                sequences = _gather(torch.cat((sequences, topk_running_sequences), dim=1), merged)
-                beam_scores = _gather(torch.cat((beam_scores, finished_scores), dim=1), merged)
-                beam_indices = _gather(torch.cat((beam_indices, topk_running_beam_indices), dim=1), merged)
-                lps = _gather(torch.cat((lps, topk_running_lps), dim=1), merged)
-                reason = _gather(torch.cat((reason, cand_reason), dim=1), merged)
-                is_sent_finished = _gather(torch.cat((is_sent_finished, did_finish), dim=1), merged)
+    def _keep_finished(self, topk_log_probs, topk_running_sequences, topk_beam_indices, topk_lps, cand_reason) -> None:
+        """Finished hypotheses among the top num_beams enter the finished set if they score better."""
+        nb = self.nb
+        did_finish = self.hits & self.top_num_beam_mask[None, :]
+        finished_scores = topk_log_probs / ((self.cur_len + 1 - self.prompt_len) ** self.length_penalty)
+        full = torch.all(self.is_sent_finished, dim=-1, keepdim=True) & (self.early_stopping is True)
+        finished_scores = finished_scores + full.to(torch.float32) * _NEG
+        finished_scores = finished_scores + (~self.unsatisfied).to(torch.float32) * _NEG
+        finished_scores = finished_scores + (~did_finish) * _NEG
+        merged = torch.topk(torch.cat((self.beam_scores, finished_scores), dim=1), k=nb)[1]
+        self.sequences = _gather(torch.cat((self.sequences, topk_running_sequences), dim=1), merged)
+        self.beam_scores = _gather(torch.cat((self.beam_scores, finished_scores), dim=1), merged)
+        self.beam_indices = _gather(torch.cat((self.beam_indices, topk_beam_indices), dim=1), merged)
+        self.lps = _gather(torch.cat((self.lps, topk_lps), dim=1), merged)
+        self.reason = _gather(torch.cat((self.reason, cand_reason), dim=1), merged)
+        self.is_sent_finished = _gather(torch.cat((self.is_sent_finished, did_finish), dim=1), merged)
 
-                runner.reorder(running_beam_indices[..., step].reshape(-1).to(torch.int64))
-                cur_len += 1
-                unsatisfied = self._heuristic(
-                    unsatisfied, running_beam_scores, beam_scores, is_sent_finished, cur_len, max_length, prompt_len
-                )
-                if not self._unfinished(unsatisfied, is_sent_finished, hits):
-                    break
-                logits = runner.step(running_sequences[:, :, :cur_len].reshape(batch * nb, cur_len))
-
-        n = self.n_return
-        seqs = sequences[:, :n].reshape(batch * n, -1)
-        seq_scores = beam_scores[:, :n].reshape(-1)
-        bidx = beam_indices[:, :n].reshape(batch * n, -1)
+    def _output(self) -> GenerationOutput:
+        """The best n_return finished hypotheses of every prompt."""
+        g, n, batch, prompt_len = self.gen, self.n_return, self.batch, self.prompt_len
+        seqs = self.sequences[:, :n].reshape(batch * n, -1)
+        seq_scores = self.beam_scores[:, :n].reshape(-1)
+        bidx = self.beam_indices[:, :n].reshape(batch * n, -1)
         generated = (bidx + 1).bool().sum(dim=1)
         width = int(generated.max())
         seqs = seqs[:, : prompt_len + width]
         bidx = bidx[:, :width]
-        token_lps = torch.where(bidx >= 0, lps[:, :n].reshape(batch * n, -1)[:, :width], torch.zeros(()))
-        ended = [endings[c] if c >= 0 else (None, None) for c in reason[:, :n].reshape(-1).tolist()]
+        token_lps = torch.where(bidx >= 0, self.lps[:, :n].reshape(batch * n, -1)[:, :width], torch.zeros(()))
+        ended = [self.endings[c] if c >= 0 else (None, None) for c in self.reason[:, :n].reshape(-1).tolist()]
         finish = [r for r, _ in ended]
         matches = [m for _, m in ended]
         texts = None
@@ -290,8 +323,8 @@ class _BeamSearch:
             ]
         return GenerationOutput(
             sequences=seqs,
-            scores=tuple(scores_out) if g.output_scores else None,
-            logits=tuple(logits_out) if g.output_logits else None,
+            scores=tuple(self.scores_out) if g.output_scores else None,
+            logits=tuple(self.logits_out) if g.output_logits else None,
             sequences_scores=seq_scores,
             beam_indices=bidx,
             logprobs=token_lps,
