@@ -124,26 +124,12 @@ class Dry(Sampler):
         if self.is_noop(ctx):
             return cand
         if self.params.breakers and self._tokenizer is None:
-            if tuple(self.params.breakers) != LLAMA_CPP_BREAKERS:
-                raise SamplingError(
-                    f"{self.qualified_name()}: string sequence breakers {list(self.params.breakers)} need a "
-                    "tokenizer: run the chain through generate() or call chain.prepare(tokenizer=...), or give "
-                    "them as breaker_ids (token-id sequences), or set breakers = []"
-                )
-            if not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"{self.qualified_name()}: no tokenizer, so llama.cpp's default sequence breakers "
-                    "are off: call chain.prepare(tokenizer=...) (generate() does), or set breakers = [] "
-                    "or breaker_ids to choose",
-                    ChainWarning,
-                    stacklevel=2,
-                )
+            self._no_tokenizer()
         mult, base = ctx.param("multiplier"), ctx.param("base")
         allowed, last_n = ctx.param("allowed_length"), ctx.param("penalty_last_n")
         history = ctx.history
         device = history.device
-        B, L = history.shape
+        L = history.shape[1]
         valid = history >= 0
         count_valid = valid.sum(dim=1)
         n_rep = torch.where(last_n < 0, count_valid, torch.minimum(count_valid, last_n.clamp(min=0)))  # (B,)
@@ -156,8 +142,44 @@ class Dry(Sampler):
         inside = from_end < n_rep[:, None]
         # outside a row's window: distinct negative sentinels, equal to nothing (not even each other)
         window = torch.where(inside, window, -1 - torch.arange(N, device=device)[None, :])
+        rep_limit = self._rep_limit(window, from_end, n_rep)
+        off |= rep_limit < allowed
+        if bool(off.all()):
+            return cand
+        rev = window.flip(1)  # rev[:, 0] is the latest token
+        repeat = _repeats(rev, off, rep_limit)
 
-        # step 1: the most recent breaker bounds the repeat length (rep_limit)
+        # step 3: the token after each repeat would extend it; keep the longest per token
+        ks = torch.arange(N, device=device)[None, :]
+        counts = (ks >= 1) & (ks < n_rep[:, None]) & (repeat >= allowed[:, None]) & ~off[:, None]
+        follower = torch.roll(rev, 1, dims=1)  # follower[:, k] = rev[:, k - 1]
+        ok = counts & (follower >= 0) & (follower < cand.vocab_size)
+        if cand.ids is None:  # the full vocabulary: penalise the followers in place, never touch the other tokens
+            return self._sparse(cand, follower, repeat, ok, mult, base, allowed, ctx.backend)
+        return self._dense(cand, follower, repeat, ok, mult, base, allowed)
+
+    def _no_tokenizer(self) -> None:
+        """String breakers without a tokenizer: llama.cpp's defaults are dropped with a warning (once), others
+        refused."""
+        if tuple(self.params.breakers) != LLAMA_CPP_BREAKERS:
+            raise SamplingError(
+                f"{self.qualified_name()}: string sequence breakers {list(self.params.breakers)} need a "
+                "tokenizer: run the chain through generate() or call chain.prepare(tokenizer=...), or give "
+                "them as breaker_ids (token-id sequences), or set breakers = []"
+            )
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"{self.qualified_name()}: no tokenizer, so llama.cpp's default sequence breakers "
+                "are off: call chain.prepare(tokenizer=...) (generate() does), or set breakers = [] "
+                "or breaker_ids to choose",
+                ChainWarning,
+                stacklevel=3,
+            )
+
+    def _rep_limit(self, window: torch.Tensor, from_end: torch.Tensor, n_rep: torch.Tensor) -> torch.Tensor:
+        """Step 1: the most recent breaker bounds the repeat length; (B,) the longest repeat each row allows."""
+        N, device = window.shape[1], window.device
         heads: list[torch.Tensor] = []  # per breaker group: (B,) index from the end of the most recent head
         tails: list[int] = []
         big = torch.full((), N + 1, dtype=torch.int64, device=device)
@@ -172,51 +194,28 @@ class Dry(Sampler):
             hit = (grams[:, :, None, :] == seqs.to(device)[None, None, :, :]).all(dim=-1).any(dim=-1)
             heads.append(torch.where(hit, from_end[:, : N - n + 1], big).amin(dim=1))
             tails.append(n - 1)
-        rep_limit = n_rep
-        if heads:
-            head = torch.stack(heads, dim=1)  # (B, G)
-            first = head.amin(dim=1)  # llama.cpp stops at the most recent head ...
-            tail = torch.where(head == first[:, None], torch.tensor(tails, device=device)[None, :], -1).amax(dim=1)
-            rep_limit = torch.where(first <= N, first - tail, n_rep)  # ... and takes its longest breaker there
-        off |= rep_limit < allowed
-        if bool(off.all()):
-            return cand
+        if not heads:
+            return n_rep
+        head = torch.stack(heads, dim=1)  # (B, G)
+        first = head.amin(dim=1)  # llama.cpp stops at the most recent head ...
+        tail = torch.where(head == first[:, None], torch.tensor(tails, device=device)[None, :], -1).amax(dim=1)
+        return torch.where(first <= N, first - tail, n_rep)  # ... and takes its longest breaker there
 
-        # step 2: repeat[k] = how far the context read backwards from its end matches itself shifted by k
-        rev = window.flip(1)  # rev[:, 0] is the latest token
-        repeat = torch.zeros(B, N, dtype=torch.int64, device=device)
-        alive = torch.ones(B, N, dtype=torch.bool, device=device)
-        alive[:, 0] = False
-        limit = int(torch.where(off, 0, rep_limit).max())
-        for n in range(min(limit, N - 1)):
-            alive[:, N - n :] = False  # n + k < N
-            alive[:, 1 : N - n] &= rev[:, n + 1 :] == rev[:, n : n + 1]
-            if not bool(alive.any()):
-                break
-            repeat += alive
-        repeat = torch.minimum(repeat, rep_limit[:, None])
-
-        # step 3: the token after each repeat would extend it; keep the longest per token
-        ks = torch.arange(N, device=device)[None, :]
-        counts = (ks >= 1) & (ks < n_rep[:, None]) & (repeat >= allowed[:, None]) & ~off[:, None]
-        follower = torch.roll(rev, 1, dims=1)  # follower[:, k] = rev[:, k - 1]
-        vocab = cand.vocab_size
-        ok = counts & (follower >= 0) & (follower < vocab)
-        if cand.ids is None:  # the full vocabulary: penalise the followers in place, never touch the other tokens
-            return self._sparse(cand, follower, repeat, ok, mult, base, allowed, ctx.backend)
-        best = torch.full((B, vocab + 1), -1, dtype=torch.int64, device=device)
+    def _dense(self, cand, follower, repeat, ok, mult, base, allowed) -> Candidates:
+        """Steps 3-4 over a candidate set: each token's longest repeat through a (B, V) table, then the penalty at
+        the candidates."""
+        B, vocab = follower.shape[0], cand.vocab_size
+        best = torch.full((B, vocab + 1), -1, dtype=torch.int64, device=follower.device)
         best.scatter_reduce_(1, torch.where(ok, follower, vocab), torch.where(ok, repeat, -1), reduce="amax")
         best = best[:, :vocab]
-        if self._single.numel():
-            best[:, self._single[self._single < vocab].to(device)] = -1  # single-token breakers: never penalised
-
+        if self._single.numel():  # single-token breakers are never penalised
+            best[:, self._single[self._single < vocab].to(follower.device)] = -1
         # step 4: the penalty, exponent capped against float overflow
         penalty = dry_penalty(best, mult, base, allowed)
         has = best >= 0
-        penalty, has = penalty.gather(1, cand.ids), has.gather(1, cand.ids)  # cand.ids is set: the sparse path returned
+        penalty, has = penalty.gather(1, cand.ids), has.gather(1, cand.ids)
         x = cand.logits
-        out = torch.where(has, x - penalty, x)
-        return cand.replace_logits(out)
+        return cand.replace_logits(torch.where(has, x - penalty, x))
 
     def _sparse(
         self,
@@ -258,3 +257,20 @@ def dry_penalty(best: torch.Tensor, mult: torch.Tensor, base: torch.Tensor, allo
 @hookimpl
 def register_samplers(register):
     register(Dry)
+
+
+def _repeats(rev: torch.Tensor, off: torch.Tensor, rep_limit: torch.Tensor) -> torch.Tensor:
+    """Step 2: repeat[:, k] = how far the context read backwards from its end (rev: latest token first) matches
+    itself shifted by k, capped at each row's rep_limit; rows `off` are not followed."""
+    B, N = rev.shape
+    repeat = torch.zeros(B, N, dtype=torch.int64, device=rev.device)
+    alive = torch.ones(B, N, dtype=torch.bool, device=rev.device)
+    alive[:, 0] = False
+    limit = int(torch.where(off, 0, rep_limit).max())
+    for n in range(min(limit, N - 1)):
+        alive[:, N - n :] = False  # n + k < N
+        alive[:, 1 : N - n] &= rev[:, n + 1 :] == rev[:, n : n + 1]
+        if not bool(alive.any()):
+            break
+        repeat += alive
+    return torch.minimum(repeat, rep_limit[:, None])
