@@ -264,6 +264,52 @@ def _config(config: Any, overrides: Mapping[str, Any]) -> WatermarkParams:
         raise ValueError(f"watermark detector config {values}: {exc}") from None
 
 
+def _rows_and_prompt_lengths(token_ids: Any, prompt_length: Any, prompt_ids: Any) -> tuple[list[list[int]], list[int]]:
+    """The rows to score and each one's prompt length, from prompt_length (an int or one per row) or from the
+    prompts each row (padding dropped) must start with."""
+    rows = _rows(token_ids)
+    if prompt_ids is not None:
+        prompts = _rows(prompt_ids)
+        if len(prompts) == 1 and len(rows) > 1:
+            prompts = prompts * len(rows)
+        if len(prompts) != len(rows):
+            raise ValueError(f"{len(prompts)} prompts for {len(rows)} rows")
+        rows = [[t for t in r if t >= 0] for r in rows]
+        for i, (r, p) in enumerate(zip(rows, prompts)):
+            if r[: len(p)] != p:
+                raise ValueError(f"row {i} does not start with its prompt_ids")
+        return rows, [len(p) for p in prompts]
+    if isinstance(prompt_length, torch.Tensor) and prompt_length.ndim == 0:
+        prompt_length = int(prompt_length)
+    lengths = (
+        [int(prompt_length)] * len(rows)
+        if isinstance(prompt_length, int)
+        else [int(x) for x in (prompt_length.tolist() if isinstance(prompt_length, torch.Tensor) else prompt_length)]
+    )
+    if len(lengths) != len(rows):
+        raise ValueError(f"{len(lengths)} prompt lengths for {len(rows)} rows")
+    return rows, lengths
+
+
+def _scored_ids(
+    row: list[int], plen: int, n: int, context_width: int, bos_token_id: Any, prompt_context: bool, i: int
+) -> list[int]:
+    """Row i's generated ids (padding and a leading bos dropped), after the prompt's last n - 1 with
+    prompt_context; at least one token past the first context_width."""
+    prompt = [t for t in row[:plen] if t >= 0]
+    ids = [t for t in row[plen:] if t >= 0]
+    if bos_token_id is not None and ids and ids[0] == bos_token_id:
+        ids = ids[1:]
+    if prompt_context and n > 1:
+        ids = prompt[len(prompt) - min(n - 1, len(prompt)) :] + ids
+    if len(ids) - context_width < 1:
+        raise ValueError(
+            f"row {i}: must have at least 1 token to score after the first "
+            f"{context_width} (context_width) tokens, has {len(ids)}"
+        )
+    return ids
+
+
 def detect(
     token_ids: Any,
     prompt_length: int | Sequence[int] = 0,
@@ -307,30 +353,7 @@ def detect(
             "context_width": context_width,
         },
     )
-    rows = _rows(token_ids)
-    if prompt_ids is not None:
-        prompts = _rows(prompt_ids)
-        if len(prompts) == 1 and len(rows) > 1:
-            prompts = prompts * len(rows)
-        if len(prompts) != len(rows):
-            raise ValueError(f"{len(prompts)} prompts for {len(rows)} rows")
-        rows = [[t for t in r if t >= 0] for r in rows]
-        for i, (r, p) in enumerate(zip(rows, prompts)):
-            if r[: len(p)] != p:
-                raise ValueError(f"row {i} does not start with its prompt_ids")
-        lengths = [len(p) for p in prompts]
-    else:
-        if isinstance(prompt_length, torch.Tensor) and prompt_length.ndim == 0:
-            prompt_length = int(prompt_length)
-        lengths = (
-            [int(prompt_length)] * len(rows)
-            if isinstance(prompt_length, int)
-            else [
-                int(x) for x in (prompt_length.tolist() if isinstance(prompt_length, torch.Tensor) else prompt_length)
-            ]
-        )
-        if len(lengths) != len(rows):
-            raise ValueError(f"{len(lengths)} prompt lengths for {len(rows)} rows")
+    rows, lengths = _rows_and_prompt_lengths(token_ids, prompt_length, prompt_ids)
     selfhash = cfg.seeding_scheme == "selfhash"
     n = cfg.context_width + 1 - int(selfhash)
     size = int(vocab * cfg.greenlist_ratio)
@@ -338,17 +361,7 @@ def detect(
     table = _DETECTOR_CACHE.table(cfg.hashing_key, dev) if selfhash else None
     scored_counts, green_counts = [], []
     for i, (row, plen) in enumerate(zip(rows, lengths)):
-        prompt = [t for t in row[:plen] if t >= 0]
-        ids = [t for t in row[plen:] if t >= 0]
-        if bos_token_id is not None and ids and ids[0] == bos_token_id:
-            ids = ids[1:]
-        if prompt_context and n > 1:
-            ids = prompt[len(prompt) - min(n - 1, len(prompt)) :] + ids
-        if len(ids) - cfg.context_width < 1:
-            raise ValueError(
-                f"row {i}: must have at least 1 token to score after the first "
-                f"{cfg.context_width} (context_width) tokens, has {len(ids)}"
-            )
+        ids = _scored_ids(row, plen, n, cfg.context_width, bos_token_id, prompt_context, i)
         grams = [tuple(ids[j : j + n]) for j in range(len(ids) - n + 1)]
         counts: dict[tuple[int, ...], int] = {}
         for g in grams:
