@@ -6,7 +6,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test test-fast bench gpu-check transformers-min test-transformers-min vllm test-vllm
+.PHONY: setup run lint test test-fast bench gpu-check transformers-min test-transformers-min vllm test-vllm
 setup:
 	./scripts/setup.sh
 
@@ -15,7 +15,15 @@ PROMPT ?= In Python, a list is
 run: setup
 	$(VENV)/bin/samplechain generate "$(PROMPT)" --seed 7
 
+# ruff's lint rules and formatting, then mypy on the core, the plugins and the vLLM package (pyproject.toml's
+# [tool.ruff] and [tool.mypy]; CONTRIBUTING.md, "Lint, format and types")
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
 test: setup
+	@$(MAKE) --no-print-directory lint
 	SAMPLECHAIN_STRICT=1 $(PY) -m pytest -q
 	@$(MAKE) --no-print-directory test-transformers-min
 	@if [ "$(SKIP_VLLM)" = 1 ]; then echo "SKIP_VLLM=1: the vLLM serving tests (make test-vllm) were not run"; \

@@ -335,7 +335,8 @@ def overlapping_sequences(tokenizer: Any, text: str, *, max_tail: int | None = N
         pos = word.find(first)
         while pos != -1:  # the text starts at pos and runs past the word's end: it overhangs by the rest
             if target.startswith(word[pos:]):
-                out[(token, *tail(len(word) - pos))] = None
+                found_at = (token, *tail(len(word) - pos))
+                out[found_at] = None
             pos = word.find(first, pos + 1)
     found = tuple(out)
     table.derived[key] = found

@@ -17,9 +17,9 @@ from rich.markup import escape
 from ..errors import ConfigError
 from ..tools.progress import LONG_RUN_TOKENS, progress_bar
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ImportError:  # pragma: no cover - Python 3.10
+else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 __all__ = ["add_parser", "cmd_generate", "parse_sets"]
