@@ -141,17 +141,7 @@ def parse_request(extra_args: Mapping[str, Any] | None, seed: int | None = None)
     logprobs_at = flat.pop(LOGPROBS_KEY, None)
     stop_regex = flat.pop(STOP_REGEX_KEY, None)
     if VLLM_SEED_KEY in flat:
-        handed = flat.pop(VLLM_SEED_KEY)
-        if isinstance(handed, bool) or not isinstance(handed, int):
-            raise RequestSpecError(
-                f"samplechain: {PARAM_PREFIX}{VLLM_SEED_KEY} must be an integer (the request's seed), got {handed!r}"
-            )
-        if seed is not None and seed != handed:
-            raise RequestSpecError(
-                f"samplechain: seed = {seed} but {PARAM_PREFIX}{VLLM_SEED_KEY} = {handed}: two "
-                f"seeds for one request; give it once"
-            )
-        seed = handed
+        seed = _handed_seed(flat.pop(VLLM_SEED_KEY), seed)
     if raw is False or (isinstance(raw, str) and raw.strip().lower() in _OFF):
         if flat or logprobs_at is not None or stop_regex is not None:
             given = list(flat) + [
@@ -182,43 +172,10 @@ def parse_request(extra_args: Mapping[str, Any] | None, seed: int | None = None)
     elif isinstance(raw, str):
         chain = _chain(raw)
     elif isinstance(raw, Mapping):
-        unknown = sorted(set(raw) - set(_KEYS))
-        if unknown:
-            raise RequestSpecError(f"samplechain: unknown key(s) {unknown}; use {', '.join(_KEYS)}")
-        if "preset" in raw and "chain" in raw:
-            raise RequestSpecError("samplechain: give either preset or chain, not both")
-        if "preset" in raw:
-            if not isinstance(raw["preset"], str):
-                raise RequestSpecError(f"samplechain: preset must be a name, got {raw['preset']!r}")
-            chain = _preset(raw["preset"])
-        elif "chain" in raw:
-            chain = _chain(raw["chain"])
-        else:
-            found = default_chain()
-            if found is None:
-                raise RequestSpecError(
-                    f"samplechain: no chain named and the server has no default "
-                    f'({DEFAULT_CHAIN_ENV}); add "preset" or "chain"'
-                )
-            chain = found
-        given = raw.get("params", {}) or {}
-        if not isinstance(given, Mapping) or not all(isinstance(k, str) for k in given):
-            raise RequestSpecError(f"samplechain: params must be an object of parameter names, got {given!r}")
-        params = dict(given)
-        if LOGPROBS_KEY in raw:
-            if logprobs_at is not None:
-                raise RequestSpecError(
-                    f"samplechain: {LOGPROBS_KEY} given both in the object and as "
-                    f"{PARAM_PREFIX}{LOGPROBS_KEY}; give it once"
-                )
-            logprobs_at = raw[LOGPROBS_KEY]
-        if STOP_REGEX_KEY in raw:
-            if stop_regex is not None:
-                raise RequestSpecError(
-                    f"samplechain: {STOP_REGEX_KEY} given both in the object and as "
-                    f"{PARAM_PREFIX}{STOP_REGEX_KEY}; give it once"
-                )
-            stop_regex = raw[STOP_REGEX_KEY]
+        chain = _object_chain(raw)
+        params = _object_params(raw)
+        logprobs_at = _once(raw, LOGPROBS_KEY, logprobs_at)
+        stop_regex = _once(raw, STOP_REGEX_KEY, stop_regex)
     else:
         raise RequestSpecError(
             f"samplechain: expected a preset name or an object with preset / chain / params, got {type(raw).__name__}"
@@ -235,6 +192,57 @@ def parse_request(extra_args: Mapping[str, Any] | None, seed: int | None = None)
             f"chain entry's id, got {logprobs_at!r}"
         )
     return RequestSpec(chain, params, None if seed is None else int(seed), logprobs_at, _patterns(stop_regex))
+
+
+def _handed_seed(handed: Any, seed: int | None) -> int:
+    """The seed the frontend handed over in extra_args, which must agree with SamplingParams.seed when both are set."""
+    if isinstance(handed, bool) or not isinstance(handed, int):
+        raise RequestSpecError(
+            f"samplechain: {PARAM_PREFIX}{VLLM_SEED_KEY} must be an integer (the request's seed), got {handed!r}"
+        )
+    if seed is not None and seed != handed:
+        raise RequestSpecError(
+            f"samplechain: seed = {seed} but {PARAM_PREFIX}{VLLM_SEED_KEY} = {handed}: two "
+            f"seeds for one request; give it once"
+        )
+    return handed
+
+
+def _object_chain(raw: Mapping[str, Any]) -> ChainSpec:
+    """The chain an object form names: its preset, its chain, or the server's default."""
+    unknown = sorted(set(raw) - set(_KEYS))
+    if unknown:
+        raise RequestSpecError(f"samplechain: unknown key(s) {unknown}; use {', '.join(_KEYS)}")
+    if "preset" in raw and "chain" in raw:
+        raise RequestSpecError("samplechain: give either preset or chain, not both")
+    if "preset" in raw:
+        if not isinstance(raw["preset"], str):
+            raise RequestSpecError(f"samplechain: preset must be a name, got {raw['preset']!r}")
+        return _preset(raw["preset"])
+    if "chain" in raw:
+        return _chain(raw["chain"])
+    found = default_chain()
+    if found is None:
+        raise RequestSpecError(
+            f'samplechain: no chain named and the server has no default ({DEFAULT_CHAIN_ENV}); add "preset" or "chain"'
+        )
+    return found
+
+
+def _object_params(raw: Mapping[str, Any]) -> dict[str, Any]:
+    given = raw.get("params", {}) or {}
+    if not isinstance(given, Mapping) or not all(isinstance(k, str) for k in given):
+        raise RequestSpecError(f"samplechain: params must be an object of parameter names, got {given!r}")
+    return dict(given)
+
+
+def _once(raw: Mapping[str, Any], key: str, flat_value: Any) -> Any:
+    """A setting given in the object or as a flat samplechain.KEY, not both."""
+    if key not in raw:
+        return flat_value
+    if flat_value is not None:
+        raise RequestSpecError(f"samplechain: {key} given both in the object and as {PARAM_PREFIX}{key}; give it once")
+    return raw[key]
 
 
 def _patterns(value: Any) -> tuple[str, ...]:
