@@ -146,7 +146,7 @@ FUSED_CHAIN = [
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_penalties_then_top_k_fused_equals_the_two_in_turn(seed, monkeypatch):
-    monkeypatch.setattr("samplechain.engine.chain._FUSE_MIN", 0)  # fuse at this small size too
+    monkeypatch.setattr("samplechain.engine.stages._FUSE_MIN", 0)  # fuse at this small size too
     logits, history = _fusion_case(seed)
     per_row = [
         {},
@@ -176,7 +176,7 @@ def test_penalties_then_top_k_fused_equals_the_two_in_turn(seed, monkeypatch):
 
 
 def test_the_fusion_runs_when_every_row_has_enough_candidates(monkeypatch):
-    monkeypatch.setattr("samplechain.engine.chain._FUSE_MIN", 0)  # fuse at this small size too
+    monkeypatch.setattr("samplechain.engine.stages._FUSE_MIN", 0)  # fuse at this small size too
     logits, history = _fusion_case(0)
     logits, history = logits[:4], history[:4]
     chain = Chain.load({"samplers": FUSED_CHAIN})

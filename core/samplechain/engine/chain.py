@@ -27,7 +27,8 @@ One step of `Chain.sample(logits, store, request_ids)`, in order:
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,62 +36,27 @@ import attrs
 import torch
 
 from ..contracts import (
-    FUSED_SAMPLE,
     Backend,
     Candidates,
-    FusedPart,
     Sampler,
     SamplerSetup,
-    StepContext,
     sync_free_step,
     token_id_list,
 )
 from ..errors import ConfigError, RequestError, SamplechainError, SamplingError
-from ..filters import patched_top
 from .backends import select_backend
 from .checks import bad_rows, check_history, check_logits, check_unconditional
 from .config import ChainConfig, load_config
 from .discovery import PluginHost, get_host
-from .logprobs import at_stages, kept_copy, parse_stage, row_lse
+from .logprobs import at_stages, parse_stage, row_lse
+from .stages import StepStages
+from .step import DeferredSample, FusionPlan, SampleOutput, Step
 from .store import RequestStore, StoreLayout
 
-__all__ = ["Chain", "SampleOutput"]
+__all__ = ["Chain", "DeferredSample", "SampleOutput"]
 
 
-@attrs.frozen
-class SampleOutput:
-    """token_ids (B,) int64; logprobs (B,) float32 of each chosen token under the processed distribution (or the
-    stage and kind `logprobs_at` asked for: a logit where it asked for logits); scores (B, V) float32 processed
-    logits when asked for (return_scores=True), else None; top_logprobs, when asked for (top_logprobs=n > 0), a pair
-    (values (B, n) float32, token ids (B, n) int64) of the n most likely tokens under the same stage and kind, best
-    first (-inf, with the id of some removed token, where a stage has fewer than n candidates left); ranks, when a
-    stage other than the default was asked for or top_logprobs > 0, (B,) int64 rank of each chosen token under
-    that distribution (1 for the most likely; tokens tied with it count, as vLLM's selected_token_ranks).
-
-    On a backend whose step never waits for the host (`Backend.sync_free`: cuda) the step's check of its tokens
-    is deferred to a device flag: call `check()` where the tokens are read anyway (generate() does); it raises
-    the error the step would have raised, and a failed step changed no request's state."""
-
-    token_ids: torch.Tensor
-    logprobs: torch.Tensor
-    scores: torch.Tensor | None = None
-    deferred: tuple[torch.Tensor, Callable[[], Exception]] | None = attrs.field(default=None, repr=False, eq=False)
-    top_logprobs: tuple[torch.Tensor, torch.Tensor] | None = attrs.field(default=None, eq=False)
-    ranks: torch.Tensor | None = attrs.field(default=None, eq=False)
-
-    def check(self) -> SampleOutput:
-        """Raise the step's deferred error, if any (one host read of a device flag); returns self."""
-        if self.deferred is not None:
-            failed, error = self.deferred
-            if bool(failed):
-                raise error()
-        return self
-
-
-_FUSE_MIN = 1 << 20  # logits elements from which skipping the (B, V) copy pays for the fusion's extra calls
-
-
-class Chain:
+class Chain(StepStages):
     """A validated sampler chain bound to a backend. Build with Chain.load(file | dict | "preset:NAME")."""
 
     def __init__(self, config: ChainConfig, *, host: PluginHost | None = None, backend: str | None = None) -> None:
@@ -205,18 +171,11 @@ class Chain:
         """Run the transforms and filters (not the selector) and return the processed scores (B, V) float32,
         -inf where a token was removed: what a transformers LogitsProcessorList returns. Nothing is accepted,
         no RNG position moves."""
-        logits, writable = self._checked(logits)
-        store, request_ids = self._store_for(logits, store, request_ids)
-        backend = self._backend_for(logits.device.type)
-        view = store.batch(request_ids)
-        positions = store.positions(view)
-        cand = Candidates(logits, None, logits.shape[1], False, writable)
-        if logits.shape[0] == 0:
-            return logits.clone()
-        hist = check_history(history, prompt_lengths, positions, logits)
-        uncond = self._checked_unconditional(unconditional_logits, logits)
-        cand = self._filter(cand, store, view, positions, backend, hist, uncond)
-        return cand.scores()
+        step = self._begin(logits, store, request_ids)
+        if step.batch == 0:
+            return step.logits.clone()
+        self._inputs(step, history, prompt_lengths, unconditional_logits)
+        return self._filter(step, self._candidates(step)).scores()
 
     def _store_for(
         self, logits: torch.Tensor, store: RequestStore | None, request_ids: Sequence[str] | None
@@ -259,7 +218,7 @@ class Chain:
         store: RequestStore | None = None,
         request_ids: Sequence[str] | None = None,
         *,
-        accept: bool | str = True,
+        accept: bool = True,
         return_scores: bool = False,
         history: torch.Tensor | None = None,
         prompt_lengths: torch.Tensor | None = None,
@@ -269,9 +228,20 @@ class Chain:
     ) -> SampleOutput:
         """Choose one token per row. Without a store, each row is a fresh request with the chain's parameters.
 
-        accept=False leaves the store untouched (call `accept` later); accept="defer" returns (output, commit):
-        the state updates are computed but only written when commit() is called (MixedChains uses it so a failure
-        in any group of a mixed batch changes no request).
+        The step's pipeline, one method per stage, each taking the step's `Step` (built once, in `_begin`):
+          1. `_begin`: the logits checked and the batch gathered from the store (parameters, RNG positions);
+             `_inputs`: the history and unconditional logits checked;
+          2. `_fusion`: the chain's tail a backend's fused truncate-and-draw kernel may run (default logprobs and
+             no scores only);
+          3. `_filter` (`_filter_keeping` where `logprobs_at` asks for stages): the transforms and filters;
+          4. `_select`: the fused kernel's draw, or the remaining filters and the selector's; the chosen tokens'
+             logprobs;
+          5. `_verify`: a row without a finite logprob is an error (a device flag on a sync-free backend);
+          6. `_output`: scores, logprobs at other stages, top_logprobs;
+          7. accept: the stateful samplers' new state (`_updates`), committed with every row's RNG position.
+
+        accept=False leaves the store untouched (call `accept` later); `sample_deferred` computes the new state but
+        writes it only when told.
 
         logprobs_at: the distribution under which `logprobs` (the chosen token's) and `top_logprobs` (the n best,
         top_logprobs=n) are given; one value for the batch or one per row (each stage asked for is computed once):
@@ -288,136 +258,178 @@ class Chain:
         name is a ConfigError listing the chain's entries. The tokens never depend on it. The default costs nothing
         more; anything else (or top_logprobs > 0) runs the step without the backend's fused tail and keeps a copy of
         each stage asked for (one (B, K) copy and a log-sum-exp each)."""
-        args = (
-            logits,
-            store,
-            request_ids,
-            accept,
-            return_scores,
-            history,
-            prompt_lengths,
-            unconditional_logits,
-            logprobs_at,
-            top_logprobs,
-        )
+        if not isinstance(accept, bool):
+            raise TypeError(
+                f"accept={accept!r}: pass True or False; to compute the state updates and commit them later, call "
+                "chain.sample_deferred(...) and its result's commit()"
+            )
+        args = (logits, store, request_ids, return_scores, history, prompt_lengths, unconditional_logits)
         if not self._sync_free(logits):
-            return self._sample(*args)
+            return self._sample(accept, *args, logprobs_at, top_logprobs)
         with sync_free_step():
-            return self._sample(*args)
+            return self._sample(accept, *args, logprobs_at, top_logprobs)
 
-    def _sample(
+    def sample_deferred(
+        self,
+        logits: torch.Tensor,
+        store: RequestStore | None = None,
+        request_ids: Sequence[str] | None = None,
+        *,
+        return_scores: bool = False,
+        history: torch.Tensor | None = None,
+        prompt_lengths: torch.Tensor | None = None,
+        unconditional_logits: torch.Tensor | None = None,
+        logprobs_at: str | Sequence[str] = "processed",
+        top_logprobs: int = 0,
+    ) -> DeferredSample:
+        """`sample` whose acceptance waits: the stateful samplers' new state is computed (a failure there raises,
+        changing nothing) but written, with every row's RNG position moved, only by the result's `commit()`.
+        MixedChains computes every group's first, so a failure in any group of a mixed batch changes no request."""
+        args = (logits, store, request_ids, return_scores, history, prompt_lengths, unconditional_logits)
+        if not self._sync_free(logits):
+            return self._sample_deferred(*args, logprobs_at, top_logprobs)
+        with sync_free_step():
+            return self._sample_deferred(*args, logprobs_at, top_logprobs)
+
+    def _sample(self, accept: bool, *args: Any) -> SampleOutput:
+        step, out = self._step(*args)
+        if accept and step.batch:
+            step.store.advance(step.view, self._updates(step, out.token_ids), step.failed)
+        return out
+
+    def _sample_deferred(self, *args: Any) -> DeferredSample:
+        step, out = self._step(*args)
+        if not step.batch:
+            return DeferredSample(out)
+        return DeferredSample(out, step.store, step.view, self._updates(step, out.token_ids), step.failed)
+
+    def _step(
         self,
         logits: torch.Tensor,
         store: RequestStore | None,
         request_ids: Sequence[str] | None,
-        accept: bool | str,
         return_scores: bool,
         history: torch.Tensor | None,
         prompt_lengths: torch.Tensor | None,
         unconditional_logits: torch.Tensor | None,
+        logprobs_at: str | Sequence[str],
+        top_logprobs: int,
+    ) -> tuple[Step, SampleOutput]:
+        """The pipeline of `sample` up to its acceptance: the step and its output."""
+        step = self._begin(logits, store, request_ids, logprobs_at, top_logprobs)
+        if step.batch == 0:
+            return step, self._empty(step, return_scores, top_logprobs)
+        self._inputs(step, history, prompt_lengths, unconditional_logits)
+        plan = None if return_scores or step.modes is not None else self._fusion(step)
+        cand = self._candidates(step)
+        if step.modes is not None:
+            cand = self._filter_keeping(step, cand)
+        else:
+            cand = self._filter(step, cand, end=plan.start if plan else len(self.samplers) - 1)
+        token_ids, logprobs = self._select(step, cand, plan)
+        self._verify(step, logprobs)
+        return step, self._output(step, token_ids, logprobs, return_scores, top_logprobs)
+
+    def _begin(
+        self,
+        logits: torch.Tensor,
+        store: RequestStore | None,
+        request_ids: Sequence[str] | None,
         logprobs_at: str | Sequence[str] = "processed",
         top_logprobs: int = 0,
-    ) -> SampleOutput:
+    ) -> Step:
+        """The step: the logits checked (`checks.check_logits`), the batch's parameters and RNG positions."""
         given = logits  # as the caller passed them: a failing step names the NaN / +inf it finds there
         logits, writable = self._checked(logits)
-        batch, vocab = logits.shape
         store, request_ids = self._store_for(logits, store, request_ids)
         backend = self._backend_for(logits.device.type)
         view = store.batch(request_ids)
-        positions = store.positions(view)
-        modes = self._logprobs_modes(logprobs_at, top_logprobs, batch)  # None: processed logprobs, no top-n
-        if batch == 0:
-            empty = torch.zeros(0, dtype=torch.int64, device=logits.device)
-            width = min(top_logprobs, vocab)
-            tops = (empty.float().reshape(0, width), empty.reshape(0, width)) if top_logprobs else None
-            out = SampleOutput(empty, empty.float(), logits.clone() if return_scores else None, top_logprobs=tops)
-            return (out, lambda also=None: None) if accept == "defer" else out  # type: ignore[return-value]
+        step = Step(store, view, store.positions(view), backend, given=given, logits=logits, writable=writable)
+        step.modes = self._logprobs_modes(logprobs_at, top_logprobs, logits.shape[0])
+        return step
 
-        hist = check_history(history, prompt_lengths, positions, logits)
-        uncond = self._checked_unconditional(unconditional_logits, logits)
-        cand = Candidates(logits, None, vocab, False, writable)
+    def _inputs(
+        self,
+        step: Step,
+        history: torch.Tensor | None,
+        prompt_lengths: torch.Tensor | None,
+        unconditional_logits: torch.Tensor | None,
+    ) -> None:
+        """The step's history and unconditional logits, checked against its logits."""
+        step.history = check_history(history, prompt_lengths, step.positions, step.logits)
+        step.given_unconditional = unconditional_logits
+        step.unconditional = self._checked_unconditional(unconditional_logits, step.logits)
+
+    @staticmethod
+    def _candidates(step: Step) -> Candidates:
+        """The full vocabulary of the step's logits."""
+        return Candidates(step.logits, None, step.logits.shape[1], False, step.writable)
+
+    @staticmethod
+    def _empty(step: Step, return_scores: bool, top_logprobs: int) -> SampleOutput:
+        """The output of a step without rows."""
+        empty = torch.zeros(0, dtype=torch.int64, device=step.logits.device)
+        width = min(top_logprobs, step.logits.shape[1])
+        tops = (empty.float().reshape(0, width), empty.reshape(0, width)) if top_logprobs else None
+        return SampleOutput(empty, empty.float(), step.logits.clone() if return_scores else None, top_logprobs=tops)
+
+    def _select(self, step: Step, cand: Candidates, plan: FusionPlan | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens (B,) and their logprobs (B,): the fused kernel's draw over the chain's tail where it runs (the
+        full vocabulary reached it and the kernel takes the combination), else the tail's samplers and the
+        selector's choice; `step.cand`, `.chosen` and `.lse` keep what the selector saw and chose."""
         last = len(self.samplers) - 1
-        contexts: dict[int, StepContext] = {}  # this step's, each built once
-        plan = (
-            None
-            if return_scores or modes is not None
-            else self._fusion(store, view, positions, backend, hist, uncond, contexts)
-        )
-        kept: dict[int, Candidates] = {}  # logprobs_at's stages: -1 the logits as given, i after entry i
-        if modes is not None:
-            wanted = sorted({stage for stage, _ in modes if stage < last})
-            begin = 0
-            for stage in wanted:  # the filter stops after each stage asked for: no swap or fusion crosses it
-                if stage >= 0:
-                    cand = self._filter(
-                        cand, store, view, positions, backend, hist, uncond, begin=begin, end=stage + 1, cache=contexts
-                    )
-                    begin = stage + 1
-                kept[stage] = kept_copy(cand)
-            cand = self._filter(cand, store, view, positions, backend, hist, uncond, begin=begin, cache=contexts)
-        else:
-            cand = self._filter(
-                cand, store, view, positions, backend, hist, uncond, end=plan[0] if plan else last, cache=contexts
-            )
-        fused = None
         if plan is not None:
-            start, kernel, parts, select = plan
             if cand.ids is None:  # the tail in one kernel, on the full vocabulary
-                fused = self._call(last, kernel, cand.logits, parts, select, positions, last)
-            if fused is None:  # compacted in front, or a combination the kernel does not run: the samplers run it
-                cand = self._filter(cand, store, view, positions, backend, hist, uncond, begin=start, cache=contexts)
-        if fused is not None:
-            token_ids, logprobs = fused
-            selection = None
-        else:
-            try:
-                # the normaliser of what the selector sees, taken first: right after the previous pass over the
-                # logits the worker threads are still awake (measurably cheaper than after the selector)
-                lse = row_lse(cand.logits, backend)
-                chosen = self.samplers[last].select(
-                    cand, self._context(store, view, positions, backend, last, hist, uncond, contexts)
-                )
-            except Exception as exc:
-                raise self._wrap(last, exc) from exc
-            self._check_selection(last, chosen, cand)
-            token_ids = cand.ids_at(chosen[:, None]).squeeze(1)
-            logprobs = cand.logits.gather(1, chosen[:, None]).squeeze(1) - lse
-            selection = (cand, chosen)
+                fused = self._call(last, plan.kernel, cand.logits, plan.parts, plan.select, step.positions, last)
+                if fused is not None:
+                    token_ids, logprobs = fused
+                    return token_ids, logprobs
+            cand = self._filter(step, cand, begin=plan.start)  # compacted in front, or declined: the samplers run it
+        try:
+            # the normaliser of what the selector sees, taken first: right after the previous pass over the
+            # logits the worker threads are still awake (measurably cheaper than after the selector)
+            lse = row_lse(cand.logits, step.backend)
+            chosen = self.samplers[last].select(cand, self._context(step, last))
+        except Exception as exc:
+            raise self._wrap(last, exc) from exc
+        self._check_selection(last, chosen, cand)
+        step.cand, step.chosen, step.lse = cand, chosen, lse
+        return cand.ids_at(chosen[:, None]).squeeze(1), cand.logits.gather(1, chosen[:, None]).squeeze(1) - lse
 
-        def error() -> Exception:
-            return bad_rows(
-                ~torch.isfinite(logprobs),
-                view.request_ids,
-                given,
-                unconditional_logits,
-                lambda: self._stages(given, store, view, positions, backend, hist, uncond),
-                sanitize=self._sanitize,
-                describe=self._describe,
-                selector=last,
-            )
-
-        failed = None
-        if backend.sync_free:  # a device flag, read by out.check() where the caller reads the tokens
-            failed = ~torch.isfinite(logprobs).all()
+    def _verify(self, step: Step, logprobs: torch.Tensor) -> None:
+        """A row without a finite logprob fails the step: at once, or on a sync-free backend through a device flag
+        (`step.failed`) that `SampleOutput.check` reads."""
+        if step.backend.sync_free:
+            step.failed = ~torch.isfinite(logprobs).all()
         elif not bool(torch.isfinite(logprobs).all()):  # one reduction (a sum could overflow: -3e38 x 4 is -inf)
-            raise error()
-        scores = cand.scores() if return_scores else None
+            raise self._failure(step, logprobs)
+
+    def _failure(self, step: Step, logprobs: torch.Tensor) -> Exception:
+        """The error of a step whose logprobs are not all finite, naming the requests and why (`checks.bad_rows`)."""
+        return bad_rows(
+            ~torch.isfinite(logprobs),
+            step.view.request_ids,
+            step.given,
+            step.given_unconditional,
+            lambda: self._stages(step),
+            sanitize=self._sanitize,
+            describe=self._describe,
+            selector=len(self.samplers) - 1,
+        )
+
+    def _output(
+        self, step: Step, token_ids: torch.Tensor, logprobs: torch.Tensor, return_scores: bool, top_logprobs: int
+    ) -> SampleOutput:
+        """The step's SampleOutput: scores, and logprobs at the stages logprobs_at asked for, when asked."""
+        scores = step.cand.scores() if return_scores and step.cand is not None else None
         reported, tops, ranks = logprobs, None, None
-        if modes is not None:
-            kept[last] = cand
-            reported, tops, ranks = at_stages(kept, modes, token_ids, logprobs, (chosen, lse), top_logprobs)
-        out = SampleOutput(token_ids, reported, scores, None if failed is None else (failed, error), tops, ranks)
-        if accept == "defer":  # MixedChains: every group computes its update before any is committed
-            updates = self._updates(store, view, positions, backend, token_ids, hist, selection=selection)
-
-            def commit(also: torch.Tensor | None = None) -> None:  # also: another group's failure flag
-                store.advance(view, updates, failed if also is None else also if failed is None else failed | also)
-
-            return out, commit  # type: ignore[return-value]
-        if accept:
-            updates = self._updates(store, view, positions, backend, token_ids, hist, selection=selection)
-            store.advance(view, updates, failed)
-        return out
+        if step.modes is not None and step.kept is not None and step.cand is not None:
+            # set: logprobs_at runs the step without the fused draw, so the selector chose
+            step.kept[len(self.samplers) - 1] = step.cand
+            selection = (step.chosen, step.lse)
+            reported, tops, ranks = at_stages(step.kept, step.modes, token_ids, logprobs, selection, top_logprobs)  # type: ignore[arg-type]
+        deferred = None if step.failed is None else (step.failed, functools.partial(self._failure, step, logprobs))
+        return SampleOutput(token_ids, reported, scores, deferred, tops, ranks)
 
     def reads_history(self, store: RequestStore, request_ids: Sequence[str]) -> bool:
         """Whether a step of these requests reads the tokens so far (`sample`'s history= and prompt_lengths=): some
@@ -426,11 +438,9 @@ class Chain:
         skip it where this is False; a sampler that needs it says so when it is missing."""
         if not self.needs_history:
             return False
-        view = store.batch(request_ids)
-        positions = store.positions(view)
-        backend = self._backend_for(store.device.type)
+        step = self._step_of(store, request_ids)
         return any(
-            s.needs_history() and not self._call(i, s.is_noop, self._context(store, view, positions, backend, i))
+            s.needs_history() and not self._call(i, s.is_noop, self._context(step, i))
             for i, s in enumerate(self.samplers)
         )
 
@@ -464,230 +474,13 @@ class Chain:
 
     def accept(self, store: RequestStore, request_ids: Sequence[str], token_ids: torch.Tensor) -> None:
         """Record chosen tokens (as llama.cpp's accept) when sample() ran with accept=False."""
+        step = self._step_of(store, request_ids)
+        store.advance(step.view, self._updates(step, token_ids))
+
+    def _step_of(self, store: RequestStore, request_ids: Sequence[str]) -> Step:
+        """A step of these requests without logits: their parameters and RNG positions (accept, reads_history)."""
         view = store.batch(request_ids)
-        positions = store.positions(view)
-        self._accept(store, view, positions, self._backend_for(store.device.type), token_ids)
-
-    def _accept(
-        self,
-        store: RequestStore,
-        view,
-        positions,
-        backend: Backend,
-        token_ids: torch.Tensor,
-        hist: tuple[torch.Tensor, torch.Tensor] | None = None,
-        selection: tuple[Candidates, torch.Tensor] | None = None,
-    ) -> None:
-        store.advance(view, self._updates(store, view, positions, backend, token_ids, hist, selection))
-
-    def _updates(
-        self,
-        store: RequestStore,
-        view,
-        positions,
-        backend: Backend,
-        token_ids: torch.Tensor,
-        hist: tuple[torch.Tensor, torch.Tensor] | None = None,
-        selection: tuple[Candidates, torch.Tensor] | None = None,
-    ) -> dict[tuple[int, str], torch.Tensor]:
-        """Every stateful sampler's new state rows; nothing is written to the store here."""
-        updates: dict[tuple[int, str], torch.Tensor] = {}
-        last = len(self.samplers) - 1
-        for i in self._stateful:  # compute everything first: a failure here commits nothing
-            ctx = self._context(store, view, positions, backend, i, hist)
-            if i == last and selection is not None:  # the selector sees what it chose, in this very step
-                ctx.selected_candidates, ctx.selected = selection
-            try:
-                for name, rows in self.samplers[i].accept(ctx, token_ids).items():
-                    updates[(i, name)] = rows
-            except Exception as exc:
-                raise self._wrap(i, exc, phase="accept") from exc
-        return updates
-
-    def _filter(
-        self,
-        cand: Candidates,
-        store: RequestStore,
-        view,
-        positions,
-        backend: Backend,
-        hist: tuple[torch.Tensor, torch.Tensor] | None,
-        uncond: torch.Tensor | None,
-        *,
-        begin: int = 0,
-        end: int | None = None,
-        cache: dict[int, StepContext] | None = None,
-    ) -> Candidates:
-        """Run the samplers begin .. end - 1 (default: every sampler but the selector). An order-preserving
-        transform (temperature, t > 0) right before a rank-only filter (top_k) runs after it instead, on the k
-        survivors rather than the whole vocabulary: the same values, one (B, V) pass fewer."""
-        i, last = begin, len(self.samplers) - 1 if end is None else end
-        while i < last:
-            ctx = self._context(store, view, positions, backend, i, hist, uncond, cache)
-            if i in self._sparse and cand.ids is None and not cand.writable and cand.logits.numel() >= _FUSE_MIN:
-                fused = self._fuse_sparse_then_rank(cand, ctx, i, store, view, positions, backend, hist, uncond, last)
-                if fused is not None:
-                    cand, i = fused
-                    continue
-            swap = i + 1 < last and self._swaps(i, ctx)
-            steps = (
-                [(i + 1, self._context(store, view, positions, backend, i + 1, hist, uncond, cache)), (i, ctx)]
-                if swap
-                else [(i, ctx)]
-            )
-            for j, ctx_j in steps:
-                try:
-                    cand = self.samplers[j].apply(cand, ctx_j)
-                except Exception as exc:
-                    raise self._wrap(j, exc) from exc
-            i += len(steps)
-        return cand
-
-    def _swaps(self, i: int, ctx: StepContext) -> bool:
-        """Sampler i is an order-preserving transform on this batch right before a rank-only filter, which the
-        executor runs first."""
-        return self.samplers[i + 1].is_rank_only() and self.samplers[i].preserves_order(ctx)
-
-    def _fusion(
-        self,
-        store: RequestStore,
-        view,
-        positions,
-        backend: Backend,
-        hist,
-        uncond,
-        cache: dict[int, StepContext] | None = None,
-    ) -> tuple[int, Callable[..., Any], list[FusedPart], FusedPart] | None:
-        """The chain's tail a backend may run in one truncate-and-draw kernel (`FUSED_SAMPLE`): the selector and the
-        samplers before it, back to the first that is neither a no-op on this batch nor a `FusedPart`. Returns
-        (index of the tail's first sampler, the kernel, the parts in chain order (perhaps none: the selector
-        alone), the selector's part), or None (no such kernel). Reads nothing on the device."""
-        if not self._fusable:
-            return None
-        kernel = backend.kernel(FUSED_SAMPLE)
-        if kernel is None:
-            return None
-        last = len(self.samplers) - 1
-        found: list[tuple[int, FusedPart]] = []
-        start = last
-        takes = getattr(kernel, "fused_kinds", None)  # the parts the kernel may run: stop the walk at another
-        for i in range(last - 1, -1, -1):
-            ctx = self._context(store, view, positions, backend, i, hist, uncond, cache)
-            if not self._call(i, self.samplers[i].is_noop, ctx):
-                part = self._call(i, self.samplers[i].fused, ctx) if self.samplers[i].has_fused_part else None
-                if part is None:
-                    break
-                if takes is not None and part.kind not in takes:
-                    return None
-                found.append((i, part))
-            start = i
-        if start > 0 and self._swaps(
-            start - 1, self._context(store, view, positions, backend, start - 1, hist, uncond, cache)
-        ):
-            return None  # _filter would run the tail's first sampler (top_k) before the one in front of it
-        select = self._call(
-            last, self.samplers[last].fused, self._context(store, view, positions, backend, last, hist, uncond, cache)
-        )
-        if select is None or select.kind != "dist":
-            return None
-        parts = []
-        ranked = False  # a top_k among the parts after this one
-        for i, part in found:  # back to front
-            if (
-                part.kind == "temperature"
-                and ranked
-                and not isinstance(part.value, torch.Tensor)
-                and not self._swaps(i, self._context(store, view, positions, backend, i, hist, uncond, cache))
-            ):
-                # a shared temperature ranks a following top_k by the raw logits only where _filter swaps them
-                part = attrs.evolve(
-                    part,
-                    value=torch.full(positions.shape, float(part.value), dtype=torch.float32, device=positions.device),
-                )
-            ranked = ranked or part.kind == "top_k"
-            parts.append(part)
-        parts.reverse()
-        return start, kernel, parts, select
-
-    def _fuse_sparse_then_rank(
-        self,
-        cand: Candidates,
-        ctx: StepContext,
-        i: int,
-        store: RequestStore,
-        view,
-        positions,
-        backend: Backend,
-        hist,
-        uncond,
-        last: int,
-    ) -> tuple[Candidates, int] | None:
-        """Sampler i changes a few tokens of the full vocabulary (penalties) and the next sampler before `last` that
-        is not disabled this step keeps the k best (top_k): take the k best of the changed rows from a partial
-        top-k of the original ones (filters.patched_top) instead of copying (B, V) to write the change. The same
-        candidates and logits as running the two in turn; None when the pattern does not apply."""
-        j = i + 1
-        while j < last:
-            ctx_j = self._context(store, view, positions, backend, j, hist, uncond)
-            if not self._call(j, self.samplers[j].is_noop, ctx_j):
-                break
-            j += 1
-        if j >= last or not self.samplers[j].is_rank_only():
-            return None
-        counts = self._call(j, self.samplers[j].rank_counts, cand, ctx_j)
-        changes = None if counts is None else self._call(i, self.samplers[i].sparse_changes, cand, ctx)
-        if changes is None:
-            return None
-        fused = self._call(j, patched_top, cand, changes, counts, backend)
-        return None if fused is None else (fused, j + 1)
-
-    def _call(self, i: int, fn, *args):
-        """fn(*args) on behalf of sampler i: an exception names the sampler and the step."""
-        try:
-            return fn(*args)
-        except Exception as exc:
-            raise self._wrap(i, exc) from exc
-
-    def _context(
-        self,
-        store: RequestStore,
-        view,
-        positions,
-        backend: Backend,
-        i: int,
-        hist: tuple[torch.Tensor, torch.Tensor] | None = None,
-        uncond: torch.Tensor | None = None,
-        cache: dict[int, StepContext] | None = None,
-    ) -> StepContext:
-        """Sampler i's StepContext for this step; with `cache` (one step's), built once per sampler."""
-        if cache is not None:
-            ctx = cache.get(i)
-            if ctx is None:
-                ctx = cache[i] = self._context(store, view, positions, backend, i, hist, uncond)
-            return ctx
-        state = store.state_of(view, i) if i in self._stateful else {}
-        history, lengths = hist if hist is not None else (None, None)
-        missing = None
-        if history is None and self.samplers[i].needs_history():
-            missing = (
-                f"{self.samplers[i].qualified_name()} reads the tokens so far: pass history= (B, L) token ids "
-                "(prompt then generated, left padding as -1) to chain.sample; "
-                "samplechain.generation.generate does this for you"
-            )
-        return StepContext(
-            backend,
-            view.params[i],
-            view.scalars[i],
-            positions,
-            i,
-            view.request_ids,
-            state,
-            history,
-            lengths,
-            unconditional_logits=uncond,
-            missing_history=missing,
-            bounds=view.bounds[i] if view.bounds else {},
-        )
+        return Step(store, view, store.positions(view), self._backend_for(store.device.type))
 
     @property
     def _sanitize(self) -> bool:
@@ -714,27 +507,6 @@ class Chain:
         ):
             got = f"{chosen.dtype} {tuple(chosen.shape)}" if isinstance(chosen, torch.Tensor) else type(chosen).__name__
             raise self._wrap(last, TypeError(f"select() must return a (B,) int64 tensor of positions, got {got}"))
-
-    def _stages(
-        self,
-        given: torch.Tensor,
-        store: RequestStore,
-        view,
-        positions,
-        backend: Backend,
-        hist,
-        uncond: torch.Tensor | None,
-    ) -> Iterator[Candidates]:
-        """The candidates as given (checked again from the caller's tensor: the step may have written its own
-        copy), then after each transform and filter in the declared order, without the executor's fusions: the
-        slow path a failing step takes to find the stage that emptied a row. Nothing is accepted."""
-        logits, writable = self._checked(given)
-        cand = Candidates(logits, None, logits.shape[1], False, writable)
-        yield cand
-        for i in range(len(self.samplers) - 1):
-            ctx = self._context(store, view, positions, backend, i, hist, uncond)
-            cand = self._call(i, self.samplers[i].apply, cand, ctx)
-            yield cand
 
     def _describe(self, i: int) -> str:
         """ "sampler 'top_k' (top_k.v1 at samplers[2], plugin 'top_k' (samplechain-top-k 0.1.0))": entry i."""

@@ -28,6 +28,7 @@ import torch
 from ..errors import ConfigError
 from ..params import env_switch
 from .chain import Chain, SampleOutput
+from .step import Step
 from .store import RequestStore
 
 __all__ = ["ENV_GRAPHS", "HISTORY_BUCKET", "StepGraphs", "graphs_unavailable_reason"]
@@ -86,10 +87,8 @@ def graphs_unavailable_reason(
     host_bound = [i for i, s in enumerate(chain.samplers) if not type(s).sync_free]
     if host_bound and store is not None and request_ids is not None:  # on this batch (`Sampler.syncs_on`)
         view = store.batch(request_ids)
-        positions = store.positions(view)
-        host_bound = [
-            i for i in host_bound if chain.samplers[i].syncs_on(chain._context(store, view, positions, backend, i))
-        ]
+        step = Step(store, view, store.positions(view), backend)
+        host_bound = [i for i in host_bound if chain.samplers[i].syncs_on(chain._context(step, i))]
     if host_bound:
         names = ", ".join(chain.samplers[i].qualified_name() for i in host_bound)
         return f"host-bound samplers ({names}) read the device during the step"

@@ -169,16 +169,16 @@ class MixedChains:
             if chain.needs_unconditional_logits and unconditional_logits is not None:
                 extra["unconditional_logits"] = unconditional_logits.index_select(0, index)
             part = logits.index_select(0, index) if len(groups) > 1 else logits
-            out, commit = chain.sample(
+            drawn = chain.sample_deferred(
                 part,
                 store.stores[key],
                 [request_ids[r] for r in rows],
-                accept="defer",
                 return_scores=return_scores,
                 top_logprobs=top_logprobs,
                 logprobs_at=[logprobs_at[r] for r in rows] if per_row else logprobs_at,
                 **extra,
             )
+            out = drawn.output
             token_ids.index_copy_(0, index, out.token_ids)
             logprobs.index_copy_(0, index, out.logprobs)
             if out.top_logprobs is not None:
@@ -192,15 +192,15 @@ class MixedChains:
                 if ranks is None:  # a group on the default path leaves its rows at 0 (no rank computed)
                     ranks = torch.zeros(batch, dtype=torch.int64, device=device)
                 ranks.index_copy_(0, index, out.ranks)
-            if scores is not None:
+            if scores is not None and out.scores is not None:  # every group returns scores when asked
                 scores.index_copy_(0, index, out.scores)
-            commits.append(commit)
+            commits.append(drawn)
             if out.deferred is not None:
                 checks.append(out.deferred)
                 failed = out.deferred[0] if failed is None else failed | out.deferred[0]
         if accept:
-            for commit in commits:  # nothing can fail here: every update was computed above
-                commit(failed)  # a deferred failure in any group: no group commits (decided on the device)
+            for held in commits:  # nothing can fail here: every update was computed above
+                held.commit(failed)  # a deferred failure in any group: no group commits (decided on the device)
         deferred = None if failed is None else (failed, lambda: next(error() for flag, error in checks if bool(flag)))
         return SampleOutput(token_ids, logprobs, scores, deferred, tops, ranks)  # type: ignore[arg-type]
 

@@ -195,6 +195,7 @@ def test_numpy_changes_equal_the_torch_changes_bitwise(scope, monkeypatch):
     positions, bit for bit, as the torch path (per-row parameters, -1 padding, -inf logits, repeats)."""
     import samplechain_penalties as penalties
     from samplechain import Candidates
+    from samplechain.engine.step import Step
 
     g = torch.Generator().manual_seed(5)
     for trial in range(10):
@@ -223,14 +224,10 @@ def test_numpy_changes_equal_the_torch_changes_bitwise(scope, monkeypatch):
         for i, rid in enumerate(ids):
             store.add(rid, {"repeat_penalty": [1.3, 1.0, 0.8][i], "frequency_penalty": [0.4, 0.0, 0.1][i]})
         view = store.batch(ids)
-        ctx = chain._context(
-            store,
-            view,
-            store.positions(view),
-            chain._backend_for("cpu"),
-            0,
-            (history, torch.full((batch,), length // 2)),
+        step = Step(
+            store, view, store.positions(view), chain._backend_for("cpu"), (history, torch.full((batch,), length // 2))
         )
+        ctx = chain._context(step, 0)
         sampler, cand = chain.samplers[0], Candidates(logits, None, vocab, False, False)
         windows = sampler._windows(ctx)
         fast = sampler._changes(cand, *windows)
