@@ -80,7 +80,7 @@ def _plugin_rows(available: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def _step_kind(provides: list[str], samplers: dict[str, dict[int, type]]) -> str | None:
+def _step_kind(provides: list[str], samplers: dict[str, dict[int, type[Any]]]) -> str | None:
     """ "sync-free" when every sampler a plugin provides declares it reads nothing on the host in a sync-free step
     (`Sampler.sync_free`), "host-bound" when one does not; None for plugins without samplers."""
     classes = []

@@ -34,12 +34,12 @@ def check_logits(logits: Any, sanitize: bool) -> tuple[torch.Tensor, bool]:
         )
         raise SamplingError(f"logits must be a torch.Tensor of shape (batch, vocab), got {type(logits).__name__}{fix}")
     if logits.ndim != 2:
-        fix = {
+        hint = {
             1: "; add a batch dimension with logits[None]",
             3: "; a model's output (batch, seq, vocab) holds every position: pass the last, logits[:, -1, :]",
         }
         raise SamplingError(
-            f"logits must have shape (batch, vocab), got {tuple(logits.shape)}{fix.get(logits.ndim, '')}"
+            f"logits must have shape (batch, vocab), got {tuple(logits.shape)}{hint.get(logits.ndim, '')}"
         )
     if logits.dtype not in FLOATS:
         raise SamplingError(

@@ -44,7 +44,7 @@ class EntrySpec:
     """One resolved entry of a chain: a sampler or a stopping criterion with its validated parameters."""
 
     use: str  # as written: "top_p" or "top_p.v1"
-    cls: type
+    cls: type[Any]
     params: Any  # an instance of cls.Params: the chain's defaults
     id: str  # label for per-request parameters ("top_p", or the entry's `id`)
     path: str  # "chain.samplers[2]"
@@ -103,7 +103,7 @@ def _array_hook(conv: cattrs.Converter, t: Any):
             try:
                 out.append(v if item is Any else conv.structure(v, item))
             except Exception as exc:  # noqa: BLE001 - collected with the index, as cattrs does
-                exc.__notes__ = [
+                exc.__notes__ = [  # type: ignore[attr-defined]  # the stubs add __notes__ only from Python 3.11
                     *getattr(exc, "__notes__", []),
                     cattrs.errors.IterableValidationNote(f"Structuring {t} @ index {i}", i, item),
                 ]
@@ -124,8 +124,8 @@ def _walk(exc: BaseException, path: str) -> list[tuple[str, str]]:
         out = [pair for sub, note in noted for pair in _walk(sub, f"{path}.{note.name}")]
         return out + [pair for sub in other for pair in _walk(sub, path)]
     if isinstance(exc, IterableValidationError):
-        noted, other = exc.group_exceptions()
-        out = [pair for sub, note in noted for pair in _walk(sub, f"{path}[{note.index}]")]
+        indexed, other = exc.group_exceptions()
+        out = [pair for sub, note in indexed for pair in _walk(sub, f"{path}[{note.index}]")]
         return out + [pair for sub in other for pair in _walk(sub, path)]
     if isinstance(exc, KeyError):
         return [(path, "required key missing")]
@@ -170,7 +170,7 @@ def _check_storable(kind: Any, value: Any) -> None:
         raise ValueError("out of the int64 range (parameters are int64)")
 
 
-def parse_params(cls: type, raw: Mapping[str, Any], *, source: str, path: str) -> Any:
+def parse_params(cls: type[Any], raw: Mapping[str, Any], *, source: str, path: str) -> Any:
     """Validate raw parameters against cls.Params: types, ranges, unknown keys. Raises one ConfigError."""
     params_cls = cls.Params
     attrs.resolve_types(params_cls)
@@ -283,7 +283,7 @@ def _check_shape(samplers: list[EntrySpec], source: str) -> list[str]:
 
 def _pitfalls(samplers: list[EntrySpec], source: str) -> list[str]:
     """Known pitfalls of an order that is valid (warned, never refused)."""
-    out = []
+    out: list[str] = []
     truncation = next((s for s in samplers if s.cls.effective_role() == "truncation"), None)
     if truncation is None:
         return out

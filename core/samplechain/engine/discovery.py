@@ -18,7 +18,7 @@ import os
 import re
 import warnings
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import pluggy
@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 GROUP = "samplechain"
-KIND_BASES: dict[str, type] = {
+KIND_BASES: dict[str, type[Any]] = {
     "sampler": Sampler,
     "stopping_criterion": StoppingCriterion,
     "backend": Backend,
@@ -122,7 +122,7 @@ class PluginHost:
         for name in self.block:
             self.pm.set_blocked(name)
         # kind -> base name -> version -> (class, plugin name)
-        self._registered: dict[str, dict[str, dict[int, tuple[type, str]]]] = {k: {} for k in KIND_BASES}
+        self._registered: dict[str, dict[str, dict[int, tuple[type[Any], str]]]] = {k: {} for k in KIND_BASES}
         self.plugins: dict[str, PluginInfo] = {}
         self._discover(entry_points)
 
@@ -180,7 +180,7 @@ class PluginHost:
         info = self.plugins[name]
         if info.status != "available":
             return info
-        staged: list[tuple[str, type]] = []
+        staged: list[tuple[str, type[Any]]] = []
         module = None
         try:
             module = info.entry_point.load()
@@ -206,7 +206,7 @@ class PluginHost:
 
     def register_plugin(self, plugin: object, name: str) -> list[str]:
         """Register an in-process plugin object or module (tests, custom_generate repos). Errors raise."""
-        staged: list[tuple[str, type]] = []
+        staged: list[tuple[str, type[Any]]] = []
         self.pm.register(plugin, name=name)
         try:
             self.pm.check_pending()
@@ -231,12 +231,12 @@ class PluginHost:
                     del by_name[base]
         self.plugins.pop(name, None)
 
-    def _collect(self, plugin: object, plugin_name: str, staged: list[tuple[str, type]]) -> None:
+    def _collect(self, plugin: object, plugin_name: str, staged: list[tuple[str, type[Any]]]) -> None:
         others = [p for p in self.pm.get_plugins() if p is not plugin]
         for kind, hook in _HOOKS.items():
             caller = self.pm.subset_hook_caller(hook, remove_plugins=others)
 
-            def register(cls: type, _kind: str = kind) -> None:
+            def register(cls: type[Any], _kind: str = kind) -> None:
                 self._validate(_kind, cls, plugin_name)
                 staged.append((_kind, cls))
 
@@ -255,12 +255,12 @@ class PluginHost:
             raise PluginError(f"{where}: {cls.__name__}.version = {version!r}: must be an integer >= 1")
         if kind == "sampler" and not isinstance(getattr(cls, "stage", None), Stage):
             raise PluginError(f"{where}: {cls.__name__}.stage must be a samplechain.Stage (transform/filter/select)")
-        if not attrs.has(cls.Params):
+        if not attrs.has(cast("type[Any]", cls).Params):
             raise PluginError(f"{where}: {cls.__name__}.Params must be an attrs class (use samplechain.NoParams)")
         if kind == "backend" and not isinstance(getattr(cls, "device_type", None), str):
             raise PluginError(f"{where}: {cls.__name__}.device_type must be a torch device type such as 'cpu'")
 
-    def _commit(self, plugin_name: str, staged: list[tuple[str, type]]) -> None:
+    def _commit(self, plugin_name: str, staged: list[tuple[str, type[Any]]]) -> None:
         for kind, cls in staged:
             existing = self._registered[kind].get(cls.name, {}).get(cls.version)
             if existing is not None and existing[0] is not cls:
@@ -272,7 +272,7 @@ class PluginHost:
             self._registered[kind].setdefault(cls.name, {})[cls.version] = (cls, plugin_name)
 
     # ----------------------------------------------------------------- lookup
-    def get(self, kind: str, name: str) -> type:
+    def get(self, kind: str, name: str) -> type[Any]:
         """The class registered as `name` (`top_p` = newest version, `top_p.v1` = pinned), loading lazily."""
         base, version = split_versioned(name)
         found = self._lookup(kind, base, version)
@@ -294,7 +294,7 @@ class PluginHost:
             raise UnknownPluginError(message)
         return found
 
-    def _lookup(self, kind: str, base: str, version: int | None) -> type | None:
+    def _lookup(self, kind: str, base: str, version: int | None) -> type[Any] | None:
         versions = self._registered[kind].get(base)
         if not versions:
             return None
@@ -313,11 +313,11 @@ class PluginHost:
             names.append(entry.name)
         return names
 
-    def provider(self, kind: str, cls: type) -> PluginInfo | None:
+    def provider(self, kind: str, cls: type[Any]) -> PluginInfo | None:
         entry = self._registered[kind].get(cls.name, {}).get(cls.version)
         return self.plugins.get(entry[1]) if entry else None
 
-    def registered(self, kind: str) -> dict[str, dict[int, type]]:
+    def registered(self, kind: str) -> dict[str, dict[int, type[Any]]]:
         return {b: {v: e[0] for v, e in vs.items()} for b, vs in self._registered[kind].items()}
 
     def _unknown_message(self, kind: str, base: str, version: int | None) -> str:
@@ -341,6 +341,7 @@ class PluginHost:
             )
             return f"{text}: its {info.describe()} is {info.status}: {why}"
         if entry is not None:
+            assert registry is not None  # the entry came from it
             return f"{text}: it is provided by distribution {entry.distribution}, which is not installed; " + (
                 entry.install_hint(registry.root)
             )
