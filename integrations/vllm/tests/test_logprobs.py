@@ -17,6 +17,7 @@ from vllm.v1.sample.metadata import SamplingMetadata  # noqa: E402
 from vllm.v1.sample.sampler import Sampler  # noqa: E402
 
 from samplechain_vllm import RequestSpecError, SamplechainLogitsProcessor, parse_request  # noqa: E402
+
 from processors import make_processor  # noqa: E402
 
 pytestmark = pytest.mark.vllm

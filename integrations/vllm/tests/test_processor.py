@@ -16,6 +16,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # n
 from samplechain import Chain  # noqa: E402
 from samplechain.models import default_model_path  # noqa: E402
 from samplechain_vllm import RequestSpecError, SamplechainLogitsProcessor, parse_request  # noqa: E402
+
 from processors import make_processor  # noqa: E402
 
 pytestmark = pytest.mark.vllm

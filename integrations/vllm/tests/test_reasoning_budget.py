@@ -20,6 +20,7 @@ from vllm.v1.sample.thinking_budget_state import ThinkingBudgetStateHolder  # no
 
 from samplechain.models import default_model_path  # noqa: E402
 from samplechain_vllm import RequestSpecError, SamplechainLogitsProcessor  # noqa: E402
+
 from processors import make_processor, tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -185,8 +186,9 @@ def test_the_same_budget_both_ways_is_fine_two_budgets_are_an_error(given) -> No
 
 @pytest.mark.slow
 def test_serving_with_a_thinking_budget_equals_generate(server: str) -> None:
-    from reference import reference_tokens
     from test_serve import run_all
+
+    from reference import reference_tokens
 
     budgets = [1, 4]
     seeds = [21, 22]
@@ -209,8 +211,9 @@ def test_serving_with_a_thinking_budget_equals_generate(server: str) -> None:
 def test_serving_takes_vllms_thinking_token_budget_field(server: str) -> None:
     """The request's own thinking_token_budget on a server without --reasoning-parser: vLLM alone would refuse it
     (HTTP 400); with the reasoning-think chain it is the chain's budget, and the tokens are generate()'s."""
-    from reference import reference_tokens
     from test_serve import complete
+
+    from reference import reference_tokens
 
     r = complete(server, PROMPTS[0], {"samplechain": "reasoning-think"}, 23, thinking_token_budget=2)
     assert r.status_code == 200, r.text

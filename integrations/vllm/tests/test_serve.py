@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from conftest import CHAIN_DIR, MODEL_NAME
+
 from reference import reference_tokens
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from test_serve import complete
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -17,6 +17,7 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402
 
 from samplechain_vllm import RequestSpecError, SamplechainLogitsProcessor  # noqa: E402
+
 from processors import make_processor, tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -292,8 +293,9 @@ def test_the_nested_form_takes_stop_regex_too(tok) -> None:
 def test_serving_ends_a_request_on_its_stop_regex(server: str, tok) -> None:
     """Live: the greedy continuation up to the token that completes the match, then eos; finish_reason "stop"
     (vLLM's eos: stop_reason null); the text keeps the match (as include_stop_str_in_output=True)."""
-    from reference import reference_tokens
     from test_serve import complete
+
+    from reference import reference_tokens
 
     prompt = "In Python, a list is"
     free = reference_tokens("preset:greedy", [prompt], [None], 24)["tokens"][0]
