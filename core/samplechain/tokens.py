@@ -30,7 +30,7 @@ def eos_token_ids(tokenizer: Any = None, generation_config: Any = None, model_co
     return found
 
 
-def left_pad(rows: Sequence[Sequence[int]], fill: int) -> torch.Tensor:
+def left_pad(rows: Sequence[Sequence[int] | np.ndarray], fill: int) -> torch.Tensor:
     """(B, W) int64 on the CPU: each row right-aligned, `fill` before the shorter ones; W is the longest row's
     length (at least 1). Rows may be lists or numpy arrays; numpy fills it, as one slice copy per row."""
     width = max(1, max((len(r) for r in rows), default=0))

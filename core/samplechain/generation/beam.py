@@ -96,6 +96,11 @@ def beam_generate(
 
 
 class _BeamSearch:
+    # the running beams and the search's state, set by _start_hypotheses and updated by every step
+    running_beam_indices: torch.Tensor
+    unsatisfied: torch.Tensor
+    hits: torch.Tensor
+
     def __init__(
         self, gen: Generation, num_beams: int, length_penalty: float, early_stopping: bool | str, n_return: int
     ) -> None:

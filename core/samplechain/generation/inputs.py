@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -17,6 +18,17 @@ __all__ = ["PromptInputs"]
 
 class PromptInputs:
     """Generation's pad token and input rows (the attributes are Generation's)."""
+
+    model: Any
+    tokenizer: Any
+    generation_config: Any
+    chain: Any
+    eos_ids: list[int]
+    pad_id: int
+    _pad_note: str | None
+    num_prompts: int
+    n: int
+    input_ids: torch.Tensor
 
     def _pad_id(self, explicit: int | None) -> int:
         if explicit is not None:
