@@ -7,6 +7,7 @@ compiles them for an H100 target without one. Skipped, with the reason, where tr
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.util
 import inspect
 import os
@@ -19,10 +20,19 @@ from types import ModuleType
 import pytest
 import torch
 
+import samplechain_cuda_triton  # conftest.py set TRITON_INTERPRET before this module is imported
+import samplechain_cuda_truncate
 from samplechain import Chain, rng
 from samplechain.tools.testing import cut_logits
 
-PATH = Path(__file__).resolve().parents[1] / "samplechain_cuda_kernels.py"
+PLUGIN = Path(__file__).resolve().parents[1]
+MODULES = (
+    "samplechain_cuda_triton",
+    "samplechain_cuda_draw",
+    "samplechain_cuda_passes",
+    "samplechain_cuda_truncate",
+    "samplechain_cuda_kernels",
+)
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_CUDA = torch.cuda.is_available()
 needs_triton = pytest.mark.skipif(
@@ -47,7 +57,7 @@ def interpreted() -> ModuleType:
     """The kernels on CPU tensors, under triton's interpreter (conftest.py sets TRITON_INTERPRET=1 without a GPU)."""
     import samplechain_cuda_kernels as kernels
 
-    if not kernels._interpreted():
+    if not samplechain_cuda_triton.interpreted():
         pytest.skip(
             "triton compiles the kernels in this session (a CUDA device is present, or TRITON_INTERPRET is "
             "not 1): the gpu tests run the same comparisons"
@@ -60,7 +70,7 @@ def compiled() -> ModuleType:
     """The compiled kernels on CUDA tensors."""
     import samplechain_cuda_kernels as kernels
 
-    if kernels._interpreted():
+    if samplechain_cuda_triton.interpreted():
         pytest.skip("TRITON_INTERPRET=1: the kernels are interpreted in this session")
     return kernels
 
@@ -230,7 +240,7 @@ def check_chain(
         trunc, mask = kernels.truncate(xd, mask=True, **args)
         count = trunc.count
     else:
-        thr, _, first, _, keep = kernels._launch(
+        first_launch = samplechain_cuda_truncate.launch(
             xd,
             args["temperature"],
             args["top_k"],
@@ -243,7 +253,8 @@ def check_chain(
             True,
             True,
         )
-        mask, count = keep.view(torch.bool), thr[:, 4]
+        first = first_launch.tokens
+        mask, count = first_launch.keep.view(torch.bool), first_launch.truncation.count
     finite = mask.cpu() & torch.isfinite(x)  # the kernel's count may reach into -inf tokens, as the chain's
     bad = (finite != kept).any(dim=1).nonzero().flatten().tolist()
     assert not bad, (
@@ -263,11 +274,13 @@ def check_chain(
 
 
 def test_importable_without_triton(monkeypatch):
+    for name in MODULES:  # imported afresh without triton below; the session's modules come back after the test
+        importlib.import_module(name)
+    for name in MODULES:
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
     monkeypatch.setitem(sys.modules, "triton.language", None)
-    spec = importlib.util.spec_from_file_location("_samplechain_cuda_kernels_without_triton", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("samplechain_cuda_kernels")
     assert "triton is not installed" in module.kernels_unavailable_reason("cuda")
     assert "samplechain-cuda[triton]" in module.kernels_unavailable_reason()
     with pytest.raises(RuntimeError, match="triton is not installed"):
@@ -277,7 +290,7 @@ def test_importable_without_triton(monkeypatch):
 @needs_triton
 def test_the_interpreter_runs_them_on_cpu_tensors(interpreted, monkeypatch):
     assert interpreted.kernels_unavailable_reason("cpu") == ""
-    monkeypatch.setattr(interpreted, "_interpreted", lambda: False)
+    monkeypatch.setattr(samplechain_cuda_triton, "interpreted", lambda: False)
     assert "TRITON_INTERPRET=1" in interpreted.kernels_unavailable_reason("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "finds no CUDA device" in interpreted.kernels_unavailable_reason("cuda")
@@ -292,7 +305,7 @@ def test_uniform_is_rngs_bit_for_bit(interpreted):
 def small_blocks(interpreted, monkeypatch):
     """Rows read in several blocks, as on a GPU (the interpreter's default block holds these rows whole): the
     running counts, masses and argmin carried from block to block."""
-    monkeypatch.setattr(interpreted, "INTERPRETED_BLOCK", 512)
+    monkeypatch.setattr(samplechain_cuda_triton, "INTERPRETED_BLOCK", 512)
 
 
 @needs_triton
@@ -331,7 +344,7 @@ def test_truncation_and_draw_across_blocks(interpreted, small_blocks, scenario):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 def test_more_draws_and_vocabularies(interpreted, monkeypatch, seed):
-    monkeypatch.setattr(interpreted, "INTERPRETED_BLOCK", (8192, 2048, 1024)[seed])
+    monkeypatch.setattr(samplechain_cuda_triton, "INTERPRETED_BLOCK", (8192, 2048, 1024)[seed])
     check_gumbel_argmax(interpreted, "cpu", trials=4)
     for scenario in SCENARIOS:
         check_chain(interpreted, "cpu", scenario, vocab=(1000, 5000, 4099)[seed], seed=10 + seed, steps=2)
@@ -363,9 +376,9 @@ def test_no_host_reads_in_the_functions(interpreted):
         interpreted.uniform,
         interpreted.truncate,
         interpreted.sample_top_k_top_p_min_p,
-        interpreted._launch,
-        interpreted._arg,
-        interpreted._counter,
+        samplechain_cuda_truncate.launch,
+        samplechain_cuda_triton.param_arg,
+        samplechain_cuda_triton.counter,
     ):
         assert not _calls(fn) & forbidden, f"{fn.__name__} calls {_calls(fn) & forbidden}"
 
@@ -376,28 +389,32 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import samplechain_cuda_kernels as K
-assert not K._interpreted()
+import samplechain_cuda_draw as D
+import samplechain_cuda_truncate as T
+from samplechain_cuda_triton import interpreted
+assert not interpreted()
 target = GPUTarget("cuda", 90, 32)
 trunc = dict(x_ptr="*fp32", stride_x="i64", V="i32", t_ptr="*fp32", t_val="fp32", k_ptr="*i64", k_val="i64",
              kmin_ptr="*i64", kmin_val="i64", p_ptr="*fp32", p_val="fp32", pmin_ptr="*i64", pmin_val="i64",
              lm_ptr="*fp32", lm_val="fp32", mmin_ptr="*i64", mmin_val="i64", dt_ptr="*fp32", dt_val="fp32",
-             seed_ptr="*i64", pos_ptr="*i64", salt="i64", thr_ptr="*i64", top_ptr="*fp32", tok_ptr="*i64",
+             seed_ptr="*i64", pos_ptr="*i64", salt="i64", k_key_ptr="*i64", k_last_ptr="*i64",
+             cut_key_ptr="*i64", cut_last_ptr="*i64", count_ptr="*i64", top_ptr="*fp32", tok_ptr="*i64",
              lp_ptr="*fp32", mask_ptr="*i8", stride_mask="i64")
 flags = ("HAS_T", "T_ROW", "K_ROW", "KMIN_ROW", "P_ROW", "PMIN_ROW", "LM_ROW", "MMIN_ROW", "SWAP", "DRAW_T",
          "DT_ROW", "DRAW", "MASK")
 for on in ({"HAS_T", "T_ROW", "K_ROW", "KMIN_ROW", "P_ROW", "PMIN_ROW", "LM_ROW", "MMIN_ROW", "DRAW", "MASK"},
            {"HAS_T", "SWAP", "DRAW"}, {"DRAW_T", "DT_ROW", "DRAW"}, {"DRAW_T", "K_ROW", "DRAW"}):
     const = {f: f in on for f in flags} | {"BLOCK": 512, "NP": 16}
-    triton.compile(ASTSource(K._truncate_kernel, {**trunc, **{c: "constexpr" for c in const}}, const), target=target)
+    triton.compile(ASTSource(T.truncate_kernel, {**trunc, **{c: "constexpr" for c in const}}, const), target=target)
 draw = dict(x_ptr="*bf16", stride_x="i64", ids_ptr="*i64", stride_ids="i64", V="i32", seed_ptr="*i64",
             pos_ptr="*i64", salt="i64", out_ptr="*i64", HAS_IDS="constexpr", BLOCK="constexpr")
 for has_ids in (True, False):
-    triton.compile(ASTSource(K._gumbel_argmax_kernel, draw, {"HAS_IDS": has_ids, "BLOCK": 1024}), target=target)
+    triton.compile(ASTSource(D.gumbel_argmax_kernel, draw, {"HAS_IDS": has_ids, "BLOCK": 1024}), target=target)
 uni = dict(ids_ptr="*i64", stride_ids="i64", K="i32", seed_ptr="*i64", pos_ptr="*i64", salt="i64", out_ptr="*fp64",
            stride_out="i64", BLOCK="constexpr")
-triton.compile(ASTSource(K._uniform_kernel, uni, {"BLOCK": 1024}), target=target)
+triton.compile(ASTSource(D.uniform_kernel, uni, {"BLOCK": 1024}), target=target)
 # the integer arguments compiled here as values must stay values at run time: triton would make a 1 a constant
-for fn, sig in ((K._truncate_kernel, trunc), (K._gumbel_argmax_kernel, draw), (K._uniform_kernel, uni)):
+for fn, sig in ((T.truncate_kernel, trunc), (D.gumbel_argmax_kernel, draw), (D.uniform_kernel, uni)):
     ints = {name for name, ty in sig.items() if ty in ("i32", "i64")}
     free = {p.name for p in fn.params if p.do_not_specialize}
     assert ints <= free, (fn, sorted(ints - free))
@@ -412,7 +429,7 @@ def test_the_kernels_compile_for_a_gpu_without_one():
     bound in one branch only ...): the kernels compiled to a cubin for an H100 (sm_90), in a process where triton
     is not interpreted. No GPU is needed (triton ships ptxas); ~10 s cold, less from triton's cache."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PATH.parent), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGIN), env.get("PYTHONPATH")]))
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when it is unset
     done = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]

@@ -196,9 +196,9 @@ def _run(config, rows, backend, steps: int = 2):
 def fused_backend():
     if not HAS_TRITON:
         pytest.skip("triton is not installed: pip install 'samplechain-cuda[triton]' (scripts/setup.sh does)")
-    import samplechain_cuda_kernels as kernels
+    import samplechain_cuda_triton
 
-    if DEVICE == "cpu" and not kernels._interpreted():
+    if DEVICE == "cpu" and not samplechain_cuda_triton.interpreted():
         pytest.skip("TRITON_INTERPRET is not 1 in this session: the kernels cannot run on CPU tensors")
     return lambda: cuda.CudaBackend(device=DEVICE, triton=True)
 
