@@ -237,3 +237,116 @@ def test_nothing_below_the_command_line_imports_it():
         if is_cli(target)
     ]
     assert not upward, "\n".join(upward)
+
+
+# ----------------------------------------------------------------- plugins and integrations, and function sizes
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _outside_modules() -> dict[str, Path]:
+    """The modules of the plugins (each a top-level `samplechain_<name>*.py`) and of the integrations' packages, by
+    the name they are imported as."""
+    found = {p.stem: p for p in sorted(REPO.glob("plugins/*/samplechain_*.py"))}
+    for package in sorted(REPO.glob("integrations/*/samplechain_*/__init__.py")):
+        root = package.parent
+        for p in sorted(root.rglob("*.py")):
+            parts = [root.name, *p.relative_to(root).with_suffix("").parts]
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return found
+
+
+OUTSIDE = _outside_modules()
+
+
+def _outside_graph() -> dict[str, dict[str, int]]:
+    """plugin or integration module -> {module of the same kind it imports: the line of the first such import}."""
+    graph: dict[str, dict[str, int]] = {m: {} for m in OUTSIDE}
+    for module, path in OUTSIDE.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        skip = _typing_only(tree)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - (node.level - 1)])
+                base = ".".join(filter(None, [base, node.module]))
+                names = [f"{base}.{a.name}" for a in node.names] + [base]
+            else:
+                names = [f"{node.module}.{a.name}" for a in node.names] + [node.module or ""]
+            for name in names:
+                while name and name not in OUTSIDE:
+                    name = name.rpartition(".")[0]
+                if name and name != module:
+                    graph[module].setdefault(name, node.lineno)
+    return graph
+
+
+def test_the_plugins_graph_sees_their_imports():
+    graph = _outside_graph()
+    assert "samplechain_cuda_triton" in graph["samplechain_cuda_truncate"]
+    assert "samplechain_cuda_kernels" in graph["samplechain_cuda"]  # inside a function
+    assert any(target.startswith("samplechain_vllm.") for target in graph["samplechain_vllm.processor"])
+
+
+def test_plugins_and_integrations_have_no_import_cycle():
+    graph = _outside_graph()
+    cycles = [_describe(c, graph) for c in _cycles(graph)]
+    assert not cycles, "import cycles in plugins/ or integrations/ (a function-level import counts):\n" + "\n".join(
+        cycles
+    )
+
+
+def test_no_plugin_or_integration_module_is_much_over_600_lines():
+    long = {m: n for m, p in OUTSIDE.items() if (n := len(p.read_text(encoding="utf-8").splitlines())) > 650}
+    assert not long, f"split these modules (docs/architecture.md: about 600 lines at most): {long}"
+
+
+KERNEL_MARK = "# kernel:"  # the comment right above a long kernel (or its decorators) says why it is one function
+
+
+def _long_functions(path: Path, limit: int = 80) -> list[str]:
+    """The functions of `path` over `limit` lines, but for kernels marked as such with a reason."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    found = []
+    for node in ast.walk(ast.parse("\n".join(lines), filename=str(path))):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        size = (node.end_lineno or node.lineno) - node.lineno + 1
+        if size <= limit:
+            continue
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        above = lines[first - 2].strip() if first >= 2 else ""
+        if above.startswith(KERNEL_MARK) and len(above) > len(KERNEL_MARK) + 10:
+            continue
+        found.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({size} lines)")
+    return found
+
+
+def test_no_function_is_over_80_lines_but_kernels_that_say_why():
+    paths = [*MODULES.values(), *OUTSIDE.values()]
+    long = [f for p in paths for f in _long_functions(p)]
+    assert not long, (
+        f"split these functions into helpers of at most ~80 lines (a kernel may be longer with a `{KERNEL_MARK} why` "
+        "comment right above it):\n" + "\n".join(long)
+    )
+
+
+def test_a_long_kernel_needs_its_reason(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(90))
+    plain = tmp_path / "plain.py"
+    plain.write_text(f"def f():\n{body}\n")
+    marked = tmp_path / "marked.py"
+    marked.write_text(f"{KERNEL_MARK} one pass per row keeps the running sums in registers\n@deco\ndef f():\n{body}\n")
+    bare = tmp_path / "bare.py"
+    bare.write_text(f"{KERNEL_MARK}\ndef f():\n{body}\n")
+    global REPO
+    saved, REPO = REPO, tmp_path
+    try:
+        assert _long_functions(plain) == ["plain.py:1 f (91 lines)"]
+        assert _long_functions(marked) == []
+        assert _long_functions(bare) == ["bare.py:2 f (91 lines)"]
+    finally:
+        REPO = saved

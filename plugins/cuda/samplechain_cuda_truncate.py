@@ -300,7 +300,8 @@ if triton is not None:
             lp = tl.where(hot, lp, tl.where(row_ok, 0.0, float("nan")))
         return tok, lp
 
-    # one program per row; each step of the chain is a helper above (a pass over the row, or a pivot search)
+    # kernel: its signature is most of its length: every parameter is a pointer or a scalar (the *_ROW flags choose
+    # at compile time), as triton takes no structures; the body is one short call per step of the chain
     @triton.jit(do_not_specialize=["stride_x", "V", "k_val", "kmin_val", "pmin_val", "mmin_val", "salt", "stride_mask"])
     def truncate_kernel(
         x_ptr,
