@@ -8,8 +8,8 @@ contract.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import attrs
 import torch
@@ -48,6 +48,15 @@ __all__ = [
     "TYPICAL_BAND",
     "TOP_P_CANDIDATES",
     "ROW_LSE",
+    "KERNELS",
+    "FusedDraw",
+    "TopPCandidates",
+    "TypicalBand",
+    "FusedSampleKernel",
+    "BucketMassKernel",
+    "TypicalBandKernel",
+    "TopPCandidatesKernel",
+    "RowLseKernel",
     "LSE64_WIDTH",
     "max_positions",
     "token_id_list",
@@ -80,13 +89,13 @@ FUSED_SAMPLE = "samplechain.fused_sample"  # Backend.kernel name of a fused trun
 FUSED_KINDS = ("temperature", "top_k", "top_p", "min_p", "dist")
 BUCKET_MASS = "samplechain.bucket_mass"  # Backend.kernel name of filters.bucket_mass's histogram (None: torch's)
 # Backend.kernel name of typical sampling's candidates on a full-vocabulary row: kernel(logits (B, V) float32, p (B,),
-# min_keep (B,)) -> None, or (values (B, W), positions (B, W), counts (B,), c (B,), log Z (B,)): per row the mean
+# min_keep (B,)) -> None, or a TypicalBand (values (B, W), positions (B, W), counts (B,), c (B,), log Z (B,)): per row the mean
 # logit c = sum p_i x_i and log Z in float64, and in values[b, :counts[b]] / positions the tokens with |c - x| <= D
 # in position order (-inf and other columns past the count), D such that they surely hold more than p and at least
 # min_keep tokens: a prefix of the ranking by |c - x| (count -1: the row is left to the caller)
 TYPICAL_BAND = "samplechain.typical_band"
 # Backend.kernel name of top_p on unsorted full-vocabulary rows: kernel(logits (B, V) float32, p (B,), min_keep
-# (B,)) -> None, or (top (B, 1) float64, total (B,) float64, threshold (B,) float32, values, positions, trusted,
+# (B,)) -> None, or a TopPCandidates (top (B, 1) float64, total (B,) float64, threshold (B,) float32, values, positions, trusted,
 # kept): the maximum, the normaliser sum e**(x - top) (to ~1e-15), a logit at or below the last token top-p keeps,
 # Backend.at_least(logits, threshold, max(min_keep))'s result and how many of those top-p keeps (the last four None
 # where the kernel does not gather: the caller asks at_least and cuts)
@@ -99,6 +108,78 @@ ROW_LSE = "samplechain.row_lse"
 # the bit whatever the row's width or batch); wider rows (a full vocabulary) take a float32 log-sum-exp, which
 # fused kernels may compute their own way (within ~1e-6)
 LSE64_WIDTH = 1 << 16
+
+
+class FusedDraw(NamedTuple):
+    """What a FUSED_SAMPLE kernel draws: token ids (B,) int64 and their logprobs (B,) float32 under the kept
+    distribution."""
+
+    token_ids: torch.Tensor
+    logprobs: torch.Tensor
+
+
+class TopPCandidates(NamedTuple):
+    """What a TOP_P_CANDIDATES kernel finds (see there); the last four None where it does not gather."""
+
+    top: torch.Tensor  # (B, 1) float64 each row's maximum
+    total: torch.Tensor  # (B,) float64 the normaliser sum e**(x - top)
+    threshold: torch.Tensor  # (B,) float32 a logit at or below the last token top-p keeps
+    values: torch.Tensor | None  # (B, W) Backend.at_least(logits, threshold, max(min_keep))'s values
+    positions: torch.Tensor | None  # (B, W) their positions
+    counts: torch.Tensor | None  # (B,) how many are at or above the threshold
+    kept: torch.Tensor | None  # (B,) how many of them top-p keeps
+
+
+class TypicalBand(NamedTuple):
+    """What a TYPICAL_BAND kernel finds (see there)."""
+
+    values: torch.Tensor  # (B, W) float32 the band's logits in position order, -inf past the count
+    positions: torch.Tensor  # (B, W) int64 their positions
+    counts: torch.Tensor  # (B,) int64 the band's size (-1: the row is left to the caller)
+    center: torch.Tensor  # (B,) float64 the mean logit c = sum p_i x_i
+    lse: torch.Tensor  # (B,) float64 log Z
+
+
+class FusedSampleKernel(Protocol):
+    """`Backend.kernel(FUSED_SAMPLE)`: None where it cannot run the combination (the samplers run it)."""
+
+    def __call__(
+        self, logits: torch.Tensor, parts: Sequence[FusedPart], select: FusedPart, positions: torch.Tensor, stream: int
+    ) -> FusedDraw | None: ...
+
+
+class BucketMassKernel(Protocol):
+    """`Backend.kernel(BUCKET_MASS)`: filters.bucket_mass's (B, BUCKETS) float32 sums of values (B, K) >= 0."""
+
+    def __call__(self, values: torch.Tensor) -> torch.Tensor | None: ...
+
+
+class TypicalBandKernel(Protocol):
+    """`Backend.kernel(TYPICAL_BAND)`: logits (B, V) float32, p (B,), min_keep (B,)."""
+
+    def __call__(self, logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor) -> TypicalBand | None: ...
+
+
+class TopPCandidatesKernel(Protocol):
+    """`Backend.kernel(TOP_P_CANDIDATES)`: logits (B, V) float32, p (B,), min_keep (B,)."""
+
+    def __call__(self, logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor) -> TopPCandidates | None: ...
+
+
+class RowLseKernel(Protocol):
+    """`Backend.kernel(ROW_LSE)`: x (B, W) float32 -> (B,) float32."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor | None: ...
+
+
+# Each backend kernel name and the signature a kernel registered under it has.
+KERNELS: Mapping[str, type] = {
+    FUSED_SAMPLE: FusedSampleKernel,
+    BUCKET_MASS: BucketMassKernel,
+    TYPICAL_BAND: TypicalBandKernel,
+    TOP_P_CANDIDATES: TopPCandidatesKernel,
+    ROW_LSE: RowLseKernel,
+}
 
 
 @attrs.frozen
@@ -115,8 +196,8 @@ class FusedPart:
     transform it precedes); the executor hands it as a tensor where the chain would not and a top_k follows.
 
     The kernel is called as kernel(logits (B, V) float32, parts (in chain order), select (the dist part),
-    positions (B,), stream) and returns (token ids (B,) int64, their logprobs (B,) float32 under the kept
-    distribution), or None when it cannot run that combination (the executor then runs the samplers). A kernel
+    positions (B,), stream) and returns a `FusedDraw` (token ids (B,) int64, their logprobs (B,) float32 under the
+    kept distribution), or None when it cannot run that combination (the executor then runs the samplers). A kernel
     with a `fused_kinds` attribute (a set of kinds) takes no part of another kind: the executor stops looking at
     the chain's tail there (a cheaper step where the kernel would decline anyway)."""
 

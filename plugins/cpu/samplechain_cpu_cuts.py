@@ -39,6 +39,7 @@ import numba
 import numpy as np
 import torch
 
+from samplechain.contracts import TopPCandidates, TypicalBand
 from samplechain_cpu_numba import (
     _BLOCK,
     _BUCKET_SHIFT,
@@ -271,9 +272,7 @@ def _spares(x, counts, positions, values):
             j += 1
 
 
-def typical_band(
-    logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+def typical_band(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor) -> TypicalBand | None:
     """The TYPICAL_BAND kernel: for logits (B, V) float32 and per-row p (B,) < 1 and min_keep (B,), the band of
     each row (see the module): (values (B, W) float32, positions (B, W) int64, counts (B,) int64, c (B,) float64,
     log Z (B,) float64). A row's band is values[b, :counts[b]] in position order; its spare slots hold -inf at
@@ -303,7 +302,7 @@ def typical_band(
     positions = np.ascontiguousarray(scratch[:, :kept])
     values = np.empty((batch, kept), dtype=np.float32)
     _spares(x, np.maximum(counts, 0), positions, values)
-    return (
+    return TypicalBand(
         torch.from_numpy(values),
         torch.from_numpy(positions),
         torch.from_numpy(counts),
@@ -463,9 +462,7 @@ def _ranked_spares(x, threshold, counts, ranked, values, positions):
             j += 1
 
 
-def top_p_candidates(
-    logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor
-) -> tuple[torch.Tensor | None, ...] | None:
+def top_p_candidates(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor) -> TopPCandidates | None:
     """The TOP_P_CANDIDATES kernel (see contracts): for logits (B, V) float32, per-row p (B,) and min_keep (B,):
     (top (B, 1) and total (B,) float64, threshold (B,) float32, then values (B, W), positions (B, W) and counts (B,)
     of the tokens at or above the threshold, ranked as Backend.at_least ranks them, and kept (B,): how many of them
@@ -502,13 +499,13 @@ def top_p_candidates(
         return None
     found = (torch.from_numpy(top)[:, None], torch.from_numpy(total), torch.from_numpy(threshold))
     if (counts < 0).any():
-        return (*found, None, None, None, None)
+        return TopPCandidates(*found, None, None, None, None)
     width = max(int(counts.max()), 1)
     values = np.empty((batch, width), dtype=np.float32)
     positions = np.empty((batch, width), dtype=np.int64)
     _threads(batch * width)  # a copy of the survivors: threads only where they outweigh their wake-up
     _ranked_spares(x, threshold, counts, spare_where, values, positions)
-    return (
+    return TopPCandidates(
         *found,
         torch.from_numpy(values),
         torch.from_numpy(positions),

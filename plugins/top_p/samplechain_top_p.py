@@ -151,7 +151,7 @@ class TopP(Sampler):
         least = int(torch.where(off, 0, min_keep).max()) if width >= filters.WIDE else 0
         found = kernel(cand.logits, p, min_keep) if kernel is not None and not bool(off.any()) else None
         if found is not None:  # the backend's normaliser and candidates (the cpu backend's: compiled, one pass)
-            top, total, threshold, values, index, trusted, counts = found
+            top, total, threshold, values, index, trusted, counts = found  # a contracts.TopPCandidates
             if values is not None:  # and the cut: the rule below, on the same float64 mass
                 return cand.restrict(values, index, counts, off, ranked=True)
             values, index, trusted = ctx.backend.at_least(cand.logits, threshold, least)
