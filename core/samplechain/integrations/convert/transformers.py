@@ -5,13 +5,12 @@ from __future__ import annotations
 import copy
 import json
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
 from .common import (
-    _TEMPS,
     ConvertWarning,
     _checked,
     _commute,
@@ -148,19 +147,74 @@ def from_transformers(source: Any) -> dict[str, Any]:
     return _checked(out, label)
 
 
-def to_transformers(chain: Any) -> dict[str, Any]:
-    """GenerationConfig keyword arguments that make `generate()` run this chain; ConfigError where it cannot."""
-    target = "transformers (GenerationConfig)"
-    samplers, stop, _ = _entries(chain)
-    selector = samplers[-1]
-    kw: dict[str, Any] = {}
-    eos_sets: list[tuple[_Entry, list[int]]] = []
+# Each processor's GenerationConfig keywords from its entry (after checking the entry fits them).
+_TfKwargs = Callable[[_Entry, str], dict[str, Any]]
 
-    def eos_of(e: _Entry) -> None:
-        if e.p["eos_ids"]:
-            eos_sets.append((e, list(e.p["eos_ids"])))
 
-    active = [e for e in samplers[:-1] if not _off(e)]
+def _tf_fixed(allowed: tuple[str, ...], kwargs: Callable[[dict[str, Any]], dict[str, Any]], **fixed: Any) -> _TfKwargs:
+    """Keywords of a processor that has only the parameters `allowed` (the others at their defaults or `fixed`)."""
+
+    def build(e: _Entry, target: str) -> dict[str, Any]:
+        _only(e, target, allowed, **fixed)
+        return kwargs(e.p)
+
+    return build
+
+
+def _tf_penalties(e: _Entry, target: str) -> dict[str, Any]:
+    p = e.p
+    if p["scope"] != "transformers" or p["frequency"] != 0 or p["presence"] != 0:
+        raise ConfigError(
+            f"{e.label()}: transformers has only repetition_penalty over the whole sequence "
+            f'(scope = "transformers", frequency = presence = 0); this entry has scope = '
+            f"{p['scope']!r}, frequency = {p['frequency']!r}, presence = {p['presence']!r}"
+        )
+    return {"repetition_penalty": float(p["repeat"])}
+
+
+def _tf_forced_eos(e: _Entry, target: str) -> dict[str, Any]:
+    ids = list(e.p["eos_ids"])
+    return {"forced_eos_token_id": ids[0] if len(ids) == 1 else ids, "max_length": int(e.p["max_length"])}
+
+
+def _tf_temperature(e: _Entry, target: str) -> dict[str, Any]:
+    t = _temperature(e, target)
+    if t <= 0:
+        raise ConfigError(f"{e.label()}: t = {t!r}: transformers' temperature must be > 0 (use greedy)")
+    return {"temperature": t}
+
+
+_TF_KWARGS: dict[str, _TfKwargs] = {
+    "cfg": _tf_fixed(("scale",), lambda p: {"guidance_scale": float(p["scale"])}),
+    "sequence_bias": lambda e, t: {"sequence_bias": [[list(seq), float(b)] for seq, b in _plain(e.p["bias"])]},
+    "penalties": _tf_penalties,
+    "no_repeat_ngram": lambda e, t: {"no_repeat_ngram_size": int(e.p["n"])},
+    "bad_words": _tf_fixed(("ids", "eos_ids"), lambda p: {"bad_words_ids": _plain(p["ids"])}),
+    "min_new_tokens": lambda e, t: {"min_new_tokens": int(e.p["n"])},
+    "forced_bos": lambda e, t: {"forced_bos_token_id": int(e.p["bos_id"])},
+    "forced_eos": _tf_forced_eos,
+    "inf_nan_remove": lambda e, t: {"remove_invalid_values": True},
+    "length_decay": lambda e, t: {"exponential_decay_length_penalty": [int(e.p["start"]), float(e.p["factor"])]},
+    "suppress_tokens": lambda e, t: {"suppress_tokens": list(e.p["ids"])},
+    "begin_suppress_tokens": _tf_fixed(("ids",), lambda p: {"begin_suppress_tokens": list(p["ids"])}),
+    "temperature": _tf_temperature,
+    "temp_ext": _tf_temperature,
+    "top_h": _tf_fixed(("top_h",), lambda p: {"top_h": float(p["top_h"])}),
+    "top_k": _tf_fixed(("k",), lambda p: {"top_k": int(p["k"])}),
+    "top_p": _tf_fixed(("p",), lambda p: {"top_p": float(p["p"])}),
+    "min_p": _tf_fixed(("p",), lambda p: {"min_p": float(p["p"])}),
+    "typical": _tf_fixed(("p",), lambda p: {"typical_p": float(p["p"])}, semantics="transformers"),
+    "epsilon": _tf_fixed(("epsilon",), lambda p: {"epsilon_cutoff": float(p["epsilon"])}),
+    "eta": _tf_fixed(("epsilon",), lambda p: {"eta_cutoff": float(p["epsilon"])}),
+    "watermark": lambda e, t: {"watermarking_config": {k: _plain(v) for k, v in e.p.items()}},
+    "renormalize": lambda e, t: {"renormalize_logits": True},
+}
+_TF_EOS_CARRIERS = {"bad_words", "min_new_tokens", "length_decay"}  # their eos_ids must agree with the eos criterion
+
+
+def _tf_processors(body: list[_Entry], target: str) -> list[_Entry]:
+    """The entries that do something, each one a transformers processor, in an order transformers can run."""
+    active = [e for e in body if not _off(e)]
     ranked = []
     for e in active:
         name = "temperature" if e.name == "temp_ext" else e.name
@@ -173,70 +227,11 @@ def to_transformers(chain: Any) -> dict[str, Any]:
         f"transformers applies its processors in the fixed order of _get_logits_processor ({' -> '.join(_TF_ORDER)})",
         _commute,
     )
-    for e in active:
-        n, p = e.name, e.p
-        if n == "cfg":
-            _only(e, target, ("scale",))
-            kw["guidance_scale"] = float(p["scale"])
-        elif n == "sequence_bias":
-            kw["sequence_bias"] = [[list(seq), float(b)] for seq, b in _plain(p["bias"])]
-        elif n == "penalties":
-            if p["scope"] != "transformers" or p["frequency"] != 0 or p["presence"] != 0:
-                raise ConfigError(
-                    f"{e.label()}: transformers has only repetition_penalty over the whole sequence "
-                    f'(scope = "transformers", frequency = presence = 0); this entry has scope = '
-                    f"{p['scope']!r}, frequency = {p['frequency']!r}, presence = {p['presence']!r}"
-                )
-            kw["repetition_penalty"] = float(p["repeat"])
-        elif n == "no_repeat_ngram":
-            kw["no_repeat_ngram_size"] = int(p["n"])
-        elif n == "bad_words":
-            _only(e, target, ("ids", "eos_ids"))
-            kw["bad_words_ids"] = _plain(p["ids"])
-            eos_of(e)
-        elif n == "min_new_tokens":
-            kw["min_new_tokens"] = int(p["n"])
-            eos_of(e)
-        elif n == "forced_bos":
-            kw["forced_bos_token_id"] = int(p["bos_id"])
-        elif n == "forced_eos":
-            ids = list(p["eos_ids"])
-            kw["forced_eos_token_id"] = ids[0] if len(ids) == 1 else ids
-            kw["max_length"] = int(p["max_length"])
-        elif n == "inf_nan_remove":
-            kw["remove_invalid_values"] = True
-        elif n == "length_decay":
-            kw["exponential_decay_length_penalty"] = [int(p["start"]), float(p["factor"])]
-            eos_of(e)
-        elif n == "suppress_tokens":
-            kw["suppress_tokens"] = list(p["ids"])
-        elif n == "begin_suppress_tokens":
-            _only(e, target, ("ids",))
-            kw["begin_suppress_tokens"] = list(p["ids"])
-        elif n in _TEMPS:
-            t = _temperature(e, target)
-            if t <= 0:
-                raise ConfigError(f"{e.label()}: t = {t!r}: transformers' temperature must be > 0 (use greedy)")
-            kw["temperature"] = t
-        elif n == "top_h":
-            _only(e, target, ("top_h",))
-            kw["top_h"] = float(p["top_h"])
-        elif n == "top_k":
-            _only(e, target, ("k",))
-            kw["top_k"] = int(p["k"])
-        elif n in ("top_p", "min_p"):
-            _only(e, target, ("p",))
-            kw[n] = float(p["p"])
-        elif n == "typical":
-            _only(e, target, ("p",), semantics="transformers")
-            kw["typical_p"] = float(p["p"])
-        elif n in ("epsilon", "eta"):
-            _only(e, target, ("epsilon",))
-            kw[f"{n}_cutoff"] = float(p["epsilon"])
-        elif n == "watermark":
-            kw["watermarking_config"] = {k: _plain(v) for k, v in p.items()}
-        elif n == "renormalize":
-            kw["renormalize_logits"] = True
+    return active
+
+
+def _tf_selector(selector: _Entry, active: list[_Entry], kw: dict[str, Any]) -> None:
+    """do_sample from the selector: dist samples (with no seed of its own), greedy carries no warpers."""
     if selector.name == "dist":
         if selector.p["seed"] is not None:
             raise ConfigError(
@@ -257,6 +252,10 @@ def to_transformers(chain: Any) -> dict[str, Any]:
         raise ConfigError(
             f"{selector.label()}: transformers selects with sampling (dist) or greedy only, not {selector.name}"
         )
+
+
+def _tf_stop(stop: list[_Entry], kw: dict[str, Any], eos_sets: list[tuple[_Entry, list[int]]]) -> None:
+    """The stop criteria as GenerationConfig keywords; the eos criterion's ids join `eos_sets`."""
     for e in stop:
         if e.name == "max_new_tokens":
             kw["max_new_tokens"] = int(e.p["n"])
@@ -276,14 +275,35 @@ def to_transformers(chain: Any) -> dict[str, Any]:
                 eos_sets.append((e, list(e.p["ids"])))
         else:
             raise ConfigError(f"{e.label()}: transformers' GenerationConfig has no {e.name} stopping criterion")
-    if eos_sets:
-        first = eos_sets[0]
-        for e, ids in eos_sets[1:]:
-            if sorted(set(ids)) != sorted(set(first[1])):
-                raise ConfigError(
-                    f"{e.label()}: eos ids {ids} differ from {first[0].label()}'s {first[1]}: a "
-                    "GenerationConfig has one eos_token_id"
-                )
-        ids = first[1]
-        kw["eos_token_id"] = ids[0] if len(ids) == 1 else ids
+
+
+def _tf_eos(eos_sets: list[tuple[_Entry, list[int]]], kw: dict[str, Any]) -> None:
+    """The one eos_token_id of a GenerationConfig: every entry naming eos ids must name the same set."""
+    if not eos_sets:
+        return
+    first = eos_sets[0]
+    for e, ids in eos_sets[1:]:
+        if sorted(set(ids)) != sorted(set(first[1])):
+            raise ConfigError(
+                f"{e.label()}: eos ids {ids} differ from {first[0].label()}'s {first[1]}: a "
+                "GenerationConfig has one eos_token_id"
+            )
+    ids = first[1]
+    kw["eos_token_id"] = ids[0] if len(ids) == 1 else ids
+
+
+def to_transformers(chain: Any) -> dict[str, Any]:
+    """GenerationConfig keyword arguments that make `generate()` run this chain; ConfigError where it cannot."""
+    target = "transformers (GenerationConfig)"
+    samplers, stop, _ = _entries(chain)
+    active = _tf_processors(samplers[:-1], target)
+    kw: dict[str, Any] = {}
+    eos_sets: list[tuple[_Entry, list[int]]] = []
+    for e in active:
+        kw.update(_TF_KWARGS[e.name](e, target))
+        if e.name in _TF_EOS_CARRIERS and e.p["eos_ids"]:
+            eos_sets.append((e, list(e.p["eos_ids"])))
+    _tf_selector(samplers[-1], active, kw)
+    _tf_stop(stop, kw, eos_sets)
+    _tf_eos(eos_sets, kw)
     return kw
