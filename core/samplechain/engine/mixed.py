@@ -160,14 +160,7 @@ class MixedChains:
         for key, rows in groups.items():
             index = torch.tensor(rows, dtype=torch.int64, device=device)
             chain = self.chains[key]
-            extra: dict[str, Any] = {}
-            if chain.needs_history:
-                extra["history"] = None if history is None else history.index_select(0, index.to(history.device))
-                extra["prompt_lengths"] = (
-                    None if prompt_lengths is None else prompt_lengths.index_select(0, index.to(prompt_lengths.device))
-                )
-            if chain.needs_unconditional_logits and unconditional_logits is not None:
-                extra["unconditional_logits"] = unconditional_logits.index_select(0, index)
+            extra = _group_inputs(chain, index, history, prompt_lengths, unconditional_logits)
             part = logits.index_select(0, index) if len(groups) > 1 else logits
             drawn = chain.sample_deferred(
                 part,
@@ -214,3 +207,22 @@ class MixedChains:
 
     def __repr__(self) -> str:
         return f"MixedChains({', '.join(f'{k}: {c!r}' for k, c in self.chains.items())})"
+
+
+def _group_inputs(
+    chain: Chain,
+    index: torch.Tensor,
+    history: torch.Tensor | None,
+    prompt_lengths: torch.Tensor | None,
+    unconditional_logits: torch.Tensor | None,
+) -> dict[str, Any]:
+    """The rows `index` of the step's other inputs, for a group's chain (only those it reads)."""
+    extra: dict[str, Any] = {}
+    if chain.needs_history:
+        extra["history"] = None if history is None else history.index_select(0, index.to(history.device))
+        extra["prompt_lengths"] = (
+            None if prompt_lengths is None else prompt_lengths.index_select(0, index.to(prompt_lengths.device))
+        )
+    if chain.needs_unconditional_logits and unconditional_logits is not None:
+        extra["unconditional_logits"] = unconditional_logits.index_select(0, index)
+    return extra
