@@ -318,128 +318,191 @@ def _fmt(x: float) -> str:
     return repr(float(x)) if not float(x).is_integer() else str(int(x)) if abs(x) < 1e15 else repr(float(x))
 
 
-def _lc_sampler(
-    e: _Entry,
-    s: dict[str, Any],
-    names: list[str],
-    put: Callable[..., None],
-    seed_of: Callable[[_Entry], None],
-    mirostat: bool,
-    target: str,
-) -> None:
-    n, p = e.name, e.p
-    if mirostat:
-        if n in _TEMPS and not any(x in s for x in ("temp",)):
-            put(e, "temp", _temperature(e, target))
-            return
-        if _off(e):
-            return
-        raise ConfigError(
-            f"{e.label()}: with mirostat llama.cpp runs only temperature before it (it drops "
-            f"every other sampler), so {n} cannot be expressed"
-        )
-    if n == "penalties":
-        _only(e, target, ("repeat", "frequency", "presence", "last_n"), scope="llama.cpp")
-        for k, key in (
-            ("repeat", "penalty_repeat"),
-            ("frequency", "penalty_freq"),
-            ("presence", "penalty_present"),
-            ("last_n", "penalty_last_n"),
-        ):
-            put(e, key, p[k])
-        names.append("penalties")
-    elif n == "dry":
-        _only(e, target, ("multiplier", "base", "allowed_length", "penalty_last_n", "breakers"))
-        if p["base"] < 1:
-            raise ConfigError(f"{e.label()}: base = {p['base']!r}: llama.cpp ignores a --dry-base below 1")
-        for k, key in (
-            ("multiplier", "dry_multiplier"),
-            ("base", "dry_base"),
-            ("allowed_length", "dry_allowed_length"),
-            ("penalty_last_n", "dry_penalty_last_n"),
-            ("breakers", "dry_sequence_breakers"),
-        ):
-            put(e, key, _plain(p[k]))
-        names.append("dry")
-    elif n == "top_n_sigma":
-        _only(e, target, ("n",))
-        put(e, "top_n_sigma", p["n"])
-        names.append("top_n_sigma")
-    elif n == "top_k":
-        _only(e, target, ("k",))
-        put(e, "top_k", p["k"])
-        names.append("top_k")
-    elif n == "typical":
-        _only(e, target, ("p",), semantics="llama.cpp")
-        put(e, "typ_p", p["p"])
-        names.append("typ_p")
-    elif n in ("top_p", "min_p"):
-        _only(e, target, ("p",))
-        put(e, n, p["p"])
-        names.append(n)
-    elif n == "xtc":
-        _only(e, target, ("probability", "threshold", "seed"))
-        put(e, "xtc_probability", p["probability"])
-        put(e, "xtc_threshold", p["threshold"])
-        seed_of(e)
-        names.append("xtc")
-    elif n in _TEMPS:
-        if n == "temp_ext":
-            _only(e, target, ("t", "delta", "exponent"), formula="llama.cpp")
-            if p["t"] < 0:
-                raise ConfigError(f"{e.label()}: t = {p['t']!r}: llama.cpp clamps --temp to >= 0")
-            put(e, "temp", p["t"])
-            put(e, "dynatemp_range", p["delta"])
-            put(e, "dynatemp_exponent", p["exponent"])
-        else:
-            put(e, "temp", p["t"])
-            put(e, "dynatemp_range", 0.0)
-        names.append("temperature")
-    elif n == "infill":
-        _only(e, target, ("enabled",))
-        names.append("infill")
-    else:
-        raise ConfigError(
-            f"{e.label()}: llama.cpp has no {n} sampler (its samplers: "
-            f"{', '.join(_LC_CANONICAL)}; plus grammar, --logit-bias and --ignore-eos first)"
-        )
+_LC_TARGET = "llama.cpp"
+# the flag that sets each common_params_sampling key, and the order the flags are written in (--seed last)
+_LC_FLAG_OF = {
+    **{key: f for f, (key, _k) in _LC_FLAGS.items() if f.startswith("--") and key not in ("samplers",)},
+    "typ_p": "--typical",
+    "temp": "--temp",
+    "seed": "--seed",
+    "top_n_sigma": "--top-n-sigma",
+    "json_schema": "--json-schema",
+}
+_LC_FLAG_ORDER = [k for k in _LC_DEFAULTS if k != "seed"] + ["seed"]
 
 
-def to_llama_cpp(chain: Any) -> list[str]:
-    """llama.cpp command-line flags that build this chain (`--samplers` gives the order); ConfigError where not."""
-    target = "llama.cpp"
-    samplers, stop, _ = _entries(chain)
-    for e in stop:
-        raise ConfigError(
-            f"{e.label()}: llama.cpp's sampling flags carry no stopping criteria (use -n / "
-            f"--reverse-prompt on the llama.cpp command line)"
-        )
-    flags: list[str] = []
-    seeds: list[tuple[_Entry, int]] = []
-    s: dict[str, Any] = {}  # common_params_sampling keys set by the chain
+class _LcSettings:
+    """What a chain sets of llama.cpp's sampling: common_params_sampling keys, the --samplers names in order, the
+    seeds its entries ask for (llama.cpp has one --seed) and the --logit-bias flags."""
 
-    def put(e: _Entry, key: str, value: Any) -> None:
-        if key in s and s[key] != value:
+    def __init__(self) -> None:
+        self.s: dict[str, Any] = {}
+        self.names: list[str] = []
+        self.seeds: list[tuple[_Entry, int]] = []
+        self.bias_flags: list[str] = []
+
+    def put(self, e: _Entry, key: str, value: Any) -> None:
+        if key in self.s and self.s[key] != value:
             raise ConfigError(
                 f"{e.label()}: llama.cpp has one {key} for every sampler; another entry set "
-                f"{s[key]!r}, this one {value!r}"
+                f"{self.s[key]!r}, this one {value!r}"
             )
-        s[key] = value
+        self.s[key] = value
 
-    def seed_of(e: _Entry) -> None:
+    def seed_of(self, e: _Entry) -> None:
         if e.p.get("seed") is not None:
-            seeds.append((e, int(e.p["seed"])))
+            self.seeds.append((e, int(e.p["seed"])))
 
-    selector = samplers[-1]
-    body = samplers[:-1]
-    # the front: grammar, ignore-eos, logit bias (common_sampler_init adds them before the --samplers chain)
-    names: list[str] = []
+    def saved(self) -> tuple[dict[str, Any], list[str], list[tuple[_Entry, int]]]:
+        return dict(self.s), list(self.names), list(self.seeds)
+
+    def restore(self, saved: tuple[dict[str, Any], list[str], list[tuple[_Entry, int]]]) -> None:
+        self.s.clear()
+        self.s.update(saved[0])
+        self.names[:] = saved[1]
+        self.seeds[:] = saved[2]
+
+
+# ------------------------------------------------------------------- the samplers of the --samplers chain
+_LcSampler = Callable[[_Entry, _LcSettings], None]
+
+
+def _lc_single(param: str, key: str, name: str, **fixed: Any) -> _LcSampler:
+    """A sampler with one parameter `param`, set by the flag of `key` (the others at their defaults or `fixed`)."""
+
+    def add(e: _Entry, out: _LcSettings) -> None:
+        _only(e, _LC_TARGET, (param,), **fixed)
+        out.put(e, key, e.p[param])
+        out.names.append(name)
+
+    return add
+
+
+def _lc_penalties(e: _Entry, out: _LcSettings) -> None:
+    _only(e, _LC_TARGET, ("repeat", "frequency", "presence", "last_n"), scope="llama.cpp")
+    for k, key in (
+        ("repeat", "penalty_repeat"),
+        ("frequency", "penalty_freq"),
+        ("presence", "penalty_present"),
+        ("last_n", "penalty_last_n"),
+    ):
+        out.put(e, key, e.p[k])
+    out.names.append("penalties")
+
+
+def _lc_dry(e: _Entry, out: _LcSettings) -> None:
+    _only(e, _LC_TARGET, ("multiplier", "base", "allowed_length", "penalty_last_n", "breakers"))
+    if e.p["base"] < 1:
+        raise ConfigError(f"{e.label()}: base = {e.p['base']!r}: llama.cpp ignores a --dry-base below 1")
+    for k, key in (
+        ("multiplier", "dry_multiplier"),
+        ("base", "dry_base"),
+        ("allowed_length", "dry_allowed_length"),
+        ("penalty_last_n", "dry_penalty_last_n"),
+        ("breakers", "dry_sequence_breakers"),
+    ):
+        out.put(e, key, _plain(e.p[k]))
+    out.names.append("dry")
+
+
+def _lc_xtc(e: _Entry, out: _LcSettings) -> None:
+    _only(e, _LC_TARGET, ("probability", "threshold", "seed"))
+    out.put(e, "xtc_probability", e.p["probability"])
+    out.put(e, "xtc_threshold", e.p["threshold"])
+    out.seed_of(e)
+    out.names.append("xtc")
+
+
+def _lc_temperature(e: _Entry, out: _LcSettings) -> None:
+    p = e.p
+    if e.name == "temp_ext":
+        _only(e, _LC_TARGET, ("t", "delta", "exponent"), formula="llama.cpp")
+        if p["t"] < 0:
+            raise ConfigError(f"{e.label()}: t = {p['t']!r}: llama.cpp clamps --temp to >= 0")
+        out.put(e, "temp", p["t"])
+        out.put(e, "dynatemp_range", p["delta"])
+        out.put(e, "dynatemp_exponent", p["exponent"])
+    else:
+        out.put(e, "temp", p["t"])
+        out.put(e, "dynatemp_range", 0.0)
+    out.names.append("temperature")
+
+
+def _lc_infill(e: _Entry, out: _LcSettings) -> None:
+    _only(e, _LC_TARGET, ("enabled",))
+    out.names.append("infill")
+
+
+_LC_SAMPLERS: dict[str, _LcSampler] = {
+    "penalties": _lc_penalties,
+    "dry": _lc_dry,
+    "top_n_sigma": _lc_single("n", "top_n_sigma", "top_n_sigma"),
+    "top_k": _lc_single("k", "top_k", "top_k"),
+    "typical": _lc_single("p", "typ_p", "typ_p", semantics="llama.cpp"),
+    "top_p": _lc_single("p", "top_p", "top_p"),
+    "min_p": _lc_single("p", "min_p", "min_p"),
+    "xtc": _lc_xtc,
+    "temperature": _lc_temperature,
+    "temp_ext": _lc_temperature,
+    "infill": _lc_infill,
+}
+
+
+def _lc_before_mirostat(e: _Entry, out: _LcSettings) -> None:
+    """With mirostat llama.cpp runs one temperature and nothing else: other entries must do nothing."""
+    if e.name in _TEMPS and "temp" not in out.s:
+        out.put(e, "temp", _temperature(e, _LC_TARGET))
+        return
+    if _off(e):
+        return
+    raise ConfigError(
+        f"{e.label()}: with mirostat llama.cpp runs only temperature before it (it drops "
+        f"every other sampler), so {e.name} cannot be expressed"
+    )
+
+
+def _lc_sampler(e: _Entry, out: _LcSettings, mirostat: bool) -> None:
+    if mirostat:
+        _lc_before_mirostat(e, out)
+        return
+    add = _LC_SAMPLERS.get(e.name)
+    if add is None:
+        raise ConfigError(
+            f"{e.label()}: llama.cpp has no {e.name} sampler (its samplers: "
+            f"{', '.join(_LC_CANONICAL)}; plus grammar, --logit-bias and --ignore-eos first)"
+        )
+    add(e, out)
+
+
+# --------------------------------------------------------------------------------------------- export
+def _is_front(e: _Entry) -> bool:
+    """grammar, --ignore-eos (min_new_tokens over the whole generation) and --logit-bias: llama.cpp applies them
+    before the --samplers chain."""
+    is_ignore_eos = e.name == "min_new_tokens" and e.p["n"] >= _IGNORE_EOS_N and not e.p["eos_ids"]
+    return e.name in ("grammar", "logit_bias") or is_ignore_eos
+
+
+def _lc_front(e: _Entry, out: _LcSettings) -> None:
+    p = e.p
+    if e.name == "grammar":
+        _only(e, _LC_TARGET, ("gbnf", "json_schema", "eos_ids", "json_whitespace"))
+        if p["gbnf"]:
+            out.put(e, "grammar", p["gbnf"])
+        elif p["json_schema"]:
+            out.put(e, "json_schema", p["json_schema"])
+    elif e.name == "logit_bias":
+        from_pairs = p["bias"].items() if isinstance(p["bias"], Mapping) else p["bias"]
+        for tok, b in from_pairs:
+            out.bias_flags += ["--logit-bias", f"{int(tok)}{'-' if float(b) < 0 else '+'}{_fmt(abs(float(b)))}"]
+    else:
+        out.put(e, "ignore_eos", True)
+
+
+def _lc_body(body: list[_Entry], out: _LcSettings, mirostat: bool) -> None:
+    """The entries before the selector: the front first, then the --samplers chain (or mirostat's temperature)."""
     front_done = False
-    mirostat = selector.name in ("mirostat", "mirostat_v2")
     for e in body:
-        n, p = e.name, e.p
-        is_ignore_eos = n == "min_new_tokens" and p["n"] >= _IGNORE_EOS_N and not p["eos_ids"]
-        if n in ("grammar", "logit_bias") or is_ignore_eos:
+        if _is_front(e):
             if _off(e):
                 continue
             if front_done:
@@ -447,48 +510,43 @@ def to_llama_cpp(chain: Any) -> list[str]:
                     f"{e.label()} runs after a sampler of the --samplers chain, which llama.cpp cannot "
                     f"express: it applies the grammar, --ignore-eos and --logit-bias first"
                 )
-            if n == "grammar":
-                _only(e, target, ("gbnf", "json_schema", "eos_ids", "json_whitespace"))
-                if p["gbnf"]:
-                    put(e, "grammar", p["gbnf"])
-                elif p["json_schema"]:
-                    put(e, "json_schema", p["json_schema"])
-            elif n == "logit_bias":
-                from_pairs = p["bias"].items() if isinstance(p["bias"], Mapping) else p["bias"]
-                for tok, b in from_pairs:
-                    flags += ["--logit-bias", f"{int(tok)}{'-' if float(b) < 0 else '+'}{_fmt(abs(float(b)))}"]
-            else:
-                put(e, "ignore_eos", True)
+            _lc_front(e, out)
             continue
         front_done = front_done or not _off(e)  # a no-op entry commutes with the front
-        snapshot = (dict(s), list(names), list(seeds))
+        saved = out.saved()
         try:
-            _lc_sampler(e, s, names, put, seed_of, mirostat, target)
+            _lc_sampler(e, out, mirostat)
         except ConfigError:
             if not _off(e):
                 raise
-            s.clear()  # a no-op entry llama.cpp cannot name (vLLM's allowed_tokens = [] ...): left out
-            s.update(snapshot[0])
-            names[:] = snapshot[1]
-            seeds[:] = snapshot[2]
+            out.restore(saved)  # a no-op entry llama.cpp cannot name (vLLM's allowed_tokens = [] ...): left out
+
+
+def _lc_selector(selector: _Entry, out: _LcSettings, mirostat: bool) -> None:
+    """dist (the default), adaptive_p (last of --samplers) or --mirostat 1 / 2 with its settings."""
     if selector.name == "dist":
-        seed_of(selector)
+        out.seed_of(selector)
     elif selector.name == "adaptive_p":
-        put(selector, "adaptive_target", selector.p["target"])
-        put(selector, "adaptive_decay", selector.p["decay"])
-        seed_of(selector)
-        names.append("adaptive_p")
+        out.put(selector, "adaptive_target", selector.p["target"])
+        out.put(selector, "adaptive_decay", selector.p["decay"])
+        out.seed_of(selector)
+        out.names.append("adaptive_p")
     elif mirostat:
-        put(selector, "mirostat", 1 if selector.name == "mirostat" else 2)
-        _only(selector, target, ("tau", "eta", "seed"), m=100)
-        put(selector, "mirostat_tau", selector.p["tau"])
-        put(selector, "mirostat_eta", selector.p["eta"])
-        seed_of(selector)
+        out.put(selector, "mirostat", 1 if selector.name == "mirostat" else 2)
+        _only(selector, _LC_TARGET, ("tau", "eta", "seed"), m=100)
+        out.put(selector, "mirostat_tau", selector.p["tau"])
+        out.put(selector, "mirostat_eta", selector.p["eta"])
+        out.seed_of(selector)
     else:
         raise ConfigError(
             f"{selector.label()}: llama.cpp always ends its chain with dist (or mirostat / "
             f"adaptive_p); for {selector.name} put temp_ext with t = 0 before dist"
         )
+
+
+def _lc_seed(out: _LcSettings) -> None:
+    """The one --seed: every seeded entry must ask for the same one, in llama.cpp's range."""
+    seeds = out.seeds
     for e, seed in seeds:
         if seed != seeds[0][1]:
             raise ConfigError(
@@ -498,21 +556,16 @@ def to_llama_cpp(chain: Any) -> list[str]:
         if not 0 <= seed < _LC_DEFAULT_SEED:
             raise ConfigError(f"{e.label()}: seed = {seed}: llama.cpp seeds are in [0, 2**32 - 1)")
     if seeds:
-        s["seed"] = seeds[0][1]
-    if not mirostat and names != _LC_DEFAULT_ORDER:
-        flags = ["--samplers", ";".join(names)] + flags
-    flag_of = {key: f for f, (key, _k) in _LC_FLAGS.items() if f.startswith("--") and key not in ("samplers",)}
-    flag_of.update(
-        {
-            "typ_p": "--typical",
-            "temp": "--temp",
-            "seed": "--seed",
-            "top_n_sigma": "--top-n-sigma",
-            "json_schema": "--json-schema",
-        }
-    )
-    order = [k for k in _LC_DEFAULTS if k != "seed"] + ["seed"]
-    for key, value in sorted(s.items(), key=lambda kv: order.index(kv[0])):
+        out.s["seed"] = seeds[0][1]
+
+
+def _lc_flags(out: _LcSettings, mirostat: bool) -> list[str]:
+    """--samplers where the order is not the default, the --logit-bias flags, then one flag per key away from its
+    default, in common_params_sampling's order."""
+    flags = list(out.bias_flags)
+    if not mirostat and out.names != _LC_DEFAULT_ORDER:
+        flags = ["--samplers", ";".join(out.names)] + flags
+    for key, value in sorted(out.s.items(), key=lambda kv: _LC_FLAG_ORDER.index(kv[0])):
         if key == "dry_sequence_breakers":
             if list(value) != _LC_DEFAULTS[key]:
                 for b in value or ["none"]:
@@ -523,5 +576,22 @@ def to_llama_cpp(chain: Any) -> list[str]:
             continue
         if value == _LC_DEFAULTS.get(key):
             continue
-        flags += [flag_of[key], value if isinstance(value, str) else _fmt(value)]
+        flags += [_LC_FLAG_OF[key], value if isinstance(value, str) else _fmt(value)]
     return flags
+
+
+def to_llama_cpp(chain: Any) -> list[str]:
+    """llama.cpp command-line flags that build this chain (`--samplers` gives the order); ConfigError where not."""
+    samplers, stop, _ = _entries(chain)
+    for e in stop:
+        raise ConfigError(
+            f"{e.label()}: llama.cpp's sampling flags carry no stopping criteria (use -n / "
+            f"--reverse-prompt on the llama.cpp command line)"
+        )
+    selector = samplers[-1]
+    mirostat = selector.name in ("mirostat", "mirostat_v2")
+    out = _LcSettings()
+    _lc_body(samplers[:-1], out, mirostat)
+    _lc_selector(selector, out, mirostat)
+    _lc_seed(out)
+    return _lc_flags(out, mirostat)
