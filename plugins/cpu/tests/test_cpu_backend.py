@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import samplechain_cpu as cpu
+import samplechain_cpu_torch as ops
 
 BACKEND = cpu.CpuBackend()
 
@@ -47,12 +48,12 @@ def test_chunked_topk_other_dtypes(dtype):
 
 
 def test_chunk_width_rules():
-    assert cpu.chunk_width(128256, 40) == 64
-    assert cpu.chunk_width(128256, 512) == 32
-    assert cpu.chunk_width(4096, 40) == 0  # narrow rows take torch.topk
-    assert cpu.chunk_width(128256, 5000) == 0  # too much of the row would be gathered
+    assert ops.chunk_width(128256, 40) == 64
+    assert ops.chunk_width(128256, 512) == 32
+    assert ops.chunk_width(4096, 40) == 0  # narrow rows take torch.topk
+    assert ops.chunk_width(128256, 5000) == 0  # too much of the row would be gathered
     for vocab, k in [(16384, 1), (50257, 200), (128256, 2004), (151936, 1)]:
-        width = cpu.chunk_width(vocab, k)
+        width = ops.chunk_width(vocab, k)
         assert width == 0 or k * width * 4 <= vocab
 
 
@@ -109,7 +110,7 @@ def test_at_least_takes_the_chunked_path_only_when_it_reads_little():
 def test_compacted_at_least_keeps_positions_unique_in_short_rows():
     x = _logits("randn", 4, 50257)
     threshold = x.amax(dim=-1) - torch.tensor([9.0, 2.0, 0.0, 6.0])  # very different counts per row
-    values, index, counts = cpu.compacted_at_least(x, threshold, 1)
+    values, index, counts = ops.compacted_at_least(x, threshold, 1)
     for row in range(4):
         n = int(counts[row])
         assert torch.equal(values[row, :n], torch.topk(x[row], n).values)

@@ -1,4 +1,4 @@
-"""The numba-compiled Gumbel-max (samplechain_cpu_numba) against the reference rng.gumbel_argmax: the same token
+"""The numba-compiled Gumbel-max (samplechain_cpu_draw) against the reference rng.gumbel_argmax: the same token
 on every row, bit for bit, on random shapes, seeds, positions and streams, with and without candidate ids, and on
 the rows where a draw is decided by its edge rules (ties, NaN, all -inf, huge logits); the plain torch path when
 numba is switched off or missing, and in a forked child."""
@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import samplechain_cpu as cpu
+import samplechain_cpu_torch as ops
 from samplechain import BackendError, rng
 from samplechain.tools.testing import sample_steps
 
@@ -24,11 +25,28 @@ INF, NAN = float("inf"), float("nan")
 
 @pytest.fixture(scope="module")
 def fused():
+    """The compiled draws' module (samplechain_cpu_draw)."""
     if not cpu.numba_enabled():
         pytest.skip("numba is not installed (or SAMPLECHAIN_CPU_NUMBA=0)")
-    import samplechain_cpu_numba
+    import samplechain_cpu_draw
 
-    return samplechain_cpu_numba
+    return samplechain_cpu_draw
+
+
+@pytest.fixture(scope="module")
+def leaf(fused):
+    """The compiled helpers' module (samplechain_cpu_jit): numba's threads, the hash, the noise and its bounds."""
+    import samplechain_cpu_jit
+
+    return samplechain_cpu_jit
+
+
+@pytest.fixture(scope="module")
+def rank(fused):
+    """The compiled selections' module (samplechain_cpu_rank): at_least, ranked_topk, bucket_mass."""
+    import samplechain_cpu_rank
+
+    return samplechain_cpu_rank
 
 
 def _args(batch: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,14 +90,14 @@ def test_many_seeds_one_wide_row(fused):
 
 
 @pytest.mark.parametrize("stream", [0, 1, 7, 2**31 + 5, 2**40 + 3])
-def test_compiled_row_keys_are_rngs(fused, stream):
+def test_compiled_row_keys_are_rngs(leaf, stream):
     """The draw forms each row's keys inside the compiled call: rng.row_keys' bit for bit, seeds and positions over
     their whole range (64-bit positions' high words included) and streams beyond 32 bits."""
     seeds, positions = _args(64, stream % 1000)
     seeds[:3] = torch.tensor([0, 1, rng.SEED_MAX])
     positions[:3] = torch.tensor([0, 2**32 + 1, 2**62 + 12345])
     k1, k2 = np.empty(64, dtype=np.uint32), np.empty(64, dtype=np.uint32)
-    fused._row_keys(seeds.numpy(), positions.numpy(), fused._salt(stream), k1, k2)
+    leaf.row_keys(seeds.numpy(), positions.numpy(), leaf.salt(stream), k1, k2)
     want1, want2 = rng.row_keys(seeds, positions, stream)
     assert np.array_equal(k1.astype(np.int64), want1.numpy()) and np.array_equal(k2.astype(np.int64), want2.numpy())
 
@@ -158,12 +176,12 @@ def _backend_and_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def _refusing_module() -> types.ModuleType:
-    """A stand-in for samplechain_cpu_numba whose draw fails the test."""
+    """A stand-in for samplechain_cpu_draw whose draw fails the test."""
 
     def refuse(*args):
         raise AssertionError("the compiled path ran")
 
-    module = types.ModuleType("samplechain_cpu_numba")
+    module = types.ModuleType("samplechain_cpu_draw")
     module.gumbel_argmax = refuse
     return module
 
@@ -176,7 +194,7 @@ def test_the_backend_falls_back_to_torch(monkeypatch, why):
     else:
         monkeypatch.setattr(cpu, "_numba_installed", lambda: False)
     assert not cpu.numba_enabled()
-    monkeypatch.setitem(sys.modules, "samplechain_cpu_numba", _refusing_module())
+    monkeypatch.setitem(sys.modules, "samplechain_cpu_draw", _refusing_module())
     got, want = _backend_and_reference(torch.randn(8, 40000, generator=torch.Generator().manual_seed(7)) * 3)
     assert torch.equal(got, want)
 
@@ -189,12 +207,12 @@ def test_the_backend_draws_wide_inputs_compiled(fused, monkeypatch):
     assert torch.equal(got, want) and calls
 
 
-def test_a_forked_child_takes_the_torch_path(fused, monkeypatch):
+def test_a_forked_child_takes_the_torch_path(fused, leaf, monkeypatch):
     """numba's GNU OpenMP threads do not survive a fork (numba ends a child that uses them): a process other than
     the one that started them draws with rng's torch path, the same tokens."""
     x = torch.randn(2, 40000, generator=torch.Generator().manual_seed(9))
     _same(fused, x)  # the threads are started in this process
-    monkeypatch.setattr(fused, "_owner", os.getpid() + 1)
+    monkeypatch.setattr(leaf, "_owner", os.getpid() + 1)
     monkeypatch.setattr(fused, "_draw", _refusing_module().gumbel_argmax)
     _same(fused, x)
 
@@ -210,14 +228,15 @@ import json, sys, numba, torch
 from numba.core.codegen import get_host_cpu_features
 if sys.argv[1] == "compiled-before":
     numba.njit(lambda v: v + 1)(1)
-import samplechain_cpu_numba as m
+import samplechain_cpu_draw as m
+import samplechain_cpu_jit as leaf
 from samplechain import rng
 g = torch.Generator().manual_seed(4)
 x = torch.randn(8, 128256, generator=g) * 3
 seeds, positions = torch.arange(8) + 11, torch.arange(8) * 7
 tokens, logprobs = m.scaled_draw(x, 0.8, seeds, positions, 2)
 assert torch.equal(tokens, rng.gumbel_argmax(x / 0.8, seeds, positions, None, 2))
-print(json.dumps({"avx512": "+avx512f" in get_host_cpu_features().split(","), "set": m._FEATURES is not None,
+print(json.dumps({"avx512": "+avx512f" in get_host_cpu_features().split(","), "set": leaf._FEATURES is not None,
                   "wide": "-prefer-256-bit" in (numba.config.CPU_FEATURES or ""), "tokens": tokens.tolist(),
                   "logprobs": logprobs.tolist()}))
 """
@@ -257,9 +276,9 @@ def test_wide_vectors_on_avx512_the_same_tokens(fused, monkeypatch, tmp_path):
 def test_a_bad_wide_vectors_switch_names_the_variable(monkeypatch):
     monkeypatch.setenv("SAMPLECHAIN_CPU_WIDE_VECTORS", "wide")
     with pytest.raises(BackendError, match=r"SAMPLECHAIN_CPU_WIDE_VECTORS='wide'"):
-        import samplechain_cpu_numba
+        import samplechain_cpu_jit
 
-        samplechain_cpu_numba._wide_vectors()
+        samplechain_cpu_jit._wide_vectors()
 
 
 def test_numba_from_vllms_pin_on(monkeypatch):
@@ -274,7 +293,7 @@ def test_numba_from_vllms_pin_on(monkeypatch):
         cpu._numba_installed.cache_clear()
 
 
-def test_openmp_nesting_is_left_off(fused):
+def test_openmp_nesting_is_left_off(fused, leaf):
     """numba 0.65 turns OpenMP's nesting on in torch's runtime when its threads start (each small torch op then
     waits ~4 ms): after a compiled pass it is off, and _nesting_off turns it off wherever it is found on."""
     import ctypes
@@ -285,7 +304,7 @@ def test_openmp_nesting_is_left_off(fused):
         pytest.skip("no OpenMP runtime in the process's global scope")
     assert runtime.omp_get_nested() == 0
     runtime.omp_set_nested(1)
-    fused._nesting_off()
+    leaf._nesting_off()
     assert runtime.omp_get_nested() == 0
 
 
@@ -305,15 +324,15 @@ def _scaled_same(fused, x: torch.Tensor, t, stream: int = 0, seed: int = 0) -> t
     return got, logprobs
 
 
-def test_the_float32_noise_bound_is_below_the_noise(fused):
-    """_noise_bound32 (the vectorised loops' float32 bound) never exceeds M = log(-log u), float64 as the draw
+def test_the_float32_noise_bound_is_below_the_noise(leaf):
+    """noise_bound32 (the vectorised loops' float32 bound) never exceeds M = log(-log u), float64 as the draw
     forms it, on every hash value near a power of two of n = 2**32 - 1 - bits (where float32(n) rounds up), at both
     ends and on a million random ones; within 0.07 of it where u is near 1 (the winners), and close to the float64
-    bound (_noise_bound)."""
+    bound (noise_bound)."""
     import numba
 
-    bound32 = numba.njit(lambda b: np.array([fused._noise_bound32(v) for v in b]))
-    bound64 = numba.njit(lambda b: np.array([fused._noise_bound(v) for v in b]))
+    bound32 = numba.njit(lambda b: np.array([leaf.noise_bound32(v) for v in b]))
+    bound64 = numba.njit(lambda b: np.array([leaf.noise_bound(v) for v in b]))
     n = np.concatenate(
         [np.array([0, 1, 2, 3, 2**32 - 1], dtype=np.int64)]
         + [np.arange(2**e - 70, 2**e + 70) for e in range(3, 33)]
@@ -500,7 +519,7 @@ def test_the_cpu_backend_fuses_min_p(fused, monkeypatch, case):
 @pytest.mark.parametrize("p", ["number", "float32", "float64"])
 def test_min_ps_floor_formed_in_the_kernel_is_min_p_floors(fused, batch, p):
     """scaled_draw(min_p=p) forms each row's floor and top in the kernel: the tokens and logprobs of the floor that
-    samplechain_cpu.min_p_floor gives from torch's amax, bit for bit (either order of min_p and the temperature;
+    samplechain_cpu_torch.min_p_floor gives from torch's amax, bit for bit (either order of min_p and the temperature;
     p as a number, float32 or float64 per row, 0 included; rows with +inf, a NaN of either sign, all -inf; one
     row cut into parts, or several)."""
     g = torch.Generator().manual_seed(batch)
@@ -516,7 +535,7 @@ def test_min_ps_floor_formed_in_the_kernel_is_min_p_floors(fused, batch, p):
     min_p = {"number": 0.07, "float32": values, "float64": values.double()}[p]
     for scaled in (False, True):
         top = x.amax(dim=1) / t
-        floor = cpu.min_p_floor(top if scaled else x.amax(dim=1), min_p)
+        floor = ops.min_p_floor(top if scaled else x.amax(dim=1), min_p)
         want = fused.scaled_draw(x, t, seeds, positions, 1, floor=floor, scaled=scaled, top=top)
         got = fused.scaled_draw(x, t, seeds, positions, 1, scaled=scaled, min_p=min_p)
         assert torch.equal(got[0], want[0]), scaled
@@ -556,7 +575,7 @@ def test_a_fused_step_names_the_bad_row(fused):
 
 # ----------------------------------------------------------------------------- at_least and bucket_mass compiled
 @pytest.mark.parametrize("trial", range(6))
-def test_compiled_at_least_equals_the_torch_compaction(fused, trial):
+def test_compiled_at_least_equals_the_torch_compaction(rank, trial):
     """Values, positions (spare slots included) and counts of compacted_at_least, bit for bit: flat and rounded
     rows (equal values ranked by position), -0.0 beside +0.0, NaN (never kept), -inf thresholds (whole rows),
     rows of different counts, and the None cases (k beyond a row's count, nothing above any threshold)."""
@@ -574,16 +593,16 @@ def test_compiled_at_least_equals_the_torch_compaction(fused, trial):
     if batch > 2:
         threshold[1] = -INF
     for k in (0, 1, 50):
-        want = cpu.compacted_at_least(x, threshold, k)
-        got = fused.at_least(x, threshold, k)
+        want = ops.compacted_at_least(x, threshold, k)
+        got = rank.at_least(x, threshold, k)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
-    assert fused.at_least(x, threshold, width + 1) is None is cpu.compacted_at_least(x, threshold, width + 1)
+    assert rank.at_least(x, threshold, width + 1) is None is ops.compacted_at_least(x, threshold, width + 1)
     high = torch.full((batch,), 1e9)
-    assert fused.at_least(x, high, 0) is None is cpu.compacted_at_least(x, high, 0)
+    assert rank.at_least(x, high, 0) is None is ops.compacted_at_least(x, high, 0)
 
 
 @pytest.mark.parametrize("trial", range(8))
-def test_compiled_ranked_topk_equals_the_keys_topk(fused, trial):
+def test_compiled_ranked_topk_equals_the_keys_topk(rank, trial):
     """contracts.ranked_topk (one top-k over the int64 keys), bit for bit, values and positions in the filters'
     order: float32 and bf16-rounded rows (ties at every place, lowest id first), -0.0 beside +0.0, -inf, +inf and
     NaN of either sign, ids implicit, permuted or compacted-like, k from 1 to the whole row."""
@@ -607,22 +626,22 @@ def test_compiled_ranked_topk_equals_the_keys_topk(fused, trial):
         else torch.randint(0, 2**31 - 1, (batch, width), generator=g)
     )
     for k in sorted({1, 2, 40, width // 16, width}):
-        got, want = fused.ranked_topk(x, k, ids), ranked_topk(x, k, ids)
+        got, want = rank.ranked_topk(x, k, ids), ranked_topk(x, k, ids)
         assert torch.equal(got[1], want[1]), (k, got[1], want[1])
         assert torch.equal(got[0].view(torch.int32), want[0].view(torch.int32))
 
 
-def test_compiled_ranked_topk_rows_alone_and_through_the_backend(fused, monkeypatch):
+def test_compiled_ranked_topk_rows_alone_and_through_the_backend(rank, monkeypatch):
     """A row's k best are the same alone and in any batch; the cpu backend takes the compiled pass where k is at
     most 1/16 of a wide enough float32 input, with the same result as its torch path (numba switched off)."""
     x = torch.randn(32, 4096, generator=torch.Generator().manual_seed(110)).bfloat16().float()
-    batch = fused.ranked_topk(x, 40)
+    batch = rank.ranked_topk(x, 40)
     for row in (0, 17, 31):
-        alone = fused.ranked_topk(x[row : row + 1], 40)
+        alone = rank.ranked_topk(x[row : row + 1], 40)
         assert torch.equal(alone[1], batch[1][row : row + 1]) and torch.equal(alone[0], batch[0][row : row + 1])
     calls = []
-    real = fused.ranked_topk
-    monkeypatch.setattr(fused, "ranked_topk", lambda *a: calls.append(a[1]) or real(*a))
+    real = rank.ranked_topk
+    monkeypatch.setattr(rank, "ranked_topk", lambda *a: calls.append(a[1]) or real(*a))
     backend = cpu.CpuBackend()
     got = backend.ranked_topk(x, 40)
     backend.ranked_topk(x, 1024)  # beyond 1/16 of the row: the plain path
@@ -632,7 +651,7 @@ def test_compiled_ranked_topk_rows_alone_and_through_the_backend(fused, monkeypa
     assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
 
 
-def test_compiled_bucket_mass_equals_the_scatter(fused):
+def test_compiled_bucket_mass_equals_the_scatter(rank):
     """filters.bucket_mass's sums in each row's order, in float32, as scatter_add's: the same to the bit; also
     through the cpu backend's kernel."""
     from samplechain.filters import BUCKETS, bucket_keys, bucket_mass, bucket_sums
@@ -641,7 +660,7 @@ def test_compiled_bucket_mass_equals_the_scatter(fused):
     probs = torch.softmax(x, dim=-1)
     probs[0, :100] = 0.0
     want = bucket_sums(bucket_keys(probs), probs)
-    assert torch.equal(fused.bucket_mass(probs, BUCKETS), want)
+    assert torch.equal(rank.bucket_mass(probs, BUCKETS), want)
     assert torch.equal(bucket_mass(probs, cpu.CpuBackend()), want)
 
 
