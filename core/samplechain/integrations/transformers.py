@@ -317,6 +317,68 @@ def _fresh_cache(cache: Any) -> bool:
         return False
 
 
+def _check_model_inputs(model_kwargs: Mapping[str, Any]) -> None:
+    """Refuse what samplechain's loop cannot feed the model: inputs beyond input_ids / attention_mask, and a cache
+    that already holds tokens."""
+    unknown = sorted(k for k, v in model_kwargs.items() if k not in _PREPARED and v is not None)
+    if unknown:
+        raise ConfigError(
+            f"model.generate(custom_generate=as_custom_generate(...)) got model inputs {unknown}: "
+            "samplechain's loop feeds the model input_ids and attention_mask only; call "
+            "model.generate without custom_generate for these inputs"
+        )
+    if not (_fresh_cache(model_kwargs.get("past_key_values")) and _fresh_cache(model_kwargs.get("cache"))):
+        raise ConfigError(
+            "past_key_values already holds tokens: samplechain's loop builds its own cache from "
+            "the prompt; pass the whole prompt as input_ids and no past_key_values"
+        )
+
+
+def _processors_without_warpers(logits_processor: Any, gc: Any) -> list[Any]:
+    """transformers' logits processors less the sampling warpers do_sample=True added (the chain samples)."""
+    processors = list(logits_processor or [])
+    warpers = [p for p in processors if isinstance(p, _WARPERS)] if gc.do_sample else []
+    processors = [p for p in processors if p not in warpers]
+    # transformers adds top_k=50 to every do_sample=True call unless told otherwise: not the user's choice
+    dropped = [type(p).__name__ for p in warpers if not _implicit_top_k(p)]
+    if dropped:
+        warnings.warn(
+            f"do_sample=True made transformers add {', '.join(dropped)}; the chain decides sampling, so "
+            "they are not applied (put temperature / top_k / top_p in the chain, and pass "
+            "do_sample=False to model.generate to silence this)",
+            UserWarning,
+            stacklevel=4,  # past this helper, custom_generate and model.generate
+        )
+    return processors
+
+
+def _extra_criteria(stop: Sequence[Any], stopping_criteria: Any) -> list[Any]:
+    """`stop` and transformers' stopping criteria, less its length, time and eos criteria (the loop has its own)."""
+    extra: list[Any] = list(stop)
+    for crit in stopping_criteria or []:
+        if not isinstance(crit, (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria)):
+            extra.append(crit)
+    return extra
+
+
+def _fold_repeats(input_ids: torch.Tensor, mask: torch.Tensor | None, expand: int) -> tuple[Any, Any]:
+    """transformers repeated each prompt `expand` times (num_return_sequences / beams): our loop does it itself."""
+    if expand > 1:
+        input_ids = input_ids[::expand]
+        mask = mask[::expand] if mask is not None else None
+    return input_ids, mask
+
+
+def _eos_and_pad(gc: Any) -> tuple[Any, Any]:
+    """The eos ids (None where there are none) and the pad id transformers prepared in the generation config."""
+    eos = getattr(gc, "_eos_token_tensor", None)
+    if eos is None:
+        eos = gc.eos_token_id
+    pad = getattr(gc, "_pad_token_tensor", None)
+    pad = int(pad) if isinstance(pad, torch.Tensor) and pad.numel() == 1 else gc.pad_token_id
+    return eos, pad
+
+
 def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost | None = None, **defaults: Any) -> Any:
     """A callable for `model.generate(custom_generate=...)` that runs samplechain's own loop with `chain`.
 
@@ -361,57 +423,19 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
         **model_kwargs: Any,
     ) -> Any:
         gc = generation_config or model.generation_config
-        unknown = sorted(k for k, v in model_kwargs.items() if k not in _PREPARED and v is not None)
-        if unknown:
-            raise ConfigError(
-                f"model.generate(custom_generate=as_custom_generate(...)) got model inputs {unknown}: "
-                "samplechain's loop feeds the model input_ids and attention_mask only; call "
-                "model.generate without custom_generate for these inputs"
-            )
-        if not (_fresh_cache(model_kwargs.get("past_key_values")) and _fresh_cache(model_kwargs.get("cache"))):
-            raise ConfigError(
-                "past_key_values already holds tokens: samplechain's loop builds its own cache from "
-                "the prompt; pass the whole prompt as input_ids and no past_key_values"
-            )
-
-        processors = list(logits_processor or [])
-        warpers = [p for p in processors if isinstance(p, _WARPERS)] if gc.do_sample else []
-        processors = [p for p in processors if p not in warpers]
-        # transformers adds top_k=50 to every do_sample=True call unless told otherwise: not the user's choice
-        dropped = [type(p).__name__ for p in warpers if not _implicit_top_k(p)]
-        if dropped:
-            warnings.warn(
-                f"do_sample=True made transformers add {', '.join(dropped)}; the chain decides sampling, so "
-                "they are not applied (put temperature / top_k / top_p in the chain, and pass "
-                "do_sample=False to model.generate to silence this)",
-                UserWarning,
-                stacklevel=3,
-            )
-        extra: list[Any] = list(stop)
-        for crit in stopping_criteria or []:
-            if not isinstance(crit, (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria)):
-                extra.append(crit)
-
-        # transformers repeated each prompt `expand` times (num_return_sequences / beams): our loop does it itself
+        _check_model_inputs(model_kwargs)
+        processors = _processors_without_warpers(logits_processor, gc)
+        extra = _extra_criteria(stop, stopping_criteria)
         beams = int(gc.num_beams or 1)
         copies = int(gc.num_return_sequences or 1)
-        expand = max(beams, copies)
-        mask = model_kwargs.get("attention_mask")
-        if expand > 1:
-            input_ids = input_ids[::expand]
-            mask = mask[::expand] if mask is not None else None
-
-        eos = getattr(gc, "_eos_token_tensor", None)
-        if eos is None:
-            eos = gc.eos_token_id
-        pad = getattr(gc, "_pad_token_tensor", None)
-        pad = int(pad) if isinstance(pad, torch.Tensor) and pad.numel() == 1 else gc.pad_token_id
+        prompts, mask = _fold_repeats(input_ids, model_kwargs.get("attention_mask"), max(beams, copies))
+        eos, pad = _eos_and_pad(gc)
         kwargs: dict[str, Any] = dict(defaults)
         # transformers drops `tokenizer` before calling a custom_generate callable: take it from the defaults
         tokenizer = tokenizer if tokenizer is not None else kwargs.get("tokenizer")
         kwargs.pop("tokenizer", None)
         kwargs.update(
-            input_ids=input_ids,
+            input_ids=prompts,
             attention_mask=mask,
             chain=resolved,
             stop=extra,
