@@ -46,6 +46,7 @@ class Cfg(Sampler):
             return cand
         scale = ctx.param("scale")
         on = scale != 1.0  # (B,)
+        assert ctx.unconditional_logits is not None  # needs_unconditional_logits() is declared: the chain passes them
         uncond = torch.log_softmax(ctx.unconditional_logits, dim=-1)  # over the whole vocabulary
         if cand.ids is not None:
             uncond = uncond.gather(1, cand.ids)

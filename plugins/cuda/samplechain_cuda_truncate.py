@@ -44,7 +44,8 @@ class Truncation(NamedTuple):
     k_last: torch.Tensor
     cut_key: torch.Tensor
     cut_last: torch.Tensor
-    count: torch.Tensor
+    # the field shadows tuple.count (a method) on purpose: the kernel writes the count under this name
+    count: torch.Tensor  # type: ignore[assignment]
     top: torch.Tensor
 
 
@@ -450,8 +451,8 @@ def _log_min_p(min_p: Any, device: torch.device) -> tuple[Any, float, bool]:
         m = min_p.to(device=device, dtype=torch.float32)
         on = m > 0
         return torch.where(on, torch.log(torch.where(on, m, torch.ones_like(m))), float("-inf")).contiguous(), 0.0, True
-    m = f32(min_p)  # the chain's scalar: the float32 parameter as a Python float
-    return None, (f32(math.log(m)) if m > 0 else float("-inf")), False
+    p = f32(min_p)  # the chain's scalar: the float32 parameter as a Python float
+    return None, (f32(math.log(p)) if p > 0 else float("-inf")), False
 
 
 def launch(
@@ -485,11 +486,14 @@ def launch(
     k_args = param_arg(0 if top_k is None else top_k, torch.int64, device)
     kmin, pmin, mmin = (param_arg(v, torch.int64, device) for v in keeps)
     if draw:
+        # a draw comes with its seed and position (sample() passes both)
+        assert seed is not None and position is not None
         seed, position = counter(seed, device), counter(position, device)
     thresholds = torch.empty(5, batch, dtype=torch.int64, device=device)  # Truncation's k_key ... count, one row each
     top = torch.empty(batch, dtype=torch.float32, device=device)
+    k_key, k_last, cut_key, cut_last, count = thresholds
     out = Launch(
-        Truncation(*thresholds, top),
+        Truncation(k_key, k_last, cut_key, cut_last, count, top),
         torch.empty(batch, dtype=torch.int64, device=device),
         torch.empty(batch, dtype=torch.float32, device=device),
         torch.empty(batch, vocab, dtype=torch.int8, device=device) if mask else None,

@@ -128,6 +128,7 @@ class Dry(Sampler):
         mult, base = ctx.param("multiplier"), ctx.param("base")
         allowed, last_n = ctx.param("allowed_length"), ctx.param("penalty_last_n")
         history = ctx.history
+        assert history is not None  # needs_history() is declared, so the chain passes it
         device = history.device
         L = history.shape[1]
         valid = history >= 0

@@ -60,6 +60,7 @@ class Eos(StoppingCriterion):
     def check(self, ctx: StopContext) -> torch.Tensor:
         if self._ids is None:
             self.prepare(ctx.setup)
+        assert self._ids is not None  # prepare() sets it
         return torch.isin(ctx.token_ids, self._ids.to(ctx.token_ids.device))
 
 

@@ -36,7 +36,9 @@ class ForcedEos(EosIds, Sampler):
         if ctx.scalar("max_length") == 0:
             return cand
         limit = ctx.param("max_length")
-        last = ((ctx.history >= 0).sum(dim=1) == limit - 1) & (limit > 0)
+        history = ctx.history
+        assert history is not None  # needs_history() is declared, so the chain passes it
+        last = ((history >= 0).sum(dim=1) == limit - 1) & (limit > 0)
         if not bool(last.any()):
             return cand
         cand = cand.full()  # a removed eos comes back, as transformers writes its column whatever it held

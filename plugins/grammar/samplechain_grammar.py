@@ -229,16 +229,19 @@ class Grammar(EosIds, Sampler):
     def _piece(self, token: int) -> bytes:
         piece = self._pieces.get(token)
         if piece is None:
+            assert self._compiled is not None  # apply() compiles before any row is read
             piece = self._compiled[0].decode_bytes([token])
             self._pieces[token] = piece
         return piece
 
     def _fresh(self) -> _Row:
         lazy = bool(self.params.triggers or self.params.trigger_tokens)
+        assert self._compiled is not None  # apply() compiles before any row is read
         return _Row(self._compiled[1].deep_copy(), active=not lazy)
 
     def _feed_text(self, row: _Row, text: bytes) -> None:
         """llama.cpp's llama_grammar_accept_str: text (from the trigger on) enters the grammar."""
+        assert self._compiled is not None  # apply() compiles before any row is read
         if text and not row.matcher.consume_tokens(self._compiled[0].tokenize_bytes(text)):
             row.failed = row.matcher.get_error() or "the text after the trigger does not match the grammar"
 
@@ -297,8 +300,10 @@ class Grammar(EosIds, Sampler):
                 "chain.sample(), or generate through samplechain.generation.generate(model, tokenizer, ...)"
             )
         enabled = ctx.param("enabled").tolist()
-        history = ctx.history.tolist()
-        prompt_lengths = ctx.prompt_lengths.tolist()
+        history_t, lengths_t = ctx.history, ctx.prompt_lengths
+        assert history_t is not None and lengths_t is not None  # needs_history() is declared: the chain passes both
+        history = history_t.tolist()
+        prompt_lengths = lengths_t.tolist()
         words = self._compiled[2]
         batch = cand.batch_size
         bitmask = torch.full((batch, words), -1, dtype=torch.int32)

@@ -39,7 +39,11 @@ class LengthDecay(EosIds, Sampler):
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
         if self.is_noop(ctx):
             return cand
-        generated = (ctx.history >= 0).sum(dim=1) - ctx.prompt_lengths
+        history, prompt_lengths = ctx.history, ctx.prompt_lengths
+        assert (
+            history is not None and prompt_lengths is not None
+        )  # needs_history() is declared, so the chain passes both
+        generated = (history >= 0).sum(dim=1) - prompt_lengths
         steps = generated - ctx.param("start")
         on = (steps > 0) & (ctx.param("factor") != 1.0)
         if not bool(on.any()):

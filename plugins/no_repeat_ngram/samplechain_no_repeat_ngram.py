@@ -55,7 +55,9 @@ class NoRepeatNGram(Sampler):
         banned = torch.zeros(cand.batch_size, cand.vocab_size, dtype=torch.bool, device=cand.logits.device)
         for size in torch.unique(n[n > 0]).tolist():  # one pass per distinct n, never per row
             rows = n == size
-            banned[rows] = banned_by_ngrams(ctx.history[rows], int(size), cand.vocab_size)
+            history = ctx.history  # read only when a row is on: a batch with none on runs without a history
+            assert history is not None  # needs_history() is declared, so the chain passes it
+            banned[rows] = banned_by_ngrams(history[rows], int(size), cand.vocab_size)
         if not bool(banned.any()):
             return cand
         if cand.ids is not None:

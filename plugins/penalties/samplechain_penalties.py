@@ -82,6 +82,7 @@ class Penalties(Sampler):
         rep, freq, pres = ctx.param("repeat"), ctx.param("frequency"), ctx.param("presence")
         off = (rep == 1.0) & (freq == 0.0) & (pres == 0.0)
         history = ctx.history
+        assert history is not None  # needs_history() is declared, so the chain passes it
         B, L = history.shape
         from_end = torch.arange(L - 1, -1, -1, device=history.device)[None, :]  # 0 = the latest token
         valid = history >= 0
@@ -93,6 +94,7 @@ class Penalties(Sampler):
         else:
             rep_counted = freq_counted = valid
             if scope == "vllm":
+                assert ctx.prompt_lengths is not None  # given together with the history
                 generated = valid.sum(dim=1) - ctx.prompt_lengths
                 freq_counted = valid & (from_end < generated[:, None])
         return history, rep_counted, freq_counted, rep, freq, pres, off
@@ -117,15 +119,15 @@ class Penalties(Sampler):
             counts, seen = counts.gather(1, cand.ids), seen.gather(1, cand.ids)
         x = cand.logits
         r = rep[:, None]
-        out = torch.where(seen, torch.where(x <= 0, x * r, x / r), x)
+        logits = torch.where(seen, torch.where(x <= 0, x * r, x / r), x)
         if scope == "vllm":  # vLLM subtracts the two terms one after the other
-            out = out - counts * freq[:, None]
-            out = out - (counts > 0).to(x.dtype) * pres[:, None]
+            logits = logits - counts * freq[:, None]
+            logits = logits - (counts > 0).to(x.dtype) * pres[:, None]
         else:  # llama.cpp: logit -= count * freq + (count > 0) * presence
-            out = out - (counts * freq[:, None] + (counts > 0).to(x.dtype) * pres[:, None])
+            logits = logits - (counts * freq[:, None] + (counts > 0).to(x.dtype) * pres[:, None])
         if in_sync_free_step() or bool(off.any()):
-            out = torch.where(off[:, None], x, out)
-        return cand.replace_logits(out)
+            logits = torch.where(off[:, None], x, logits)
+        return cand.replace_logits(logits)
 
     def _changes(
         self,

@@ -126,6 +126,11 @@ def _last_at(history: torch.Tensor, seq: torch.Tensor, end: torch.Tensor) -> tor
     return torch.where(found, cols, -1).amax(dim=1)
 
 
+# the start, end and forced (message then end) marker ids on a device, and the tokenizer's UTF-8 table there (None
+# without a tokenizer)
+_Consts = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
 class ReasoningBudget(Sampler):
     name = "reasoning_budget"
     stage = Stage.TRANSFORM
@@ -140,9 +145,12 @@ class ReasoningBudget(Sampler):
 
     def __init__(self, params: ReasoningBudgetParams) -> None:
         super().__init__(params)
-        self._start = self._end = self._message = None  # resolved token ids (lists), see prepare()
+        # resolved token ids, see prepare()
+        self._start: list[int] | None = None
+        self._end: list[int] | None = None
+        self._message: list[int] | None = None
         self._utf8: torch.Tensor | None = None
-        self._on: dict[Any, tuple[torch.Tensor, ...]] = {}
+        self._on: dict[Any, _Consts] = {}
         self._seen: tuple | None = None  # (request ids, positions, state) the last prompt read gave
         self._resolve(None)
 
@@ -180,7 +188,7 @@ class ReasoningBudget(Sampler):
                         f"reasoning_budget.{key} has token ids {bad} outside the vocabulary of {setup.vocab_size}"
                     )
 
-    def _tensors(self, device: Any) -> tuple[torch.Tensor, ...]:
+    def _tensors(self, device: Any) -> _Consts:
         if self._start is None or self._end is None or self._message is None:
             missing = [
                 k for k, v in (("start", self._start), ("end", self._end), ("message", self._message)) if v is None
@@ -225,7 +233,7 @@ class ReasoningBudget(Sampler):
         tok: torch.Tensor,
         budget: torch.Tensor,
         rearm: torch.Tensor,
-        consts: tuple[torch.Tensor, ...],
+        consts: _Consts,
     ) -> dict[str, torch.Tensor]:
         """Every row's machine after accepting tok (B,): llama.cpp's common_reasoning_budget_accept, vectorised."""
         start, end, forced, utf8 = consts
@@ -270,7 +278,7 @@ class ReasoningBudget(Sampler):
         }
 
     def _from_prompt(
-        self, ctx: StepContext, rows: torch.Tensor, consts: tuple[torch.Tensor, ...], state: dict[str, torch.Tensor]
+        self, ctx: StepContext, rows: torch.Tensor, consts: _Consts, state: dict[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
         """The state of requests not seen before (rows (B,) bool): a prompt whose last start marker is not closed
         opens the block (its thinking tokens counted, as vLLM); then any tokens generated before this sampler saw
@@ -303,7 +311,7 @@ class ReasoningBudget(Sampler):
             state = {k: torch.where(active, stepped[k], v) for k, v in state.items()}
         return state
 
-    def _current(self, ctx: StepContext, consts: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+    def _current(self, ctx: StepContext, consts: _Consts) -> dict[str, torch.Tensor]:
         """Every row's state before this step's token: the stored one, or for a request not seen before the one its
         prompt gives. An accept() without history (transformers' select=False path: `chain.accept` after
         `chain.process`) takes what the apply() of the same step read from its history."""

@@ -38,7 +38,7 @@ from samplechain.strings import byte_table, decoded_tail
 try:  # Python 3.11+
     import re._parser as _sre_parse  # type: ignore[import-not-found]
 except ImportError:  # pragma: no cover - Python 3.10
-    import sre_parse as _sre_parse  # type: ignore[no-redef]
+    import sre_parse as _sre_parse
 
 __all__ = ["StopRegex", "StopRegexParams", "longest_match"]
 
@@ -115,6 +115,7 @@ class StopRegex(StoppingCriterion):
         return self.lookback
 
     def _piece(self, token: int) -> bytes:
+        assert self._pieces is not None  # check() prepares before it reads a token
         return self._pieces[token] if 0 <= token < len(self._pieces) else b""
 
     def _sync(self, before: torch.Tensor) -> None:

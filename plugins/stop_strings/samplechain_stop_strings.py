@@ -98,6 +98,8 @@ class StopStrings(StoppingCriterion):
     def check(self, ctx: StopContext) -> torch.Tensor:
         if self._table is None:
             self.prepare(ctx.setup)
+        table, stops = self._table, self._match
+        assert table is not None and stops is not None  # prepare() sets both or raises
         device = ctx.input_ids.device
         ids = ctx.input_ids[:, -self.window :]  # (B, n) in reading order
         batch, n = ids.shape
@@ -107,14 +109,14 @@ class StopStrings(StoppingCriterion):
         real = torch.arange(total - n, total, device=device)[None, :] >= first_real[:, None]  # (B, n)
         # the last L' + M - 1 bytes of each row: a match ends inside the last token (L' = the longest last token of
         # the batch) and is at most M bytes long
-        last_lengths = token_lengths(self._table, ids[:, -1:], valid=real[:, -1:])  # (B, 1)
+        last_lengths = token_lengths(table, ids[:, -1:], valid=real[:, -1:])  # (B, 1)
         last = int(last_lengths.max()) if batch else 0  # one host read (the combiner reads the answer anyway)
         if last == 0:
             return torch.zeros(batch, dtype=torch.bool, device=device)
         width = last + self.longest - 1
-        text = tail_bytes(self._table, ids, width, valid=real)  # (B, W) in reading order, -1: none
+        text = tail_bytes(table, ids, width, valid=real)  # (B, W) in reading order, -1: none
         # every stop string at every end position inside the last token, all rows and strings at once
-        targets, care = self._match
+        targets, care = stops
         windows = text.unfold(1, self.longest, 1)  # (B, L', M): window j ends at j + M
         match = ((windows[:, :, None, :] == targets) | ~care).all(dim=-1).any(dim=-1)  # (B, L')
         ends_inside_last = torch.arange(self.longest, width + 1, device=device)[None, :] > (width - last_lengths)
@@ -124,6 +126,7 @@ class StopStrings(StoppingCriterion):
         return max(len(s) for s in self.params.strings) - 1
 
     def matches(self, ctx: StopContext, rows: list[int]) -> list[StopMatch | None]:
+        assert self._table is not None  # check() prepared it
         table = self._table.pieces  # on the host: a few rows, once each
         total = ctx.input_ids.shape[1]
         out: list[StopMatch | None] = []

@@ -76,7 +76,11 @@ class BeginSuppressTokens(Sampler):
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
         if self._ids.numel() == 0:
             return cand
-        generated = (ctx.history >= 0).sum(dim=1) - ctx.prompt_lengths
+        history, prompt_lengths = ctx.history, ctx.prompt_lengths
+        assert (
+            history is not None and prompt_lengths is not None
+        )  # needs_history() is declared, so the chain passes both
+        generated = (history >= 0).sum(dim=1) - prompt_lengths
         now = generated == ctx.param("at")  # (B,)
         if not bool(now.any()):
             return cand

@@ -123,7 +123,10 @@ def _ranked_keep(
         kept_ranked = (ranked <= ranked.gather(1, cut[:, None])) | (rank < min_keep[:, None])
     kept_ranked &= torch.isfinite(ranked)
     kept = torch.zeros_like(kept_ranked).scatter_(1, order, kept_ranked)
-    return (kept, ~uncertain) if per_row else kept
+    if not per_row:
+        return kept
+    assert uncertain is not None  # per_row comes with size (its one caller passes both)
+    return kept, ~uncertain
 
 
 def _band_keep(

@@ -155,6 +155,7 @@ class Watermark(Sampler):
         if ctx.scalar("bias") == 0.0:
             return cand
         history = ctx.history
+        assert history is not None  # needs_history() is declared, so the chain passes it
         bias = ctx.param("bias").to(cand.logits.device)
         width = ctx.param("context_width").to(history.device)
         length = (history >= 0).sum(dim=1)
@@ -368,6 +369,7 @@ def detect(
             counts[g] = counts.get(g, 0) + 1
         unique = list(counts)
         if selfhash:
+            assert table is not None  # built above for selfhash
             seeds = _selfhash_seeds(table, cfg.hashing_key, torch.tensor(unique, dtype=torch.int64, device=dev))
         else:
             seeds = [_lefthash_seed(cfg.hashing_key, g[-2]) for g in unique]
