@@ -306,28 +306,24 @@ def _pitfalls(samplers: list[EntrySpec], source: str) -> list[str]:
     return out
 
 
-def load_config(
-    source: str | Path | Mapping[str, Any], *, host: PluginHost | None = None, name: str | None = None
-) -> ChainConfig:
-    """Parse a chain from a TOML file path, a TOML string (if it has a newline) or a dict."""
-    host = host or get_host()
+def _read_source(source: str | Path | Mapping[str, Any], name: str | None) -> tuple[dict[str, Any], str]:
+    """The settings of a dict, a TOML string (one with a newline) or a TOML file, and the label errors name."""
     if isinstance(source, Mapping):
-        raw, label = dict(source), name or "<dict>"
-    else:
-        text_given = isinstance(source, str) and "\n" in source
-        label = name or ("<string>" if text_given else str(source))
-        try:
-            text = source if text_given else Path(source).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"{label}: chain file not found") from None
-        try:
-            raw = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{label}: not valid TOML: {exc}") from None
-    chain = raw.get("chain") if set(raw) == {"chain"} else raw
-    prefix = "chain." if set(raw) == {"chain"} else ""
-    if not isinstance(chain, Mapping):
-        raise ConfigError(f"{label}: chain: expected a table [chain] with samplers = [...]")
+        return dict(source), name or "<dict>"
+    text_given = isinstance(source, str) and "\n" in source
+    label = name or ("<string>" if text_given else str(source))
+    try:
+        text = source if text_given else Path(source).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{label}: chain file not found") from None
+    try:
+        return tomllib.loads(text), label
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{label}: not valid TOML: {exc}") from None
+
+
+def _check_chain_keys(chain: Mapping[str, Any], label: str, prefix: str) -> list[str]:
+    """Problems with the chain table's own keys: unknown ones, samplers missing, kinds, nonfinite's value."""
     problems = [
         _line(
             label,
@@ -359,6 +355,30 @@ def load_config(
                 f"remove_invalid_values does)",
             )
         )
+    return problems
+
+
+def _check_backend(host: PluginHost, backend: Any, label: str, prefix: str) -> list[str]:
+    if backend == "auto":
+        return []
+    try:
+        host.get("backend", backend)
+    except UnknownPluginError as exc:
+        return [_line(label, f"{prefix}backend", backend, str(exc))]
+    return []
+
+
+def load_config(
+    source: str | Path | Mapping[str, Any], *, host: PluginHost | None = None, name: str | None = None
+) -> ChainConfig:
+    """Parse a chain from a TOML file path, a TOML string (if it has a newline) or a dict."""
+    host = host or get_host()
+    raw, label = _read_source(source, name)
+    chain = raw.get("chain") if set(raw) == {"chain"} else raw
+    prefix = "chain." if set(raw) == {"chain"} else ""
+    if not isinstance(chain, Mapping):
+        raise ConfigError(f"{label}: chain: expected a table [chain] with samplers = [...]")
+    problems = _check_chain_keys(chain, label, prefix)
     samplers, more = _resolve_entries(
         chain.get("samplers", []), "sampler", source=label, path=f"{prefix}samplers", host=host
     )
@@ -370,11 +390,8 @@ def load_config(
     if not problems:
         problems += _check_shape(samplers, label)
     backend = chain.get("backend", "auto")
-    if not problems and backend != "auto":
-        try:
-            host.get("backend", backend)
-        except UnknownPluginError as exc:
-            problems.append(_line(label, f"{prefix}backend", backend, str(exc)))
+    if not problems:
+        problems += _check_backend(host, backend, label, prefix)
     if problems:
         raise ConfigError("\n".join(problems))
     for text in _pitfalls(samplers, label):
