@@ -379,6 +379,21 @@ def _eos_and_pad(gc: Any) -> tuple[Any, Any]:
     return eos, pad
 
 
+def _own_keywords(
+    defaults: Mapping[str, Any], seed: Any, params: Any, stop_strings: Any, stop_regex: Any, include: Any
+) -> dict[str, Any]:
+    """samplechain's generate() keywords that model.generate hands the callable, else as `defaults` gives them."""
+    return {
+        "seed": seed if seed is not None else defaults.get("seed"),
+        "params": params if params is not None else defaults.get("params"),
+        "stop_strings": stop_strings or defaults.get("stop_strings"),
+        "stop_regex": stop_regex or defaults.get("stop_regex"),
+        "include_stop_str_in_output": (
+            include if include is not None else defaults.get("include_stop_str_in_output", False)
+        ),
+    }
+
+
 def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost | None = None, **defaults: Any) -> Any:
     """A callable for `model.generate(custom_generate=...)` that runs samplechain's own loop with `chain`.
 
@@ -443,15 +458,7 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
             max_time=gc.max_time,
             eos_token_id=eos if eos is not None and (not isinstance(eos, torch.Tensor) or eos.numel()) else None,
             pad_token_id=pad,
-            seed=seed if seed is not None else kwargs.get("seed"),
-            params=params if params is not None else kwargs.get("params"),
-            stop_strings=stop_strings or kwargs.get("stop_strings"),
-            stop_regex=stop_regex or kwargs.get("stop_regex"),
-            include_stop_str_in_output=(
-                include_stop_str_in_output
-                if include_stop_str_in_output is not None
-                else kwargs.get("include_stop_str_in_output", False)
-            ),
+            **_own_keywords(kwargs, seed, params, stop_strings, stop_regex, include_stop_str_in_output),
             output_scores=bool(gc.output_scores),
             output_logits=bool(gc.output_logits),
             logits_processor=LogitsProcessorList(processors) if processors else None,
