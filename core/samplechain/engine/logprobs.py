@@ -117,9 +117,10 @@ def at_stages(
     processed: torch.Tensor,
     selected: tuple[torch.Tensor, torch.Tensor],
     n: int,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor]:
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor | None]:
     """Each row's chosen-token logprob (or logit), its n best and its rank under the stage and kind its mode names:
-    every (stage, kind) asked for is computed once for the whole batch, then each row takes its own.
+    every (stage, kind) asked for is computed once for the whole batch, then each row takes its own (no modes, as in
+    an empty batch: the ranks are None).
     kept: the candidates after each stage asked for, the largest key being what the selector saw; processed: the
     chosen tokens' processed logprobs; selected: (the selector's positions, its candidates' log-sum-exp)."""
     last = max(kept)

@@ -102,7 +102,8 @@ class CallableCriterion(StoppingCriterion):
 
     def __init__(self, fn: Callable[[StopContext], Any], reason: str | None = None) -> None:
         super().__init__(None)
-        self.fn = fn
+        # Callable[..., Any]: a subclass calls it its own way (TransformersCriterion: fn(input_ids, scores))
+        self.fn: Callable[..., Any] = fn
         self._reason = reason or getattr(fn, "__name__", None) or type(fn).__name__
 
     @property
@@ -278,7 +279,7 @@ class Stopping:
             if hit is False:  # "no row": the common answer of length limits, without building a tensor
                 continue
             hit = as_rows(hit, batch, device, f"stopping criterion {crit.qualified_name()}")
-            if gate is not None:
+            if gate is not None and gates is not None:  # a gate is only asked for when there are gates
                 hit = hit & gates[gate]
             new = hit if done is None else hit & ~done
             rows = new.nonzero().flatten().tolist()

@@ -11,6 +11,7 @@ Rows live in preallocated column tensors indexed by slot, so a batch is one gath
 
 from __future__ import annotations
 
+import collections
 import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -213,8 +214,7 @@ class RequestStore:
         ids = list(request_ids)
         clash = [r for r in ids if r in self._slots]
         if not clash and len(set(ids)) != len(ids):  # O(n): add_many of many ids must stay linear
-            seen: set[str] = set()
-            clash = sorted({r for r in ids if r in seen or seen.add(r)})
+            clash = sorted(r for r, times in collections.Counter(ids).items() if times > 1)
         if clash:
             raise RequestError(f"request id(s) {clash} already in the store or repeated; use distinct new ids")
         if not ids:
@@ -319,7 +319,7 @@ class RequestStore:
             host = self._params[(col.entry, col.field)].index_select(0, slots)
             first = host[0] if len(ids) else None
             shared = first is not None and bool((host == first).all())
-            scalars[col.entry][col.field] = first.item() if shared else None
+            scalars[col.entry][col.field] = first.item() if shared and first is not None else None
             if len(ids):
                 bounds[col.entry][col.field] = (host.min().item(), host.max().item())
             params[col.entry][col.field] = host.to(self.device, non_blocking=True)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..contracts import StopMatch
+from ..contracts import StopMatch, StopSetup
 from ..engine.chain import Chain
 from ..engine.mixed import MixedChains
 from ..errors import ConfigError
@@ -50,6 +50,28 @@ def chain_fingerprint(chain: Chain | MixedChains) -> Any:
 class Checkpoints:
     """Generation's checkpoint and the restore steps of a resume (the attributes are Generation's)."""
 
+    model: Any
+    chain: Chain | MixedChains
+    store: Any  # a RequestStore, or a MixedStore for a mixed batch
+    setup: StopSetup
+    request_ids: list[str]
+    n: int
+    pad_id: int
+    eos_ids: list[int]
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    uncond_ids: torch.Tensor | None
+    uncond_mask: torch.Tensor | None
+    _uncond_width: int
+    logprobs: list[torch.Tensor]
+    finished: torch.Tensor
+    finish_reasons: list[str | None]
+    stop_matches: list[StopMatch | None]
+    num_generated: torch.Tensor
+    _any_finished: bool
+    _steps: int
+    _elapsed: float
+
     def checkpoint(self) -> dict[str, Any]:
         """The whole generation between two steps as plain JSON-able data: prompts, the tokens so far and their
         logprobs, finished rows and reasons, the step count, and the request store's snapshot (parameters, seeds,
@@ -61,6 +83,7 @@ class Checkpoints:
         elapsed = time.monotonic() - started if started else self._elapsed  # steps() started the clock at -elapsed
         uncond = None
         if self.uncond_ids is not None:
+            assert self.uncond_mask is not None  # set with uncond_ids
             uncond = {
                 "input_ids": self.uncond_ids[:, : self._uncond_width].tolist(),
                 "attention_mask": self.uncond_mask.tolist(),

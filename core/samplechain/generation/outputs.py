@@ -35,18 +35,19 @@ class GenerationOutput(ModelOutput):
     sequences_scores / beam_indices: beam search only, as transformers' GenerateBeamDecoderOnlyOutput.
     """
 
-    sequences: torch.LongTensor | None = None
-    scores: tuple[torch.FloatTensor, ...] | None = None
-    logits: tuple[torch.FloatTensor, ...] | None = None
+    # torch.Tensor (the dtypes are in the docstring): torch's operations are typed to return it, not LongTensor
+    sequences: torch.Tensor | None = None
+    scores: tuple[torch.Tensor, ...] | None = None
+    logits: tuple[torch.Tensor, ...] | None = None
     attentions: tuple | None = None
     hidden_states: tuple | None = None
     past_key_values: object | None = None
-    sequences_scores: torch.FloatTensor | None = None
-    beam_indices: torch.LongTensor | None = None
-    logprobs: torch.FloatTensor | None = None
-    top_logprobs: tuple[tuple[torch.FloatTensor, torch.LongTensor], ...] | None = None
+    sequences_scores: torch.Tensor | None = None
+    beam_indices: torch.Tensor | None = None
+    logprobs: torch.Tensor | None = None
+    top_logprobs: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
     finish_reasons: list[str | None] | None = None
     stop_texts: list[str | None] | None = None
-    num_generated: torch.LongTensor | None = None
+    num_generated: torch.Tensor | None = None
     texts: list[str] | None = None
     prompt_length: int | None = None

@@ -21,7 +21,7 @@ import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -42,7 +42,7 @@ from .outputs import GenerationOutput
 __all__ = ["Generation"]
 
 
-def _as_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bool = True) -> Chain:
+def _as_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bool = True) -> Chain | MixedChains:
     if chain is None:
         return chain_from_generation_config(generation_config, host=host)
     if (
@@ -63,13 +63,14 @@ def _as_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bo
         return Chain.load(chain, host=host)
     if isinstance(chain, (list, tuple)) and chain:  # one chain per prompt: a mixed batch
         loaded = [_as_chain(c, None, host, check=False) for c in chain]
-        if any(isinstance(c, MixedChains) for c in loaded):
+        chains = [c for c in loaded if not isinstance(c, MixedChains)]
+        if len(chains) != len(loaded):
             raise ConfigError("chain=[...]: each entry is one prompt's chain, not a list of chains")
         keys: dict[int, str] = {}
-        for c in loaded:
+        for c in chains:
             keys.setdefault(id(c), str(len(keys)))
-        mixed = MixedChains({keys[id(c)]: c for c in loaded})
-        mixed.row_chains = [keys[id(c)] for c in loaded]  # prompt i -> its chain's key
+        mixed = MixedChains({keys[id(c)]: c for c in chains})
+        mixed.row_chains = [keys[id(c)] for c in chains]  # prompt i -> its chain's key
         return mixed
     raise ConfigError(
         f"chain={chain!r}: pass a Chain, a TOML file path, a dict, 'preset:NAME', or one of these per prompt in a list"
@@ -178,7 +179,10 @@ class Generation(PromptInputs, Checkpoints):
         self.model = model
         # the sampling step captured in a CUDA graph (samplechain.engine.graphs): None where it can, True asks (a warning
         # says why not), False never; SAMPLECHAIN_CUDA_GRAPHS=0 turns it off too
-        self._cuda_graphs, self._graphs, self._eager_steps = cuda_graphs, None, 0
+        self._cuda_graphs, self._eager_steps = cuda_graphs, 0
+        self._graphs: graphs.StepGraphs | Literal[False] | None = (
+            None  # None: not decided yet; False: the step runs eagerly
+        )
         # a transformers LogitsProcessorList (or any fn(input_ids, scores) -> scores) run before the chain
         self.logits_processor = logits_processor or None
         self.tokenizer = tokenizer
@@ -407,6 +411,7 @@ class Generation(PromptInputs, Checkpoints):
             for j in range(1, self._replay + 1):  # resume: the forward passes of the steps before the checkpoint
                 logits = runner.step(self.input_ids[:, : width + j])
                 if guidance is not None:
+                    assert self.uncond_ids is not None  # guidance runs on it
                     uncond = guidance.step(self.uncond_ids[:, : uwidth + j])
             self._replay = 0
             step = self._steps
@@ -418,6 +423,7 @@ class Generation(PromptInputs, Checkpoints):
                     break
                 logits = runner.step(self.input_ids)
                 if guidance is not None:  # the unconditional context continues with the same tokens
+                    assert self.uncond_ids is not None  # guidance runs on it
                     self.uncond_ids = torch.cat([self.uncond_ids, token_ids[:, None]], dim=-1)
                     uncond = guidance.step(self.uncond_ids)
 
@@ -471,8 +477,10 @@ class Generation(PromptInputs, Checkpoints):
         self.input_ids = torch.cat([self.input_ids, tokens[:, None]], dim=-1)
         self.logprobs.append(logprobs)
         if self.output_scores:
+            assert out.scores is not None  # asked for with return_scores
             self.scores.append(out.scores)
         if self.top_logprobs:
+            assert out.top_logprobs is not None  # asked for with top_logprobs
             self.tops.append(out.top_logprobs)
         ctx = StopContext(self.input_ids, step, tokens, self.setup, out.logprobs, out.scores)
         result = self.stopping.check(ctx)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -52,11 +53,11 @@ class Bar:
     def _draw(self, *, status: str | None, **counts: float | None) -> None:
         if self._progress is None or self._task is None:
             return
-        fields = {k: v for k, v in counts.items() if v is not None}
+        fields: dict[str, Any] = {k: v for k, v in counts.items() if v is not None}
         if status is not None:
             fields["status"] = status
         # without the refresh thread (benchmarks) the bar is drawn here, i.e. only where the caller reports
-        self._progress.update(self._task, refresh=self._manual, **fields)  # type: ignore[arg-type]
+        self._progress.update(self._task, refresh=self._manual, **fields)
 
 
 @contextmanager
