@@ -158,7 +158,7 @@ def write_plot(rows: Sequence[dict[str, Any]], path: str | Path, *, dpi: int = 1
     fig = Figure(figsize=(4.2 * len(configs), 3.4 * len(groups)), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(groups), len(configs), squeeze=False)
-    lines = [
+    lines: list[tuple[str, str | None, dict[str, Any]]] = [
         ("ours", "samplechain", dict(color="tab:blue", marker="o")),
         ("transformers", "transformers", dict(color="tab:orange", marker="s")),
         ("read", "read floor (max(dim=-1))", dict(color="tab:gray", marker="^")),

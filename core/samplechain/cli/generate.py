@@ -235,9 +235,11 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                     )
                 )
             else:
-                for i, text in enumerate(out.texts or []):
+                texts = out.texts or []
+                for i, text in enumerate(texts):
+                    assert out.num_generated is not None and out.finish_reasons is not None  # generate() sets them
                     console.print(
-                        f"[bold]{escape(prompts[i // max(len(out.texts) // len(prompts), 1)])}[/bold]{escape(text)}",
+                        f"[bold]{escape(prompts[i // max(len(texts) // len(prompts), 1)])}[/bold]{escape(text)}",
                         highlight=False,
                         soft_wrap=True,
                     )

@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
@@ -125,7 +125,7 @@ def check_requirements(path: Path, *, label: str | None = None) -> None:
     """Check a requirements.txt against the environment; raise one ImportError listing every failure."""
     if not path.is_file():
         return
-    env = default_environment()
+    env = cast(dict[str, str], default_environment())  # a TypedDict whose fields are all str
     failed: list[str] = []
     seen: set[str] = set()
     for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):

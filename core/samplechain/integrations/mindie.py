@@ -170,9 +170,11 @@ class SamplingData:
                 _check_length(name, arr, len(request_ids), "request_ids")
         if len(arrays) == 2 and len(arrays["output_ids"]) != len(arrays["all_input_ids"]):
             _check_length("output_ids", arrays["output_ids"], len(arrays["all_input_ids"]), "all_input_ids")
+        # to_tensor is given whenever an array is (checked above)
+        tensors = {name: to_tensor(arr) for name, arr in arrays.items()} if to_tensor is not None else {}
         return cls(
-            all_input_ids=to_tensor(arrays["all_input_ids"]) if "all_input_ids" in arrays else None,
-            output_ids=to_tensor(arrays["output_ids"]) if "output_ids" in arrays else None,
+            all_input_ids=tensors.get("all_input_ids"),
+            output_ids=tensors.get("output_ids"),
             is_prefill=bool(is_prefill),
             request_ids=request_ids,
             to_tensor=to_tensor,
@@ -281,9 +283,9 @@ class SamplingParam:
             ("seed", lambda a: a >= 0, "must be >= 0"),
         )
         for name, ok, text in checks:
-            arr = arrays[name]
-            if arr is not None and not bool(np.all(ok(arr))):
-                bad = arr[~ok(arr)].tolist()
+            column = arrays[name]
+            if column is not None and not bool(np.all(ok(column))):
+                bad = column[~ok(column)].tolist()
                 raise MindIEArgumentError(name, f"{text}, got {bad}")
         return cls(arrays, to_tensor)
 
@@ -431,6 +433,7 @@ class MindIESampler:
         values = out.logprobs.clone()
         if any_greedy:
             greedy_rows = torch.from_numpy(~do_sample).to(logits.device)
+            assert out.scores is not None  # asked for with return_scores=any_greedy
             chosen = out.scores.gather(1, out.token_ids[:, None]).squeeze(1)
             values = torch.where(greedy_rows, chosen, values)
         return tokens, values.cpu().numpy().astype(np.float32)
@@ -527,7 +530,7 @@ class MindIESampler:
             return out
 
         ins, outs = all_ids, out_ids
-        if all_ids is None:
+        if ins is None:
             ins = pad(
                 [
                     np.asarray(r.prompt.tolist() + r.generated, dtype=np.int64)
@@ -536,7 +539,7 @@ class MindIESampler:
                     for r in cached
                 ]
             )
-        if out_ids is None:
+        if outs is None:
             outs = pad(
                 [np.asarray(r.generated, dtype=np.int64) if r is not None else np.zeros(0, np.int64) for r in cached]
             )

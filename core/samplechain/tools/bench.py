@@ -595,7 +595,7 @@ def _row(cell: tuple[str, str, str, int], times: dict[str, list[float]], vocab: 
         "ours_over_read": ours / stats["read"]["median"],  # type: ignore[index]
         "ours_over_baseline": over(stats["ours"], stats["baseline"]),
     }
-    checks = [{"text": t.text, "met": t.check(row)} for t in _targets_for(config, row)]
+    checks: list[dict[str, Any]] = [{"text": t.text, "met": t.check(row)} for t in _targets_for(config, row)]
     row["targets"] = checks
     row["target"] = "; ".join(c["text"] for c in checks)
     results = [c["met"] for c in checks]  # met: False if any target is missed, None if any is n/a, else True

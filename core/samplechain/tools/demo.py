@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -61,7 +62,7 @@ def run_demo(args: argparse.Namespace, console: Console) -> int:
     sample_s = 0.0
     for _ in range(args.max_new_tokens):
         t0 = time.perf_counter()
-        extra = {"history": history, "prompt_lengths": lengths} if chain.needs_history else {}
+        extra: dict[str, Any] = {"history": history, "prompt_lengths": lengths} if chain.needs_history else {}
         step = chain.sample(out.logits[:, -1, :], store, ids, **extra)
         history = torch.cat([history, step.token_ids[:, None]], dim=1)
         sample_s += time.perf_counter() - t0

@@ -269,7 +269,9 @@ def processed_scores(
     args = () if per_row is None else request_store(chain, per_row)
     if process:
         return chain.process(logits, *args, **sample_kwargs)
-    return chain.sample(logits, *args, return_scores=True, **sample_kwargs).scores
+    scores = chain.sample(logits, *args, return_scores=True, **sample_kwargs).scores
+    assert scores is not None  # asked for with return_scores=True
+    return scores
 
 
 def assert_rows_equal_alone(
@@ -358,7 +360,7 @@ class CutoffWarperTests:
     max_set_diff: ClassVar[int] = 2
 
     def pytest_generate_tests(self, metafunc: Any) -> None:
-        axes = {
+        axes: dict[str, list[tuple[str, Any]]] = {
             "test_matches_transformers_on_random_logits": [
                 ("vocab", (50, 1000, 32000)),
                 ("seed", (0, 1)),
@@ -456,7 +458,7 @@ class CutoffWarperTests:
 
     def test_per_row_params_equal_rows_alone(self) -> None:
         alias = self.alias
-        rows = [
+        rows: list[dict[str, Any]] = [
             {alias: 0.0},
             {alias: 1e-4},
             {alias: 0.05, "min_keep": 7},
@@ -499,6 +501,7 @@ class CutoffWarperTests:
     def test_chain_with_dist_samples_a_kept_token(self) -> None:
         c = sampler_chain({"use": self.sampler, self.field: 0.01}, selector="dist")
         out = c.sample(self.logits(0, 100), return_scores=True)
+        assert out.scores is not None
         assert bool(torch.isfinite(out.scores.gather(1, out.token_ids[:, None])).all())
 
 

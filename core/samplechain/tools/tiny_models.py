@@ -7,7 +7,7 @@ byte-fallback, WordPiece and fixed-piece tokenizers, a scripted language model a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -87,7 +87,11 @@ def byte_fallback_tokenizer(text: str = TOKENIZER_TEXT) -> Any:
     order = (
         specials + [f"<0x{b:02X}>" for b in range(256)] + [t for t in sorted(vocab, key=vocab.get) if t not in specials]
     )
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["model"]["merges"]]
+    # each merge is a pair of tokens, as the JSON holds it ("a b" or ["a", "b"])
+    merges = cast(
+        list[tuple[str, str]],
+        [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["model"]["merges"]],
+    )
     tok = Tokenizer(
         models.BPE(
             vocab={t: i for i, t in enumerate(order)},
@@ -159,7 +163,8 @@ class ScriptedLM(torch.nn.Module):
 
         super().__init__()
         self.rows, self.after = [list(r) for r in rows], after
-        self.config = PretrainedConfig(vocab_size=vocab_size, eos_token_id=0, n_positions=1024)
+        # PretrainedConfig takes a model's settings as **kwargs; its annotated signature lists only the common ones
+        self.config = PretrainedConfig(vocab_size=vocab_size, eos_token_id=0, n_positions=1024)  # type: ignore[call-arg]
         self.generation_config = None
         self._width: int | None = None
 
@@ -171,6 +176,7 @@ class ScriptedLM(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
         from transformers.modeling_outputs import CausalLMOutput
 
+        assert self._width is not None  # set by prepare_inputs_for_generation, which generate() calls first
         step = input_ids.shape[1] - self._width
         logits = torch.zeros(input_ids.shape[0], 1, self.config.vocab_size)
         for b in range(input_ids.shape[0]):
@@ -226,6 +232,7 @@ def check_eos_ids_from_setup(
     bare.prepare(eos_token_ids=list(eos))
     got = bare.sample(logits.clone(), return_scores=True, **sample_args).scores
     want = load({"eos_ids": list(eos)}).sample(logits.clone(), return_scores=True, **sample_args).scores
+    assert got is not None and want is not None  # asked for with return_scores=True
     assert torch.equal(got, want)
     assert not torch.equal(got, logits), "the sampler must act in this case for the check to mean anything"
     with pytest.raises(ConfigError, match="eos_ids"):
