@@ -404,7 +404,10 @@ class Candidates:
             return ctx.backend.gumbel_argmax(self.logits, seed, ctx.positions, self.ids, ctx.stream)
         sub = Candidates(self.logits, self.ids, self.vocab_size, False, False).masked(keep)  # positions kept
         pick = ctx.backend.gumbel_argmax(sub.logits, seed, ctx.positions, sub.ids, ctx.stream)
-        return pick if sub.ids is self.ids else sub.ids.gather(1, pick[:, None]).squeeze(1)
+        if sub.ids is self.ids:
+            return pick
+        assert sub.ids is not None  # masked() compacted the rows: these are the survivors' ids
+        return sub.ids.gather(1, pick[:, None]).squeeze(1)
 
     def scores(self) -> torch.Tensor:
         """(B, V) float32 processed scores as transformers reports them: -inf for every removed token."""

@@ -126,13 +126,14 @@ class StepGraphs:
             if prompt_lengths is None:  # the chain's default counts the known tokens: the padding is not one
                 raise ConfigError("StepGraphs.sample: pass prompt_lengths= with history=")
         inputs = {"logits": logits, "history": history, "prompt_lengths": prompt_lengths}
-        key = tuple((name, tuple(t.shape), t.dtype) for name, t in inputs.items() if t is not None)
+        given = {name: t for name, t in inputs.items() if t is not None}
+        key = tuple((name, tuple(t.shape), t.dtype) for name, t in given.items())
         entry = self._graphs.get(key)
         if entry is None:
             return self._record(key, inputs)
         graph, static, out = entry
         for name, buffer in static.items():
-            buffer.copy_(inputs[name])
+            buffer.copy_(given[name])
         graph.replay()
         return _copied(out)
 

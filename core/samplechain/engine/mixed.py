@@ -85,6 +85,8 @@ class MixedStore:
 class MixedChains:
     """Several chains over the rows of one batch. Duck-types the parts of Chain that generate() uses."""
 
+    row_chains: list[str]  # set by generate() for chain=[...] (prompt i -> its chain's key); absent otherwise
+
     def __init__(self, chains: Mapping[str, Chain] | Sequence[Chain]) -> None:
         if not isinstance(chains, Mapping):
             chains = {str(i): c for i, c in enumerate(chains)}
