@@ -25,6 +25,7 @@ from samplechain.contracts import (
     ROW_LSE,
     TOP_P_CANDIDATES,
     TYPICAL_BAND,
+    FusedDraw,
     ranked_topk,
 )
 from samplechain.filters import BUCKETS
@@ -174,7 +175,7 @@ def _compiled(module: str, name: str, *fixed: Any) -> Callable[..., Any]:
 
 def fused_sample(
     logits: torch.Tensor, parts: list[FusedPart], select: FusedPart, positions: torch.Tensor, stream: int
-) -> tuple[torch.Tensor, torch.Tensor] | None:
+) -> FusedDraw | None:
     """The executor's FUSED_SAMPLE on the CPU: dist over the whole vocabulary after at most one temperature (t > 0
     on every row) and at most one min_p (min_keep <= 1), in either order, in one compiled pass that also sums the
     normaliser (samplechain_cpu_draw.scaled_draw: the samplers' tokens bit for bit; the temperature's (B, V)
@@ -202,8 +203,10 @@ def fused_sample(
         scaled = kinds == ["temperature", "min_p"]
         import samplechain_cpu_draw  # the floor from each row's amax, formed in the kernel as min_p_floor would
 
-        return samplechain_cpu_draw.scaled_draw(
-            logits, t, select.value, positions, stream, scaled=scaled, min_p=part.value
+        return FusedDraw(
+            *samplechain_cpu_draw.scaled_draw(
+                logits, t, select.value, positions, stream, scaled=scaled, min_p=part.value
+            )
         )
     elif logits.shape[1] <= LSE64_WIDTH:  # the executor's normaliser is float64 there: so is the kernel's
         raw = logits.amax(dim=-1)
@@ -211,14 +214,16 @@ def fused_sample(
         floor = torch.full_like(raw, float("-inf"))  # every token drawn from, its e** summed in float64
     import samplechain_cpu_draw
 
-    return samplechain_cpu_draw.scaled_draw(
-        logits, t, select.value, positions, stream, floor=floor, scaled=scaled, top=top
+    return FusedDraw(
+        *samplechain_cpu_draw.scaled_draw(
+            logits, t, select.value, positions, stream, floor=floor, scaled=scaled, top=top
+        )
     )
 
 
 def _fused_top_p(
     logits: torch.Tensor, parts: list[FusedPart], select: FusedPart, positions: torch.Tensor, stream: int
-) -> tuple[torch.Tensor, torch.Tensor] | None:
+) -> FusedDraw | None:
     """`top_p -> dist` and `temperature -> top_p -> dist` on rows of at least filters.WIDE (t > 0, p < 1 on every
     row): top_p's TOP_P_CANDIDATES pass and the draw over the tokens it keeps in one compiled call per row
     (samplechain_cpu_cuts.top_p_draw), the same tokens as the samplers on that path; the candidates' copy and the
@@ -241,7 +246,8 @@ def _fused_top_p(
     least = least.to(torch.int64) if isinstance(least, torch.Tensor) else torch.full((batch,), int(least))
     import samplechain_cpu_cuts
 
-    return samplechain_cpu_cuts.top_p_draw(logits, t, p, least, select.value, positions, stream)
+    drawn = samplechain_cpu_cuts.top_p_draw(logits, t, p, least, select.value, positions, stream)
+    return None if drawn is None else FusedDraw(*drawn)
 
 
 # the executor stops its walk over the tail elsewhere

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from samplechain import FUSED_SAMPLE, Backend, BackendError, FusedPart, hookimpl, rng
+from samplechain.contracts import FusedDraw
 from samplechain.params import env_switch
 
 __all__ = ["CudaBackend", "ENV_TRITON", "cuda_unavailable_reason"]
@@ -135,7 +136,7 @@ def _fused_sample(
     select: FusedPart,
     positions: torch.Tensor,
     stream: int,
-) -> tuple[torch.Tensor, torch.Tensor] | None:
+) -> FusedDraw | None:
     """The executor's FUSED_SAMPLE: the chain's tail (temperature first or last, then top_k, top_p, min_p in that
     order, each at most once, at least one) and dist in one kernel (samplechain_cuda_kernels.sample); None for any
     other order."""
@@ -153,8 +154,10 @@ def _fused_sample(
     keeps = tuple(by_kind[kind].min_keep if kind in by_kind else 1 for kind in _CUTS)
     off = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
     values = {kind: by_kind[kind].value if kind in by_kind else off[kind] for kind in _CUTS}
-    return kernels.sample(
-        logits, select.value, positions, stream, temperature=first, temperature_last=last, min_keep=keeps, **values
+    return FusedDraw(
+        *kernels.sample(
+            logits, select.value, positions, stream, temperature=first, temperature_last=last, min_keep=keeps, **values
+        )
     )
 
 

@@ -52,7 +52,6 @@ import functools
 import itertools
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,7 +64,16 @@ from samplechain.engine.stopping import min_new_tokens_of
 from samplechain.engine.store import RequestStore
 from samplechain.tokens import eos_token_ids, left_pad
 
-from .requests import PARAM_PREFIX, VLLM_SEED_KEY, ChainSpec, RequestSpec, RequestSpecError, parse_request
+from .requests import RequestSpec
+from .validation import (
+    CHAIN_CACHE_SIZE,
+    check_request,
+    hand_over_budget,
+    hand_over_seed,
+    load_chain,
+    request_params,
+    stop_criteria,
+)
 
 try:  # the processor is a vLLM plugin; the request parsing above works without vLLM
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
@@ -77,146 +85,6 @@ except ImportError:  # pragma: no cover - only without vLLM
 __all__ = ["SamplechainLogitsProcessor", "load_chain", "request_params"]
 
 logger = logging.getLogger("samplechain_vllm")
-_CHAIN_CACHE_SIZE = 32
-_chains: OrderedDict[str, Chain] = OrderedDict()  # per process: the frontend validates, the engine runs
-BUDGET_ALIAS = "thinking_token_budget"  # vLLM's SamplingParams field, and reasoning_budget's per-request alias
-_VLLM_STOPS = ("eos",)  # criteria vLLM applies itself (its eos, stop_token_ids); length limits are max_tokens
-_NO_LOGPROBS = ("confidence",)  # criteria that read the chosen token's probability, which the processor lacks
-_warned: set[tuple[str, str]] = set()
-
-
-def load_chain(spec: ChainSpec) -> Chain:
-    """The chain of a spec, loaded once per process (LRU of 32): every request naming it reuses the object."""
-    chain = _chains.get(spec.key)
-    if chain is not None:
-        _chains.move_to_end(spec.key)
-        return chain
-    chain = Chain.load(spec.source)
-    _chains[spec.key] = chain
-    while len(_chains) > _CHAIN_CACHE_SIZE:
-        _chains.popitem(last=False)
-    return chain
-
-
-def request_params(chain: Chain, spec: RequestSpec) -> dict[str, Any]:
-    """The request's store parameters: its params, plus SamplingParams.seed when the chain is seeded (as
-    generate(seed=...) does; a greedy chain has no seed and ignores it)."""
-    params = dict(spec.params)
-    if spec.seed is not None and "seed" not in params and "seed" in chain.layout.aliases:
-        params["seed"] = spec.seed
-    return params
-
-
-def _targets(chain: Chain, key: str) -> set[tuple[int, str]]:
-    """The (entry, field) pairs a per-request parameter name sets: an alias, or an `ID.FIELD` key."""
-    layout = chain.layout
-    if key in layout.aliases:
-        return set(layout.aliases[key])
-    entry, _, field = key.rpartition(".")
-    return {(i, field) for i, e in enumerate(layout.entries) if e.id == entry} if entry else set()
-
-
-def _thinking_budget(sampling_params: Any, spec: RequestSpec, chain: Chain) -> tuple[RequestSpec, bool | None]:
-    """SamplingParams.thinking_token_budget as the budget of the chain's sampler that takes vLLM's name
-    (reasoning_budget): (the spec with it, carry), carry None when the field is not the chain's (unset, or no such
-    sampler: vLLM's own), False when the request's parameters give the same budget already, True when extra_args
-    must carry it. The same budget given both ways is fine; two different ones are an error (which was meant?)."""
-    budget = getattr(sampling_params, BUDGET_ALIAS, None)
-    wanted = set(chain.layout.aliases.get(BUDGET_ALIAS, ()))
-    if budget is None or not wanted:
-        return spec, None
-    given = {k: v for k, v in spec.params.items() if _targets(chain, k) & wanted}
-    for key, value in given.items():
-        if value != budget:
-            raise RequestSpecError(
-                f"samplechain: thinking_token_budget = {budget} but the samplechain parameter "
-                f"{key!r} = {value!r}: two budgets for one request; give it once"
-            )
-    if given:
-        return spec, False
-    return attrs.evolve(spec, params={**spec.params, BUDGET_ALIAS: budget}), True
-
-
-def _criteria(chain: Chain, spec: RequestSpec, key: str | None = None) -> list[Any]:
-    """Fresh instances (text criteria keep state) of the request's criteria the processor enforces: the chain's
-    `stop` entries but length limits (vLLM's max_tokens) and eos (vLLM's own), then the request's stop_regex."""
-    crits = []
-    for entry in chain.config.stop:
-        if entry.cls.is_length_limit or entry.cls.name in _VLLM_STOPS:
-            continue
-        if entry.cls.name in _NO_LOGPROBS:
-            if key is not None and (key, entry.cls.name) not in _warned:
-                _warned.add((key, entry.cls.name))
-                logger.warning(
-                    "samplechain: chain %s: the %r stopping criterion needs each chosen token's "
-                    "probability, which the vLLM processor does not compute; it is ignored",
-                    key,
-                    entry.cls.name,
-                )
-            continue
-        crits.append(entry.cls(entry.params))
-    if spec.stop_regex:
-        crits.append(
-            Stopping.criterion(
-                "stop_regex", {"patterns": list(spec.stop_regex)}, source=f"request '{PARAM_PREFIX}stop_regex'"
-            )
-        )
-    return crits
-
-
-def _check(sampling_params: Any, trial: bool = True) -> tuple[RequestSpec, Chain, bool | None] | None:
-    """Parse and load what a request asks for: (spec, chain, how vLLM's thinking_token_budget goes to the chain: see
-    _thinking_budget); any problem is a ValueError naming it and the fix. trial: also check its parameters as a
-    store would (the frontend's validation; a joining request is added to its group's store, which checks the same,
-    and fails alone where that refuses it)."""
-    spec = parse_request(getattr(sampling_params, "extra_args", None), getattr(sampling_params, "seed", None))
-    if spec is None:
-        return None
-    try:
-        chain = load_chain(spec.chain)
-        spec, carry = _thinking_budget(sampling_params, spec, chain)
-        if trial:
-            chain.layout.resolve("extra_args", request_params(chain, spec), draw_seeds=False)
-        if spec.logprobs_at is not None:
-            chain.logprobs_stage(spec.logprobs_at)
-        crits = _criteria(chain, spec)
-        if crits:
-            Stopping(crits, require_length_limit=False)  # the same criterion twice with other parameters: refused
-            if getattr(sampling_params, "ignore_eos", False):
-                names = ", ".join(dict.fromkeys(c.name for c in crits))
-                raise RequestSpecError(
-                    f"samplechain: the request's stopping criteria ({names}) end it with the end-of-sequence token, "
-                    f"which ignore_eos=True does not stop at; drop ignore_eos, or the criteria"
-                )
-    except RequestSpecError:
-        raise
-    except Exception as exc:  # ConfigError, RequestError, PluginError ...: one clear line for the HTTP 400
-        raise RequestSpecError(f"samplechain: {exc}".replace("\n", " ")) from exc
-    return spec, chain, carry
-
-
-def _hand_over_budget(sampling_params: Any, carry: bool) -> None:
-    """The chain enforces thinking_token_budget: clear vLLM's field (else vLLM refuses the request without a
-    reasoning config, and with one forces the end marker a second time, after the chain) and, unless the request
-    gives the same budget already, carry it in extra_args to the engine. Runs in vLLM's frontend, before vLLM's own
-    check of the field and before the request is copied for the engine."""
-    budget = sampling_params.thinking_token_budget
-    if carry:
-        sampling_params.extra_args = {**(sampling_params.extra_args or {}), PARAM_PREFIX + BUDGET_ALIAS: budget}
-    sampling_params.thinking_token_budget = None
-
-
-def _hand_over_seed(sampling_params: Any) -> None:
-    """The chain draws the request's token and leaves it the only finite logit, so vLLM's own sample after it can
-    only pick that token: move SamplingParams.seed into extra_args (the chain's seed, as before), so that vLLM
-    draws that redundant sample with its batch's shared generator instead of a per-request one (a seeded row costs
-    vLLM's CPU sampler one generator call and a host read a step). Only with n = 1: vLLM gives choice i of n > 1
-    the seed seed + i after this point. Runs in vLLM's frontend, before the request is copied for the engine."""
-    seed = getattr(sampling_params, "seed", None)
-    if seed is None or getattr(sampling_params, "n", 1) != 1:
-        return
-    sampling_params.extra_args = {**(sampling_params.extra_args or {}), PARAM_PREFIX + VLLM_SEED_KEY: int(seed)}
-    sampling_params.seed = None
 
 
 @attrs.define(eq=False)
@@ -327,12 +195,12 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
-        checked = _check(sampling_params)
+        checked = check_request(sampling_params)
         if checked is None:
             return
         if checked[2] is not None:  # the chain enforces vLLM's thinking_token_budget
-            _hand_over_budget(sampling_params, checked[2])
-        _hand_over_seed(sampling_params)
+            hand_over_budget(sampling_params, checked[2])
+        hand_over_seed(sampling_params)
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         model_config = getattr(vllm_config, "model_config", None)
@@ -383,7 +251,7 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         rid = f"vllm-{next(self._ids)}"
         eos = getattr(params, "eos_token_id", None)  # set by vLLM's frontend; None with ignore_eos
         try:
-            checked = _check(params, trial=False)
+            checked = check_request(params, trial=False)
         except ValueError as exc:  # validated by the frontend already; a direct engine user may skip that
             logger.error("samplechain: request %s refused: %s", rid, exc)
             return _Row(rid, None, list(prompt or ()), output, failed=str(exc), eos=eos)
@@ -424,7 +292,7 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         """The request's stopping criteria, prepared on its prompt (None when it has none). The minimum that holds
         back eos, repetition, stop strings and stop_regex is the larger of vLLM's min_tokens and the chain's
         min_new_tokens, as vLLM holds back its own stops."""
-        crits = _criteria(chain, spec, spec.chain.key)
+        crits = stop_criteria(chain, spec, spec.chain.key)
         if not crits:
             return None
         least = min_new_tokens_of(row.group.store, [row.rid])  # type: ignore[union-attr]
@@ -452,7 +320,7 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         group, row.group, row.watch = row.group, None, None
         group.store.remove(row.rid)
         group.rows -= 1
-        if group.rows == 0 and len(self._groups) > _CHAIN_CACHE_SIZE:  # forget idle chains beyond the cache
+        if group.rows == 0 and len(self._groups) > CHAIN_CACHE_SIZE:  # forget idle chains beyond the cache
             for key, g in list(self._groups.items()):
                 if g is group:
                     del self._groups[key]

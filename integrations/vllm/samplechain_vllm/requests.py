@@ -51,7 +51,7 @@ CHAIN_DIR_ENV = "SAMPLECHAIN_VLLM_CHAIN_DIR"  # the only folder requests may nam
 _KEYS = ("preset", "chain", "params", "logprobs_at", "stop_regex")
 LOGPROBS_KEY = "logprobs_at"  # Chain.sample's logprobs_at for this request's logprobs (default: the engine's mode)
 STOP_REGEX_KEY = "stop_regex"  # patterns that end the request (SGLang's stop_regex), as generate(stop_regex=...)
-# SamplingParams.seed, moved into extra_args by the frontend (processor._hand_over_seed): vLLM then draws its own,
+# SamplingParams.seed, moved into extra_args by the frontend (validation.hand_over_seed): vLLM then draws its own,
 # redundant, sample of a samplechain row without a per-request generator
 VLLM_SEED_KEY = "vllm_seed"
 
