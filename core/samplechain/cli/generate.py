@@ -9,13 +9,16 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 
 from ..errors import ConfigError
 from ..tools.progress import LONG_RUN_TOKENS, progress_bar
+
+if TYPE_CHECKING:  # annotations only: the commands import generation (torch, transformers) when they run
+    from ..generation import GenerationOutput
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -235,18 +238,7 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                     )
                 )
             else:
-                texts = out.texts or []
-                for i, text in enumerate(texts):
-                    assert out.num_generated is not None and out.finish_reasons is not None  # generate() sets them
-                    console.print(
-                        f"[bold]{escape(prompts[i // max(len(texts) // len(prompts), 1)])}[/bold]{escape(text)}",
-                        highlight=False,
-                        soft_wrap=True,
-                    )
-                    err.print(
-                        f"[dim][{int(out.num_generated[i])} tokens, finish: {escape(str(out.finish_reasons[i]))}][/dim]",
-                        highlight=False,
-                    )
+                _print_texts(out, prompts, console, err)
         else:
             result: list[Any] = []
             tty = sys.stdout.isatty()
@@ -274,6 +266,22 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
             continue
         err.print(f"[yellow]warning:[/yellow] {escape(str(w.message))}", highlight=False)
     return 0
+
+
+def _print_texts(out: GenerationOutput, prompts: list[str], console: Console, err: Console) -> None:
+    """Each row's prompt and new text on stdout, its token count and finish reason on stderr."""
+    texts = out.texts or []
+    for i, text in enumerate(texts):
+        assert out.num_generated is not None and out.finish_reasons is not None  # generate() sets them
+        console.print(
+            f"[bold]{escape(prompts[i // max(len(texts) // len(prompts), 1)])}[/bold]{escape(text)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        err.print(
+            f"[dim][{int(out.num_generated[i])} tokens, finish: {escape(str(out.finish_reasons[i]))}][/dim]",
+            highlight=False,
+        )
 
 
 def _show_progress(args: argparse.Namespace, prompts: list[str], max_new: int | None, streaming: bool) -> bool | None:

@@ -13,7 +13,7 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
@@ -24,6 +24,7 @@ from ..contracts import StopContext, StoppingCriterion, StopSetup
 from ..engine.chain import Chain
 from ..engine.discovery import PluginHost
 from ..engine.stopping import Stopping
+from ..engine.store import RequestStore
 from ..errors import ConfigError
 
 __all__ = [
@@ -97,7 +98,7 @@ class ChainLogitsProcessor(LogitsProcessor):
 
     def reset(self) -> None:
         """Forget the current generation: the next call creates fresh requests."""
-        self.store = None
+        self.store: RequestStore | None = None
         self.request_ids: list[str] = []
         self._shape: tuple[int, int] | None = None
 
@@ -119,12 +120,12 @@ class ChainLogitsProcessor(LogitsProcessor):
                     q["seed"] = int(base) + j  # copy j of a prompt: its own stream, as in samplechain's loop
                 self.store.add(self.request_ids[i * n + j], q)
 
-    def _history(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _history(self, input_ids: torch.Tensor) -> dict[str, Any]:
         """Chains with history-reading samplers see input_ids (transformers does not pass the attention mask to
         processors: left padding, if any, reads as tokens, as for transformers' own penalty processors)."""
         return {"history": input_ids} if self.chain.needs_history else {}
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
         batch, length = input_ids.shape
         fresh = self.store is None or self._shape is None or batch != self._shape[0] or length <= self._shape[1]
         if fresh:
@@ -132,6 +133,7 @@ class ChainLogitsProcessor(LogitsProcessor):
         self._shape = (batch, length)
         if not self.select:
             if not fresh:  # the token transformers chose from the previous call's scores
+                assert self.store is not None  # made by _start() at the generation's first call
                 self.chain.accept(self.store, self.request_ids, input_ids[:, -1])
             return self.chain.process(scores, self.store, self.request_ids, **self._history(input_ids))
         out = self.chain.sample(scores, self.store, self.request_ids, **self._history(input_ids)).check()
@@ -238,6 +240,7 @@ class ChainStoppingCriteria(StoppingCriteria):
         if self.setup is None or batch != self.setup.batch_size or length <= self._last:
             self._start(input_ids)
         self._last = length
+        assert self.setup is not None  # _start() sets it
         last_scores = (
             scores[-1]
             if isinstance(scores, (tuple, list)) and scores
@@ -254,7 +257,7 @@ class ChainStoppingCriteria(StoppingCriteria):
         for b, reason in enumerate(result.reasons):
             if reason is not None and self.finish_reasons[b] is None:
                 self.finish_reasons[b] = reason
-        return result.done
+        return cast(torch.BoolTensor, result.done)  # transformers types the answer BoolTensor, torch returns Tensor
 
 
 def as_stopping_criteria(

@@ -48,7 +48,7 @@ class _Entry:
             if f.default is attrs.NOTHING:
                 continue
             factory = isinstance(f.default, attrs.Factory)  # type: ignore[arg-type]
-            out[f.name] = f.default.factory() if factory else f.default  # type: ignore[union-attr]
+            out[f.name] = f.default.factory() if factory else f.default
         return out
 
 

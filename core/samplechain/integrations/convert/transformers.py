@@ -88,7 +88,7 @@ def _wrong_kinds(settings: Mapping[str, Any]) -> str:
     transformers' own message ("invalid literal for int() ...") names no key."""
     from transformers import GenerationConfig
 
-    defaults = getattr(GenerationConfig(), "_get_default_generation_params", dict)()
+    defaults: dict[str, Any] = getattr(GenerationConfig(), "_get_default_generation_params", dict)()
 
     def same(value: Any, default: Any) -> bool:  # a bool is no number here; an int is a valid float
         if isinstance(default, bool) or isinstance(value, bool):
@@ -116,7 +116,7 @@ def from_transformers(source: Any) -> dict[str, Any]:
 
     config, label = _load_generation_config(source)
     diff = config.to_diff_dict()
-    defaults = getattr(config, "_get_default_generation_params", dict)()
+    defaults: dict[str, Any] = getattr(config, "_get_default_generation_params", dict)()
     for key, value in defaults.items():
         if getattr(config, key, None) is None and value is not None:
             setattr(config, key, value)
