@@ -203,8 +203,8 @@ def fused_sample(
         scaled = kinds == ["temperature", "min_p"]
         import samplechain_cpu_draw  # the floor from each row's amax, formed in the kernel as min_p_floor would
 
-        return FusedDraw(
-            *samplechain_cpu_draw.scaled_draw(
+        return _named(
+            samplechain_cpu_draw.scaled_draw(
                 logits, t, select.value, positions, stream, scaled=scaled, min_p=part.value
             )
         )
@@ -214,8 +214,8 @@ def fused_sample(
         floor = torch.full_like(raw, float("-inf"))  # every token drawn from, its e** summed in float64
     import samplechain_cpu_draw
 
-    return FusedDraw(
-        *samplechain_cpu_draw.scaled_draw(
+    return _named(
+        samplechain_cpu_draw.scaled_draw(
             logits, t, select.value, positions, stream, floor=floor, scaled=scaled, top=top
         )
     )
@@ -246,7 +246,11 @@ def _fused_top_p(
     least = least.to(torch.int64) if isinstance(least, torch.Tensor) else torch.full((batch,), int(least))
     import samplechain_cpu_cuts
 
-    drawn = samplechain_cpu_cuts.top_p_draw(logits, t, p, least, select.value, positions, stream)
+    return _named(samplechain_cpu_cuts.top_p_draw(logits, t, p, least, select.value, positions, stream))
+
+
+def _named(drawn: tuple[torch.Tensor, torch.Tensor] | None) -> FusedDraw | None:
+    """A compiled draw's (tokens, logprobs) as the kernel contract's FusedDraw; None: the kernel declined."""
     return None if drawn is None else FusedDraw(*drawn)
 
 
