@@ -1,13 +1,6 @@
-"""The cuda backend's Gumbel-max draw as Triton kernels: one program per row, reading the row in blocks, with no
-(B, V) temporaries and no host synchronisation.
-
-    gumbel_argmax(logits, seed, position, stream, ids=None)
-        rng.gumbel_argmax in one pass: the counter hash of rng (row keys and per-token bits, uint32 arithmetic that
-        wraps as rng's int32 path does), u in float64 as rng.uniform, M = log(-log u) - x in float64 and a running
-        first argmin. Rows whose largest logit is finite and beyond +-2**24 are drawn again, shifted by it
-        (rng.shifted); the first NaN wins, as torch's argmin; an all -inf row gives 0.
-    uniform(seed, position, ids, stream)
-        rng.uniform's float64 noise, bit for bit (for tests of the hash).
+"""The cuda backend's Gumbel-max draw as Triton kernels, one program per row reading the row in blocks, with no
+(B, V) temporaries and no host synchronisation: `gumbel_argmax` (rng.gumbel_argmax in one pass) and `uniform`
+(rng.uniform's noise, for tests of the hash). What each computes, exactly, is samplechain_cuda_kernels' docstring.
 """
 
 from __future__ import annotations
