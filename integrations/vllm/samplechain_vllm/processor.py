@@ -78,9 +78,10 @@ from .validation import (
 try:  # the processor is a vLLM plugin; the request parsing above works without vLLM
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 except ImportError:  # pragma: no cover - only without vLLM
-    BatchUpdate = Any  # type: ignore[assignment,misc]
-    LogitsProcessor = object  # type: ignore[assignment,misc]
-    MoveDirectionality = None  # type: ignore[assignment]
+    # the ignores are for a type check where vLLM is installed; without it (ignore_missing_imports) they are unused
+    BatchUpdate = Any  # type: ignore[assignment,misc,unused-ignore]
+    LogitsProcessor = object  # type: ignore[assignment,misc,unused-ignore]
+    MoveDirectionality = None  # type: ignore[assignment,misc,unused-ignore]
 
 __all__ = ["SamplechainLogitsProcessor", "load_chain", "request_params"]
 
@@ -190,7 +191,7 @@ class _Row:
         return seen[:n]
 
 
-class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-type]
+class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-type,unused-ignore]  # as above
     """Registered in the `vllm.logits_processors` entry-point group; vLLM builds one per engine."""
 
     @classmethod
@@ -295,8 +296,8 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         crits = stop_criteria(chain, spec, spec.chain.key)
         if not crits:
             return None
-        least = min_new_tokens_of(row.group.store, [row.rid])  # type: ignore[union-attr]
-        least = max(int(least[0]) if least is not None else 0, int(min_tokens))
+        chain_least = min_new_tokens_of(row.group.store, [row.rid])  # type: ignore[union-attr]
+        least = max(int(chain_least[0]) if chain_least is not None else 0, int(min_tokens))
         setup = StopSetup(
             batch_size=1,
             prompt_length=len(row.prompt),
@@ -445,7 +446,7 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
         values, ids = out.top_logprobs
         parts = (out.logprobs[at], values[at], ids[at], out.ranks[at])
         for k, i in enumerate(indices):
-            self._pending[i] = tuple(p[k] for p in parts)  # type: ignore[assignment]
+            self._pending[i] = tuple(p[k] for p in parts)
 
     def fill_logprobs(self, tensors: Any) -> None:
         """Write this step's chain-scored rows into vLLM's LogprobsTensors (column 0 the sampled token, then the
@@ -544,7 +545,7 @@ def _install_sampler_hook() -> None:
         return out
 
     forward._samplechain = True  # type: ignore[attr-defined]
-    Sampler.forward = forward
+    Sampler.forward = forward  # type: ignore[method-assign,unused-ignore]  # the wrap this hook exists for
 
 
 def _generated(output: Sequence[int]) -> int:
