@@ -73,17 +73,19 @@ def _wide_vectors() -> str | None:
     from numba.core import registry
     from numba.core.codegen import get_host_cpu_features
 
+    # numba.config's options are module attributes it creates at import time (from the environment), which mypy
+    # cannot see: hence the attr-defined ignores on them here and below
     if (
-        numba.config.CPU_NAME is not None
-        or numba.config.CPU_FEATURES is not None
+        numba.config.CPU_NAME is not None  # type: ignore[attr-defined]
+        or numba.config.CPU_FEATURES is not None  # type: ignore[attr-defined]
         or "_toplevel_target_context" in vars(registry.cpu_target)
     ):  # chosen, or numba's target already built
         return None
     features = get_host_cpu_features()
     if "+avx512f" not in features.split(","):
         return None
-    numba.config.CPU_FEATURES = features + ",-prefer-256-bit"
-    return numba.config.CPU_FEATURES
+    numba.config.CPU_FEATURES = features + ",-prefer-256-bit"  # type: ignore[attr-defined]
+    return numba.config.CPU_FEATURES  # type: ignore[attr-defined]
 
 
 _FEATURES = _wide_vectors()
@@ -144,7 +146,9 @@ def threads(entries: int) -> bool:
         if _owner is not None:
             return False
         _start()
-    numba.set_num_threads(1 if entries < _SERIAL else min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    # NUMBA_NUM_THREADS: created by numba.config at import time (see above)
+    threads = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
+    numba.set_num_threads(1 if entries < _SERIAL else min(torch.get_num_threads(), threads))
     return True
 
 
