@@ -254,8 +254,8 @@ def _named(drawn: tuple[torch.Tensor, torch.Tensor] | None) -> FusedDraw | None:
     return None if drawn is None else FusedDraw(*drawn)
 
 
-# the executor stops its walk over the tail elsewhere
-fused_sample.fused_kinds = frozenset({"temperature", "min_p", "top_p"})
+# the executor stops its walk over the tail elsewhere (an attribute of the function, as the contract reads it)
+fused_sample.fused_kinds = frozenset({"temperature", "min_p", "top_p"})  # type: ignore[attr-defined]
 
 
 class CpuBackend(Backend):
