@@ -231,9 +231,9 @@ def _min_p_floors(part, chunks, t, logp, scaled, floor, around):
         around[row] = top
 
 
-# Its three parallel loops (the floors' maxima, the scan, the rescan of rows of huge logits) and the parts'
-# combination share the rows' keys and arrays; as separate kernels each pass would be another call from Python.
-# kernel: one compiled call per draw
+# kernel: one compiled call per draw: its three parallel loops (the floors' maxima, the scan, the rescan of rows of
+# huge logits) and the parts' combination share the rows' keys and arrays; as separate kernels each pass would be
+# another call from Python
 @jit(parallel=True, nogil=True)
 def _draw(x, ids, has_ids, seed, position, salt, chunks, t, floor, scaled, around, mass_m, mass_s, out, logp):
     """out[b] = the draw of row b over x[b] / t[b] (the tokens not below floor[b], see _scan) under the row keys of
