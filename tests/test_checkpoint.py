@@ -364,3 +364,21 @@ def test_clone_keeps_all_state_and_continues_as_the_parent(name):
             )
 
         assert not torch.equal(scores(ref["parent"][:9]), scores(ref["parent"][:3]))
+
+
+def test_the_two_constructors_start_from_prompts_and_continue_a_checkpoint(model, tok):
+    chain = CASES["dist"]["chain"]
+    params = [{"seed": 1}, {"seed": 2}, {"seed": 3}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gen = Generation.from_prompts(model, tok, PROMPTS, chain=chain, max_new_tokens=STEPS, params=params)
+        it = run_to(gen, 2)
+        ckpt = gen.checkpoint()
+        for _ in it:
+            pass
+        resumed = Generation.from_checkpoint(model, tok, ckpt, chain=chain, max_new_tokens=STEPS)
+        for _ in resumed.steps():
+            pass
+    assert torch.equal(resumed.output().sequences, gen.output().sequences)
+    with pytest.raises(ConfigError, match=r"from_prompts\(resume=...\): continue a checkpoint with"):
+        Generation.from_prompts(model, tok, PROMPTS, chain=chain, resume=ckpt)

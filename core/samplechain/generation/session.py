@@ -94,7 +94,30 @@ def _refuse_with_resume(ckpt: Mapping[str, Any], num_return_sequences: int, **re
 
 class Generation(PromptInputs, Checkpoints):
     """One prepared generation: inputs, chain and store, criteria. `steps()` runs it; `output()` collects;
-    `checkpoint()` saves it between two steps and `resume=` continues a saved one."""
+    `checkpoint()` saves it between two steps and `resume=` continues a saved one.
+
+    Two ways in: `Generation.from_prompts(model, tokenizer, prompts, ...)` starts from prompts (or input_ids), and
+    `Generation.from_checkpoint(model, tokenizer, checkpoint, ...)` continues a saved generation; the constructor
+    takes either (`resume=` for the second)."""
+
+    @classmethod
+    def from_prompts(
+        cls, model: Any, tokenizer: Any = None, prompts: str | Sequence[str] | None = None, **kwargs: Any
+    ) -> Generation:
+        """A generation from prompts (or `input_ids=` / `attention_mask=`), with generate()'s keyword arguments."""
+        if kwargs.get("resume") is not None:
+            raise ConfigError(
+                "Generation.from_prompts(resume=...): continue a checkpoint with Generation.from_checkpoint"
+            )
+        return cls(model, tokenizer, prompts, **kwargs)
+
+    @classmethod
+    def from_checkpoint(
+        cls, model: Any, tokenizer: Any, checkpoint: Mapping[str, Any] | str | Path, **kwargs: Any
+    ) -> Generation:
+        """A saved generation continued (a checkpoint dict or its file): the same tokens as if it had not stopped.
+        What the checkpoint holds (prompts, parameters, seeds) is not given again."""
+        return cls(model, tokenizer, resume=checkpoint, **kwargs)
 
     def __init__(
         self,
