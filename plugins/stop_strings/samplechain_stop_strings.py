@@ -48,10 +48,6 @@ import torch
 from samplechain import ConfigError, StopContext, StopMatch, StoppingCriterion, StopSetup, hookimpl
 from samplechain.strings import ByteTable, byte_table, tail_bytes, token_lengths
 
-# its old names, re-exported
-from samplechain.strings import matching_mode as matching_mode
-from samplechain.strings import token_bytes as token_bytes
-
 
 def _valid(_inst, _attr, value) -> None:
     if not value:

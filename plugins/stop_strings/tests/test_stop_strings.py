@@ -93,7 +93,7 @@ def ends_in_last_token(pieces: list[bytes], s: bytes) -> bool:
 @pytest.mark.parametrize("kind", list(TOKENIZERS))
 def test_agrees_with_transformers_on_random_sequences(kind):
     tok = TOKENIZERS[kind]()
-    table = plugin.token_bytes(tok)
+    table = strings.token_bytes(tok)
     special = set(tok.all_special_ids)
     ordinary = [i for i in range(len(tok)) if i not in special and table[i]]
     # the tokens of multi-byte words, spliced into rows: split into byte tokens by byte-level and byte-fallback
