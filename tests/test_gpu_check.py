@@ -70,7 +70,8 @@ def test_the_summary_comes_last(dry_run):
     done, out = dry_run
     lines = done.stdout.strip().splitlines()
     assert lines[0].startswith("gpu_check on a CPU (dry run)")
-    assert [line.split()[0] for line in lines[1:4]] == ["tests", "kernels", "e2e"]
+    parts = [line.split()[0] for line in lines[1:] if line.startswith("  ") and not line.startswith("   ")]
+    assert parts == ["tests", "kernels", "e2e", "report"]  # each part's line (details indented below it)
     assert lines[-1] == f"  report   {out / 'report.md'} and {out / 'report.json'}"
     assert json.loads((out / "report.json").read_text())["summary"] == lines
 
