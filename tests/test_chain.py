@@ -350,3 +350,30 @@ def test_the_layout_checks_request_parameters_without_a_store():
             store.add("r", bad)
         assert str(direct.value) == str(added.value)
     assert store.request_ids == []
+
+
+def test_a_deferred_step_changes_the_store_only_when_committed():
+    chain = Chain.load({"samplers": [{"use": "top_k", "k": 20}, {"use": "mirostat"}]})  # state: mu, the RNG position
+    eager, deferred = chain.new_store(), chain.new_store()
+    for store in (eager, deferred):
+        store.add("a", {"seed": 3})
+        store.add("b", {"seed": 4})
+    x = logits_for(2)
+    want = chain.sample(x, eager, ["a", "b"])
+    before = deferred.snapshot()
+    step = chain.sample_deferred(x, deferred, ["a", "b"])
+    assert torch.equal(step.output.token_ids, want.token_ids)
+    assert eager.snapshot() != before  # the step moves positions and mirostat's mu
+    assert deferred.snapshot() == before  # nothing written yet
+    step.commit()
+    assert deferred.snapshot() == eager.snapshot()
+
+
+def test_accept_takes_a_bool_and_points_to_sample_deferred():
+    chain = Chain.load({"samplers": [{"use": "dist"}]})
+    store = chain.new_store()
+    store.add("a", {"seed": 3})
+    before = store.snapshot()
+    with pytest.raises(TypeError, match=r"accept='defer': pass True or False; .* chain.sample_deferred"):
+        chain.sample(logits_for(1), store, ["a"], accept="defer")
+    assert store.snapshot() == before
