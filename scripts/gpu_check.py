@@ -175,26 +175,26 @@ def environment(python: str) -> dict[str, Any]:
     return env
 
 
-def kernel_verdict(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def kernel_verdict(rows: Sequence[dict[str, Any]], bench: Any) -> dict[str, Any]:
     met = [r for r in rows if r.get("met") is True]
     missed = [r for r in rows if r.get("met") is False]
-    worst = sorted(missed, key=lambda r: _miss(r), reverse=True)[:5]
+    worst = sorted(missed, key=lambda r: _miss(r, bench), reverse=True)[:5]
     return {
         "cells": len(rows),
         "met": len(met),
         "missed": len(missed),
         "unjudged": len(rows) - len(met) - len(missed),
-        "worst": [f"{r['chain']} {r['dtype']} B={r['batch']} ({_miss(r):.2f}x its target)" for r in worst],
+        "worst": [f"{r['chain']} {r['dtype']} B={r['batch']} ({_miss(r, bench):.2f}x its target)" for r in worst],
     }
 
 
-def _miss(row: dict[str, Any]) -> float:
-    """How far a cell is from its target, as a factor (the better of the eager step and its replay)."""
+def _miss(row: dict[str, Any], bench: Any) -> float:
+    """How far a cell is from bench_gpu.py's target, as a factor (the better of the eager step and its replay)."""
     best = min(v for v in (row["samplechain_ms"], row.get("graph_ms")) if v is not None)
     if row["batch"] == 1:
-        return best / 0.15
+        return best / bench.TARGET_B1_MS
     fi = row.get("flashinfer_ms")
-    return best / fi / 1.5 if fi else 0.0
+    return best / fi / bench.TARGET_VS_FI if fi else 0.0
 
 
 def e2e_verdict(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -347,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parts[part] = part_tests(out, timeout, args.python)
         elif part == "kernels":
             parts[part] = part_kernels(out, timeout, args.python, args.dry_run)
-            parts[part]["verdict"] = kernel_verdict(parts[part]["rows"])
+            parts[part]["verdict"] = kernel_verdict(parts[part]["rows"], bench)
         else:
             parts[part] = part_e2e(out, timeout, args.python, args.dry_run)
             parts[part]["verdict"] = e2e_verdict(parts[part]["rows"])
