@@ -752,7 +752,6 @@ def environment(device: torch.device, backend: str, fi_version: str | None, fi_e
         "samplechain": getattr(samplechain, "__version__", "?"),
         "python": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
-        "SAMPLECHAIN_CUDA_FLASHINFER": os.environ.get("SAMPLECHAIN_CUDA_FLASHINFER"),
         "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
     }
 
@@ -778,11 +777,6 @@ def report(
         f"- date: {env['date']}",
         f"- timing: {timing}; medians; ms",
     ]
-    if env["SAMPLECHAIN_CUDA_FLASHINFER"]:
-        out.append(
-            f"- SAMPLECHAIN_CUDA_FLASHINFER={env['SAMPLECHAIN_CUDA_FLASHINFER']} (samplechain's opt-in "
-            "FlashInfer path may be on)"
-        )
     if kernels:
         out += [
             "",
