@@ -55,9 +55,9 @@ def load_models(names: list[str]) -> dict[str, Any]:
     models: dict[str, Any] = {}
     for name in names:
         if name == "embedded":
-            from samplechain.models import default_model_path
+            from samplechain.models import tiny_model_path
 
-            model = AutoModelForCausalLM.from_pretrained(default_model_path())
+            model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
         elif name == "tiny-random":  # the embedded model's shape, random weights
             torch.manual_seed(0)
             model = GPT2LMHeadModel(

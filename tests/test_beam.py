@@ -285,14 +285,14 @@ PROMPTS = ["The function", "A list is a mutable sequence and"]
 
 @pytest.fixture(scope="module")
 def embedded():
-    from samplechain.models import DEFAULT_MODEL, default_model_path
+    from samplechain.models import TINY_MODEL, tiny_model_path
 
-    if not (DEFAULT_MODEL / "model.safetensors").is_file():
+    if not (TINY_MODEL / "model.safetensors").is_file():
         pytest.skip("the embedded model is not built (scripts/train_default_model.py)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(default_model_path()).eval()
-    tok = AutoTokenizer.from_pretrained(default_model_path())
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path()).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_path())
     enc = [tok(p)["input_ids"] for p in PROMPTS]
     width = max(map(len, enc))
     ids = torch.tensor([[tok.eos_token_id] * (width - len(e)) + e for e in enc])

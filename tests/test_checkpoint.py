@@ -16,7 +16,7 @@ import torch
 
 from samplechain import Chain, ConfigError
 from samplechain.generation import CHECKPOINT_FORMAT, Generation, generate, stream
-from samplechain.models import default_model_path
+from samplechain.models import tiny_model_path
 
 PROMPTS = ["The function", "A list is a", "In Python,"]
 SCHEMA = {
@@ -78,14 +78,14 @@ STEPS, STOP_AT = 12, 5  # max_new_tokens, the step the checkpoint is taken after
 def tok():
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(default_model_path())
+    return AutoTokenizer.from_pretrained(tiny_model_path())
 
 
 @pytest.fixture(scope="module")
 def model():
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(default_model_path()).eval()
+    return AutoModelForCausalLM.from_pretrained(tiny_model_path()).eval()
 
 
 def prepared(model, tok, chain, **kwargs) -> Generation:
@@ -113,11 +113,11 @@ RESUME_SCRIPT = textwrap.dedent("""
     import json, sys, warnings
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from samplechain.generation import generate
-    from samplechain.models import default_model_path
+    from samplechain.models import tiny_model_path
 
     warnings.simplefilter("ignore")
-    model = AutoModelForCausalLM.from_pretrained(default_model_path()).eval()
-    tok = AutoTokenizer.from_pretrained(default_model_path())
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path()).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_path())
     results = {}
     for job in json.loads(open(sys.argv[1]).read()):
         out = generate(model, tok, resume=job["checkpoint"], chain=job["chain"], max_new_tokens=job["steps"],

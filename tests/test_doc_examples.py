@@ -158,9 +158,9 @@ def run_shell_block(code: str, where: str, scratch: Path, env: dict[str, str]) -
 def namespace():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from samplechain.models import default_model_path
+    from samplechain.models import tiny_model_path
 
-    path = default_model_path()
+    path = tiny_model_path()
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     tok = AutoTokenizer.from_pretrained(path)
     return {

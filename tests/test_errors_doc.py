@@ -642,9 +642,9 @@ def embedded_model() -> tuple[Any, Any]:
     """The shipped docs-gpt2 and its tokenizer, loaded once for the generation rows."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from samplechain.models import default_model_path
+    from samplechain.models import tiny_model_path
 
-    path = default_model_path()
+    path = tiny_model_path()
     return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
 

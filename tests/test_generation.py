@@ -389,9 +389,9 @@ def test_conflicting_length_limits_are_refused(model):
 def embedded():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from samplechain.models import default_model_path
+    from samplechain.models import tiny_model_path
 
-    path = default_model_path()
+    path = tiny_model_path()
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
 
 

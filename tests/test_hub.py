@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import samplechain
 from samplechain import ConfigError
 from samplechain.integrations.hub import UnpinnedRevisionWarning, load_custom_generate
-from samplechain.models import default_model_path
+from samplechain.models import tiny_model_path
 
 CONTRIB = Path(__file__).resolve().parents[1] / "contrib"
 LEFT = CONTRIB / "custom-generate-left-padding"
@@ -26,7 +26,7 @@ BAD = CONTRIB / "custom-generate-bad-requirements"
 
 @pytest.fixture(scope="module")
 def lm():
-    path = default_model_path()
+    path = tiny_model_path()
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
 
 

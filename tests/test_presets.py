@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 import samplechain
 from samplechain import Chain, ChainWarning
 from samplechain.generation import generate
-from samplechain.models import default_model_path
+from samplechain.models import tiny_model_path
 
 PRESETS = sorted(samplechain.get_host().registry.presets)
 
@@ -74,7 +74,7 @@ SWITCH_ON = {
 
 @pytest.fixture(scope="module")
 def lm():
-    path = default_model_path()
+    path = tiny_model_path()
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
 
 

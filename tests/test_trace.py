@@ -27,11 +27,11 @@ def lm():
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from samplechain.models import default_model_path
+    from samplechain.models import tiny_model_path
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    path = default_model_path()
+    path = tiny_model_path()
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
 
 

@@ -37,10 +37,10 @@ PROMPTS = ["The quick", "A"]
 def _docs_gpt2():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from samplechain.models import default_model_path
+    from samplechain.models import tiny_model_path
 
     try:
-        path = default_model_path()
+        path = tiny_model_path()
     except FileNotFoundError:
         pytest.skip("the embedded model core/samplechain/models/docs-gpt2 is not built")
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()

@@ -26,3 +26,8 @@ def register_stopping_criteria(register: Callable[[type], None]) -> None:
 @hookspec
 def register_backends(register: Callable[[type], None]) -> None:
     """Register Backend subclasses: call register(cls) once per class."""
+
+
+@hookspec
+def register_runners(register: Callable[[type], None]) -> None:
+    """Register ModelRunner subclasses (samplechain.runners): call register(cls) once per class."""

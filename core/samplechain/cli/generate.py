@@ -149,9 +149,9 @@ def _load_model(path: str | None) -> tuple[Any, Any, str]:
     from transformers.utils import logging as hf_logging
 
     if path is None:
-        from ..models import default_model_path
+        from ..models import tiny_model_path
 
-        folder = default_model_path()
+        folder = tiny_model_path()
     else:
         folder = Path(path)
         if not folder.is_dir():

@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover
 from .. import hookspecs
 from ..contracts import Backend, Sampler, Stage, StoppingCriterion
 from ..errors import PluginError, PluginLoadError, UnknownPluginError
+from ..runners import ModelRunner
 from .registry import Registry, load_registry
 
 __all__ = [
@@ -48,11 +49,13 @@ KIND_BASES: dict[str, type[Any]] = {
     "sampler": Sampler,
     "stopping_criterion": StoppingCriterion,
     "backend": Backend,
+    "runner": ModelRunner,
 }
 _HOOKS = {
     "sampler": "register_samplers",
     "stopping_criterion": "register_stopping_criteria",
     "backend": "register_backends",
+    "runner": "register_runners",
 }
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _VERSIONED = re.compile(r"^(?P<base>[a-z][a-z0-9_]*)(?:\.v(?P<version>[0-9]+))?$")

@@ -7,7 +7,7 @@ from ..errors import GenerationWarning
 from .checkpoints import CHECKPOINT_FORMAT, load_checkpoint
 from .from_config import chain_from_generation_config
 from .loop import StreamEvent, generate, stream
-from .model import ModelRunner
+from .model import ModelRunner, TransformersRunner, runner_for
 from .outputs import GenerationOutput
 from .session import Generation
 from .streaming import IncrementalDecoder
@@ -20,9 +20,11 @@ __all__ = [
     "IncrementalDecoder",
     "ModelRunner",
     "StreamEvent",
+    "TransformersRunner",
     "chain_from_generation_config",
     "generate",
     "load_checkpoint",
+    "runner_for",
     "max_positions",
     "stream",
 ]

@@ -36,7 +36,7 @@ from ..contracts import StopContext, StopMatch, StopSetup
 from ..engine.mixed import MixedChains
 from ..engine.stopping import cut_text
 from ..errors import ConfigError
-from .model import ModelRunner
+from .model import runner_for
 from .outputs import GenerationOutput
 from .session import Generation
 
@@ -136,7 +136,7 @@ class _BeamSearch:
         self._beam_requests()
         self.scores_out: list[torch.Tensor] = []
         self.logits_out: list[torch.Tensor] = []
-        runner = ModelRunner(g.model, ids, mask)
+        runner = runner_for(g.model, g.host)(g.model, ids, mask)
         self.cur_len = self.prompt_len
         with torch.inference_mode():
             logits = runner.prefill()

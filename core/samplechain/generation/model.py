@@ -1,6 +1,7 @@
-"""Driving a Hugging Face causal LM one step at a time, with its KV cache, as transformers' generate does.
+"""The built-in runner: a Hugging Face causal LM one step at a time, with its KV cache, as transformers' generate
+does; and the choice of a runner for a model (`runner_for`).
 
-`ModelRunner` prepares the inputs the way `GenerationMixin.generate` prepares them for a decoder-only model
+`TransformersRunner` prepares the inputs the way `GenerationMixin.generate` prepares them for a decoder-only model
 (position ids from the attention mask, the mask dropped when nothing is padded, `logits_to_keep=1`) and calls
 the model's own `prepare_inputs_for_generation`, so any `AutoModelForCausalLM` that transformers can generate
 with runs here too and gives the same logits.
@@ -9,20 +10,56 @@ with runs here too and gives the same logits.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ..contracts import max_positions
+from ..engine.discovery import PluginHost, get_host
 from ..errors import ConfigError
+from ..runners import ModelRunner
 
-__all__ = ["ModelRunner", "max_positions"]
+__all__ = ["ModelRunner", "TransformersRunner", "max_positions", "runner_for"]
 
 _CACHE_NAMES = ("past_key_values", "cache_params", "state", "mems", "past_buckets_states")
 
 
-class ModelRunner:
-    """Prefill then one token per step. `logits()` is (B, V) float32 of the last position, a fresh tensor."""
+def runner_for(model: Any, host: PluginHost | None = None) -> type[ModelRunner]:
+    """The runner class for `model`: the first registered runner that accepts it, else the transformers runner."""
+    host = host or get_host()
+    for name, info in list(host.plugins.items()):
+        if info.status == "available" and _provides_runner(host, name):
+            host.load(name, strict=False)
+    for versions in host.registered("runner").values():
+        cls = versions[max(versions)]
+        if cls is not TransformersRunner and cls.accepts(model):
+            return cls
+    if not TransformersRunner.accepts(model):
+        raise ConfigError(
+            f"no model runner drives a {type(model).__name__}: pass a transformers causal LM "
+            "(AutoModelForCausalLM), a samplechain.models.load_model(...) result, or install the runner plugin "
+            "for its engine (samplechain plugins --available lists them)"
+        )
+    return TransformersRunner
+
+
+def _provides_runner(host: PluginHost, name: str) -> bool:
+    try:
+        entry = host.registry.plugins.get(name)
+    except Exception:  # a broken registry file must not hide installed runners
+        return False
+    return entry is not None and entry.kind == "runner"
+
+
+class TransformersRunner(ModelRunner):
+    """Prefill then one token per step (or several, `extend`), on a transformers model and its cache."""
+
+    name = "transformers"
+
+    @classmethod
+    def accepts(cls, model: Any) -> bool:
+        return callable(getattr(model, "prepare_inputs_for_generation", None)) and hasattr(model, "config")
 
     def __init__(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
         if getattr(model.config, "is_encoder_decoder", False):
@@ -30,7 +67,7 @@ class ModelRunner:
                 f"{type(model).__name__} is an encoder-decoder model; samplechain.generate drives decoder-only "
                 "causal LMs (AutoModelForCausalLM). Use the chain as a logits processor inside model.generate()."
             )
-        self.model = model
+        super().__init__(model, input_ids, attention_mask)
         params = set(inspect.signature(model.forward).parameters)
         self.device = input_ids.device
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
@@ -44,35 +81,65 @@ class ModelRunner:
         self.kwargs["attention_mask"] = None if bool((mask == 1).all()) else mask
         if "logits_to_keep" in params:
             self.kwargs["logits_to_keep"] = 1
-        self.input_ids = input_ids
         self._first = True
 
-    def _forward(self, ids: torch.Tensor, next_len: int | None) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, next_len: int | None, keep: int = 1) -> torch.Tensor:
         inputs = self.model.prepare_inputs_for_generation(
             ids, next_sequence_length=next_len, is_first_iteration=self._first, **self.kwargs
         )
+        if keep > 1 and "logits_to_keep" in inputs:
+            inputs["logits_to_keep"] = keep
         out = self.model(**inputs, return_dict=True)
         for name in _CACHE_NAMES:
             if name in out and out[name] is not None:
                 self.kwargs["past_key_values" if name in ("mems", "past_buckets_states") else name] = out[name]
                 break
         self._first = False
-        return out.logits[:, -1, :].to(copy=True, dtype=torch.float32, device=self.device)
+        return out.logits[:, -keep:, :].to(copy=True, dtype=torch.float32, device=self.device)
+
+    def _grow(self, k: int) -> None:
+        """Positions and mask for k more tokens in every row."""
+        pos = self.kwargs.get("position_ids")
+        if pos is not None:
+            more = pos[:, -1:] + torch.arange(1, k + 1, device=pos.device)
+            self.kwargs["position_ids"] = torch.cat([pos, more], dim=-1)
+        mask = self.kwargs.get("attention_mask")
+        if mask is not None:
+            self.kwargs["attention_mask"] = torch.cat([mask, mask.new_ones((mask.shape[0], k))], dim=-1)
+        self.input_ids = torch.cat([self.input_ids, self.input_ids.new_zeros((self.input_ids.shape[0], k))], dim=-1)
 
     @torch.no_grad()
     def prefill(self) -> torch.Tensor:
-        return self._forward(self.input_ids, None)
+        return self._forward(self.input_ids, None)[:, -1]
 
     @torch.no_grad()
     def step(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids: (B, L+1) every token so far; the model sees only the last one (the cache has the rest)."""
-        pos = self.kwargs.get("position_ids")
-        if pos is not None:
-            self.kwargs["position_ids"] = torch.cat([pos, pos[:, -1:] + 1], dim=-1)
-        mask = self.kwargs.get("attention_mask")
-        if mask is not None:
-            self.kwargs["attention_mask"] = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
-        return self._forward(input_ids, 1)
+        self._grow(1)
+        self.input_ids = input_ids
+        return self._forward(input_ids, 1)[:, -1]
+
+    @torch.no_grad()
+    def extend(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, K) appended to every row in one forward pass; the logits after each, (B, K, V)."""
+        k = tokens.shape[1]
+        self._grow(k)
+        self.input_ids[:, -k:] = tokens
+        return self._forward(self.input_ids, k, keep=k)
+
+    def truncate(self, length: int | Sequence[int]) -> None:
+        """Keep the first `length` columns in the cache (DynamicCache.crop: the same length in every row)."""
+        n = self._uniform_length(length)
+        if not 0 < n <= self.input_ids.shape[1]:
+            raise ConfigError(f"truncate({n}): the cache holds {self.input_ids.shape[1]} columns; keep 1 to that many")
+        cache = self.kwargs.get("past_key_values")
+        if cache is None or not hasattr(cache, "crop"):
+            raise ConfigError(f"{type(self.model).__name__}'s cache cannot be cut back (no DynamicCache.crop)")
+        cache.crop(n)
+        self.input_ids = self.input_ids[:, :n]
+        for key in ("position_ids", "attention_mask"):
+            if self.kwargs.get(key) is not None:
+                self.kwargs[key] = self.kwargs[key][:, :n]
 
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Beam search: rows of the cache follow their beams (mask and positions are equal within a prompt)."""

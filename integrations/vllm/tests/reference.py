@@ -21,9 +21,9 @@ def reference_tokens(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from samplechain.generation import generate
-    from samplechain.models import default_model_path
+    from samplechain.models import tiny_model_path
 
-    path = default_model_path()
+    path = tiny_model_path()
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tokens, prompt_tokens = [], []

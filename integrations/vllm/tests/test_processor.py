@@ -14,7 +14,7 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402
 
 from samplechain import Chain  # noqa: E402
-from samplechain.models import default_model_path  # noqa: E402
+from samplechain.models import tiny_model_path  # noqa: E402
 from samplechain_vllm import RequestSpecError, SamplechainLogitsProcessor, parse_request  # noqa: E402
 
 from processors import make_processor  # noqa: E402
@@ -38,7 +38,7 @@ class Reference:
         self.chain = Chain.load(chain)
         self.chain.prepare(
             tokenizer=make_processor()._load_tokenizer(),
-            model_config=AutoConfig.from_pretrained(default_model_path()),
+            model_config=AutoConfig.from_pretrained(tiny_model_path()),
             vocab_size=V,
         )
         self.store = self.chain.new_store()

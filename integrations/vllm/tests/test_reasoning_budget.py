@@ -18,7 +18,7 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate  # noqa: E402
 from vllm.v1.sample.thinking_budget_state import ThinkingBudgetStateHolder  # noqa: E402
 
-from samplechain.models import default_model_path  # noqa: E402
+from samplechain.models import tiny_model_path  # noqa: E402
 from samplechain_vllm import RequestSpecError, SamplechainLogitsProcessor  # noqa: E402
 
 from processors import make_processor, tokenizer  # noqa: E402
@@ -203,7 +203,7 @@ def test_serving_with_a_thinking_budget_equals_generate(server: str) -> None:
             "preset:reasoning-think", [PROMPTS[b]], [seeds[b]], 16, {"reasoning_budget": budgets[b]}
         )["tokens"][0]
         assert r.json()["choices"][0]["token_ids"] == want
-        end = AutoTokenizer.from_pretrained(default_model_path()).encode("</think>")
+        end = AutoTokenizer.from_pretrained(tiny_model_path()).encode("</think>")
         assert want[budgets[b] : budgets[b] + len(end)] == end
 
 

@@ -11,7 +11,7 @@ from transformers.generation.logits_process import UnbatchedClassifierFreeGuidan
 
 from samplechain import Chain, ConfigError, SamplingError
 from samplechain.generation import generate
-from samplechain.models import default_model_path
+from samplechain.models import tiny_model_path
 
 
 def chain(**params):
@@ -80,7 +80,7 @@ def test_missing_unconditional_logits_is_a_clear_error():
 
 @pytest.fixture(scope="module")
 def lm():
-    path = default_model_path()
+    path = tiny_model_path()
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
 
 

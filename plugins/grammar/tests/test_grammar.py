@@ -10,7 +10,7 @@ import torch
 
 from samplechain import Chain, ConfigError, SamplechainError
 from samplechain.generation.loop import generate
-from samplechain.models import default_model_path
+from samplechain.models import tiny_model_path
 
 SCHEMA = {
     "type": "object",
@@ -27,14 +27,14 @@ SCHEMA = {
 def tokenizer():
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(default_model_path())
+    return AutoTokenizer.from_pretrained(tiny_model_path())
 
 
 @pytest.fixture(scope="module")
 def model():
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(default_model_path()).eval()
+    return AutoModelForCausalLM.from_pretrained(tiny_model_path()).eval()
 
 
 def grammar_chain(selector: str = "greedy", **params) -> Chain:

@@ -123,9 +123,9 @@ def test_draws_follow_the_truncated_distribution():
 def model_and_tokenizer():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from samplechain.models import default_model_path
+    from samplechain.models import tiny_model_path
 
-    path = default_model_path()
+    path = tiny_model_path()
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
 
 

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 import samplechain_reasoning_budget as plugin
 from samplechain import Chain, ConfigError, RequestError, SamplechainError
 from samplechain.generation import Generation, generate
-from samplechain.models import default_model_path
+from samplechain.models import tiny_model_path
 from samplechain.tools import testing
 
 IDLE, COUNTING, WAITING, FORCING, DONE = range(5)
@@ -143,7 +143,7 @@ TEXT = (
 
 @pytest.fixture(scope="module")
 def embedded():
-    return AutoTokenizer.from_pretrained(default_model_path())
+    return AutoTokenizer.from_pretrained(tiny_model_path())
 
 
 def byte_fallback_tokenizer() -> PreTrainedTokenizerFast:
@@ -509,7 +509,7 @@ def test_utf8_table_follows_the_text(fallback):
 # ----------------------------------------------------------------- end to end
 @pytest.fixture(scope="module")
 def lm(embedded):
-    return AutoModelForCausalLM.from_pretrained(default_model_path()).eval()
+    return AutoModelForCausalLM.from_pretrained(tiny_model_path()).eval()
 
 
 CHAIN = {"samplers": [{"use": "reasoning_budget", "message": " Enough."}, {"use": "top_k", "k": 20}, {"use": "dist"}]}

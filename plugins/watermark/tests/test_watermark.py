@@ -354,9 +354,9 @@ def test_detector_prompt_context_bos_and_padding(scheme):
 def model_and_tokenizer():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from samplechain.models import default_model_path
+    from samplechain.models import tiny_model_path
 
-    path = default_model_path()
+    path = tiny_model_path()
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
 
 

@@ -9,11 +9,11 @@ import warnings
 import pytest
 import torch
 
-from samplechain.models import DEFAULT_MODEL, default_model_path
+from samplechain.models import TINY_MODEL, tiny_model_path
 
 transformers = pytest.importorskip("transformers")
 
-HELD_OUT = DEFAULT_MODEL / "held_out.txt"  # documents the training script kept out of training
+HELD_OUT = TINY_MODEL / "held_out.txt"  # documents the training script kept out of training
 PROMPTS = ("The function", "A list is", "In Python,")
 MAX_BYTES = 20 * 1024 * 1024
 # The committed model scores 4.01 nats/token on the six documents below (3.82 on the whole held-out split);
@@ -27,12 +27,12 @@ ENGLISH_SHARE = 0.8
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return transformers.AutoTokenizer.from_pretrained(default_model_path(), local_files_only=True)
+    return transformers.AutoTokenizer.from_pretrained(tiny_model_path(), local_files_only=True)
 
 
 @pytest.fixture(scope="module")
 def model():
-    m = transformers.AutoModelForCausalLM.from_pretrained(default_model_path(), local_files_only=True)
+    m = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_path(), local_files_only=True)
     return m.eval()
 
 
@@ -45,7 +45,7 @@ def words(text: str) -> list[str]:
 
 
 def test_folder_is_small_safetensors_only():
-    path = default_model_path()
+    path = tiny_model_path()
     files = [f for f in path.rglob("*") if f.is_file()]
     names = {f.name for f in files}
     assert {
@@ -63,9 +63,9 @@ def test_folder_is_small_safetensors_only():
 def test_missing_folder_names_the_script(monkeypatch, tmp_path):
     import samplechain.models as models
 
-    monkeypatch.setattr(models, "DEFAULT_MODEL", tmp_path / "nowhere")
+    monkeypatch.setattr(models, "TINY_MODEL", tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match="scripts/train_default_model.py"):
-        models.default_model_path()
+        models.tiny_model_path()
 
 
 def test_loads_as_a_gpt2_with_eos_and_no_pad(model, tokenizer):
@@ -148,6 +148,6 @@ def test_tokenizer_config_loads_in_transformers_4_too():
     """transformers 5 would write "TokenizersBackend", a class 4.x lacks; and 4.x must not emit token_type_ids."""
     import json
 
-    config = json.loads((DEFAULT_MODEL / "tokenizer_config.json").read_text())
+    config = json.loads((TINY_MODEL / "tokenizer_config.json").read_text())
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
     assert config["model_input_names"] == ["input_ids", "attention_mask"]

@@ -1,0 +1,79 @@
+"""The model-runner contract: what the generation loop needs from a model, whatever engine runs it.
+
+A runner drives one generation's batch through a model and its cache. Rows are left-padded to a common width
+(`input_ids` (B, L), `attention_mask` (B, L)); every call returns float32 logits on the CPU or the model's device,
+fresh tensors the caller may change:
+
+- `prefill()` -> (B, V): run the prompts, the logits of their last position;
+- `step(input_ids)` -> (B, V): `input_ids` is every token so far, (B, L + n); the last column is new, the cache has
+  the rest;
+- `extend(tokens)` -> (B, K, V): K new tokens per row at once, the logits after each (verifying drafted tokens);
+- `truncate(length)`: cut the cache back so that it holds the first `length` columns (an int for every row, or one
+  per row where `per_row_truncate` is True); the next `step` / `extend` continues from there;
+- `reorder(beam_idx)`: beam search; rows of the cache follow their beams (optional).
+
+A runner class is registered like a sampler (the `register_runners` hook of a plugin found through the `samplechain`
+entry points) and says which model objects it drives (`accepts`). The transformers runner is built in and takes any
+model no plugin claims; the llama.cpp runner (samplechain-llama-cpp) takes `LlamaCppModel` objects. A third engine
+(MLX, ONNX Runtime) is one more plugin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from .errors import ConfigError
+from .candidates import NoParams
+
+__all__ = ["ModelRunner"]
+
+
+class ModelRunner:
+    """Base class of runners. Subclasses set `name` (a lowercase identifier), implement `accepts`, `prefill`,
+    `step`, `extend` and `truncate`, and set `per_row_truncate` when rows can be cut to different lengths."""
+
+    name: ClassVar[str] = ""
+    version: ClassVar[int] = 1
+    Params: ClassVar[type] = NoParams
+    per_row_truncate: ClassVar[bool] = False
+
+    @classmethod
+    def accepts(cls, model: Any) -> bool:
+        """Whether this runner drives `model` (an object `load_model` or a user passed to generate())."""
+        raise NotImplementedError
+
+    def __init__(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+        self.model = model
+        self.input_ids = input_ids
+        self.attention_mask = attention_mask
+
+    def prefill(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def extend(self, tokens: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def truncate(self, length: int | Sequence[int]) -> None:
+        raise NotImplementedError
+
+    def reorder(self, beam_idx: torch.Tensor) -> None:
+        raise ConfigError(
+            f"the {self.name} runner cannot reorder its cache, so beam search cannot run on it; use greedy or sampling"
+        )
+
+    def _uniform_length(self, length: int | Sequence[int]) -> int:
+        """`length` as one int; several different lengths are an error unless the runner cuts per row."""
+        if isinstance(length, int):
+            return length
+        lengths = {int(n) for n in length}
+        if len(lengths) != 1:
+            raise ConfigError(
+                f"the {self.name} runner cuts every row of its cache to the same length; got {sorted(lengths)}"
+            )
+        return lengths.pop()
