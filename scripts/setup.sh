@@ -10,7 +10,7 @@ PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 PINS=${PINS:-}
 stamp="$VENV/.samplechain-setup"
-want=$( (cat pyproject.toml plugins/*/pyproject.toml scripts/setup.sh; echo "$PINS") | sha256sum | cut -c1-16)
+want=$( (cat pyproject.toml plugins/*/pyproject.toml integrations/llama_cpp/pyproject.toml scripts/setup.sh; echo "$PINS") | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -19,7 +19,7 @@ pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 # torch first, pinned: any other torch requirement resolved first would download a multi-GB CUDA build
 pip install "torch==2.13.0"
 pip install "hatchling>=1.21" editables
-args=(-e ".[test]")
+args=(-e ".[test]" -e integrations/llama_cpp)
 # the cuda plugin with its triton extra: its Triton kernels are tested on CPU tensors under TRITON_INTERPRET=1;
 # the cpu plugin with its numba extra (prebuilt wheels): the compiled Gumbel-max draw
 for p in plugins/*/; do

@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from .errors import ConfigError
 from .candidates import NoParams
+from .errors import ConfigError
 
 __all__ = ["ModelRunner"]
 

@@ -29,8 +29,10 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError
 
@@ -43,6 +45,8 @@ __all__ = [
     "convert_gguf",
     "default_gguf_path",
     "default_model_path",
+    "gguf_tokenizer_path",
+    "load_model",
     "tiny_model_path",
 ]
 
@@ -120,6 +124,73 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
     return file
 
 
+def gguf_tokenizer_path(path: str | os.PathLike[str], cache: str | os.PathLike[str] | None = None) -> Path:
+    """A folder with the transformers tokenizer of the GGUF file `path` (its vocabulary, merges, special tokens and
+    chat template), converted once into the cache: the tokenizer the llama.cpp engine's generations decode with. The
+    folder of a whole conversion (`convert_gguf`) serves when there is one."""
+    file = check_gguf(path)
+    root = Path(cache or cache_dir()).expanduser() / "models"
+    name = f"{file.stem}-{_file_hash(file)}"
+    for folder in (root / name, root / f"{name}-tokenizer"):
+        if (folder / "tokenizer.json").is_file():
+            return folder
+    return _write_once(root / f"{name}-tokenizer", lambda out: _tokenizer(file).save_pretrained(out), "tokenizer.json")
+
+
+def load_model(
+    model: str | os.PathLike[str] | None = None, *, engine: str | None = None, **engine_kwargs: Any
+) -> tuple[Any, Any]:
+    """(model, tokenizer) for generate(), stream() and the CLI, offline.
+
+    model: None or `DEFAULT_MODEL` (SmolLM2-135M-Instruct), a transformers folder, or a .gguf file.
+    engine: "transformers" or "llama.cpp"; default transformers, except for a .gguf file, which runs on llama.cpp
+    (its own kernels and quantization; `engine="transformers"` dequantizes it once instead). `engine_kwargs` go to
+    the engine's loader (for llama.cpp: llama_cpp.Llama's, e.g. n_ctx, n_threads)."""
+    source = "default" if model is None or str(model) == DEFAULT_MODEL else str(model)
+    path = default_gguf_path() if source == "default" else Path(source).expanduser()
+    is_gguf = source == "default" or path.suffix.lower() == ".gguf" or path.is_file()
+    engine = engine or ("llama.cpp" if is_gguf and source != "default" else "transformers")
+    if engine in ("llama.cpp", "llama_cpp"):
+        if not is_gguf:
+            raise ConfigError(f"engine='llama.cpp' runs GGUF files; {str(path)!r} is not one (give FILE.gguf)")
+        try:
+            from samplechain_llama_cpp import load_gguf
+        except ImportError as exc:
+            raise ConfigError(
+                f"the llama.cpp engine needs samplechain-llama-cpp and llama-cpp-python ({exc}): "
+                "pip install samplechain-llama-cpp llama-cpp-python (llama-cpp-python builds from its sdist), "
+                "or use engine='transformers'"
+            ) from None
+        return load_gguf(check_gguf(path), **engine_kwargs)
+    if engine != "transformers":
+        raise ConfigError(f"engine={engine!r}: choose 'transformers' or 'llama.cpp'")
+    folder = convert_gguf(path) if is_gguf else path
+    if not folder.is_dir():
+        raise ConfigError(
+            f"model {str(folder)!r}: no such folder or file; give a folder saved with save_pretrained "
+            "(config.json, model.safetensors, tokenizer files) or a .gguf file"
+        )
+    return _load_transformers(folder, **engine_kwargs)
+
+
+def _load_transformers(folder: Path, **kwargs: Any) -> tuple[Any, Any]:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder never needs the network
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:  # never a folder's own model code: transformers would otherwise ask on the terminal and run it
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=False, use_safetensors=True, **kwargs)
+    except ValueError as exc:
+        if "trust_remote_code" not in str(exc):
+            raise
+        raise ConfigError(
+            f"model {str(folder)!r} needs its own Python code (auto_map), which samplechain never runs on its own; "
+            "load it with transformers and trust_remote_code=True if you trust it, and pass it to generate()"
+        ) from None
+    model.eval()
+    return model, tokenizer
+
+
 def _file_hash(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
@@ -138,36 +209,56 @@ def convert_gguf(path: str | os.PathLike[str], cache: str | os.PathLike[str] | N
     load (then the llama.cpp engine runs it: `samplechain generate --model FILE.gguf`)."""
     file = check_gguf(path)
     target = Path(cache or cache_dir()).expanduser() / "models" / f"{file.stem}-{_file_hash(file)}"
-    if all((target / name).is_file() for name in _REQUIRED):
+    return _write_once(target, lambda out: _dequantize(file, out), *_REQUIRED)
+
+
+def _write_once(target: Path, write: Callable[[Path], None], *required: str) -> Path:
+    """`target` with its `required` files, written by `write(folder)` beside it and renamed when whole."""
+    if all((target / name).is_file() for name in required):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        _dequantize(file, work)
+        write(work)
         try:
             work.rename(target)
         except OSError:  # another process finished first: its folder is the same conversion
-            if not all((target / name).is_file() for name in _REQUIRED):
+            if not all((target / name).is_file() for name in required):
                 raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return target
 
 
-def _dequantize(file: Path, out: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _unloadable(file: Path, exc: Exception) -> ConfigError:
+    return ConfigError(
+        f"transformers cannot load {str(file)!r} ({type(exc).__name__}: {exc}); run it on the llama.cpp "
+        "engine instead: samplechain generate --model FILE.gguf (pip install llama-cpp-python)"
+    )
+
+
+def _tokenizer(file: Path) -> Any:
+    from transformers import AutoTokenizer
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+            return AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    except (ValueError, KeyError, NotImplementedError) as exc:
+        raise _unloadable(file, exc) from exc
+
+
+def _dequantize(file: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = _tokenizer(file)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32)
     except (ValueError, KeyError, NotImplementedError) as exc:
-        raise ConfigError(
-            f"transformers cannot load {str(file)!r} ({type(exc).__name__}: {exc}); run it on the llama.cpp "
-            "engine instead: samplechain generate --model FILE.gguf (pip install llama-cpp-python)"
-        ) from exc
+        raise _unloadable(file, exc) from exc
     # the weights are now plain float32: the GGUF quantizer only stands in the way of saving them
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
