@@ -6,14 +6,19 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run lint test test-fast bench gpu-check transformers-min test-transformers-min vllm test-vllm
+.PHONY: setup llama-cpp run lint test test-fast bench gpu-check transformers-min test-transformers-min vllm test-vllm
 setup:
 	./scripts/setup.sh
 
-PROMPT ?= In Python, a list is
+# llama-cpp-python for the llama.cpp engine and its tests: built from its sdist once per machine (pip caches the wheel)
+llama-cpp: setup
+	./scripts/setup_llama_cpp.sh
 
+PROMPT ?= Write a Python function that reverses a string.
+
+# a chat answer from the default model (SmolLM2-135M-Instruct), streamed through the llama.cpp preset chain
 run: setup
-	$(VENV)/bin/samplechain generate "$(PROMPT)" --seed 7
+	$(VENV)/bin/samplechain generate --chat "$(PROMPT)" --seed 7
 
 # ruff's lint rules and formatting, then mypy on the core, the plugins and the vLLM package (pyproject.toml's
 # [tool.ruff] and [tool.mypy]; CONTRIBUTING.md, "Lint, format and types")
@@ -22,7 +27,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: setup
+test: setup llama-cpp
 	@$(MAKE) --no-print-directory lint
 	SAMPLECHAIN_STRICT=1 $(PY) -m pytest -q
 	@$(MAKE) --no-print-directory test-transformers-min
