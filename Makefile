@@ -6,13 +6,18 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup llama-cpp run lint test test-fast bench gpu-check transformers-min test-transformers-min vllm test-vllm
+.PHONY: setup llama-cpp run lint test test-fast bench gpu-check transformers-min test-transformers-min vllm test-vllm dist
 setup:
 	./scripts/setup.sh
 
 # llama-cpp-python for the llama.cpp engine and its tests: built from its sdist once per machine (pip caches the wheel)
 llama-cpp: setup
 	./scripts/setup_llama_cpp.sh
+
+# Wheels of every distribution (the core, each plugin, the llama.cpp and vLLM integrations) in dist/, built offline;
+# `pip install --find-links dist "samplechain[all]"` installs them (docs/plugins.md, "Installing from wheels").
+dist: setup
+	./scripts/build_dist.sh
 
 PROMPT ?= Write a Python function that reverses a string.
 
