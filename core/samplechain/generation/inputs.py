@@ -1,11 +1,15 @@
-"""The rows a generation starts from: prompts (text or input_ids) and the negative prompts of classifier-free
-guidance, left-padded with the pad token a generation chooses."""
+"""The rows a generation starts from: prompts (text, chat conversations or input_ids) and the negative prompts of
+classifier-free guidance, left-padded with the pad token a generation chooses.
+
+A prompt is text or a conversation: a list of messages `{"role": ..., "content": ...}`, rendered with the
+tokenizer's chat template (the generation prompt added, as vLLM's `LLM.chat` does). `prompts` is one prompt or a list
+of them: a list whose items are all messages is one conversation, any other list is a batch."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
 
 import torch
 
@@ -13,7 +17,11 @@ from ..contracts import max_positions, token_id_list
 from ..errors import ConfigError, GenerationWarning
 from ..tokens import left_pad
 
-__all__ = ["PromptInputs"]
+__all__ = ["Conversation", "Message", "PromptInputs", "Prompts", "chat_template_of", "prompt_texts"]
+
+Message: TypeAlias = Mapping[str, Any]  # {"role": "user", "content": "..."}
+Conversation: TypeAlias = Sequence[Message]
+Prompts: TypeAlias = str | Conversation | Sequence[str | Conversation]
 
 
 class PromptInputs:
@@ -53,11 +61,13 @@ class PromptInputs:
             raise ConfigError("pass either prompts (with a tokenizer) or input_ids, not both and not neither")
         if prompts is not None:
             if self.tokenizer is None:
-                raise ConfigError("prompts given as text need a tokenizer: generate(model, tokenizer, prompts)")
-            texts = [prompts] if isinstance(prompts, str) else list(prompts)
-            if not texts:
-                raise ConfigError("prompts is an empty list: give at least one prompt")
-            rows = [list(self.tokenizer(t)["input_ids"]) for t in texts]
+                raise ConfigError(
+                    "prompts given as text or conversations need a tokenizer: generate(model, tokenizer, prompts)"
+                )
+            rows = [
+                list((self.tokenizer(t, add_special_tokens=False) if chat else self.tokenizer(t))["input_ids"])
+                for t, chat in prompt_texts(prompts, self.tokenizer)
+            ]
         else:
             ids = torch.as_tensor(input_ids)
             if ids.ndim == 1:
@@ -160,3 +170,102 @@ def _left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tens
     """Prompt rows left-padded with `pad_id`, and their attention mask (0 on the padding): the mask is formed
     apart from the ids, as a prompt may contain the pad id itself."""
     return left_pad(rows, pad_id), left_pad([[1] * len(r) for r in rows], 0)
+
+
+def prompt_texts(prompts: Any, tokenizer: Any, argument: str = "prompts") -> list[tuple[str, bool]]:
+    """Each prompt of `prompts` as (text, is_chat): text as given, a conversation rendered with the tokenizer's chat
+    template and the generation prompt. A chat text already holds the template's special tokens (its bos among
+    them), so it is tokenized without adding them again. One ConfigError names `argument`, the culprit's index and
+    the fix."""
+    if isinstance(prompts, str):
+        return [(prompts, False)]
+    if isinstance(prompts, Mapping):
+        raise ConfigError(
+            f"{argument} is a single message: a conversation is a list of messages, "
+            f'{argument}=[{{"role": "user", "content": "..."}}]'
+        )
+    if not _is_list(prompts):
+        raise ConfigError(
+            f"{argument} is a {type(prompts).__name__}: give text, a list of texts, a conversation (a list of "
+            '{"role": ..., "content": ...} messages) or a list of conversations'
+        )
+    items = list(prompts)
+    if not items:
+        raise ConfigError(f"{argument} is an empty list: give at least one prompt")
+    if all(isinstance(m, Mapping) for m in items):  # one conversation
+        return [(render_chat(items, tokenizer, argument), True)]
+    out: list[tuple[str, bool]] = []
+    for i, item in enumerate(items):
+        where = f"{argument}[{i}]"
+        if isinstance(item, str):
+            out.append((item, False))
+        elif isinstance(item, Mapping):
+            raise ConfigError(
+                f"{where} is a message but other items of {argument} are not: give one conversation (a list of "
+                "messages only) or a batch (a list of texts and conversations, each conversation a list)"
+            )
+        elif _is_list(item):
+            out.append((render_chat(item, tokenizer, where), True))
+        else:
+            raise ConfigError(
+                f"{where} is a {type(item).__name__}: each prompt is text or a conversation (a list of "
+                '{"role": ..., "content": ...} messages); pass token ids as input_ids='
+            )
+    return out
+
+
+def chat_template_of(tokenizer: Any, argument: str = "prompts") -> str:
+    """The tokenizer's chat template, or a ConfigError saying how to give one."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template or not callable(getattr(tokenizer, "apply_chat_template", None)):
+        raise ConfigError(
+            f"{argument} holds a conversation but the tokenizer has no chat template: use a chat model (an "
+            "instruct model's tokenizer has one), set tokenizer.chat_template to a Jinja template, or pass the "
+            "prompt as text"
+        )
+    return template if isinstance(template, str) else str(template)
+
+
+def render_chat(conversation: Any, tokenizer: Any, where: str) -> str:
+    """A conversation checked message by message and rendered with the tokenizer's chat template, ending in the
+    generation prompt (the assistant's turn opened)."""
+    if not _is_list(conversation):
+        raise ConfigError(
+            f"{where} is a {type(conversation).__name__}, not a conversation: give a list of "
+            '{"role": ..., "content": ...} messages'
+        )
+    messages = list(conversation)
+    if not messages:
+        raise ConfigError(f"{where} is an empty conversation: give at least one message, e.g. a user message")
+    for j, message in enumerate(messages):
+        _check_message(message, f"{where}[{j}]")
+    chat_template_of(tokenizer, where)
+    try:
+        text = tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True, tokenize=False)
+    except Exception as exc:  # noqa: BLE001 - a template's own checks (raise_exception) fail as jinja errors
+        raise ConfigError(
+            f"{where}: the tokenizer's chat template refused the conversation ({type(exc).__name__}: {exc}); "
+            "check the roles and their order the model expects"
+        ) from None
+    if not isinstance(text, str):
+        raise ConfigError(f"{where}: the tokenizer's chat template gave {type(text).__name__}, not text")
+    return text
+
+
+def _check_message(message: Any, where: str) -> None:
+    example = '{"role": "user", "content": "..."}'
+    if not isinstance(message, Mapping):
+        raise ConfigError(f"{where} is a {type(message).__name__}, not a message: give a dict like {example}")
+    missing = [key for key in ("role", "content") if key not in message]
+    if missing:
+        raise ConfigError(f"{where} has no {' and no '.join(map(repr, missing))}: a message is {example}")
+    for key in ("role", "content"):
+        if not isinstance(message[key], str):
+            raise ConfigError(
+                f"{where}[{key!r}] is a {type(message[key]).__name__}: the {key} of a message is text, as in {example}"
+            )
+
+
+def _is_list(value: Any) -> bool:
+    """A sequence of items (a list or tuple), not text or bytes."""
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray))

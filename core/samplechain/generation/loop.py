@@ -6,7 +6,7 @@ search (`num_beams > 1`) runs beam.py over the same prepared `Generation`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -15,6 +15,7 @@ import torch
 from ..engine.stopping import cut_text
 from ..errors import ConfigError
 from .beam import beam_generate
+from .inputs import Prompts
 from .outputs import GenerationOutput
 from .session import Generation
 from .streaming import IncrementalDecoder
@@ -50,7 +51,7 @@ def _steps(gen: Generation, progress: ProgressCallback | None) -> Iterator[tuple
 def generate(
     model: Any,
     tokenizer: Any = None,
-    prompts: str | Sequence[str] | None = None,
+    prompts: Prompts | None = None,
     *,
     num_beams: int = 1,
     length_penalty: float = 1.0,
@@ -60,6 +61,15 @@ def generate(
 ) -> GenerationOutput:
     """Generate from a causal LM through a chain. See `Generation` for the arguments; `num_beams > 1` runs beam
     search (`length_penalty`, `early_stopping`, `num_return_sequences` as transformers).
+
+    prompts: text, a conversation, or a list of texts and conversations (a batch). A conversation is a list of
+    messages `{"role": "system" | "user" | "assistant", "content": str}`, rendered with the tokenizer's chat template
+    with the assistant's turn opened (`add_generation_prompt=True`) and tokenized without adding special tokens
+    again; a list whose items are all messages is one conversation. The model's stop tokens are its eos ids
+    (tokenizer, generation config), so an answer ends at the end of the assistant's turn::
+
+        generate(model, tok, [{"role": "user", "content": "Hi!"}])  # one conversation
+        generate(model, tok, [[{"role": "user", "content": "Hi!"}], [{"role": "user", "content": "2+2?"}]])
 
     progress: called as progress(step, max_new_tokens) once after every step (step counts from 1), so a caller
     can draw a progress bar; max_new_tokens is the tightest bound the length limits set (None when none states
@@ -97,7 +107,7 @@ def generate(
 def stream(
     model: Any,
     tokenizer: Any,
-    prompts: str | Sequence[str] | None = None,
+    prompts: Prompts | None = None,
     *,
     result: list[GenerationOutput] | None = None,
     progress: ProgressCallback | None = None,

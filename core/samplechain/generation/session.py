@@ -35,7 +35,7 @@ from ..errors import ConfigError, GenerationWarning
 from ..tokens import eos_token_ids
 from .checkpoints import Checkpoints, load_checkpoint
 from .from_config import asked_settings, chain_from_generation_config
-from .inputs import PromptInputs
+from .inputs import PromptInputs, Prompts
 from .model import runner_for
 from .outputs import GenerationOutput
 
@@ -102,7 +102,7 @@ class Generation(PromptInputs, Checkpoints):
 
     @classmethod
     def from_prompts(
-        cls, model: Any, tokenizer: Any = None, prompts: str | Sequence[str] | None = None, **kwargs: Any
+        cls, model: Any, tokenizer: Any = None, prompts: Prompts | None = None, **kwargs: Any
     ) -> Generation:
         """A generation from prompts (or `input_ids=` / `attention_mask=`), with generate()'s keyword arguments."""
         if kwargs.get("resume") is not None:
@@ -123,7 +123,7 @@ class Generation(PromptInputs, Checkpoints):
         self,
         model: Any,
         tokenizer: Any = None,
-        prompts: str | Sequence[str] | None = None,
+        prompts: Prompts | None = None,
         *,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
