@@ -18,9 +18,10 @@ from collections.abc import Callable
 from samplechain.hookspecs import hookimpl
 
 from .model import LlamaCppModel, load_gguf
+from .processor import SamplechainLogitsProcessor
 from .runner import LlamaCppRunner
 
-__all__ = ["LlamaCppModel", "LlamaCppRunner", "load_gguf"]
+__all__ = ["LlamaCppModel", "LlamaCppRunner", "SamplechainLogitsProcessor", "load_gguf"]
 
 
 @hookimpl

@@ -1,0 +1,137 @@
+"""A samplechain chain as llama-cpp-python's sampler: a `logits_processor` that leaves llama.cpp one token to pick.
+
+llama-cpp-python runs a `logits_processor` as a custom sampler, the first in llama.cpp's sampler chain
+(`Llama._init_sampler`): it is called as `processor(input_ids, scores)` with the sequence so far (prompt, then the
+tokens generated so far) and the step's logits in token-id order (the candidates array as `llama_sampler_sample`
+fills it, before any other sampler reorders it), and what it returns replaces those logits. After it come
+llama.cpp's own penalties, top_k, typical, top_p, min_p, temperature and dist (or greedy at temperature 0).
+
+`SamplechainLogitsProcessor` runs the chain on the row (one request in its own store: the chain's per-request
+parameters, its seed, the state of penalties, DRY, mirostat ...; history-reading samplers get `input_ids`, the
+prompt is the sequence at the first call), and returns the logits with every token but the chain's choice at
+-inf: whatever llama.cpp's sampler settings are, it can only pick that token. The chosen token's logprob, which
+llama.cpp cannot report (it sees one finite logit), is kept in `.logprobs`.
+
+One processor is one request: it counts its steps from its first call and checks that every later call continues
+that sequence by the token it chose. Give every `create_completion` / `create_chat_completion` call a fresh one
+(`SamplechainLogitsProcessor.factory` loads the chain once and makes them), or `reset()` it in between.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from samplechain import Chain
+
+__all__ = ["ChainSource", "SamplechainLogitsProcessor"]
+
+ChainSource = Chain | str | Path | Mapping[str, Any]
+_REQUEST = "llama.cpp"
+
+
+def _load(chain: ChainSource) -> Chain:
+    return chain if isinstance(chain, Chain) else Chain.load(chain)
+
+
+class SamplechainLogitsProcessor:
+    """`logits_processor=[SamplechainLogitsProcessor(chain, params, seed=...)]` for `Llama.create_completion`,
+    `create_chat_completion` or `Llama.__call__`: the chain picks every token of the request.
+
+    chain:       a Chain, a chain file (TOML), a TOML string, a dict, or "preset:NAME" (default `preset:llama.cpp`);
+    params:      the request's parameters (`{"temperature": 0.7, "top_p": 0.9, "repeat_penalty": 1.1}` or
+                 `ID.FIELD` keys), as `store.add(request_id, params)` takes them;
+    seed:        the request's seed, for chains that draw (ignored by greedy chains; `params["seed"]` wins);
+    logprobs_at: the distribution `.logprobs` is given under (`Chain.sample`'s `logprobs_at`: "processed",
+                 "raw", an entry's id ...);
+    llama:       the `Llama` the processor serves, for `chain.prepare` (vocabulary size, end-of-sequence id);
+    tokenizer:   a tokenizer for `chain.prepare`, for samplers that resolve strings (DRY's breakers, bad_words).
+
+    After the request: `.tokens` (the chosen ids), `.logprobs` (their logprobs), `.prompt_length`."""
+
+    def __init__(
+        self,
+        chain: ChainSource = "preset:llama.cpp",
+        params: Mapping[str, Any] | None = None,
+        *,
+        seed: int | None = None,
+        logprobs_at: str = "processed",
+        llama: Any = None,
+        tokenizer: Any = None,
+    ) -> None:
+        self.chain = _load(chain)
+        self.params = dict(params or {})
+        if seed is not None and "seed" not in self.params and "seed" in self.chain.layout.aliases:
+            self.params["seed"] = seed
+        self.logprobs_at = logprobs_at
+        if llama is not None or tokenizer is not None:
+            self.chain.prepare(
+                tokenizer=tokenizer,
+                vocab_size=None if llama is None else int(llama.n_vocab()),
+                eos_token_ids=None if llama is None else [int(llama.token_eos())],
+            )
+        self.reset()
+
+    @classmethod
+    def factory(
+        cls, chain: ChainSource = "preset:llama.cpp", **defaults: Any
+    ) -> Callable[..., SamplechainLogitsProcessor]:
+        """A maker of fresh processors (one per request) sharing one loaded chain: `make(params, seed=...)`; keyword
+        arguments given here are the defaults of every processor it makes."""
+        loaded = _load(chain)
+
+        def make(params: Mapping[str, Any] | None = None, **kwargs: Any) -> SamplechainLogitsProcessor:
+            return cls(loaded, params, **{**defaults, **kwargs})
+
+        return make
+
+    def reset(self) -> None:
+        """Forget the request: the next call starts a new one (a new prompt, the store's state and position 0)."""
+        self.store = self.chain.new_store(capacity=1)
+        self.store.add(_REQUEST, self.params)
+        self.prompt_length: int | None = None
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+
+    def as_list(self) -> Any:
+        """This processor in a `llama_cpp.LogitsProcessorList` (what `logits_processor=` is typed as)."""
+        from llama_cpp import LogitsProcessorList
+
+        return LogitsProcessorList([self])
+
+    def _history(self, input_ids: np.ndarray) -> torch.Tensor:
+        ids = np.asarray(input_ids, dtype=np.int64).reshape(-1)
+        if self.prompt_length is None:
+            self.prompt_length = int(ids.shape[0])
+        expected = self.prompt_length + len(self.tokens)
+        if ids.shape[0] != expected or (self.tokens and int(ids[-1]) != self.tokens[-1]):
+            raise RuntimeError(
+                f"SamplechainLogitsProcessor: this call's sequence ({ids.shape[0]} tokens) does not continue the "
+                f"request it serves (a {self.prompt_length}-token prompt and the {len(self.tokens)} tokens it chose, "
+                "the last of which llama.cpp must have taken): a processor serves one request; make a fresh one "
+                "per call (SamplechainLogitsProcessor.factory) or reset() it, and leave llama.cpp no grammar or "
+                "sampler that can refuse the chain's token"
+            )
+        return torch.from_numpy(ids)[None]
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        history = self._history(input_ids)
+        row = np.array(scores, dtype=np.float32, copy=True).reshape(1, -1)  # llama-cpp-python passes a strided view
+        kwargs: dict[str, Any] = {}
+        if self.chain.reads_history(self.store, [_REQUEST]):
+            kwargs = {"history": history, "prompt_lengths": torch.tensor([self.prompt_length])}
+        out = self.chain.sample(
+            torch.from_numpy(row), self.store, [_REQUEST], logprobs_at=self.logprobs_at, **kwargs
+        ).check()
+        token = int(out.token_ids[0])
+        self.tokens.append(token)
+        self.logprobs.append(float(out.logprobs[0]))
+        # 0.0, not the token's logit: a chain may choose a token whose logit is -inf (a forced one), and llama.cpp
+        # needs one finite candidate; its own samplers after this one cannot move the choice either way
+        result = np.full(row.shape[1], -np.inf, dtype=np.float32)
+        result[token] = 0.0
+        return result
