@@ -13,6 +13,7 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -157,6 +158,38 @@ def numba_enabled() -> bool:
         )
         and _numba_installed()
     )
+
+
+def compiled_path() -> tuple[bool, str]:
+    """Whether wide inputs take the compiled paths here, and why (`samplechain plugins` prints it): on, with numba's
+    version, or off and what follows: SAMPLECHAIN_CPU_NUMBA turns them off, numba is missing or too old (the torch
+    paths run), or numba fails to import (a numpy it was not built for, say: then wide rows fail as its import
+    does). Imports numba where it is installed, as the first wide call would."""
+    slower = "sampling takes the torch paths, several times slower"
+    try:
+        enabled = env_switch("SAMPLECHAIN_CPU_NUMBA", default=True, on="", off="", error=BackendError)
+    except BackendError:
+        value = os.environ["SAMPLECHAIN_CPU_NUMBA"]
+        return False, f"SAMPLECHAIN_CPU_NUMBA={value!r} is neither 1 nor 0; wide rows raise BackendError until it is"
+    if not enabled:
+        return False, f"turned off by SAMPLECHAIN_CPU_NUMBA=0; {slower}"
+    if importlib.util.find_spec("numba") is None:
+        return False, f"numba is not installed (pip install numba); {slower}"
+    if not _numba_installed():
+        try:
+            found = f"numba {importlib.metadata.version('numba')}"
+        except importlib.metadata.PackageNotFoundError:  # importable but without a distribution's metadata
+            found = "numba of no known version"
+        wanted = ".".join(map(str, _NUMBA_MIN))
+        return False, f"{found} is older than {wanted} (pip install -U numba); {slower}"
+    try:
+        numba = importlib.import_module("numba")
+    except Exception as exc:  # whatever numba's import raises is the answer, not a failure of this report
+        return False, (
+            f"numba does not import ({type(exc).__name__}: {exc}); wide rows fail until it does, or until "
+            "SAMPLECHAIN_CPU_NUMBA=0 selects the torch paths"
+        )
+    return True, f"numba {numba.__version__}"
 
 
 def _compiled(module: str, name: str, *fixed: Any) -> Callable[..., Any]:

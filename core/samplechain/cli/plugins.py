@@ -1,5 +1,6 @@
 """`samplechain plugins`: the installed plugins (name, kind, version, distribution, status, whether their
-samplers' step is sync-free), and with --available the registry's plugins that are not installed."""
+samplers' step is sync-free), whether the cpu backend's compiled path is on (and why not), and with --available the
+registry's plugins that are not installed."""
 
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def _plugin_rows(available: bool) -> list[dict[str, Any]]:
                 "error": info.error,
                 "provides": info.provides,
                 "step": _step_kind(info.provides, samplers),
+                "compiled": _compiled_path(info),
             }
         )
     if available:
@@ -78,6 +80,18 @@ def _plugin_rows(available: bool) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def _compiled_path(info: Any) -> dict[str, Any] | None:
+    """{"on", "reason"} from a loaded backend plugin's compiled_path() (the cpu backend's: numba's kernels or the
+    torch paths, several times slower, and why), None for a plugin without one."""
+    if info.status != "loaded" or info.entry_point is None:
+        return None
+    report = getattr(info.entry_point.load(), "compiled_path", None)
+    if not callable(report):
+        return None
+    on, reason = report()
+    return {"on": bool(on), "reason": str(reason)}
 
 
 def _step_kind(provides: list[str], samplers: dict[str, dict[int, type[Any]]]) -> str | None:
@@ -127,6 +141,14 @@ def cmd_plugins(args: argparse.Namespace, console: Console) -> int:
             cells.append(r.get("install", ""))
         table.add_row(*cells)
     console.print(table)
+    for r in rows:
+        compiled = r.get("compiled")
+        if compiled and compiled["on"]:
+            console.print(f"{escape(r['name'])} backend: compiled path on ({escape(compiled['reason'])})")
+        elif compiled:
+            console.print(
+                f"{escape(r['name'])} backend: [yellow]compiled path OFF[/yellow]: {escape(compiled['reason'])}"
+            )
     for r in rows:
         if r["status"] == "broken":
             detail = escape(f"{r['name']} ({r['distribution']} {r['version']}): {r['error']}")
