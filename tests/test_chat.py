@@ -47,7 +47,7 @@ def test_a_conversation_is_rendered_with_the_chat_template(model, tok):
 def test_a_batch_mixes_texts_and_conversations(model, tok):
     system = {"role": "system", "content": "Answer briefly."}
     batch: list[Any] = ["The function", [USER], [system, USER]]
-    out = run(model, tok, batch)
+    out = run(model, tok, batch, pad_token_id=tok.eos_token_id)
     assert out.texts == [run(model, tok, p).texts[0] for p in ("The function", [USER], [system, USER])]
     assert out.texts[1] != out.texts[2]  # the system message is part of the prompt
 
@@ -115,7 +115,7 @@ def test_bad_messages_are_one_config_error_naming_the_culprit(model, tok, prompt
 
 def test_a_tokenizer_without_a_chat_template_is_named(model):
     plain = AutoTokenizer.from_pretrained(TINY_MODEL)
-    with pytest.raises(ConfigError, match=r"prompts\[1\] holds a conversation but the tokenizer has no chat template"):
+    with pytest.raises(ConfigError, match=r"prompts\[1\]: the tokenizer has no chat template to render a conversation with"):
         run(model, plain, ["text", [USER]])
 
 

@@ -11,6 +11,7 @@ from rich.console import Console
 from samplechain import Chain, ConfigError
 from samplechain.cli import main
 from samplechain.generation import generate, stream
+from samplechain.models import TINY_MODEL
 from samplechain.tools.progress import progress_bar
 from samplechain.tools.testing import byte_bpe_tokenizer, tiny_gpt2
 
@@ -119,7 +120,7 @@ def tty_stderr(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("prompts", [["The module"], ["-p", "The module", "-p", "A list"]], ids=["stream", "batch"])
 def test_generate_cli_stdout_is_identical_with_and_without_the_bar(capsys, tty_stderr, prompts):
-    argv = ["generate", *prompts, "--max-new-tokens", "8", "--seed", "7"]
+    argv = ["generate", *prompts, "--model", str(TINY_MODEL), "--max-new-tokens", "8", "--seed", "7"]
     with_bar, err = _run(capsys, *argv, "--progress")
     without, err_off = _run(capsys, *argv, "--no-progress")
     assert with_bar == without and with_bar.count("The module") == 1
@@ -128,7 +129,8 @@ def test_generate_cli_stdout_is_identical_with_and_without_the_bar(capsys, tty_s
 
 @pytest.mark.slow
 def test_trace_cli_stdout_is_identical_with_and_without_the_bar(capsys, tty_stderr, tmp_path):
-    argv = ["trace", "The module", "--max-new-tokens", "8", "--seed", "7", "--out", str(tmp_path / "t")]
+    argv = ["trace", "The module", "--model", str(TINY_MODEL), "--max-new-tokens", "8", "--seed", "7"]
+    argv += ["--out", str(tmp_path / "t")]
     with_bar, err = _run(capsys, *argv, "--progress")
     without, err_off = _run(capsys, *argv, "--no-progress")
     assert with_bar == without and "The module" in with_bar

@@ -464,7 +464,7 @@ def test_a_model_folder_with_remote_code_does_not_run_through_samplechain_genera
         f"samplechain generate --model {shlex.quote(str(folder))} --max-new-tokens 2 hello", _clean_env(), tmp_path
     )
     assert done.returncode != 0
-    assert "needs its own Python code (auto_map), which `samplechain generate` never runs" in done.stderr
+    assert "needs its own Python code (auto_map), which samplechain never runs" in done.stderr
     assert "Traceback" not in done.stderr  # one clear error, not a crash
     assert not marker.exists(), marker.read_text()
 

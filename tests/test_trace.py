@@ -16,6 +16,7 @@ pytest.importorskip("matplotlib")
 from samplechain import Chain, ConfigError
 from samplechain.cli import main
 from samplechain.generation import generate
+from samplechain.models import TINY_MODEL
 from samplechain.tools.trace import Trace, TracedSampler, distribution_stats, trace_generation
 
 PROMPT = "The module"
@@ -200,7 +201,20 @@ def test_beam_search_and_mixed_chains_are_refused(lm):
 def test_cli_writes_png_and_html_and_prints_a_table(tmp_path, capsys):
     out = tmp_path / "sub" / "trace"
     code = main(
-        ["trace", PROMPT, "--preset", "llama.cpp", "--max-new-tokens", str(STEPS), "--seed", "1", "--out", str(out)]
+        [
+            "trace",
+            PROMPT,
+            "--model",
+            str(TINY_MODEL),
+            "--preset",
+            "llama.cpp",
+            "--max-new-tokens",
+            str(STEPS),
+            "--seed",
+            "1",
+            "--out",
+            str(out),
+        ]
     )
     captured = capsys.readouterr()
     assert code == 0

@@ -1,10 +1,10 @@
-"""`samplechain generate`: stream text from a causal LM (the embedded model by default) through a chain."""
+"""`samplechain generate`: stream text from a causal LM (SmolLM2-135M-Instruct by default) through a chain; with
+`--chat` the prompt is a user message, rendered with the model's chat template."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import warnings
@@ -25,7 +25,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["add_parser", "cmd_generate", "parse_sets"]
+__all__ = ["add_parser", "cmd_generate", "load_cli_model", "parse_sets"]
 
 DEFAULT_PROMPT = "The"
 
@@ -66,8 +66,9 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "generate",
         help="generate text from a causal LM through a chain (streams to the terminal)",
-        description="Generate text with a Hugging Face causal LM (default: the embedded model) through a chain "
-        "read from TOML or a preset. One prompt streams; several prompts run as one batch.",
+        description="Generate text with a causal LM (default: SmolLM2-135M-Instruct) through a chain read from "
+        "TOML or a preset. One prompt streams; several prompts run as one batch. With --chat each prompt is a user "
+        "message, rendered with the model's chat template, and the answer streams.",
     )
     p.add_argument("prompt", nargs="*", help=f"prompt text (words are joined; default: stdin, or {DEFAULT_PROMPT!r})")
     p.add_argument(
@@ -79,6 +80,12 @@ def add_parser(sub: Any) -> None:
         help="a prompt of a batch (repeatable; several prompts run as one batch)",
     )
     add_run_arguments(p, new_tokens=96)
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="send each prompt as a user message through the model's chat template; print the answer",
+    )
+    add_system_argument(p)
     p.add_argument(
         "--stop-regex",
         action="append",
@@ -113,9 +120,20 @@ def add_parser(sub: Any) -> None:
 
 
 def add_run_arguments(p: Any, *, new_tokens: int) -> None:
-    """The arguments `generate` and `trace` share: the model, the chain (file or preset), per-request parameters,
-    the length, stop strings, the seed and the backend."""
-    p.add_argument("--model", default=None, help="model folder for AutoModelForCausalLM (default: the embedded model)")
+    """The arguments `generate`, `chat` and `trace` share: the model and its engine, the chain (file or preset),
+    per-request parameters, the length, stop strings, the seed and the backend."""
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="PATH",
+        help="a transformers model folder (save_pretrained) or a FILE.gguf (default: SmolLM2-135M-Instruct)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("transformers", "llama.cpp"),
+        default=None,
+        help="what runs the model (default: transformers; llama.cpp for a .gguf file)",
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--chain", default=None, help="chain TOML file")
     src.add_argument("--preset", default=None, help="a preset from registry.toml (default: llama.cpp)")
@@ -143,37 +161,34 @@ def add_run_arguments(p: Any, *, new_tokens: int) -> None:
     p.add_argument("--backend", default=None, help="override the chain's backend (e.g. cpu)")
 
 
-def _load_model(path: str | None) -> tuple[Any, Any, str]:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder never needs the network
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def add_system_argument(p: Any) -> None:
+    p.add_argument(
+        "--system",
+        default=None,
+        metavar="TEXT",
+        help="a system message before the conversation (with generate: implies --chat)",
+    )
+
+
+def load_cli_model(model: str | None, engine: str | None = None) -> tuple[Any, Any, str]:
+    """(model, tokenizer, name) through samplechain.models.load_model, without transformers' progress bars."""
     from transformers.utils import logging as hf_logging
 
-    if path is None:
-        from ..models import tiny_model_path
+    from ..models import DEFAULT_MODEL, load_model
 
-        folder = tiny_model_path()
-    else:
-        folder = Path(path)
-        if not folder.is_dir():
-            raise ConfigError(
-                f"--model {path}: no such folder; give a folder saved with save_pretrained "
-                "(config.json, model.safetensors, tokenizer files)"
-            )
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    try:  # never a folder's own model code: transformers would otherwise ask on the terminal and run it
-        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
-        model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=False, use_safetensors=True)
-    except ValueError as exc:
-        if "trust_remote_code" not in str(exc):
-            raise
+    loaded, tokenizer = load_model(model, engine=engine)
+    return loaded, tokenizer, str(model or DEFAULT_MODEL)
+
+
+def require_chat_template(tokenizer: Any, name: str, what: str) -> None:
+    """A ConfigError, before any generation, when the model cannot render a conversation."""
+    if not getattr(tokenizer, "chat_template", None):
         raise ConfigError(
-            f"--model {folder}: the folder's model needs its own Python code (auto_map), which "
-            "`samplechain generate` never runs; load it in Python with transformers and "
-            "trust_remote_code=True if you trust it, and call samplechain.generate()"
-        ) from None
-    model.eval()
-    return model, tokenizer, str(folder)
+            f"{what} renders a conversation with the model's chat template, and the tokenizer of {name} has none: "
+            "use a chat (instruct) model, e.g. the default SmolLM2-135M-Instruct"
+        )
 
 
 def _chain(args: argparse.Namespace) -> Any:
@@ -195,23 +210,40 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     return [DEFAULT_PROMPT]
 
 
-def cmd_generate(args: argparse.Namespace, console: Console) -> int:
-    from ..generation import GenerationWarning, generate, stream
-
-    err = Console(stderr=True)
-    chain = _chain(args)
-    params = parse_sets(args.sets)
-    prompts = _prompts(args)
-    model, tokenizer, folder = _load_model(args.model)
+def run_kwargs(args: argparse.Namespace, chain: Any, params: dict[str, Any], default_new: int) -> dict[str, Any]:
+    """generate()'s keyword arguments from the run arguments: a chain whose stop list has a length limit gets no
+    default max_new_tokens."""
     has_limit = any(spec.cls.is_length_limit for spec in chain.config.stop)
-    max_new = args.max_new_tokens if args.max_new_tokens is not None else (None if has_limit else 96)
-    kwargs: dict[str, Any] = dict(
+    max_new = args.max_new_tokens if args.max_new_tokens is not None else (None if has_limit else default_new)
+    return dict(
         chain=chain,
         params=params,
         seed=args.seed,
         max_new_tokens=max_new,
         stop_strings=[unescape(s) for s in args.stop] if args.stop else None,
     )
+
+
+def chat_messages(prompts: list[str], system: str | None) -> list[list[dict[str, str]]]:
+    """One conversation per prompt: the system message (when given), then the prompt as the user's message."""
+    head = [{"role": "system", "content": system}] if system else []
+    return [[*head, {"role": "user", "content": p}] for p in prompts]
+
+
+def cmd_generate(args: argparse.Namespace, console: Console) -> int:
+    from ..generation import GenerationWarning
+
+    err = Console(stderr=True)
+    chain = _chain(args)
+    params = parse_sets(args.sets)
+    prompts = _prompts(args)
+    chat = bool(args.chat or args.system)
+    model, tokenizer, name = load_cli_model(args.model, args.engine)
+    if chat:
+        require_chat_template(tokenizer, name, "--chat")
+    inputs: list[Any] = chat_messages(prompts, args.system) if chat else list(prompts)
+    kwargs = run_kwargs(args, chain, params, 96)
+    max_new = kwargs["max_new_tokens"]
     if args.stop_regex:
         kwargs["stop_regex"] = list(args.stop_regex)
     if args.include_stop_str:
@@ -222,59 +254,76 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     bar = progress_bar(max_new, "generating", _show_progress(args, prompts, max_new, streaming), console=err)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", GenerationWarning)
-        start = time.perf_counter()
-        if not streaming:
+        if streaming:
+            shown = "" if chat else prompts[0]  # a chat answer stands alone: the prompt went through the template
+            _stream_one(model, tokenizer, inputs, shown, kwargs, bar, err)
+        else:
+            start = time.perf_counter()
             with bar as b:  # closed before anything is printed
                 if b.enabled:
                     kwargs["progress"] = lambda step, total: b.update(completed=step, total=total)
-                out = generate(
-                    model, tokenizer, prompts, num_beams=args.num_beams, top_logprobs=args.top_logprobs, **kwargs
-                )
+                out = generate_batch(model, tokenizer, inputs, args, kwargs)
             elapsed = time.perf_counter() - start
             if args.json:
-                print(
-                    json.dumps(
-                        _as_json(out, prompts, tokenizer, chain, folder, args, elapsed), indent=2, ensure_ascii=False
-                    )
-                )
+                data = _as_json(out, prompts, tokenizer, chain, name, args, elapsed)
+                print(json.dumps(data, indent=2, ensure_ascii=False))
             else:
-                _print_texts(out, prompts, console, err)
-        else:
-            result: list[Any] = []
-            tty = sys.stdout.isatty()
-            with bar as b:
-                if b.enabled:
-                    kwargs["progress"] = lambda step, total: b.update(completed=step, total=total)
-                sys.stdout.write(f"\033[1m{prompts[0]}\033[0m" if tty else prompts[0])
-                sys.stdout.flush()
-                for event in stream(model, tokenizer, prompts, result=result, **kwargs):
-                    if event.text:
-                        sys.stdout.write(event.text)
-                        sys.stdout.flush()
-                sys.stdout.write("\n")
-                sys.stdout.flush()
-            elapsed = time.perf_counter() - start
-            out = result[0]
-            n = int(out.num_generated[0])
-            err.print(
-                f"[dim][{n} tokens in {elapsed:.2f} s, {n / max(elapsed, 1e-9):.1f} tokens/s, "
-                f"finish: {escape(str(out.finish_reasons[0]))}; chain: {escape(repr(chain))}][/dim]",
-                highlight=False,
-            )
-    for w in caught:
-        if not issubclass(w.category, GenerationWarning):
-            continue
-        err.print(f"[yellow]warning:[/yellow] {escape(str(w.message))}", highlight=False)
+                _print_texts(out, prompts, console, err, sep="\n" if chat else "")
+    print_warnings(caught, err)
     return 0
 
 
-def _print_texts(out: GenerationOutput, prompts: list[str], console: Console, err: Console) -> None:
-    """Each row's prompt and new text on stdout, its token count and finish reason on stderr."""
+def generate_batch(model: Any, tokenizer: Any, inputs: list[Any], args: argparse.Namespace, kwargs: dict) -> Any:
+    from ..generation import generate
+
+    return generate(model, tokenizer, inputs, num_beams=args.num_beams, top_logprobs=args.top_logprobs, **kwargs)
+
+
+def _stream_one(
+    model: Any, tokenizer: Any, inputs: list[Any], shown: str, kwargs: dict, bar: Any, err: Console
+) -> None:
+    """Stream one request's text to stdout after `shown` (the prompt in bold on a terminal), then its statistics."""
+    from ..generation import stream
+
+    result: list[Any] = []
+    start = time.perf_counter()
+    with bar as b:
+        if b.enabled:
+            kwargs["progress"] = lambda step, total: b.update(completed=step, total=total)
+        sys.stdout.write(f"\033[1m{shown}\033[0m" if shown and sys.stdout.isatty() else shown)
+        sys.stdout.flush()
+        for event in stream(model, tokenizer, inputs, result=result, **kwargs):
+            if event.text:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    elapsed = time.perf_counter() - start
+    out = result[0]
+    n = int(out.num_generated[0])
+    err.print(
+        f"[dim][{n} tokens in {elapsed:.2f} s, {n / max(elapsed, 1e-9):.1f} tokens/s, "
+        f"finish: {escape(str(out.finish_reasons[0]))}; chain: {escape(repr(kwargs['chain']))}][/dim]",
+        highlight=False,
+    )
+
+
+def print_warnings(caught: list[warnings.WarningMessage], err: Console) -> None:
+    """The GenerationWarnings a run recorded, one yellow line each."""
+    from ..generation import GenerationWarning
+
+    for w in caught:
+        if issubclass(w.category, GenerationWarning):
+            err.print(f"[yellow]warning:[/yellow] {escape(str(w.message))}", highlight=False)
+
+
+def _print_texts(out: GenerationOutput, prompts: list[str], console: Console, err: Console, sep: str = "") -> None:
+    """Each row's prompt and new text (after `sep`) on stdout, its token count and finish reason on stderr."""
     texts = out.texts or []
     for i, text in enumerate(texts):
         assert out.num_generated is not None and out.finish_reasons is not None  # generate() sets them
         console.print(
-            f"[bold]{escape(prompts[i // max(len(texts) // len(prompts), 1)])}[/bold]{escape(text)}",
+            f"[bold]{escape(prompts[i // max(len(texts) // len(prompts), 1)])}[/bold]{sep}{escape(text)}",
             highlight=False,
             soft_wrap=True,
         )

@@ -52,7 +52,7 @@ def _stem(out: str) -> Path:
 def cmd_trace(args: argparse.Namespace, console: Console) -> int:
     from ..generation import GenerationWarning
     from ..tools.trace import trace_generation
-    from .generate import _chain, _load_model, _prompts, parse_sets, unescape
+    from .generate import _chain, _prompts, load_cli_model, parse_sets, unescape
 
     err = Console(stderr=True)
     chain = _chain(args)
@@ -62,7 +62,7 @@ def cmd_trace(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("trace follows one prompt: give a single prompt")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens {args.max_new_tokens}: must be at least 1")
-    model, tokenizer, _folder = _load_model(args.model)
+    model, tokenizer, _name = load_cli_model(args.model, args.engine)
     has_limit = any(spec.cls.is_length_limit for spec in chain.config.stop)
     max_new = args.max_new_tokens if args.max_new_tokens is not None else (None if has_limit else 32)
     kwargs: dict[str, Any] = dict(

@@ -219,8 +219,8 @@ def chat_template_of(tokenizer: Any, argument: str = "prompts") -> str:
     template = getattr(tokenizer, "chat_template", None)
     if not template or not callable(getattr(tokenizer, "apply_chat_template", None)):
         raise ConfigError(
-            f"{argument} holds a conversation but the tokenizer has no chat template: use a chat model (an "
-            "instruct model's tokenizer has one), set tokenizer.chat_template to a Jinja template, or pass the "
+            f"{argument}: the tokenizer has no chat template to render a conversation with: use a chat model (an "
+            "instruct model's tokenizer has one), set tokenizer.chat_template to a Jinja template, or give the "
             "prompt as text"
         )
     return template if isinstance(template, str) else str(template)
