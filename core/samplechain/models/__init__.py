@@ -260,7 +260,7 @@ def _dequantize(file: Path, out: Path) -> None:
     except (ValueError, KeyError, NotImplementedError) as exc:
         raise _unloadable(file, exc) from exc
     # the weights are now plain float32: the GGUF quantizer only stands in the way of saving them
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)  # noqa: B010 - a Module attribute mypy reads as a submodule
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out)
