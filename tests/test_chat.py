@@ -115,7 +115,7 @@ def test_bad_messages_are_one_config_error_naming_the_culprit(model, tok, prompt
 
 def test_a_tokenizer_without_a_chat_template_is_named(model):
     plain = AutoTokenizer.from_pretrained(TINY_MODEL)
-    with pytest.raises(ConfigError, match=r"prompts\[1\]: the tokenizer has no chat template to render a conversation with"):
+    with pytest.raises(ConfigError, match=r"prompts\[1\]: the tokenizer has no chat template to render a conversation"):
         run(model, plain, ["text", [USER]])
 
 

@@ -1,6 +1,6 @@
-"""The `samplechain` command: one module per verb (generate, plugins, validate, presets, demo, convert, trace,
-new-plugin, install, bench), each with `add_parser(subparsers)`; `main` runs one and turns a SamplechainError into
-one red line and exit status 1."""
+"""The `samplechain` command: one module per verb (generate, chat, plugins, validate, presets, demo, convert,
+trace, new-plugin, install, bench), each with `add_parser(subparsers)`; `main` runs one and turns a
+SamplechainError into one red line and exit status 1."""
 
 from __future__ import annotations
 
@@ -12,11 +12,23 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import SamplechainError
-from . import bench, convert, demo, generate, install, new_plugin, plugins, presets, trace, validate
+from . import bench, chat, convert, demo, generate, install, new_plugin, plugins, presets, trace, validate
 
 __all__ = ["main", "build_parser"]
 
-VERBS = (plugins, validate, presets, demo, generate, convert, trace, new_plugin, install, bench)  # in --help's order
+VERBS = (
+    plugins,
+    validate,
+    presets,
+    demo,
+    generate,
+    chat,
+    convert,
+    trace,
+    new_plugin,
+    install,
+    bench,
+)  # in --help's order
 
 
 def build_parser() -> argparse.ArgumentParser:

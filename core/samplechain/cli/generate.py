@@ -30,14 +30,15 @@ __all__ = ["add_parser", "cmd_generate", "load_cli_model", "parse_sets"]
 DEFAULT_PROMPT = "The"
 
 
-def parse_sets(items: list[str] | None) -> dict[str, Any]:
-    """--set KEY=VALUE ...: VALUE is read as a TOML value (0.7, 40, true, "x"); a bare word stays a string."""
+def parse_sets(items: list[str] | None, flag: str = "--set") -> dict[str, Any]:
+    """--set KEY=VALUE ...: VALUE is read as a TOML value (0.7, 40, true, "x"); a bare word stays a string. `flag`
+    names the option (or chat command) in errors."""
     out: dict[str, Any] = {}
     for item in items or []:
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set temperature=0.7 or --set top_k.k=20")
+            raise ConfigError(f"{flag} {item!r}: expected KEY=VALUE, e.g. {flag} temperature=0.7 or {flag} top_k.k=20")
         try:
             value = tomllib.loads(f"v = {raw.strip()}")["v"]
         except tomllib.TOMLDecodeError:
