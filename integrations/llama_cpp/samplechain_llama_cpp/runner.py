@@ -1,19 +1,126 @@
-"""Placeholder until the llama.cpp runner lands in this package."""
+"""samplechain's model-runner contract on llama.cpp (`LlamaCppRunner`, the `llama_cpp` runner).
+
+What is batched: every call is one `llama_decode` for the whole batch (split only where it exceeds the context's
+n_batch, 512 tokens). Each row is a llama.cpp sequence of its own (seq_id = row) in one unified KV cache; a row feeds
+only its real tokens, at positions 0..n-1 of its sequence, so left padding costs nothing and changes no logit.
+`prefill` decodes every prompt's tokens together and keeps the logits of each row's last one; `step` one token per
+row; `extend` K tokens per row with the logits after each; `truncate` cuts each row on its own
+(`llama_memory_seq_rm`); `reorder` (beam search) copies sequences (`llama_memory_seq_cp`), sharing cache cells.
+
+What is not: llama.cpp's sampler (the chain samples from the logits) and its prompt cache across generations (each
+generation starts from a cleared context). On the CPU, llama.cpp's kernels give each row the same logits whatever
+the batch, bit for bit, on the builds measured (tests/test_runner_batch.py checks it within a tolerance).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import torch
+
+from samplechain.errors import ConfigError
 from samplechain.runners import ModelRunner
 
-from .model import LlamaCppModel
+from .model import LlamaCppModel, _llama_cpp
 
 __all__ = ["LlamaCppRunner"]
 
 
 class LlamaCppRunner(ModelRunner):
+    """Prefill then one token per row per step (or several, `extend`) on a `LlamaCppModel`, each row its own
+    llama.cpp sequence. Logits are float32 on the CPU, one copy out of llama.cpp's buffer per call."""
+
     name = "llama_cpp"
+    per_row_truncate = True
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
         return isinstance(model, LlamaCppModel)
+
+    def __init__(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+        super().__init__(model, input_ids, attention_mask)
+        ids = input_ids.detach().cpu().numpy()
+        mask = np.ones(ids.shape, dtype=bool) if attention_mask is None else attention_mask.cpu().numpy() != 0
+        self.batch, width = ids.shape
+        self.pad = width - mask.sum(axis=1)  # left padding of each row: column c is position c - pad
+        self.n = np.zeros(self.batch, dtype=np.int64)  # positions each row's sequence holds
+        self.rows = np.arange(self.batch, dtype=np.int32)
+        self.ctx = model.context(self.batch, owner=self)
+        self.vocab = self.ctx.n_vocab
+
+    def _decode(self, seq: np.ndarray, pos: np.ndarray, tokens: np.ndarray, want: np.ndarray) -> torch.Tensor:
+        """llama_decode in chunks of n_batch tokens; (count of `want`, V) float32, the logits of the wanted tokens
+        in batch order."""
+        out = torch.empty((int(np.count_nonzero(want)), self.vocab), dtype=torch.float32)
+        done, step = 0, self.ctx.n_batch
+        for start in range(0, len(tokens), step):
+            part = slice(start, start + step)
+            view = self.ctx.decode(seq[part], pos[part], tokens[part], want[part])
+            if len(view):
+                out[done : done + len(view)] = torch.from_numpy(view)
+                done += len(view)
+        return out
+
+    @torch.no_grad()
+    def prefill(self) -> torch.Tensor:
+        ids = self.input_ids.detach().cpu().numpy()
+        width = ids.shape[1]
+        row, col = np.nonzero(np.arange(width)[None, :] >= self.pad[:, None])  # row-major: each row's tokens in order
+        self.n = width - self.pad
+        return self._decode(row.astype(np.int32), col - self.pad[row], ids[row, col], col == width - 1)
+
+    @torch.no_grad()
+    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids: (B, L+1) every token so far; each row's sequence takes the last column at its next position."""
+        tokens = input_ids[:, -1].detach().cpu().numpy()
+        logits = self._decode(self.rows, self.n, tokens, np.ones(self.batch, dtype=bool))
+        self.n = self.n + 1
+        return logits
+
+    @torch.no_grad()
+    def extend(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, K) appended to every row in one decode; the logits after each, (B, K, V)."""
+        k = tokens.shape[1]
+        seq = np.repeat(self.rows, k)
+        pos = (self.n[:, None] + np.arange(k)[None, :]).reshape(-1)
+        flat = tokens.detach().cpu().numpy().reshape(-1)
+        logits = self._decode(seq, pos, flat, np.ones(len(flat), dtype=bool))
+        self.n = self.n + k
+        return logits.view(self.batch, k, self.vocab)
+
+    def truncate(self, length: int | Sequence[int]) -> None:
+        """Keep the first `length` columns of the padded rows (one int, or one per row): each row keeps
+        length - its padding positions of its sequence."""
+        lengths = np.full(self.batch, length) if isinstance(length, int) else np.asarray([int(n) for n in length])
+        if lengths.shape != (self.batch,):
+            raise ConfigError(f"truncate: {lengths.size} lengths for {self.batch} rows")
+        keep = lengths - self.pad
+        bad = np.nonzero((keep < 1) | (keep > self.n))[0]
+        if len(bad):
+            i = int(bad[0])
+            raise ConfigError(
+                f"truncate({int(lengths[i])}) in row {i}: the row holds columns {int(self.pad[i])}.."
+                f"{int(self.pad[i] + self.n[i]) - 1}; keep at least its first real token and at most all of them"
+            )
+        lib = _llama_cpp()
+        for i in np.nonzero(keep < self.n)[0].tolist():
+            lib.llama_memory_seq_rm(self.ctx.mem, i, int(keep[i]), -1)
+        self.n = keep.astype(np.int64)
+
+    def reorder(self, beam_idx: torch.Tensor) -> None:
+        """Row i's sequence becomes a copy of row beam_idx[i]'s: copied to spare sequence ids first (cells are
+        shared, not duplicated), then back."""
+        src = [int(i) for i in beam_idx.tolist()]
+        if len(src) != self.batch or not all(0 <= i < self.batch for i in src):
+            raise ConfigError(f"reorder: beam_idx must hold {self.batch} row indices, got {src}")
+        lib, mem, b = _llama_cpp(), self.ctx.mem, self.batch
+        for i, j in enumerate(src):
+            lib.llama_memory_seq_cp(mem, j, b + i, -1, -1)
+        for i in range(b):
+            lib.llama_memory_seq_rm(mem, i, -1, -1)
+        for i in range(b):
+            lib.llama_memory_seq_cp(mem, b + i, i, -1, -1)
+            lib.llama_memory_seq_rm(mem, b + i, -1, -1)
+        self.n, self.pad = self.n[src], self.pad[src]
