@@ -58,8 +58,14 @@ class LlamaCppConfig:
 
 
 class LlamaCppContext:
-    """A llama.cpp context of its own on the model's weights: `n_seq_max` sequences sharing one unified KV cache
-    of `n_ctx` cells, and a batch of `n_batch` tokens. Freed with its model, or when garbage-collected."""
+    """A llama.cpp context of its own on the model's weights: `n_seq_max` sequences, each with a KV cache stream of
+    its own of `n_ctx / n_seq_max` cells, and a batch of `n_batch` tokens. Freed with its model, or when
+    garbage-collected.
+
+    Not one unified cache: there, the cells of a row interleave with the other rows' as they grow, the attention
+    sums run in another order, and after a few steps a row's logits drift from its run alone (by up to ~1 on the
+    default model, as the rounding goes through quantized activations). A stream per sequence keeps each row's
+    cells as they are at B = 1, and its logits bit for bit."""
 
     def __init__(self, llama: Any, *, n_seq_max: int, n_ctx: int) -> None:
         lib = _llama_cpp()
@@ -71,7 +77,7 @@ class LlamaCppContext:
             setattr(params, field, getattr(own, field))
         params.n_ctx = n_ctx
         params.n_seq_max = n_seq_max
-        params.kv_unified = True  # every sequence takes cells from one cache: rows of any length share n_ctx
+        params.kv_unified = False
         params.no_perf = True
         ctx = lib.llama_init_from_model(llama._model.model, params)
         if not ctx:
@@ -115,8 +121,8 @@ class LlamaCppContext:
         if rc != 0:
             if rc == 1:
                 raise ConfigError(
-                    f"llama.cpp's KV cache ({self.n_ctx} cells) is full: load the model with a larger n_ctx "
-                    "(load_gguf(path, n_ctx=...)) or generate fewer tokens"
+                    f"llama.cpp's KV cache is full ({self.n_ctx // self.n_seq_max} cells a row): load the model "
+                    "with a larger n_ctx (load_gguf(path, n_ctx=...)) or generate fewer tokens"
                 )
             raise SamplechainError(f"llama_decode returned {rc} for a batch of {n} tokens")
         n_out = int(np.count_nonzero(logits))
@@ -169,18 +175,18 @@ class LlamaCppModel:
         return f"LlamaCppModel({str(self.path)!r}, n_ctx={self.config.max_position_embeddings})"
 
     def context(self, rows: int, owner: Any) -> LlamaCppContext:
-        """A context for `rows` sequences of up to n_ctx positions each (and as many spare sequence ids, for beam
-        search's reorder), cleared and held by `owner` while it lives. Contexts are kept and reused: a later
-        generation of as many rows or fewer allocates nothing."""
-        free = [c for c in self._contexts if not c.in_use and c.n_seq_max >= 2 * rows]
+        """A context for `rows` sequences of up to n_ctx positions each (rows x n_ctx cells), cleared and held by
+        `owner` while it lives. Contexts are kept and reused: a later generation of as many rows or fewer allocates
+        nothing."""
+        free = [c for c in self._contexts if not c.in_use and c.n_seq_max >= rows]
         if free:
             ctx = min(free, key=lambda c: c.n_seq_max)
         else:
             lib = _llama_cpp()
-            n_seq = min(2 * rows, int(lib.llama_max_parallel_sequences()))
-            if n_seq < rows:
-                raise ConfigError(f"llama.cpp runs at most {n_seq} sequences at once; got a batch of {rows} rows")
-            ctx = LlamaCppContext(self.llama, n_seq_max=n_seq, n_ctx=self.config.max_position_embeddings * rows)
+            most = int(lib.llama_max_parallel_sequences())
+            if rows > most:
+                raise ConfigError(f"llama.cpp runs at most {most} sequences at once; got a batch of {rows} rows")
+            ctx = LlamaCppContext(self.llama, n_seq_max=rows, n_ctx=self.config.max_position_embeddings * rows)
             self._contexts.append(ctx)
         ctx.owner = weakref.ref(owner)
         ctx.clear()

@@ -1,26 +1,28 @@
 """samplechain's model-runner contract on llama.cpp (`LlamaCppRunner`, the `llama_cpp` runner).
 
 What is batched: every call is one `llama_decode` for the whole batch (split only where it exceeds the context's
-n_batch, 512 tokens). Each row is a llama.cpp sequence of its own (seq_id = row) in one unified KV cache; a row feeds
-only its real tokens, at positions 0..n-1 of its sequence, so left padding costs nothing and changes no logit.
-`prefill` decodes every prompt's tokens together and keeps the logits of each row's last one; `step` one token per
-row; `extend` K tokens per row with the logits after each; `truncate` cuts each row on its own
-(`llama_memory_seq_rm`); `reorder` (beam search) copies sequences (`llama_memory_seq_cp`), sharing cache cells.
+n_batch, 512 tokens). Each row is a llama.cpp sequence of its own (seq_id = row) with a KV cache stream of its own;
+a row feeds only its real tokens, at positions 0..n-1 of its sequence, so left padding costs nothing and changes no
+logit. `prefill` decodes every prompt's tokens together and keeps the logits of each row's last one; `step` one
+token per row; `extend` K tokens per row with the logits after each; `truncate` cuts each row on its own
+(`llama_memory_seq_rm`).
 
-What is not: llama.cpp's sampler (the chain samples from the logits) and its prompt cache across generations (each
-generation starts from a cleared context). On the CPU, llama.cpp's kernels give each row the same logits whatever
-the batch, bit for bit, on the builds measured (tests/test_runner_batch.py checks it within a tolerance).
+What is not: `reorder` (beam search) copies each moved row's cache through host memory, row by row; llama.cpp's
+sampler (the chain samples from the logits); its prompt cache across generations (each generation starts from a
+cleared context). On the CPU builds measured, a row's logits in a batch equal its logits alone bit for bit
+(tests/test_runner_batch.py checks it within a stated tolerance).
 """
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from samplechain.errors import ConfigError
+from samplechain.errors import ConfigError, SamplechainError
 from samplechain.runners import ModelRunner
 
 from .model import LlamaCppModel, _llama_cpp
@@ -110,17 +112,23 @@ class LlamaCppRunner(ModelRunner):
         self.n = keep.astype(np.int64)
 
     def reorder(self, beam_idx: torch.Tensor) -> None:
-        """Row i's sequence becomes a copy of row beam_idx[i]'s: copied to spare sequence ids first (cells are
-        shared, not duplicated), then back."""
+        """Row i's sequence becomes a copy of row beam_idx[i]'s. Each row has a cache stream of its own, so a row
+        that changes beam gets its source's state (llama_state_seq_get_data, read before any row is written)."""
         src = [int(i) for i in beam_idx.tolist()]
         if len(src) != self.batch or not all(0 <= i < self.batch for i in src):
             raise ConfigError(f"reorder: beam_idx must hold {self.batch} row indices, got {src}")
-        lib, mem, b = _llama_cpp(), self.ctx.mem, self.batch
-        for i, j in enumerate(src):
-            lib.llama_memory_seq_cp(mem, j, b + i, -1, -1)
-        for i in range(b):
-            lib.llama_memory_seq_rm(mem, i, -1, -1)
-        for i in range(b):
-            lib.llama_memory_seq_cp(mem, b + i, i, -1, -1)
-            lib.llama_memory_seq_rm(mem, b + i, -1, -1)
+        moved = [(i, j) for i, j in enumerate(src) if i != j]
+        if not moved:
+            return
+        lib, ctx = _llama_cpp(), self.ctx.ctx
+        states = {}
+        for j in sorted({j for _, j in moved}):
+            size = lib.llama_state_seq_get_size(ctx, j)
+            buf = (ctypes.c_uint8 * size)()
+            states[j] = (buf, lib.llama_state_seq_get_data(ctx, buf, size, j))
+        for i, j in moved:
+            lib.llama_memory_seq_rm(self.ctx.mem, i, -1, -1)
+            buf, size = states[j]
+            if lib.llama_state_seq_set_data(ctx, buf, size, i) == 0:
+                raise SamplechainError(f"llama.cpp could not copy sequence {j}'s cache to row {i}")
         self.n, self.pad = self.n[src], self.pad[src]
