@@ -12,7 +12,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
+from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
 from samplechain.filters import with_min_keep
 
 
@@ -38,8 +38,9 @@ class Epsilon(Sampler):
             return cand
         eps = ctx.param("epsilon")
         off = eps <= 0.0
-        # wide rows: a float32 softmax (transformers' own precision); narrow ones float64
-        prob = torch.softmax(cand.logits if cand.width >= filters.WIDE else cand.logits.double(), dim=-1)
+        # float64 at every width: the kept set does not depend on the row's width (a float32 softmax's sum rounds
+        # with it)
+        prob = torch.softmax(cand.logits.double(), dim=-1)
         keep = with_min_keep(cand, ctx.backend, prob >= eps.double()[:, None], ctx.param("min_keep"))
         keep |= off[:, None]
         return cand.masked(keep)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
+from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
 from samplechain.filters import with_min_keep
 
 
@@ -39,8 +39,8 @@ class Eta(Sampler):
             return cand
         eps = ctx.param("epsilon").double()
         off = eps <= 0.0
-        # wide rows: float32 passes (transformers' own precision) with torch's cascaded sums; narrow: float64
-        x = cand.logits if cand.width >= filters.WIDE else cand.logits.double()
+        # float64 at every width: the kept set does not depend on the row's width (float32 sums round with it)
+        x = cand.logits.double()
         logp = torch.log_softmax(x, dim=-1)
         prob = torch.exp(logp)
         entropy = -torch.where(prob > 0, prob * logp, 0.0).sum(dim=-1).double()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, filters, finite, hookimpl, in_range
+from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range
 
 
 @attrs.frozen
@@ -37,8 +37,7 @@ class PLess(Sampler):
         if ctx.scalar("enabled") is False:
             return cand
         on = ctx.param("enabled")
-        wide = cand.width >= filters.WIDE  # float32 on wide rows (~1e-7): no float64 copy of the vocabulary
-        prob = torch.softmax(cand.logits if wide else cand.logits.double(), dim=-1)
+        prob = torch.softmax(cand.logits.double(), dim=-1)  # float64 at every width: the same kept set at any width
         threshold = torch.linalg.vecdot(prob, prob) - ctx.param("tolerance").to(prob.dtype)
         keep = prob >= threshold[:, None]
         # the min_keep (at least 1: rounding can put L above a uniform row's 1/n) most likely always survive

@@ -56,15 +56,11 @@ _FIRST_CHUNKS = 128  # ~8000 gathered tokens on a 128256 vocabulary: enough for 
 
 
 def wide_row_mass(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For wide rows: float32 probabilities from one fused softmax, and the top logit and normaliser in float64.
-
-    probs = exp(x - top) / S' with S' softmax's own float32 sum (which may be off by ~1e-5 on 10^5 terms), and
-    max(probs) = 1 / S'; torch's sum of the probabilities is cascaded (~1e-7), so S = sum(probs) / max(probs)
-    recovers the true normaliser to float32 accuracy without a float64 pass over the row."""
-    probs = torch.softmax(logits, dim=-1)
-    top = logits.amax(dim=-1, keepdim=True).double()
-    total = probs.sum(dim=-1).double() / probs.amax(dim=-1).double()
-    return probs, top, total
+    """For wide rows: float32 probabilities from one fused softmax (for the histogram of superset_threshold, which
+    allows for their rounding), and row_mass's float64 top logit and normaliser: the cut is the narrow rows' own
+    at every width (a float32 normaliser is off by ~1e-7, enough to move a cut within rounding of p)."""
+    top, total = row_mass(logits)
+    return torch.softmax(logits, dim=-1), top, total
 
 
 def chunked_cut(

@@ -17,9 +17,11 @@ llama.cpp's `llama_sampler_xtc` (src/llama-sampler.cpp), per row:
 left unchanged for that step. The ids come from `prepare()`: the last token of the tokenizer's encoding of "\\n"
 and the generation's eos ids (only the eos ids without a tokenizer).
 
-Probabilities are compared in logit space (`logit >= log(threshold) + logsumexp`), in float64; rows of at least
-`filters.WIDE` unsorted candidates use float32 (llama.cpp's own precision) and read only the qualifying candidates
-(`Backend.at_least`), on the rows that act this step.
+Probabilities are compared in logit space (`logit >= log(threshold) + logsumexp`), in float64 (llama.cpp uses
+float32); rows of at least `filters.WIDE` unsorted candidates read only the qualifying candidates
+(`Backend.at_least`), on the rows that act this step, at the lower edge of a ~1e-6 bound on the float64 cut (float32
+exponentials summed in float64); a row with a logit inside the bound takes the float64 cut itself, so the same
+candidates qualify at every width.
 """
 
 from __future__ import annotations
@@ -66,16 +68,23 @@ def newline_id(tokenizer) -> int | None:
     return int(ids[-1]) if ids else None
 
 
+def xtc_cut(logits: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """(B,) float64 log(threshold) + logsumexp of each row's finite logits: a candidate qualifies (p >= threshold)
+    iff its logit is >= it. log(0) = -inf: every finite candidate qualifies."""
+    x = logits.double()
+    valid = torch.isfinite(x)
+    top = torch.where(valid, x, torch.full_like(x, NEG_INF)).amax(dim=-1, keepdim=True)
+    lse = top + torch.log(torch.where(valid, torch.exp(x - top), torch.zeros_like(x)).sum(dim=-1, keepdim=True))
+    return torch.log(threshold.double()) + lse[:, 0]
+
+
 def removal_mask(logits: torch.Tensor, threshold: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
     """(B, K) bool: the candidates XTC removes when it acts: every candidate with p >= threshold except the least
     likely of them (ties: the highest token id is kept; ids None: id = position); nothing when fewer than two
     qualify."""
     x = logits.double()
     valid = torch.isfinite(x)
-    top = torch.where(valid, x, torch.full_like(x, NEG_INF)).amax(dim=-1, keepdim=True)
-    lse = top + torch.log(torch.where(valid, torch.exp(x - top), torch.zeros_like(x)).sum(dim=-1, keepdim=True))
-    cut = torch.log(threshold.double())[:, None] + lse  # log(0) = -inf: every finite candidate qualifies
-    qualify = valid & (x >= cut)
+    qualify = valid & (x >= xtc_cut(logits, threshold)[:, None])
     lowest = torch.where(qualify, x, torch.full_like(x, math.inf)).amin(dim=-1, keepdim=True)
     ids = torch.arange(x.shape[1], device=x.device)[None, :] if ids is None else ids
     last = torch.where(qualify & (x == lowest), ids, -1).amax(dim=-1, keepdim=True)
@@ -83,19 +92,48 @@ def removal_mask(logits: torch.Tensor, threshold: torch.Tensor, ids: torch.Tenso
     return remove & (qualify.sum(dim=-1, keepdim=True) >= 2)
 
 
+def cut_bounds(logits: torch.Tensor, threshold: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(low, high) (B,) float64 with low <= xtc_cut <= high, without a float64 copy of the rows: e**(x - top) in
+    float32 is within (4 + |x - top|) units of float32 roundoff u of its value (one rounding of x - top, an exp
+    within 1 ulp, 2 on CUDA), so their float64 sum is within u * (4 + E_p[top - x]) <= u * (4 + log n) relative
+    (E_p[top - x] is at most the entropy), and log Z within twice that. Rows whose maximum is not finite (NaN,
+    +inf) get xtc_cut itself for both."""
+    top = logits.amax(dim=-1)
+    if not bool(torch.isfinite(top).all()):
+        cut = xtc_cut(logits, threshold)
+        return cut, cut
+    total = torch.exp(logits - top[:, None]).sum(dim=-1, dtype=torch.float64)
+    scale = torch.log(threshold.double())  # -inf for threshold 0: every finite candidate qualifies
+    cut = scale + top.double() + torch.log(total)
+    margin = 2.0**-24 * (8.0 + 2.0 * math.log(logits.shape[1])) + 2.0**-40 * (
+        top.double().abs() + torch.where(torch.isfinite(scale), scale.abs(), 0.0)
+    )
+    return cut - margin, cut + margin
+
+
 def wide_removals(
     logits: torch.Tensor, threshold: torch.Tensor, backend: Backend, ids: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`removal_mask` for wide unsorted rows, in float32, without a (B, K) mask: (rows, positions) of the removed
-    candidates and the (B,) count removed per row. The qualifying candidates are the few >= the cut, read in
-    descending order by `at_least`; of the least likely level, the highest token id stays, as in removal_mask."""
-    top = logits.amax(dim=-1, keepdim=True)
-    lse = top + torch.log(torch.exp(logits - top).sum(dim=-1, keepdim=True))  # -inf candidates weigh exp(-inf) = 0
+    """`removal_mask` for wide unsorted rows without a (B, K) mask: (rows, positions) of the removed candidates and
+    the (B,) count removed per row. The qualifying candidates are the few >= the cut, read in descending order by
+    `at_least` at the lower edge of cut_bounds; only a row with a logit between the edges takes removal_mask's
+    float64 cut (xtc_cut) itself, so both paths qualify the same candidates. Of the least likely level, the
+    highest token id stays, as in removal_mask."""
+    low, high = cut_bounds(logits, threshold)
+    down = low.float()
+    down = torch.where(down.double() > low, torch.nextafter(down, torch.full_like(down, -math.inf)), down)
     # threshold 0 (log 0 = -inf) qualifies every finite candidate, never a removed (-inf) one
-    cut = (torch.log(threshold.float())[:, None] + lse)[:, 0].clamp(min=torch.finfo(torch.float32).min)
-    values, positions, counts = backend.at_least(logits, cut)
+    down = down.clamp(min=torch.finfo(torch.float32).min)
+    values, positions, counts = backend.at_least(logits, down)
     j = torch.arange(values.shape[1], device=logits.device)[None, :]
     inside = j < counts[:, None]
+    unsure = ((values.double() < high[:, None]) & inside).any(dim=-1)
+    if bool(unsure.any()):  # a logit between the edges: the float64 cut decides those rows
+        rows = unsure.nonzero().flatten()
+        exact = xtc_cut(logits[rows], threshold[rows])
+        counts = counts.clone()
+        counts[rows] = ((values[rows].double() >= exact[:, None]) & inside[rows]).sum(dim=-1)
+        inside = j < counts[:, None]
     lowest = values.gather(1, (counts - 1).clamp(min=0)[:, None])
     tokens = positions if ids is None else ids.gather(1, positions)
     last = torch.where(inside & (values == lowest), tokens, -1).amax(dim=-1, keepdim=True)
