@@ -127,7 +127,8 @@ def _describe(path: list[str], graph: dict[str, dict[str, int]]) -> str:
 
 # The layers, bottom up (docs/architecture.md): a module may import its own layer and those below. The package's
 # __init__ (the top-level names) sits with the engine it re-exports; the modules at the top of the package are the
-# contract plugins import, with the embedded model's data (models).
+# contract plugins import (the runner contract among them); models (finding and loading models, through the runner
+# plugins) sits with generation.
 LAYERS = ["contract", "engine", "generation", "integrations", "tools", "cli"]
 CONTRACT = {
     "samplechain.candidates",
@@ -139,7 +140,7 @@ CONTRACT = {
     "samplechain.rng",
     "samplechain.strings",
     "samplechain.tokens",
-    "samplechain.models",
+    "samplechain.runners",
 }
 
 
@@ -150,6 +151,8 @@ def _layer(module: str) -> int:
         return LAYERS.index("engine")
     if module == "samplechain.__main__":
         return LAYERS.index("cli")
+    if module == "samplechain.models":
+        return LAYERS.index("generation")
     part = module.split(".")[1]
     assert part in LAYERS, (
         f"{module} is in no layer: put it in one of the layers' folders ({', '.join(LAYERS[1:])}) "

@@ -100,7 +100,7 @@ def test_load_model_refuses_unknown_engines_and_missing_folders(tmp_path):
         load_model(tiny_model_path(), engine="mlx")
     with pytest.raises(ConfigError, match=r"no such folder"):
         load_model(tmp_path / "missing")
-    with pytest.raises(ConfigError, match=r"runs GGUF files"):
+    with pytest.raises(ConfigError, match=r"runs \.gguf"):
         load_model(tiny_model_path(), engine="llama.cpp")
 
 

@@ -39,11 +39,18 @@ class ModelRunner:
     version: ClassVar[int] = 1
     Params: ClassVar[type] = NoParams
     per_row_truncate: ClassVar[bool] = False
+    # model files this runner's engine opens (`samplechain.models.load_model` picks the runner by them)
+    file_suffixes: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
         """Whether this runner drives `model` (an object `load_model` or a user passed to generate())."""
         raise NotImplementedError
+
+    @classmethod
+    def load(cls, path: Any, **kwargs: Any) -> tuple[Any, Any]:
+        """(model, tokenizer) for a model file of one of `file_suffixes`; `kwargs` go to the engine's loader."""
+        raise ConfigError(f"the {cls.name} runner does not open model files; load the model yourself")
 
     def __init__(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
         self.model = model

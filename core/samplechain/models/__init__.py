@@ -150,20 +150,8 @@ def load_model(
     path = default_gguf_path() if source == "default" else Path(source).expanduser()
     is_gguf = source == "default" or path.suffix.lower() == ".gguf" or path.is_file()
     engine = engine or ("llama.cpp" if is_gguf and source != "default" else "transformers")
-    if engine in ("llama.cpp", "llama_cpp"):
-        if not is_gguf:
-            raise ConfigError(f"engine='llama.cpp' runs GGUF files; {str(path)!r} is not one (give FILE.gguf)")
-        try:
-            from samplechain_llama_cpp import load_gguf
-        except ImportError as exc:
-            raise ConfigError(
-                f"the llama.cpp engine needs samplechain-llama-cpp and llama-cpp-python ({exc}): "
-                "pip install samplechain-llama-cpp llama-cpp-python (llama-cpp-python builds from its sdist), "
-                "or use engine='transformers'"
-            ) from None
-        return load_gguf(check_gguf(path), **engine_kwargs)
     if engine != "transformers":
-        raise ConfigError(f"engine={engine!r}: choose 'transformers' or 'llama.cpp'")
+        return _load_with_runner(engine, path, is_gguf, **engine_kwargs)
     folder = convert_gguf(path) if is_gguf else path
     if not folder.is_dir():
         raise ConfigError(
@@ -171,6 +159,27 @@ def load_model(
             "(config.json, model.safetensors, tokenizer files) or a .gguf file"
         )
     return _load_transformers(folder, **engine_kwargs)
+
+
+def _load_with_runner(engine: str, path: Path, is_gguf: bool, **kwargs: Any) -> tuple[Any, Any]:
+    """A model file opened by the runner plugin of `engine` (llama.cpp: samplechain-llama-cpp), found through the
+    entry points like every plugin."""
+    from ..engine.discovery import get_host
+    from ..errors import UnknownPluginError
+
+    name = engine.replace(".", "_")
+    try:
+        runner = get_host().get("runner", name)
+    except UnknownPluginError as exc:
+        hint = " llama-cpp-python" if name == "llama_cpp" else ""
+        raise ConfigError(
+            f"engine={engine!r}: no such model runner is installed ({exc}); choose 'transformers', or install "
+            f"its plugin: pip install samplechain-{name.replace('_', '-')}{hint}"
+        ) from None
+    if path.suffix.lower() not in runner.file_suffixes and not (is_gguf and ".gguf" in runner.file_suffixes):
+        kinds = ", ".join(runner.file_suffixes) or "no files"
+        raise ConfigError(f"engine={engine!r} runs {kinds}; {str(path)!r} is not one")
+    return runner.load(check_gguf(path) if ".gguf" in runner.file_suffixes else path, **kwargs)
 
 
 def _load_transformers(folder: Path, **kwargs: Any) -> tuple[Any, Any]:

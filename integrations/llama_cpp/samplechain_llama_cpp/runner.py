@@ -25,7 +25,7 @@ import torch
 from samplechain.errors import ConfigError, SamplechainError
 from samplechain.runners import ModelRunner
 
-from .model import LlamaCppModel, _llama_cpp
+from .model import LlamaCppModel, _llama_cpp, load_gguf
 
 __all__ = ["LlamaCppRunner"]
 
@@ -36,10 +36,16 @@ class LlamaCppRunner(ModelRunner):
 
     name = "llama_cpp"
     per_row_truncate = True
+    file_suffixes = (".gguf",)
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
         return isinstance(model, LlamaCppModel)
+
+    @classmethod
+    def load(cls, path: Any, **kwargs: Any) -> tuple[Any, Any]:
+        """(LlamaCppModel, tokenizer) of a GGUF file: `load_gguf`."""
+        return load_gguf(path, **kwargs)
 
     def __init__(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
         super().__init__(model, input_ids, attention_mask)
