@@ -12,13 +12,20 @@ prompt is the sequence at the first call), and returns the logits with every tok
 -inf: whatever llama.cpp's sampler settings are, it can only pick that token. The chosen token's logprob, which
 llama.cpp cannot report (it sees one finite logit), is kept in `.logprobs`.
 
-One processor is one request: it counts its steps from its first call and checks that every later call continues
-that sequence by the token it chose. Give every `create_completion` / `create_chat_completion` call a fresh one
-(`SamplechainLogitsProcessor.factory` loads the chain once and makes them), or `reset()` it in between.
+One processor is one request: it counts its steps from its first call, and a call whose sequence is not the last
+one plus the chosen token starts a new request (as a fresh processor would: the same parameters and seed, so the
+same tokens for the same prompt). Give every `create_completion` / `create_chat_completion` call its own
+(`SamplechainLogitsProcessor.factory` loads the chain once and makes them); `.tokens` and `.logprobs` describe the
+last request. Concurrent requests need one processor each.
+
+Errors: llama-cpp-python calls the processor from a ctypes callback, which prints an exception and samples the
+unchanged logits. The processor keeps it in `.error` and, when it knows the end-of-sequence token (`llama=`),
+ends the request with it; check `.error` after the call.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +37,7 @@ from samplechain import Chain
 
 __all__ = ["ChainSource", "SamplechainLogitsProcessor"]
 
+logger = logging.getLogger("samplechain_llama_cpp")
 ChainSource = Chain | str | Path | Mapping[str, Any]
 _REQUEST = "llama.cpp"
 
@@ -68,6 +76,7 @@ class SamplechainLogitsProcessor:
         if seed is not None and "seed" not in self.params and "seed" in self.chain.layout.aliases:
             self.params["seed"] = seed
         self.logprobs_at = logprobs_at
+        self.eos = None if llama is None else int(llama.token_eos())
         if llama is not None or tokenizer is not None:
             self.chain.prepare(
                 tokenizer=tokenizer,
@@ -96,6 +105,8 @@ class SamplechainLogitsProcessor:
         self.prompt_length: int | None = None
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
+        self.error: Exception | None = None
+        self._last: np.ndarray | None = None  # the sequence of the last call
 
     def as_list(self) -> Any:
         """This processor in a `llama_cpp.LogitsProcessorList` (what `logits_processor=` is typed as)."""
@@ -105,20 +116,38 @@ class SamplechainLogitsProcessor:
 
     def _history(self, input_ids: np.ndarray) -> torch.Tensor:
         ids = np.asarray(input_ids, dtype=np.int64).reshape(-1)
-        if self.prompt_length is None:
-            self.prompt_length = int(ids.shape[0])
-        expected = self.prompt_length + len(self.tokens)
-        if ids.shape[0] != expected or (self.tokens and int(ids[-1]) != self.tokens[-1]):
+        last = self._last
+        follows = last is not None and ids.shape[0] == last.shape[0] + 1 and np.array_equal(ids[:-1], last)
+        if follows and int(ids[-1]) != self.tokens[-1]:
             raise RuntimeError(
-                f"SamplechainLogitsProcessor: this call's sequence ({ids.shape[0]} tokens) does not continue the "
-                f"request it serves (a {self.prompt_length}-token prompt and the {len(self.tokens)} tokens it chose, "
-                "the last of which llama.cpp must have taken): a processor serves one request; make a fresh one "
-                "per call (SamplechainLogitsProcessor.factory) or reset() it, and leave llama.cpp no grammar or "
-                "sampler that can refuse the chain's token"
+                f"SamplechainLogitsProcessor: llama.cpp took token {int(ids[-1])} where the chain chose "
+                f"{self.tokens[-1]}: leave llama.cpp no grammar or sampler that can refuse the chain's token "
+                "(samplechain has grammar and logit_bias samplers of its own)"
             )
+        if not follows:  # a new sequence: a new request, as a fresh processor
+            self.reset()
+            self.prompt_length = int(ids.shape[0])
+        self._last = ids
         return torch.from_numpy(ids)[None]
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        try:
+            token = self._choose(input_ids, scores)
+        except Exception as exc:
+            # llama-cpp-python calls this from a ctypes callback, which prints an exception and goes on with the
+            # unchanged logits: keep it, and end the request with its end-of-sequence token where that is known
+            self.error = exc
+            if self.eos is None:
+                raise
+            logger.error("SamplechainLogitsProcessor: %s; the request ends", exc)
+            token = self.eos
+        result = np.full(np.shape(scores)[-1], -np.inf, dtype=np.float32)
+        # 0.0, not the token's logit: a chain may choose a token whose logit is -inf (a forced one), and llama.cpp
+        # needs one finite candidate; its own samplers after this one cannot move the choice either way
+        result[token] = 0.0
+        return result
+
+    def _choose(self, input_ids: np.ndarray, scores: np.ndarray) -> int:
         history = self._history(input_ids)
         row = np.array(scores, dtype=np.float32, copy=True).reshape(1, -1)  # llama-cpp-python passes a strided view
         kwargs: dict[str, Any] = {}
@@ -130,8 +159,4 @@ class SamplechainLogitsProcessor:
         token = int(out.token_ids[0])
         self.tokens.append(token)
         self.logprobs.append(float(out.logprobs[0]))
-        # 0.0, not the token's logit: a chain may choose a token whose logit is -inf (a forced one), and llama.cpp
-        # needs one finite candidate; its own samplers after this one cannot move the choice either way
-        result = np.full(row.shape[1], -np.inf, dtype=np.float32)
-        result[token] = 0.0
-        return result
+        return token
