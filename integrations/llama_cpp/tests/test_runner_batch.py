@@ -127,3 +127,20 @@ def test_two_live_runners_keep_their_own_caches(llama_model):
     torch.testing.assert_close(la, lb, atol=0, rtol=0)
     step = torch.cat([ids, torch.tensor([[30]])], 1)
     torch.testing.assert_close(a.step(step), b.step(step), atol=0, rtol=0)
+
+
+def test_batches_longer_than_n_batch_split_and_a_full_cache_is_a_config_error(llama_model):
+    from samplechain_llama_cpp import load_gguf
+
+    model, tok = llama_model
+    small, _ = load_gguf(model.path, n_ctx=64, n_batch=8, tokenizer=tok)
+    try:
+        ids, mask = padded(tok, [PROMPTS[2] * 2, PROMPTS[0]])  # 2 rows, ~30 tokens: several decodes of 8
+        want = runner(model, ids, mask).prefill()
+        r = runner(small, ids, mask)
+        torch.testing.assert_close(r.prefill(), want, atol=ATOL, rtol=0)
+        cells = r.ctx.n_ctx // r.ctx.n_seq_max  # a row's stream (llama.cpp rounds n_ctx up)
+        with pytest.raises(ConfigError, match="KV cache is full"):
+            r.extend(torch.full((2, cells - int(r.n.min()) + 1), 30))
+    finally:
+        small.close()
