@@ -18,6 +18,9 @@ same tokens for the same prompt). Give every `create_completion` / `create_chat_
 (`SamplechainLogitsProcessor.factory` loads the chain once and makes them); `.tokens` and `.logprobs` describe the
 last request. Concurrent requests need one processor each.
 
+Not with `logit_bias=`: llama-cpp-python then replaces the processor list by `list.extend`'s None and never calls
+it (a `logit_bias` sampler in the chain does the same); llama.cpp's `grammar=` may refuse the chain's token.
+
 Errors: llama-cpp-python calls the processor from a ctypes callback, which prints an exception and samples the
 unchanged logits. The processor keeps it in `.error` and, when it knows the end-of-sequence token (`llama=`),
 ends the request with it; check `.error` after the call.

@@ -177,3 +177,12 @@ def test_logprobs_at(llm: Any) -> None:
     for (_, scores), token, logprob, kept in zip(spy.calls, raw.tokens, raw.logprobs, processed.logprobs, strict=True):
         assert logprob == pytest.approx(float(torch.log_softmax(torch.from_numpy(scores), -1)[token]), abs=1e-5)
         assert kept >= logprob - 1e-6
+
+
+def test_logit_bias_drops_the_processor(llm: Any) -> None:
+    """llama-cpp-python's `_create_completion` sets `logits_processor = logits_processor.extend(bias)`, list.extend's
+    None, when `logit_bias` is given: the processor is never called (docs/llama_cpp.md says to use the chain's
+    logit_bias sampler). This fails when llama-cpp-python fixes it, and the docs need updating then."""
+    proc = SamplechainLogitsProcessor("preset:greedy")
+    llm.create_completion(PROMPT, max_tokens=2, logits_processor=[proc], logit_bias={42: 1.0})
+    assert proc.tokens == []
