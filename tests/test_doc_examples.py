@@ -33,6 +33,7 @@ import tomllib
 import torch
 
 from samplechain import Chain
+from samplechain.models import cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "contrib").glob("*/README.md")])
@@ -190,6 +191,8 @@ def test_examples_run(path, namespace, tmp_path, monkeypatch):
         **os.environ,
         "HOME": str(tmp_path / "home"),
         "SAMPLECHAIN_HOME": str(tmp_path / "samplechain-home"),
+        # the default model's conversion is the user's cache, kept across examples (a fresh HOME would redo it)
+        "SAMPLECHAIN_CACHE": str(cache_dir()),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     }
