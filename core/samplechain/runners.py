@@ -41,6 +41,10 @@ class ModelRunner:
     per_row_truncate: ClassVar[bool] = False
     # model files this runner's engine opens (`samplechain.models.load_model` picks the runner by them)
     file_suffixes: ClassVar[tuple[str, ...]] = ()
+    # torch (and numba) threads for the sampling step while this runner generates; None leaves them. An engine with a
+    # thread pool of its own on the same cores (llama.cpp) sets 1: two pools polling for work on few cores make
+    # each other wait, and one row's sampling step is too small to gain from a second thread.
+    sampling_threads: ClassVar[int | None] = None
 
     @classmethod
     def accepts(cls, model: Any) -> bool:

@@ -36,7 +36,7 @@ from ..tokens import eos_token_ids
 from .checkpoints import Checkpoints, load_checkpoint
 from .from_config import asked_settings, chain_from_generation_config
 from .inputs import PromptInputs, Prompts
-from .model import runner_for
+from .model import ModelRunner, runner_for
 from .outputs import GenerationOutput
 
 __all__ = ["Generation"]
@@ -423,6 +423,17 @@ class Generation(PromptInputs, Checkpoints):
         width = self.input_ids.shape[1] - self._replay
         uwidth = 0 if self.uncond_ids is None else self.uncond_ids.shape[1] - self._replay
         runner_cls = runner_for(self.model, self.host)
+        threads = torch.get_num_threads()
+        if runner_cls.sampling_threads:
+            torch.set_num_threads(runner_cls.sampling_threads)
+        try:
+            yield from self._run(runner_cls, width, uwidth)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _run(
+        self, runner_cls: type[ModelRunner], width: int, uwidth: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         runner = runner_cls(self.model, self.input_ids[:, :width], self.attention_mask)
         guidance = (
             None if self.uncond_ids is None else runner_cls(self.model, self.uncond_ids[:, :uwidth], self.uncond_mask)

@@ -37,6 +37,7 @@ class LlamaCppRunner(ModelRunner):
     name = "llama_cpp"
     per_row_truncate = True
     file_suffixes = (".gguf",)
+    sampling_threads = 1  # llama.cpp's own thread pool has the cores
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
