@@ -45,6 +45,7 @@ test-fast: setup
 bench: setup
 	$(PY) benchmarks/bench_chain.py
 	$(PY) benchmarks/bench_generate.py --markdown
+	$(PY) benchmarks/bench_engines.py --markdown
 	$(PY) benchmarks/bench_presets.py --markdown
 	$(PY) benchmarks/bench_targets.py --markdown
 	$(PY) benchmarks/bench_samplers.py --markdown

@@ -183,3 +183,20 @@ def test_truncate_then_step_continues_from_the_kept_prefix(tiny):
 def test_the_default_model_name_is_the_gguf_model():
     assert DEFAULT_MODEL == "SmolLM2-135M-Instruct"
     assert Path(models.TINY_MODEL) == tiny_model_path()
+
+
+def test_a_gguf_of_an_architecture_transformers_cannot_load_suggests_llama_cpp(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    path = tmp_path / "other.gguf"
+    writer = gguf.GGUFWriter(str(path), "rwkv7")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ConfigError, match=r"other\.gguf.*rwkv7.*llama\.cpp engine"):
+        convert_gguf(path, cache=tmp_path / "cache")
+    assert list((tmp_path / "cache" / "models").iterdir()) == []  # nothing half-converted is left
