@@ -9,13 +9,14 @@ for penalties and DRY goes in through `accept` (what llama.cpp's server does wit
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .model import _extra_buffers
 
 __all__ = ["LlamaSamplers", "Spec", "kept_of_scores", "open_llama", "softmax"]
 
@@ -29,29 +30,11 @@ def _bindings() -> Any:
     return llama_cpp
 
 
-@contextlib.contextmanager
-def _without_extra_buffers() -> Iterator[None]:
-    """Models loaded inside load their weights without ggml's extra CPU buffer types (weight repacking, AMX
-    tiles): a virtual machine may report AMX and not enable it, and then the first batched decode stops the process
-    with an illegal instruction; the plain CPU kernels run everywhere."""
-    low = _bindings().llama_cpp
-    default = low.llama_model_default_params
-
-    def params() -> Any:
-        p = default()
-        p.use_extra_bufts = False
-        return p
-
-    low.llama_model_default_params = params
-    try:
-        yield
-    finally:
-        low.llama_model_default_params = default
-
-
 def open_llama(path: str | Path, **kwargs: Any) -> Any:
-    """`llama_cpp.Llama(model_path=path, **kwargs)` (verbose off unless given) on the plain CPU kernels."""
-    with _without_extra_buffers():
+    """`llama_cpp.Llama(model_path=path, **kwargs)` (verbose off unless given) on the plain CPU kernels: a virtual
+    machine may report AMX and not enable it, and then the first batched decode stops the process with an illegal
+    instruction (`load_gguf`'s `extra_buffer_types`)."""
+    with _extra_buffers(_bindings(), False):
         return _bindings().Llama(model_path=str(path), **{"verbose": False, **kwargs})
 
 
