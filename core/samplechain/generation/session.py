@@ -424,8 +424,11 @@ class Generation(PromptInputs, Checkpoints):
         uwidth = 0 if self.uncond_ids is None else self.uncond_ids.shape[1] - self._replay
         runner_cls = runner_for(self.model, self.host)
         threads = torch.get_num_threads()
-        if runner_cls.sampling_threads:
-            torch.set_num_threads(runner_cls.sampling_threads)
+        wanted = runner_cls.sampling_threads
+        if not wanted or wanted == threads:
+            yield from self._run(runner_cls, width, uwidth)
+            return
+        torch.set_num_threads(wanted)
         try:
             yield from self._run(runner_cls, width, uwidth)
         finally:
