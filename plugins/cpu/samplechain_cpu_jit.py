@@ -119,8 +119,12 @@ def _start() -> None:
     with _lock:
         if _owner is not None:
             return
+        # starting numba's OpenMP pool sets the shared runtime's thread count to numba's: torch's count (which a
+        # caller may have lowered) is put back
+        before = torch.get_num_threads()
         numba.get_num_threads()
         _nesting_off()
+        torch.set_num_threads(before)
         _owner = os.getpid()
 
 

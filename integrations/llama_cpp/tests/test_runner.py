@@ -132,3 +132,15 @@ def test_a_truncated_gguf_file_is_one_config_error(tmp_path):
     bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 8)
     with pytest.raises(ConfigError, match="could not load"):
         load_gguf(bad)
+
+
+def test_the_sampling_step_runs_on_one_thread_and_the_count_comes_back(llama_model):
+    from samplechain.generation import Generation
+
+    model, tok = llama_model
+    before = torch.get_num_threads()
+    seen = []
+    gen = Generation(model, tok, "Hello", chain="preset:greedy", max_new_tokens=3)
+    for _ in gen.steps():
+        seen.append(torch.get_num_threads())
+    assert seen == [1, 1, 1] and torch.get_num_threads() == before
