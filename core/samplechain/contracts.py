@@ -86,7 +86,7 @@ class Stage(str, enum.Enum):
 
 
 FUSED_SAMPLE = "samplechain.fused_sample"  # Backend.kernel name of a fused truncate-and-draw (see FusedPart)
-FUSED_KINDS = ("temperature", "top_k", "top_p", "min_p", "dist")
+FUSED_KINDS = ("temperature", "top_k", "top_p", "min_p", "dist", "greedy")
 BUCKET_MASS = "samplechain.bucket_mass"  # Backend.kernel name of filters.bucket_mass's histogram (None: torch's)
 # Backend.kernel name of typical sampling's candidates on a full-vocabulary row: kernel(logits (B, V) float32, p (B,),
 # min_keep (B,)) -> None, or a TypicalBand (values (B, W), positions (B, W), counts (B,), c (B,), log Z (B,)): per row the mean
@@ -189,13 +189,14 @@ class FusedPart:
 
     kind: "temperature" (value t: logits / t, t = 0 keeps the first maximum), "top_k" (value k), "top_p" (value p),
     "min_p" (value p), each of the last three with its min_keep, exactly as the plugins of those names define them
-    (the kept sets settle equal logits by lowest id), or "dist" (value: the seeds (B,) int64 of a Gumbel-max draw
-    with the counter-based noise, the selector). value and min_keep: a Python number shared by the batch (the
+    (the kept sets settle equal logits by lowest id), or a selector: "dist" (value: the seeds (B,) int64 of a
+    Gumbel-max draw with the counter-based noise) or "greedy" (value None: the largest logit, of equal ones the
+    lowest id). value and min_keep: a Python number shared by the batch (the
     sampler's scalar path), or a (B,) tensor of per-request values (its per-row path). A temperature given as a
     Python number ranks the following top_k by the raw logits (the executor runs top_k before an order-preserving
     transform it precedes); the executor hands it as a tensor where the chain would not and a top_k follows.
 
-    The kernel is called as kernel(logits (B, V) float32, parts (in chain order), select (the dist part),
+    The kernel is called as kernel(logits (B, V) float32, parts (in chain order), select (the selector's part),
     positions (B,), stream) and returns a `FusedDraw` (token ids (B,) int64, their logprobs (B,) float32 under the
     kept distribution), or None when it cannot run that combination (the executor then runs the samplers). A kernel
     with a `fused_kinds` attribute (a set of kinds) takes no part of another kind: the executor stops looking at
@@ -312,7 +313,9 @@ class Sampler:
 
     def is_noop(self, ctx: StepContext) -> bool:
         """True when apply() returns its input unchanged on this step's batch (a disabled sampler): the executor may
-        look past it when it fuses its neighbours."""
+        look past it when it fuses its neighbours. Read from the batch's parameters only (ctx.scalar, param,
+        bound), never its state, history or positions: the executor keeps the answer, with `fused`'s, while the
+        batch and its parameters stay the same."""
         return False
 
     def syncs_on(self, ctx: StepContext) -> bool:
@@ -326,7 +329,7 @@ class Sampler:
         """With `has_fused_part`: what apply() (a selector: select()) does on this step's batch as a part of a
         backend's fused truncate-and-draw kernel (`FusedPart`), or None when it is none of the kinds the kernel
         knows. Called only when the sampler is not a no-op on the batch (`is_noop`); must read nothing on the
-        device."""
+        device, and, as is_noop, only the batch's parameters."""
         return None
 
     def sparse_changes(

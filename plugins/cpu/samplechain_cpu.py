@@ -4,7 +4,8 @@ result either way.
 
 The torch paths are in samplechain_cpu_torch; the compiled kernels in samplechain_cpu_draw (the Gumbel-max draws,
 the executor's normaliser), samplechain_cpu_rank (at-least, ranked top-k, the bucket histogram) and
-samplechain_cpu_cuts (top_p's and typical's cuts), over the shared helpers of samplechain_cpu_jit. Those modules
+samplechain_cpu_cuts (top_p's and typical's cuts), samplechain_cpu_tail (tails led by a top-k, greedy), over the shared
+helpers of samplechain_cpu_jit. Those modules
 import numba: this one imports them only when a call takes a compiled path, so importing the backend never does."""
 
 from __future__ import annotations
@@ -215,8 +216,14 @@ def fused_sample(
     quotient, min_p's gather and the executor's log-sum-exp pass are saved), on rows of at least filters.WIDE. The
     normaliser is float64 (as the executor's) with min_p and on rows up to LSE64_WIDTH, float32 e** summed in
     float64 blocks on wider rows (whose executor normaliser is float32's). `top_p -> dist` and `temperature -> top_p ->
-    dist`: _fused_top_p. None (the samplers run) for other tails, t <= 0, narrower rows or without numba."""
+    dist`: _fused_top_p. Tails led by a top-k (`top_k -> [top_p | min_p | temperature]* -> dist | greedy`):
+    _fused_ranked; greedy alone: _fused_greedy. None (the samplers run) for other tails, t <= 0, narrower rows or
+    without numba."""
     kinds = [part.kind for part in parts]
+    if select.kind == "greedy" and not parts:
+        return _fused_greedy(logits)
+    if kinds[:1] == ["top_k"] and select.kind in ("dist", "greedy"):
+        return _fused_ranked(logits, parts, select, positions, stream)
     if select.kind != "dist" or len(set(kinds)) < len(kinds):
         return None
     if kinds in (["top_p"], ["temperature", "top_p"]):
@@ -282,13 +289,68 @@ def _fused_top_p(
     return _named(samplechain_cpu_cuts.top_p_draw(logits, t, p, least, select.value, positions, stream))
 
 
+_TAIL_CODES = {"top_p": 1, "min_p": 2, "temperature": 3}  # samplechain_cpu_tail's TOP_P, MIN_P, TEMPERATURE
+
+
+def _fused_ranked(
+    logits: torch.Tensor, parts: list[FusedPart], select: FusedPart, positions: torch.Tensor, stream: int
+) -> FusedDraw | None:
+    """`top_k -> [top_p | min_p | temperature]* -> dist | greedy` (top_k first, k < V on every row) in one compiled
+    call (samplechain_cpu_tail.ranked_tail): the forty-odd torch calls of those samplers on the k survivors saved.
+    None (the samplers run) for other tails, a row whose top_k keeps all, narrower inputs or without numba."""
+    if logits.numel() < _FUSED_MIN or logits.dtype != torch.float32 or logits.ndim != 2 or not numba_enabled():
+        return None
+    if any(part.kind not in _TAIL_CODES for part in parts[1:]):
+        return None
+    k, least = parts[0].value, parts[0].min_keep
+    if isinstance(k, torch.Tensor) or isinstance(least, torch.Tensor):
+        k = torch.as_tensor(k, dtype=torch.int64)
+        if bool((k <= 0).any()):
+            return None  # a row without a top_k: the whole vocabulary goes on
+        k = torch.clamp(torch.maximum(k, torch.as_tensor(least, dtype=torch.int64)), max=logits.shape[1])
+        if bool((k >= logits.shape[1]).any()):
+            return None
+    else:
+        k = min(max(int(k), int(least)), logits.shape[1])
+        if int(parts[0].value) <= 0 or k >= logits.shape[1]:
+            return None
+    tail = [(_TAIL_CODES[p.kind], p.value, 0 if p.kind == "temperature" else p.min_keep) for p in parts[1:]]
+    import samplechain_cpu_tail
+
+    greedy = select.kind == "greedy"
+    seed = None if greedy else select.value
+    return _named(samplechain_cpu_tail.ranked_tail(logits, k, tail, greedy, seed, positions, stream))
+
+
+def _fused_greedy(logits: torch.Tensor) -> FusedDraw | None:
+    """greedy over the whole vocabulary: the argmax (samplechain_cpu_tail.greedy) and the executor's float64
+    normaliser (ROW_LSE's kernel) in two compiled calls, the same token and logprob as the sampler's path; None
+    (the sampler runs) on rows wider than LSE64_WIDTH, narrower inputs or without numba."""
+    if (
+        logits.numel() < _FUSED_MIN
+        or logits.shape[1] > LSE64_WIDTH
+        or logits.dtype != torch.float32
+        or logits.ndim != 2
+        or not numba_enabled()
+    ):
+        return None
+    import samplechain_cpu_draw
+    import samplechain_cpu_tail
+
+    tokens = samplechain_cpu_tail.greedy(logits)
+    lse = None if tokens is None else samplechain_cpu_draw.row_lse(logits)
+    if tokens is None or lse is None:
+        return None
+    return FusedDraw(tokens, logits.gather(1, tokens[:, None]).squeeze(1) - lse)
+
+
 def _named(drawn: tuple[torch.Tensor, torch.Tensor] | None) -> FusedDraw | None:
     """A compiled draw's (tokens, logprobs) as the kernel contract's FusedDraw; None: the kernel declined."""
     return None if drawn is None else FusedDraw(*drawn)
 
 
 # the executor stops its walk over the tail elsewhere (an attribute of the function, as the contract reads it)
-fused_sample.fused_kinds = frozenset({"temperature", "min_p", "top_p"})  # type: ignore[attr-defined]
+fused_sample.fused_kinds = frozenset({"temperature", "min_p", "top_p", "top_k"})  # type: ignore[attr-defined]
 
 
 class CpuBackend(Backend):

@@ -30,6 +30,8 @@ threads before a fork).
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 import torch
@@ -455,8 +457,8 @@ def scaled_draw(
 def _log_p(p: torch.Tensor | float, batch: int) -> np.ndarray:
     """(B,) float64: the log p that samplechain_cpu_torch.min_p_floor adds to a row's top, as it adds it (its floor of a
     zero top: a number's log as float32, a tensor's in its dtype), -inf where p <= 0."""
-    if not isinstance(p, torch.Tensor) and p <= 0:
-        return np.full(batch, -np.inf)
+    if not isinstance(p, torch.Tensor):  # torch adds a number's log to a float32 top as the float32 nearest it
+        return np.full(batch, np.float32(math.log(p)) if p > 0 else -np.inf)
     return per_row(min_p_floor(torch.zeros(batch), p), batch, np.dtype(np.float64))
 
 

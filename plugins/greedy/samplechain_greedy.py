@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, hookimpl
+from samplechain import Candidates, FusedPart, Sampler, Stage, StepContext, hookimpl
 
 
 class Greedy(Sampler):
@@ -14,6 +14,10 @@ class Greedy(Sampler):
     sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
     stage = Stage.SELECT
     summary = "argmax of the processed logits"
+    has_fused_part = True  # a backend's FUSED_SAMPLE kernel may take the argmax with the samplers before it
+
+    def fused(self, ctx: StepContext) -> FusedPart:
+        return FusedPart("greedy", None)
 
     def is_argmax_invariant(self) -> bool:
         return True

@@ -71,6 +71,7 @@ class Chain(StepStages):
         self._sparse = {i for i, s in enumerate(self.samplers) if s.has_sparse_changes}
         # a selector a backend's fused truncate-and-draw kernel can run (dist), perhaps after samplers that tell it theirs
         self._fusable = self.samplers[-1].has_fused_part and not self.samplers[-1].is_stateful()
+        self._fusion_kept = None
         self.needs_history = any(s.needs_history() for s in self.samplers)
         self.needs_unconditional_logits = any(s.needs_unconditional_logits() for s in self.samplers)
         self.setup: SamplerSetup | None = None  # the last prepare()'s

@@ -29,6 +29,7 @@ class StepStages:
     _stateful: list[int]  # the samplers that keep per-request state
     _sparse: set[int]  # the samplers that declare `has_sparse_changes`
     _fusable: bool  # the selector declares a fused part and keeps no state
+    _fusion_kept: tuple[Any, Any, FusionPlan | None] | None  # (batch view, backend, its plan): `_fusion`'s last
     _wrap: Callable[..., SamplechainError]
     _checked: Callable[[Any], tuple[torch.Tensor, bool]]
 
@@ -90,9 +91,18 @@ class StepStages:
     def _fusion(self, step: Step) -> FusionPlan | None:
         """The chain's tail a backend may run in one truncate-and-draw kernel (`FUSED_SAMPLE`): the selector and the
         samplers before it, back to the first that is neither a no-op on this batch nor a `FusedPart`; None where
-        there is no such kernel. Reads nothing on the device."""
+        there is no such kernel. Reads nothing on the device. The answer is kept while the batch's parameters stay
+        (the store's cached BatchView): `is_noop` and `fused` read only those."""
         if not self._fusable:
             return None
+        kept = self._fusion_kept
+        if kept is not None and kept[0] is step.view and kept[1] is step.backend:
+            return kept[2]
+        plan = self._new_fusion(step)
+        self._fusion_kept = (step.view, step.backend, plan)
+        return plan
+
+    def _new_fusion(self, step: Step) -> FusionPlan | None:
         kernel = step.backend.kernel(FUSED_SAMPLE)
         if kernel is None:
             return None
@@ -113,7 +123,7 @@ class StepStages:
         if start > 0 and self._swaps(start - 1, self._context(step, start - 1)):
             return None  # _filter would run the tail's first sampler (top_k) before the one in front of it
         select = self._call(last, self.samplers[last].fused, self._context(step, last))
-        if select is None or select.kind != "dist":
+        if select is None or select.kind not in ("dist", "greedy"):
             return None
         parts = []
         ranked = False  # a top_k among the parts after this one
