@@ -245,3 +245,36 @@ def test_no_warning_when_every_plugin_is_healthy(clean_env):
         warnings.simplefilter("error")
         host.load_all()
     assert {i.status for i in host.plugins.values()} == {"loaded"}
+
+
+DRAFTER = """
+import samplechain as sc
+from samplechain.drafters import Drafter
+
+class Echo(Drafter):
+    name = "echo"
+    def propose(self, row, tokens, limit):
+        return tokens[-1:]
+
+@sc.hookimpl
+def register_drafters(register):
+    register(Echo)
+"""
+
+
+def test_drafters_register_through_the_same_entry_points_and_a_broken_one_is_isolated(site):
+    site("echo", DRAFTER)
+    site("bad_drafter", "raise ImportError('no module named suffix_tree')\n", dist="samplechain-bad-drafter")
+    site("lazy", DRAFTER.replace("def propose", "def unused").replace('"echo"', '"lazy"'))
+    host = PluginHost(entry_points=site.entry_points())
+    with pytest.warns(PluginWarning) as caught:
+        infos = {i.name: i for i in host.load_all()}
+    assert infos["echo"].status == "loaded" and infos["echo"].kinds == ["drafter"]
+    assert infos["echo"].provides == ["echo.v1"]
+    assert infos["bad_drafter"].status == "broken" and "suffix_tree" in infos["bad_drafter"].error
+    assert infos["lazy"].status == "broken" and "must implement propose(row, tokens, limit)" in infos["lazy"].error
+    assert any("'bad_drafter'" in str(w.message) for w in caught)
+    assert host.get("drafter", "echo").name == "echo"
+    assert host.get("drafter", "prompt_lookup").name == "prompt_lookup"  # the built-in keeps working
+    with pytest.raises(UnknownPluginError, match=r"unknown drafter 'ecko'; did you mean 'echo'"):
+        host.get("drafter", "ecko")

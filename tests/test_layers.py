@@ -141,6 +141,7 @@ CONTRACT = {
     "samplechain.strings",
     "samplechain.tokens",
     "samplechain.runners",
+    "samplechain.drafters",
 }
 
 

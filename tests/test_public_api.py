@@ -75,7 +75,18 @@ def test_package_is_typed():
 # ----------------------------------------------------------------- the contract: what a plugin may import
 # The modules at the top of the package that plugins import (docs/architecture.md, "The contract"); everything else
 # (engine, generation, integrations, tools, cli) is the library's own and may change.
-CONTRACT_MODULES = {"candidates", "contracts", "errors", "filters", "hookspecs", "params", "rng", "strings", "tokens"}
+CONTRACT_MODULES = {
+    "candidates",
+    "contracts",
+    "drafters",
+    "errors",
+    "filters",
+    "hookspecs",
+    "params",
+    "rng",
+    "strings",
+    "tokens",
+}
 # the top-level names that belong to the contract (the rest of samplechain.__all__ is the engine's: Chain, ...)
 CONTRACT_NAMES = {
     "ALL_DEVICES",

@@ -31,3 +31,8 @@ def register_backends(register: Callable[[type], None]) -> None:
 @hookspec
 def register_runners(register: Callable[[type], None]) -> None:
     """Register ModelRunner subclasses (samplechain.runners): call register(cls) once per class."""
+
+
+@hookspec
+def register_drafters(register: Callable[[type], None]) -> None:
+    """Register Drafter subclasses (samplechain.drafters): call register(cls) once per class."""

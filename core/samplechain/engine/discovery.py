@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover
 
 from .. import hookspecs
 from ..contracts import Backend, Sampler, Stage, StoppingCriterion
+from ..drafters import Drafter
 from ..errors import PluginError, PluginLoadError, UnknownPluginError
 from ..runners import ModelRunner
 from .registry import Registry, load_registry
@@ -50,12 +51,14 @@ KIND_BASES: dict[str, type[Any]] = {
     "stopping_criterion": StoppingCriterion,
     "backend": Backend,
     "runner": ModelRunner,
+    "drafter": Drafter,
 }
 _HOOKS = {
     "sampler": "register_samplers",
     "stopping_criterion": "register_stopping_criteria",
     "backend": "register_backends",
     "runner": "register_runners",
+    "drafter": "register_drafters",
 }
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _VERSIONED = re.compile(r"^(?P<base>[a-z][a-z0-9_]*)(?:\.v(?P<version>[0-9]+))?$")
@@ -84,7 +87,7 @@ class PluginInfo:
     status: str = "available"  # available (not imported yet) | loaded | broken | disabled | blocked
     error: str | None = None
     provides: list[str] = attrs.field(factory=list)  # qualified names it registered: top_p.v1 ...
-    kinds: list[str] = attrs.field(factory=list)  # sampler / stopping_criterion / backend
+    kinds: list[str] = attrs.field(factory=list)  # sampler / stopping_criterion / backend / runner / drafter
     entry_point: Any = attrs.field(default=None, repr=False, eq=False)
 
     def describe(self) -> str:
@@ -260,6 +263,8 @@ class PluginHost:
             raise PluginError(f"{where}: {cls.__name__}.stage must be a samplechain.Stage (transform/filter/select)")
         if not attrs.has(cast("type[Any]", cls).Params):
             raise PluginError(f"{where}: {cls.__name__}.Params must be an attrs class (use samplechain.NoParams)")
+        if kind == "drafter" and cast("type[Drafter]", cls).propose is Drafter.propose:
+            raise PluginError(f"{where}: {cls.__name__} must implement propose(row, tokens, limit)")
         if kind == "backend" and not isinstance(getattr(cls, "device_type", None), str):
             raise PluginError(f"{where}: {cls.__name__}.device_type must be a torch device type such as 'cpu'")
 

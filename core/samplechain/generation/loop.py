@@ -76,7 +76,11 @@ def generate(
     one), the run may end earlier (eos, stop strings). It sees the loop, never changes it. Not with beam search.
 
     resume: a `Generation.checkpoint()` (or the path of its JSON file): continue that generation, with the same
-    chain, criteria and model, instead of starting from prompts."""
+    chain, criteria and model, instead of starting from prompts.
+
+    draft: speculative decoding that never changes the tokens (docs/speculative.md): a drafter's name
+    ("prompt_lookup"), a table {"use": "prompt_lookup", "num_tokens": 10} or a samplechain.drafters.Drafter object;
+    the output's drafted / kept / model_calls count its work per row."""
     if not isinstance(num_beams, int) or num_beams < 1:
         raise ConfigError(f"num_beams = {num_beams!r}: must be an integer >= 1")
     if num_beams > 1:
@@ -88,6 +92,11 @@ def generate(
         if progress is not None:
             raise ConfigError(
                 "progress= is not available with beam search (num_beams > 1): drop progress=, or use num_beams=1"
+            )
+        if kwargs.get("draft") is not None:
+            raise ConfigError(
+                "draft= (speculative decoding) runs greedy and sampling generation; beam search (num_beams > 1) "
+                "does not draft: drop draft=, or use num_beams=1"
             )
         return beam_generate(
             model,

@@ -32,6 +32,9 @@ class GenerationOutput(ModelOutput):
     texts: per row the decoded new text (special tokens skipped) when a tokenizer was given; a row stopped by a
         stop string / stop_regex ends before the matched text, or right after it with
         include_stop_str_in_output=True (as vLLM: `sequences` keep every generated token, only the text is cut).
+    drafted / kept / model_calls: (B,) int64 per row, with a drafter (draft=): drafted tokens the model checked,
+        those that came out, and the forward passes that produced the row's tokens (the prefill included; without
+        a drafter that is num_generated).
     sequences_scores / beam_indices: beam search only, as transformers' GenerateBeamDecoderOnlyOutput.
     """
 
@@ -51,3 +54,6 @@ class GenerationOutput(ModelOutput):
     num_generated: torch.Tensor | None = None
     texts: list[str] | None = None
     prompt_length: int | None = None
+    drafted: torch.Tensor | None = None
+    kept: torch.Tensor | None = None
+    model_calls: torch.Tensor | None = None

@@ -38,6 +38,7 @@ from .from_config import asked_settings, chain_from_generation_config
 from .inputs import PromptInputs, Prompts
 from .model import ModelRunner, runner_for
 from .outputs import GenerationOutput
+from .speculative import Speculation
 
 __all__ = ["Generation"]
 
@@ -153,6 +154,7 @@ class Generation(PromptInputs, Checkpoints):
         negative_prompt_attention_mask: torch.Tensor | None = None,
         resume: Mapping[str, Any] | str | Path | None = None,
         cuda_graphs: bool | None = None,
+        draft: Any = None,
     ) -> None:
         ckpt = None if resume is None else load_checkpoint(resume)
         if ckpt is not None:  # what the checkpoint holds is not given again
@@ -192,6 +194,8 @@ class Generation(PromptInputs, Checkpoints):
         self.stopping = self._stopping(stop, max_new_tokens, max_length, max_time, stop_strings, ignore_eos, stop_regex)
         # vLLM's include_stop_str_in_output, per row: a row stopped by a stop string / stop_regex keeps the match
         self.include_stop_str_in_output = self._include_rows(include_stop_str_in_output)
+        # speculative decoding (speculative.py): a drafter's guesses, kept where the chain draws them
+        self.speculation = Speculation.prepare(draft, self)
         self._prepare()
         self._fresh_progress()
         if ckpt is not None:
@@ -452,6 +456,9 @@ class Generation(PromptInputs, Checkpoints):
                     assert self.uncond_ids is not None  # guidance runs on it
                     uncond = guidance.step(self.uncond_ids[:, : uwidth + j])
             self._replay = 0
+            if self.speculation is not None:
+                yield from self.speculation.run(self, runner, logits, self._steps)
+                return
             step = self._steps
             while True:
                 step += 1
@@ -601,7 +608,7 @@ class Generation(PromptInputs, Checkpoints):
                     new.cpu(), self.num_generated.tolist(), self.stop_matches, self.include_stop_str_in_output
                 )
             ]
-        return GenerationOutput(
+        out = GenerationOutput(
             sequences=self.input_ids,
             scores=tuple(self.scores) if self.output_scores else None,
             logits=tuple(self.raw_logits) if self.output_logits else None,
@@ -615,3 +622,6 @@ class Generation(PromptInputs, Checkpoints):
             texts=texts,
             prompt_length=prompt_length,
         )
+        if self.speculation is not None:
+            self.speculation.report(out)
+        return out

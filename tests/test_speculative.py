@@ -1,0 +1,302 @@
+"""Speculative decoding (`draft=`, the `match` mode): the tokens equal generation without a drafter, token for token,
+whatever the chain, the batch, the drafter and its draft lengths; the counts say what the drafter saved."""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from samplechain import ConfigError, UnknownPluginError
+from samplechain.drafters import Drafter
+from samplechain.errors import GenerationWarning
+from samplechain.generation import Generation, generate, stream
+from samplechain.models import tiny_model_path
+
+transformers = pytest.importorskip("transformers")
+
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):",
+    "The list is: apple, pear, plum. Again: apple,",
+    "In Python,",
+    "A list is a list is a",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    path = tiny_model_path()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def run(model, tok, prompts, **kwargs):
+    """The output and the Generation behind it (its prompt lengths)."""
+    gen = Generation(model, tok, prompts, pad_token_id=0, **kwargs)
+    for _ in gen.steps():
+        pass
+    return gen.output(), gen
+
+
+class Scripted(Drafter):
+    """Knows each row's reference tokens (prompt and continuation) and proposes them: `length(rng)` tokens, the
+    one at `wrong(rng, n)` (None: none) replaced by another token."""
+
+    name = "scripted"
+
+    def __init__(self, rows: Sequence[list[int]], vocab: int, *, seed=0, longest=6, wrong_rate=0.0, always_wrong=False):
+        super().__init__()
+        self.rows, self.vocab, self.rng = rows, vocab, random.Random(seed)
+        self.longest, self.wrong_rate, self.always_wrong = longest, wrong_rate, always_wrong
+        self.calls = 0
+
+    def propose(self, row, tokens, limit):
+        self.calls += 1
+        full = self.rows[row]
+        n = len(tokens)
+        assert tokens.tolist() == full[:n], "the drafter sees the row's prompt and tokens so far"
+        draft = full[n : n + min(limit, self.rng.randint(1, self.longest))]
+        if self.always_wrong:
+            return [(t + 1) % self.vocab for t in draft]
+        if draft and self.rng.random() < self.wrong_rate:
+            i = self.rng.randrange(len(draft))
+            draft[i] = (draft[i] + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab
+        return draft
+
+
+def reference_rows(out, gen) -> list[list[int]]:
+    """Each row's prompt (without padding) and generated tokens."""
+    width = gen.attention_mask.shape[1]
+    return [
+        out.sequences[b, width - int(gen.prompt_lengths[b]) : width + int(out.num_generated[b])].tolist()
+        for b in range(out.sequences.shape[0])
+    ]
+
+
+def assert_same_tokens(ours, reference):
+    assert ours.sequences.tolist() == reference.sequences.tolist()
+    assert ours.num_generated.tolist() == reference.num_generated.tolist()
+    assert ours.finish_reasons == reference.finish_reasons
+    torch.testing.assert_close(ours.logprobs, reference.logprobs, atol=1e-4, rtol=1e-4)
+
+
+# ----------------------------------------------------------------- random chains from the catalogue
+TRANSFORMS = [
+    {"use": "penalties", "repeat": 1.3, "frequency": 0.2, "presence": 0.1, "last_n": 32},
+    {"use": "dry", "multiplier": 0.8, "base": 1.75, "allowed_length": 2},
+    {"use": "temperature", "t": 0.8},
+    {"use": "temperature", "t": 1.3},
+]
+FILTERS = [
+    {"use": "top_k", "k": 40},
+    {"use": "top_p", "p": 0.9},
+    {"use": "min_p", "p": 0.05},
+    {"use": "xtc", "probability": 0.5, "threshold": 0.1},
+    {"use": "typical", "p": 0.9},
+]
+SELECTORS = [{"use": "dist"}, {"use": "greedy"}, {"use": "mirostat", "tau": 5.0}, {"use": "mirostat_v2", "tau": 5.0}]
+
+
+def random_chain(rng: random.Random) -> dict:
+    selector = rng.choice(SELECTORS)
+    transforms = rng.sample(TRANSFORMS[:2], rng.randint(0, 2)) + rng.sample(TRANSFORMS[2:], rng.randint(0, 1))
+    filters = rng.sample(FILTERS, rng.randint(0, 2)) if selector["use"] == "dist" else []
+    if selector["use"] == "greedy":
+        transforms = [t for t in transforms if t["use"] != "temperature"]
+    return {"samplers": [*transforms, *filters, selector]}
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_drafts_never_change_the_tokens_of_random_chains(tiny, case):
+    model, tok = tiny
+    rng = random.Random(case)
+    chain = random_chain(rng)
+    prompts = rng.sample(PROMPTS, 1 + case % 4)  # B = 1..4
+    kwargs = {"chain": chain, "max_new_tokens": 24, "seed": 100 + case}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # chain pitfalls a random chain may have
+        reference, gen = run(model, tok, prompts, **kwargs)
+        rows = reference_rows(reference, gen)
+        drafter = Scripted(rows, model.config.vocab_size, seed=case, longest=7, wrong_rate=0.4)
+        ours, _ = run(model, tok, prompts, draft=drafter, **kwargs)
+        looked_up, _ = run(model, tok, prompts, draft={"use": "prompt_lookup", "num_tokens": 5}, **kwargs)
+    assert_same_tokens(ours, reference)
+    assert_same_tokens(looked_up, reference)
+    assert drafter.calls > 0 and int(ours.kept.sum()) > 0, chain
+    assert bool((ours.model_calls < reference.num_generated).any()), "some row saved a model call"
+
+
+# ----------------------------------------------------------------- what the counts say
+def test_the_exact_continuation_is_kept_whole(tiny):
+    model, tok = tiny
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 24}
+    reference, gen = run(model, tok, PROMPTS[:1], **kwargs)
+    k = 3
+    drafter = Scripted(reference_rows(reference, gen), model.config.vocab_size, longest=k)
+    drafter.rng = random.Random()
+    drafter.rng.randint = lambda a, b: k  # type: ignore[method-assign]  # always k tokens
+    ours, _ = run(model, tok, PROMPTS[:1], draft=drafter, **kwargs)
+    assert_same_tokens(ours, reference)
+    n, calls, kept = int(ours.num_generated[0]), int(ours.model_calls[0]), int(ours.kept[0])
+    assert n - calls <= kept <= n - calls + 1  # each call: its kept drafts and the chain's own token
+    assert calls <= 1 + math.ceil((n - 1) / (k + 1))
+    assert kept == int(ours.drafted[0]) or reference.finish_reasons[0] != "max_new_tokens"
+
+
+def test_wrong_drafts_are_never_kept_and_cost_no_token(tiny):
+    model, tok = tiny
+    kwargs = {"chain": {"samplers": [{"use": "top_k", "k": 20}, {"use": "dist"}]}, "max_new_tokens": 16, "seed": 7}
+    reference, gen = run(model, tok, PROMPTS[:3], **kwargs)
+    drafter = Scripted(reference_rows(reference, gen), model.config.vocab_size, always_wrong=True)
+    ours, _ = run(model, tok, PROMPTS[:3], draft=drafter, **kwargs)
+    assert_same_tokens(ours, reference)
+    assert ours.kept.tolist() == [0, 0, 0]
+    assert ours.model_calls.tolist() == reference.num_generated.tolist()  # one token per call, as without drafts
+    assert bool((ours.drafted > 0).all())
+
+
+def test_without_a_drafter_there_are_no_counts(tiny):
+    model, tok = tiny
+    out, _ = run(model, tok, PROMPTS[:1], chain="preset:greedy", max_new_tokens=4)
+    assert out.drafted is None and out.kept is None and out.model_calls is None
+
+
+# ----------------------------------------------------------------- every way in
+def test_a_name_a_table_and_an_object_draft_alike(tiny):
+    model, tok = tiny
+    kwargs = {"chain": "preset:llama.cpp", "max_new_tokens": 20, "seed": 5}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GenerationWarning)
+        reference = generate(model, tok, PROMPTS[:2], **kwargs)
+        named = generate(model, tok, PROMPTS[:2], draft="prompt_lookup", **kwargs)
+        table = generate(model, tok, PROMPTS[:2], draft={"use": "prompt_lookup.v1", "max_ngram": 2}, **kwargs)
+    assert_same_tokens(named, reference)
+    assert_same_tokens(table, reference)
+    assert named.kept is not None and named.kept.shape == (2,)
+
+
+def test_stream_with_a_drafter_emits_the_same_events(tiny):
+    model, tok = tiny
+    kwargs = {"chain": "preset:llama.cpp", "max_new_tokens": 30, "seed": 3, "stop_strings": ["apple, pear"]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GenerationWarning)
+        plain = list(stream(model, tok, PROMPTS[:2], **kwargs))
+        result: list = []
+        drafted = list(stream(model, tok, PROMPTS[:2], draft="prompt_lookup", result=result, **kwargs))
+    assert drafted == plain
+    for b in range(2):
+        assert "".join(e.text for e in drafted if e.index == b) == result[0].texts[b]
+
+
+# ----------------------------------------------------------------- bad input
+def test_an_unknown_drafter_is_one_error_before_generation(tiny):
+    model, tok = tiny
+    with pytest.raises(UnknownPluginError, match=r"unknown drafter 'prompt_lookpu'.*did you mean 'prompt_lookup'"):
+        Generation(model, tok, "Hi", draft="prompt_lookpu", pad_token_id=0)
+
+
+@pytest.mark.parametrize(
+    ("draft", "message"),
+    [
+        ({"use": "prompt_lookup", "num_tokens": 0}, r"draft\[prompt_lookup\]\.num_tokens = 0: must be in \[1, inf\)"),
+        ({"use": "prompt_lookup", "num_token": 4}, r"num_token.*unknown parameter.*did you mean 'num_tokens'"),
+        ({"use": "prompt_lookup", "min_ngram": 4, "max_ngram": 2}, r"prompt_lookup: min_ngram \(= 4\).*max_ngram"),
+        ({"num_tokens": 4}, r"names its drafter with `use`"),
+        (3, r"draft = 3: pass a drafter name"),
+    ],
+)
+def test_bad_drafter_parameters_are_one_error_naming_them(tiny, draft, message):
+    model, tok = tiny
+    with pytest.raises(ConfigError, match=message):
+        Generation(model, tok, "Hi", draft=draft, pad_token_id=0)
+
+
+def test_draft_with_beam_search_or_guidance_is_refused(tiny):
+    model, tok = tiny
+    with pytest.raises(ConfigError, match=r"beam search .* does not draft"):
+        generate(model, tok, "Hi", num_beams=2, draft="prompt_lookup", pad_token_id=0)
+    with pytest.raises(ConfigError, match=r"draft= with negative_prompt"):
+        guided = {"samplers": [{"use": "cfg", "scale": 1.5}, {"use": "greedy"}]}
+        Generation(model, tok, "Hi", chain=guided, draft="prompt_lookup", negative_prompt="Bye", pad_token_id=0)
+
+
+class Failing(Scripted):
+    name = "failing"
+
+    def propose(self, row, tokens, limit):
+        if self.calls == 3:
+            self.calls += 1
+            raise RuntimeError("index out of range")
+        return super().propose(row, tokens, limit)
+
+
+def test_a_drafter_that_raises_leaves_its_row_without_drafts_and_the_tokens_unchanged(tiny):
+    model, tok = tiny
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 20}
+    reference, gen = run(model, tok, PROMPTS[:1], **kwargs)
+    drafter = Failing(reference_rows(reference, gen), model.config.vocab_size)
+    with pytest.warns(GenerationWarning, match=r"drafter failing\.v1 failed on row 0 \(RuntimeError: index out"):
+        ours, _ = run(model, tok, PROMPTS[:1], draft=drafter, **kwargs)
+    assert_same_tokens(ours, reference)
+    assert drafter.calls == 4  # never asked again
+    assert int(ours.kept[0]) > 0
+
+
+def test_a_drafter_proposing_what_is_no_token_is_switched_off(tiny):
+    model, tok = tiny
+
+    class OutOfVocabulary(Drafter):
+        name = "out_of_vocabulary"
+
+        def propose(self, row, tokens, limit):
+            return [10**9]
+
+    reference, _ = run(model, tok, PROMPTS[:1], chain="preset:greedy", max_new_tokens=8)
+    with pytest.warns(GenerationWarning, match=r"out_of_vocabulary\.v1 failed on row 0.*token ids in \[0, "):
+        ours, _ = run(model, tok, PROMPTS[:1], chain="preset:greedy", max_new_tokens=8, draft=OutOfVocabulary())
+    assert_same_tokens(ours, reference)
+
+
+# ----------------------------------------------------------------- llama.cpp
+@pytest.fixture(scope="module")
+def smollm():
+    """SmolLM2 on llama.cpp with flash attention, under which a multi-token decode gives the logits of one-token
+    steps bit for bit (without it they differ by up to ~1.3: docs/speculative.md)."""
+    pytest.importorskip("llama_cpp")
+    from samplechain.models import default_gguf_path
+    from samplechain_llama_cpp import load_gguf
+
+    try:
+        path = default_gguf_path()
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+    model, tokenizer = load_gguf(path, n_ctx=1024, flash_attn=True)
+    yield model, tokenizer
+    model.close()
+
+
+QUOTING = [
+    [{"role": "user", "content": "Rename x to y in: def f(x):\n    return x * x + x"}],
+    [{"role": "user", "content": "Repeat exactly: the quick brown fox jumps over the lazy dog, twice."}],
+]
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.slow
+def test_on_llama_cpp_prompt_lookup_gives_the_same_tokens(smollm):
+    model, tok = smollm
+    for chain in ("preset:greedy", "preset:llama.cpp"):
+        kwargs = {"chain": chain, "max_new_tokens": 24, "seed": 11, "output_logits": True}
+        reference = generate(model, tok, QUOTING, **kwargs)
+        ours = generate(model, tok, QUOTING, draft={"use": "prompt_lookup", "num_tokens": 6}, **kwargs)
+        assert_same_tokens(ours, reference)
+        assert ours.texts == reference.texts
+        for j, (a, b) in enumerate(zip(ours.logits, reference.logits)):  # bit for bit while a row generates
+            rows = reference.num_generated > j
+            assert torch.equal(a[rows], b[rows]), (chain, j)
+        if chain == "preset:greedy":  # the quoting answers repeat their prompts: lookups hit
+            assert bool((ours.model_calls < ours.num_generated).all()), ours.model_calls
