@@ -10,7 +10,8 @@ The default model (SmolLM2-135M-Instruct) on the two engines samplechain runs it
                   min_p 0.05 -> dist; theirs: model.generate(do_sample=True) with the same values
                   and greedy: [greedy] against do_sample=False
 
-Both sides generate exactly N tokens per row: the end-of-text token gets a logit bias of -inf on both (llama.cpp's
+Both sides evaluate the prompt in every run (llama-cpp-python's cache of the previous run's prompt is reset first)
+and generate exactly N tokens per row: the end-of-text token gets a logit bias of -inf on both (llama.cpp's
 logit_bias, a logit_bias stage first in our chain; transformers' suppress_tokens against ours). Reported: tokens
 per second (median over interleaved repetitions, who goes first alternating), the ratio ours / theirs (> 1: ours
 is faster), the milliseconds per token our chain.sample takes, and its share of a token's time.
@@ -101,6 +102,9 @@ def _llama_theirs(llama: Any, tokens: list[int], n: int, eos: int, greedy: bool)
     settings: dict[str, Any] = {"temperature": 0.0} if greedy else dict(VALUES, typical_p=1.0, seed=1234)
 
     def run() -> float:
+        # each run evaluates the prompt, as ours does: without the reset, create_completion would reuse the previous
+        # run's cache for the prompt (its prefix match) and skip the prefill ours pays for
+        llama.reset()
         start = time.perf_counter()
         out = llama.create_completion(
             tokens, max_tokens=n, repeat_penalty=1.0, logit_bias={eos: float("-inf")}, **settings

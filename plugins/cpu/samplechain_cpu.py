@@ -297,9 +297,26 @@ def _fused_ranked(
 ) -> FusedDraw | None:
     """`top_k -> [top_p | min_p | temperature]* -> dist | greedy` (top_k first, k < V on every row) in one compiled
     call (samplechain_cpu_tail.ranked_tail): the forty-odd torch calls of those samplers on the k survivors saved.
-    None (the samplers run) for other tails, a row whose top_k keeps all, narrower inputs or without numba."""
+    None (the samplers run) for other tails, a row whose top_k keeps all, narrower inputs or without numba. The
+    parts' arrays are formed once while the executor hands the same parts (its plan for an unchanged batch)."""
     if logits.numel() < _FUSED_MIN or logits.dtype != torch.float32 or logits.ndim != 2 or not numba_enabled():
         return None
+    import samplechain_cpu_tail
+
+    kept = _ranked_kept[0]
+    if kept is None or kept[0] is not parts or kept[1] is not select or kept[2] != logits.shape:
+        kept = (parts, select, logits.shape, _ranked_plan(parts, select, logits.shape))
+        _ranked_kept[0] = kept
+    plan = kept[3]
+    return None if plan is None else _named(samplechain_cpu_tail.ranked_tail(logits, plan, positions, stream))
+
+
+_ranked_kept: list[Any] = [None]  # (parts, select, shape, its TailPlan or None): _fused_ranked's last
+
+
+def _ranked_plan(parts: list[FusedPart], select: FusedPart, shape: torch.Size) -> Any:
+    """The TailPlan of a tail led by a top-k, or None where the kernel cannot take it."""
+    batch, width = shape
     if any(part.kind not in _TAIL_CODES for part in parts[1:]):
         return None
     k, least = parts[0].value, parts[0].min_keep
@@ -307,24 +324,23 @@ def _fused_ranked(
         k = torch.as_tensor(k, dtype=torch.int64)
         if bool((k <= 0).any()):
             return None  # a row without a top_k: the whole vocabulary goes on
-        k = torch.clamp(torch.maximum(k, torch.as_tensor(least, dtype=torch.int64)), max=logits.shape[1])
-        if bool((k >= logits.shape[1]).any()):
+        k = torch.clamp(torch.maximum(k, torch.as_tensor(least, dtype=torch.int64)), max=width)
+        if bool((k >= width).any()):
             return None
     else:
-        k = min(max(int(k), int(least)), logits.shape[1])
-        if int(parts[0].value) <= 0 or k >= logits.shape[1]:
+        k = min(max(int(k), int(least)), width)
+        if int(parts[0].value) <= 0 or k >= width:
             return None
     tail = [(_TAIL_CODES[p.kind], p.value, 0 if p.kind == "temperature" else p.min_keep) for p in parts[1:]]
     import samplechain_cpu_tail
 
     greedy = select.kind == "greedy"
-    seed = None if greedy else select.value
-    return _named(samplechain_cpu_tail.ranked_tail(logits, k, tail, greedy, seed, positions, stream))
+    return samplechain_cpu_tail.TailPlan.build(batch, k, tail, greedy, None if greedy else select.value)
 
 
 def _fused_greedy(logits: torch.Tensor) -> FusedDraw | None:
-    """greedy over the whole vocabulary: the argmax (samplechain_cpu_tail.greedy) and the executor's float64
-    normaliser (ROW_LSE's kernel) in two compiled calls, the same token and logprob as the sampler's path; None
+    """greedy over the whole vocabulary: the argmax and the executor's float64 normaliser (ROW_LSE's) in one compiled
+    call (samplechain_cpu_tail.greedy), the same token and logprob as the sampler's path; None
     (the sampler runs) on rows wider than LSE64_WIDTH, narrower inputs or without numba."""
     if (
         logits.numel() < _FUSED_MIN
@@ -334,14 +350,9 @@ def _fused_greedy(logits: torch.Tensor) -> FusedDraw | None:
         or not numba_enabled()
     ):
         return None
-    import samplechain_cpu_draw
     import samplechain_cpu_tail
 
-    tokens = samplechain_cpu_tail.greedy(logits)
-    lse = None if tokens is None else samplechain_cpu_draw.row_lse(logits)
-    if tokens is None or lse is None:
-        return None
-    return FusedDraw(tokens, logits.gather(1, tokens[:, None]).squeeze(1) - lse)
+    return _named(samplechain_cpu_tail.greedy(logits))
 
 
 def _named(drawn: tuple[torch.Tensor, torch.Tensor] | None) -> FusedDraw | None:

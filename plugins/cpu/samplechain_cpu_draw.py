@@ -490,28 +490,32 @@ def _lane_sums(e, n, start, acc):
         acc[(start + j) & 7] += e[j]
 
 
-@jit(parallel=True, nogil=True)
-def _row_lse(x, out):
-    """out[b] = top + log sum e**(x[b] - top) (float64; top the row's maximum, 0 where it is not finite: -inf for a
+@jit(nogil=True)
+def lse64(xr):
+    """top + log sum e**(xr - top) of one row (float64; top the row's maximum, 0 where it is not finite: -inf for a
     row of -inf, +inf where one is +inf; NaN where one is NaN). The blocks are multiples of 8 wide, so position j
     always adds to lane j % 8."""
+    top = np.float64(largest(xr, xr.shape[0]))
+    if top == np.inf:
+        return np.inf
+    if not top > -np.inf:  # every entry -inf (or a NaN: found below)
+        top = 0.0
+    e = np.empty(BLOCK)
+    acc = np.zeros(8)
+    nan = 0
+    for start in range(0, xr.shape[0], BLOCK):
+        n = min(BLOCK, xr.shape[0] - start)
+        nan += _shifted_exps(xr[start : start + n], top, e)
+        _lane_sums(e, n, start, acc)
+    total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+    return np.nan if nan else top + np.log(total)
+
+
+@jit(parallel=True, nogil=True)
+def _row_lse(x, out):
+    """out[b] = lse64(x[b])."""
     for row in numba.prange(x.shape[0]):
-        xr = x[row]
-        top = np.float64(largest(xr, xr.shape[0]))
-        if top == np.inf:
-            out[row] = np.inf
-            continue
-        if not top > -np.inf:  # every entry -inf (or a NaN: found below)
-            top = 0.0
-        e = np.empty(BLOCK)
-        acc = np.zeros(8)
-        nan = 0
-        for start in range(0, xr.shape[0], BLOCK):
-            n = min(BLOCK, xr.shape[0] - start)
-            nan += _shifted_exps(xr[start : start + n], top, e)
-            _lane_sums(e, n, start, acc)
-        total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
-        out[row] = np.nan if nan else top + np.log(total)
+        out[row] = lse64(x[row])
 
 
 def row_lse(logits: torch.Tensor) -> torch.Tensor | None:

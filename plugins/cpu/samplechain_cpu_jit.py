@@ -151,9 +151,14 @@ def threads(entries: int) -> bool:
             return False
         _start()
     # NUMBA_NUM_THREADS: created by numba.config at import time (see above)
-    threads = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
-    numba.set_num_threads(1 if entries < _SERIAL else min(torch.get_num_threads(), threads))
+    wanted = 1 if entries < _SERIAL else min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+    if getattr(_set, "count", None) != wanted:  # numba's count is per calling thread: set it where it changes
+        numba.set_num_threads(wanted)
+        _set.count = wanted
     return True
+
+
+_set = threading.local()  # the count this thread last gave numba.set_num_threads
 
 
 def per_row(v: torch.Tensor | float, batch: int, dtype: np.dtype) -> np.ndarray:

@@ -23,15 +23,16 @@ fewer finite logits than their top-k keeps, or with t <= 0 decline: the samplers
 
 from __future__ import annotations
 
+import attrs
 import numba
 import numpy as np
 import torch
 
-from samplechain_cpu_draw import _log_p
+from samplechain_cpu_draw import _log_p, lse64
 from samplechain_cpu_jit import HUGE, jit, largest, noise, per_row, row_keys, salt, threads, token_bits
 from samplechain_cpu_rank import _rank_key, _sift_down
 
-__all__ = ["greedy", "ranked_tail", "TOP_P", "MIN_P", "TEMPERATURE"]
+__all__ = ["greedy", "ranked_tail", "TailPlan", "TOP_P", "MIN_P", "TEMPERATURE"]
 
 TOP_P, MIN_P, TEMPERATURE = 1, 2, 3  # the part codes of ranked_tail
 
@@ -203,19 +204,20 @@ def _logprob(vals, n, pick):
 
 
 @jit(parallel=True, nogil=True)
-def _ranked_tail(x, k, codes, args, least, greedy, seed, position, salt, tokens, logprobs, ok):
-    """Per row b: its k[b] best, the parts codes[i] (args[i, b], least[i, b]) in order, the selector; tokens[b],
-    logprobs[b], and ok[b] False where the row declines."""
+def _ranked_tail(x, k, codes, args, least, greedy, seed, position, salt, tokens, logprobs):
+    """Per row b: its k[b] best, the parts codes[i] (args[i, b], least[i, b]) in order, the selector: tokens[b] and
+    logprobs[b]. Returns how many rows decline."""
     batch = x.shape[0]
     k1 = np.empty(batch, dtype=np.uint32)
     k2 = np.empty(batch, dtype=np.uint32)
     row_keys(seed, position, salt, k1, k2)
+    declined = 0
     for row in numba.prange(batch):
         kk = k[row]
         vals = np.empty(kk, dtype=x.dtype)
         ids = np.empty(kk, dtype=np.int64)
-        ok[row] = _top(x[row], kk, vals, ids) and np.isfinite(vals[kk - 1])
-        if not ok[row]:
+        if not (_top(x[row], kk, vals, ids) and np.isfinite(vals[kk - 1])):
+            declined += 1
             continue
         n = kk
         for i in range(codes.shape[0]):
@@ -230,86 +232,108 @@ def _ranked_tail(x, k, codes, args, least, greedy, seed, position, salt, tokens,
         pick = _pick(vals, ids, n, greedy, k1[row], k2[row])
         tokens[row] = ids[pick]
         logprobs[row] = _logprob(vals, n, pick)
+    return declined
+
+
+@attrs.frozen
+class TailPlan:
+    """A tail's arrays for _ranked_tail, formed once per batch: each row's k, the part codes, their values (B per
+    part: top_p's p, min_p's log p as the plugin adds it, the temperature rounded to float32) and min_keeps, the
+    selector and dist's seeds."""
+
+    k: np.ndarray
+    codes: np.ndarray
+    args: np.ndarray
+    least: np.ndarray
+    greedy: bool
+    seeds: np.ndarray
+
+    @classmethod
+    def build(
+        cls,
+        batch: int,
+        k: torch.Tensor | int,
+        parts: list[tuple[int, torch.Tensor | float, torch.Tensor | int]],
+        greedy: bool,
+        seed: torch.Tensor | None,
+    ) -> TailPlan | None:
+        """k: each row's count, max(k, min_keep) clipped to V, between 1 and V - 1. parts: (TOP_P, p, min_keep),
+        (MIN_P, p, min_keep) or (TEMPERATURE, t, 0), in chain order, each value a number or (B,). seed: dist's
+        (B,) seeds (None with greedy). None where a row has t <= 0."""
+        codes = np.array([code for code, _, _ in parts], dtype=np.int64)
+        args = np.empty((len(parts), batch))
+        least = np.zeros((len(parts), batch), dtype=np.int64)
+        for i, (code, value, keep) in enumerate(parts):
+            if code == TEMPERATURE:  # x / t divides by t rounded to float32, as torch's float32 division
+                t = per_row(value, batch, np.dtype(np.float32))
+                if not (t > 0).all():
+                    return None
+                args[i] = t
+            else:
+                args[i] = _log_p(value, batch) if code == MIN_P else per_row(value, batch, np.dtype(np.float64))
+                least[i] = per_row(keep, batch, np.dtype(np.int64))
+        seeds = np.zeros(batch, dtype=np.int64) if seed is None else per_row(seed, batch, np.dtype(np.int64))
+        return cls(per_row(k, batch, np.dtype(np.int64)), codes, args, least, greedy, seeds)
 
 
 def ranked_tail(
-    logits: torch.Tensor,
-    k: torch.Tensor | int,
-    parts: list[tuple[int, torch.Tensor | float, torch.Tensor | int]],
-    greedy: bool,
-    seed: torch.Tensor | None,
-    position: torch.Tensor,
-    stream: int,
+    logits: torch.Tensor, plan: TailPlan, position: torch.Tensor, stream: int
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(tokens (B,) int64, logprobs (B,) float32) of `top_k -> parts -> dist | greedy` over logits (B, V) float32
-    on the CPU. k: each row's count, max(k, min_keep) clipped to V, between 1 and V - 1. parts: (TOP_P, p, min_keep),
-    (MIN_P, p, min_keep) or (TEMPERATURE, t, 0), in chain order, each value a number or (B,). seed: dist's (B,)
-    seeds (None with greedy). None where a row declines (see the module's text) or in a forked child."""
+    """(tokens (B,) int64, logprobs (B,) float32) of `top_k -> parts -> dist | greedy` (the plan's) over logits
+    (B, V) float32 on the CPU. None where a row declines (see the module's text) or in a forked child."""
     if not threads(_entries(logits)):
         return None
     batch = logits.shape[0]
-    x = logits.detach().contiguous().numpy()
-    codes = np.array([code for code, _, _ in parts], dtype=np.int64)
-    args = np.empty((len(parts), batch))
-    least = np.zeros((len(parts), batch), dtype=np.int64)
-    for i, (code, value, keep) in enumerate(parts):
-        if code == TEMPERATURE:  # x / t divides by t rounded to float32, as torch's float32 division
-            t = per_row(value, batch, np.dtype(np.float32))
-            if not (t > 0).all():
-                return None
-            args[i] = t
-        else:
-            args[i] = _log_p(value, batch) if code == MIN_P else per_row(value, batch, np.dtype(np.float64))
-            least[i] = per_row(keep, batch, np.dtype(np.int64))
     tokens = np.empty(batch, dtype=np.int64)
     logprobs = np.empty(batch, dtype=np.float32)
-    ok = np.empty(batch, dtype=np.bool_)
-    seeds = np.zeros(batch, dtype=np.int64) if seed is None else per_row(seed, batch, np.dtype(np.int64))
-    _ranked_tail(
-        x,
-        per_row(k, batch, np.dtype(np.int64)),
-        codes,
-        args,
-        least,
-        greedy,
-        seeds,
+    declined = _ranked_tail(
+        logits.detach().contiguous().numpy(),
+        plan.k,
+        plan.codes,
+        plan.args,
+        plan.least,
+        plan.greedy,
+        plan.seeds,
         per_row(position, batch, np.dtype(np.int64)),
         salt(stream),
         tokens,
         logprobs,
-        ok,
     )
-    if not ok.all():
-        return None
-    return torch.from_numpy(tokens), torch.from_numpy(logprobs)
+    return None if declined else (torch.from_numpy(tokens), torch.from_numpy(logprobs))
 
 
 @jit(parallel=True, nogil=True)
-def _first_max(x, out, ok):
-    """out[b] = the first position of row b's largest entry; ok[b] False where the row holds a NaN (there the
-    search may not end: a NaN maximum equals no entry, so the row is passed over)."""
+def _greedy(x, tokens, logprobs):
+    """tokens[b] = the first position of row b's largest entry, logprobs[b] = its logit - the row's float64
+    log-sum-exp rounded to float32 (samplechain_cpu_draw.lse64, ROW_LSE's), in float32 as the executor subtracts.
+    Returns how many rows hold a NaN (there the search may not end: a NaN maximum equals no entry)."""
+    declined = 0
     for row in numba.prange(x.shape[0]):
         xr = x[row]
         nan = 0
         for j in range(xr.shape[0]):  # vectorised
             nan += xr[j] != xr[j]
-        ok[row] = nan == 0
         if nan:
+            declined += 1
             continue
         top = largest(xr, xr.shape[0])
         best = 0
         while xr[best] != top:
             best += 1
-        out[row] = best
+        tokens[row] = best
+        logprobs[row] = xr[best] - np.float32(lse64(xr))
+    return declined
 
 
-def greedy(logits: torch.Tensor) -> torch.Tensor | None:
-    """(B,) int64: torch.argmax of rows without NaN (the first maximum: the lowest id) in one compiled pass; None
-    where a row holds a NaN or in a forked child."""
+def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(tokens (B,) int64, logprobs (B,) float32): torch.argmax of rows without NaN (the first maximum: the lowest
+    id) and the logprob the executor gives it with ROW_LSE's normaliser, bit for bit, in one compiled call. Rows up
+    to LSE64_WIDTH (where the executor's normaliser is ROW_LSE's); None where a row holds a NaN or in a forked
+    child."""
     if not threads(_entries(logits)):
         return None
-    x = logits.detach().contiguous().numpy()
-    out = np.empty(x.shape[0], dtype=np.int64)
-    ok = np.empty(x.shape[0], dtype=np.bool_)
-    _first_max(x, out, ok)
-    return torch.from_numpy(out) if ok.all() else None
+    batch = logits.shape[0]
+    tokens = np.empty(batch, dtype=np.int64)
+    logprobs = np.empty(batch, dtype=np.float32)
+    declined = _greedy(logits.detach().contiguous().numpy(), tokens, logprobs)
+    return None if declined else (torch.from_numpy(tokens), torch.from_numpy(logprobs))

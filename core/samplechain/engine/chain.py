@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import numpy as np
 import torch
 
 from ..contracts import (
@@ -402,7 +403,7 @@ class Chain(StepStages):
         (`step.failed`) that `SampleOutput.check` reads."""
         if step.backend.sync_free:
             step.failed = ~torch.isfinite(logprobs).all()
-        elif not bool(torch.isfinite(logprobs).all()):  # one reduction (a sum could overflow: -3e38 x 4 is -inf)
+        elif not _all_finite(logprobs):
             raise self._failure(step, logprobs)
 
     def _failure(self, step: Step, logprobs: torch.Tensor) -> Exception:
@@ -536,3 +537,11 @@ class Chain(StepStages):
     def __repr__(self) -> str:
         steps = " -> ".join(s["name"] for s in self.describe())
         return f"Chain({self.config.name or self.config.source}: {steps}, backend={self.backend_name})"
+
+
+def _all_finite(x: torch.Tensor) -> bool:
+    """Every entry finite: one reduction (a sum could overflow: -3e38 x 4 is -inf), through numpy on the CPU (a
+    few microseconds less a step than torch's two calls)."""
+    if x.device.type == "cpu" and not x.requires_grad:
+        return bool(np.isfinite(x.numpy()).all())
+    return bool(torch.isfinite(x).all())
