@@ -13,7 +13,7 @@ import torch
 
 from samplechain_cpu_jit import BUCKET_SHIFT, descending_key, jit, stable_radix_sort, threads
 
-__all__ = ["at_least", "ranked_topk", "bucket_mass"]
+__all__ = ["at_least", "ranked_topk", "bucket_mass", "offer", "drain"]
 
 _NO_IDS = np.zeros((1, 1), dtype=np.int64)  # the ids argument when there are none
 
@@ -113,6 +113,37 @@ def _sift_down(heap, where, n, i):
 
 
 @jit(inline="always")
+def offer(xr, heap, where, n, j, key, low):
+    """Entry j of row xr, its ranked key, offered to the min-heap of the k = heap.shape[0] best (heap[:n] filled so
+    far; at least k entries reach the caller's floor, so it fills): (n, low) after it, low the smallest logit of a
+    full heap (an entry below it cannot enter)."""
+    k = heap.shape[0]
+    if n < k:
+        heap[n] = key
+        where[n] = j
+        n += 1
+        if n == k:
+            for i in range(k // 2 - 1, -1, -1):
+                _sift_down(heap, where, k, i)
+            low = xr[where[0]]
+    elif key > heap[0]:
+        heap[0] = key
+        where[0] = j
+        _sift_down(heap, where, k, 0)
+        low = xr[where[0]]
+    return n, low
+
+
+@jit(inline="always")
+def drain(heap, where):
+    """Heap-sort a full min-heap in place: descending keys (the filters' order), where[] carried along."""
+    for end in range(heap.shape[0] - 1, 0, -1):  # the smallest to the back
+        heap[0], heap[end] = heap[end], heap[0]
+        where[0], where[end] = where[end], where[0]
+        _sift_down(heap, where, end, 0)
+
+
+@jit(inline="always")
 def _group_floor(xr, k):
     """The least of the maxima of k disjoint runs of the row (NaN passed over; vectorised): each run's maximum is
     an entry, so at least k entries are >= it and no entry below it is among the k best. -inf where a run holds
@@ -148,24 +179,8 @@ def _ranked_topk(x, ids, has_ids, values, positions):
             v = xr[j]
             if v < low:
                 continue
-            key = _rank_key(v, ids[row, j] if has_ids else j)
-            if n < k:  # at least k entries reach the floor: the heap fills
-                heap[n] = key
-                where[n] = j
-                n += 1
-                if n == k:
-                    for i in range(k // 2 - 1, -1, -1):
-                        _sift_down(heap, where, k, i)
-                    low = xr[where[0]]
-            elif key > heap[0]:
-                heap[0] = key
-                where[0] = j
-                _sift_down(heap, where, k, 0)
-                low = xr[where[0]]
-        for end in range(k - 1, 0, -1):  # the smallest to the back: descending order
-            heap[0], heap[end] = heap[end], heap[0]
-            where[0], where[end] = where[end], where[0]
-            _sift_down(heap, where, end, 0)
+            n, low = offer(xr, heap, where, n, j, _rank_key(v, ids[row, j] if has_ids else j), low)
+        drain(heap, where)
         for i in range(k):
             positions[row, i] = where[i]
             values[row, i] = xr[where[i]]

@@ -30,7 +30,7 @@ import torch
 
 from samplechain_cpu_draw import _log_p, lse64
 from samplechain_cpu_jit import HUGE, jit, largest, noise, per_row, row_keys, salt, threads, token_bits
-from samplechain_cpu_rank import _rank_key, _sift_down
+from samplechain_cpu_rank import _rank_key, drain, offer
 
 __all__ = ["greedy", "ranked_tail", "TailPlan", "TOP_P", "MIN_P", "TEMPERATURE"]
 
@@ -100,24 +100,8 @@ def _top(xr, k, vals, ids):
             v = xr[j]
             if v < low:
                 continue
-            key = _rank_key(v, j)
-            if n < k:
-                heap[n] = key
-                where[n] = j
-                n += 1
-                if n == k:
-                    for i in range(k // 2 - 1, -1, -1):
-                        _sift_down(heap, where, k, i)
-                    low = xr[where[0]]
-            elif key > heap[0]:
-                heap[0] = key
-                where[0] = j
-                _sift_down(heap, where, k, 0)
-                low = xr[where[0]]
-    for end in range(k - 1, 0, -1):  # the smallest to the back: descending keys
-        heap[0], heap[end] = heap[end], heap[0]
-        where[0], where[end] = where[end], where[0]
-        _sift_down(heap, where, end, 0)
+            n, low = offer(xr, heap, where, n, j, _rank_key(v, j), low)
+    drain(heap, where)
     for i in range(k):
         ids[i] = where[i]
         vals[i] = xr[where[i]]
