@@ -17,9 +17,10 @@ One call, in order:
 
 Rows advance together (the Generation's tokens stay one rectangle), so in a batch a call keeps the drafted tokens
 up to the first position where any row's draw differs; that holds on every runner, whether or not it cuts rows to
-different lengths. Numerically, a multi-token forward pass equals one-token steps up to float32 summation order
-(about 1e-5 on the logits of the models tested): a draw that such a difference flips is the only way the tokens can
-differ from a generation without a drafter.
+different lengths. Numerically, a multi-token forward pass equals one-token steps up to float32 summation order on
+transformers (about 1e-5 on the logits of the models tested), and bit for bit on llama.cpp with flash attention
+(without it, llama.cpp's attention over several tokens differs by up to ~1.3: docs/speculative.md): a draw that such
+a difference flips is the only way the tokens can differ from a generation without a drafter.
 """
 
 from __future__ import annotations
