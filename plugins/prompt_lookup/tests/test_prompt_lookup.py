@@ -21,7 +21,12 @@ def drafter(**params):
 
 def theirs(tokens: list[int], num_tokens: int, max_ngram: int) -> list[int]:
     gen = PromptLookupCandidateGenerator(
-        num_output_tokens=num_tokens, max_matching_ngram_size=max_ngram, max_length=10**6
+        # an end-of-sequence id outside the vocabulary: no draft is cut at one (ours never cuts; transformers before
+        # 5.24 calls torch.isin on the id even where it is None)
+        eos_token_id=torch.tensor([10**6]),
+        num_output_tokens=num_tokens,
+        max_matching_ngram_size=max_ngram,
+        max_length=10**6,
     )
     ids = torch.tensor([tokens])
     candidates, _ = gen.get_candidates(ids)
