@@ -289,9 +289,6 @@ def _fused_top_p(
     return _named(samplechain_cpu_cuts.top_p_draw(logits, t, p, least, select.value, positions, stream))
 
 
-_TAIL_CODES = {"top_p": 1, "min_p": 2, "temperature": 3}  # samplechain_cpu_tail's TOP_P, MIN_P, TEMPERATURE
-
-
 def _fused_ranked(
     logits: torch.Tensor, parts: list[FusedPart], select: FusedPart, positions: torch.Tensor, stream: int
 ) -> FusedDraw | None:
@@ -316,8 +313,10 @@ _ranked_kept: list[Any] = [None]  # (parts, select, shape, its TailPlan or None)
 
 def _ranked_plan(parts: list[FusedPart], select: FusedPart, shape: torch.Size) -> Any:
     """The TailPlan of a tail led by a top-k, or None where the kernel cannot take it."""
+    import samplechain_cpu_tail
+
     batch, width = shape
-    if any(part.kind not in _TAIL_CODES for part in parts[1:]):
+    if any(part.kind not in samplechain_cpu_tail.PART_KINDS for part in parts[1:]):
         return None
     k, least = parts[0].value, parts[0].min_keep
     if isinstance(k, torch.Tensor) or isinstance(least, torch.Tensor):
@@ -327,15 +326,12 @@ def _ranked_plan(parts: list[FusedPart], select: FusedPart, shape: torch.Size) -
         k = torch.clamp(torch.maximum(k, torch.as_tensor(least, dtype=torch.int64)), max=width)
         if bool((k >= width).any()):
             return None
+    elif int(k) <= 0 or max(int(k), int(least)) >= width:
+        return None
     else:
-        k = min(max(int(k), int(least)), width)
-        if int(parts[0].value) <= 0 or k >= width:
-            return None
-    tail = [(_TAIL_CODES[p.kind], p.value, 0 if p.kind == "temperature" else p.min_keep) for p in parts[1:]]
-    import samplechain_cpu_tail
-
+        k = max(int(k), int(least))
     greedy = select.kind == "greedy"
-    return samplechain_cpu_tail.TailPlan.build(batch, k, tail, greedy, None if greedy else select.value)
+    return samplechain_cpu_tail.TailPlan.build(batch, k, parts[1:], greedy, None if greedy else select.value)
 
 
 def _fused_greedy(logits: torch.Tensor) -> FusedDraw | None:

@@ -28,13 +28,15 @@ import numba
 import numpy as np
 import torch
 
+from samplechain import FusedPart
 from samplechain_cpu_draw import _log_p, lse64
 from samplechain_cpu_jit import HUGE, jit, largest, noise, per_row, row_keys, salt, threads, token_bits
 from samplechain_cpu_rank import _rank_key, drain, offer
 
-__all__ = ["greedy", "ranked_tail", "TailPlan", "TOP_P", "MIN_P", "TEMPERATURE"]
+__all__ = ["PART_KINDS", "greedy", "ranked_tail", "TailPlan"]
 
 TOP_P, MIN_P, TEMPERATURE = 1, 2, 3  # the part codes of ranked_tail
+PART_KINDS = {"top_p": TOP_P, "min_p": MIN_P, "temperature": TEMPERATURE}  # FusedPart kinds after the top_k
 
 
 def _entries(logits: torch.Tensor) -> int:
@@ -177,10 +179,9 @@ def _pick(vals, ids, n, greedy, k1, k2):
 
 @jit(inline="always")
 def _logprob(vals, n, pick):
-    """float32(vals[pick] - lse), lse the float64 log-sum-exp of vals[:n] around their largest, rounded to float32."""
+    """float32(vals[pick] - lse), lse the float64 log-sum-exp of vals[:n] around their largest (vals[0]: the
+    candidates stay sorted), rounded to float32."""
     top = np.float64(vals[0])
-    for j in range(1, n):
-        top = max(top, np.float64(vals[j]))
     total = 0.0
     for j in range(n):
         total += np.exp(np.float64(vals[j]) - top)
@@ -237,17 +238,18 @@ class TailPlan:
         cls,
         batch: int,
         k: torch.Tensor | int,
-        parts: list[tuple[int, torch.Tensor | float, torch.Tensor | int]],
+        parts: list[FusedPart],
         greedy: bool,
         seed: torch.Tensor | None,
     ) -> TailPlan | None:
-        """k: each row's count, max(k, min_keep) clipped to V, between 1 and V - 1. parts: (TOP_P, p, min_keep),
-        (MIN_P, p, min_keep) or (TEMPERATURE, t, 0), in chain order, each value a number or (B,). seed: dist's
+        """k: each row's count, max(k, min_keep) clipped to V, between 1 and V - 1. parts: the FusedParts after the
+        top_k (kinds in PART_KINDS), in chain order, each value a number or (B,). seed: dist's
         (B,) seeds (None with greedy). None where a row has t <= 0."""
-        codes = np.array([code for code, _, _ in parts], dtype=np.int64)
+        codes = np.array([PART_KINDS[part.kind] for part in parts], dtype=np.int64)
         args = np.empty((len(parts), batch))
         least = np.zeros((len(parts), batch), dtype=np.int64)
-        for i, (code, value, keep) in enumerate(parts):
+        for i, (code, part) in enumerate(zip(codes, parts)):
+            value, keep = part.value, part.min_keep
             if code == TEMPERATURE:  # x / t divides by t rounded to float32, as torch's float32 division
                 t = per_row(value, batch, np.dtype(np.float32))
                 if not (t > 0).all():
