@@ -128,6 +128,11 @@ CHAIN_KEY_DOC = {
     ),
     "name": ("string", "a label for the chain (a preset's is its name)"),
     "description": ("string", "free text"),
+    "draft": (
+        "string or table",
+        'the drafter generations with this chain speculate with: `{ use = "prompt_lookup", num_tokens = 8 }` or '
+        "a bare name, usually written as a `[draft]` table beside `[chain]` ([speculative.md](speculative.md))",
+    ),
 }
 # prose for the keys every entry of `samplers` / `stop` takes besides its plugin's parameters
 ENTRY_KEY_DOC = {

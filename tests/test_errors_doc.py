@@ -286,6 +286,35 @@ def _(t: Trial) -> None:
     )
 
 
+@case("config_unknown_drafter")
+def _(t: Trial) -> None:
+    _load_toml(
+        t,
+        """\
+        [chain]
+        samplers = [ { use = "greedy" } ]
+
+        [draft]
+        use = "prompt_lookpu"
+        """,
+    )
+
+
+@case("config_draft_param_out_of_range")
+def _(t: Trial) -> None:
+    _load_toml(
+        t,
+        """\
+        [chain]
+        samplers = [ { use = "greedy" } ]
+
+        [draft]
+        use = "prompt_lookup"
+        num_tokens = 0
+        """,
+    )
+
+
 @case("config_no_selector")
 def _(t: Trial) -> None:
     _load_toml(

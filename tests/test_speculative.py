@@ -300,3 +300,77 @@ def test_on_llama_cpp_prompt_lookup_gives_the_same_tokens(smollm):
             assert torch.equal(a[rows], b[rows]), (chain, j)
         if chain == "preset:greedy":  # the quoting answers repeat their prompts: lookups hit
             assert bool((ours.model_calls < ours.num_generated).all()), ours.model_calls
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.slow
+@pytest.mark.parametrize("case", range(4))
+def test_on_llama_cpp_each_row_keeps_its_own_drafts_and_the_tokens(smollm, case):
+    """The llama.cpp runner cuts rows on their own: each row keeps its own number of drafted tokens per call (its
+    own model-call count), and the tokens stay those of generation without a drafter."""
+    model, tok = smollm
+    rng = random.Random(50 + case)
+    chain = random_chain(rng)
+    prompts = rng.sample(PROMPTS, 2 + case % 3)  # B = 2..4
+    kwargs = {"chain": chain, "max_new_tokens": 20, "seed": 7 + case}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # chain pitfalls a random chain may have
+        reference, gen = run(model, tok, prompts, **kwargs)
+        drafter = Scripted(reference_rows(reference, gen), model.config.vocab_size, seed=case, wrong_rate=0.5)
+        ours, _ = run(model, tok, prompts, draft=drafter, **kwargs)
+    assert_same_tokens(ours, reference)
+    assert int(ours.kept.sum()) > 0, chain
+    assert len(set(ours.model_calls.tolist())) > 1, "rows advanced at their own pace"
+
+
+# ----------------------------------------------------------------- checkpoints
+def resumed(model, tok, prompts, stop_after, **kwargs):
+    """Run until `stop_after` steps, checkpoint (through JSON), resume in a new Generation, run to the end."""
+    import json
+
+    gen = Generation(model, tok, prompts, pad_token_id=0, **kwargs)
+    for i, _ in enumerate(gen.steps(), start=1):
+        if i == stop_after:
+            break
+    saved = json.loads(json.dumps(gen.checkpoint()))
+    for key in ("prompts", "seed", "params"):
+        kwargs.pop(key, None)
+    again = Generation(model, tok, resume=saved, pad_token_id=0, **kwargs)
+    for _ in again.steps():
+        pass
+    return again.output(), saved
+
+
+def test_a_resumed_speculative_generation_gives_the_same_tokens(tiny):
+    model, tok = tiny
+    chain = {"samplers": [{"use": "penalties", "repeat": 1.2}, {"use": "mirostat", "tau": 5.0}]}
+    kwargs = {"chain": chain, "max_new_tokens": 20, "seed": 3, "draft": {"use": "prompt_lookup", "num_tokens": 4}}
+    whole, _ = run(model, tok, PROMPTS[:3], **kwargs)
+    for stop_after in (1, 5, 11):
+        out, saved = resumed(model, tok, PROMPTS[:3], stop_after, **dict(kwargs))
+        assert_same_tokens(out, whole)
+        assert out.kept.tolist() == whole.kept.tolist()
+    with pytest.raises(ConfigError, match="draft="):
+        gen = Generation(model, tok, PROMPTS[:3], pad_token_id=0, **kwargs)
+        steps = gen.steps()
+        next(steps)
+        saved = gen.checkpoint()
+        if not any(saved["speculation"]["pending"]):  # the refusal needs tokens drawn past the step
+            saved["speculation"]["pending"][0] = [1]
+            saved["speculation"]["pending_logprobs"][0] = [0.0]
+        Generation(model, tok, resume=saved, pad_token_id=0, chain=chain, max_new_tokens=20)
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.slow
+def test_on_llama_cpp_a_resumed_generation_keeps_each_rows_drawn_tokens(smollm):
+    """Rows ahead of the batch's last step hold drawn tokens at a checkpoint: the resume feeds them back."""
+    model, tok = smollm
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 24, "draft": {"use": "prompt_lookup", "num_tokens": 4}}
+    whole, _ = run(model, tok, QUOTING, **kwargs)
+    ahead = False
+    for stop_after in (2, 5, 8, 11, 14):
+        out, saved = resumed(model, tok, QUOTING, stop_after, **dict(kwargs))
+        assert_same_tokens(out, whole)
+        ahead |= any(saved["speculation"]["pending"])
+    assert ahead, "some checkpoint caught a row ahead of the others"

@@ -10,6 +10,9 @@ fresh tensors the caller may change:
 - `extend(tokens)` -> (B, K, V): K new tokens per row at once, the logits after each (verifying drafted tokens);
 - `truncate(length)`: cut the cache back so that it holds the first `length` columns (an int for every row, or one
   per row where `per_row_truncate` is True); the next `step` / `extend` continues from there;
+- `extend_rows(rows, tokens)` -> one (k_i, V) per row given: rows[i] takes tokens[i] (k_i >= 1 of them, its own
+  count) in one pass, the other rows are untouched (where `per_row_truncate` is True: rows of different lengths
+  are what speculative decoding keeps when each row keeps its own number of drafted tokens);
 - `reorder(beam_idx)`: beam search; rows of the cache follow their beams (optional).
 
 A runner class is registered like a sampler (the `register_runners` hook of a plugin found through the `samplechain`
@@ -33,7 +36,8 @@ __all__ = ["ModelRunner"]
 
 class ModelRunner:
     """Base class of runners. Subclasses set `name` (a lowercase identifier), implement `accepts`, `prefill`,
-    `step`, `extend` and `truncate`, and set `per_row_truncate` when rows can be cut to different lengths."""
+    `step`, `extend` and `truncate`, and set `per_row_truncate` (and implement `extend_rows`) when rows can hold
+    different numbers of tokens."""
 
     name: ClassVar[str] = ""
     version: ClassVar[int] = 1
@@ -72,6 +76,9 @@ class ModelRunner:
 
     def truncate(self, length: int | Sequence[int]) -> None:
         raise NotImplementedError
+
+    def extend_rows(self, rows: Sequence[int], tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        raise ConfigError(f"the {self.name} runner feeds every row the same number of tokens (no extend_rows)")
 
     def reorder(self, beam_idx: torch.Tensor) -> None:
         raise ConfigError(

@@ -23,12 +23,15 @@ from rich.markup import escape
 from ..errors import ConfigError, SamplechainError
 from .generate import (
     _chain,
+    add_draft_argument,
     add_run_arguments,
     add_system_argument,
     load_cli_model,
+    parse_draft,
     parse_sets,
     print_warnings,
     require_chat_template,
+    speculation_stats,
     unescape,
 )
 
@@ -53,7 +56,8 @@ class ChatSession:
 
     `reply(text)` streams the answer to a user message; the exchange joins the history once the answer is whole, so
     an answer cut short (an error, Ctrl-C) leaves the history as it was. With a seed, answer i of the session is
-    drawn with seed + i: a session replays exactly, and the same question asked twice may be answered differently."""
+    drawn with seed + i: a session replays exactly, and the same question asked twice may be answered differently.
+    `draft` is generate()'s draft= (a drafter speculates: the same answers in fewer model calls)."""
 
     def __init__(
         self,
@@ -67,8 +71,10 @@ class ChatSession:
         system: str | None = None,
         stop_strings: list[str] | None = None,
         backend: str | None = None,
+        draft: Any = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.draft = draft
         self.chain = chain
         self.params: dict[str, Any] = {}
         self.seed, self.max_new_tokens, self.system = seed, max_new_tokens, system
@@ -104,6 +110,8 @@ class ChatSession:
         )
         if self.stop_strings:
             kwargs["stop_strings"] = self.stop_strings
+        if self.draft is not None:
+            kwargs["draft"] = self.draft
         for event in stream(self.model, self.tokenizer, [self.messages(text)], result=result, **kwargs):
             if event.text:
                 yield event.text
@@ -214,6 +222,7 @@ def add_parser(sub: Any) -> None:
         "/chain FILE or preset:NAME, /history, /reset, /help, /quit (or Ctrl-D).",
     )
     add_run_arguments(p, new_tokens=DEFAULT_NEW_TOKENS)
+    add_draft_argument(p)
     add_system_argument(p)
     p.set_defaults(func=cmd_chat)
 
@@ -221,6 +230,7 @@ def add_parser(sub: Any) -> None:
 def cmd_chat(args: argparse.Namespace, console: Console) -> int:
     err = Console(stderr=True)
     chain = _chain(args)
+    draft = parse_draft(args.draft)  # checked before the model loads
     model, tokenizer, name = load_cli_model(args.model, args.engine)
     require_chat_template(tokenizer, name, "samplechain chat")
     session = ChatSession(
@@ -233,6 +243,7 @@ def cmd_chat(args: argparse.Namespace, console: Console) -> int:
         system=args.system,
         stop_strings=[unescape(s) for s in args.stop] if args.stop else None,
         backend=args.backend,
+        draft=draft,
     )
     if sys.stdin.isatty():
         try:  # line editing and history for input()
@@ -283,7 +294,10 @@ def _answer(session: ChatSession, line: str, err: Console) -> None:
     print_warnings(caught, err)
     out = session.last_output
     reason = out.finish_reasons[0] if out is not None and out.finish_reasons else None
-    if reason != "eos":  # the answer was cut: say why, it may look unfinished
+    drafted = speculation_stats(out, 0)
+    if reason != "eos" or drafted:  # the answer was cut (it may look unfinished), or what speculation saved
         n = int(out.num_generated[0]) if out is not None else 0
         elapsed = time.perf_counter() - start
-        err.print(f"[dim][{n} tokens in {elapsed:.2f} s, finish: {escape(str(reason))}][/dim]", highlight=False)
+        err.print(
+            f"[dim][{n} tokens in {elapsed:.2f} s, finish: {escape(str(reason))}{drafted}][/dim]", highlight=False
+        )

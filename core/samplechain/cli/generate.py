@@ -25,7 +25,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["add_parser", "cmd_generate", "load_cli_model", "parse_sets"]
+__all__ = ["add_parser", "cmd_generate", "load_cli_model", "parse_draft", "parse_sets"]
 
 DEFAULT_PROMPT = "The"
 
@@ -81,6 +81,7 @@ def add_parser(sub: Any) -> None:
         help="a prompt of a batch (repeatable; several prompts run as one batch)",
     )
     add_run_arguments(p, new_tokens=96)
+    add_draft_argument(p)
     p.add_argument(
         "--chat",
         action="store_true",
@@ -162,6 +163,51 @@ def add_run_arguments(p: Any, *, new_tokens: int) -> None:
     p.add_argument("--backend", default=None, help="override the chain's backend (e.g. cpu)")
 
 
+def add_draft_argument(p: Any) -> None:
+    """--draft NAME | JSON and --no-draft (speculative decoding: the same tokens in fewer model calls)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--draft",
+        default=None,
+        metavar="DRAFTER",
+        help="speculative decoding with a drafter (the text is the same, in fewer model calls): a name "
+        '(prompt_lookup) or a JSON table, e.g. \'{"use": "prompt_lookup", "num_tokens": 8}\' (default: the '
+        "chain's [draft] table, if any)",
+    )
+    group.add_argument(
+        "--no-draft",
+        dest="draft",
+        action="store_const",
+        const=False,
+        help="no speculative decoding, even when the chain has a [draft] table",
+    )
+
+
+def parse_draft(text: str | bool | None) -> Any:
+    """The draft= of --draft: None (not given), False (--no-draft), a drafter's name, or the table a JSON object
+    holds; the drafter is checked now, before any model loads, so a typo is one error naming it."""
+    if text is None or text is False:
+        return text
+    assert isinstance(text, str)  # argparse gives the option's text
+    from ..engine.discovery import get_host
+    from ..generation.speculative import load_drafter
+
+    spec: Any = text.strip()
+    if spec.startswith("{"):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"--draft {text}: not valid JSON ({exc}); give a drafter's name (--draft prompt_lookup) or a table "
+                """like --draft '{"use": "prompt_lookup", "num_tokens": 8}'"""
+            ) from None
+    try:
+        load_drafter(spec, get_host())
+    except ConfigError as exc:
+        raise type(exc)(f"--draft {text}: {exc}") from None
+    return spec
+
+
 def add_system_argument(p: Any) -> None:
     p.add_argument(
         "--system",
@@ -216,13 +262,24 @@ def run_kwargs(args: argparse.Namespace, chain: Any, params: dict[str, Any], def
     default max_new_tokens."""
     has_limit = any(spec.cls.is_length_limit for spec in chain.config.stop)
     max_new = args.max_new_tokens if args.max_new_tokens is not None else (None if has_limit else default_new)
-    return dict(
+    kwargs = dict(
         chain=chain,
         params=params,
         seed=args.seed,
         max_new_tokens=max_new,
         stop_strings=[unescape(s) for s in args.stop] if args.stop else None,
     )
+    draft = parse_draft(getattr(args, "draft", None))
+    if draft is not None:
+        kwargs["draft"] = draft
+    return kwargs
+
+
+def speculation_stats(out: Any, row: int) -> str:
+    """The counts of a row that speculated, as "; drafted D, kept K, M model calls" ("" for a run without)."""
+    if getattr(out, "drafted", None) is None:
+        return ""
+    return f"; drafted {int(out.drafted[row])}, kept {int(out.kept[row])}, {int(out.model_calls[row])} model calls"
 
 
 def chat_messages(prompts: list[str], system: str | None) -> list[list[dict[str, str]]]:
@@ -239,11 +296,13 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     params = parse_sets(args.sets)
     prompts = _prompts(args)
     chat = bool(args.chat or args.system)
+    kwargs = run_kwargs(args, chain, params, 96)  # the drafter is checked here, before the model loads
+    if args.num_beams > 1 and kwargs.get("draft"):
+        raise ConfigError(f"--draft with --num-beams {args.num_beams}: beam search does not draft; drop one of them")
     model, tokenizer, name = load_cli_model(args.model, args.engine)
     if chat:
         require_chat_template(tokenizer, name, "--chat")
     inputs: list[Any] = chat_messages(prompts, args.system) if chat else list(prompts)
-    kwargs = run_kwargs(args, chain, params, 96)
     max_new = kwargs["max_new_tokens"]
     if args.stop_regex:
         kwargs["stop_regex"] = list(args.stop_regex)
@@ -304,7 +363,8 @@ def _stream_one(
     n = int(out.num_generated[0])
     err.print(
         f"[dim][{n} tokens in {elapsed:.2f} s, {n / max(elapsed, 1e-9):.1f} tokens/s, "
-        f"finish: {escape(str(out.finish_reasons[0]))}; chain: {escape(repr(kwargs['chain']))}][/dim]",
+        f"finish: {escape(str(out.finish_reasons[0]))}{speculation_stats(out, 0)}; "
+        f"chain: {escape(repr(kwargs['chain']))}][/dim]",
         highlight=False,
     )
 
@@ -329,7 +389,8 @@ def _print_texts(out: GenerationOutput, prompts: list[str], console: Console, er
             soft_wrap=True,
         )
         err.print(
-            f"[dim][{int(out.num_generated[i])} tokens, finish: {escape(str(out.finish_reasons[i]))}][/dim]",
+            f"[dim][{int(out.num_generated[i])} tokens, finish: {escape(str(out.finish_reasons[i]))}"
+            f"{speculation_stats(out, i)}][/dim]",
             highlight=False,
         )
 
@@ -366,6 +427,8 @@ def _as_json(
             row["logprobs"] = [round(float(v), 6) for v in out.logprobs[i, :n]]
         if out.sequences_scores is not None:
             row["sequence_score"] = float(out.sequences_scores[i])
+        if getattr(out, "drafted", None) is not None:
+            row.update(drafted=int(out.drafted[i]), kept=int(out.kept[i]), model_calls=int(out.model_calls[i]))
         if out.top_logprobs:
             row["top_logprobs"] = [
                 {tokenizer.convert_ids_to_tokens(int(t)): round(float(v), 6) for v, t in zip(vals[i], ids_[i])}

@@ -30,4 +30,7 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
         params = ", ".join(f"{k}={v}" for k, v in step["params"].items())
         table.add_row(str(i), step["name"], step["stage"], escape(params))
     console.print(table)
+    if chain.config.draft is not None:  # the [draft] table: the drafter its generations speculate with
+        draft = ", ".join(f"{k}={v!r}" for k, v in chain.config.draft.items() if k != "use")
+        console.print(f"draft: {escape(chain.config.draft['use'])}" + (f" ({escape(draft)})" if draft else ""))
     return 0

@@ -21,7 +21,8 @@ One step of `Chain.sample(logits, store, request_ids)`, in order:
 6. Optionally scatter the processed logits back to (B, V) scores (-inf for removed tokens), as transformers does.
 7. Accept (unless accept=False): stateful samplers compute their new state rows, then the store commits them and
    advances every row's RNG position by one. Nothing in the store changes before this point, so a step that
-   fails anywhere leaves every request's state exactly as it was.
+   fails anywhere leaves every request's state exactly as it was. With accept=token_ids (teacher forcing) the
+   state advances with those tokens instead of the draw, and the logprobs reported are theirs.
 """
 
 from __future__ import annotations
@@ -46,10 +47,10 @@ from ..contracts import (
 )
 from ..errors import ConfigError, RequestError, SamplechainError, SamplingError
 from .backends import select_backend
-from .checks import bad_rows, check_history, check_logits, check_unconditional
+from .checks import bad_rows, check_given_tokens, check_history, check_logits, check_unconditional
 from .config import ChainConfig, load_config
 from .discovery import PluginHost, get_host
-from .logprobs import at_stages, parse_stage, row_lse
+from .logprobs import at_stages, logit_of, parse_stage, row_lse
 from .stages import StepStages
 from .step import DeferredSample, FusionPlan, SampleOutput, Step
 from .store import RequestStore, StoreLayout
@@ -220,7 +221,7 @@ class Chain(StepStages):
         store: RequestStore | None = None,
         request_ids: Sequence[str] | None = None,
         *,
-        accept: bool = True,
+        accept: bool | torch.Tensor = True,
         return_scores: bool = False,
         history: torch.Tensor | None = None,
         prompt_lengths: torch.Tensor | None = None,
@@ -243,7 +244,11 @@ class Chain(StepStages):
           7. accept: the stateful samplers' new state (`_updates`), committed with every row's RNG position.
 
         accept=False leaves the store untouched (call `accept` later); `sample_deferred` computes the new state but
-        writes it only when told.
+        writes it only when told. accept=token_ids, a (B,) integer tensor, is teacher forcing (what
+        `samplechain.generation.score` runs on): the stages and the draw run as usual (`token_ids` of the output is
+        the chain's draw), but `logprobs` and `ranks` are those of the given tokens under `logprobs_at` (-inf where
+        a stage removed one; `top_logprobs` are as without it), and the store advances with the given tokens: every
+        row's RNG position moves, each stateful sampler's `accept` gets them (its `ctx.selected` is the draw).
 
         logprobs_at: the distribution under which `logprobs` (the chosen token's) and `top_logprobs` (the n best,
         top_logprobs=n) are given; one value for the batch or one per row (each stage asked for is computed once):
@@ -260,9 +265,10 @@ class Chain(StepStages):
         name is a ConfigError listing the chain's entries. The tokens never depend on it. The default costs nothing
         more; anything else (or top_logprobs > 0) runs the step without the backend's fused tail and keeps a copy of
         each stage asked for (one (B, K) copy and a log-sum-exp each)."""
-        if not isinstance(accept, bool):
+        if not isinstance(accept, (bool, torch.Tensor)):
             raise TypeError(
-                f"accept={accept!r}: pass True or False; to compute the state updates and commit them later, call "
+                f"accept={accept!r}: pass True or False; or, teacher forcing, a (B,) tensor of the token ids to "
+                "accept instead of the draw; to compute the state updates and commit them later, call "
                 "chain.sample_deferred(...) and its result's commit()"
             )
         args = (logits, store, request_ids, return_scores, history, prompt_lengths, unconditional_logits)
@@ -293,10 +299,12 @@ class Chain(StepStages):
         with sync_free_step():
             return self._sample_deferred(*args, logprobs_at, top_logprobs)
 
-    def _sample(self, accept: bool, *args: Any) -> SampleOutput:
-        step, out = self._step(*args)
-        if accept and step.batch:
-            step.store.advance(step.view, self._updates(step, out.token_ids), step.failed)
+    def _sample(self, accept: bool | torch.Tensor, *args: Any) -> SampleOutput:
+        given = accept if isinstance(accept, torch.Tensor) else None
+        step, out = self._step(*args, given=given)
+        if (given is not None or accept) and step.batch:
+            accepted = out.token_ids if step.given_tokens is None else step.given_tokens
+            step.store.advance(step.view, self._updates(step, accepted), step.failed)
         return out
 
     def _sample_deferred(self, *args: Any) -> DeferredSample:
@@ -316,9 +324,15 @@ class Chain(StepStages):
         unconditional_logits: torch.Tensor | None,
         logprobs_at: str | Sequence[str],
         top_logprobs: int,
+        *,
+        given: torch.Tensor | None = None,
     ) -> tuple[Step, SampleOutput]:
-        """The pipeline of `sample` up to its acceptance: the step and its output."""
+        """The pipeline of `sample` up to its acceptance: the step and its output (given: accept=token_ids)."""
         step = self._begin(logits, store, request_ids, logprobs_at, top_logprobs)
+        if given is not None:
+            step.given_tokens = check_given_tokens(given, step.logits)
+            if step.modes is None:  # the given tokens' logprobs read the selector's candidates: no fused draw
+                step.modes = [(len(self.samplers) - 1, False)] * step.batch
         if step.batch == 0:
             return step, self._empty(step, return_scores, top_logprobs)
         self._inputs(step, history, prompt_lengths, unconditional_logits)
@@ -428,8 +442,12 @@ class Chain(StepStages):
         if step.modes is not None and step.kept is not None and step.cand is not None:
             # set: logprobs_at runs the step without the fused draw, so the selector chose
             step.kept[len(self.samplers) - 1] = step.cand
-            selection = (step.chosen, step.lse)
-            reported, tops, ranks = at_stages(step.kept, step.modes, token_ids, logprobs, selection, top_logprobs)  # type: ignore[arg-type]
+            tokens, processed, selection = token_ids, logprobs, (step.chosen, step.lse)
+            if step.given_tokens is not None:  # teacher forcing: the given tokens' logprobs, not the draw's
+                tokens = step.given_tokens
+                processed = logit_of(step.cand, tokens) - step.lse  # type: ignore[operator]
+                selection = (None, step.lse)
+            reported, tops, ranks = at_stages(step.kept, step.modes, tokens, processed, selection, top_logprobs)  # type: ignore[arg-type]
         deferred = None if step.failed is None else (step.failed, functools.partial(self._failure, step, logprobs))
         return SampleOutput(token_ids, reported, scores, deferred, tops, ranks)
 

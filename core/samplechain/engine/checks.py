@@ -17,7 +17,15 @@ import torch
 from ..candidates import Candidates
 from ..errors import SamplingError
 
-__all__ = ["bad_rows", "check_history", "check_logits", "check_unconditional", "nonfinite_at", "sanitized"]
+__all__ = [
+    "bad_rows",
+    "check_given_tokens",
+    "check_history",
+    "check_logits",
+    "check_unconditional",
+    "nonfinite_at",
+    "sanitized",
+]
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _INF = float("inf")
@@ -146,6 +154,24 @@ def check_unconditional(
         )
     uncond = uncond.detach().to(device=logits.device, dtype=torch.float32)
     return sanitized(uncond, False)[0] if sanitize else uncond
+
+
+def check_given_tokens(tokens: Any, logits: torch.Tensor) -> torch.Tensor:
+    """The tokens of sample(accept=token_ids) (teacher forcing): a (B,) integer tensor of ids within the logits'
+    vocabulary, as int64 on their device (the range check reads them on the host)."""
+    batch, vocab = logits.shape
+    if not (
+        isinstance(tokens, torch.Tensor) and tokens.shape == (batch,) and tokens.dtype in (torch.int64, torch.int32)
+    ):
+        got = f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise SamplingError(f"accept= token ids must be a (B={batch},) int64 or int32 tensor, one per row, got {got}")
+    tokens = tokens.to(device=logits.device, dtype=torch.int64)
+    if batch and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise SamplingError(
+            f"accept= token ids {tokens.tolist()} are not all in the vocabulary [0, {vocab}): pass ids of tokens "
+            "the logits have a column for"
+        )
+    return tokens
 
 
 def bad_rows(

@@ -2,6 +2,10 @@
 
 Every error names the file, the key path, the bad value and what was expected:
     chain.toml: chain.samplers[2].p = 1.5: must be in [0, 1]
+
+A chain may name the drafter its generations speculate with (docs/speculative.md): a `[draft]` table beside
+`[chain]` (or a `draft` key of the chain table), `{ use = "prompt_lookup", num_tokens = 8 }`, validated here like
+a chain entry and kept as written in `ChainConfig.draft`.
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from ..contracts import Stage
+from ..drafters import SETTINGS, draft_settings
 from ..errors import ChainWarning, ConfigError, UnknownPluginError
 from .discovery import PluginHost, get_host
 
 __all__ = ["ChainConfig", "EntrySpec", "load_config", "parse_params", "converter"]
 
-_CHAIN_KEYS = ("samplers", "stop", "backend", "nonfinite", "name", "description")
+_CHAIN_KEYS = ("samplers", "stop", "backend", "nonfinite", "name", "description", "draft")
 _KEYS = _CHAIN_KEYS
 NONFINITE = ("error", "sanitize")  # what a NaN or +inf logit does; checks.sanitized says how "sanitize" cleans
 
@@ -59,6 +64,8 @@ class ChainConfig:
     description: str = ""
     source: str = "<dict>"
     nonfinite: str = "error"  # one of NONFINITE
+    # the drafter generations with this chain speculate with, as written ({"use": "prompt_lookup", ...}); None: none
+    draft: dict[str, Any] | None = attrs.field(default=None, hash=False)
 
 
 def _strict(kind: type, expect: str):  # cattrs' defaults would turn "0.9" into 0.9 and "false" into True
@@ -368,17 +375,73 @@ def _check_backend(host: PluginHost, backend: Any, label: str, prefix: str) -> l
     return []
 
 
+_DRAFT_EXAMPLE = 'a [draft] table with use = "prompt_lookup" (and its parameters: num_tokens = 8)'
+
+
+def _tables(raw: Mapping[str, Any], label: str) -> tuple[Any, str, Any, str, list[str]]:
+    """(the chain table, its key prefix, the draft table or None, its key path, problems): a file holds `[chain]`
+    and optionally `[draft]`, or the chain's keys at the top (`draft` then among them)."""
+    if "chain" not in raw:
+        return raw, "", raw.get("draft"), "draft", []
+    chain = raw["chain"]
+    problems = [
+        _line(
+            label,
+            k,
+            raw[k],
+            "unknown table; a chain file holds [chain] and optionally [draft]"
+            + (f"; did you mean {c[0]!r}?" if (c := difflib.get_close_matches(k, ["chain", "draft"], n=1)) else ""),
+        )
+        for k in raw
+        if k not in ("chain", "draft")
+    ]
+    inner = chain.get("draft") if isinstance(chain, Mapping) else None
+    if inner is not None and raw.get("draft") is not None:
+        problems.append(f"{label}: draft: given twice, as [draft] and as chain.draft; keep one")
+    if inner is not None:
+        return chain, "chain.", inner, "chain.draft", problems
+    return chain, "chain.", raw.get("draft"), "draft", problems
+
+
+def _check_draft(draft: Any, label: str, path: str, host: PluginHost) -> tuple[dict[str, Any] | None, list[str]]:
+    """The draft table as written (a bare name becomes {"use": name}) after the drafter's own checks: it is known,
+    its parameters are valid and it can be made from them. (None, problems) when it is not."""
+    if isinstance(draft, str):
+        draft = {"use": draft}
+    if not isinstance(draft, Mapping):
+        return None, [_line(label, path, draft, f"expected a drafter's name or table, e.g. {_DRAFT_EXAMPLE}")]
+    use = draft.get("use", _MISSING)
+    if not isinstance(use, str):
+        return None, [_line(label, f"{path}.use", use, f"required: the drafter's name, e.g. {_DRAFT_EXAMPLE}")]
+    try:
+        cls = host.get("drafter", use)
+    except UnknownPluginError as exc:
+        return None, [_line(label, f"{path}.use", use, f"{exc} (samplechain plugins lists the drafters)")]
+    body = {k: v for k, v in draft.items() if k != "use"}
+    try:
+        draft_settings(draft)
+        params = {k: v for k, v in body.items() if k not in SETTINGS}
+        cls(parse_params(cls, params, source=label, path=path))  # cross-parameter checks live in the drafter
+    except ConfigError as exc:
+        text = str(exc)
+        return None, [text if text.startswith(f"{label}: ") else f"{label}: {path}: {text}"]
+    except (ValueError, TypeError) as exc:
+        return None, [f"{label}: {path}: drafter {use} refuses its parameters: {type(exc).__name__}: {exc}"]
+    return {"use": use, **body}, []
+
+
 def load_config(
     source: str | Path | Mapping[str, Any], *, host: PluginHost | None = None, name: str | None = None
 ) -> ChainConfig:
     """Parse a chain from a TOML file path, a TOML string (if it has a newline) or a dict."""
     host = host or get_host()
     raw, label = _read_source(source, name)
-    chain = raw.get("chain") if set(raw) == {"chain"} else raw
-    prefix = "chain." if set(raw) == {"chain"} else ""
+    chain, prefix, draft_raw, draft_path, problems = _tables(raw, label)
     if not isinstance(chain, Mapping):
         raise ConfigError(f"{label}: chain: expected a table [chain] with samplers = [...]")
-    problems = _check_chain_keys(chain, label, prefix)
+    problems += _check_chain_keys(chain, label, prefix)
+    draft, more = (None, []) if draft_raw is None else _check_draft(draft_raw, label, draft_path, host)
+    problems += more
     samplers, more = _resolve_entries(
         chain.get("samplers", []), "sampler", source=label, path=f"{prefix}samplers", host=host
     )
@@ -404,4 +467,5 @@ def load_config(
         description=chain.get("description", ""),
         source=label,
         nonfinite=chain.get("nonfinite", "error"),
+        draft=draft,
     )

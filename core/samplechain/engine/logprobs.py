@@ -115,14 +115,15 @@ def at_stages(
     modes: Sequence[tuple[int, bool]],
     token_ids: torch.Tensor,
     processed: torch.Tensor,
-    selected: tuple[torch.Tensor, torch.Tensor],
+    selected: tuple[torch.Tensor | None, torch.Tensor],
     n: int,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor | None]:
     """Each row's chosen-token logprob (or logit), its n best and its rank under the stage and kind its mode names:
     every (stage, kind) asked for is computed once for the whole batch, then each row takes its own (no modes, as in
     an empty batch: the ranks are None).
     kept: the candidates after each stage asked for, the largest key being what the selector saw; processed: the
-    chosen tokens' processed logprobs; selected: (the selector's positions, its candidates' log-sum-exp)."""
+    chosen tokens' processed logprobs; selected: (the selector's positions, its candidates' log-sum-exp); positions
+    None: token_ids are not the selector's choice (teacher forcing), looked up among its candidates instead."""
     last = max(kept)
     pairs = sorted(set(modes))
     device = processed.device
@@ -131,7 +132,7 @@ def at_stages(
         cand = kept[stage]
         if stage == last:
             chosen, lse = selected
-            logit = cand.logits.gather(1, chosen[:, None]).squeeze(1)
+            logit = logit_of(cand, token_ids) if chosen is None else cand.logits.gather(1, chosen[:, None]).squeeze(1)
         else:
             logit, lse = logit_of(cand, token_ids), row_lse(cand.logits)
         rank = (cand.logits >= logit[:, None]).sum(dim=1)  # the same for logits and logprobs: one order

@@ -87,7 +87,7 @@ class Step:
     chain may write into them. modes: each row's logprobs_at stage (None: the processed logprobs, no top-n).
     contexts: each sampler's StepContext, built once. kept: the stages logprobs_at asked for. cand / chosen / lse:
     what the selector saw, chose and its normaliser (None after a fused draw). failed: the device flag of a
-    deferred check (sync-free backends)."""
+    deferred check (sync-free backends). given_tokens: the tokens of sample(accept=token_ids), checked, or None."""
 
     store: RequestStore
     view: BatchView
@@ -106,6 +106,7 @@ class Step:
     chosen: torch.Tensor | None = None
     lse: torch.Tensor | None = None
     failed: torch.Tensor | None = None
+    given_tokens: torch.Tensor | None = None
 
     @property
     def batch(self) -> int:

@@ -9,6 +9,7 @@ from .from_config import chain_from_generation_config
 from .loop import StreamEvent, generate, stream
 from .model import ModelRunner, TransformersRunner, runner_for
 from .outputs import GenerationOutput
+from .scoring import ScoreOutput, score
 from .session import Generation
 from .streaming import IncrementalDecoder
 
@@ -19,12 +20,14 @@ __all__ = [
     "GenerationWarning",
     "IncrementalDecoder",
     "ModelRunner",
+    "ScoreOutput",
     "StreamEvent",
     "TransformersRunner",
     "chain_from_generation_config",
     "generate",
     "load_checkpoint",
     "runner_for",
+    "score",
     "max_positions",
     "stream",
 ]

@@ -77,6 +77,7 @@ def beam_generate(
             "logprobs are the processed ones); use output_logits=True for the raw logits"
         )
     kwargs.pop("seed", None)  # beam search draws nothing
+    kwargs["draft"] = False  # nor drafts: a chain's [draft] table is left unused
     gen = Generation(model, tokenizer, prompts, **kwargs)
     chain = gen.chain
     if isinstance(chain, MixedChains):

@@ -71,6 +71,7 @@ class Checkpoints:
     _any_finished: bool
     _steps: int
     _elapsed: float
+    speculation: Any  # a Speculation, or None
 
     def checkpoint(self) -> dict[str, Any]:
         """The whole generation between two steps as plain JSON-able data: prompts, the tokens so far and their
@@ -107,6 +108,8 @@ class Checkpoints:
             "elapsed": elapsed,
             "unconditional": uncond,
             "store": self.store.snapshot(),
+            # speculative decoding: tokens drawn past the last step (the store is past them too), the counts
+            "speculation": None if self.speculation is None else self.speculation.checkpoint(),
         }
 
     @staticmethod
@@ -185,3 +188,18 @@ class Checkpoints:
         self._steps = steps
         self._replay = steps
         self._elapsed = float(ckpt.get("elapsed", 0.0))
+        self._restore_speculation(ckpt)
+
+    def _restore_speculation(self, ckpt: Mapping[str, Any]) -> None:
+        """A speculative generation's drawn tokens and counts; its drawn tokens need the same draft= again."""
+        saved = ckpt.get("speculation")
+        if saved is None:
+            return
+        if self.speculation is None:
+            if any(saved["pending"]):
+                raise ConfigError(
+                    "resume: the checkpoint was made with speculative decoding and holds tokens drawn past its last "
+                    "step; resume with draft= as the interrupted run had it"
+                )
+            return
+        self.speculation.restore(saved)

@@ -165,6 +165,45 @@ class PromptInputs:
             ids, mask = ids.repeat_interleave(self.n, dim=0), mask.repeat_interleave(self.n, dim=0)
         return ids.to(device=device, dtype=torch.int64).contiguous(), mask.to(device).contiguous()
 
+    def _vocab_limit(self) -> int | None:
+        """Logit columns past the tokenizer's vocabulary are tokens nobody can decode: they are masked."""
+        if self.tokenizer is None:
+            return None
+        try:
+            n = len(self.tokenizer)
+        except TypeError:
+            return None
+        v = getattr(self.model.config, "vocab_size", None)
+        if isinstance(v, int) and v > n:
+            warnings.warn(
+                f"the model has {v} logit columns but the tokenizer only {n} tokens: the extra "
+                f"{v - n} columns are masked",
+                GenerationWarning,
+                stacklevel=4,
+            )
+            return n
+        if isinstance(v, int) and v < n:
+            warnings.warn(
+                f"the tokenizer has {n} tokens but the model only {v} logit columns: tokens {v}..{n - 1} "
+                "can never be generated (are they the right pair?)",
+                GenerationWarning,
+                stacklevel=4,
+            )
+        return None
+
+    # ----------------------------------------------------------------- running
+
+    def _include_rows(self, value: Any) -> list[bool]:
+        """include_stop_str_in_output per row: one bool for every prompt, or one per prompt (vLLM sets it per
+        request), repeated over the prompt's num_return_sequences."""
+        flags = list(value) if isinstance(value, Sequence) else [value] * self.num_prompts
+        if isinstance(value, str) or len(flags) != self.num_prompts or any(f not in (True, False) for f in flags):
+            raise ConfigError(
+                f"include_stop_str_in_output = {value!r}: give one bool, or a list of "
+                f"{self.num_prompts} bools (one per prompt)"
+            )
+        return [bool(f) for f in flags for _ in range(self.n)]
+
 
 def _left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompt rows left-padded with `pad_id`, and their attention mask (0 on the padding): the mask is formed

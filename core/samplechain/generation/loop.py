@@ -79,8 +79,10 @@ def generate(
     chain, criteria and model, instead of starting from prompts.
 
     draft: speculative decoding that never changes the tokens (docs/speculative.md): a drafter's name
-    ("prompt_lookup"), a table {"use": "prompt_lookup", "num_tokens": 10} or a samplechain.drafters.Drafter object;
-    the output's drafted / kept / model_calls count its work per row."""
+    ("prompt_lookup"), a table {"use": "prompt_lookup", "num_tokens": 10} or a samplechain.drafters.Drafter object,
+    or a list with one of these (or None) per prompt; None (the default) takes the chain's `[draft]` table, False
+    turns speculation off. The output's drafted / kept / model_calls count its work per row. Beam search does not
+    draft (a chain's table is left unused there)."""
     if not isinstance(num_beams, int) or num_beams < 1:
         raise ConfigError(f"num_beams = {num_beams!r}: must be an integer >= 1")
     if num_beams > 1:
@@ -93,7 +95,7 @@ def generate(
             raise ConfigError(
                 "progress= is not available with beam search (num_beams > 1): drop progress=, or use num_beams=1"
             )
-        if kwargs.get("draft") is not None:
+        if kwargs.get("draft") not in (None, False):
             raise ConfigError(
                 "draft= (speculative decoding) runs greedy and sampling generation; beam search (num_beams > 1) "
                 "does not draft: drop draft=, or use num_beams=1"

@@ -393,33 +393,6 @@ class Generation(PromptInputs, Checkpoints):
                     stopping.add(self._criterion("max_length", {"n": limit}))
         return stopping
 
-    def _vocab_limit(self) -> int | None:
-        """Logit columns past the tokenizer's vocabulary are tokens nobody can decode: they are masked."""
-        if self.tokenizer is None:
-            return None
-        try:
-            n = len(self.tokenizer)
-        except TypeError:
-            return None
-        v = getattr(self.model.config, "vocab_size", None)
-        if isinstance(v, int) and v > n:
-            warnings.warn(
-                f"the model has {v} logit columns but the tokenizer only {n} tokens: the extra "
-                f"{v - n} columns are masked",
-                GenerationWarning,
-                stacklevel=4,
-            )
-            return n
-        if isinstance(v, int) and v < n:
-            warnings.warn(
-                f"the tokenizer has {n} tokens but the model only {v} logit columns: tokens {v}..{n - 1} "
-                "can never be generated (are they the right pair?)",
-                GenerationWarning,
-                stacklevel=4,
-            )
-        return None
-
-    # ----------------------------------------------------------------- running
     def steps(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Run to the end, yielding (token_ids (B,), active (B,) bool: rows that produced a real token)."""
         if self._all_finished:  # a resumed generation whose every row had finished
@@ -499,20 +472,52 @@ class Generation(PromptInputs, Checkpoints):
                     GenerationWarning,
                     stacklevel=4,
                 )
-        if out is None:
-            out = self.chain.sample(
-                logits,
-                self.store,
-                self.request_ids,
-                return_scores=want_scores,
-                unconditional_logits=uncond,
-                logprobs_at=self._logprobs_at,
-                top_logprobs=self.top_logprobs,
-                **history,
-            )
-            self._eager_steps += 1
-        out = out.check()
-        tokens, logprobs = out.token_ids, out.logprobs
+        out = (
+            self.sample_rows(logits, self.request_ids, history, self._logprobs_at, uncond)
+            if out is None
+            else out.check()
+        )
+        return self.commit(out.token_ids, out.logprobs, step, out.scores, out.top_logprobs)
+
+    def sample_rows(
+        self,
+        logits: torch.Tensor,
+        request_ids: Sequence[str],
+        history: Mapping[str, torch.Tensor],
+        logprobs_at: str | list[str],
+        uncond: torch.Tensor | None = None,
+        *,
+        accept: bool = True,
+        scores: bool = False,
+    ) -> Any:
+        """One eager chain step for `request_ids` (all rows, or the rows a speculative call samples), checked;
+        accept=False leaves the store for `chain.accept`, scores=True returns the processed logits whatever
+        output_scores says."""
+        out = self.chain.sample(
+            logits,
+            self.store,
+            request_ids,
+            accept=accept,
+            return_scores=self.output_scores or scores,
+            unconditional_logits=uncond,
+            logprobs_at=logprobs_at,
+            top_logprobs=self.top_logprobs,
+            **history,
+        )
+        self._eager_steps += 1
+        return out.check()
+
+    def commit(
+        self,
+        tokens: torch.Tensor,
+        logprobs: torch.Tensor,
+        step: int,
+        scores: torch.Tensor | None = None,
+        tops: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A step's drawn tokens (B,) appended to every row (finished rows: the pad token), then the criteria; ->
+        (the tokens appended, active: the rows that produced a real token)."""
+        drawn = logprobs
         if self._any_finished:  # finished rows get the pad token (and a 0 logprob)
             active = ~self.finished
             tokens = torch.where(active, tokens, torch.full_like(tokens, self.pad_id))
@@ -522,12 +527,12 @@ class Generation(PromptInputs, Checkpoints):
         self.input_ids = torch.cat([self.input_ids, tokens[:, None]], dim=-1)
         self.logprobs.append(logprobs)
         if self.output_scores:
-            assert out.scores is not None  # asked for with return_scores
-            self.scores.append(out.scores)
+            assert scores is not None  # asked for with return_scores
+            self.scores.append(scores)
         if self.top_logprobs:
-            assert out.top_logprobs is not None  # asked for with top_logprobs
-            self.tops.append(out.top_logprobs)
-        ctx = StopContext(self.input_ids, step, tokens, self.setup, out.logprobs, out.scores)
+            assert tops is not None  # asked for with top_logprobs
+            self.tops.append(tops)
+        ctx = StopContext(self.input_ids, step, tokens, self.setup, drawn, scores)
         result = self.stopping.check(ctx)
         if result.any:
             newly = result.done & active
@@ -559,17 +564,6 @@ class Generation(PromptInputs, Checkpoints):
             chain = self.chain.chains[self.chain.row_chains[p]] if isinstance(self.chain, MixedChains) else self.chain
             chain.logprobs_stage(mode if isinstance(mode, str) else mode[p])
         return values
-
-    def _include_rows(self, value: Any) -> list[bool]:
-        """include_stop_str_in_output per row: one bool for every prompt, or one per prompt (vLLM sets it per
-        request), repeated over the prompt's num_return_sequences."""
-        flags = list(value) if isinstance(value, Sequence) else [value] * self.num_prompts
-        if isinstance(value, str) or len(flags) != self.num_prompts or any(f not in (True, False) for f in flags):
-            raise ConfigError(
-                f"include_stop_str_in_output = {value!r}: give one bool, or a list of "
-                f"{self.num_prompts} bools (one per prompt)"
-            )
-        return [bool(f) for f in flags for _ in range(self.n)]
 
     def _step_graphs(self, logits: torch.Tensor) -> graphs.StepGraphs | None:
         """The batch's captured step, from the second step on (the first, eager, compiles the kernels and fills the

@@ -26,22 +26,25 @@ a difference flips is the only way the tokens can differ from a generation witho
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import torch
 
-from ..drafters import Drafter
+from ..drafters import MODES, SETTINGS, Draft, DraftContext, Drafter, draft_settings
 from ..engine.config import parse_params
 from ..engine.discovery import PluginHost
+from ..engine.mixed import MixedChains
 from ..errors import ConfigError, GenerationWarning
+from ..rng import SEED_MAX, gumbel, uniform
 from ..runners import ModelRunner
 from .outputs import GenerationOutput
 
 if TYPE_CHECKING:
     from .session import Generation
 
-__all__ = ["Speculation", "load_drafter"]
+__all__ = ["Speculation", "load_drafter", "rejection_draw"]
 
 
 def load_drafter(draft: Any, host: PluginHost) -> Drafter:
@@ -64,6 +67,8 @@ def load_drafter(draft: Any, host: PluginHost) -> Drafter:
             f"draft = {draft!r}: pass a drafter name ('prompt_lookup'), a table {{'use': 'prompt_lookup', ...}} "
             "or a samplechain.drafters.Drafter object"
         )
+    for key in SETTINGS:
+        raw.pop(key, None)
     cls = host.get("drafter", name)
     return cls(parse_params(cls, raw, source="draft", path=f"draft[{cls.name}]"))
 
@@ -72,26 +77,102 @@ class Speculation:
     """A generation's drafter and its per-row counts: `drafted` tokens sent to the model, `kept` (drafted tokens
     that came out), `model_calls` (forward passes that produced the row's tokens, the prefill included)."""
 
-    def __init__(self, drafter: Drafter, rows: int) -> None:
-        self.drafter = drafter
+    def __init__(
+        self,
+        drafters: Sequence[Drafter | None],
+        gen: Generation,
+        *,
+        mode: str | Sequence[str] = "match",
+        adaptive: bool | Sequence[bool] = True,
+    ) -> None:
+        rows = len(drafters)
+        modes = [mode] * rows if isinstance(mode, str) else list(mode)
+        self.rejection = [_checked_mode(m, gen) == "rejection" for m in modes]  # per row: the mode's test
+        self.drafters = list(drafters)
         self.drafted = torch.zeros(rows, dtype=torch.int64)
         self.kept = torch.zeros(rows, dtype=torch.int64)
         self.model_calls = torch.zeros(rows, dtype=torch.int64)
-        self.off = [False] * rows  # rows whose drafter raised: they go on without drafts
-        drafter.start(rows)
+        self.off = [d is None for d in drafters]  # rows without drafts (none asked, or their drafter failed)
+        self.fixed = [not adaptive] * rows if isinstance(adaptive, bool) else [not a for a in adaptive]
+        # each row's draft length: adaptive from its drafter's longest (num_tokens) on, or fixed at it
+        self.length = [int(getattr(d.params, "num_tokens", _START)) if d is not None else 0 for d in drafters]
+        self.pending: list[list[_Drawn]] = [[] for _ in range(rows)]  # drawn, not yet committed, per row
+        self.q: list[torch.Tensor | None] = [None] * rows  # the current draft's probabilities (rejection mode)
+        self._fed: list[int] = []
+        size = getattr(gen.model.config, "vocab_size", None)
+        context = DraftContext(
+            model=gen.model,
+            tokenizer=gen.tokenizer,
+            chain=gen.chain,
+            store=gen.store,
+            request_ids=tuple(gen.request_ids),
+            vocab_size=int(size) if isinstance(size, int) else 0,
+            device=gen.input_ids.device,
+        )
+        for drafter in {id(d): d for d in drafters if d is not None}.values():
+            drafter.start(rows, context)
 
     @classmethod
     def prepare(cls, draft: Any, gen: Generation) -> Speculation | None:
-        """The speculation of a generation about to start, or None without `draft`; refusals come here, before
-        any model call."""
+        """The speculation of a generation about to start, or None when no row drafts; refusals come here, before
+        any model call.
+
+        `draft`: one drafter for every prompt, a list with one per prompt (None: that prompt does not draft), False
+        for none; None takes each prompt's chain's `[draft]` table (`ChainConfig.draft`; a mixed batch: each
+        prompt's own chain), which a generation with a negative prompt leaves unused. A prompt's drafter serves its
+        num_return_sequences rows; rows whose drafters are the same (the same object, or the same drafter and
+        parameters) share one Drafter object, which drafts them together."""
+        if draft is False:
+            return None
+        per_prompt = isinstance(draft, (list, tuple))
         if draft is None:
+            from ..engine.mixed import MixedChains
+
+            chain = gen.chain
+            mixed = isinstance(chain, MixedChains)  # prompt i follows chain.chains[chain.row_chains[i]]
+            configs = [chain.chains[k].config for k in chain.row_chains] if mixed else [chain.config] * gen.num_prompts
+            specs = [c.draft for c in configs]
+            if gen.uncond_ids is not None:  # a chain's table drafts where speculation runs
+                return None
+        elif per_prompt:
+            if len(draft) != gen.num_prompts:
+                raise ConfigError(
+                    f"draft= lists {len(draft)} drafters for {gen.num_prompts} prompts: give one per prompt (None "
+                    "for a prompt that does not draft), or one drafter for all"
+                )
+            specs = [None if d is False else d for d in draft]
+        else:
+            specs = [draft] * gen.num_prompts
+        if all(spec is None for spec in specs):
             return None
         if gen.uncond_ids is not None:
             raise ConfigError(
                 "draft= with negative_prompt (classifier-free guidance): speculation does not run the "
                 "unconditional context; drop one of them"
             )
-        return cls(load_drafter(draft, gen.host), len(gen.request_ids))
+        loaded: dict[int, Drafter] = {}  # id of a spec (specs holds them all) -> its drafter
+        shared: dict[Any, Drafter] = {}  # (class, parameters) -> the one drafter of every spec that asks for it
+        drafters: list[Drafter | None] = []
+        settings: list[dict[str, Any]] = []
+        for i, spec in enumerate(specs):
+            settings += [draft_settings(spec)] * gen.n
+            if spec is not None and id(spec) not in loaded:
+                try:
+                    drafter = load_drafter(spec, gen.host)
+                except ConfigError as exc:
+                    if not per_prompt:
+                        raise
+                    raise type(exc)(f"draft[{i}] (prompt {i}): {exc}") from None
+                if not isinstance(spec, Drafter):  # a name or a table: one object per drafter and parameters
+                    drafter = shared.setdefault((type(drafter), repr(drafter.params)), drafter)
+                loaded[id(spec)] = drafter
+            drafters += [None if spec is None else loaded[id(spec)]] * gen.n
+        return cls(
+            drafters,
+            gen,
+            mode=[s.get("mode", "match") for s in settings],
+            adaptive=[s.get("adaptive", True) for s in settings],
+        )
 
     def report(self, out: GenerationOutput) -> None:
         """The counts into the output's drafted / kept / model_calls."""
@@ -102,76 +183,435 @@ class Speculation:
         self, gen: Generation, runner: ModelRunner, logits: torch.Tensor, step: int
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Generation's steps from `logits` (the next position's, the cache holding every token so far) to the end,
-        each column yielded as the plain loop yields its steps."""
-        columns, drafts = logits[:, None], None  # columns: (B, K + 1, V); drafts: (B, K)
+        each step yielded as the plain loop yields it."""
+        ragged = runner.per_row_truncate
+        unfinished = (~gen.finished).nonzero().flatten().tolist()
+        self._fed = (gen.prompt_lengths.cpu() + gen._steps).tolist()  # real tokens each row's cache holds
+        waiting = [b for b in unfinished if self.pending[b]]  # a resumed generation's tokens drawn past its step
+        if waiting:
+            self._refeed(gen, runner, waiting, ragged)
+        else:
+            self.model_calls[unfinished] += 1  # the prefill
+        fresh = [b for b in unfinished if not self.pending[b]]
+        if fresh:
+            self._draw(gen, fresh, logits[fresh])
         while True:
-            self.model_calls += (~gen.finished).cpu().long()
-            for j in range(columns.shape[1]):
+            while self._ready(gen):
                 step += 1
-                token_ids, active = gen._one_step(columns[:, j].contiguous(), step)
-                yield token_ids, active
+                yield self._commit(gen, step)
                 if gen._all_finished:
                     return
-                if drafts is None or j == drafts.shape[1]:
-                    break
-                same = (token_ids == drafts[:, j]) & active
-                self.kept += same.cpu().long()
-                if bool((active & ~same).any()):
-                    break
-            width = gen.input_ids.shape[1]
-            if drafts is not None and drafts.shape[1] > j:  # the cache holds drafts past the last kept one
-                runner.truncate(width - 1)
-            drafts = self._propose(gen, columns.shape[-1])
-            if drafts is None:
-                columns = runner.step(gen.input_ids)[:, None]
+            rows = self._callers(gen, ragged)
+            drafts = self._propose(gen, rows, ragged)
+            if ragged:
+                self._verify_rows(gen, runner, rows, drafts)
             else:
-                self.drafted += drafts.shape[1] * (~gen.finished).cpu().long()
-                columns = runner.extend(torch.cat([gen.input_ids[:, -1:], drafts], dim=1))
+                self._verify_together(gen, runner, rows, drafts)
 
-    def _propose(self, gen: Generation, vocab: int) -> torch.Tensor | None:
-        """(B, K) drafted tokens on the inputs' device (finished rows: zeros), or None for no draft."""
-        limit = self._limit(gen)
-        if limit < 1:
-            return None
+    def _refeed(self, gen: Generation, runner: ModelRunner, rows: list[int], ragged: bool) -> None:
+        """A resume: the cache (every committed token) takes each row's drawn tokens but the newest."""
+        feeds = {b: torch.tensor([c.token for c in self.pending[b][:-1]], dtype=torch.int64) for b in rows}
+        feeds = {b: t for b, t in feeds.items() if len(t)}
+        if not feeds:
+            return
+        if ragged:
+            runner.extend_rows(list(feeds), list(feeds.values()))
+            for b, t in feeds.items():
+                self._fed[b] += len(t)
+            return
+        block = torch.zeros((gen.input_ids.shape[0], len(next(iter(feeds.values())))), dtype=torch.int64)
+        for b, t in feeds.items():
+            block[b] = t
+        runner.extend(block.to(gen.input_ids.device))
+
+    # ----------------------------------------------------------------- checkpoints
+    def checkpoint(self) -> dict[str, Any]:
+        """Plain data: each row's drawn tokens past the last step (and their logprobs), the counts, the adaptive
+        draft lengths and the rows whose drafter was switched off."""
+        return {
+            "pending": [[c.token for c in row] for row in self.pending],
+            "pending_logprobs": [[float(c.logprob) for c in row] for row in self.pending],
+            "drafted": self.drafted.tolist(),
+            "kept": self.kept.tolist(),
+            "model_calls": self.model_calls.tolist(),
+            "length": list(self.length),
+            "off": list(self.off),
+        }
+
+    def restore(self, saved: Mapping[str, Any]) -> None:
+        rows = len(self.pending)
+        if any(len(saved[key]) != rows for key in ("pending", "pending_logprobs", "drafted", "length", "off")):
+            raise ConfigError(f"resume: the checkpoint's speculation is not for {rows} rows; the checkpoint is damaged")
+        self.pending = [
+            [_Drawn(int(t), torch.tensor(lp), None, None, None) for t, lp in zip(tokens, logprobs)]
+            for tokens, logprobs in zip(saved["pending"], saved["pending_logprobs"])
+        ]
+        for name in ("drafted", "kept", "model_calls"):
+            setattr(self, name, torch.tensor(saved[name], dtype=torch.int64))
+        self.length = [int(n) for n in saved["length"]]
+        self.off = [bool(o) or d is None for o, d in zip(saved["off"], self.drafters)]
+
+    def _ready(self, gen: Generation) -> bool:
+        """Whether every unfinished row has a drawn token waiting: the next step can be committed."""
+        return all(self.pending[b] for b in (~gen.finished).nonzero().flatten().tolist())
+
+    def _commit(self, gen: Generation, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next drawn token of every unfinished row appended as one step (Generation.commit)."""
+        finished = gen.finished.tolist()
+        column = [None if finished[b] else self.pending[b].pop(0) for b in range(len(finished))]
+        live = next(c for c in column if c is not None)
+        device = gen.input_ids.device
+        tokens = torch.tensor([gen.pad_id if c is None else c.token for c in column], device=device)
+        logprobs = torch.stack([live.logprob.new_zeros(()) if c is None else c.logprob for c in column])
+        scores = tops = None
+        if gen.output_scores:
+            scores = _stacked([None if c is None else c.score for c in column], self._vocab(gen), float("-inf"))
+        if gen.top_logprobs:
+            found = [c.top for c in column if c is not None and c.top is not None]
+            ids = torch.zeros(gen.top_logprobs, dtype=torch.int64) if not found else torch.zeros_like(found[0][0])
+            lps = torch.full(ids.shape, float("-inf"))
+            tops = (
+                torch.stack([ids if c is None or c.top is None else c.top[0] for c in column]),
+                torch.stack([lps if c is None or c.top is None else c.top[1] for c in column]),
+            )
+        if gen.output_logits:  # a resume's drawn tokens carry none: -inf rows, as for finished rows
+            gen.raw_logits.append(_stacked([None if c is None else c.raw for c in column], self._vocab(gen)))
+        out = gen.commit(tokens, logprobs, step, scores, tops)
+        for b in gen.finished.nonzero().flatten().tolist():
+            self.pending[b].clear()  # drawn past the row's stop: never emitted
+        return out
+
+    def _callers(self, gen: Generation, ragged: bool) -> list[int]:
+        """The rows the next model call runs: every unfinished row; on a runner that cuts rows on their own, not
+        those already far enough ahead (a full queue of drawn tokens, an end-of-sequence among them, or the length
+        limit reached)."""
         rows = (~gen.finished).nonzero().flatten().tolist()
-        if any(self.off[b] for b in rows):
-            return None
-        ids = gen.input_ids.cpu()
-        start = gen.attention_mask.shape[1] - gen.prompt_lengths.cpu()  # each row's first real token
-        proposals: dict[int, torch.Tensor] = {}
-        for b in rows:
-            draft = self._ask(b, ids[b, int(start[b]) :], limit, vocab)
-            if draft is None or len(draft) == 0:
-                return None
-            proposals[b] = draft
-        k = min(len(d) for d in proposals.values())
-        drafts = torch.zeros((ids.shape[0], k), dtype=torch.int64)
-        for b, d in proposals.items():
-            drafts[b] = d[:k]
-        return drafts.to(gen.input_ids.device)
+        if not ragged:
+            return rows
+        eos = set(gen.eos_ids)
+        return [
+            b
+            for b in rows
+            if not self.pending[b]
+            or (
+                len(self.pending[b]) < _AHEAD
+                and self._room(gen, b) > 0
+                and not any(c.token in eos for c in self.pending[b])
+            )
+        ]
 
-    def _limit(self, gen: Generation) -> int:
-        """The most tokens a call may draft: the new tokens the length limits still allow, less the one every call
-        samples after its drafts."""
+    def _room(self, gen: Generation, row: int) -> int:
+        """New tokens the length limits still allow row `row` past the tokens it has drawn."""
         bound = gen.stopping.max_new_tokens(gen.setup)
-        return 1 << 30 if bound is None else bound - gen._steps - 1
+        return (1 << 30 if bound is None else bound) - gen._steps - len(self.pending[row])
 
-    def _ask(self, row: int, tokens: torch.Tensor, limit: int, vocab: int) -> torch.Tensor | None:
-        """The drafter's proposal for one row, checked; a drafter that raises or proposes something that is not a
-        token is switched off for the row, with a warning (the row goes on without drafts)."""
-        name = self.drafter.qualified_name()
+    def _tokens(self, gen: Generation, row: int) -> torch.Tensor:
+        """Row `row`'s prompt (without padding), its committed and its drawn tokens, on the CPU."""
+        start = gen.attention_mask.shape[1] - int(gen.prompt_lengths[row])
+        done = gen.input_ids[row, start:].cpu()
+        if not self.pending[row]:
+            return done
+        return torch.cat([done, torch.tensor([c.token for c in self.pending[row]], dtype=done.dtype)])
+
+    # ----------------------------------------------------------------- drafting
+    def _propose(self, gen: Generation, rows: list[int], ragged: bool) -> dict[int, torch.Tensor]:
+        """Each row's draft (CPU int64, possibly empty); on a runner that feeds every row alike, all cut to the
+        shortest (none if a row has none)."""
+        drafts = {b: _EMPTY for b in rows}
+        vocab = self._vocab(gen)
+        groups: dict[int, list[int]] = {}
+        for b in rows:
+            limit = min(self.length[b], self._room(gen, b) - 1)
+            if not self.off[b] and limit > 0:
+                groups.setdefault(id(self.drafters[b]), []).append(b)
+        for members in groups.values():
+            drafter = self.drafters[members[0]]
+            assert drafter is not None  # rows without a drafter are off
+            limits = [min(self.length[b], self._room(gen, b) - 1) for b in members]
+            try:
+                proposals = drafter.propose_rows(members, [self._tokens(gen, b) for b in members], limits)
+                if len(proposals) != len(members):
+                    raise ValueError(f"{len(proposals)} proposals for {len(members)} rows")
+            except Exception as exc:  # noqa: BLE001 - a drafter's failure costs speed, never tokens
+                self._switch_off(members, drafter, exc)
+                continue
+            for b, proposal, limit in zip(members, proposals, limits):
+                drafts[b] = self._checked(b, drafter, proposal, limit, vocab)
+        if not ragged and rows:
+            k = min(len(d) for d in drafts.values())
+            drafts = {b: d[:k] for b, d in drafts.items()}
+        return drafts
+
+    def _checked(self, row: int, drafter: Drafter, proposal: Any, limit: int, vocab: int) -> torch.Tensor:
+        """A proposal as (k <= limit,) int64 token ids; one that is not a row of token ids switches the drafter off
+        for the row."""
         try:
-            draft = torch.as_tensor(self.drafter.propose(row, tokens, limit), dtype=torch.int64).flatten()
-            draft = draft[:limit]
+            tokens = proposal.tokens if isinstance(proposal, Draft) else proposal
+            draft = torch.as_tensor(tokens, dtype=torch.int64).flatten()[:limit].cpu()
             if bool(((draft < 0) | (draft >= vocab)).any()):
                 raise ValueError(f"proposed {draft.tolist()}: token ids in [0, {vocab}) expected")
+            probs = proposal.probs if isinstance(proposal, Draft) else None
+            if probs is not None:
+                probs = torch.as_tensor(probs).detach().to("cpu", torch.float64)
+                if probs.ndim != 2 or probs.shape[0] < len(draft):
+                    raise ValueError(f"Draft.probs of shape {tuple(probs.shape)}: (k, V) for {len(draft)} tokens")
+                probs = probs[: len(draft)]
         except Exception as exc:  # noqa: BLE001 - a drafter's failure costs speed, never tokens
-            self.off[row] = True
-            warnings.warn(
-                f"drafter {name} failed on row {row} ({type(exc).__name__}: {exc}); the row goes on without "
-                "speculation, its tokens unchanged",
-                GenerationWarning,
-                stacklevel=2,
-            )
-            return None
+            self._switch_off([row], drafter, exc)
+            return _EMPTY
+        self.q[row] = probs
         return draft
+
+    def _switch_off(self, rows: list[int], drafter: Drafter, exc: Exception) -> None:
+        for b in rows:
+            self.off[b] = True
+        which = f"row {rows[0]}" if len(rows) == 1 else f"rows {rows}"
+        warnings.warn(
+            f"drafter {drafter.qualified_name()} failed on {which} ({type(exc).__name__}: {exc}); the "
+            f"{'row goes' if len(rows) == 1 else 'rows go'} on without speculation, the tokens unchanged",
+            GenerationWarning,
+            stacklevel=5,
+        )
+
+    def _vocab(self, gen: Generation) -> int:
+        size = getattr(gen.model.config, "vocab_size", None)
+        return int(size) if isinstance(size, int) else 1 << 62
+
+    # ----------------------------------------------------------------- verifying
+    def _verify_rows(
+        self, gen: Generation, runner: ModelRunner, rows: list[int], drafts: dict[int, torch.Tensor]
+    ) -> None:
+        """One call that feeds each row its newest token and its own draft, then draws each row's positions in
+        order until its draw differs from its draft; each row's cache is cut back to its drawn tokens but the
+        newest."""
+        feeds = [torch.cat([self._tokens(gen, b)[-1:], drafts[b]]) for b in rows]
+        logits = dict(zip(rows, runner.extend_rows(rows, feeds)))
+        self.model_calls[rows] += 1
+        drawn = self._draw_along(gen, rows, drafts, logits, together=False)
+        lengths = []
+        width = gen.attention_mask.shape[1]
+        for b in range(len(self._fed)):
+            if b in logits:
+                self._fed[b] += 1 + drawn[b] - 1  # the fed newest token and the kept drafts
+            lengths.append(width - int(gen.prompt_lengths[b]) + self._fed[b])
+        if any(len(drafts[b]) > drawn[b] - 1 for b in rows):
+            runner.truncate(lengths)
+
+    def _verify_together(
+        self, gen: Generation, runner: ModelRunner, rows: list[int], drafts: dict[int, torch.Tensor]
+    ) -> None:
+        """One call that feeds every row its newest token and the common-length drafts; the rows' draws go on
+        together while every row draws its draft; the cache is cut back to the drawn tokens but the newest."""
+        k = len(next(iter(drafts.values())))
+        if k == 0:
+            columns = runner.step(gen.input_ids)[:, None]
+        else:
+            block = torch.zeros((gen.input_ids.shape[0], k), dtype=torch.int64)
+            for b, d in drafts.items():
+                block[b] = d
+            columns = runner.extend(torch.cat([gen.input_ids[:, -1:], block.to(gen.input_ids.device)], dim=1))
+        self.model_calls[rows] += 1
+        drawn = self._draw_along(gen, rows, drafts, {b: columns[b] for b in rows}, together=True)
+        n = drawn[rows[0]]
+        if n - 1 < k:
+            runner.truncate(gen.input_ids.shape[1] + n - 1)
+
+    def _draw_along(
+        self,
+        gen: Generation,
+        rows: list[int],
+        drafts: dict[int, torch.Tensor],
+        logits: dict[int, torch.Tensor],
+        together: bool,
+    ) -> dict[int, int]:
+        """Draw position j = 0, 1, ... of the rows still going (row b's logits[b][j]); a row goes on to j + 1 while
+        its draw equals its draft's token j (together: while every row's does). -> tokens drawn per row."""
+        going, drawn = list(rows), dict.fromkeys(rows, 0)
+        for b in rows:
+            self.drafted[b] += len(drafts[b])
+        j = 0
+        while going:
+            tokens = self._draw_position(gen, going, drafts, logits, j)
+            same = [j < len(drafts[b]) and tokens[i] == int(drafts[b][j]) for i, b in enumerate(going)]
+            for i, b in enumerate(going):
+                drawn[b] += 1
+                self.kept[b] += int(same[i])
+            self._adapt(drafts, going, same, j)
+            going = [b for i, b in enumerate(going) if same[i]] if not together or all(same) else []
+            j += 1
+        return drawn
+
+    def _adapt(self, drafts: dict[int, torch.Tensor], going: list[int], same: list[bool], j: int) -> None:
+        """The adaptive draft length (transformers' heuristic schedule): two more after a draft kept whole, one
+        fewer (at least one) after a draft cut short."""
+        for i, b in enumerate(going):
+            k = len(drafts[b])
+            if j >= k or self.fixed[b]:  # the draw after a whole draft: nothing more to learn
+                continue
+            if not same[i]:
+                self.length[b] = max(self.length[b] - 1, 1)
+            elif j == k - 1:
+                self.length[b] = min(self.length[b] + 2, _LONGEST)
+
+    def _draw_position(
+        self, gen: Generation, rows: list[int], drafts: dict[int, torch.Tensor], logits: dict[int, torch.Tensor], j: int
+    ) -> list[int]:
+        """The draws of `rows` at position j of their drafts: the chain's own (mode match, and after a whole draft),
+        or the rejection test of the drafted token (mode rejection)."""
+        tested = [b for b in rows if j < len(drafts[b]) and self.rejection[b]]
+        if not tested:
+            return self._draw(gen, rows, torch.stack([logits[b][j] for b in rows]))
+        plain = [b for b in rows if j >= len(drafts[b])]
+        drawn = dict(zip(tested, self._test(gen, tested, torch.stack([logits[b][j] for b in tested]), drafts, j)))
+        if plain:
+            drawn.update(zip(plain, self._draw(gen, plain, torch.stack([logits[b][j] for b in plain]))))
+        return [drawn[b] for b in rows]
+
+    def _test(
+        self, gen: Generation, rows: list[int], logits: torch.Tensor, drafts: dict[int, torch.Tensor], j: int
+    ) -> list[int]:
+        """Mode rejection at position j: the chain's processed distribution p, the drafted token kept with
+        probability min(1, p / q), else a draw from the residual max(p - q, 0); the store accepts the result."""
+        raw = logits.clone() if gen.output_logits else None
+        if gen.vocab_limit is not None:
+            logits[:, gen.vocab_limit :] = float("-inf")
+        history = self._history(gen, rows) if gen.chain.needs_history else {}
+        rids = [gen.request_ids[b] for b in rows]
+        out = gen.sample_rows(logits, rids, history, "processed", accept=False, scores=True)
+        logp = torch.log_softmax(out.scores.to("cpu", torch.float64), dim=-1)
+        draft = torch.tensor([int(drafts[b][j]) for b in rows])
+        q = torch.zeros_like(logp).scatter_(1, draft[:, None], 1.0)
+        for i, b in enumerate(rows):
+            probs = self.q[b]
+            if probs is not None and probs.shape[1] == q.shape[1]:
+                q[i] = probs[j]
+        seed, position = _noise_of(gen.store, rids)
+        tokens = rejection_draw(logp, q, draft, seed, position)
+        gen.chain.accept(gen.store, rids, tokens.to(out.token_ids.device))
+        logprobs = logp.gather(1, tokens[:, None])[:, 0].to(out.logprobs.dtype)
+        for i, b in enumerate(rows):
+            self.pending[b].append(
+                _Drawn(
+                    token=int(tokens[i]),
+                    logprob=logprobs[i].to(out.logprobs.device),
+                    score=out.scores[i] if gen.output_scores else None,
+                    top=None if out.top_logprobs is None else (out.top_logprobs[0][i], out.top_logprobs[1][i]),
+                    raw=None if raw is None else raw[i],
+                )
+            )
+        return tokens.tolist()
+
+    def _draw(self, gen: Generation, rows: list[int], logits: torch.Tensor) -> list[int]:
+        """The chain's draw for `rows` at their next position (logits (len(rows), V)), queued as pending tokens;
+        the store advances for these rows only."""
+        raw = logits.clone() if gen.output_logits else None
+        if gen.vocab_limit is not None:
+            logits[:, gen.vocab_limit :] = float("-inf")
+        history: dict[str, torch.Tensor] = {}
+        if gen.chain.needs_history or gen.logits_processor is not None:
+            history = self._history(gen, rows)
+        if gen.logits_processor is not None:
+            ids = history["history"].masked_fill(history["history"] < 0, gen.pad_id)
+            logits = gen.logits_processor(ids.to(gen.input_ids.device), logits)
+            if not gen.chain.needs_history:
+                history = {}
+        at = gen._logprobs_at if isinstance(gen._logprobs_at, str) else [gen._logprobs_at[b] for b in rows]
+        out = gen.sample_rows(logits, [gen.request_ids[b] for b in rows], history, at)
+        tokens = out.token_ids.tolist()
+        for i, b in enumerate(rows):
+            self.pending[b].append(
+                _Drawn(
+                    token=tokens[i],
+                    logprob=out.logprobs[i],
+                    score=None if out.scores is None else out.scores[i],
+                    top=None if out.top_logprobs is None else (out.top_logprobs[0][i], out.top_logprobs[1][i]),
+                    raw=None if raw is None else raw[i],
+                )
+            )
+        return tokens
+
+    def _history(self, gen: Generation, rows: list[int]) -> dict[str, torch.Tensor]:
+        """history= / prompt_lengths= for `rows`: each row's tokens (prompt, committed, drawn), left-padded with -1."""
+        seqs = [self._tokens(gen, b) for b in rows]
+        width = max(len(s) for s in seqs)
+        history = torch.full((len(rows), width), -1, dtype=torch.int64)
+        for i, s in enumerate(seqs):
+            history[i, width - len(s) :] = s
+        device = gen.input_ids.device
+        return {"history": history.to(device), "prompt_lengths": gen.prompt_lengths[rows].to(device)}
+
+
+def _stacked(rows: list[torch.Tensor | None], width: int, fill: float = float("-inf")) -> torch.Tensor:
+    """(B, V) of per-row vectors; rows without one (finished, or restored from a checkpoint) filled."""
+    found = [r for r in rows if r is not None]
+    blank = torch.full_like(found[0], fill) if found else torch.full((width,), fill)
+    return torch.stack([blank if r is None else r for r in rows])
+
+
+def rejection_draw(
+    logp: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, seed: torch.Tensor, position: torch.Tensor
+) -> torch.Tensor:
+    """Speculative sampling's test (Leviathan et al.; Chen et al.), one row per request: keep draft[i] with
+    probability min(1, p / q) at it, else draw from max(p - q, 0) renormalised (p where that is empty). The
+    uniform and the residual's Gumbel noise are counter-based at (seed, position), streams of their own: seeded,
+    and the same in any batch. The result is distributed as p whatever q is.
+
+    logp: (n, V) float64 the chain's processed log-probabilities; q: (n, V) the drafter's probabilities; draft,
+    seed, position: (n,) int64. -> (n,) int64."""
+    p = logp.exp()
+    at = draft[:, None]
+    p_d, q_d = p.gather(1, at)[:, 0], q.gather(1, at)[:, 0]
+    u = uniform(seed, position, at, stream=_ACCEPT_STREAM)[:, 0]
+    kept = u * q_d < p_d  # u < p/q without dividing by a q of 0 (a guess its drafter called impossible)
+    residual = (p - q).clamp_(min=0.0)
+    empty = residual.sum(dim=1) <= 0.0
+    residual[empty] = p[empty]
+    ids = torch.arange(p.shape[1]).expand(p.shape[0], -1)
+    other = (residual.log() + gumbel(seed, position, ids, stream=_RESIDUAL_STREAM)).argmax(dim=1)
+    return torch.where(kept, draft, other)
+
+
+def _noise_of(store: Any, request_ids: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The requests' seeds (the chain's `seed`; a fresh one per call where it has none) and RNG positions."""
+    view = store.batch(request_ids)
+    position = store.positions(view).cpu()
+    targets = store.layout.aliases.get("seed")
+    if not targets:
+        return torch.randint(0, SEED_MAX, (len(request_ids),), dtype=torch.int64), position
+    entry, field = targets[0]
+    return view.params[entry][field].cpu().to(torch.int64), position
+
+
+def _checked_mode(mode: Any, gen: Generation) -> str:
+    """`mode` once checked: "match", or "rejection" where the chain and the outputs allow it."""
+    if mode not in ("match", "rejection"):
+        raise ConfigError(f"draft mode = {mode!r}: {MODES}")
+    if mode == "rejection":
+        if isinstance(gen.chain, MixedChains):
+            raise ConfigError("draft mode 'rejection' with one chain per prompt: use mode 'match' for a mixed batch")
+        if gen._logprobs_at != "processed":
+            raise ConfigError(
+                f"draft mode 'rejection' with logprobs_mode = {gen.logprobs_mode!r}: it reports the processed "
+                "logprobs only; use mode 'match' for logprobs at other stages"
+            )
+        if gen.chain.is_greedy:
+            return "match"  # a greedy chain's distribution is its argmax: the test is the match
+    return mode
+
+
+@attrs.define
+class _Drawn:
+    """A token the chain drew for a row, waiting to be committed as a step (with what the step reports)."""
+
+    token: int
+    logprob: torch.Tensor
+    score: torch.Tensor | None
+    top: tuple[torch.Tensor, torch.Tensor] | None
+    raw: torch.Tensor | None
+
+
+_EMPTY = torch.zeros(0, dtype=torch.int64)
+_AHEAD = 64  # drawn tokens a row may have waiting before it skips model calls
+_LONGEST = 64  # the adaptive draft length's ceiling
+_START = 8  # the first draft length of a drafter without num_tokens
+_ACCEPT_STREAM, _RESIDUAL_STREAM = 0x5EC1, 0x5EC2  # rejection mode's noise: streams no sampler uses

@@ -9,6 +9,7 @@ criteria as a `custom_generate` callable for `model.generate(custom_generate=...
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -55,6 +56,28 @@ def _per_prompt(params: Any, prompts: int) -> list[dict[str, Any]]:
     return rows
 
 
+_SPECULATE_HERE = (
+    "speculative decoding with a samplechain chain runs in samplechain.generation.generate(model, tokenizer, "
+    'prompts, chain=..., draft="prompt_lookup"), which gives the tokens the chain gives without a drafter '
+    "(docs/speculative.md)"
+)
+
+
+def _assisted_decoding() -> bool:
+    """Whether transformers' assisted generation is calling (model.generate with assistant_model=,
+    prompt_lookup_num_tokens=, assistant_early_exit=, ...): its `_assisted_decoding` loop (generation/utils.py) or
+    a candidate generator (generation/candidate_generator.py, which runs the processors on its drafts) is on the
+    stack."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        where = code.co_filename.replace("\\", "/")
+        if code.co_name == "_assisted_decoding" or where.endswith("/generation/candidate_generator.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class ChainLogitsProcessor(LogitsProcessor):
     """A chain inside transformers' generation loop.
 
@@ -75,6 +98,11 @@ class ChainLogitsProcessor(LogitsProcessor):
     processed scores with its own RNG (pass do_sample=True to sample). The token transformers chose is
     accepted into the store at the next call, so stateful samplers (penalty windows, RNG positions) follow
     the sequence.
+
+    Refused with a ConfigError at its first call: transformers' assisted generation (`assistant_model=`,
+    `prompt_lookup_num_tokens=`), which calls processors once per drafted position, drafts included, and on its
+    drafter's guesses too: the chain's RNG positions and stateful samplers would follow tokens that are thrown
+    away. `samplechain.generation.generate(..., draft=...)` speculates with the chain's own tokens.
     """
 
     def __init__(
@@ -129,6 +157,15 @@ class ChainLogitsProcessor(LogitsProcessor):
         batch, length = input_ids.shape
         fresh = self.store is None or self._shape is None or batch != self._shape[0] or length <= self._shape[1]
         if fresh:
+            if _assisted_decoding():  # every assisted run starts fresh here, or steps back to a kept draft
+                self.reset()
+                raise ConfigError(
+                    "samplechain's logits processor inside transformers' assisted generation (model.generate "
+                    "with assistant_model= or prompt_lookup_num_tokens=): transformers calls it on every drafted "
+                    "position and on its drafter's guesses, so the chain's random draws and stateful samplers "
+                    f"would follow tokens it then throws away. Drop assistant_model / prompt_lookup_num_tokens: "
+                    f"{_SPECULATE_HERE}"
+                )
             self._start(batch, scores.device)
         self._shape = (batch, length)
         if not self.select:
@@ -397,6 +434,44 @@ def _own_keywords(
     }
 
 
+def _assistant_model() -> Any:
+    """The assistant_model given to the model.generate that calls the custom_generate callable, or None
+    (transformers keeps it from a callable, so its frame is read)."""
+    frame: Any = sys._getframe(1)
+    for _ in range(6):  # custom_generate, then transformers' generate (a wrapper or two in between at most)
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "generate" and frame.f_locals.get("assistant_model") is not None:
+            return frame.f_locals["assistant_model"]
+        frame = frame.f_back
+    return None
+
+
+def _draft_of(gc: Any, defaults: Mapping[str, Any]) -> Any:
+    """The loop's draft= from transformers' assisted-generation settings, each with the drafter that keeps the
+    chain's tokens: prompt_lookup_num_tokens (max_matching_ngram_size) -> prompt_lookup, assistant_model ->
+    draft_model, assistant_early_exit -> early_exit. A draft= given to as_custom_generate wins; beam search drafts
+    nothing, as in transformers; use_mtp (no such drafter) is refused."""
+    if getattr(gc, "use_mtp", False):
+        raise ConfigError(
+            "model.generate(custom_generate=as_custom_generate(...), use_mtp=True): samplechain has no "
+            "multi-token-prediction drafter; drop use_mtp, or speculate with prompt_lookup_num_tokens=N, "
+            f"assistant_model= or assistant_early_exit= ({_SPECULATE_HERE})"
+        )
+    assistant, early_exit = _assistant_model(), getattr(gc, "assistant_early_exit", None)
+    n = getattr(gc, "prompt_lookup_num_tokens", None)
+    if "draft" in defaults or int(gc.num_beams or 1) > 1:
+        return defaults.get("draft")
+    if assistant is not None:
+        return {"use": "draft_model", "model": assistant}
+    if early_exit is not None:
+        return {"use": "early_exit", "layers": int(early_exit)}
+    if n is not None:
+        ngram = getattr(gc, "max_matching_ngram_size", None) or 2  # transformers' default
+        return {"use": "prompt_lookup", "num_tokens": int(n), "max_ngram": int(ngram)}
+    return None
+
+
 def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost | None = None, **defaults: Any) -> Any:
     """A callable for `model.generate(custom_generate=...)` that runs samplechain's own loop with `chain`.
 
@@ -410,8 +485,10 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
       a user's logits_processor=...) run before the chain. The sampling warpers transformers adds for
       do_sample=True (temperature, top_k, top_p, min_p, typical_p, ...) are dropped with a warning: the chain
       decides how to sample (pass do_sample=False to silence it);
-    - transformers' stopping criteria run next to ours; its length, time and eos criteria are replaced by ours.
-    Refused with a ConfigError: model inputs other than input_ids / attention_mask (inputs_embeds,
+    - transformers' stopping criteria run next to ours; its length, time and eos criteria are replaced by ours;
+    - assisted generation (prompt_lookup_num_tokens, assistant_model, assistant_early_exit) speculates with
+      prompt_lookup, draft_model, early_exit: the chain's tokens in fewer model calls (`draft=` in `defaults` wins).
+    Refused with a ConfigError: use_mtp, model inputs other than input_ids / attention_mask (inputs_embeds,
     pixel_values, ...) and a past_key_values that already holds tokens. Not seen at all: `streamer` (transformers
     does not hand it to a callable; use samplechain.generation.stream).
     Extra keywords of model.generate (transformers hands a callable the keywords its signature declares, and keeps
@@ -442,8 +519,7 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
     ) -> Any:
         gc = generation_config or model.generation_config
         _check_model_inputs(model_kwargs)
-        processors = _processors_without_warpers(logits_processor, gc)
-        extra = _extra_criteria(stop, stopping_criteria)
+        processors, extra = _processors_without_warpers(logits_processor, gc), _extra_criteria(stop, stopping_criteria)
         beams = int(gc.num_beams or 1)
         copies = int(gc.num_return_sequences or 1)
         prompts, mask = _fold_repeats(input_ids, model_kwargs.get("attention_mask"), max(beams, copies))
@@ -471,8 +547,7 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
         if beams > 1:
             penalty = 1.0 if gc.length_penalty is None else float(gc.length_penalty)
             kwargs.update(num_beams=beams, length_penalty=penalty, early_stopping=gc.early_stopping)
-        if eos is None:
-            kwargs["ignore_eos"] = True
+        kwargs.update(ignore_eos=eos is None, draft=_draft_of(gc, defaults))
         out = sc_generate(model, tokenizer, None, **kwargs)
         return out if gc.return_dict_in_generate else out.sequences
 

@@ -100,6 +100,21 @@ class LlamaCppRunner(ModelRunner):
         self.n = self.n + k
         return logits.view(self.batch, k, self.vocab)
 
+    @torch.no_grad()
+    def extend_rows(self, rows: Sequence[int], tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """rows[i] takes tokens[i] (its own count) at its next positions, all in one decode; the logits after
+        each, one (k_i, V) per row given. The other rows' sequences are untouched."""
+        seq = np.asarray(rows, dtype=np.int32)
+        counts = np.asarray([len(t) for t in tokens], dtype=np.int64)
+        if len(seq) == 0 or bool((counts < 1).any()):
+            raise ConfigError(f"extend_rows: one or more tokens for each row given, got counts {counts.tolist()}")
+        first = np.repeat(self.n[seq] - np.cumsum(counts) + counts, counts)  # each token's row's next position,
+        pos = first + np.arange(int(counts.sum()))  # plus its index among the row's tokens
+        flat = torch.cat([t.reshape(-1) for t in tokens]).detach().cpu().numpy()
+        logits = self._decode(np.repeat(seq, counts), pos, flat, np.ones(len(flat), dtype=bool))
+        self.n[seq] += counts
+        return list(logits.split(counts.tolist()))
+
     def truncate(self, length: int | Sequence[int]) -> None:
         """Keep the first `length` columns of the padded rows (one int, or one per row): each row keeps
         length - its padding positions of its sequence."""

@@ -104,6 +104,8 @@ def chain_to_dict(chain: Any, *, compact: bool = True) -> dict[str, Any]:
     out["samplers"] = [_entry_dict(e, compact) for e in samplers]
     if stop:
         out["stop"] = [_entry_dict(e, compact) for e in stop]
+    if cfg.draft is not None:
+        out["draft"] = _plain(cfg.draft)
     return out
 
 
@@ -181,7 +183,8 @@ def _toml_value(v: Any) -> str:
 
 
 def to_toml(chain: Any) -> str:
-    """TOML text of a chain (`[chain]` with one inline table per sampler) that `Chain.load` accepts."""
+    """TOML text of a chain (`[chain]` with one inline table per sampler, then its `[draft]` table if it has one)
+    that `Chain.load` accepts."""
     data = chain if isinstance(chain, Mapping) and "samplers" in chain else chain_to_dict(chain)
     lines = ["[chain]"]
     for key in ("name", "description", "backend"):
@@ -192,6 +195,10 @@ def to_toml(chain: Any) -> str:
             lines.append(f"{key} = [")
             lines += [f"  {_toml_value(_plain(e))}," for e in data[key]]
             lines.append("]")
+    draft = data.get("draft")
+    if draft is not None:
+        table = {"use": draft} if isinstance(draft, str) else _plain(draft)
+        lines += ["", "[draft]"] + [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,382 @@
+"""`score()`: given continuations of prompts scored through a chain, token by token (teacher forcing).
+
+What RL trainers need to recompute a sampler's processed logprobs for tokens it produced, and what speculative
+decoding's `match` verification decides for drafted ones. For row i (prompt i, continuation i) and each
+continuation token t:
+
+- `logprobs[i][t]`: the logprob of the given token under the stage `logprobs_at` names (as `Chain.sample` takes
+  it: "processed", "raw", "processed_logits", a chain entry's id; one value, or one per prompt), -inf where the
+  chain removed the token before that stage;
+- `kept[i][t]`: whether the chain would have drawn that very token there: its own draw (`drawn[i][t]`, with the
+  request's seed at that position; greedy chains: the argmax of the processed logits) equals it.
+
+How, per batch of rows (left-padded prompts as `Generation` pads them, ragged continuations right-padded):
+1. the model runs each prompt (`prefill`: the logits before the first continuation token) then the continuations in
+   one pass (`extend`: the logits after each token; `chunk_size` splits it);
+2. position by position, the rows whose continuation reaches it are sampled by the chain with
+   `Chain.sample(..., accept=given tokens)`: the stages and the draw run as in generate(), the history the
+   samplers see (penalties, DRY, no_repeat_ngram, grammars) is the prompt and the *given* tokens before t, and the
+   request store advances with the given tokens (RNG position, mirostat's mu, reasoning_budget; adaptive_p moves
+   its EMA only on the token it drew, as llama.cpp's accept);
+3. the stopping criteria see each position as in generate(): `stop_index[i]` is where they would have ended row i
+   (its last token), None if they would not have; the whole continuation is scored either way.
+
+A generation's own tokens score with kept=True everywhere and its logprobs, up to the numerics of a multi-token
+forward pass against one-token steps (docs/speculative.md, "Numerics"; `chunk_size=1` runs one-token steps, the
+generation's own forward passes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import attrs
+import torch
+
+from ..contracts import StopContext, max_positions
+from ..engine.chain import Chain
+from ..engine.discovery import PluginHost
+from ..engine.mixed import MixedChains
+from ..errors import ConfigError
+from ..tokens import left_pad
+from .inputs import Prompts
+from .model import runner_for
+from .session import Generation
+
+__all__ = ["ScoreOutput", "score"]
+
+
+@attrs.frozen
+class ScoreOutput:
+    """What `score()` returns, one entry per row (prompt i with continuation i), each tensor (L_i,) on the CPU for
+    the row's L_i continuation tokens:
+
+    token_ids: int64, the continuation as scored (text tokenized without special tokens);
+    logprobs: float32, each given token's logprob under the stage `logprobs_at` named (a logit for its
+        ":logits" forms), -inf where the chain removed the token before that stage;
+    kept: bool, the chain's own draw at that position is the given token (what speculative decoding keeps);
+    drawn: int64, the chain's own draw at that position (with the request's seed and RNG position);
+    ranks: int64, each given token's rank under the same stage (1: the most likely; tokens tied with it count);
+    stop_index: the position of the token at which the stopping criteria would have ended the row (eos, stop
+        strings, the chain's [stop] entries...), None where they would not have within the continuation;
+    finish_reasons: that criterion's reason ("eos", "stop_strings", ...), None likewise.
+
+    `padded(name)` gives one of the tensor fields as a (B, max L_i) tensor and `lengths` the L_i."""
+
+    token_ids: list[torch.Tensor]
+    logprobs: list[torch.Tensor]
+    kept: list[torch.Tensor]
+    drawn: list[torch.Tensor]
+    ranks: list[torch.Tensor]
+    stop_index: list[int | None]
+    finish_reasons: list[str | None]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """(B,) int64 the number of tokens scored in each row."""
+        return torch.tensor([len(t) for t in self.token_ids], dtype=torch.int64)
+
+    def padded(self, name: str, fill: Any = 0) -> torch.Tensor:
+        """Field `name` ("logprobs", "kept", ...) as one (B, max length) tensor, `fill` after each row's end."""
+        rows = getattr(self, name)
+        out = torch.full((len(rows), int(self.lengths.max())), fill, dtype=rows[0].dtype)
+        for i, row in enumerate(rows):
+            out[i, : len(row)] = row
+        return out
+
+
+def score(
+    model: Any,
+    tokenizer: Any = None,
+    prompts: Prompts | Sequence[Any] | torch.Tensor | None = None,
+    continuations: Any = None,
+    *,
+    chain: Chain | MixedChains | str | Path | Mapping[str, Any] | Sequence[Any] | None = None,
+    params: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+    seed: int | None = None,
+    logprobs_at: str | Sequence[str] = "processed",
+    chunk_size: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+    stop: Sequence[Any] = (),
+    stop_strings: str | Sequence[str] | None = None,
+    ignore_eos: bool = False,
+    generation_config: Any = None,
+    host: PluginHost | None = None,
+) -> ScoreOutput:
+    """Score `continuations[i]` after `prompts[i]` through `chain`: each token's logprob at `logprobs_at` and whether
+    the chain would have drawn it (see the module docstring and docs/scoring.md).
+
+    prompts: as generate() takes them (text, a conversation, a list of them), or token ids (one list of ints or
+    1-D tensor, or a list of them). continuations: text (tokenized alone, without special tokens: pass a
+    generation's token ids to score exactly its tokens) or token ids, one per prompt. chain, params, seed: as
+    generate() (the same seed gives the same draws as the generation with it). logprobs_at: one stage or one per
+    prompt. chunk_size: continuation tokens per forward pass (None: all of them in one pass; 1: one-token steps
+    as generate() runs them); a pass holds (B, chunk_size, V) float32 logits. eos_token_id, pad_token_id, stop,
+    stop_strings, ignore_eos: the stopping criteria `stop_index` reports, as generate() takes them.
+
+    Bad input (prompts and continuations of different counts, an empty continuation, a token id outside the
+    vocabulary, an unknown logprobs_at stage, a chain with classifier-free guidance) is one ConfigError naming it."""
+    rows = _continuation_rows(continuations, tokenizer)
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ConfigError(f"chunk_size = {chunk_size!r}: give a number of tokens >= 1, or None for one pass")
+    _check_tokens(rows, getattr(model.config, "vocab_size", None))
+    if not isinstance(logprobs_at, str) and len(logprobs_at) != len(rows):
+        raise ConfigError(
+            f"logprobs_at lists {len(logprobs_at)} stages for {len(rows)} rows: give one string, or one per prompt"
+        )
+    gen = Generation(
+        model,
+        tokenizer,
+        **_prompt_args(prompts),
+        chain=cast(Any, chain),  # Generation takes one chain per prompt too
+        params=params,
+        seed=seed,
+        logprobs_mode=logprobs_at,
+        max_new_tokens=max(len(r) for r in rows) + 1,  # no length limit of its own within the continuations
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        stop=stop,
+        stop_strings=stop_strings,
+        ignore_eos=ignore_eos,
+        generation_config=generation_config,
+        host=host,
+    )
+    _check_rows(gen, rows)
+    return _Scoring(gen, rows, logprobs_at).run(chunk_size)
+
+
+def _continuation_rows(continuations: Any, tokenizer: Any) -> list[list[int]]:
+    """Each continuation as a list of token ids: text through the tokenizer, ids as given."""
+    if continuations is None:
+        raise ConfigError("continuations is missing: give one continuation (text or token ids) per prompt")
+    items = [continuations] if isinstance(continuations, str) or _is_ids(continuations) else continuations
+    if isinstance(items, torch.Tensor) and items.ndim == 2:
+        items = list(items)
+    if not isinstance(items, Sequence) or isinstance(items, (bytes, bytearray)):
+        raise ConfigError(
+            f"continuations is a {type(continuations).__name__}: give text or token ids, or a list of them (one per "
+            "prompt)"
+        )
+    rows = []
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            if tokenizer is None:
+                raise ConfigError(
+                    f"continuations[{i}] is text but no tokenizer was given: pass the tokenizer, or token ids"
+                )
+            item = tokenizer(item, add_special_tokens=False)["input_ids"]
+        elif not _is_ids(item):
+            raise ConfigError(
+                f"continuations[{i}] is a {type(item).__name__}: give text or token ids (a list of ints or a 1-D "
+                "tensor)"
+            )
+        ids = [int(t) for t in (item.tolist() if isinstance(item, torch.Tensor) else item)]
+        if not ids:
+            raise ConfigError(
+                f"continuations[{i}] is empty: give at least one token to score (or leave the row out of the batch)"
+            )
+        rows.append(ids)
+    return rows
+
+
+def _is_ids(value: Any) -> bool:
+    """One row of token ids: a 1-D integer tensor, or a non-empty sequence of ints (an empty list counts too)."""
+    if isinstance(value, torch.Tensor):
+        return value.ndim == 1 and not value.dtype.is_floating_point
+    if isinstance(value, (str, bytes, bytearray, Mapping)) or not isinstance(value, Sequence):
+        return False
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _check_tokens(rows: list[list[int]], vocab: int | None) -> None:
+    if vocab is None:
+        return
+    for i, row in enumerate(rows):
+        for j, token in enumerate(row):
+            if not 0 <= token < vocab:
+                raise ConfigError(
+                    f"continuations[{i}][{j}] = {token}: not a token id of the model (its vocabulary is "
+                    f"[0, {vocab})): pass ids from the model's own tokenizer"
+                )
+
+
+def _prompt_args(prompts: Any) -> dict[str, Any]:
+    """Generation's prompts=, or input_ids= / attention_mask= for prompts given as token ids."""
+    if prompts is None:
+        raise ConfigError("prompts is missing: give one prompt (text, a conversation or token ids) per continuation")
+    if isinstance(prompts, torch.Tensor) and prompts.ndim == 2:
+        prompts = list(prompts)
+    if _is_ids(prompts):
+        prompts = [prompts]
+    elif not (isinstance(prompts, Sequence) and prompts and all(_is_ids(p) for p in prompts)):
+        return {"prompts": prompts}  # text and conversations: Generation reads them
+    ids = [p.tolist() if isinstance(p, torch.Tensor) else list(p) for p in prompts]
+    return {"input_ids": left_pad(ids, 0), "attention_mask": left_pad([[1] * len(r) for r in ids], 0)}
+
+
+def _check_rows(gen: Generation, rows: list[list[int]]) -> None:
+    """The rows match the prompts, fit the model's positions, and the chain needs no second context."""
+    if gen.num_prompts != len(rows):
+        raise ConfigError(
+            f"{gen.num_prompts} prompts but {len(rows)} continuations: give one continuation per prompt, in order"
+        )
+    if gen.chain.needs_unconditional_logits:
+        raise ConfigError(
+            "the chain has a guidance sampler (cfg), which reads a second, unconditional forward pass that score() "
+            "does not run: score with a chain without it"
+        )
+    limit = max_positions(gen.model.config)
+    for i, row in enumerate(rows):
+        total = int(gen.prompt_lengths[i]) + len(row)
+        if limit is not None and total > limit:
+            raise ConfigError(
+                f"row {i}: the prompt ({int(gen.prompt_lengths[i])} tokens) and continuation ({len(row)}) exceed the "
+                f"model's {limit} positions: shorten the continuation to {limit - int(gen.prompt_lengths[i])} tokens"
+            )
+
+
+class _Scoring:
+    """One score() run over a prepared Generation (its rows, chain, store, stopping criteria)."""
+
+    def __init__(self, gen: Generation, rows: list[list[int]], logprobs_at: str | Sequence[str]) -> None:
+        self.gen, self.rows, self.logprobs_at = gen, rows, logprobs_at
+        self.lengths = torch.tensor([len(r) for r in rows], dtype=torch.int64)
+        device = gen.input_ids.device
+        self.cont = torch.tensor(  # (B, L) right-padded with the pad token
+            [r + [gen.pad_id] * (int(self.lengths.max()) - len(r)) for r in rows], dtype=torch.int64, device=device
+        )
+        shape = tuple(self.cont.shape)
+        self.logprobs = torch.zeros(shape, dtype=torch.float32)
+        self.drawn = torch.zeros(shape, dtype=torch.int64)
+        self.ranks = torch.zeros(shape, dtype=torch.int64)
+        self.stop_index: list[int | None] = [None] * len(rows)
+        self.reasons: list[str | None] = [None] * len(rows)
+
+    def run(self, chunk_size: int | None) -> ScoreOutput:
+        gen = self.gen
+        runner_cls = runner_for(gen.model, gen.host)
+        gen.setup.start_time = time.monotonic()  # max_time, as generate() starts its clock
+        gen.stopping.prepare(gen.setup)
+        with _threads(runner_cls.sampling_threads), torch.inference_mode():
+            runner = runner_cls(gen.model, gen.input_ids, gen.attention_mask)
+            for t, logits in enumerate(self._columns(runner, chunk_size)):
+                self._position(t, logits)
+        cut = [int(n) for n in self.lengths]
+        rows = range(len(cut))
+        return ScoreOutput(
+            token_ids=[self.cont[i, : cut[i]].cpu() for i in rows],
+            logprobs=[self.logprobs[i, : cut[i]].clone() for i in rows],
+            kept=[self.drawn[i, : cut[i]] == self.cont[i, : cut[i]].cpu() for i in rows],
+            drawn=[self.drawn[i, : cut[i]].clone() for i in rows],
+            ranks=[self.ranks[i, : cut[i]].clone() for i in rows],
+            stop_index=self.stop_index,
+            finish_reasons=self.reasons,
+        )
+
+    def _columns(self, runner: Any, chunk_size: int | None) -> Iterator[torch.Tensor]:
+        """(B, V) logits before each continuation position: the prefill's, then those of `extend` over the
+        continuation but its last token, `chunk_size` tokens a pass."""
+        yield runner.prefill()
+        width = self.cont.shape[1] - 1
+        step = chunk_size or max(width, 1)
+        for start in range(0, width, step):
+            block = runner.extend(self.cont[:, start : min(start + step, width)])
+            for j in range(block.shape[1]):
+                yield block[:, j].contiguous()
+
+    def _position(self, t: int, logits: torch.Tensor) -> None:
+        """Position t: the chain samples the rows that reach it, accepting the given tokens; the criteria check."""
+        gen = self.gen
+        if gen.vocab_limit is not None:
+            logits[:, gen.vocab_limit :] = float("-inf")
+        active = (self.lengths > t).nonzero().flatten()
+        index = active.to(logits.device)
+        history = gen.history_args(torch.cat([gen.input_ids, self.cont[:, :t]], dim=1))
+        if len(active) < len(self.rows):
+            logits = logits.index_select(0, index)
+            history = {k: v.index_select(0, index.to(v.device)) for k, v in history.items()}
+        ids = [gen.request_ids[i] for i in active.tolist()]
+        at = self.logprobs_at if isinstance(self.logprobs_at, str) else [self.logprobs_at[i] for i in active.tolist()]
+        drawn, logprobs, ranks = _sample(gen.chain, logits, gen.store, ids, self.cont[index, t], at, history)
+        self.drawn[active, t] = drawn.cpu()
+        self.logprobs[active, t] = logprobs.cpu()
+        self.ranks[active, t] = ranks.cpu()
+        self._stops(t)
+
+    def _stops(self, t: int) -> None:
+        """The stopping criteria on position t, as generate() asks them: the first that ends a row is its stop."""
+        gen = self.gen
+        tokens = self.cont[:, t]
+        ctx = StopContext(
+            torch.cat([gen.input_ids, self.cont[:, : t + 1]], dim=1),
+            t + 1,
+            tokens,
+            gen.setup,
+            self.logprobs[:, t].to(tokens.device),
+        )
+        result = gen.stopping.check(ctx)
+        if not result.any:
+            return
+        for b in result.done.nonzero().flatten().tolist():
+            if self.stop_index[b] is None and t < len(self.rows[b]):
+                self.stop_index[b], self.reasons[b] = t, result.reasons[b]
+
+
+def _sample(
+    chain: Chain | MixedChains,
+    logits: torch.Tensor,
+    store: Any,
+    ids: list[str],
+    given: torch.Tensor,
+    logprobs_at: str | list[str],
+    history: dict[str, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(draws, the given tokens' logprobs, their ranks) of one teacher-forced step; a mixed batch group by group."""
+    if isinstance(chain, Chain):
+        out = chain.sample(
+            logits,
+            store,
+            ids,
+            accept=given,
+            logprobs_at=logprobs_at,
+            history=history.get("history"),
+            prompt_lengths=history.get("prompt_lengths"),
+        ).check()
+        assert out.ranks is not None  # accept=token_ids reports ranks
+        return out.token_ids, out.logprobs, out.ranks
+    drawn = torch.empty(len(ids), dtype=torch.int64, device=logits.device)
+    logprobs = torch.empty(len(ids), dtype=torch.float32, device=logits.device)
+    ranks = torch.empty(len(ids), dtype=torch.int64, device=logits.device)
+    groups: dict[str, list[int]] = {}
+    for row, rid in enumerate(ids):
+        groups.setdefault(store.chain_of(rid), []).append(row)
+    for key, rows in groups.items():
+        index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+        part = {k: v.index_select(0, index.to(v.device)) for k, v in history.items()}
+        at = logprobs_at if isinstance(logprobs_at, str) else [logprobs_at[r] for r in rows]
+        sub = chain.chains[key]
+        got = _sample(
+            sub, logits.index_select(0, index), store.stores[key], [ids[r] for r in rows], given[index], at, part
+        )
+        for whole, values in zip((drawn, logprobs, ranks), got):
+            whole.index_copy_(0, index, values)
+    return drawn, logprobs, ranks
+
+
+@contextlib.contextmanager
+def _threads(wanted: int | None) -> Iterator[None]:
+    """torch's threads as the runner asks for while it runs (`ModelRunner.sampling_threads`)."""
+    threads = torch.get_num_threads()
+    if not wanted or wanted == threads:
+        yield
+        return
+    torch.set_num_threads(wanted)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,206 @@
+"""draft_model: the tokens are those of generation without a drafter; coupled noise keeps (almost) every draft of
+the same model, independent noise far fewer; the drafts' probabilities are the chain's processed distribution; a
+draft model of another vocabulary is one error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from samplechain import Chain, ConfigError, get_host
+from samplechain.drafters import DraftContext
+from samplechain.engine.config import parse_params
+from samplechain.generation import TransformersRunner, generate
+from samplechain.models import tiny_model_path
+from samplechain_draft_model import DraftModel
+from samplechain_draft_model_base import RowCache
+
+transformers = pytest.importorskip("transformers")
+
+PROMPTS = ["In Python, a list is", "The module provides", "Return the"]
+SAMPLING = {
+    "samplers": [
+        {"use": "penalties", "repeat": 1.2, "frequency": 0.1, "last_n": 32},
+        {"use": "top_k", "k": 50},
+        {"use": "temperature", "t": 0.9},
+        {"use": "min_p", "p": 0.02},
+        {"use": "dist"},
+    ]
+}
+GREEDY = {"samplers": [{"use": "penalties", "repeat": 1.3, "last_n": 16}, {"use": "greedy"}]}
+PLAIN = {"samplers": [{"use": "dist"}]}  # temperature 1: the model's own distribution
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    path = tiny_model_path()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def run(model, tok, prompts, **kwargs):
+    return generate(model, tok, prompts, pad_token_id=0, **kwargs)
+
+
+def rate(out) -> float:
+    return int(out.kept.sum()) / max(1, int(out.drafted.sum()))
+
+
+@pytest.mark.parametrize(
+    ("chain", "batch", "by_path"),
+    [(SAMPLING, 1, False), (SAMPLING, 3, True), (GREEDY, 1, True), (GREEDY, 3, False)],
+    ids=["sampling-B1", "sampling-B3-path", "greedy-B1-path", "greedy-B3"],
+)
+def test_the_tokens_are_those_of_generation_without_a_drafter(tiny, chain, batch, by_path):
+    model, tok = tiny
+    kwargs = {"chain": chain, "seed": 11, "max_new_tokens": 16}
+    draft = {"use": "draft_model", "model": str(tiny_model_path())} if by_path else DraftModel.from_model(model, tok)
+    reference = run(model, tok, PROMPTS[:batch], **kwargs)
+    ours = run(model, tok, PROMPTS[:batch], draft=draft, **kwargs)
+    assert ours.sequences.tolist() == reference.sequences.tolist()
+    assert ours.finish_reasons == reference.finish_reasons
+    assert int(ours.drafted.sum()) > 0
+    assert (ours.model_calls < ours.num_generated).all(), "the same model as drafter saves model calls"
+
+
+def test_a_mixed_batch_drafts_each_row_through_its_own_chain(tiny):
+    model, tok = tiny
+    kwargs = {"chain": [SAMPLING, GREEDY], "seed": 5, "max_new_tokens": 12}
+    reference = run(model, tok, PROMPTS[:2], **kwargs)
+    ours = run(model, tok, PROMPTS[:2], draft=DraftModel.from_model(model, tok), **kwargs)
+    assert ours.sequences.tolist() == reference.sequences.tolist()
+    assert rate(ours) > 0.9
+
+
+@pytest.mark.slow
+def test_coupled_noise_keeps_almost_every_draft_and_independent_noise_far_fewer(tiny):
+    """The same model drafting: with the request's own noise its draw is the verifying draw (up to float32
+    summation order), with another seed stream a draw from the same distribution, which at temperature 1 on a
+    small model agrees far less often."""
+    model, tok = tiny
+    kwargs = {"chain": PLAIN, "seed": 2, "max_new_tokens": 40, "ignore_eos": True}
+    coupled = run(model, tok, PROMPTS[:1], draft=DraftModel.from_model(model, tok), **kwargs)
+    independent = run(model, tok, PROMPTS[:1], draft=DraftModel.from_model(model, tok, noise="independent"), **kwargs)
+    assert coupled.sequences.tolist() == independent.sequences.tolist()
+    assert rate(coupled) > 0.95, (coupled.kept, coupled.drafted)
+    assert rate(independent) < 0.5 * rate(coupled), (independent.kept, independent.drafted)
+
+
+# ----------------------------------------------------------------- the drafter's own methods
+def context_for(model, tok, chain, seed=5, position=0):
+    chain = Chain.load(chain)
+    chain.prepare(tokenizer=tok, model_config=model.config)
+    store = chain.new_store()
+    store.add("r", {"seed": seed})
+    store.set_position("r", position)
+    return DraftContext(model, tok, chain, store, ("r",), model.config.vocab_size, torch.device("cpu"))
+
+
+@torch.no_grad()
+def test_the_draft_is_the_chains_draw_and_its_probabilities_the_processed_distribution(tiny):
+    model, tok = tiny
+    context = context_for(model, tok, SAMPLING)
+    prompt = torch.tensor(tok(PROMPTS[0])["input_ids"])
+    drafter = DraftModel.from_model(model, tok, num_tokens=6)
+    drafter.start(1, context)
+    draft = drafter.propose_rows([0], [prompt], [4])[0]
+    assert len(draft.tokens) == 4, "the limit caps the draft"
+    assert context.store.snapshot(["r"])["r"]["position"] == 0, "the generation's store is never changed"
+    torch.testing.assert_close(draft.probs.sum(dim=-1), torch.ones(4))
+    chain, store = context.chain, context.chain.new_store()
+    store.add("r", {"seed": 5})
+    for j in range(4):
+        seq = torch.cat([prompt, draft.tokens[:j]])[None]
+        logits = model(seq).logits[:, -1].float()
+        store.set_position("r", j)  # the request's position after j drafted tokens
+        processed = chain.process(logits, store, ["r"], history=seq)
+        torch.testing.assert_close(draft.probs[j], torch.softmax(processed[0], dim=-1), atol=1e-5, rtol=1e-4)
+        assert draft.probs[j, draft.tokens[j]] > 0
+        drawn = chain.sample(logits, store, ["r"], history=seq, accept=False).token_ids
+        assert int(drawn) == int(draft.tokens[j]), "coupled: the drafter draws the verifying draw"
+
+
+@torch.no_grad()
+def test_greedy_noise_drafts_the_processed_argmax_without_probabilities(tiny):
+    model, tok = tiny
+    context = context_for(model, tok, SAMPLING, position=3)
+    prompt = torch.tensor(tok(PROMPTS[1])["input_ids"])
+    drafter = DraftModel.from_model(model, tok, noise="greedy")
+    drafter.start(1, context)
+    draft = drafter.propose(0, prompt, 3)
+    assert draft.probs is None
+    store = context.chain.new_store()
+    store.add("r", {"seed": 5})
+    for j in range(3):
+        seq = torch.cat([prompt, draft.tokens[:j]])[None]
+        store.set_position("r", 3 + j)
+        processed = context.chain.process(model(seq).logits[:, -1].float(), store, ["r"], history=seq)
+        assert int(processed.argmax()) == int(draft.tokens[j])
+
+
+@torch.no_grad()
+def test_a_rows_cache_follows_its_tokens_cut_back_and_changed(tiny):
+    model, _ = tiny
+    seq = torch.randint(1, model.config.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
+    other = seq.clone()
+    other[15:] = (other[15:] + 7) % model.config.vocab_size
+    cache = RowCache(TransformersRunner, model)
+    for tokens in (seq[:20], seq[:12], seq[:12], other[:18], seq[:30], seq[:1], seq[:3]):
+        expected = model(tokens[None]).logits[0, -1]
+        torch.testing.assert_close(cache.logits_after(tokens), expected, atol=1e-4, rtol=1e-4)
+        assert cache.held.tolist() == tokens.tolist()
+    expected = model(torch.cat([seq[:3], seq[5:6]])[None]).logits[0, -1]
+    torch.testing.assert_close(cache.feed(int(seq[5])), expected, atol=1e-4, rtol=1e-4)
+
+
+# ----------------------------------------------------------------- refusals
+def test_another_vocabulary_is_one_error_naming_both_sizes(tiny):
+    model, tok = tiny
+    config = transformers.GPT2Config(vocab_size=300, n_embd=32, n_layer=1, n_head=2, n_positions=64)
+    other = transformers.GPT2LMHeadModel(config).eval()
+    with pytest.raises(ConfigError, match=r"draft model \(300 logit columns\).*\(4096 logit columns, a tokenizer of"):
+        run(model, tok, PROMPTS[:1], chain=PLAIN, seed=1, max_new_tokens=4, draft=DraftModel.from_model(other))
+    with pytest.raises(ConfigError, match=r"a tokenizer of 3 tokens\).*a tokenizer of 4096 tokens"):
+        DraftModel.from_model(model, ["a", "b", "c"]).start(1, context_for(model, tok, PLAIN))
+
+
+def drafter(**params):
+    cls = get_host().get("drafter", "draft_model")
+    return cls(parse_params(cls, params, source="draft", path="draft[draft_model]"))
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({}, r"draft\[draft_model\]\.model = None: give the draft model: a transformers model folder"),
+        ({"model": "/no/such/model"}, r"\.model = '/no/such/model': no such folder or file"),
+        ({"model": str(tiny_model_path()), "num_tokens": 0}, r"\.num_tokens = 0: must be in \[1, inf\)"),
+        ({"model": str(tiny_model_path()), "noise": "shared"}, r"\.noise = 'shared': must be one of 'coupled'"),
+    ],
+)
+def test_bad_parameters_name_the_culprit(params, message):
+    with pytest.raises(ConfigError, match=message):
+        drafter(**params)
+
+
+# ----------------------------------------------------------------- llama.cpp
+@pytest.mark.llama_cpp
+@pytest.mark.slow
+def test_a_gguf_draft_model_drafts_on_llama_cpp():
+    pytest.importorskip("llama_cpp")
+    from samplechain.models import default_gguf_path
+    from samplechain_llama_cpp import load_gguf
+
+    try:
+        path = default_gguf_path()
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+    model, tok = load_gguf(path, n_ctx=512, flash_attn=True)
+    try:
+        kwargs = {"chain": PLAIN, "seed": 3, "max_new_tokens": 12, "ignore_eos": True}
+        reference = generate(model, tok, "def add(a, b):", **kwargs)
+        ours = generate(model, tok, "def add(a, b):", draft={"use": "draft_model", "model": str(path)}, **kwargs)
+        assert ours.sequences.tolist() == reference.sequences.tolist()
+        assert rate(ours) > 0.9
+    finally:
+        model.close()

@@ -1,0 +1,187 @@
+"""early_exit: the generation's own model cut after its first layers drafts, with the model's weights and its own
+cache; the tokens are those of generation without a drafter, coupled noise keeps more drafts than independent
+noise, and a model it cannot cut is one error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from samplechain import Chain, ConfigError, get_host
+from samplechain.drafters import DraftContext
+from samplechain.engine.config import parse_params
+from samplechain.generation import TransformersRunner, generate
+from samplechain.models import tiny_model_path
+from samplechain_draft_model_base import RowCache
+from samplechain_early_exit import EarlyExit
+
+transformers = pytest.importorskip("transformers")
+
+PROMPTS = ["In Python, a list is", "The module provides", "Return the"]
+SAMPLING = {
+    "samplers": [
+        {"use": "penalties", "repeat": 1.2, "last_n": 32},
+        {"use": "top_k", "k": 50},
+        {"use": "temperature", "t": 0.9},
+        {"use": "min_p", "p": 0.02},
+        {"use": "dist"},
+    ]
+}
+GREEDY = {"samplers": [{"use": "greedy"}]}
+PLAIN = {"samplers": [{"use": "dist"}]}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    path = tiny_model_path()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tiny):
+    """A randomly initialised Llama of the tiny model's vocabulary (its layers are `model.layers`)."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=4096,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    return transformers.LlamaForCausalLM(config).eval(), tiny[1]
+
+
+def run(model, tok, prompts, **kwargs):
+    return generate(model, tok, prompts, pad_token_id=0, **kwargs)
+
+
+def rate(out) -> float:
+    return int(out.kept.sum()) / max(1, int(out.drafted.sum()))
+
+
+@pytest.mark.parametrize(
+    ("chain", "batch", "layers"), [(SAMPLING, 3, 3), (GREEDY, 1, 2)], ids=["sampling-B3", "greedy-B1"]
+)
+def test_the_tokens_are_those_of_generation_without_a_drafter(tiny, chain, batch, layers):
+    model, tok = tiny
+    kwargs = {"chain": chain, "seed": 4, "max_new_tokens": 16}
+    reference = run(model, tok, PROMPTS[:batch], **kwargs)
+    ours = run(model, tok, PROMPTS[:batch], draft={"use": "early_exit", "layers": layers}, **kwargs)
+    assert ours.sequences.tolist() == reference.sequences.tolist()
+    assert ours.finish_reasons == reference.finish_reasons
+    assert int(ours.drafted.sum()) > 0 and int(ours.kept.sum()) > 0
+    assert len(model.transformer.h) == 4, "the model is whole again"
+
+
+def test_a_llama_drafts_with_its_first_layers(tiny_llama):
+    model, tok = tiny_llama
+    kwargs = {"chain": SAMPLING, "seed": 4, "max_new_tokens": 12}
+    reference = run(model, tok, PROMPTS[:2], **kwargs)
+    ours = run(model, tok, PROMPTS[:2], draft={"use": "early_exit", "layers": 2}, **kwargs)
+    assert ours.sequences.tolist() == reference.sequences.tolist()
+    assert int(ours.drafted.sum()) > 0
+    assert len(model.model.layers) == 3
+
+
+@pytest.mark.slow
+def test_coupled_noise_keeps_more_drafts_than_independent_noise(tiny):
+    model, tok = tiny
+    kwargs = {"chain": PLAIN, "seed": 2, "max_new_tokens": 40, "ignore_eos": True}
+    coupled = run(model, tok, PROMPTS[:1], draft={"use": "early_exit", "layers": 3}, **kwargs)
+    independent = run(
+        model, tok, PROMPTS[:1], draft={"use": "early_exit", "layers": 3, "noise": "independent"}, **kwargs
+    )
+    assert coupled.sequences.tolist() == independent.sequences.tolist()
+    assert rate(coupled) > 1.5 * rate(independent), (
+        coupled.kept,
+        coupled.drafted,
+        independent.kept,
+        independent.drafted,
+    )
+
+
+def context_for(model, tok, chain=PLAIN):
+    chain = Chain.load(chain)
+    chain.prepare(tokenizer=tok, model_config=model.config)
+    store = chain.new_store()
+    store.add("r", {"seed": 1})
+    return DraftContext(model, tok, chain, store, ("r",), model.config.vocab_size, torch.device("cpu"))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_the_draft_runs_the_first_layers_then_the_final_norm_and_head(kind, tiny, tiny_llama):
+    model, tok = tiny if kind == "gpt2" else tiny_llama
+    base, norm = (model.transformer, model.transformer.ln_f) if kind == "gpt2" else (model.model, model.model.norm)
+    drafter = EarlyExit(EarlyExit.Params(layers=2))
+    drafter.start(1, context_for(model, tok))
+    tokens = torch.tensor(tok(PROMPTS[0])["input_ids"])
+    with drafter.running():
+        logits = RowCache(TransformersRunner, model).logits_after(tokens)
+    hidden = model(tokens[None], output_hidden_states=True).hidden_states[2][0, -1]  # after the second layer
+    torch.testing.assert_close(logits, model.lm_head(norm(hidden)), atol=1e-4, rtol=1e-4)
+    assert len(getattr(base, "h" if kind == "gpt2" else "layers")) == (4 if kind == "gpt2" else 3)
+
+
+# ----------------------------------------------------------------- refusals
+def test_a_model_without_a_layer_list_is_refused_with_the_alternatives(tiny):
+    config = transformers.OPTConfig(
+        vocab_size=4096,
+        hidden_size=16,
+        num_hidden_layers=2,
+        ffn_dim=32,
+        num_attention_heads=2,
+        word_embed_proj_dim=16,
+        max_position_embeddings=64,
+    )
+    model = transformers.OPTForCausalLM(config).eval()
+    with pytest.raises(ConfigError, match=r"OPTForCausalLM has no decoder layer list.*prompt_lookup.*draft_model"):
+        run(
+            model, tiny[1], PROMPTS[:1], chain=PLAIN, seed=1, max_new_tokens=4, draft={"use": "early_exit", "layers": 1}
+        )
+
+
+def test_as_many_layers_as_the_model_has_is_refused(tiny):
+    model, tok = tiny
+    with pytest.raises(ConfigError, match=r"layers = 4: GPT2LMHeadModel has 4 decoder layers; give 1 to 3"):
+        run(model, tok, PROMPTS[:1], chain=PLAIN, seed=1, max_new_tokens=4, draft={"use": "early_exit", "layers": 4})
+
+
+def drafter(**params):
+    cls = get_host().get("drafter", "early_exit")
+    return cls(parse_params(cls, params, source="draft", path="draft[early_exit]"))
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({}, r"draft\[early_exit\]\.layers = None: give how many of the model's decoder layers draft"),
+        ({"layers": 0}, r"\.layers = 0: must be in \[1, inf\)"),
+        ({"layers": 2, "num_tokens": 0}, r"\.num_tokens = 0: must be in \[1, inf\)"),
+        ({"layers": 2, "noise": "none"}, r"\.noise = 'none': must be one of 'coupled', 'independent', 'greedy'"),
+    ],
+)
+def test_bad_parameters_name_the_culprit(params, message):
+    with pytest.raises(ConfigError, match=message):
+        drafter(**params)
+
+
+@pytest.mark.llama_cpp
+def test_the_llama_cpp_runners_model_is_refused():
+    pytest.importorskip("llama_cpp")
+    from samplechain.models import default_gguf_path
+    from samplechain_llama_cpp import load_gguf
+
+    try:
+        path = default_gguf_path()
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+    model, tok = load_gguf(path, n_ctx=256)
+    try:
+        with pytest.raises(ConfigError, match=r"llama_cpp runner's model cannot run part of itself.*prompt_lookup"):
+            generate(model, tok, "Hi", chain=PLAIN, max_new_tokens=2, draft={"use": "early_exit", "layers": 4})
+    finally:
+        model.close()

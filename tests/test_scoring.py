@@ -1,0 +1,394 @@
+"""`samplechain.generation.score` and the engine's teacher forcing under it (`Chain.sample(accept=token_ids)`),
+against references: a generation's own tokens and logprobs, raw model logits through transformers' processors,
+the argmax of greedy chains, log_softmax of the model's logits, the rows scored alone, and mirostat's mu by hand."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from samplechain import Chain, ConfigError
+from samplechain.errors import SamplingError
+from samplechain.generation import ScoreOutput, generate, score
+from samplechain.models import tiny_model_path
+
+transformers = pytest.importorskip("transformers")
+
+PROMPTS = ["The list is: apple, pear, plum. Again:", "In Python,", "A list is a list is a"]
+SAMPLING = {
+    "samplers": [
+        {"use": "penalties", "repeat": 1.3, "frequency": 0.2, "presence": 0.1},
+        {"use": "top_p", "p": 0.9},
+        {"use": "min_p", "p": 0.05},
+        {"use": "temperature", "t": 0.9, "id": "temp"},
+        {"use": "dist"},
+    ]
+}
+MIROSTAT = {
+    "samplers": [
+        {"use": "penalties", "repeat": 1.2},
+        {"use": "temperature", "t": 0.9},
+        {"use": "mirostat", "tau": 4.0, "eta": 0.3},
+    ]
+}
+# the hand reference of transformers' processors: RepetitionPenalty over prompt + tokens, temperature, top-k
+HAND = {
+    "samplers": [
+        {"use": "penalties", "repeat": 1.5, "scope": "transformers"},
+        {"use": "temperature", "t": 0.7},
+        {"use": "top_k", "k": 20},
+        {"use": "dist"},
+    ]
+}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    path = tiny_model_path()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def generated(out) -> list[list[int]]:
+    """Each row's generated tokens, its finishing token included."""
+    p = out.prompt_length
+    return [out.sequences[b, p : p + int(n)].tolist() for b, n in enumerate(out.num_generated)]
+
+
+def full_logits(model, ids: list[int]) -> torch.Tensor:
+    """(L, V) float32 logits of one unpadded row in one forward pass."""
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def hand_processed(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """(L, V) the processed logits of HAND at each position of `tokens` after `prompt`, by transformers."""
+    from transformers import RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper
+
+    logits = full_logits(model, prompt + tokens)
+    rows = []
+    for t in range(len(tokens)):
+        ids = torch.tensor([prompt + tokens[:t]])
+        x = logits[len(prompt) - 1 + t][None].clone()
+        for proc in (RepetitionPenaltyLogitsProcessor(1.5), TemperatureLogitsWarper(0.7), TopKLogitsWarper(20)):
+            x = proc(ids, x)
+        rows.append(x[0])
+    return torch.stack(rows)
+
+
+# ----------------------------------------------------------------- a generation's own tokens
+@pytest.mark.parametrize(
+    ("chain", "mode"),
+    [(SAMPLING, "processed"), (SAMPLING, "raw"), (SAMPLING, "temp:logits"), (MIROSTAT, "processed")],
+    ids=["sampling-processed", "sampling-raw", "sampling-temp-logits", "mirostat-processed"],
+)
+def test_a_generation_scores_kept_everywhere_with_its_own_logprobs(tiny, chain, mode):
+    """A seeded generation's tokens: kept at every position, the generation's logprobs in that mode (one-token
+    steps: bit for bit; one pass: within 1e-5), and stop_index where the generation stopped on eos."""
+    model, tok = tiny
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = generate(model, tok, PROMPTS, chain=chain, seed=7, max_new_tokens=12, pad_token_id=0, logprobs_mode=mode)
+        rows = generated(out)
+        steps = score(model, tok, PROMPTS, rows, chain=chain, seed=7, pad_token_id=0, logprobs_at=mode, chunk_size=1)
+        one_pass = score(model, tok, PROMPTS, rows, chain=chain, seed=7, pad_token_id=0, logprobs_at=mode)
+    for b, row in enumerate(rows):
+        want = out.logprobs[b, : len(row)]
+        assert steps.token_ids[b].tolist() == row == one_pass.token_ids[b].tolist()
+        assert bool(steps.kept[b].all()) and bool(one_pass.kept[b].all()), (b, one_pass.kept[b])
+        assert torch.equal(steps.logprobs[b], want)
+        torch.testing.assert_close(one_pass.logprobs[b], want, atol=1e-5, rtol=0)
+        eos = len(row) - 1 if out.finish_reasons[b] == "eos" else None
+        assert steps.stop_index[b] == eos and one_pass.stop_index[b] == eos
+        assert steps.finish_reasons[b] == ("eos" if eos is not None else None)
+
+
+# ----------------------------------------------------------------- a changed token
+def test_b_a_changed_token_is_not_kept_and_every_position_scores_the_given_text(tiny):
+    """One token of a seeded generation replaced by the next most likely one: kept up to it, not there, and at every
+    position the logprob of the given text under transformers' processors (RepetitionPenalty over the prompt and
+    the *given* tokens, temperature, top-k) on the raw logits."""
+    model, tok = tiny
+    prompt = tok(PROMPTS[0])["input_ids"]
+    out = generate(model, tok, PROMPTS[0], chain=HAND, seed=3, max_new_tokens=10, ignore_eos=True)
+    row = generated(out)[0]
+    j = 4
+    reference = hand_processed(model, prompt, row)
+    order = reference[j].argsort(descending=True).tolist()
+    changed = row[:j] + [next(t for t in order if t != row[j])] + row[j + 1 :]
+    got = score(model, tok, PROMPTS[0], changed, chain=HAND, seed=3, ignore_eos=True)
+    assert got.kept[0][:j].all() and not bool(got.kept[0][j])
+    assert int(got.drawn[0][j]) == row[j]  # the chain's own draw there: the generation's token
+    want = torch.log_softmax(hand_processed(model, prompt, changed), dim=-1)
+    want = want.gather(1, torch.tensor(changed)[:, None])[:, 0]
+    torch.testing.assert_close(got.logprobs[0], want, atol=1e-5, rtol=0)  # -inf where top-k removed a given token
+
+
+# ----------------------------------------------------------------- greedy
+def test_c_greedy_keeps_exactly_the_argmax(tiny):
+    """A greedy chain keeps a token exactly where it is the argmax of the processed logits (by hand)."""
+    model, tok = tiny
+    prompt = tok(PROMPTS[2])["input_ids"]
+    sampled = generate(
+        model,
+        tok,
+        PROMPTS[2],
+        chain={"samplers": [{"use": "temperature", "t": 1.3}, {"use": "dist"}]},
+        seed=5,
+        max_new_tokens=16,
+        ignore_eos=True,
+    )
+    row = generated(sampled)[0]
+    greedy = {"samplers": [{"use": "penalties", "repeat": 1.5, "scope": "transformers"}, {"use": "greedy"}]}
+    got = score(model, tok, PROMPTS[2], row, chain=greedy, ignore_eos=True)
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    logits = full_logits(model, prompt + row)
+    argmax = [
+        int(
+            RepetitionPenaltyLogitsProcessor(1.5)(
+                torch.tensor([prompt + row[:t]]), logits[len(prompt) - 1 + t][None]
+            ).argmax()
+        )
+        for t in range(len(row))
+    ]
+    assert got.drawn[0].tolist() == argmax
+    assert got.kept[0].tolist() == [a == t for a, t in zip(argmax, row)]
+    assert 0 < int(got.kept[0].sum()) < len(row), "the sampled text agrees with the argmax at some places only"
+
+
+# ----------------------------------------------------------------- raw logprobs
+def test_d_raw_logprobs_are_the_models_log_softmax(tiny):
+    """logprobs_at="raw" in a padded batch: log_softmax of the model's own logits over each unpadded row."""
+    model, tok = tiny
+    rows = [tok(" pear, plum, apple")["input_ids"], tok(" print(x)")["input_ids"]]
+    got = score(model, tok, PROMPTS[:2], rows, chain="preset:greedy", logprobs_at="raw", pad_token_id=0)
+    for b, row in enumerate(rows):
+        prompt = tok(PROMPTS[b])["input_ids"]
+        logits = full_logits(model, prompt + row)[len(prompt) - 1 : -1]
+        want = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(row)[:, None])[:, 0]
+        torch.testing.assert_close(got.logprobs[b], want, atol=1e-5, rtol=0)
+        assert got.ranks[b].min() >= 1
+
+
+# ----------------------------------------------------------------- batch invariance
+def test_e_a_row_scores_the_same_alone_and_in_a_ragged_batch(tiny):
+    model, tok = tiny
+    rows = [tok(" pear, plum, apple, pear")["input_ids"], tok(" x")["input_ids"], tok(" list is a list")["input_ids"]]
+    assert len({len(r) for r in rows}) == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        batch = score(model, tok, PROMPTS, rows, chain=SAMPLING, seed=11, pad_token_id=0)
+        for b, row in enumerate(rows):
+            alone = score(model, tok, PROMPTS[b], row, chain=SAMPLING, seed=11, pad_token_id=0)
+            assert batch.token_ids[b].tolist() == row
+            assert torch.equal(batch.drawn[b], alone.drawn[0]) and torch.equal(batch.kept[b], alone.kept[0])
+            torch.testing.assert_close(batch.logprobs[b], alone.logprobs[0], atol=1e-5, rtol=0)
+            assert batch.stop_index[b] == alone.stop_index[0]
+    assert batch.lengths.tolist() == [len(r) for r in rows]
+    padded = batch.padded("logprobs", float("nan"))
+    assert padded.shape == (3, max(len(r) for r in rows)) and math.isnan(float(padded[1, -1]))
+
+
+def test_one_chain_per_prompt_scores_each_row_as_its_own_chain(tiny):
+    model, tok = tiny
+    rows = [tok(" pear, plum")["input_ids"], tok(" x = 1")["input_ids"]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mixed = score(
+            model,
+            tok,
+            PROMPTS[:2],
+            rows,
+            chain=[SAMPLING, "preset:greedy"],
+            seed=4,
+            pad_token_id=0,
+            logprobs_at=["temp", "raw"],
+        )
+        for b, (chain, mode) in enumerate([(SAMPLING, "temp"), ("preset:greedy", "raw")]):
+            alone = score(model, tok, PROMPTS[b], rows[b], chain=chain, seed=4, pad_token_id=0, logprobs_at=mode)
+            assert torch.equal(mixed.drawn[b], alone.drawn[0])
+            torch.testing.assert_close(mixed.logprobs[b], alone.logprobs[0], atol=1e-5, rtol=0)
+
+
+# ----------------------------------------------------------------- stateful samplers
+def mu_of(store, rid: str) -> float:
+    state = store.snapshot([rid])[rid]["state"]
+    (key,) = [k for k in state if k.endswith(".mu")]
+    return state[key]
+
+
+def mirostat_step(row: torch.Tensor, mu: float, tau: float, eta: float, token: int) -> tuple[list[int], float]:
+    """llama.cpp's mirostat (v1, m = 100) with `token` accepted: the kept top k and mu moved by the token's
+    surprise (unchanged for a token outside the top k); k through the plugin's own llama.cpp formula."""
+    from samplechain_mirostat import mirostat_k
+
+    k = int(mirostat_k(row[None], torch.tensor([mu]), torch.tensor([100]), row.shape[0])[0])
+    top = torch.topk(row.double(), k).indices.tolist()
+    if token in top:
+        p = torch.softmax(row.double()[top], dim=-1)[top.index(token)]
+        mu = mu - eta * (-math.log2(float(p)) - tau)
+    return top, mu
+
+
+def test_f_mirostat_mu_moves_with_the_given_token(tiny):
+    """Teacher forcing moves mu by the given token's surprise, as though mirostat had drawn it (by hand at each step
+    of a generated text with one token changed); score()'s draws are those of that store."""
+    model, tok = tiny
+    tau, eta = 3.0, 0.5
+    chain_table = {"samplers": [{"use": "mirostat", "tau": tau, "eta": eta}]}
+    prompt = tok(PROMPTS[1])["input_ids"]
+    out = generate(model, tok, PROMPTS[1], chain=chain_table, seed=9, max_new_tokens=10, ignore_eos=True)
+    row = generated(out)[0]
+    logits = full_logits(model, prompt + row)
+    top, _ = mirostat_step(logits[len(prompt) - 1 + 2], 2.0 * tau, tau, eta, row[2])
+    changed = row[:2] + [next(t for t in top if t != row[2])] + row[3:]  # another token mirostat keeps there
+    logits = full_logits(model, prompt + changed)
+    chain = Chain.load(chain_table)
+    store = chain.new_store()
+    store.add("r", {"seed": 9})
+    mu, draws = 2.0 * tau, []
+    for t, token in enumerate(changed):
+        x = logits[len(prompt) - 1 + t][None]
+        draws.append(int(chain.sample(x, store, ["r"], accept=torch.tensor([token])).token_ids[0]))
+        kept, mu = mirostat_step(x[0], mu, tau, eta, token)  # a token outside the kept set leaves mu
+        assert token in kept or t > 2
+        assert mu_of(store, "r") == pytest.approx(mu, abs=1e-4)
+    got = score(model, tok, PROMPTS[1], changed, chain=chain_table, seed=9, ignore_eos=True)
+    assert got.drawn[0].tolist() == draws
+    assert not bool(got.kept[0][2]) and bool(got.kept[0][:2].all())
+
+
+@pytest.mark.parametrize("name", ["mirostat", "mirostat_v2"])
+def test_mirostat_a_token_outside_the_kept_set_leaves_mu(name):
+    chain = Chain.load({"samplers": [{"use": name, "tau": 2.0, "eta": 0.5}]})
+    store = chain.new_store()
+    store.add("a", {"seed": 1})
+    x = torch.arange(50, dtype=torch.float32)[None] * 0.8  # a steep row: the least likely token is never kept
+    out = chain.sample(x, store, ["a"], accept=torch.tensor([0]))
+    assert int(out.token_ids[0]) != 0 and out.logprobs[0] < -30
+    assert mu_of(store, "a") == pytest.approx(4.0)  # 2 * tau, unchanged
+    assert store.snapshot(["a"])["a"]["position"] == 1
+
+
+# ----------------------------------------------------------------- Chain.sample(accept=token_ids)
+def test_teacher_forcing_draws_as_usual_and_reports_the_given_tokens():
+    chain = Chain.load(SAMPLING | {"samplers": SAMPLING["samplers"][1:]})  # top_p, min_p, temp, dist
+    x = torch.randn(3, 40, generator=torch.Generator().manual_seed(2)) * 3
+    plain, forced = chain.new_store(), chain.new_store()
+    for store in (plain, forced):
+        for i, rid in enumerate("abc"):
+            store.add(rid, {"seed": i})
+    drawn = chain.sample(x, plain, ["a", "b", "c"], logprobs_at="raw")
+    given = torch.tensor([int(x[0].argmax()), int(x[1].argmin()), int(drawn.token_ids[2])])
+    out = chain.sample(x, forced, ["a", "b", "c"], accept=given, logprobs_at="raw")
+    assert torch.equal(out.token_ids, drawn.token_ids)
+    torch.testing.assert_close(out.logprobs, torch.log_softmax(x, dim=-1).gather(1, given[:, None])[:, 0])
+    processed = chain.sample(x, accept=given)
+    scores = chain.process(x)
+    want = torch.log_softmax(scores, dim=-1).gather(1, given[:, None])[:, 0]
+    assert processed.logprobs[1] == float("-inf")  # top_p removed it
+    torch.testing.assert_close(processed.logprobs[[0, 2]], want[[0, 2]], atol=1e-6, rtol=0)
+    assert processed.ranks is not None and int(processed.ranks[0]) == 1
+    assert forced.snapshot() == plain.snapshot()  # positions moved alike
+
+
+def test_teacher_forcing_on_a_sync_free_backend_equals_the_cpu_backend():
+    """The cuda backend's sync-free step (run on CPU tensors): the same draws, logprobs and state as the cpu one."""
+    pytest.importorskip("samplechain_cuda")
+    from samplechain_cuda import CudaBackend
+
+    table = {"samplers": [{"use": "penalties", "repeat": 1.3}, {"use": "top_k", "k": 8}, {"use": "dist"}]}
+    x = torch.randn(2, 30, generator=torch.Generator().manual_seed(6)) * 2
+    history = torch.tensor([[1, 2, 3], [-1, 4, 4]])
+    given = torch.tensor([int(x[0].argmin()), int(x[1].argmax())])
+    runs = []
+    for sync_free in (False, True):
+        chain = Chain.load(table)
+        if sync_free:
+            chain._backends["cpu"] = CudaBackend(device="cpu")
+        store = chain.new_store()
+        store.add("a", {"seed": 1})
+        store.add("b", {"seed": 2})
+        out = chain.sample(x, store, ["a", "b"], accept=given, history=history).check()
+        runs.append((out.token_ids.tolist(), out.logprobs.tolist(), store.snapshot()))
+    assert runs[0] == runs[1]
+    assert runs[0][1][0] == float("-inf")  # top_k removed the given token of row a
+
+
+def test_teacher_forcing_refuses_bad_tokens():
+    chain = Chain.load({"samplers": [{"use": "dist"}]})
+    store = chain.new_store()
+    store.add("a")
+    before = store.snapshot()
+    with pytest.raises(SamplingError, match=r"not all in the vocabulary \[0, 10\)"):
+        chain.sample(torch.zeros(1, 10), store, ["a"], accept=torch.tensor([10]))
+    with pytest.raises(SamplingError, match=r"a \(B=1,\) int64 or int32 tensor"):
+        chain.sample(torch.zeros(1, 10), store, ["a"], accept=torch.tensor([[1]]))
+    assert store.snapshot() == before
+
+
+# ----------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"prompts": PROMPTS[:2], "continuations": [" a"]}, r"2 prompts but 1 continuations: give one continuation"),
+        ({"continuations": [" a", []]}, r"continuations\[1\] is empty: give at least one token"),
+        ({"continuations": [[5, 10**7], " b"]}, r"continuations\[0\]\[1\] = 10000000: not a token id of the model"),
+        ({"logprobs_at": "nope"}, r"logprobs_at = 'nope': the chain has no entry of that name"),
+        ({"logprobs_at": ["raw"]}, r"logprobs_at lists 1 stages for 2 rows"),
+        ({"continuations": [" a", 3.5]}, r"continuations\[1\] is a float: give text or token ids"),
+        ({"chunk_size": 0}, r"chunk_size = 0: give a number of tokens >= 1"),
+    ],
+)
+def test_bad_input_is_one_config_error(tiny, kwargs, message):
+    model, tok = tiny
+    args = {"prompts": PROMPTS[:2], "continuations": [" a", " b"], "chain": "preset:greedy"} | kwargs
+    with pytest.raises(ConfigError, match=message):
+        score(model, tok, **args)
+
+
+def test_prompts_as_token_ids_score_as_text(tiny):
+    model, tok = tiny
+    ids = [tok(p)["input_ids"] for p in PROMPTS[:2]]
+    rows = [[11, 12, 13], torch.tensor([7, 8])]
+    by_text = score(model, tok, PROMPTS[:2], rows, chain="preset:greedy", pad_token_id=0)
+    by_ids = score(model, tok, ids, rows, chain="preset:greedy", pad_token_id=0)
+    assert isinstance(by_ids, ScoreOutput)
+    for b in range(2):
+        assert torch.equal(by_text.logprobs[b], by_ids.logprobs[b])
+
+
+# ----------------------------------------------------------------- llama.cpp
+@pytest.fixture(scope="module")
+def smollm():
+    """SmolLM2 on llama.cpp with flash attention: a multi-token decode gives one-token steps' logits bit for bit."""
+    pytest.importorskip("llama_cpp")
+    from samplechain.models import default_gguf_path
+    from samplechain_llama_cpp import load_gguf
+
+    try:
+        path = default_gguf_path()
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+    model, tokenizer = load_gguf(path, n_ctx=512, flash_attn=True)
+    yield model, tokenizer
+    model.close()
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.slow
+def test_on_llama_cpp_a_generation_scores_kept_with_its_logprobs(smollm):
+    model, tok = smollm
+    prompts = ["The capital of France is", "def add(a, b):"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = generate(model, tok, prompts, chain=SAMPLING, seed=5, max_new_tokens=10)
+        rows = generated(out)
+        got = score(model, tok, prompts, rows, chain=SAMPLING, seed=5)
+    for b, row in enumerate(rows):
+        assert bool(got.kept[b].all()), got.kept[b]
+        assert torch.equal(got.logprobs[b], out.logprobs[b, : len(row)])

@@ -1,0 +1,152 @@
+"""Speculative decoding's `rejection` mode: the drafted token kept with probability min(1, p / q), else a draw from
+the residual, gives the chain's distribution p whatever q the drafter draws its guesses from (chi-square, with the
+power to see a 1% bias); seeded, batch-invariant, and equal to `match` on greedy chains."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from scipy import stats
+
+from samplechain import ConfigError
+from samplechain.drafters import Draft, Drafter
+from samplechain.generation import generate
+from samplechain.generation.speculative import rejection_draw
+from samplechain.models import tiny_model_path
+
+transformers = pytest.importorskip("transformers")
+
+P = torch.tensor([0.30, 0.25, 0.20, 0.15, 0.07, 0.03], dtype=torch.float64)
+N = 400_000
+
+
+def draws(q_row: torch.Tensor, position: int = 0) -> torch.Tensor:
+    """N requests (seeds 0..N-1), each testing a guess drawn from the drafter's q under p = P; -> the count of each
+    token that comes out."""
+    logp = P.log().expand(N, -1)
+    q = q_row.to(torch.float64).expand(N, -1)
+    guesses = torch.multinomial(q_row.double(), N, replacement=True, generator=torch.Generator().manual_seed(0))
+    tokens = rejection_draw(logp, q, guesses, torch.arange(N, dtype=torch.int64), torch.full((N,), position))
+    return torch.bincount(tokens, minlength=len(P)).double()
+
+
+def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    return float(stats.chisquare(counts.numpy(), (probs * counts.sum()).numpy()).pvalue)
+
+
+@pytest.mark.parametrize(
+    "q",
+    [
+        torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0, 0.0]),  # a certain guess (prompt lookup's)
+        torch.tensor([0.05, 0.05, 0.05, 0.05, 0.2, 0.6]),  # a drafter that overrates rare tokens
+        torch.tensor([0.3, 0.25, 0.2, 0.15, 0.07, 0.03]),  # q = p: every guess kept
+        torch.tensor([0.0, 0.6, 0.4, 0.0, 0.0, 0.0]),
+    ],
+)
+def test_rejection_gives_the_chains_distribution_whatever_the_drafter(q):
+    counts = draws(q)
+    assert chi2_pvalue(counts, P) > 1e-3, counts / N
+    biased = P.clone()  # one percent of the mass moved between two tokens: the same test must see it
+    biased[0] += 0.01
+    biased[1] -= 0.01
+    assert chi2_pvalue(counts, biased) < 1e-6
+
+
+def test_rejection_noise_is_seeded_and_per_position():
+    q = torch.tensor([0.05, 0.05, 0.05, 0.05, 0.2, 0.6])
+    a, b = draws(q, position=3), draws(q, position=3)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, draws(q, position=4))
+
+
+# ----------------------------------------------------------------- through generate()
+@pytest.fixture(scope="module")
+def tiny():
+    path = tiny_model_path()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+class Guess(Drafter):
+    """Draws its guess from q, uniform over a few tokens, and says so (Draft.probs)."""
+
+    name = "guess"
+
+    def __init__(self, among: list[int]):
+        super().__init__()
+        self.among, self.rng = among, torch.Generator().manual_seed(0)
+
+    def start(self, rows, context):
+        self.q = torch.zeros(context.vocab_size, dtype=torch.float64)
+        self.q[self.among] = 1.0 / len(self.among)
+
+    def propose(self, row, tokens, limit):
+        guess = torch.multinomial(self.q, 1, generator=self.rng)
+        return Draft(guess, self.q[None])
+
+
+def first_two(out) -> list[tuple[int, int]]:
+    new = out.sequences[:, -out.logprobs.shape[1] :]
+    return [tuple(r) for r in new[:, :2].tolist()]
+
+
+def test_rejection_mode_samples_the_chain_through_generate(tiny):
+    """The second token (the first drafted position) of 3000 seeded rows: the joint distribution of the first two
+    tokens equals generation without a drafter's (a two-sample chi-square)."""
+    from samplechain.generation import Generation
+    from samplechain.generation.speculative import Speculation
+
+    model, tok = tiny
+    chain = {"samplers": [{"use": "top_k", "k": 3}, {"use": "dist"}]}
+    kwargs = {"chain": chain, "max_new_tokens": 3, "num_return_sequences": 3000, "pad_token_id": 0}
+    reference = generate(model, tok, ["The"], seed=1, **kwargs)
+    gen = Generation(model, tok, ["The"], seed=100_000, **kwargs)
+    seconds = torch.tensor([b for _, b in first_two(reference)])
+    common = torch.bincount(seconds).topk(3).indices.tolist()  # q puts mass where p does, and on one it does not
+    gen.speculation = Speculation([Guess([*common, 5])] * 3000, gen, mode="rejection")
+    for _ in gen.steps():
+        pass
+    ours = gen.output()
+    pairs = sorted(set(first_two(reference)) | set(first_two(ours)))
+    table = [[first_two(out).count(p) for p in pairs] for out in (reference, ours)]
+    assert stats.chi2_contingency(table).pvalue > 1e-3, table
+    assert int(ours.drafted.sum()) == 3000 and 0 < int(ours.kept.sum()) < 3000
+
+
+def test_rejection_mode_is_match_on_a_greedy_chain_and_batch_invariant(tiny):
+    model, tok = tiny
+    prompts = ["In Python,", "A list is"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        greedy = generate(model, tok, prompts, chain="preset:greedy", max_new_tokens=12, pad_token_id=0)
+        drafted = generate(
+            model,
+            tok,
+            prompts,
+            chain="preset:greedy",
+            max_new_tokens=12,
+            pad_token_id=0,
+            draft={"use": "prompt_lookup", "mode": "rejection"},
+        )
+    assert drafted.sequences.tolist() == greedy.sequences.tolist()
+    chain = {"samplers": [{"use": "temperature", "t": 0.9}, {"use": "dist"}]}
+    draft = {"use": "prompt_lookup", "num_tokens": 3, "mode": "rejection"}
+    both = generate(model, tok, prompts, chain=chain, seed=5, max_new_tokens=12, pad_token_id=0, draft=draft)
+    alone = generate(model, tok, prompts[1:], chain=chain, params=[{"seed": 5}], max_new_tokens=12, draft=draft)
+    assert both.texts[1] == alone.texts[0]
+
+
+def test_rejection_mode_refuses_other_logprobs(tiny):
+    model, tok = tiny
+    with pytest.raises(ConfigError, match="rejection.*processed"):
+        generate(
+            model,
+            tok,
+            ["Hi"],
+            chain="preset:llama.cpp",
+            max_new_tokens=2,
+            logprobs_mode="raw",
+            draft={"use": "prompt_lookup", "mode": "rejection"},
+        )
