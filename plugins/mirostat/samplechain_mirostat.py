@@ -13,7 +13,9 @@ would follow the row's width, so the batch), mu stored as float32:
 Where llama.cpp's int(k) is undefined (k NaN: one candidate or m <= 1; k >= 2^31 or inf) this keeps 1 candidate
 for NaN (what x86 builds do) and every candidate for an overflow (the intent; x86 builds keep 1). Ties at the
 k-th logit keep the lowest candidate positions. The mu update is committed when the chain accepts the step (see
-mirostat_v2); tokens accepted without a select() of the same step leave mu unchanged.
+mirostat_v2); tokens accepted without a select() of the same step leave mu unchanged. A token other than the draw
+accepted for the step select() saw (teacher forcing: chain.sample(accept=token_ids)) moves mu by its own surprise
+under the top k, as though select() had drawn it; one outside the top k (surprise inf) leaves mu unchanged.
 """
 
 from __future__ import annotations
@@ -83,7 +85,8 @@ class Mirostat(Sampler):
 
     def __init__(self, params: MirostatParams) -> None:
         super().__init__(params)
-        self._pending: tuple | None = None  # (request ids, positions, new mu) from the last select()
+        # (request ids, positions, mu, new mu, drawn ids, kept probabilities, candidate ids) from the last select()
+        self._pending: tuple | None = None
 
     def is_stateful(self) -> bool:
         return True
@@ -100,16 +103,45 @@ class Mirostat(Sampler):
         keep = keep_top(logits, k, ctx.backend, cand.ids)
         kept = logits.masked_fill(~keep, float("-inf"))
         chosen = cand.draw(keep, ctx, ctx.param("seed"))  # the noise of the k kept tokens only
-        p_kept = torch.softmax(kept.double(), dim=-1).gather(1, chosen[:, None]).squeeze(1)  # float64: see mirostat_k
-        surprise = -torch.log2(p_kept)
-        self._pending = (ctx.request_ids, ctx.positions.clone(), (mu - eta * (surprise - tau)).float())
+        probs = torch.softmax(kept.double(), dim=-1)  # float64: see mirostat_k
+        surprise = -torch.log2(probs.gather(1, chosen[:, None]).squeeze(1))
+        moved = (mu - eta * (surprise - tau)).float()
+        self._pending = (
+            ctx.request_ids,
+            ctx.positions.clone(),
+            mu,
+            moved,
+            cand.ids_at(chosen[:, None])[:, 0],
+            probs,
+            cand.ids,
+        )
         return chosen
 
     def accept(self, ctx: StepContext, token_ids: torch.Tensor):
         pending, self._pending = self._pending, None
         if pending is None or pending[0] != ctx.request_ids or not torch.equal(pending[1], ctx.positions):
             return {}  # not the step select() saw: mu unchanged (llama.cpp's mirostat has no accept)
-        return {"mu": pending[2], "started": torch.ones_like(ctx.state["started"])}
+        _, _, mu, moved, drawn, probs, ids = pending
+        token_ids = token_ids.to(drawn.device)
+        # another token than the draw (teacher forcing): mu moves by its surprise, as though select() had drawn it;
+        # one outside the kept set (surprise inf) leaves mu as it was
+        p = _at_tokens(probs, ids, token_ids)
+        given = torch.where(p > 0, (mu - ctx.param("eta") * (-torch.log2(p) - ctx.param("tau"))).float(), mu.float())
+        return {"mu": torch.where(token_ids == drawn, moved, given), "started": torch.ones_like(ctx.state["started"])}
+
+
+def _at_tokens(values: torch.Tensor, ids: torch.Tensor | None, token_ids: torch.Tensor) -> torch.Tensor:
+    """(B,) each row's value at token_ids (B,) among candidates of these ids (None: the full vocabulary); 0 where a
+    row has no such candidate."""
+    width = values.shape[1]
+    if ids is None:
+        inside = (token_ids >= 0) & (token_ids < width)
+        found = values.gather(1, token_ids.clamp(0, width - 1)[:, None]).squeeze(1)
+    else:
+        hit = ids == token_ids[:, None]  # at most one True per row
+        inside = hit.any(dim=1)
+        found = values.gather(1, hit.to(torch.int32).argmax(dim=1, keepdim=True)).squeeze(1)
+    return torch.where(inside, found, torch.zeros_like(found))
 
 
 @hookimpl
