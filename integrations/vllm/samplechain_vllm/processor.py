@@ -29,7 +29,9 @@ output. Requests asking for the whole vocabulary (logprobs=-1) keep vLLM's value
 Errors: a bad chain, preset, file or parameter is caught in `validate_params`, which vLLM's frontend runs when the
 request arrives: the request gets HTTP 400 with samplechain's message and never reaches the engine. A failure
 while sampling (every token masked for a row ...) must not take the engine down with the other requests: the
-failing row alone is isolated, logged, and ended with the end-of-sequence token.
+failing row alone is isolated, logged, and ended with the end-of-sequence token. A server with vLLM's speculative
+decoding builds no logits processor from the entry-point group, so no chain could run there: `validate_params`
+refuses every samplechain request of such a server (its speculative config read from vLLM's frontend, the caller).
 
 Stopping: vLLM decides when a request ends, and a logits processor can only end one by leaving the end-of-sequence
 token as its only finite logit. The chain's `stop = [...]` criteria that vLLM has no field for (stop_regex,
@@ -51,8 +53,10 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import sys
 import time
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any
 
 import attrs
@@ -196,7 +200,7 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
-        checked = check_request(sampling_params)
+        checked = check_request(sampling_params, speculative_config=_frontend_speculative_config)
         if checked is None:
             return
         if checked[2] is not None:  # the chain enforces vLLM's thinking_token_budget
@@ -522,6 +526,30 @@ class SamplechainLogitsProcessor(LogitsProcessor):  # type: ignore[misc,valid-ty
     @staticmethod
     def _set_position(row: _Row, position: int) -> None:
         row.group.store.set_position(row.rid, position)  # type: ignore[union-attr]
+
+
+_FRONTEND_MODULE = "vllm.v1.engine.input_processor"
+_FRONTEND_DEPTH = 8  # frames searched; vLLM's InputProcessor is 4 up (check_request, validate_params, its validator)
+
+
+def _frontend_speculative_config() -> Any:
+    """The speculative config of the vLLM frontend that validates this request (None: none, or no such frontend).
+    vLLM hands validate_params the SamplingParams alone; its caller is InputProcessor._validate_params (through
+    validate_logits_processors_parameters), which has just checked the same SamplingParams against its own
+    `speculative_config`, so that is read from the caller's frame. The processor cannot tell instead: vLLM does not
+    build it under a speculative config."""
+    frontend = getattr(sys.modules.get(_FRONTEND_MODULE), "InputProcessor", None)
+    if frontend is None:  # not loaded: no vLLM frontend in this process (validate_params called directly)
+        return None
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_FRONTEND_DEPTH):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, frontend):
+            return getattr(owner, "speculative_config", None)
+        frame = frame.f_back
+    return None
 
 
 def _install_sampler_hook() -> None:

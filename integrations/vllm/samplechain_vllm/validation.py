@@ -2,12 +2,14 @@
 store parameters, the stopping criteria the processor enforces, and vLLM's fields the chain takes over
 (thinking_token_budget, seed). vLLM's frontend runs `check_request` in `validate_params` (a problem is an HTTP 400
 naming it) and the hand-overs before the request is copied for the engine; the engine checks a joining request again.
+A server with vLLM's speculative decoding builds no processor, so there every samplechain request is refused.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -23,6 +25,7 @@ __all__ = [
     "hand_over_budget",
     "hand_over_seed",
     "load_chain",
+    "refuse_speculative",
     "request_params",
     "stop_criteria",
     "thinking_budget",
@@ -116,14 +119,35 @@ def stop_criteria(chain: Chain, spec: RequestSpec, key: str | None = None) -> li
     return crits
 
 
-def check_request(sampling_params: Any, trial: bool = True) -> tuple[RequestSpec, Chain, bool | None] | None:
+def refuse_speculative(speculative_config: Any) -> None:
+    """Refuse a samplechain request on a server with vLLM's speculative decoding (a speculative_config): vLLM builds
+    no entry-point logits processor there (`build_logitsprocs` in vllm/v1/sample/logits_processor/__init__.py), so
+    the chain would not run and the request would get vLLM's own sampling instead."""
+    if not speculative_config:  # vLLM's own test
+        return
+    method = getattr(speculative_config, "method", None)
+    raise RequestSpecError(
+        f"samplechain: this server runs vLLM's speculative decoding (speculative_config"
+        f"{f', method {method!r}' if method else ''}), under which vLLM runs no logits processor plugin, so the "
+        f"samplechain chain would not run; serve without speculative_config to use samplechain chains, or use "
+        f'samplechain\'s own speculative decoding (samplechain.generation.generate(..., draft="prompt_lookup"), '
+        f"docs/speculative.md)"
+    )
+
+
+def check_request(
+    sampling_params: Any, trial: bool = True, speculative_config: Callable[[], Any] | None = None
+) -> tuple[RequestSpec, Chain, bool | None] | None:
     """Parse and load what a request asks for: (spec, chain, how vLLM's thinking_token_budget goes to the chain: see
     thinking_budget); any problem is a ValueError naming it and the fix. trial: also check its parameters as a
     store would (the frontend's validation; a joining request is added to its group's store, which checks the same,
-    and fails alone where that refuses it)."""
+    and fails alone where that refuses it). speculative_config: gives the server's speculative config (the
+    frontend's), asked once the request turns out to want a chain, which is then refused under one."""
     spec = parse_request(getattr(sampling_params, "extra_args", None), getattr(sampling_params, "seed", None))
     if spec is None:
         return None
+    if speculative_config is not None:
+        refuse_speculative(speculative_config())
     try:
         chain = load_chain(spec.chain)
         spec, carry = thinking_budget(sampling_params, spec, chain)

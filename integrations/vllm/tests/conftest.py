@@ -12,7 +12,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(port: int, *, max_num_seqs: int = 32) -> list[str]:
+def server_command(port: int, *, max_num_seqs: int = 32, extra: Sequence[str] = ()) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -53,6 +54,7 @@ def server_command(port: int, *, max_num_seqs: int = 32) -> list[str]:
         "--max-num-seqs",
         str(max_num_seqs),
         "--disable-log-stats",
+        *extra,
     ]
 
 
@@ -71,11 +73,24 @@ CHAIN_DIR = Path(__file__).resolve().parent / "chains"
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with serving(tmp_path_factory) as url:
+        yield url
+
+
+@contextmanager
+def serving(
+    tmp_path_factory: pytest.TempPathFactory, extra: Sequence[str] = (), max_num_seqs: int = 32
+) -> Iterator[str]:
+    """A server (server_command's, with `extra` arguments) until the block ends: its URL."""
     port = _free_port()
     log = tmp_path_factory.mktemp("vllm") / "serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            server_command(port), stdout=out, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True
+            server_command(port, max_num_seqs=max_num_seqs, extra=extra),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=server_env(),
+            start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}"
     try:
