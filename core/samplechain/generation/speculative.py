@@ -94,6 +94,8 @@ class Speculation:
         self.model_calls = torch.zeros(rows, dtype=torch.int64)
         self.off = [d is None for d in drafters]  # rows without drafts (none asked, or their drafter failed)
         self.fixed = [not adaptive] * rows if isinstance(adaptive, bool) else [not a for a in adaptive]
+        self.pause = [0] * rows  # calls a row rests after its one-token guess missed (doubling while it misses)
+        self.idle = [0] * rows  # calls the row still rests
         # each row's draft length: adaptive from its drafter's longest (num_tokens) on, or fixed at it
         self.length = [int(getattr(d.params, "num_tokens", _START)) if d is not None else 0 for d in drafters]
         self.pending: list[list[_Drawn]] = [[] for _ in range(rows)]  # drawn, not yet committed, per row
@@ -227,7 +229,7 @@ class Speculation:
     # ----------------------------------------------------------------- checkpoints
     def checkpoint(self) -> dict[str, Any]:
         """Plain data: each row's drawn tokens past the last step (and their logprobs), the counts, the adaptive
-        draft lengths and the rows whose drafter was switched off."""
+        draft lengths and pauses, and the rows whose drafter was switched off."""
         return {
             "pending": [[c.token for c in row] for row in self.pending],
             "pending_logprobs": [[float(c.logprob) for c in row] for row in self.pending],
@@ -235,6 +237,8 @@ class Speculation:
             "kept": self.kept.tolist(),
             "model_calls": self.model_calls.tolist(),
             "length": list(self.length),
+            "pause": list(self.pause),
+            "idle": list(self.idle),
             "off": list(self.off),
         }
 
@@ -249,6 +253,8 @@ class Speculation:
         for name in ("drafted", "kept", "model_calls"):
             setattr(self, name, torch.tensor(saved[name], dtype=torch.int64))
         self.length = [int(n) for n in saved["length"]]
+        self.pause = [int(n) for n in saved.get("pause", self.pause)]
+        self.idle = [int(n) for n in saved.get("idle", self.idle)]
         self.off = [bool(o) or d is None for o, d in zip(saved["off"], self.drafters)]
 
     def _ready(self, gen: Generation) -> bool:
@@ -322,7 +328,9 @@ class Speculation:
         groups: dict[int, list[int]] = {}
         for b in rows:
             limit = min(self.length[b], self._room(gen, b) - 1)
-            if not self.off[b] and limit > 0:
+            if self.idle[b]:
+                self.idle[b] -= 1
+            elif not self.off[b] and limit > 0:
                 groups.setdefault(id(self.drafters[b]), []).append(b)
         for members in groups.values():
             drafter = self.drafters[members[0]]
@@ -442,16 +450,24 @@ class Speculation:
         return drawn
 
     def _adapt(self, drafts: dict[int, torch.Tensor], going: list[int], same: list[bool], j: int) -> None:
-        """The adaptive draft length (transformers' heuristic schedule): two more after a draft kept whole, one
-        fewer (at least one) after a draft cut short."""
+        """The adaptive draft length: two more after a draft kept whole, one fewer after a draft cut short
+        (transformers' heuristic schedule), one after a draft of which nothing was kept; a row whose one-token
+        guesses keep missing drafts nothing for 1, 2, 4 ... 16 calls (a wrong guess still costs the model's work)."""
         for i, b in enumerate(going):
             k = len(drafts[b])
             if j >= k or self.fixed[b]:  # the draw after a whole draft: nothing more to learn
                 continue
-            if not same[i]:
+            if same[i]:
+                self.pause[b] = 0
+                if j == k - 1:
+                    self.length[b] = min(self.length[b] + 2, _LONGEST)
+            elif j > 0:
                 self.length[b] = max(self.length[b] - 1, 1)
-            elif j == k - 1:
-                self.length[b] = min(self.length[b] + 2, _LONGEST)
+            elif self.length[b] > 1:  # nothing kept: guess one token next time
+                self.length[b] = 1
+            else:  # a one-token guess missed again: stop guessing for a while
+                self.pause[b] = min(2 * self.pause[b] or 1, _LONGEST_PAUSE)
+                self.idle[b] = self.pause[b]
 
     def _draw_position(
         self, gen: Generation, rows: list[int], drafts: dict[int, torch.Tensor], logits: dict[int, torch.Tensor], j: int
@@ -613,5 +629,6 @@ class _Drawn:
 _EMPTY = torch.zeros(0, dtype=torch.int64)
 _AHEAD = 64  # drawn tokens a row may have waiting before it skips model calls
 _LONGEST = 64  # the adaptive draft length's ceiling
+_LONGEST_PAUSE = 16  # the most calls a row whose guesses keep missing rests
 _START = 8  # the first draft length of a drafter without num_tokens
 _ACCEPT_STREAM, _RESIDUAL_STREAM = 0x5EC1, 0x5EC2  # rejection mode's noise: streams no sampler uses
