@@ -17,6 +17,9 @@
 - `divided(cand, t, cold)`: logits / t per row, rows with t <= 0 keeping only their first maximum (llama.cpp's
   temperature 0), without a host read (temperature, temp_ext).
 
+- `at_tokens(values, ids, token_ids)`: each row's value at a given token among its candidates, 0 where the row
+  has none (a selector's accept of a token it did not draw: mirostat's surprise).
+
 For filters whose survivors are a prefix of the descending order, see `Candidates.keep_best`.
 """
 
@@ -28,6 +31,7 @@ from .contracts import BUCKET_MASS, Backend, Candidates
 
 __all__ = [
     "BUCKETS",
+    "at_tokens",
     "MASS_MARGIN",
     "WIDE",
     "bucket_edge",
@@ -155,3 +159,17 @@ def bucket_mass(values: torch.Tensor, backend: Backend | None = None) -> torch.T
 def bucket_edge(keys: torch.Tensor) -> torch.Tensor:
     """float64 smallest value of each bucket in keys (a key past the last float32 gives float32's largest)."""
     return (keys << _BUCKET_SHIFT).clamp(max=0x7F7FFFFF).to(torch.int32).view(torch.float32).double()
+
+
+def at_tokens(values: torch.Tensor, ids: torch.Tensor | None, token_ids: torch.Tensor) -> torch.Tensor:
+    """(B,) each row's value at token_ids (B,) among candidates of these ids (None: the full vocabulary); 0 where a
+    row has no such candidate."""
+    width = values.shape[1]
+    if ids is None:
+        inside = (token_ids >= 0) & (token_ids < width)
+        found = values.gather(1, token_ids.clamp(0, width - 1)[:, None]).squeeze(1)
+    else:
+        hit = ids == token_ids[:, None]  # at most one True per row
+        inside = hit.any(dim=1)
+        found = values.gather(1, hit.to(torch.int32).argmax(dim=1, keepdim=True)).squeeze(1)
+    return torch.where(inside, found, torch.zeros_like(found))

@@ -21,6 +21,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, seed_field
+from samplechain.filters import at_tokens
 
 
 @attrs.frozen
@@ -82,23 +83,9 @@ class MirostatV2(Sampler):
         token_ids = token_ids.to(drawn.device)
         # another token than the draw (teacher forcing): mu moves by its surprise, as though select() had drawn it;
         # one outside the kept set (surprise inf) leaves mu as it was
-        p = _at_tokens(probs, ids, token_ids)
+        p = at_tokens(probs, ids, token_ids)
         given = torch.where(p > 0, (mu - ctx.param("eta") * (-torch.log2(p) - ctx.param("tau"))).float(), mu.float())
         return {"mu": torch.where(token_ids == drawn, moved, given), "started": torch.ones_like(ctx.state["started"])}
-
-
-def _at_tokens(values: torch.Tensor, ids: torch.Tensor | None, token_ids: torch.Tensor) -> torch.Tensor:
-    """(B,) each row's value at token_ids (B,) among candidates of these ids (None: the full vocabulary); 0 where a
-    row has no such candidate."""
-    width = values.shape[1]
-    if ids is None:
-        inside = (token_ids >= 0) & (token_ids < width)
-        found = values.gather(1, token_ids.clamp(0, width - 1)[:, None]).squeeze(1)
-    else:
-        hit = ids == token_ids[:, None]  # at most one True per row
-        inside = hit.any(dim=1)
-        found = values.gather(1, hit.to(torch.int32).argmax(dim=1, keepdim=True)).squeeze(1)
-    return torch.where(inside, found, torch.zeros_like(found))
 
 
 @hookimpl
