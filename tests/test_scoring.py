@@ -128,6 +128,7 @@ def test_b_a_changed_token_is_not_kept_and_every_position_scores_the_given_text(
 
 
 # ----------------------------------------------------------------- greedy
+@pytest.mark.transformers_parity
 def test_c_greedy_keeps_exactly_the_argmax(tiny):
     """A greedy chain keeps a token exactly where it is the argmax of the processed logits (by hand)."""
     model, tok = tiny

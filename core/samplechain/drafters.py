@@ -64,6 +64,10 @@ class DraftContext:
     request_ids: tuple[str, ...]  # row -> its request in `store`
     vocab_size: int  # logit columns: drafted ids are in [0, vocab_size)
     device: torch.device  # the generation's device
+    # what a drafter that runs a model of its own needs from the engine: runner_for(model) -> the ModelRunner class
+    # that drives it; load_model(path) -> (model, tokenizer) as samplechain.models.load_model opens a file
+    runner_for: Any = None
+    load_model: Any = None
 
 
 class Drafter:

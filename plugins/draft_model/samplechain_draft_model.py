@@ -26,8 +26,6 @@ import attrs
 
 from samplechain import ConfigError, hookimpl
 from samplechain.drafters import DraftContext
-from samplechain.engine.config import parse_params
-from samplechain.models import DEFAULT_MODEL, load_model
 from samplechain_draft_model_base import ModelDrafter, logit_columns, noise_field, num_tokens_field, tokenizer_size
 
 __all__ = ["DraftModel", "DraftModelParams"]
@@ -39,7 +37,7 @@ def _model_ok(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
             "give the draft model: a transformers model folder or a .gguf file of the generation's vocabulary "
             "(from Python also a loaded model, or DraftModel.from_model(model, tokenizer))"
         )
-    if isinstance(value, (str, os.PathLike)) and str(value) != DEFAULT_MODEL:
+    if isinstance(value, (str, os.PathLike)):
         if not os.path.exists(os.path.expanduser(str(value))):
             raise ValueError("no such folder or file; give a transformers model folder or a .gguf file")
 
@@ -55,7 +53,7 @@ _CLOSABLE: weakref.WeakSet[Any] = weakref.WeakSet()  # opened models with a clos
 
 
 @functools.lru_cache(maxsize=2)
-def _opened(path: str, device: str) -> tuple[Any, Any]:
+def _opened(path: str, device: str, load_model: Any) -> tuple[Any, Any]:
     """(model, tokenizer) of a path, on `device` where it is a torch model."""
     model, tokenizer = load_model(path)
     if device != "cpu" and callable(getattr(model, "to", None)) and hasattr(model, "parameters"):
@@ -86,14 +84,17 @@ class DraftModel(ModelDrafter):
     def from_model(cls, model: Any, tokenizer: Any = None, **params: Any) -> DraftModel:
         """A drafter of a loaded model (and its tokenizer, to check that it is the generation's vocabulary);
         `params`: num_tokens, noise."""
-        drafter = cls(parse_params(cls, {"model": model, **params}, source="DraftModel.from_model", path="draft"))
+        try:
+            drafter = cls(DraftModelParams(model=model, **params))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"DraftModel.from_model: {exc}") from None
         drafter.tokenizer = tokenizer
         return drafter
 
     def drafting_model(self, context: DraftContext) -> Any:
         given = self.params.model
         if isinstance(given, (str, os.PathLike)):
-            model, self.tokenizer = _opened(os.path.expanduser(str(given)), context.device.type)
+            model, self.tokenizer = _opened(os.path.expanduser(str(given)), context.device.type, context.load_model)
         else:
             model = given
         self._check_vocabulary(model, context)

@@ -13,7 +13,7 @@ arXiv:2408.07978). `"independent"` draws the same way with every seed moved to a
 drafting chain's most probable token. The copy's stateful samplers follow the drafted tokens and may differ from
 the generation's after a rejected draft: that changes how many drafts are kept, never the tokens.
 
-`RowCache` runs one row on the drafting model through the model's runner (`samplechain.generation.runner_for`:
+`RowCache` runs one row on the drafting model through the model's runner (`DraftContext.runner_for`:
 transformers, llama.cpp or a runner plugin), keeping the tokens its cache holds; a call compares them with the row's
 tokens, cuts the cache back to the common prefix and feeds the rest, so rows cut back by the loop to any length
 stay in step.
@@ -28,9 +28,8 @@ from typing import Any
 import attrs
 import torch
 
-from samplechain import MixedChains, in_range, one_of
+from samplechain import in_range, one_of
 from samplechain.drafters import Draft, DraftContext, Drafter, Proposal
-from samplechain.generation import runner_for
 
 __all__ = [
     "NOISES",
@@ -65,7 +64,7 @@ class ChainDraw:
         self.noise = noise
         self.request_ids = context.request_ids
         chain, store = context.chain, context.store
-        if isinstance(chain, MixedChains):
+        if hasattr(chain, "row_chains"):  # a MixedChains: one chain per prompt, a store per chain
             self.chains = dict(chain.chains)
             self.sources = {key: store.stores[key] for key in self.chains}
             self.key_of = [store.chain_of(rid) for rid in context.request_ids]
@@ -233,7 +232,7 @@ class ModelDrafter(Drafter):
 
     def start(self, rows: int, context: DraftContext) -> None:
         self._model = self.drafting_model(context)
-        self._runner_cls = runner_for(self._model)
+        self._runner_cls = context.runner_for(self._model)
         self._draw = ChainDraw(context, self.params.noise)
         self._rows = [None] * rows
 

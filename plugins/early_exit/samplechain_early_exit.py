@@ -22,7 +22,6 @@ import torch
 
 from samplechain import ConfigError, hookimpl
 from samplechain.drafters import DraftContext
-from samplechain.generation import TransformersRunner, runner_for
 from samplechain_draft_model_base import ModelDrafter, noise_field, num_tokens_field, swapped
 
 __all__ = ["EarlyExit", "EarlyExitParams", "decoder_layers"]
@@ -71,8 +70,8 @@ class EarlyExit(ModelDrafter):
 
     def drafting_model(self, context: DraftContext) -> Any:
         model = context.model
-        runner = runner_for(model)
-        if runner is not TransformersRunner:
+        runner = context.runner_for(model)
+        if runner.name != "transformers":
             raise ConfigError(
                 f"draft[early_exit]: the {runner.name} runner's model cannot run part of itself; early exit drafts "
                 f"with the first layers of a transformers model: {_ALTERNATIVES}"

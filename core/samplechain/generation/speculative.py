@@ -25,6 +25,7 @@ a difference flips is the only way the tokens can differ from a generation witho
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -37,8 +38,10 @@ from ..engine.config import parse_params
 from ..engine.discovery import PluginHost
 from ..engine.mixed import MixedChains
 from ..errors import ConfigError, GenerationWarning
+from ..models import load_model
 from ..rng import SEED_MAX, gumbel, uniform
 from ..runners import ModelRunner
+from .model import runner_for
 from .outputs import GenerationOutput
 
 if TYPE_CHECKING:
@@ -110,6 +113,8 @@ class Speculation:
             request_ids=tuple(gen.request_ids),
             vocab_size=int(size) if isinstance(size, int) else 0,
             device=gen.input_ids.device,
+            runner_for=functools.partial(runner_for, host=gen.host),
+            load_model=load_model,
         )
         for drafter in {id(d): d for d in drafters if d is not None}.values():
             drafter.start(rows, context)

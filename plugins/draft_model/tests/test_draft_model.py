@@ -93,7 +93,12 @@ def context_for(model, tok, chain, seed=5, position=0):
     store = chain.new_store()
     store.add("r", {"seed": seed})
     store.set_position("r", position)
-    return DraftContext(model, tok, chain, store, ("r",), model.config.vocab_size, torch.device("cpu"))
+    from samplechain.generation import runner_for
+    from samplechain.models import load_model
+
+    return DraftContext(
+        model, tok, chain, store, ("r",), model.config.vocab_size, torch.device("cpu"), runner_for, load_model
+    )
 
 
 @torch.no_grad()

@@ -108,7 +108,12 @@ def context_for(model, tok, chain=PLAIN):
     chain.prepare(tokenizer=tok, model_config=model.config)
     store = chain.new_store()
     store.add("r", {"seed": 1})
-    return DraftContext(model, tok, chain, store, ("r",), model.config.vocab_size, torch.device("cpu"))
+    from samplechain.generation import runner_for
+    from samplechain.models import load_model
+
+    return DraftContext(
+        model, tok, chain, store, ("r",), model.config.vocab_size, torch.device("cpu"), runner_for, load_model
+    )
 
 
 @torch.no_grad()
