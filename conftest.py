@@ -71,3 +71,28 @@ def pytest_collection_modifyitems(config, items):
         name = getattr(item, "originalname", item.name).lower()
         if modules[module.__name__] or any(word in name for word in PARITY_NAMES):
             item.add_marker(PARITY)
+
+
+@pytest.fixture(scope="session")
+def open_gguf():
+    """open_gguf(**load_gguf's keywords) -> (model, tokenizer): the default model (SmolLM2) on llama.cpp; the test
+    is skipped where llama-cpp-python or the model is missing. Every model opened is closed when the session ends."""
+    opened = []
+
+    def open_model(**kwargs):
+        pytest.importorskip("llama_cpp")
+        from samplechain.errors import ConfigError
+        from samplechain.models import default_gguf_path
+        from samplechain_llama_cpp import load_gguf
+
+        try:
+            path = default_gguf_path()
+        except ConfigError as exc:
+            pytest.skip(str(exc))
+        model, tokenizer = load_gguf(path, **kwargs)
+        opened.append(model)
+        return model, tokenizer
+
+    yield open_model
+    for model in opened:
+        model.close()

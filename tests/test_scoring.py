@@ -365,19 +365,9 @@ def test_prompts_as_token_ids_score_as_text(tiny):
 
 # ----------------------------------------------------------------- llama.cpp
 @pytest.fixture(scope="module")
-def smollm():
+def smollm(open_gguf):
     """SmolLM2 on llama.cpp with flash attention: a multi-token decode gives one-token steps' logits bit for bit."""
-    pytest.importorskip("llama_cpp")
-    from samplechain.models import default_gguf_path
-    from samplechain_llama_cpp import load_gguf
-
-    try:
-        path = default_gguf_path()
-    except ConfigError as exc:
-        pytest.skip(str(exc))
-    model, tokenizer = load_gguf(path, n_ctx=512, flash_attn=True)
-    yield model, tokenizer
-    model.close()
+    return open_gguf(n_ctx=512, flash_attn=True)
 
 
 @pytest.mark.llama_cpp

@@ -263,20 +263,10 @@ def test_a_drafter_proposing_what_is_no_token_is_switched_off(tiny):
 
 # ----------------------------------------------------------------- llama.cpp
 @pytest.fixture(scope="module")
-def smollm():
+def smollm(open_gguf):
     """SmolLM2 on llama.cpp with flash attention, under which a multi-token decode gives the logits of one-token
-    steps bit for bit (without it they differ by up to ~1.3: docs/speculative.md)."""
-    pytest.importorskip("llama_cpp")
-    from samplechain.models import default_gguf_path
-    from samplechain_llama_cpp import load_gguf
-
-    try:
-        path = default_gguf_path()
-    except ConfigError as exc:
-        pytest.skip(str(exc))
-    model, tokenizer = load_gguf(path, n_ctx=1024, flash_attn=True)
-    yield model, tokenizer
-    model.close()
+    steps bit for bit within 256 tokens (docs/speculative.md)."""
+    return open_gguf(n_ctx=1024, flash_attn=True)
 
 
 QUOTING = [
@@ -404,26 +394,15 @@ def test_drafts_never_change_the_tokens_under_a_grammar_or_a_thinking_budget(tin
 
 @pytest.mark.llama_cpp
 @pytest.mark.slow
-def test_on_llama_cpp_past_256_tokens_one_thread_keeps_the_tokens():
+def test_on_llama_cpp_past_256_tokens_one_thread_keeps_the_tokens(open_gguf):
     """Past 256 tokens of a sequence, llama.cpp's one-token decode on several threads runs other attention code than
     a decode of several tokens (docs/speculative.md); on one thread the two agree and the tokens are exact."""
-    pytest.importorskip("llama_cpp")
-    from samplechain.models import default_gguf_path
-    from samplechain_llama_cpp import load_gguf
-
-    try:
-        path = default_gguf_path()
-    except ConfigError as exc:
-        pytest.skip(str(exc))
-    model, tok = load_gguf(path, n_ctx=2048, flash_attn=True, n_threads=1, n_threads_batch=1)
-    try:
-        code = "\n".join(f"    total_{i} = values[{i}] * factor + offset" for i in range(24))
-        ask = [{"role": "user", "content": f"Rename factor to scale:\n\ndef compute(values, factor, offset):\n{code}"}]
-        for chain in ("preset:greedy", "preset:llama.cpp"):
-            kwargs = {"chain": chain, "max_new_tokens": 40, "seed": 2}
-            reference, gen = run(model, tok, [ask], **kwargs)
-            assert gen.attention_mask.shape[1] > 256
-            ours, _ = run(model, tok, [ask], draft="prompt_lookup", **kwargs)
-            assert_same_tokens(ours, reference)
-    finally:
-        model.close()
+    model, tok = open_gguf(n_ctx=2048, flash_attn=True, n_threads=1, n_threads_batch=1)
+    code = "\n".join(f"    total_{i} = values[{i}] * factor + offset" for i in range(24))
+    ask = [{"role": "user", "content": f"Rename factor to scale:\n\ndef compute(values, factor, offset):\n{code}"}]
+    for chain in ("preset:greedy", "preset:llama.cpp"):
+        kwargs = {"chain": chain, "max_new_tokens": 40, "seed": 2}
+        reference, gen = run(model, tok, [ask], **kwargs)
+        assert gen.attention_mask.shape[1] > 256
+        ours, _ = run(model, tok, [ask], draft="prompt_lookup", **kwargs)
+        assert_same_tokens(ours, reference)

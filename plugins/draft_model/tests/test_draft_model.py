@@ -191,21 +191,11 @@ def test_bad_parameters_name_the_culprit(params, message):
 # ----------------------------------------------------------------- llama.cpp
 @pytest.mark.llama_cpp
 @pytest.mark.slow
-def test_a_gguf_draft_model_drafts_on_llama_cpp():
-    pytest.importorskip("llama_cpp")
-    from samplechain.models import default_gguf_path
-    from samplechain_llama_cpp import load_gguf
-
-    try:
-        path = default_gguf_path()
-    except ConfigError as exc:
-        pytest.skip(str(exc))
-    model, tok = load_gguf(path, n_ctx=512, flash_attn=True)
-    try:
-        kwargs = {"chain": PLAIN, "seed": 3, "max_new_tokens": 12, "ignore_eos": True}
-        reference = generate(model, tok, "def add(a, b):", **kwargs)
-        ours = generate(model, tok, "def add(a, b):", draft={"use": "draft_model", "model": str(path)}, **kwargs)
-        assert ours.sequences.tolist() == reference.sequences.tolist()
-        assert rate(ours) > 0.9
-    finally:
-        model.close()
+def test_a_gguf_draft_model_drafts_on_llama_cpp(open_gguf):
+    model, tok = open_gguf(n_ctx=512, flash_attn=True)
+    path = model.path
+    kwargs = {"chain": PLAIN, "seed": 3, "max_new_tokens": 12, "ignore_eos": True}
+    reference = generate(model, tok, "def add(a, b):", **kwargs)
+    ours = generate(model, tok, "def add(a, b):", draft={"use": "draft_model", "model": str(path)}, **kwargs)
+    assert ours.sequences.tolist() == reference.sequences.tolist()
+    assert rate(ours) > 0.9

@@ -175,18 +175,7 @@ def test_bad_parameters_name_the_culprit(params, message):
 
 
 @pytest.mark.llama_cpp
-def test_the_llama_cpp_runners_model_is_refused():
-    pytest.importorskip("llama_cpp")
-    from samplechain.models import default_gguf_path
-    from samplechain_llama_cpp import load_gguf
-
-    try:
-        path = default_gguf_path()
-    except ConfigError as exc:
-        pytest.skip(str(exc))
-    model, tok = load_gguf(path, n_ctx=256)
-    try:
-        with pytest.raises(ConfigError, match=r"llama_cpp runner's model cannot run part of itself.*prompt_lookup"):
-            generate(model, tok, "Hi", chain=PLAIN, max_new_tokens=2, draft={"use": "early_exit", "layers": 4})
-    finally:
-        model.close()
+def test_the_llama_cpp_runners_model_is_refused(open_gguf):
+    model, tok = open_gguf(n_ctx=256)
+    with pytest.raises(ConfigError, match=r"llama_cpp runner's model cannot run part of itself.*prompt_lookup"):
+        generate(model, tok, "Hi", chain=PLAIN, max_new_tokens=2, draft={"use": "early_exit", "layers": 4})
