@@ -40,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "bench_gpu.py"
 PARTS = ("tests", "kernels", "e2e")
-SHARE = {"tests": 0.35, "kernels": 0.40, "e2e": 0.25}  # of the budget; time a part leaves goes to the next ones
+SHARE = {"tests": 0.45, "kernels": 0.35, "e2e": 0.20}  # of the budget; time a part leaves goes to the next ones
 TEST_DIRS = ("tests", "plugins", "integrations", "contrib")
 GPU_MARK = re.compile(r"pytest\.mark\.gpu\b|\bgpu_test\b")
 # bench_gpu.py's sizes: on a GPU sized to fit the budget, in a dry run its tiny sizes

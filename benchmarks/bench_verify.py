@@ -1,0 +1,267 @@
+"""Benchmark: what checking drafted tokens costs on a device, and what speculation can gain there whatever the drafter.
+
+Speculative decoding pays where one model call over k tokens costs little more than a call over one: the model's
+weights are read once for all k, so a call that is bound by reading weights (a GPU at small batch) checks a draft
+almost for free, while a call bound by arithmetic (a CPU with few cores) costs nearly k steps. Three sections, on
+the transformers runner (SmolLM2-135M-Instruct where it is installed, else `--random`: a random-weight model of its
+shape, for machines without the model):
+
+1. cost: one `runner.extend` of k tokens per row against one token (k = 1 ... 16, B = 1 and 8), ms per call
+   (median), and the ratio to k = 1;
+2. numerics: the largest difference between the logits of one k-token call and k one-token steps (what `match`'s
+   promise of the same tokens rests on);
+3. bounds: generate() tokens per second with an oracle drafter (it proposes the run without a drafter's next
+   tokens, so every draft is kept) and with a drafter that always misses (its drafts are never kept; the adaptive
+   length backs off), against no drafter, greedy and seeded sampling; "same tokens" compares with the run without a
+   drafter. Any real drafter lands between the two.
+
+    .venv/bin/python benchmarks/bench_verify.py                       # the default model, on the CPU
+    python3 benchmarks/bench_verify.py --random --device cuda --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from samplechain.drafters import Drafter
+from samplechain.generation import generate
+from samplechain.generation.model import TransformersRunner
+
+# SmolLM2-135M-Instruct's shape (its GGUF's metadata)
+SMOLLM2 = dict(
+    hidden_size=576,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    intermediate_size=1536,
+    vocab_size=49152,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+    rms_norm_eps=1e-5,
+)
+CHAINS = {
+    "greedy": [{"use": "greedy"}],
+    "sampling": [
+        {"use": "temperature", "t": 0.8},
+        {"use": "top_k", "k": 40},
+        {"use": "top_p", "p": 0.95},
+        {"use": "dist"},
+    ],
+}
+
+
+def build(random: bool, device: torch.device, dtype: torch.dtype) -> Any:
+    if not random:
+        from samplechain.models import load_model
+
+        model, _ = load_model(engine="transformers")
+        return model.to(device, dtype).eval()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**SMOLLM2, bos_token_id=1, eos_token_id=None, pad_token_id=0)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = None
+    return model.to(dtype).eval()
+
+
+def timed(device: torch.device, fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
+    """(seconds, fn(*args)), the device's queue drained before and after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = fn(*args)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, out
+
+
+def prompts(model: Any, batch: int, length: int, device: torch.device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(batch * 1000 + length)
+    return torch.randint(10, model.config.vocab_size, (batch, length), generator=g).to(device)
+
+
+@torch.inference_mode()
+def cost(model: Any, device: torch.device, batches: Sequence[int], ks: Sequence[int], reps: int) -> list[dict]:
+    """ms per runner.extend of k tokens per row, the cache cut back after each call (its length stays put)."""
+    rows = []
+    for b in batches:
+        ids = prompts(model, b, 64, device)
+        runner = TransformersRunner(model, ids, torch.ones_like(ids))
+        runner.prefill()
+        width = ids.shape[1]
+        times: dict[int, list[float]] = {k: [] for k in ks}
+        for rep in range(reps + 2):
+            for k in ks:
+                t, _ = timed(device, _check, runner, prompts(model, b, k, device), width)
+                if rep >= 2:  # the first two rounds warm the kernels up
+                    times[k].append(t)
+        base = statistics.median(times[ks[0]])
+        for k in ks:
+            ms = statistics.median(times[k])
+            rows.append({"B": b, "k": k, "ms": round(ms * 1e3, 3), "ratio": round(ms / base, 2)})
+    return rows
+
+
+def _check(runner: TransformersRunner, block: torch.Tensor, width: int) -> None:
+    runner.extend(block)
+    runner.truncate(width)
+
+
+@torch.inference_mode()
+def numerics(model: Any, device: torch.device, k: int) -> dict[str, Any]:
+    """The largest |difference| of the logits of one k-token call and k one-token steps, B = 1 and 4."""
+    out = {}
+    for b in (1, 4):
+        ids = prompts(model, b, 48, device)
+        block = prompts(model, b, k, device)
+        one = TransformersRunner(model, ids, torch.ones_like(ids))
+        one.prefill()
+        together = one.extend(block)
+        steps = TransformersRunner(model, ids, torch.ones_like(ids))
+        steps.prefill()
+        seq, each = ids, []
+        for j in range(k):
+            seq = torch.cat([seq, block[:, j : j + 1]], dim=1)
+            each.append(steps.step(seq))
+        diff = (together - torch.stack(each, dim=1)).abs()
+        same = (together.argmax(-1) == torch.stack(each, dim=1).argmax(-1)).float().mean()
+        out[f"B={b}"] = {"max": float(diff.max()), "median": float(diff.median()), "same argmax": float(same)}
+    return out
+
+
+class Oracle(Drafter):
+    """Proposes each row's reference continuation (every draft kept) or, with miss=True, tokens that differ from
+    it (no draft kept)."""
+
+    name = "oracle"
+
+    def __init__(self, reference: torch.Tensor, vocab: int, length: int, miss: bool = False) -> None:
+        super().__init__()
+        self.reference, self.vocab, self.miss = reference.cpu(), vocab, miss
+        self.params = argparse.Namespace(num_tokens=length)
+
+    def propose(self, row: int, tokens: torch.Tensor, limit: int) -> torch.Tensor:
+        ahead = self.reference[row, len(tokens) : len(tokens) + limit]
+        return (ahead + 1) % self.vocab if self.miss else ahead
+
+
+def _run(model: Any, ids: torch.Tensor, chain: str, n: int, draft: Any = False) -> Any:
+    from samplechain import Chain
+
+    params = [{"seed": 7 + i} for i in range(ids.shape[0])] if chain == "sampling" else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return generate(
+            model,
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            chain=Chain.load({"chain": {"name": chain, "samplers": CHAINS[chain]}}),
+            max_new_tokens=n,
+            ignore_eos=True,
+            pad_token_id=0,
+            params=params,
+            draft=draft,
+        )
+
+
+def bounds(model: Any, device: torch.device, batches: Sequence[int], n: int, length: int, reps: int) -> list[dict]:
+    rows, vocab = [], model.config.vocab_size
+    for b in batches:
+        ids = prompts(model, b, 32, device)
+        for chain in CHAINS:
+            ref = _run(model, ids, chain, n).sequences
+            runs = {"none": None, "oracle": False, "always misses": True}  # the oracle's `miss`
+            times: dict[str, list[float]] = {k: [] for k in runs}
+            last: dict[str, Any] = {}
+            for rep in range(reps + 1):
+                for name, miss in runs.items():
+                    draft = False if miss is None else Oracle(ref, vocab, length, miss=miss)
+                    t, last[name] = timed(device, _run, model, ids, chain, n, draft)
+                    if rep:  # the first round warms up
+                        times[name].append(t)
+            base = statistics.median(times["none"])
+            for name in runs:
+                out = last[name]
+                t = statistics.median(times[name])
+                drafted = int(out.drafted.sum()) if out.drafted is not None else 0
+                kept = int(out.kept.sum()) if out.kept is not None else 0
+                calls = int(out.model_calls.max()) if out.model_calls is not None else n
+                rows.append(
+                    {
+                        "B": b,
+                        "chain": chain,
+                        "drafter": name,
+                        "tok/s": round(b * n / t, 1),
+                        "ratio": round(base / t, 2),
+                        "kept/drafted": f"{kept}/{drafted}",
+                        "calls": calls,
+                        "same tokens": bool(torch.equal(out.sequences, ref)),
+                    }
+                )
+    return rows
+
+
+def table(rows: Sequence[dict]) -> str:
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join([*lines, *("| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows)])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--random", action="store_true", help="a random-weight model of SmolLM2-135M's shape")
+    ap.add_argument("--sections", default="1,2,3")
+    ap.add_argument("--batch", default="1,8")
+    ap.add_argument("--ks", default="1,2,4,8,12,16")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument(
+        "--draft-length", type=int, default=8, help="the first draft length (adaptive: it grows while drafts are kept)"
+    )
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    model = build(args.random, device, dtype)
+    batches = [int(b) for b in args.batch.split(",")]
+    sections = set(args.sections.split(","))
+    env = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+        "dtype": args.dtype,
+        "model": "random weights, SmolLM2-135M's shape" if args.random else "SmolLM2-135M-Instruct",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+    print(json.dumps(env))
+    report: dict[str, Any] = {"environment": env}
+    if "1" in sections:
+        report["cost"] = cost(model, device, batches, [int(k) for k in args.ks.split(",")], args.reps)
+        print("\n### 1. ms per call of k tokens per row\n\n" + table(report["cost"]), flush=True)
+    if "2" in sections:
+        report["numerics"] = numerics(model, device, 8)
+        print("\n### 2. one 8-token call against 8 one-token steps\n\n" + json.dumps(report["numerics"]), flush=True)
+    if "3" in sections:
+        report["bounds"] = bounds(model, device, batches, args.max_new_tokens, args.draft_length, args.reps)
+        print("\n### 3. generate() between a drafter that is always right and one always wrong\n", flush=True)
+        print(table(report["bounds"]), flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
