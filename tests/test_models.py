@@ -4,6 +4,7 @@ errors; the transformers runner's extend / truncate against one-token steps."""
 from __future__ import annotations
 
 import hashlib
+import random
 import time
 from importlib import metadata
 from pathlib import Path
@@ -174,10 +175,46 @@ def test_truncate_then_step_continues_from_the_kept_prefix(tiny):
     logits = runner.step(torch.tensor([[11, 12, 13, 14, 5, 9]]))
     expected = _steps(tiny, ids, torch.tensor([[5, 9]]))[:, -1]
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
-    with pytest.raises(ConfigError, match=r"the same length"):
+    with pytest.raises(ConfigError, match=r"truncate\(\[5, 4\]\): the rows hold \[6\] columns"):
         runner.truncate([5, 4])
     with pytest.raises(ConfigError, match=r"truncate\(99\)"):
         runner.truncate(99)
+
+
+def _after_each(model, seq, k):
+    """The logits after each of the last k tokens of seq, the row alone, one token per step."""
+    runner = TransformersRunner(model, torch.tensor([seq[:-k]]), None)
+    runner.prefill()
+    out, done = [], list(seq[:-k])
+    for t in seq[-k:]:
+        done.append(t)
+        out.append(runner.step(torch.tensor([done]))[0])
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_that_keep_their_own_tokens_equal_each_row_alone(tiny, seed):
+    # each call feeds some rows their own number of tokens and each row keeps its own number of them: the cache
+    # holds the rest as holes, and every row's logits stay those of the row run alone
+    rng = random.Random(seed)
+    prompts = [[11, 12, 13, 14], [21, 22], [31, 32, 33]]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    runner = TransformersRunner(tiny, ids, mask)
+    assert runner.per_row_truncate
+    runner.prefill()
+    seqs = [list(p) for p in prompts]
+    for _ in range(10):
+        rows = sorted(rng.sample(range(3), rng.randint(1, 3)))
+        feeds = [[rng.randrange(3, 60) for _ in range(rng.randint(1, 5))] for _ in rows]
+        got = runner.extend_rows(rows, [torch.tensor(f) for f in feeds])
+        for b, feed, logits in zip(rows, feeds, got):
+            expected = _after_each(tiny, seqs[b] + feed, len(feed))
+            torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+            seqs[b] += feed[: rng.randint(1, len(feed))]
+        runner.truncate([width - len(p) + len(s) for p, s in zip(prompts, seqs)])
+    assert runner.input_ids.shape[1] <= width + 10 * 5
 
 
 def test_the_default_model_name_is_the_gguf_model():

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from samplechain import ConfigError, UnknownPluginError
+from samplechain import Chain, ConfigError, UnknownPluginError
 from samplechain.drafters import Drafter
 from samplechain.errors import GenerationWarning
 from samplechain.generation import Generation, generate, stream
@@ -199,6 +199,15 @@ def test_an_unknown_drafter_is_one_error_before_generation(tiny):
         Generation(model, tok, "Hi", draft="prompt_lookpu", pad_token_id=0)
 
 
+def test_a_sampler_that_cannot_fork_its_state_is_refused_before_generation(tiny, monkeypatch):
+    model, tok = tiny
+    chain = Chain.load({"chain": {"name": "c", "samplers": [{"use": "top_k", "k": 5}, {"use": "dist"}]}})
+    monkeypatch.setattr(type(chain.samplers[0]), "forkable", False)
+    with pytest.raises(ConfigError, match=r"top_k\.v1 cannot fork its state \(forkable = False\).*draft=False"):
+        Generation(model, tok, "Hi", chain=chain, draft="prompt_lookup", pad_token_id=0)
+    Generation(model, tok, "Hi", chain=chain, pad_token_id=0)  # without a drafter it runs
+
+
 @pytest.mark.parametrize(
     ("draft", "message"),
     [
@@ -292,13 +301,9 @@ def test_on_llama_cpp_prompt_lookup_gives_the_same_tokens(smollm):
             assert bool((ours.model_calls < ours.num_generated).all()), ours.model_calls
 
 
-@pytest.mark.llama_cpp
-@pytest.mark.slow
-@pytest.mark.parametrize("case", range(4))
-def test_on_llama_cpp_each_row_keeps_its_own_drafts_and_the_tokens(smollm, case):
-    """The llama.cpp runner cuts rows on their own: each row keeps its own number of drafted tokens per call (its
-    own model-call count), and the tokens stay those of generation without a drafter."""
-    model, tok = smollm
+def rows_keep_their_own_drafts(model, tok, case):
+    """Each row keeps its own number of drafted tokens per call (its own model-call count), and the tokens stay
+    those of generation without a drafter."""
     rng = random.Random(50 + case)
     chain = random_chain(rng)
     prompts = rng.sample(PROMPTS, 2 + case % 3)  # B = 2..4
@@ -313,6 +318,20 @@ def test_on_llama_cpp_each_row_keeps_its_own_drafts_and_the_tokens(smollm, case)
     # rows advancing together draft and keep the same number of tokens in every call (until one finishes)
     counts = {(d, k) for d, k in zip(ours.drafted.tolist(), ours.kept.tolist())}
     assert len(counts) > 1, "rows drafted and kept their own numbers of tokens"
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_each_row_keeps_its_own_drafts_and_the_tokens(tiny, case):
+    # the transformers runner holds the drafts a row did not keep as masked holes in the common cache
+    rows_keep_their_own_drafts(*tiny, case)
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.slow
+@pytest.mark.parametrize("case", range(4))
+def test_on_llama_cpp_each_row_keeps_its_own_drafts_and_the_tokens(smollm, case):
+    # the llama.cpp runner cuts each row's sequence on its own
+    rows_keep_their_own_drafts(*smollm, case)
 
 
 # ----------------------------------------------------------------- checkpoints

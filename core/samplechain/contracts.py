@@ -248,6 +248,10 @@ class Sampler:
     # row has generated that many, the stopping criteria gated by it (`StoppingCriterion.min_new_tokens_gate`:
     # eos, stop strings, stop_regex, repetition) do not stop it either.
     min_new_tokens_field: ClassVar[str | None] = None
+    # False: the sampler's state cannot be copied and set back (it lives outside the request store: a service, a
+    # clock). Speculative decoding draws position after position on a row's state and a draft model draws on a
+    # copy of it, so a generation with a drafter refuses a chain holding such a sampler before it starts.
+    forkable: ClassVar[bool] = True
 
     def __init__(self, params: Any) -> None:
         self.params = params  # the chain's validated defaults (an instance of Params)

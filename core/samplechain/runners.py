@@ -42,7 +42,7 @@ class ModelRunner:
     name: ClassVar[str] = ""
     version: ClassVar[int] = 1
     Params: ClassVar[type] = NoParams
-    per_row_truncate: ClassVar[bool] = False
+    per_row_truncate: bool = False  # a runner may decide per model (an instance attribute set in __init__)
     # model files this runner's engine opens (`samplechain.models.load_model` picks the runner by them)
     file_suffixes: ClassVar[tuple[str, ...]] = ()
     # torch (and numba) threads for the sampling step while this runner generates; None leaves them. An engine with a

@@ -82,6 +82,11 @@ class TransformersRunner(ModelRunner):
         if "logits_to_keep" in params:
             self.kwargs["logits_to_keep"] = 1
         self._first = True
+        # which cache columns hold each row's tokens: rows of one batch keep different numbers of drafted tokens as
+        # holes (masked columns) in the common cache, which needs explicit positions and a cache whose every column
+        # stays visible (no sliding window, which would count the holes)
+        self.live: torch.Tensor | None = None  # (B, columns) bool once a row has a hole
+        self.per_row_truncate = "position_ids" in params and getattr(model.config, "sliding_window", None) is None
 
     def _forward(self, ids: torch.Tensor, next_len: int | None, keep: int = 1) -> torch.Tensor:
         inputs = self.model.prepare_inputs_for_generation(
@@ -97,15 +102,28 @@ class TransformersRunner(ModelRunner):
         self._first = False
         return out.logits[:, -keep:, :].to(copy=True, dtype=torch.float32, device=self.device)
 
-    def _grow(self, k: int) -> None:
-        """Positions and mask for k more tokens in every row."""
+    def _grow(self, k: int, real: torch.Tensor | None = None) -> None:
+        """Positions and mask for k more columns in every row; `real` (B, k) bool marks the columns that hold a
+        token of the row (the others are holes: masked, outside the row's sequence)."""
+        mask = self.kwargs.get("attention_mask")
+        if real is not None and mask is None:
+            mask = torch.ones(self.input_ids.shape, dtype=torch.long, device=self.input_ids.device)
         pos = self.kwargs.get("position_ids")
         if pos is not None:
-            more = pos[:, -1:] + torch.arange(1, k + 1, device=pos.device)
-            self.kwargs["position_ids"] = torch.cat([pos, more], dim=-1)
-        mask = self.kwargs.get("attention_mask")
+            # the next position of a row: its tokens so far (the mask counts them, holes and padding excluded)
+            last = pos[:, -1:] if mask is None else mask.sum(-1, keepdim=True) - 1
+            step = torch.arange(1, k + 1, device=pos.device).expand(pos.shape[0], k)
+            if real is not None:
+                step = real.long().cumsum(-1).clamp(min=1)
+            self.kwargs["position_ids"] = torch.cat([pos, last + step], dim=-1)
         if mask is not None:
-            self.kwargs["attention_mask"] = torch.cat([mask, mask.new_ones((mask.shape[0], k))], dim=-1)
+            more = mask.new_ones((mask.shape[0], k)) if real is None else real.to(mask.dtype)
+            self.kwargs["attention_mask"] = torch.cat([mask, more], dim=-1)
+        if self.live is not None or real is not None:
+            live = self.live if self.live is not None else torch.ones(self.input_ids.shape, dtype=torch.bool)
+            self.live = torch.cat(
+                [live, torch.ones((live.shape[0], k), dtype=torch.bool) if real is None else real.cpu()], -1
+            )
         self.input_ids = torch.cat([self.input_ids, self.input_ids.new_zeros((self.input_ids.shape[0], k))], dim=-1)
 
     @torch.no_grad()
@@ -116,8 +134,8 @@ class TransformersRunner(ModelRunner):
     def step(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids: (B, L+1) every token so far; the model sees only the last one (the cache has the rest)."""
         self._grow(1)
-        self.input_ids = input_ids
-        return self._forward(input_ids, 1)[:, -1]
+        self.input_ids[:, -1] = input_ids[:, -1]
+        return self._forward(self.input_ids, 1)[:, -1]
 
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -127,18 +145,51 @@ class TransformersRunner(ModelRunner):
         self.input_ids[:, -k:] = tokens
         return self._forward(self.input_ids, k, keep=k)
 
+    @torch.no_grad()
+    def extend_rows(self, rows: Sequence[int], tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """rows[i] takes tokens[i] in one forward pass; every row gets as many cache columns as the longest feed,
+        the ones it does not fill are holes (masked, its positions continue past them)."""
+        if not self.per_row_truncate:
+            return super().extend_rows(rows, tokens)
+        k = max(len(t) for t in tokens)
+        block = torch.zeros((self.input_ids.shape[0], k), dtype=torch.int64)
+        real = torch.zeros(block.shape, dtype=torch.bool)
+        for b, t in zip(rows, tokens):
+            block[b, : len(t)] = t.cpu()
+            real[b, : len(t)] = True
+        self._grow(k, real.to(self.input_ids.device))
+        self.input_ids[:, -k:] = block.to(self.input_ids.device)
+        logits = self._forward(self.input_ids, k, keep=k)
+        return [logits[b, : len(t)] for b, t in zip(rows, tokens)]
+
     def truncate(self, length: int | Sequence[int]) -> None:
-        """Keep the first `length` columns in the cache (DynamicCache.crop: the same length in every row)."""
-        n = self._uniform_length(length)
-        if not 0 < n <= self.input_ids.shape[1]:
-            raise ConfigError(f"truncate({n}): the cache holds {self.input_ids.shape[1]} columns; keep 1 to that many")
+        """Keep each row's first `length` columns of its sequence (one length, or one per row): the columns past
+        it become holes, and the cache is cut back (DynamicCache.crop) past the last column any row still holds."""
         cache = self.kwargs.get("past_key_values")
         if cache is None or not hasattr(cache, "crop"):
             raise ConfigError(f"{type(self.model).__name__}'s cache cannot be cut back (no DynamicCache.crop)")
+        rows = self.input_ids.shape[0]
+        wanted = [int(length)] * rows if isinstance(length, int) else [int(n) for n in length]
+        if len(set(wanted)) > 1 and not self.per_row_truncate:
+            self._uniform_length(wanted)  # the error naming the lengths
+        live = self.live if self.live is not None else torch.ones(self.input_ids.shape, dtype=torch.bool)
+        held = live.sum(-1).tolist()
+        if len(wanted) != rows or any(not 0 < n <= h for n, h in zip(wanted, held)):
+            raise ConfigError(f"truncate({length}): the rows hold {held} columns; keep 1 to that many in each row")
+        live = live & (live.long().cumsum(-1) <= torch.tensor(wanted)[:, None])
+        n = int(live.long().cumsum(-1).argmax(-1).max()) + 1  # past the last column a row holds
+        self.live = None if bool(live[:, :n].all()) else live
+        if self.live is not None:
+            mask = self.kwargs.get("attention_mask")
+            if mask is None:
+                mask = torch.ones(live.shape, dtype=torch.long, device=self.input_ids.device)
+            self.kwargs["attention_mask"] = mask * live.to(mask.device, mask.dtype)
         drop = cache.get_seq_length() - n
         if drop > 0:  # a negative count removes that many positions in every transformers 5.x
             cache.crop(-drop)
         self.input_ids = self.input_ids[:, :n]
+        if self.live is not None:
+            self.live = self.live[:, :n]
         for key in ("position_ids", "attention_mask"):
             if self.kwargs.get(key) is not None:
                 self.kwargs[key] = self.kwargs[key][:, :n]

@@ -39,10 +39,10 @@ from ..engine.discovery import PluginHost
 from ..engine.mixed import MixedChains
 from ..errors import ConfigError, GenerationWarning
 from ..models import load_model
-from ..rng import SEED_MAX, gumbel, uniform
 from ..runners import ModelRunner
 from .model import runner_for
 from .outputs import GenerationOutput
+from .rejection import noise_of, rejection_draw
 
 if TYPE_CHECKING:
     from .session import Generation
@@ -157,6 +157,7 @@ class Speculation:
                 "draft= with negative_prompt (classifier-free guidance): speculation does not run the "
                 "unconditional context; drop one of them"
             )
+        _check_forkable(gen.chain)
         loaded: dict[int, Drafter] = {}  # id of a spec (specs holds them all) -> its drafter
         shared: dict[Any, Drafter] = {}  # (class, parameters) -> the one drafter of every spec that asks for it
         drafters: list[Drafter | None] = []
@@ -506,7 +507,7 @@ class Speculation:
             probs = self.q[b]
             if probs is not None and probs.shape[1] == q.shape[1]:
                 q[i] = probs[j]
-        seed, position = _noise_of(gen.store, rids)
+        seed, position = noise_of(gen.store, rids)
         tokens = rejection_draw(logp, q, draft, seed, position)
         gen.chain.accept(gen.store, rids, tokens.to(out.token_ids.device))
         logprobs = logp.gather(1, tokens[:, None])[:, 0].to(out.logprobs.dtype)
@@ -569,38 +570,16 @@ def _stacked(rows: list[torch.Tensor | None], width: int, fill: float = float("-
     return torch.stack([blank if r is None else r for r in rows])
 
 
-def rejection_draw(
-    logp: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, seed: torch.Tensor, position: torch.Tensor
-) -> torch.Tensor:
-    """Speculative sampling's test (Leviathan et al.; Chen et al.), one row per request: keep draft[i] with
-    probability min(1, p / q) at it, else draw from max(p - q, 0) renormalised (p where that is empty). The
-    uniform and the residual's Gumbel noise are counter-based at (seed, position), streams of their own: seeded,
-    and the same in any batch. The result is distributed as p whatever q is.
-
-    logp: (n, V) float64 the chain's processed log-probabilities; q: (n, V) the drafter's probabilities; draft,
-    seed, position: (n,) int64. -> (n,) int64."""
-    p = logp.exp()
-    at = draft[:, None]
-    p_d, q_d = p.gather(1, at)[:, 0], q.gather(1, at)[:, 0]
-    u = uniform(seed, position, at, stream=_ACCEPT_STREAM)[:, 0]
-    kept = u * q_d < p_d  # u < p/q without dividing by a q of 0 (a guess its drafter called impossible)
-    residual = (p - q).clamp_(min=0.0)
-    empty = residual.sum(dim=1) <= 0.0
-    residual[empty] = p[empty]
-    ids = torch.arange(p.shape[1]).expand(p.shape[0], -1)
-    other = (residual.log() + gumbel(seed, position, ids, stream=_RESIDUAL_STREAM)).argmax(dim=1)
-    return torch.where(kept, draft, other)
-
-
-def _noise_of(store: Any, request_ids: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The requests' seeds (the chain's `seed`; a fresh one per call where it has none) and RNG positions."""
-    view = store.batch(request_ids)
-    position = store.positions(view).cpu()
-    targets = store.layout.aliases.get("seed")
-    if not targets:
-        return torch.randint(0, SEED_MAX, (len(request_ids),), dtype=torch.int64), position
-    entry, field = targets[0]
-    return view.params[entry][field].cpu().to(torch.int64), position
+def _check_forkable(chain: Any) -> None:
+    """A drafter needs every sampler's state to be copied and set back; a sampler that declares it cannot be
+    (`Sampler.forkable = False`) is refused here, naming it."""
+    for sampler in chain.samplers:  # a MixedChains' samplers are every chain's
+        if not sampler.forkable:
+            raise ConfigError(
+                f"draft=: the chain's sampler {sampler.qualified_name()} cannot fork its state (forkable = False), "
+                "which speculative decoding needs to check drafted tokens position by position; generate without "
+                "a drafter (draft=False) or drop the sampler from the chain"
+            )
 
 
 def _checked_mode(mode: Any, gen: Generation) -> str:
@@ -636,4 +615,3 @@ _AHEAD = 64  # drawn tokens a row may have waiting before it skips model calls
 _LONGEST = 64  # the adaptive draft length's ceiling
 _LONGEST_PAUSE = 16  # the most calls a row whose guesses keep missing rests
 _START = 8  # the first draft length of a drafter without num_tokens
-_ACCEPT_STREAM, _RESIDUAL_STREAM = 0x5EC1, 0x5EC2  # rejection mode's noise: streams no sampler uses
