@@ -170,6 +170,10 @@ def _special(name: str, field: str, vocab: int) -> st.SearchStrategy[Any] | None
         ("reasoning_budget", "start_ids"): _ids(vocab, 1, 3),
         ("reasoning_budget", "end_ids"): _ids(vocab, 1, 3),
         ("reasoning_budget", "message_ids"): _ids(vocab, 0, 3),
+        ("reasoning_budget", "warn_at"): st.sampled_from([(), (0.5,), (0.25, 0.75)]),
+        ("reasoning_budget", "warn_messages"): st.just(()),  # strings need the tokenizer: given as ids instead
+        ("reasoning_budget", "warn_message_ids"): _ids(vocab, 1, 3).map(lambda ids: [ids]),  # one text for all
+        ("reasoning_budget", "spans"): st.sampled_from([(), (("```", "```"),)]),  # no text without a tokenizer
     }
     if (name, field) in table:
         return table[(name, field)]
@@ -268,7 +272,13 @@ def row_logits(kind: str, vocab: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def _cross_field_rules(entry: dict[str, Any], per_row: list[dict[str, Any]]) -> None:
-    """Rules between fields that a range per field cannot say: temp_ext's webui formula divides by t - delta."""
+    """Rules between fields that a range per field cannot say: temp_ext's webui formula divides by t - delta;
+    reasoning_budget's warnings need their texts."""
+    if entry["use"] == "reasoning_budget":
+        if entry.get("warn_at"):
+            entry.setdefault("warn_message_ids", [[0]])
+        else:
+            entry.pop("warn_message_ids", None)
     if entry["use"] == "temp_ext" and entry.get("formula") == "webui":
         if entry.get("t", 1.0) - entry.get("delta", 0.0) <= 0:
             entry.pop("delta", None)

@@ -142,6 +142,7 @@ CONTRACT = {
     "samplechain.tokens",
     "samplechain.runners",
     "samplechain.drafters",
+    "samplechain.guards",
 }
 
 

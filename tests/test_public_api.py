@@ -79,6 +79,7 @@ CONTRACT_MODULES = {
     "candidates",
     "contracts",
     "drafters",
+    "guards",
     "errors",
     "filters",
     "hookspecs",

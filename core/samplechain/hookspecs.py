@@ -36,3 +36,8 @@ def register_runners(register: Callable[[type], None]) -> None:
 @hookspec
 def register_drafters(register: Callable[[type], None]) -> None:
     """Register Drafter subclasses (samplechain.drafters): call register(cls) once per class."""
+
+
+@hookspec
+def register_guards(register: Callable[[type], None]) -> None:
+    """Register Guard subclasses (samplechain.guards): call register(cls) once per class."""

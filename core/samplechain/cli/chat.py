@@ -23,10 +23,12 @@ from rich.markup import escape
 from ..errors import ConfigError, SamplechainError
 from .generate import (
     _chain,
+    add_ban_arguments,
     add_draft_argument,
     add_run_arguments,
     add_system_argument,
     load_cli_model,
+    parse_bans,
     parse_draft,
     parse_sets,
     print_warnings,
@@ -57,7 +59,8 @@ class ChatSession:
     `reply(text)` streams the answer to a user message; the exchange joins the history once the answer is whole, so
     an answer cut short (an error, Ctrl-C) leaves the history as it was. With a seed, answer i of the session is
     drawn with seed + i: a session replays exactly, and the same question asked twice may be answered differently.
-    `draft` is generate()'s draft= (a drafter speculates: the same answers in fewer model calls)."""
+    `draft` is generate()'s draft= (a drafter speculates: the same answers in fewer model calls), `guards` its
+    guards= (--ban: phrases taken back and drawn again)."""
 
     def __init__(
         self,
@@ -72,9 +75,10 @@ class ChatSession:
         stop_strings: list[str] | None = None,
         backend: str | None = None,
         draft: Any = None,
+        guards: Any = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
-        self.draft = draft
+        self.draft, self.guards = draft, guards
         self.chain = chain
         self.params: dict[str, Any] = {}
         self.seed, self.max_new_tokens, self.system = seed, max_new_tokens, system
@@ -112,6 +116,8 @@ class ChatSession:
             kwargs["stop_strings"] = self.stop_strings
         if self.draft is not None:
             kwargs["draft"] = self.draft
+        if self.guards:
+            kwargs["guards"] = self.guards
         for event in stream(self.model, self.tokenizer, [self.messages(text)], result=result, **kwargs):
             if event.text:
                 yield event.text
@@ -223,6 +229,7 @@ def add_parser(sub: Any) -> None:
     )
     add_run_arguments(p, new_tokens=DEFAULT_NEW_TOKENS)
     add_draft_argument(p)
+    add_ban_arguments(p)
     add_system_argument(p)
     p.set_defaults(func=cmd_chat)
 
@@ -231,6 +238,7 @@ def cmd_chat(args: argparse.Namespace, console: Console) -> int:
     err = Console(stderr=True)
     chain = _chain(args)
     draft = parse_draft(args.draft)  # checked before the model loads
+    guards = parse_bans(args)
     model, tokenizer, name = load_cli_model(args.model, args.engine)
     require_chat_template(tokenizer, name, "samplechain chat")
     session = ChatSession(
@@ -244,6 +252,7 @@ def cmd_chat(args: argparse.Namespace, console: Console) -> int:
         stop_strings=[unescape(s) for s in args.stop] if args.stop else None,
         backend=args.backend,
         draft=draft,
+        guards=guards,
     )
     if sys.stdin.isatty():
         try:  # line editing and history for input()

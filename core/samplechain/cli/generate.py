@@ -25,7 +25,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["add_parser", "cmd_generate", "load_cli_model", "parse_draft", "parse_sets"]
+__all__ = ["add_parser", "cmd_generate", "load_cli_model", "parse_bans", "parse_draft", "parse_sets"]
 
 DEFAULT_PROMPT = "The"
 
@@ -82,6 +82,7 @@ def add_parser(sub: Any) -> None:
     )
     add_run_arguments(p, new_tokens=96)
     add_draft_argument(p)
+    add_ban_arguments(p)
     p.add_argument(
         "--chat",
         action="store_true",
@@ -183,6 +184,46 @@ def add_draft_argument(p: Any) -> None:
     )
 
 
+def add_ban_arguments(p: Any) -> None:
+    """--ban PHRASE, --ban-regex PATTERN (guards: text taken back where it begins and drawn again)."""
+    p.add_argument(
+        "--ban",
+        action="append",
+        default=None,
+        metavar="PHRASE",
+        help="a phrase that must not appear (repeatable; guard banned_strings): the text is taken back where the "
+        "phrase begins and drawn again, without that token there",
+    )
+    p.add_argument(
+        "--ban-regex",
+        action="append",
+        default=None,
+        metavar="PATTERN",
+        help="a regular expression the text must not match (repeatable; guard banned_regex)",
+    )
+    p.add_argument("--ban-ignore-case", action="store_true", help="--ban / --ban-regex in every case form")
+    p.add_argument("--ban-whole-words", action="store_true", help="--ban / --ban-regex only as whole words")
+
+
+def parse_bans(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """The guards= of --ban / --ban-regex, checked now (before any model loads): a bad pattern is one error."""
+    from ..engine.discovery import get_host
+    from ..generation.guarding import load_guard
+
+    options = {"ignore_case": args.ban_ignore_case, "whole_words": args.ban_whole_words}
+    guards = []
+    if args.ban:
+        guards.append({"use": "banned_strings", "phrases": [unescape(b) for b in args.ban], **options})
+    if args.ban_regex:
+        guards.append({"use": "banned_regex", "patterns": list(args.ban_regex), **options})
+    for spec, flag in zip(guards, ("--ban", "--ban-regex") if args.ban else ("--ban-regex",)):
+        try:
+            load_guard(spec, get_host())
+        except ConfigError as exc:
+            raise type(exc)(f"{flag}: {exc}") from None
+    return guards or None
+
+
 def parse_draft(text: str | bool | None) -> Any:
     """The draft= of --draft: None (not given), False (--no-draft), a drafter's name, or the table a JSON object
     holds; the drafter is checked now, before any model loads, so a typo is one error naming it."""
@@ -272,14 +313,22 @@ def run_kwargs(args: argparse.Namespace, chain: Any, params: dict[str, Any], def
     draft = parse_draft(getattr(args, "draft", None))
     if draft is not None:
         kwargs["draft"] = draft
+    guards = parse_bans(args) if hasattr(args, "ban") else None
+    if guards:
+        kwargs["guards"] = guards
     return kwargs
 
 
 def speculation_stats(out: Any, row: int) -> str:
-    """The counts of a row that speculated, as "; drafted D, kept K, M model calls" ("" for a run without)."""
-    if getattr(out, "drafted", None) is None:
-        return ""
-    return f"; drafted {int(out.drafted[row])}, kept {int(out.kept[row])}, {int(out.model_calls[row])} model calls"
+    """The counts of a row that speculated, as "; drafted D, kept K, M model calls", and its guards' rewinds ("; R
+    rewinds"); "" for a run without either."""
+    rewinds = "" if getattr(out, "rewinds", None) is None else f"; {int(out.rewinds[row])} rewinds"
+    if getattr(out, "drafted", None) is None or not int(out.drafted[row]) and getattr(out, "rewinds", None) is not None:
+        return rewinds
+    return (
+        f"; drafted {int(out.drafted[row])}, kept {int(out.kept[row])}, {int(out.model_calls[row])} model calls"
+        + rewinds
+    )
 
 
 def chat_messages(prompts: list[str], system: str | None) -> list[list[dict[str, str]]]:
@@ -429,6 +478,8 @@ def _as_json(
             row["sequence_score"] = float(out.sequences_scores[i])
         if getattr(out, "drafted", None) is not None:
             row.update(drafted=int(out.drafted[i]), kept=int(out.kept[i]), model_calls=int(out.model_calls[i]))
+        if getattr(out, "rewinds", None) is not None:
+            row.update(rewinds=int(out.rewinds[i]))
         if out.top_logprobs:
             row["top_logprobs"] = [
                 {tokenizer.convert_ids_to_tokens(int(t)): round(float(v), 6) for v, t in zip(vals[i], ids_[i])}

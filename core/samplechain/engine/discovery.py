@@ -32,6 +32,7 @@ from .. import hookspecs
 from ..contracts import Backend, Sampler, Stage, StoppingCriterion
 from ..drafters import Drafter
 from ..errors import PluginError, PluginLoadError, UnknownPluginError
+from ..guards import Guard
 from ..runners import ModelRunner
 from .registry import Registry, load_registry
 
@@ -52,6 +53,7 @@ KIND_BASES: dict[str, type[Any]] = {
     "backend": Backend,
     "runner": ModelRunner,
     "drafter": Drafter,
+    "guard": Guard,
 }
 _HOOKS = {
     "sampler": "register_samplers",
@@ -59,6 +61,7 @@ _HOOKS = {
     "backend": "register_backends",
     "runner": "register_runners",
     "drafter": "register_drafters",
+    "guard": "register_guards",
 }
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _VERSIONED = re.compile(r"^(?P<base>[a-z][a-z0-9_]*)(?:\.v(?P<version>[0-9]+))?$")
@@ -87,7 +90,7 @@ class PluginInfo:
     status: str = "available"  # available (not imported yet) | loaded | broken | disabled | blocked
     error: str | None = None
     provides: list[str] = attrs.field(factory=list)  # qualified names it registered: top_p.v1 ...
-    kinds: list[str] = attrs.field(factory=list)  # sampler / stopping_criterion / backend / runner / drafter
+    kinds: list[str] = attrs.field(factory=list)  # sampler / stopping_criterion / backend / runner / drafter / guard
     entry_point: Any = attrs.field(default=None, repr=False, eq=False)
 
     def describe(self) -> str:
@@ -265,6 +268,10 @@ class PluginHost:
             raise PluginError(f"{where}: {cls.__name__}.Params must be an attrs class (use samplechain.NoParams)")
         if kind == "drafter" and cast("type[Drafter]", cls).propose is Drafter.propose:
             raise PluginError(f"{where}: {cls.__name__} must implement propose(row, tokens, limit)")
+        if kind == "guard" and (
+            cast("type[Guard]", cls).check is Guard.check or cast("type[Guard]", cls).hold is Guard.hold
+        ):
+            raise PluginError(f"{where}: {cls.__name__} must implement check(row, tokens, final) and hold(row, tokens)")
         if kind == "backend" and not isinstance(getattr(cls, "device_type", None), str):
             raise PluginError(f"{where}: {cls.__name__}.device_type must be a torch device type such as 'cpu'")
 

@@ -70,6 +70,12 @@ class MixedStore:
         self.stores[chain].clone(source, target)
         self.route[target] = chain
 
+    def save_row(self, request_id: str) -> Any:
+        return self.stores[self.chain_of(request_id)].save_row(request_id)
+
+    def load_row(self, request_id: str, saved: Any) -> None:
+        self.stores[self.chain_of(request_id)].load_row(request_id, saved)
+
     def seeded(self, chain: str) -> bool:
         return "seed" in self.stores[chain].layout.aliases
 

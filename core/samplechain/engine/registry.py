@@ -21,7 +21,7 @@ from ..errors import ConfigError
 
 __all__ = ["PluginEntry", "Registry", "load_registry", "registry_path"]
 
-KINDS = ("sampler", "stopping_criterion", "backend", "runner", "drafter")
+KINDS = ("sampler", "stopping_criterion", "backend", "runner", "drafter", "guard")
 
 
 @attrs.frozen

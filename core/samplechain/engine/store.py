@@ -289,6 +289,19 @@ class RequestStore:
         self._slots[target] = slot
         self._version += 1
 
+    def save_row(self, request_id: str) -> tuple[torch.Tensor, dict[Any, torch.Tensor]]:
+        """A request's RNG position and sampler state, copied as tensors (no host read): `load_row` sets them back,
+        as a generation does that takes a row's last tokens back."""
+        slot = self._slot(request_id)
+        return self._positions[slot].clone(), {key: t[slot].clone() for key, t in self._state.items()}
+
+    def load_row(self, request_id: str, saved: tuple[torch.Tensor, Mapping[Any, torch.Tensor]]) -> None:
+        slot = self._slot(request_id)
+        position, state = saved
+        self._positions[slot] = position
+        for key, value in state.items():
+            self._state[key][slot] = value
+
     def _reset_state(self, slot: int) -> None:
         for key, (_dtype, _shape, init) in self.layout.state.items():
             self._state[key][slot] = init

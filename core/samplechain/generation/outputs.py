@@ -35,6 +35,7 @@ class GenerationOutput(ModelOutput):
     drafted / kept / model_calls: (B,) int64 per row, with a drafter (draft=): drafted tokens the model checked,
         those that came out, and the forward passes that produced the row's tokens (the prefill included; without
         a drafter that is num_generated).
+    rewinds: (B,) int64 per row, with guards (guards=): the times a guard took the row's text back.
     sequences_scores / beam_indices: beam search only, as transformers' GenerateBeamDecoderOnlyOutput.
     """
 
@@ -57,3 +58,4 @@ class GenerationOutput(ModelOutput):
     drafted: torch.Tensor | None = None
     kept: torch.Tensor | None = None
     model_calls: torch.Tensor | None = None
+    rewinds: torch.Tensor | None = None

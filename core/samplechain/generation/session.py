@@ -155,6 +155,7 @@ class Generation(PromptInputs, Checkpoints):
         resume: Mapping[str, Any] | str | Path | None = None,
         cuda_graphs: bool | None = None,
         draft: Any = None,
+        guards: Any = None,
     ) -> None:
         ckpt = None if resume is None else load_checkpoint(resume)
         if ckpt is not None:  # what the checkpoint holds is not given again
@@ -192,10 +193,9 @@ class Generation(PromptInputs, Checkpoints):
         # the unconditional context's own width: the tokens after it are the generated ones (checkpoints)
         self._uncond_width = 0 if self.uncond_ids is None else self.uncond_ids.shape[1]
         self.stopping = self._stopping(stop, max_new_tokens, max_length, max_time, stop_strings, ignore_eos, stop_regex)
-        # vLLM's include_stop_str_in_output, per row: a row stopped by a stop string / stop_regex keeps the match
+        # vLLM's include_stop_str_in_output: a row stopped by a stop string / stop_regex keeps the match
         self.include_stop_str_in_output = self._include_rows(include_stop_str_in_output)
-        # speculative decoding (speculative.py): a drafter's guesses, kept where the chain draws them
-        self.speculation = Speculation.prepare(draft, self)
+        self.speculation = Speculation.prepare(draft, self, guards)  # drafters and guards: the loop that draws ahead
         self._prepare()
         self._fresh_progress()
         if ckpt is not None:
@@ -547,6 +547,15 @@ class Generation(PromptInputs, Checkpoints):
                 self._all_finished = bool(self.finished.all())
         self._steps = step
         return tokens, active
+
+    def end_rows(self, rows: Sequence[int], reasons: Sequence[str]) -> None:
+        """Finish `rows` after the tokens they have, with these finish reasons (a guard ended them)."""
+        for b, reason in zip(rows, reasons):
+            self.finish_reasons[b] = reason
+            self.num_generated[b] = self._steps
+        self.finished[list(rows)] = True
+        self._any_finished = True
+        self._all_finished = bool(self.finished.all())
 
     def _logprobs_rows(self, mode: Any) -> str | list[str]:
         """logprobs_mode as Chain.sample's logprobs_at: one value, or one per row (given one per prompt); names are

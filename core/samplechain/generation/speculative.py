@@ -33,13 +33,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
-from ..drafters import MODES, SETTINGS, Draft, DraftContext, Drafter, draft_settings
-from ..engine.config import parse_params
-from ..engine.discovery import PluginHost
-from ..engine.mixed import MixedChains
+from ..drafters import Draft, DraftContext, Drafter, draft_settings
 from ..errors import ConfigError, GenerationWarning
 from ..models import load_model
 from ..runners import ModelRunner
+from .drafting import check_forkable, checked_mode, load_drafter
+from .guarding import Guarding
 from .model import runner_for
 from .outputs import GenerationOutput
 from .rejection import noise_of, rejection_draw
@@ -48,32 +47,6 @@ if TYPE_CHECKING:
     from .session import Generation
 
 __all__ = ["Speculation", "load_drafter", "rejection_draw"]
-
-
-def load_drafter(draft: Any, host: PluginHost) -> Drafter:
-    """A drafter from a name ("prompt_lookup", "prompt_lookup.v1"), a table {"use": NAME, ...its parameters} or a
-    Drafter object; unknown names and bad parameters are one ConfigError naming them."""
-    if isinstance(draft, Drafter):
-        return draft
-    if isinstance(draft, str):
-        name, raw = draft, {}
-    elif isinstance(draft, Mapping):
-        raw = dict(draft)
-        name = raw.pop("use", None)
-        if not isinstance(name, str):
-            raise ConfigError(
-                f"draft = {draft!r}: a table names its drafter with `use`, e.g. {{'use': 'prompt_lookup', "
-                "'num_tokens': 10}"
-            )
-    else:
-        raise ConfigError(
-            f"draft = {draft!r}: pass a drafter name ('prompt_lookup'), a table {{'use': 'prompt_lookup', ...}} "
-            "or a samplechain.drafters.Drafter object"
-        )
-    for key in SETTINGS:
-        raw.pop(key, None)
-    cls = host.get("drafter", name)
-    return cls(parse_params(cls, raw, source="draft", path=f"draft[{cls.name}]"))
 
 
 class Speculation:
@@ -87,11 +60,14 @@ class Speculation:
         *,
         mode: str | Sequence[str] = "match",
         adaptive: bool | Sequence[bool] = True,
+        guarding: Guarding | None = None,
     ) -> None:
         rows = len(drafters)
         modes = [mode] * rows if isinstance(mode, str) else list(mode)
-        self.rejection = [_checked_mode(m, gen) == "rejection" for m in modes]  # per row: the mode's test
+        self.rejection = [checked_mode(m, gen) == "rejection" for m in modes]  # per row: the mode's test
         self.drafters = list(drafters)
+        self.guarding = guarding  # guards that take text back (guarding.py); None: none
+        self._guard_cut: set[int] = set()  # rows a guard took back in the current call
         self.drafted = torch.zeros(rows, dtype=torch.int64)
         self.kept = torch.zeros(rows, dtype=torch.int64)
         self.model_calls = torch.zeros(rows, dtype=torch.int64)
@@ -120,7 +96,7 @@ class Speculation:
             drafter.start(rows, context)
 
     @classmethod
-    def prepare(cls, draft: Any, gen: Generation) -> Speculation | None:
+    def prepare(cls, draft: Any, gen: Generation, guards: Any = None) -> Speculation | None:
         """The speculation of a generation about to start, or None when no row drafts; refusals come here, before
         any model call.
 
@@ -128,9 +104,12 @@ class Speculation:
         for none; None takes each prompt's chain's `[draft]` table (`ChainConfig.draft`; a mixed batch: each
         prompt's own chain), which a generation with a negative prompt leaves unused. A prompt's drafter serves its
         num_return_sequences rows; rows whose drafters are the same (the same object, or the same drafter and
-        parameters) share one Drafter object, which drafts them together."""
+        parameters) share one Drafter object, which drafts them together. With guards (guarding.py) the loop runs
+        even where no row drafts: it draws a guarded row's tokens ahead of what it commits."""
+        guarding = Guarding.prepare(guards, gen)
+        alone = None if guarding is None else cls([None] * len(gen.request_ids), gen, guarding=guarding)
         if draft is False:
-            return None
+            return alone
         per_prompt = isinstance(draft, (list, tuple))
         if draft is None:
             from ..engine.mixed import MixedChains
@@ -140,7 +119,7 @@ class Speculation:
             configs = [chain.chains[k].config for k in chain.row_chains] if mixed else [chain.config] * gen.num_prompts
             specs = [c.draft for c in configs]
             if gen.uncond_ids is not None:  # a chain's table drafts where speculation runs
-                return None
+                return alone
         elif per_prompt:
             if len(draft) != gen.num_prompts:
                 raise ConfigError(
@@ -151,13 +130,13 @@ class Speculation:
         else:
             specs = [draft] * gen.num_prompts
         if all(spec is None for spec in specs):
-            return None
+            return alone
         if gen.uncond_ids is not None:
             raise ConfigError(
                 "draft= with negative_prompt (classifier-free guidance): speculation does not run the "
                 "unconditional context; drop one of them"
             )
-        _check_forkable(gen.chain)
+        check_forkable(gen.chain)
         loaded: dict[int, Drafter] = {}  # id of a spec (specs holds them all) -> its drafter
         shared: dict[Any, Drafter] = {}  # (class, parameters) -> the one drafter of every spec that asks for it
         drafters: list[Drafter | None] = []
@@ -180,11 +159,14 @@ class Speculation:
             gen,
             mode=[s.get("mode", "match") for s in settings],
             adaptive=[s.get("adaptive", True) for s in settings],
+            guarding=guarding,
         )
 
     def report(self, out: GenerationOutput) -> None:
         """The counts into the output's drafted / kept / model_calls."""
         out.drafted, out.kept, out.model_calls = self.drafted.clone(), self.kept.clone(), self.model_calls.clone()
+        if self.guarding is not None:
+            out.rewinds = self.guarding.rewinds.clone()
 
     # ----------------------------------------------------------------- the loop
     def run(
@@ -193,6 +175,11 @@ class Speculation:
         """Generation's steps from `logits` (the next position's, the cache holding every token so far) to the end,
         each step yielded as the plain loop yields it."""
         ragged = runner.per_row_truncate
+        if self.guarding is not None and not ragged:
+            raise ConfigError(
+                f"guards= take a row's text back on its own, which the {runner.name} runner cannot (it cuts every "
+                "row's cache to one length); generate without guards= on it"
+            )
         unfinished = (~gen.finished).nonzero().flatten().tolist()
         self._fed = (gen.prompt_lengths.cpu() + gen._steps).tolist()  # real tokens each row's cache holds
         waiting = [b for b in unfinished if self.pending[b]]  # a resumed generation's tokens drawn past its step
@@ -203,7 +190,13 @@ class Speculation:
         fresh = [b for b in unfinished if not self.pending[b]]
         if fresh:
             self._draw(gen, fresh, logits[fresh])
+            if self.guarding is not None and self.guarding.guard(gen, self, fresh):
+                self._cut(gen, runner)
         while True:
+            if self.guarding is not None:
+                self.guarding.finish(gen, self)
+                if gen._all_finished:
+                    return
             while self._ready(gen):
                 step += 1
                 yield self._commit(gen, step)
@@ -264,8 +257,19 @@ class Speculation:
         self.off = [bool(o) or d is None for o, d in zip(saved["off"], self.drafters)]
 
     def _ready(self, gen: Generation) -> bool:
-        """Whether every unfinished row has a drawn token waiting: the next step can be committed."""
-        return all(self.pending[b] for b in (~gen.finished).nonzero().flatten().tolist())
+        """Whether every unfinished row has a drawn token waiting (that no guard may take back): the next step can
+        be committed."""
+        rows = (~gen.finished).nonzero().flatten().tolist()
+        if self.guarding is not None:
+            return all(self.guarding.ready(gen, self, b) for b in rows)
+        return all(self.pending[b] for b in rows)
+
+    def _cut(self, gen: Generation, runner: ModelRunner) -> None:
+        """Each row's cache cut back to its tokens but the newest (after a guard took some back)."""
+        width = gen.attention_mask.shape[1]
+        for b in (~gen.finished).nonzero().flatten().tolist():  # a finished row's cache stays as it is
+            self._fed[b] = int(gen.prompt_lengths[b]) + gen._steps + len(self.pending[b]) - 1
+        runner.truncate([width - int(gen.prompt_lengths[b]) + self._fed[b] for b in range(len(self._fed))])
 
     def _commit(self, gen: Generation, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The next drawn token of every unfinished row appended as one step (Generation.commit)."""
@@ -289,6 +293,10 @@ class Speculation:
         if gen.output_logits:  # a resume's drawn tokens carry none: -inf rows, as for finished rows
             gen.raw_logits.append(_stacked([None if c is None else c.raw for c in column], self._vocab(gen)))
         out = gen.commit(tokens, logprobs, step, scores, tops)
+        if self.guarding is not None:
+            for b, c in enumerate(column):
+                if c is not None:
+                    self.guarding.committed(b, step - 1)
         for b in gen.finished.nonzero().flatten().tolist():
             self.pending[b].clear()  # drawn past the row's stop: never emitted
         return out
@@ -298,6 +306,9 @@ class Speculation:
         those already far enough ahead (a full queue of drawn tokens, an end-of-sequence among them, or the length
         limit reached)."""
         rows = (~gen.finished).nonzero().flatten().tolist()
+        guarding = self.guarding
+        if guarding is not None:  # a row a guard ended draws no more
+            rows = [b for b in rows if guarding.ending[b] is None]
         if not ragged:
             return rows
         eos = set(gen.eos_ids)
@@ -305,6 +316,7 @@ class Speculation:
             b
             for b in rows
             if not self.pending[b]
+            or (guarding is not None and guarding.drawing(gen, self, b))
             or (
                 len(self.pending[b]) < _AHEAD
                 and self._room(gen, b) > 0
@@ -401,7 +413,11 @@ class Speculation:
         feeds = [torch.cat([self._tokens(gen, b)[-1:], drafts[b]]) for b in rows]
         logits = dict(zip(rows, runner.extend_rows(rows, feeds)))
         self.model_calls[rows] += 1
+        self._guard_cut = set()
         drawn = self._draw_along(gen, rows, drafts, logits, together=False)
+        if self._guard_cut:
+            self._cut(gen, runner)
+            return
         lengths = []
         width = gen.attention_mask.shape[1]
         for b in range(len(self._fed)):
@@ -447,6 +463,10 @@ class Speculation:
         while going:
             tokens = self._draw_position(gen, going, drafts, logits, j)
             same = [j < len(drafts[b]) and tokens[i] == int(drafts[b][j]) for i, b in enumerate(going)]
+            if self.guarding is not None:  # a row a guard took back goes no further
+                cut = self.guarding.guard(gen, self, going)
+                self._guard_cut |= cut
+                same = [s and b not in cut for s, b in zip(same, going)]
             for i, b in enumerate(going):
                 drawn[b] += 1
                 self.kept[b] += int(same[i])
@@ -497,6 +517,8 @@ class Speculation:
         raw = logits.clone() if gen.output_logits else None
         if gen.vocab_limit is not None:
             logits[:, gen.vocab_limit :] = float("-inf")
+        if self.guarding is not None:  # the rows' states saved and their bans applied at the positions drawn
+            self.guarding.before_draw(gen, rows, [gen._steps + len(self.pending[b]) for b in rows], logits)
         history = self._history(gen, rows) if gen.chain.needs_history else {}
         rids = [gen.request_ids[b] for b in rows]
         out = gen.sample_rows(logits, rids, history, "processed", accept=False, scores=True)
@@ -529,6 +551,8 @@ class Speculation:
         raw = logits.clone() if gen.output_logits else None
         if gen.vocab_limit is not None:
             logits[:, gen.vocab_limit :] = float("-inf")
+        if self.guarding is not None:  # the rows' states saved and their bans applied at the positions drawn
+            self.guarding.before_draw(gen, rows, [gen._steps + len(self.pending[b]) for b in rows], logits)
         history: dict[str, torch.Tensor] = {}
         if gen.chain.needs_history or gen.logits_processor is not None:
             history = self._history(gen, rows)
@@ -568,35 +592,6 @@ def _stacked(rows: list[torch.Tensor | None], width: int, fill: float = float("-
     found = [r for r in rows if r is not None]
     blank = torch.full_like(found[0], fill) if found else torch.full((width,), fill)
     return torch.stack([blank if r is None else r for r in rows])
-
-
-def _check_forkable(chain: Any) -> None:
-    """A drafter needs every sampler's state to be copied and set back; a sampler that declares it cannot be
-    (`Sampler.forkable = False`) is refused here, naming it."""
-    for sampler in chain.samplers:  # a MixedChains' samplers are every chain's
-        if not sampler.forkable:
-            raise ConfigError(
-                f"draft=: the chain's sampler {sampler.qualified_name()} cannot fork its state (forkable = False), "
-                "which speculative decoding needs to check drafted tokens position by position; generate without "
-                "a drafter (draft=False) or drop the sampler from the chain"
-            )
-
-
-def _checked_mode(mode: Any, gen: Generation) -> str:
-    """`mode` once checked: "match", or "rejection" where the chain and the outputs allow it."""
-    if mode not in ("match", "rejection"):
-        raise ConfigError(f"draft mode = {mode!r}: {MODES}")
-    if mode == "rejection":
-        if isinstance(gen.chain, MixedChains):
-            raise ConfigError("draft mode 'rejection' with one chain per prompt: use mode 'match' for a mixed batch")
-        if gen._logprobs_at != "processed":
-            raise ConfigError(
-                f"draft mode 'rejection' with logprobs_mode = {gen.logprobs_mode!r}: it reports the processed "
-                "logprobs only; use mode 'match' for logprobs at other stages"
-            )
-        if gen.chain.is_greedy:
-            return "match"  # a greedy chain's distribution is its argmax: the test is the match
-    return mode
 
 
 @attrs.define

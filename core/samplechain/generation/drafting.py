@@ -1,0 +1,73 @@
+"""What a generation's draft= asks for, before any model call: its drafter loaded, its mode checked, and the chain
+able to speculate."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..drafters import MODES, SETTINGS, Drafter
+from ..engine.config import parse_params
+from ..engine.discovery import PluginHost
+from ..engine.mixed import MixedChains
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .session import Generation
+
+__all__ = ["check_forkable", "checked_mode", "load_drafter"]
+
+
+def load_drafter(draft: Any, host: PluginHost) -> Drafter:
+    """A drafter from a name ("prompt_lookup", "prompt_lookup.v1"), a table {"use": NAME, ...its parameters} or a
+    Drafter object; unknown names and bad parameters are one ConfigError naming them."""
+    if isinstance(draft, Drafter):
+        return draft
+    if isinstance(draft, str):
+        name, raw = draft, {}
+    elif isinstance(draft, Mapping):
+        raw = dict(draft)
+        name = raw.pop("use", None)
+        if not isinstance(name, str):
+            raise ConfigError(
+                f"draft = {draft!r}: a table names its drafter with `use`, e.g. {{'use': 'prompt_lookup', "
+                "'num_tokens': 10}"
+            )
+    else:
+        raise ConfigError(
+            f"draft = {draft!r}: pass a drafter name ('prompt_lookup'), a table {{'use': 'prompt_lookup', ...}} "
+            "or a samplechain.drafters.Drafter object"
+        )
+    for key in SETTINGS:
+        raw.pop(key, None)
+    cls = host.get("drafter", name)
+    return cls(parse_params(cls, raw, source="draft", path=f"draft[{cls.name}]"))
+
+
+def check_forkable(chain: Any) -> None:
+    """A drafter needs every sampler's state to be copied and set back; a sampler that declares it cannot be
+    (`Sampler.forkable = False`) is refused here, naming it."""
+    for sampler in chain.samplers:  # a MixedChains' samplers are every chain's
+        if not sampler.forkable:
+            raise ConfigError(
+                f"draft=: the chain's sampler {sampler.qualified_name()} cannot fork its state (forkable = False), "
+                "which speculative decoding needs to check drafted tokens position by position; generate without "
+                "a drafter (draft=False) or drop the sampler from the chain"
+            )
+
+
+def checked_mode(mode: Any, gen: Generation) -> str:
+    """`mode` once checked: "match", or "rejection" where the chain and the outputs allow it."""
+    if mode not in ("match", "rejection"):
+        raise ConfigError(f"draft mode = {mode!r}: {MODES}")
+    if mode == "rejection":
+        if isinstance(gen.chain, MixedChains):
+            raise ConfigError("draft mode 'rejection' with one chain per prompt: use mode 'match' for a mixed batch")
+        if gen._logprobs_at != "processed":
+            raise ConfigError(
+                f"draft mode 'rejection' with logprobs_mode = {gen.logprobs_mode!r}: it reports the processed "
+                "logprobs only; use mode 'match' for logprobs at other stages"
+            )
+        if gen.chain.is_greedy:
+            return "match"  # a greedy chain's distribution is its argmax: the test is the match
+    return mode

@@ -1,0 +1,235 @@
+"""Guards in the generation loop (docs/guards.md): a guarded row's tokens are drawn ahead of what is committed, and
+a guard's `Rewind` takes the row back.
+
+The loop that draws ahead is speculative decoding's (speculative.py: each row's drawn tokens wait in a queue, and
+its cache is cut per row). `Guarding` adds, per guarded row:
+
+- before each draw, the request's RNG position and sampler state (`store.save_row`) at that generated position,
+  and the tokens banned there (their logits -inf);
+- after each draw, every guard's `check` on the row's generated tokens (committed and drawn). A `Rewind(t)` cuts
+  the drawn tokens from t on, sets the request's state back to what it was before token t was drawn, bans the
+  token that stood at t at that position (bans past t are forgotten: they belonged to text that is gone) and
+  leaves the cache to be cut back; the next call draws position t again. A row out of rewinds ends after the
+  tokens before t, finish reason "guard:<guard>:<what it refused>";
+- the tokens that may be committed: those before the first token any guard may still take back (`hold`), all of
+  them once the row's text is final (an end-of-sequence drawn, or the length limit reached).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..engine.config import parse_params
+from ..engine.discovery import PluginHost
+from ..errors import ConfigError, GenerationWarning
+from ..guards import MAX_REWINDS, SETTINGS, Guard, GuardContext, guard_settings
+from ..strings import byte_table
+
+if TYPE_CHECKING:
+    from .session import Generation
+
+__all__ = ["Guarding", "load_guard"]
+
+
+def load_guard(spec: Any, host: PluginHost) -> Guard:
+    """A guard from a name ("banned_strings"), a table {"use": NAME, ...its parameters} or a Guard object; unknown
+    names and bad parameters are one ConfigError naming them."""
+    if isinstance(spec, Guard):
+        return spec
+    if isinstance(spec, str):
+        name, raw = spec, {}
+    elif isinstance(spec, Mapping):
+        raw = dict(spec)
+        name = raw.pop("use", None)
+        if not isinstance(name, str):
+            raise ConfigError(
+                f"guard {spec!r}: a table names its guard with `use`, e.g. {{'use': 'banned_strings', 'phrases': "
+                "['a testament to']}"
+            )
+    else:
+        raise ConfigError(
+            f"guard {spec!r}: pass a guard's name, a table {{'use': 'banned_strings', ...}} or a "
+            "samplechain.guards.Guard object"
+        )
+    guard_settings(spec)
+    for key in SETTINGS:
+        raw.pop(key, None)
+    cls = host.get("guard", name)
+    return cls(parse_params(cls, raw, source="guards", path=f"guards[{cls.name}]"))
+
+
+def _per_prompt(guards: Any, prompts: int) -> list[list[Any]]:
+    """guards= as one list of specs per prompt: a list of specs (every prompt), or a list with one list (or None)
+    per prompt."""
+    if isinstance(guards, (str, Mapping, Guard)):
+        guards = [guards]
+    if not isinstance(guards, (list, tuple)):
+        raise ConfigError(f"guards = {guards!r}: a list of guards (names, tables or Guard objects)")
+    if guards and all(g is None or isinstance(g, (list, tuple)) for g in guards):
+        if len(guards) != prompts:
+            raise ConfigError(
+                f"guards= lists {len(guards)} lists for {prompts} prompts: give one list per prompt (None for a "
+                "prompt without guards), or one list of guards for all"
+            )
+        return [list(g or []) for g in guards]
+    return [list(guards)] * prompts
+
+
+class Guarding:
+    """The guards of a generation's rows, their bans, saved states and rewind counts."""
+
+    def __init__(self, per_row: Sequence[Sequence[tuple[Guard, int]]], gen: Generation) -> None:
+        rows = len(per_row)
+        self.guards = [list(g) for g in per_row]
+        self.bans: list[dict[int, set[int]]] = [{} for _ in range(rows)]  # generated position -> banned ids
+        self.saved: list[dict[int, Any]] = [{} for _ in range(rows)]  # position -> the request's state before it
+        self.rewinds = torch.zeros(rows, dtype=torch.int64)
+        self.used = [[0] * len(g) for g in per_row]  # rewinds per guard of the row
+        self.ending: list[str | None] = [None] * rows  # a row out of rewinds (or whose guard failed): its reason
+        pieces = byte_table(gen.tokenizer).pieces  # built once per tokenizer
+        objects = {id(g): g for row in per_row for g, _ in row}
+        for key, guard in objects.items():
+            watched = tuple(b for b in range(rows) if any(id(g) == key for g, _ in per_row[b]))
+            guard.start(rows, GuardContext(gen.tokenizer, pieces, tuple(gen.request_ids), watched))
+
+    @classmethod
+    def prepare(cls, guards: Any, gen: Generation) -> Guarding | None:
+        """The guards of a generation about to start, or None; refusals come here, before any model call."""
+        if guards is None or guards is False or (isinstance(guards, (list, tuple)) and not guards):
+            return None
+        specs = _per_prompt(guards, gen.num_prompts)
+        if not any(specs):
+            return None
+        if gen.tokenizer is None:
+            raise ConfigError(
+                "guards= read the decoded text, which needs the tokenizer: pass tokenizer= to generate(), or drop "
+                "guards="
+            )
+        if gen.uncond_ids is not None:
+            raise ConfigError("guards= with negative_prompt (classifier-free guidance): drop one of them")
+        loaded: dict[Any, Guard] = {}
+        per_row: list[list[tuple[Guard, int]]] = []
+        for i, row in enumerate(specs):
+            guards_of_prompt = []
+            for spec in row:
+                try:
+                    limit = guard_settings(spec).get("max_rewinds", MAX_REWINDS)
+                    key = id(spec) if isinstance(spec, Guard) else repr(spec)
+                    if key not in loaded:
+                        loaded[key] = load_guard(spec, gen.host)
+                except ConfigError as exc:
+                    raise type(exc)(f"guards (prompt {i}): {exc}") from None
+                guards_of_prompt.append((loaded[key], limit))
+            per_row += [guards_of_prompt] * gen.n
+        return cls(per_row, gen)
+
+    # ----------------------------------------------------------------- drawing
+    def before_draw(self, gen: Generation, rows: Sequence[int], positions: Sequence[int], logits: torch.Tensor) -> None:
+        """Rows about to draw at their generated `positions` (logits (len(rows), V), changed in place): each guarded
+        row's state saved there, and its bans there applied."""
+        for i, (b, at) in enumerate(zip(rows, positions)):
+            if not self.guards[b]:
+                continue
+            self.saved[b][at] = gen.store.save_row(gen.request_ids[b])
+            banned = self.bans[b].get(at)
+            if banned:
+                logits[i, list(banned)] = float("-inf")
+
+    def check(self, gen: Generation, rows: Sequence[int], tokens_of: Any, final_of: Any) -> dict[int, int]:
+        """After a draw: each guarded row's guards on its generated tokens. -> {row: the position it went back to}
+        for the rows a guard took back (or ended)."""
+        back: dict[int, int] = {}
+        for b in rows:
+            if not self.guards[b] or self.ending[b] is not None:
+                continue
+            tokens, final = tokens_of(b), final_of(b)
+            for k, (guard, limit) in enumerate(self.guards[b]):
+                try:
+                    rewind = guard.check(b, tokens, final)
+                    if rewind is not None and not gen._steps <= int(rewind.token) < len(tokens):
+                        raise ValueError(
+                            f"Rewind to token {rewind.token}: tokens {gen._steps} to {len(tokens) - 1} can be taken "
+                            "back (the earlier ones are committed: hold() did not hold them)"
+                        )
+                except Exception as exc:  # noqa: BLE001 - a broken guard ends its row, never the batch
+                    self._failed(b, guard, exc)
+                    back[b] = len(tokens)
+                    break
+                if rewind is None:
+                    continue
+                t = int(rewind.token)
+                self.used[b][k] += 1
+                if self.used[b][k] > limit:
+                    self.ending[b] = f"guard:{guard.name}:{rewind.reason}"
+                else:
+                    self.rewinds[b] += 1
+                    self.bans[b] = {p: ids for p, ids in self.bans[b].items() if p <= t}
+                    self.bans[b].setdefault(t, set()).add(int(tokens[t]))
+                    gen.store.load_row(gen.request_ids[b], self.saved[b][t])
+                self.saved[b] = {p: s for p, s in self.saved[b].items() if p <= t}
+                back[b] = t
+                break
+        return back
+
+    def _failed(self, b: int, guard: Guard, exc: Exception) -> None:
+        self.ending[b] = f"guard:{guard.name}:failed"
+        warnings.warn(
+            f"guard {guard.qualified_name()} failed on row {b} ({type(exc).__name__}: {exc}); the row ends with "
+            f"the tokens it has, finish reason 'guard:{guard.name}:failed'",
+            GenerationWarning,
+            stacklevel=6,
+        )
+
+    def committable(self, gen: Generation, b: int, tokens: Sequence[int], final: bool) -> int:
+        """How many of row b's drawn tokens (after its gen._steps committed ones) no guard may still take back."""
+        drawn = len(tokens) - gen._steps
+        if final or self.ending[b] is not None or not self.guards[b]:
+            return drawn
+        held = min(int(guard.hold(b, tokens)) for guard, _ in self.guards[b])
+        return max(0, min(drawn, held - gen._steps))
+
+    def committed(self, b: int, position: int) -> None:
+        """Position `position` of row b is committed: its saved state and bans are no longer needed."""
+        self.saved[b].pop(position, None)
+        self.bans[b].pop(position, None)
+
+    # ----------------------------------------------------------------- the speculation loop's hooks
+    def generated(self, gen: Generation, spec: Any, b: int) -> list[int]:
+        """Row b's generated tokens: committed, then drawn."""
+        width = gen.attention_mask.shape[1]
+        return gen.input_ids[b, width:].tolist() + [c.token for c in spec.pending[b]]
+
+    def final(self, gen: Generation, spec: Any, b: int) -> bool:
+        """Whether row b draws no more: an end-of-sequence token drawn, or the length limit reached."""
+        last = spec.pending[b][-1:]
+        return bool(last and last[0].token in gen.eos_ids) or spec._room(gen, b) <= 0
+
+    def guard(self, gen: Generation, spec: Any, rows: Sequence[int]) -> set[int]:
+        """Every guard of `rows` after a draw; the drawn tokens a rewind takes back are cut. -> the rows cut."""
+        back = self.check(gen, rows, lambda b: self.generated(gen, spec, b), lambda b: self.final(gen, spec, b))
+        for b, t in back.items():
+            del spec.pending[b][t - gen._steps :]
+        return set(back)
+
+    def ready(self, gen: Generation, spec: Any, b: int) -> bool:
+        """Whether row b has a drawn token no guard may take back."""
+        if not spec.pending[b]:
+            return False
+        if not self.guards[b]:
+            return True
+        return self.committable(gen, b, self.generated(gen, spec, b), self.final(gen, spec, b)) > 0
+
+    def drawing(self, gen: Generation, spec: Any, b: int) -> bool:
+        """Whether row b must draw on although it has tokens waiting: none of them can be committed yet."""
+        return bool(self.guards[b]) and self.ending[b] is None and not self.ready(gen, spec, b)
+
+    def finish(self, gen: Generation, spec: Any) -> None:
+        """End the rows a guard ended, once their tokens before the refused text are committed."""
+        rows = [b for b, why in enumerate(self.ending) if why is not None and not spec.pending[b]]
+        rows = [b for b in rows if not bool(gen.finished[b])]
+        if rows:
+            gen.end_rows(rows, [str(self.ending[b]) for b in rows])

@@ -1,0 +1,246 @@
+"""Guards that take text back (docs/guards.md): banned phrases drawn from what the model says without bans never
+appear, in any case form asked for; a row gives the same text alone and in a batch, with and without a drafter; a
+stream shows the final text and nothing a rewind took back; out of rewinds a row ends before the refused text; bad
+guards are one error before generation, a guard that fails mid-generation ends only its row."""
+
+from __future__ import annotations
+
+import random
+import re
+import warnings
+
+import pytest
+import regex
+
+from samplechain import ConfigError, UnknownPluginError
+from samplechain.errors import GenerationWarning
+from samplechain.generation import generate, stream
+from samplechain.guards import Guard
+from samplechain.models import tiny_model_path
+
+transformers = pytest.importorskip("transformers")
+
+PROMPTS = [
+    "The list is: apple, pear, plum. Again: apple,",
+    "In Python,",
+    "A list is a list is a",
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):",
+]
+CHAINS = [
+    "preset:greedy",
+    {"samplers": [{"use": "temperature", "t": 0.8}, {"use": "top_k", "k": 40}, {"use": "dist"}]},
+    {"samplers": [{"use": "penalties", "repeat": 1.2, "last_n": 32}, {"use": "min_p", "p": 0.05}, {"use": "dist"}]},
+]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    path = tiny_model_path()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def run(model, tok, prompts, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GenerationWarning)
+        return generate(model, tok, prompts, pad_token_id=0, **kwargs)
+
+
+def ban_list(rng: random.Random, texts: list[str]) -> list[str]:
+    """Words and two-word phrases the texts hold, some capitalised, some upper-case."""
+    words = [w for t in texts for w in re.findall(r"[A-Za-z]{2,}", t)]
+    pairs = [" ".join(p) for t in texts for p in zip(t.split(), t.split()[1:]) if all(x.isalpha() for x in p)]
+    chosen = rng.sample(words, min(len(words), rng.randint(1, 4))) + rng.sample(pairs, min(len(pairs), 2))
+    forms = [str.lower, str.capitalize, str.upper, lambda s: s]
+    return sorted({rng.choice(forms)(p) for p in chosen})
+
+
+def occurs(phrase: str, text: str, ignore_case: bool, whole_words: bool) -> bool:
+    pattern = re.escape(phrase)
+    if whole_words:
+        pattern = rf"(?<!\w){pattern}(?!\w)"
+    flags = regex.IGNORECASE | regex.FULLCASE if ignore_case else 0
+    return regex.search(pattern, text, flags) is not None
+
+
+def test_guards_are_plugins(tiny):
+    from samplechain.engine.discovery import get_host
+
+    host = get_host()
+    assert host.get("guard", "banned_strings").name == "banned_strings"
+    assert host.get("guard", "banned_regex").name == "banned_regex"
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_banned_phrases_from_the_models_own_text_never_appear(tiny, case):
+    model, tok = tiny
+    rng = random.Random(case)
+    prompts = rng.sample(PROMPTS, 1 + case % 4)
+    chain = CHAINS[case % len(CHAINS)]
+    seeds = None if chain == "preset:greedy" else [{"seed": 40 + case + i} for i in range(len(prompts))]
+    kwargs = {"chain": chain, "max_new_tokens": 32}
+    plain = run(model, tok, prompts, params=seeds, **kwargs)
+    phrases = ban_list(rng, plain.texts)
+    ignore_case, whole_words = bool(case % 2), bool(case // 2 % 2)
+    guard = {"use": "banned_strings", "phrases": phrases, "ignore_case": ignore_case, "whole_words": whole_words}
+    out = run(model, tok, prompts, params=seeds, guards=[guard], **kwargs)
+    assert int(out.rewinds.sum()) > 0, "the bans come from the text: the guard acts"
+    for text in out.texts:
+        for p in phrases:
+            assert not occurs(p, text, ignore_case, whole_words), (p, text)
+    for i, prompt in enumerate(prompts):  # each row alone: the same text
+        alone = run(model, tok, [prompt], params=None if seeds is None else seeds[i : i + 1], guards=[guard], **kwargs)
+        assert alone.texts[0] == out.texts[i]
+
+
+def test_a_row_gives_the_same_text_alone_in_a_batch_and_with_a_drafter(tiny):
+    model, tok = tiny
+    kwargs = {"chain": CHAINS[1], "max_new_tokens": 40}
+    params = [{"seed": 5}, {"seed": 6}, {"seed": 7}]
+    plain = run(model, tok, PROMPTS[:3], params=params, **kwargs)
+    phrases = ban_list(random.Random(3), plain.texts)
+    guards = [{"use": "banned_strings", "phrases": phrases, "ignore_case": True}]
+    batch = run(model, tok, PROMPTS[:3], params=params, guards=guards, **kwargs)
+    drafted = run(model, tok, PROMPTS[:3], params=params, guards=guards, draft="prompt_lookup", **kwargs)
+    assert int(batch.rewinds.sum()) > 0
+    assert drafted.texts == batch.texts
+    assert drafted.rewinds.tolist() == batch.rewinds.tolist()
+    for i in range(3):
+        alone = run(model, tok, PROMPTS[i : i + 1], params=params[i : i + 1], guards=guards, **kwargs)
+        assert alone.texts[0] == batch.texts[i]
+        assert (
+            alone.sequences[0, alone.prompt_length :].tolist()
+            == batch.sequences[i, batch.prompt_length :][: int(batch.num_generated[i])].tolist()[
+                : int(alone.num_generated[0])
+            ]
+        )
+
+
+def test_a_stream_shows_the_final_text_and_nothing_taken_back(tiny):
+    model, tok = tiny
+    plain = run(model, tok, PROMPTS[2:3], chain="preset:greedy", max_new_tokens=40)
+    phrases = ban_list(random.Random(9), plain.texts)
+    guards = [{"use": "banned_strings", "phrases": phrases}]
+    final = run(model, tok, PROMPTS[2:3], chain="preset:greedy", max_new_tokens=40, guards=guards)
+    pieces = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GenerationWarning)
+        for event in stream(
+            model, tok, PROMPTS[2], chain="preset:greedy", max_new_tokens=40, guards=guards, pad_token_id=0
+        ):
+            pieces.append(event.text)
+    assert "".join(pieces) == final.texts[0]
+    assert int(final.rewinds[0]) > 0
+
+
+def test_out_of_rewinds_a_row_ends_before_the_refused_text(tiny):
+    model, tok = tiny
+    plain = run(model, tok, PROMPTS[2:3], chain="preset:greedy", max_new_tokens=30)
+    word = re.findall(r"[a-z]{3,}", plain.texts[0])[0]
+    guards = [{"use": "banned_strings", "phrases": [word], "max_rewinds": 0}]
+    out = run(model, tok, PROMPTS[2:3], chain="preset:greedy", max_new_tokens=30, guards=guards)
+    assert out.finish_reasons[0] == f"guard:banned_strings:{word}"
+    assert word not in out.texts[0]
+    assert plain.texts[0].startswith(out.texts[0])
+    assert int(out.num_generated[0]) < 30
+
+
+def test_banned_regex_takes_matches_back(tiny):
+    model, tok = tiny
+    plain = run(model, tok, PROMPTS[0:1], chain="preset:greedy", max_new_tokens=30)
+    assert re.search(r"\b[a-z]+le\b", plain.texts[0]) or re.search(r"p[a-z]+", plain.texts[0])
+    guards = [{"use": "banned_regex", "patterns": [r"p[a-z]+", r"\b[a-z]+le\b"]}]
+    out = run(model, tok, PROMPTS[0:1], chain="preset:greedy", max_new_tokens=30, guards=guards)
+    assert not re.search(r"p[a-z]+|\b[a-z]+le\b", out.texts[0]), out.texts[0]
+    assert int(out.rewinds[0]) > 0
+
+
+@pytest.mark.parametrize(
+    ("guards", "message"),
+    [
+        ([{"use": "banned_strings", "phrases": [""]}], r"banned phrase 0 \(''\) is empty"),
+        ([{"use": "banned_regex", "patterns": ["a("]}], r"banned_regex.*a\("),
+        ([{"use": "banned_strings", "phrases": ["x"], "max_rewinds": -1}], r"max_rewinds = -1"),
+        ([{"phrases": ["x"]}], r"names its guard with `use`"),
+    ],
+)
+def test_bad_guards_are_one_error_before_generation(tiny, guards, message):
+    model, tok = tiny
+    with pytest.raises(ConfigError, match=message):
+        run(model, tok, PROMPTS[:1], max_new_tokens=4, guards=guards)
+
+
+def test_unknown_guards_beam_search_and_no_tokenizer_are_refused(tiny):
+    model, tok = tiny
+    with pytest.raises(UnknownPluginError, match=r"banned_strngs"):
+        run(model, tok, PROMPTS[:1], max_new_tokens=4, guards=["banned_strngs"])
+    with pytest.raises(ConfigError, match=r"beam search"):
+        run(
+            model, tok, PROMPTS[:1], max_new_tokens=4, num_beams=2, guards=[{"use": "banned_strings", "phrases": ["x"]}]
+        )
+    ids = tok(PROMPTS[:1], return_tensors="pt")["input_ids"]
+    with pytest.raises(ConfigError, match=r"needs the tokenizer"):
+        run(model, None, None, input_ids=ids, max_new_tokens=4, guards=[{"use": "banned_strings", "phrases": ["x"]}])
+
+
+class Broken(Guard):
+    name = "broken"
+
+    def check(self, row, tokens, final):
+        if len(tokens) >= 5:
+            raise RuntimeError("boom")
+        return None
+
+    def hold(self, row, tokens):
+        return len(tokens)
+
+
+def test_a_guard_that_fails_ends_only_its_row_keeping_its_tokens(tiny):
+    model, tok = tiny
+    plain = run(model, tok, PROMPTS[:2], chain="preset:greedy", max_new_tokens=12)
+    with pytest.warns(GenerationWarning, match=r"guard broken\.v1 failed on row 0 \(RuntimeError: boom\)"):
+        out = generate(
+            model, tok, PROMPTS[:2], chain="preset:greedy", max_new_tokens=12, pad_token_id=0, guards=[[Broken()], None]
+        )
+    assert out.finish_reasons[0] == "guard:broken:failed"
+    assert out.finish_reasons[1] == plain.finish_reasons[1]
+    assert out.texts[1] == plain.texts[1]
+    assert plain.texts[0].startswith(out.texts[0]) and int(out.num_generated[0]) >= 5
+
+
+# ----------------------------------------------------------------- llama.cpp: SmolLM2-135M-Instruct
+CHATS = [
+    [{"role": "user", "content": "Describe the sea in three sentences."}],
+    [{"role": "user", "content": "Write a short story about a cat."}],
+    [{"role": "user", "content": "What is Python? Answer briefly."}],
+    [{"role": "user", "content": "Give me three tips for sleeping well."}],
+]
+
+
+@pytest.fixture(scope="module")
+def smollm(open_gguf):
+    return open_gguf(n_ctx=1024, flash_attn=True)
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.slow
+@pytest.mark.parametrize("case", range(6))
+def test_on_llama_cpp_banned_phrases_never_appear_and_rows_equal_their_runs_alone(smollm, case):
+    model, tok = smollm
+    rng = random.Random(100 + case)
+    prompts = rng.sample(CHATS, 1 + case % 4)
+    chain = "preset:greedy" if case % 3 == 0 else "preset:llama.cpp"
+    seeds = None if chain == "preset:greedy" else [{"seed": 7 + case + i} for i in range(len(prompts))]
+    kwargs = {"chain": chain, "max_new_tokens": 48}
+    plain = run(model, tok, prompts, params=seeds, **kwargs)
+    phrases = ban_list(rng, plain.texts)
+    ignore_case, whole_words = bool(case % 2), case >= 3
+    guard = {"use": "banned_strings", "phrases": phrases, "ignore_case": ignore_case, "whole_words": whole_words}
+    out = run(model, tok, prompts, params=seeds, guards=[guard], **kwargs)
+    assert int(out.rewinds.sum()) > 0
+    for text in out.texts:
+        for p in phrases:
+            assert not occurs(p, text, ignore_case, whole_words), (p, text)
+    for i, prompt in enumerate(prompts):
+        alone = run(model, tok, [prompt], params=None if seeds is None else seeds[i : i + 1], guards=[guard], **kwargs)
+        assert alone.texts[0] == out.texts[i]
