@@ -128,6 +128,11 @@ CHAIN_KEY_DOC = {
     ),
     "name": ("string", "a label for the chain (a preset's is its name)"),
     "description": ("string", "free text"),
+    "guards": (
+        "array of guard tables",
+        'rules that take text back: `[{ use = "banned_strings", phrases = ["a testament to"] }]` '
+        "([guards.md](guards.md))",
+    ),
     "draft": (
         "string or table",
         'the drafter generations with this chain speculate with: `{ use = "prompt_lookup", num_tokens = 8 }` or '

@@ -244,3 +244,87 @@ def test_on_llama_cpp_banned_phrases_never_appear_and_rows_equal_their_runs_alon
     for i, prompt in enumerate(prompts):
         alone = run(model, tok, [prompt], params=None if seeds is None else seeds[i : i + 1], guards=[guard], **kwargs)
         assert alone.texts[0] == out.texts[i]
+
+
+@pytest.mark.parametrize("stop_after", [3, 9, 17])
+def test_a_resumed_guarded_generation_gives_the_uninterrupted_runs_tokens(tiny, stop_after):
+    import json
+
+    from samplechain.generation import Generation
+
+    model, tok = tiny
+    params = [{"seed": 21}, {"seed": 22}]
+    kwargs = {"chain": CHAINS[1], "max_new_tokens": 36, "pad_token_id": 0}
+    plain = run(model, tok, PROMPTS[1:3], params=params, chain=CHAINS[1], max_new_tokens=36)
+    guards = [{"use": "banned_strings", "phrases": ban_list(random.Random(stop_after), plain.texts)}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GenerationWarning)
+        whole = Generation(model, tok, PROMPTS[1:3], params=params, guards=guards, **kwargs)
+        for _ in whole.steps():
+            pass
+        gen = Generation(model, tok, PROMPTS[1:3], params=params, guards=guards, **kwargs)
+        for i, _ in enumerate(gen.steps(), start=1):
+            if i == stop_after:
+                break
+        saved = json.loads(json.dumps(gen.checkpoint()))
+        again = Generation(model, tok, resume=saved, guards=guards, **kwargs)
+        for _ in again.steps():
+            pass
+    expected, got = whole.output(), again.output()
+    assert int(expected.rewinds.sum()) > 0
+    assert got.sequences.tolist() == expected.sequences.tolist()
+    assert got.texts == expected.texts
+    assert got.rewinds.tolist() == expected.rewinds.tolist()
+
+
+# ----------------------------------------------------------------- a chain's guards
+GUARDED_TOML = """
+[chain]
+name = "no-slop"
+samplers = [{use = "greedy"}]
+guards = [{use = "banned_strings", phrases = ["PHRASE"], ignore_case = true, max_rewinds = 8}]
+"""
+
+
+def test_a_chains_guards_run_unless_turned_off_and_survive_conversion(tiny):
+    from samplechain import Chain
+    from samplechain.integrations.convert.common import chain_to_dict
+
+    model, tok = tiny
+    plain = run(model, tok, PROMPTS[2:3], chain="preset:greedy", max_new_tokens=30)
+    word = re.findall(r"[a-z]{3,}", plain.texts[0])[0]
+    chain = Chain.load(GUARDED_TOML.replace("PHRASE", word))
+    assert chain.config.guards == ({"use": "banned_strings", "phrases": [word], "ignore_case": True, "max_rewinds": 8},)
+    assert Chain.load(chain_to_dict(chain.config)).config.guards == chain.config.guards
+    out = run(model, tok, PROMPTS[2:3], chain=chain, max_new_tokens=30)
+    assert int(out.rewinds[0]) > 0 and not occurs(word, out.texts[0], True, False)
+    off = run(model, tok, PROMPTS[2:3], chain=chain, max_new_tokens=30, guards=False)
+    assert off.texts == plain.texts and off.rewinds is None
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('guards = [{use = "banned_strngs"}]', r"chain\.guards\[0\]\.use = 'banned_strngs': unknown guard"),
+        ('guards = [{use = "banned_strings", phrases = [""]}]', r"chain\.guards\[0\]\.phrases = \[''\].*is empty"),
+        ('guards = [{use = "banned_regex", patterns = ["(a"]}]', r"chain\.guards\[0\]"),
+        ('guards = "banned_strings"', r"chain\.guards = 'banned_strings': expected a list of guard tables"),
+    ],
+)
+def test_a_chains_bad_guards_name_their_key_path(line, message):
+    from samplechain import Chain
+
+    with pytest.raises(ConfigError, match=message):
+        Chain.load('[chain]\nsamplers = [{use = "greedy"}]\n' + line + "\n")
+
+
+def test_where_nothing_can_be_taken_back_a_chain_with_guards_is_refused(tiny):
+    from samplechain import Chain
+    from samplechain.integrations.transformers import as_logits_processor
+
+    model, tok = tiny
+    chain = Chain.load(GUARDED_TOML)
+    with pytest.raises(ConfigError, match=r"its guards \(banned_strings\) take text back.*samplechain\.generation"):
+        as_logits_processor(chain)
+    with pytest.raises(ConfigError, match=r"beam search \(num_beams > 1\) does not run guards"):
+        run(model, tok, PROMPTS[:1], chain=chain, num_beams=2, max_new_tokens=3)

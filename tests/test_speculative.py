@@ -215,7 +215,7 @@ def test_a_sampler_that_cannot_fork_its_state_is_refused_before_generation(tiny,
         ({"use": "prompt_lookup", "num_token": 4}, r"num_token.*unknown parameter.*did you mean 'num_tokens'"),
         ({"use": "prompt_lookup", "min_ngram": 4, "max_ngram": 2}, r"prompt_lookup: min_ngram \(= 4\).*max_ngram"),
         ({"num_tokens": 4}, r"names its drafter with `use`"),
-        (3, r"draft = 3: pass a drafter name"),
+        (3, r"draft = 3: pass a drafter's name"),
     ],
 )
 def test_bad_drafter_parameters_are_one_error_naming_them(tiny, draft, message):

@@ -35,11 +35,13 @@ else:  # pragma: no cover
 from ..contracts import Stage
 from ..drafters import SETTINGS, draft_settings
 from ..errors import ChainWarning, ConfigError, UnknownPluginError
+from ..guards import SETTINGS as GUARD_SETTINGS
+from ..guards import guard_settings
 from .discovery import PluginHost, get_host
 
 __all__ = ["ChainConfig", "EntrySpec", "load_config", "parse_params", "converter"]
 
-_CHAIN_KEYS = ("samplers", "stop", "backend", "nonfinite", "name", "description", "draft")
+_CHAIN_KEYS = ("samplers", "stop", "backend", "nonfinite", "name", "description", "draft", "guards")
 _KEYS = _CHAIN_KEYS
 NONFINITE = ("error", "sanitize")  # what a NaN or +inf logit does; checks.sanitized says how "sanitize" cleans
 
@@ -66,6 +68,8 @@ class ChainConfig:
     nonfinite: str = "error"  # one of NONFINITE
     # the drafter generations with this chain speculate with, as written ({"use": "prompt_lookup", ...}); None: none
     draft: dict[str, Any] | None = attrs.field(default=None, hash=False)
+    # the guards generations with this chain run (docs/guards.md), as written ({"use": "banned_strings", ...})
+    guards: tuple[dict[str, Any], ...] = attrs.field(default=(), hash=False)
 
 
 def _strict(kind: type, expect: str):  # cattrs' defaults would turn "0.9" into 0.9 and "false" into True
@@ -430,6 +434,36 @@ def _check_draft(draft: Any, label: str, path: str, host: PluginHost) -> tuple[d
     return {"use": use, **body}, []
 
 
+def _check_guards(raw: Any, label: str, path: str, host: PluginHost) -> tuple[tuple[dict[str, Any], ...], list[str]]:
+    """The guards as written (a bare name becomes {"use": name}) after each guard's own checks; problems named by
+    their key path."""
+    if not isinstance(raw, (list, tuple)):
+        return (), [_line(label, path, raw, "expected a list of guard tables, e.g. [{use = 'banned_strings', ...}]")]
+    out, problems = [], []
+    for i, entry in enumerate(raw):
+        where = f"{path}[{i}]"
+        entry = {"use": entry} if isinstance(entry, str) else entry
+        use = entry.get("use", _MISSING) if isinstance(entry, Mapping) else _MISSING
+        if not isinstance(use, str):
+            problems.append(_line(label, f"{where}.use", use, "required: the guard's name, e.g. 'banned_strings'"))
+            continue
+        try:
+            cls = host.get("guard", use)
+            guard_settings(entry)
+            params = {k: v for k, v in entry.items() if k != "use" and k not in GUARD_SETTINGS}
+            cls(parse_params(cls, params, source=label, path=where))
+        except UnknownPluginError as exc:
+            problems.append(_line(label, f"{where}.use", use, f"{exc} (samplechain plugins lists the guards)"))
+        except ConfigError as exc:
+            text = str(exc)
+            problems.append(text if text.startswith(f"{label}: ") else f"{label}: {where}: {text}")
+        except (ValueError, TypeError) as exc:
+            problems.append(f"{label}: {where}: guard {use} refuses its parameters: {type(exc).__name__}: {exc}")
+        else:
+            out.append(dict(entry))
+    return tuple(out), problems
+
+
 def load_config(
     source: str | Path | Mapping[str, Any], *, host: PluginHost | None = None, name: str | None = None
 ) -> ChainConfig:
@@ -441,6 +475,8 @@ def load_config(
         raise ConfigError(f"{label}: chain: expected a table [chain] with samplers = [...]")
     problems += _check_chain_keys(chain, label, prefix)
     draft, more = (None, []) if draft_raw is None else _check_draft(draft_raw, label, draft_path, host)
+    problems += more
+    guards, more = _check_guards(chain.get("guards", []), label, f"{prefix}guards", host)
     problems += more
     samplers, more = _resolve_entries(
         chain.get("samplers", []), "sampler", source=label, path=f"{prefix}samplers", host=host
@@ -468,4 +504,5 @@ def load_config(
         source=label,
         nonfinite=chain.get("nonfinite", "error"),
         draft=draft,
+        guards=guards,
     )

@@ -78,10 +78,16 @@ def beam_generate(
         )
     kwargs.pop("seed", None)  # beam search draws nothing
     kwargs["draft"] = False  # nor drafts: a chain's [draft] table is left unused
+    kwargs["guards"] = False
     gen = Generation(model, tokenizer, prompts, **kwargs)
     chain = gen.chain
     if isinstance(chain, MixedChains):
         raise ConfigError("beam search runs one chain over all beams: give one chain, not one per prompt")
+    if chain.config.guards:
+        raise ConfigError(
+            "beam search (num_beams > 1) does not run guards, and the chain has some (its guards); use greedy or "
+            "sampling (num_beams = 1), or a chain without guards"
+        )
     if chain.needs_unconditional_logits:
         raise ConfigError(
             "classifier-free guidance (cfg) is not supported with beam search here: use it with greedy "

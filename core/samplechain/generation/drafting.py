@@ -3,8 +3,8 @@ able to speculate."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from ..drafters import MODES, SETTINGS, Drafter
 from ..engine.config import parse_params
@@ -15,33 +15,39 @@ from ..errors import ConfigError
 if TYPE_CHECKING:
     from .session import Generation
 
-__all__ = ["check_forkable", "checked_mode", "load_drafter"]
+__all__ = ["check_forkable", "checked_mode", "load_drafter", "load_spec"]
+
+
+def load_spec(spec: Any, host: PluginHost, kind: str, base: type, settings: Sequence[str], example: str) -> Any:
+    """A `kind` plugin object from a name ("prompt_lookup", "prompt_lookup.v1"), a table {"use": NAME, ...its
+    parameters, and the loop's `settings`} or an object of `base`; unknown names and bad parameters are one
+    ConfigError naming them (`example`: a table to show)."""
+    if isinstance(spec, base):
+        return spec
+    label = "draft" if kind == "drafter" else "guards"
+    if isinstance(spec, str):
+        name, raw = spec, {}
+    elif isinstance(spec, Mapping):
+        raw = dict(spec)
+        name = raw.pop("use", None)
+        if not isinstance(name, str):
+            raise ConfigError(f"{label} = {spec!r}: a table names its {kind} with `use`, e.g. {example}")
+    else:
+        raise ConfigError(
+            f"{label} = {spec!r}: pass a {kind}'s name, a table like {example} or a {base.__module__}.{base.__name__} "
+            "object"
+        )
+    for key in settings:
+        raw.pop(key, None)
+    cls = host.get(kind, name)
+    return cls(parse_params(cls, raw, source=label, path=f"{label}[{cls.name}]"))
 
 
 def load_drafter(draft: Any, host: PluginHost) -> Drafter:
-    """A drafter from a name ("prompt_lookup", "prompt_lookup.v1"), a table {"use": NAME, ...its parameters} or a
-    Drafter object; unknown names and bad parameters are one ConfigError naming them."""
-    if isinstance(draft, Drafter):
-        return draft
-    if isinstance(draft, str):
-        name, raw = draft, {}
-    elif isinstance(draft, Mapping):
-        raw = dict(draft)
-        name = raw.pop("use", None)
-        if not isinstance(name, str):
-            raise ConfigError(
-                f"draft = {draft!r}: a table names its drafter with `use`, e.g. {{'use': 'prompt_lookup', "
-                "'num_tokens': 10}"
-            )
-    else:
-        raise ConfigError(
-            f"draft = {draft!r}: pass a drafter name ('prompt_lookup'), a table {{'use': 'prompt_lookup', ...}} "
-            "or a samplechain.drafters.Drafter object"
-        )
-    for key in SETTINGS:
-        raw.pop(key, None)
-    cls = host.get("drafter", name)
-    return cls(parse_params(cls, raw, source="draft", path=f"draft[{cls.name}]"))
+    """A drafter from a name, a `{"use": NAME, ...}` table or a Drafter object (`load_spec`)."""
+    return cast(
+        Drafter, load_spec(draft, host, "drafter", Drafter, SETTINGS, "{'use': 'prompt_lookup', 'num_tokens': 10}")
+    )
 
 
 def check_forkable(chain: Any) -> None:

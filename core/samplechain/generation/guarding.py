@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from ..engine.config import parse_params
 from ..engine.discovery import PluginHost
 from ..errors import ConfigError, GenerationWarning
 from ..guards import MAX_REWINDS, SETTINGS, Guard, GuardContext, guard_settings
 from ..strings import byte_table
+from .drafting import load_spec
 
 if TYPE_CHECKING:
     from .session import Generation
@@ -36,30 +36,13 @@ __all__ = ["Guarding", "load_guard"]
 
 
 def load_guard(spec: Any, host: PluginHost) -> Guard:
-    """A guard from a name ("banned_strings"), a table {"use": NAME, ...its parameters} or a Guard object; unknown
-    names and bad parameters are one ConfigError naming them."""
-    if isinstance(spec, Guard):
-        return spec
-    if isinstance(spec, str):
-        name, raw = spec, {}
-    elif isinstance(spec, Mapping):
-        raw = dict(spec)
-        name = raw.pop("use", None)
-        if not isinstance(name, str):
-            raise ConfigError(
-                f"guard {spec!r}: a table names its guard with `use`, e.g. {{'use': 'banned_strings', 'phrases': "
-                "['a testament to']}"
-            )
-    else:
-        raise ConfigError(
-            f"guard {spec!r}: pass a guard's name, a table {{'use': 'banned_strings', ...}} or a "
-            "samplechain.guards.Guard object"
-        )
+    """A guard from a name, a `{"use": NAME, ...}` table or a Guard object (`load_spec`); its loop settings
+    (`max_rewinds`) checked too."""
     guard_settings(spec)
-    for key in SETTINGS:
-        raw.pop(key, None)
-    cls = host.get("guard", name)
-    return cls(parse_params(cls, raw, source="guards", path=f"guards[{cls.name}]"))
+    return cast(
+        Guard,
+        load_spec(spec, host, "guard", Guard, SETTINGS, "{'use': 'banned_strings', 'phrases': ['a testament to']}"),
+    )
 
 
 def _per_prompt(guards: Any, prompts: int) -> list[list[Any]]:
@@ -77,6 +60,18 @@ def _per_prompt(guards: Any, prompts: int) -> list[list[Any]]:
             )
         return [list(g or []) for g in guards]
     return [list(guards)] * prompts
+
+
+def _of_chains(gen: Generation) -> list[list[Any]] | None:
+    """The guards each prompt's chain names (a mixed batch: each prompt's own chain), or None when none does."""
+    from ..engine.mixed import MixedChains
+
+    chain = gen.chain
+    if isinstance(chain, MixedChains):
+        per_prompt = [list(chain.chains[k].config.guards) for k in chain.row_chains]
+    else:
+        per_prompt = [list(chain.config.guards)] * gen.num_prompts
+    return per_prompt if any(per_prompt) else None
 
 
 class Guarding:
@@ -98,7 +93,10 @@ class Guarding:
 
     @classmethod
     def prepare(cls, guards: Any, gen: Generation) -> Guarding | None:
-        """The guards of a generation about to start, or None; refusals come here, before any model call."""
+        """The guards of a generation about to start, or None; refusals come here, before any model call. None
+        takes each prompt's chain's `guards` (`ChainConfig.guards`); False runs none."""
+        if guards is None:
+            guards = _of_chains(gen)
         if guards is None or guards is False or (isinstance(guards, (list, tuple)) and not guards):
             return None
         specs = _per_prompt(guards, gen.num_prompts)
@@ -196,6 +194,36 @@ class Guarding:
         """Position `position` of row b is committed: its saved state and bans are no longer needed."""
         self.saved[b].pop(position, None)
         self.bans[b].pop(position, None)
+
+    # ----------------------------------------------------------------- checkpoints
+    def checkpoint(self) -> dict[str, Any]:
+        """Plain data: each row's bans, its request's saved states at the positions it drew past its last step
+        (RNG position and sampler state), its rewind counts and why a row is ending."""
+
+        def state(saved: Any) -> list[Any]:
+            position, values = saved
+            return [int(position), [[list(key), value.tolist()] for key, value in values.items()]]
+
+        return {
+            "bans": [[[p, sorted(ids)] for p, ids in sorted(row.items())] for row in self.bans],
+            "saved": [[[p, state(s)] for p, s in sorted(row.items())] for row in self.saved],
+            "rewinds": self.rewinds.tolist(),
+            "used": [list(u) for u in self.used],
+            "ending": list(self.ending),
+        }
+
+    def restore(self, saved: Mapping[str, Any]) -> None:
+        rows = len(self.bans)
+        if any(len(saved[key]) != rows for key in ("bans", "saved", "rewinds", "used", "ending")):
+            raise ConfigError(f"resume: the checkpoint's guards are not for {rows} rows; the checkpoint is damaged")
+        self.bans = [{int(p): {int(i) for i in ids} for p, ids in row} for row in saved["bans"]]
+        self.saved = [
+            {int(p): (torch.tensor(pos), {tuple(k): torch.tensor(v) for k, v in values}) for p, (pos, values) in row}
+            for row in saved["saved"]
+        ]
+        self.rewinds = torch.tensor(saved["rewinds"], dtype=torch.int64)
+        self.used = [[int(n) for n in u] + [0] * (len(g) - len(u)) for u, g in zip(saved["used"], self.guards)]
+        self.ending = [None if e is None else str(e) for e in saved["ending"]]
 
     # ----------------------------------------------------------------- the speculation loop's hooks
     def generated(self, gen: Generation, spec: Any, b: int) -> list[int]:

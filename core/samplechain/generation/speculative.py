@@ -239,6 +239,7 @@ class Speculation:
             "pause": list(self.pause),
             "idle": list(self.idle),
             "off": list(self.off),
+            "guards": None if self.guarding is None else self.guarding.checkpoint(),
         }
 
     def restore(self, saved: Mapping[str, Any]) -> None:
@@ -255,6 +256,15 @@ class Speculation:
         self.pause = [int(n) for n in saved.get("pause", self.pause)]
         self.idle = [int(n) for n in saved.get("idle", self.idle)]
         self.off = [bool(o) or d is None for o, d in zip(saved["off"], self.drafters)]
+        guards = saved.get("guards")
+        if (guards is None) != (self.guarding is None) and any(saved["pending"]):
+            raise ConfigError(
+                "resume: the checkpoint holds tokens drawn past its last step "
+                f"{'with' if guards is not None else 'without'} guards; resume with guards= as the interrupted run "
+                "had it"
+            )
+        if guards is not None and self.guarding is not None:
+            self.guarding.restore(guards)
 
     def _ready(self, gen: Generation) -> bool:
         """Whether every unfinished row has a drawn token waiting (that no guard may take back): the next step can

@@ -116,6 +116,12 @@ class ChainLogitsProcessor(LogitsProcessor):
         host: PluginHost | None = None,
     ) -> None:
         self.chain = _chain(chain, host)
+        if self.chain.config.guards:
+            raise ConfigError(
+                f"chain {self.chain.config.name or ''}: its guards ({', '.join(g['use'] for g in self.chain.config.guards)}) "
+                "take text back, which a logits processor inside model.generate cannot; generate with "
+                "samplechain.generation.generate(model, tokenizer, prompts, chain=...), which runs them"
+            )
         self.params = params
         self.seed = seed
         if not isinstance(num_return_sequences, int) or num_return_sequences < 1:

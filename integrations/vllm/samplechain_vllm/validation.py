@@ -150,6 +150,12 @@ def check_request(
         refuse_speculative(speculative_config())
     try:
         chain = load_chain(spec.chain)
+        if chain.config.guards:
+            raise RequestSpecError(
+                f"samplechain: the chain's guards ({', '.join(g['use'] for g in chain.config.guards)}) take text back, "
+                "which vLLM's step cannot; drop the chain's guards here, or generate with "
+                "samplechain.generation.generate, which runs them"
+            )
         spec, carry = thinking_budget(sampling_params, spec, chain)
         if trial:
             chain.layout.resolve("extra_args", request_params(chain, spec), draw_seeds=False)

@@ -113,6 +113,12 @@ def test_a_request_names_its_own_stage_and_rows_without_logprobs_are_left_alone(
     expect(tensors, 2, logits, int(tokens[2]), False)  # vLLM's own values (its raw logprobs) where none was asked
 
 
+def test_a_chain_with_guards_is_refused_when_the_request_arrives():
+    guarded = {**CHAIN, "guards": [{"use": "banned_strings", "phrases": ["a testament to"]}]}
+    with pytest.raises(RequestSpecError, match=r"the chain's guards \(banned_strings\) take text back"):
+        SamplechainLogitsProcessor.validate_params(SamplingParams(extra_args={"samplechain": {"chain": guarded}}))
+
+
 def test_a_bad_stage_is_refused_when_the_request_arrives():
     with pytest.raises(RequestSpecError, match="logprobs_at = 'tmp'.*did you mean 'temp'"):
         SamplechainLogitsProcessor.validate_params(

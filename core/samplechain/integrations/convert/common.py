@@ -106,6 +106,8 @@ def chain_to_dict(chain: Any, *, compact: bool = True) -> dict[str, Any]:
         out["stop"] = [_entry_dict(e, compact) for e in stop]
     if cfg.draft is not None:
         out["draft"] = _plain(cfg.draft)
+    if cfg.guards:
+        out["guards"] = [_plain(g) for g in cfg.guards]
     return out
 
 
