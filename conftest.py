@@ -96,3 +96,15 @@ def open_gguf():
     yield open_model
     for model in opened:
         model.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_lm():
+    """(model, tokenizer): the repository's tiny GPT-2-style model (transformers), loaded once per session; tests
+    use it read-only."""
+    transformers = pytest.importorskip("transformers")
+    from samplechain.models import tiny_model_path
+
+    path = tiny_model_path()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)

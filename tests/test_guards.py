@@ -16,7 +16,6 @@ from samplechain import ConfigError, UnknownPluginError
 from samplechain.errors import GenerationWarning
 from samplechain.generation import generate, stream
 from samplechain.guards import Guard
-from samplechain.models import tiny_model_path
 
 transformers = pytest.importorskip("transformers")
 
@@ -34,10 +33,8 @@ CHAINS = [
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    path = tiny_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
-    return model, transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+def tiny(tiny_lm):
+    return tiny_lm
 
 
 def run(model, tok, prompts, **kwargs):

@@ -15,7 +15,6 @@ from samplechain import Chain, ConfigError, UnknownPluginError
 from samplechain.drafters import Drafter
 from samplechain.errors import GenerationWarning
 from samplechain.generation import Generation, generate, stream
-from samplechain.models import tiny_model_path
 
 transformers = pytest.importorskip("transformers")
 
@@ -28,10 +27,8 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    path = tiny_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
-    return model, transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+def tiny(tiny_lm):
+    return tiny_lm
 
 
 def run(model, tok, prompts, **kwargs):

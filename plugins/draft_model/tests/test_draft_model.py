@@ -32,10 +32,8 @@ PLAIN = {"samplers": [{"use": "dist"}]}  # temperature 1: the model's own distri
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    path = tiny_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
-    return model, transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+def tiny(tiny_lm):
+    return tiny_lm
 
 
 def run(model, tok, prompts, **kwargs):
