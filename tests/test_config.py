@@ -93,7 +93,7 @@ BAD = [
     pytest.param({"backend": "cpu"}, "<dict>: samplers: required key missing", id="no-samplers"),
     pytest.param(
         {"samplers": [{"use": "greedy"}], "backnd": "cpu"},
-        "<dict>: backnd = 'cpu': unknown key; expected one of samplers, stop, backend, nonfinite, name, description, draft; did you "
+        "<dict>: backnd = 'cpu': unknown key; expected one of samplers, stop, backend, nonfinite, name, description, draft, guards; did you "
         "mean 'backend'?",
         id="unknown-chain-key",
     ),
