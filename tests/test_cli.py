@@ -43,6 +43,19 @@ def test_validate_accepts_a_good_chain(tmp_path):
     assert "top_k.v1" in done.stdout and "valid" in done.stdout
 
 
+def test_validate_shows_a_chains_drafter_and_guards(tmp_path):
+    path = tmp_path / "guarded.toml"
+    path.write_text(
+        '[chain]\nsamplers = [{ use = "greedy" }]\n'
+        'guards = [{ use = "banned_strings", phrases = ["a testament to"], ignore_case = true }]\n'
+        '[chain.draft]\nuse = "prompt_lookup"\nnum_tokens = 6\n'
+    )
+    done = cli("validate", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "draft: prompt_lookup (num_tokens=6)" in done.stdout
+    assert "guard: banned_strings (phrases=['a testament to'], ignore_case=True)" in done.stdout
+
+
 def test_validate_reports_the_key_path_and_exits_non_zero(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text('[chain]\nsamplers = [{ use = "top_p", p = 1.5 }, { use = "dist" }]\n')

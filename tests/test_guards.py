@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import regex
+import torch
 
 from samplechain import ConfigError, UnknownPluginError
 from samplechain.errors import GenerationWarning
@@ -167,14 +168,11 @@ def test_bad_guards_are_one_error_before_generation(tiny, guards, message):
         run(model, tok, PROMPTS[:1], max_new_tokens=4, guards=guards)
 
 
-def test_unknown_guards_beam_search_and_no_tokenizer_are_refused(tiny):
+def test_unknown_guards_and_no_tokenizer_are_refused(tiny):
     model, tok = tiny
-    with pytest.raises(UnknownPluginError, match=r"banned_strngs"):
-        run(model, tok, PROMPTS[:1], max_new_tokens=4, guards=["banned_strngs"])
-    with pytest.raises(ConfigError, match=r"beam search"):
-        run(
-            model, tok, PROMPTS[:1], max_new_tokens=4, num_beams=2, guards=[{"use": "banned_strings", "phrases": ["x"]}]
-        )
+    for beams in (1, 2):
+        with pytest.raises(UnknownPluginError, match=r"banned_strngs"):
+            run(model, tok, PROMPTS[:1], max_new_tokens=4, num_beams=beams, guards=["banned_strngs"])
     ids = tok(PROMPTS[:1], return_tensors="pt")["input_ids"]
     with pytest.raises(ConfigError, match=r"needs the tokenizer"):
         run(model, None, None, input_ids=ids, max_new_tokens=4, guards=[{"use": "banned_strings", "phrases": ["x"]}])
@@ -315,7 +313,7 @@ def test_a_chains_bad_guards_name_their_key_path(line, message):
         Chain.load('[chain]\nsamplers = [{use = "greedy"}]\n' + line + "\n")
 
 
-def test_where_nothing_can_be_taken_back_a_chain_with_guards_is_refused(tiny):
+def test_as_a_logits_processor_a_chain_with_guards_is_refused(tiny):
     from samplechain import Chain
     from samplechain.integrations.transformers import as_logits_processor
 
@@ -323,5 +321,100 @@ def test_where_nothing_can_be_taken_back_a_chain_with_guards_is_refused(tiny):
     chain = Chain.load(GUARDED_TOML)
     with pytest.raises(ConfigError, match=r"its guards \(banned_strings\) take text back.*samplechain\.generation"):
         as_logits_processor(chain)
-    with pytest.raises(ConfigError, match=r"beam search \(num_beams > 1\) does not run guards"):
-        run(model, tok, PROMPTS[:1], chain=chain, num_beams=2, max_new_tokens=3)
+
+
+# ----------------------------------------------------------------- beam search
+class BanEverySpelling:
+    """A logits processor for transformers' beam search: -inf for every token whose text would complete a phrase,
+    whatever tokens spell it (a brute-force reading of every token of the vocabulary)."""
+
+    def __init__(self, tok, phrases: list[str], prompt_width: int) -> None:
+        from samplechain.strings import byte_table
+
+        self.pieces = byte_table(tok).pieces
+        self.phrases = [p.encode() for p in phrases]
+        self.width = prompt_width
+
+    def __call__(self, input_ids, scores):
+        longest = max(len(p) for p in self.phrases)
+        for r, row in enumerate(input_ids[:, self.width :].tolist()):
+            tail = b"".join(self.pieces[t] for t in row)[-longest:]
+            for v in range(scores.shape[1]):
+                text = tail + (self.pieces[v] if v < len(self.pieces) else b"")
+                if any(p in text for p in self.phrases):
+                    scores[r, v] = float("-inf")
+        return scores
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_beam_search_with_bans_equals_model_generate_masking_every_spelling(tiny, case):
+    model, tok = tiny
+    rng = random.Random(200 + case)
+    prompt = PROMPTS[case]
+    kwargs = {"num_beams": 4, "num_return_sequences": 2, "max_new_tokens": 16}
+    plain = run(model, tok, [prompt], chain="preset:greedy", **kwargs)
+    phrases = ban_list(rng, plain.texts)
+    out = run(
+        model, tok, [prompt], chain="preset:greedy", guards=[{"use": "banned_strings", "phrases": phrases}], **kwargs
+    )
+    ids = plain.sequences[:1, : plain.prompt_length]
+    ban = BanEverySpelling(tok, phrases, ids.shape[1])
+    with torch.inference_mode():
+        ref = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            pad_token_id=0,
+            logits_processor=transformers.LogitsProcessorList([ban]),
+            output_scores=True,
+            return_dict_in_generate=True,
+            **kwargs,
+        )
+    assert out.texts != plain.texts, "the bans come from the text: the guard acts"
+    assert out.sequences.tolist() == ref.sequences.tolist()
+    torch.testing.assert_close(out.sequences_scores, ref.sequences_scores)
+    for text in out.texts:
+        assert not any(p in text for p in phrases), (phrases, text)
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_beam_search_hypotheses_never_hold_a_banned_phrase_and_each_prompt_searches_alone(tiny, case):
+    model, tok = tiny
+    rng = random.Random(300 + case)
+    prompts = rng.sample(PROMPTS, 2)
+    kwargs = {"chain": "preset:greedy", "num_beams": 3, "num_return_sequences": 3, "max_new_tokens": 20}
+    plain = run(model, tok, prompts, **kwargs)
+    phrases = ban_list(rng, plain.texts)
+    ignore_case, whole_words = bool(case % 2), bool(case // 2)
+    guard = {"use": "banned_strings", "phrases": phrases, "ignore_case": ignore_case, "whole_words": whole_words}
+    out = run(model, tok, prompts, guards=[guard], **kwargs)
+    assert out.texts != plain.texts
+    for text in out.texts:
+        for p in phrases:
+            assert not occurs(p, text, ignore_case, whole_words), (p, text)
+    for i, prompt in enumerate(prompts):
+        alone = run(model, tok, [prompt], guards=[guard], **kwargs)
+        assert alone.texts == out.texts[3 * i : 3 * i + 3]
+
+
+def test_a_chains_guards_run_in_beam_search(tiny):
+    from samplechain import Chain
+
+    model, tok = tiny
+    kwargs = {"num_beams": 3, "max_new_tokens": 24}
+    plain = run(model, tok, PROMPTS[2:3], chain="preset:greedy", **kwargs)
+    word = re.findall(r"[a-z]{3,}", plain.texts[0])[0]
+    chain = Chain.load(GUARDED_TOML.replace("PHRASE", word))
+    out = run(model, tok, PROMPTS[2:3], chain=chain, **kwargs)
+    assert not occurs(word, out.texts[0], True, False)
+    assert run(model, tok, PROMPTS[2:3], chain=chain, guards=False, **kwargs).texts == plain.texts
+
+
+def test_a_guard_that_fails_in_beam_search_ends_only_its_prompts_search(tiny):
+    model, tok = tiny
+    kwargs = {"chain": "preset:greedy", "num_beams": 3, "max_new_tokens": 12}
+    plain = run(model, tok, PROMPTS[:2], **kwargs)
+    with pytest.warns(GenerationWarning, match=r"guard broken\.v1 failed on prompt 0 \(RuntimeError: boom\)"):
+        out = generate(model, tok, PROMPTS[:2], guards=[[Broken()], None], pad_token_id=0, **kwargs)
+    assert out.finish_reasons[0] == "guard:broken:failed" and out.texts[0] == ""
+    assert out.texts[1] == plain.texts[1] and out.finish_reasons[1] == plain.finish_reasons[1]

@@ -31,6 +31,13 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
         table.add_row(str(i), step["name"], step["stage"], escape(params))
     console.print(table)
     if chain.config.draft is not None:  # the [draft] table: the drafter its generations speculate with
-        draft = ", ".join(f"{k}={v!r}" for k, v in chain.config.draft.items() if k != "use")
-        console.print(f"draft: {escape(chain.config.draft['use'])}" + (f" ({escape(draft)})" if draft else ""))
+        console.print(f"draft: {_spec(chain.config.draft)}")
+    for guard in chain.config.guards:  # the guards its generations run
+        console.print(f"guard: {_spec(guard)}")
     return 0
+
+
+def _spec(table: Any) -> str:
+    """A drafter's or guard's table as `name (key=value, ...)`."""
+    rest = ", ".join(f"{k}={v!r}" for k, v in table.items() if k != "use")
+    return escape(str(table["use"])) + (f" ({escape(rest)})" if rest else "")

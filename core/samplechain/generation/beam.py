@@ -36,6 +36,9 @@ from ..contracts import StopContext, StopMatch, StopSetup
 from ..engine.mixed import MixedChains
 from ..engine.stopping import cut_text
 from ..errors import ConfigError
+from ..guards import Guard
+from .beam_guards import BeamGuards
+from .guarding import load_guards
 from .model import runner_for
 from .outputs import GenerationOutput
 from .session import Generation
@@ -78,16 +81,12 @@ def beam_generate(
         )
     kwargs.pop("seed", None)  # beam search draws nothing
     kwargs["draft"] = False  # nor drafts: a chain's [draft] table is left unused
-    kwargs["guards"] = False
-    gen = Generation(model, tokenizer, prompts, **kwargs)
+    guards = kwargs.pop("guards", None)
+    gen = Generation(model, tokenizer, prompts, guards=False, **kwargs)
     chain = gen.chain
     if isinstance(chain, MixedChains):
         raise ConfigError("beam search runs one chain over all beams: give one chain, not one per prompt")
-    if chain.config.guards:
-        raise ConfigError(
-            "beam search (num_beams > 1) does not run guards, and the chain has some (its guards); use greedy or "
-            "sampling (num_beams = 1), or a chain without guards"
-        )
+    per_prompt = load_guards(guards, gen)
     if chain.needs_unconditional_logits:
         raise ConfigError(
             "classifier-free guidance (cfg) is not supported with beam search here: use it with greedy "
@@ -99,7 +98,7 @@ def beam_generate(
             f"{chain.samplers[-1].qualified_name()}: drop the selector's sampling (e.g. preset:greedy), or use "
             "num_beams=1 to sample"
         )
-    return _BeamSearch(gen, num_beams, float(length_penalty), early_stopping, num_return_sequences).run()
+    return _BeamSearch(gen, num_beams, float(length_penalty), early_stopping, num_return_sequences, per_prompt).run()
 
 
 class _BeamSearch:
@@ -109,9 +108,16 @@ class _BeamSearch:
     hits: torch.Tensor
 
     def __init__(
-        self, gen: Generation, num_beams: int, length_penalty: float, early_stopping: bool | str, n_return: int
+        self,
+        gen: Generation,
+        num_beams: int,
+        length_penalty: float,
+        early_stopping: bool | str,
+        n_return: int,
+        guards: list[list[tuple[Guard, int]]] | None,
     ) -> None:
         self.gen = gen
+        self.guard_specs = guards
         self.nb = num_beams
         self.length_penalty = length_penalty
         self.early_stopping = early_stopping
@@ -138,9 +144,14 @@ class _BeamSearch:
         ids = g.input_ids.repeat_interleave(nb, dim=0)
         mask = g.attention_mask.repeat_interleave(nb, dim=0)
         self.prompt_len, self.device = ids.shape[1], ids.device
-        fill = self._prepare_criteria()
-        self._start_hypotheses(ids, fill)
+        self.fill = self._prepare_criteria()
+        self._start_hypotheses(ids, self.fill)
         self._beam_requests()
+        self.guards = (
+            None
+            if self.guard_specs is None
+            else BeamGuards(self.guard_specs, nb, self.prompt_len, g.tokenizer, self.beam_rids)
+        )
         self.scores_out: list[torch.Tensor] = []
         self.logits_out: list[torch.Tensor] = []
         runner = runner_for(g.model, g.host)(g.model, ids, mask)
@@ -240,11 +251,11 @@ class _BeamSearch:
 
     def _step(self, log_probs: torch.Tensor, step: int) -> None:
         """The top K continuations, checked by the criteria; the unfinished run on, the finished are kept."""
-        batch, nb, k, cur_len = self.batch, self.nb, self.k, self.cur_len
+        batch, nb, cur_len = self.batch, self.nb, self.cur_len
         vocab = log_probs.shape[-1]
         per_beam = log_probs.view(batch, nb * vocab)
         acc = (log_probs.view(batch, nb, vocab) + self.running_beam_scores[:, :, None]).view(batch, nb * vocab)
-        topk_log_probs, topk_indices = torch.topk(acc, k=k)
+        topk_log_probs, topk_indices = self._top(acc, vocab)
         topk_beam = topk_indices // vocab
         topk_running_beam_indices = _gather(self.running_beam_indices, topk_beam)
         topk_running_sequences = _gather(self.running_sequences, topk_beam)
@@ -253,10 +264,16 @@ class _BeamSearch:
         topk_running_beam_indices[:, :, step] = (topk_beam + self.batch_offset).to(torch.int32)
         topk_running_lps[:, :, step] = per_beam.gather(1, topk_indices)
         cand_reason = self._check(topk_running_sequences, topk_running_lps, step)
+        if self.guards is not None:  # a hypothesis whose final text a guard refuses is dropped
+            ends = self.guards.refused(self.running_sequences, topk_indices, topk_log_probs, vocab, cur_len, self.hits)
+            for b, c in ends:
+                topk_log_probs[b, c] = float("-inf")
 
         # the best unfinished continuations run on
         topk_running_log_probs = topk_log_probs + self.hits.to(torch.float32) * _NEG
         nxt = torch.topk(topk_running_log_probs, k=nb)[1]
+        if self.guards is not None:
+            self.guards.reorder(_gather(topk_beam, nxt))
         self.running_sequences = _gather(topk_running_sequences, nxt)
         self.running_beam_scores = _gather(topk_running_log_probs, nxt)
         self.running_beam_indices = _gather(topk_running_beam_indices, nxt)
@@ -264,6 +281,23 @@ class _BeamSearch:
         self._keep_finished(
             topk_log_probs, topk_running_sequences, topk_running_beam_indices, topk_running_lps, cand_reason
         )
+
+    def _top(self, acc: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top K continuations of every prompt (accumulated scores, indices into beam * vocab + token); with
+        guards, those they refuse are set to -inf (in the step's output scores too) and the top K taken again."""
+        while True:
+            if self.guards is not None:
+                acc[self.guards.dead()] = float("-inf")
+            topk_log_probs, topk_indices = torch.topk(acc, k=self.k)
+            if self.guards is None:
+                return topk_log_probs, topk_indices
+            refused = self.guards.refused(self.running_sequences, topk_indices, topk_log_probs, vocab, self.cur_len)
+            if not refused:
+                return topk_log_probs, topk_indices
+            prompts, indices = (list(x) for x in zip(*refused))
+            acc[prompts, indices] = float("-inf")
+            if self.gen.output_scores:
+                self.scores_out[-1].view(self.batch, -1)[prompts, indices] = float("-inf")
 
     def _check(self, topk_running_sequences: torch.Tensor, topk_running_lps: torch.Tensor, step: int) -> torch.Tensor:
         """The criteria over the K candidates of every prompt: sets `hits` (batch, K) and returns each candidate's
@@ -315,6 +349,10 @@ class _BeamSearch:
         seqs = self.sequences[:, :n].reshape(batch * n, -1)
         seq_scores = self.beam_scores[:, :n].reshape(-1)
         bidx = self.beam_indices[:, :n].reshape(batch * n, -1)
+        if self.guards is not None:  # a slot no hypothesis filled (the guards refused them all) is empty
+            empty = ~self.is_sent_finished[:, :n].reshape(-1, 1)
+            seqs = torch.where(empty & (torch.arange(seqs.shape[1], device=seqs.device) >= prompt_len), self.fill, seqs)
+            bidx = torch.where(empty, -1, bidx)
         generated = (bidx + 1).bool().sum(dim=1)
         width = int(generated.max())
         seqs = seqs[:, : prompt_len + width]
@@ -322,6 +360,9 @@ class _BeamSearch:
         token_lps = torch.where(bidx >= 0, self.lps[:, :n].reshape(batch * n, -1)[:, :width], torch.zeros(()))
         ended = [self.endings[c] if c >= 0 else (None, None) for c in self.reason[:, :n].reshape(-1).tolist()]
         finish = [r for r, _ in ended]
+        if self.guards is not None:  # a prompt the guards left short of hypotheses: why
+            finished = self.is_sent_finished[:, :n].reshape(-1).tolist()
+            finish = [r if done else self.guards.refusal[i // n] for i, (r, done) in enumerate(zip(finish, finished))]
         matches = [m for _, m in ended]
         texts = None
         if g.tokenizer is not None:  # cut at the stop match as sampling's output() cuts (row b is prompt b // n's)

@@ -32,7 +32,7 @@ from .drafting import load_spec
 if TYPE_CHECKING:
     from .session import Generation
 
-__all__ = ["Guarding", "load_guard"]
+__all__ = ["Guarding", "load_guard", "load_guards", "start_guards"]
 
 
 def load_guard(spec: Any, host: PluginHost) -> Guard:
@@ -74,6 +74,49 @@ def _of_chains(gen: Generation) -> list[list[Any]] | None:
     return per_prompt if any(per_prompt) else None
 
 
+def load_guards(guards: Any, gen: Generation) -> list[list[tuple[Guard, int]]] | None:
+    """Each prompt's guards with their `max_rewinds`, or None when no prompt has any: `guards=` as generate() takes
+    it (None: each prompt's chain's `guards`; False: none), loaded and checked before any model call."""
+    if guards is None:
+        guards = _of_chains(gen)
+    if guards is None or guards is False or (isinstance(guards, (list, tuple)) and not guards):
+        return None
+    specs = _per_prompt(guards, gen.num_prompts)
+    if not any(specs):
+        return None
+    if gen.tokenizer is None:
+        raise ConfigError(
+            "guards= read the decoded text, which needs the tokenizer: pass tokenizer= to generate(), or drop guards="
+        )
+    if gen.uncond_ids is not None:
+        raise ConfigError("guards= with negative_prompt (classifier-free guidance): drop one of them")
+    loaded: dict[Any, Guard] = {}
+    per_prompt: list[list[tuple[Guard, int]]] = []
+    for i, row in enumerate(specs):
+        guards_of_prompt = []
+        for spec in row:
+            try:
+                limit = guard_settings(spec).get("max_rewinds", MAX_REWINDS)
+                key = id(spec) if isinstance(spec, Guard) else repr(spec)
+                if key not in loaded:
+                    loaded[key] = load_guard(spec, gen.host)
+            except ConfigError as exc:
+                raise type(exc)(f"guards (prompt {i}): {exc}") from None
+            guards_of_prompt.append((loaded[key], limit))
+        per_prompt.append(guards_of_prompt)
+    return per_prompt
+
+
+def start_guards(per_row: Sequence[Sequence[tuple[Guard, Any]]], tokenizer: Any, request_ids: Sequence[str]) -> None:
+    """Each guard object's `start`, with the rows that have it (row b: request `request_ids[b]`)."""
+    rows = len(per_row)
+    pieces = byte_table(tokenizer).pieces  # built once per tokenizer
+    objects = {id(g): g for row in per_row for g, _ in row}
+    for key, guard in objects.items():
+        watched = tuple(b for b in range(rows) if any(id(g) == key for g, _ in per_row[b]))
+        guard.start(rows, GuardContext(tokenizer, pieces, tuple(request_ids), watched))
+
+
 class Guarding:
     """The guards of a generation's rows, their bans, saved states and rewind counts."""
 
@@ -85,45 +128,16 @@ class Guarding:
         self.rewinds = torch.zeros(rows, dtype=torch.int64)
         self.used = [[0] * len(g) for g in per_row]  # rewinds per guard of the row
         self.ending: list[str | None] = [None] * rows  # a row out of rewinds (or whose guard failed): its reason
-        pieces = byte_table(gen.tokenizer).pieces  # built once per tokenizer
-        objects = {id(g): g for row in per_row for g, _ in row}
-        for key, guard in objects.items():
-            watched = tuple(b for b in range(rows) if any(id(g) == key for g, _ in per_row[b]))
-            guard.start(rows, GuardContext(gen.tokenizer, pieces, tuple(gen.request_ids), watched))
+        start_guards(per_row, gen.tokenizer, gen.request_ids)
 
     @classmethod
     def prepare(cls, guards: Any, gen: Generation) -> Guarding | None:
         """The guards of a generation about to start, or None; refusals come here, before any model call. None
         takes each prompt's chain's `guards` (`ChainConfig.guards`); False runs none."""
-        if guards is None:
-            guards = _of_chains(gen)
-        if guards is None or guards is False or (isinstance(guards, (list, tuple)) and not guards):
+        per_prompt = load_guards(guards, gen)
+        if per_prompt is None:
             return None
-        specs = _per_prompt(guards, gen.num_prompts)
-        if not any(specs):
-            return None
-        if gen.tokenizer is None:
-            raise ConfigError(
-                "guards= read the decoded text, which needs the tokenizer: pass tokenizer= to generate(), or drop "
-                "guards="
-            )
-        if gen.uncond_ids is not None:
-            raise ConfigError("guards= with negative_prompt (classifier-free guidance): drop one of them")
-        loaded: dict[Any, Guard] = {}
-        per_row: list[list[tuple[Guard, int]]] = []
-        for i, row in enumerate(specs):
-            guards_of_prompt = []
-            for spec in row:
-                try:
-                    limit = guard_settings(spec).get("max_rewinds", MAX_REWINDS)
-                    key = id(spec) if isinstance(spec, Guard) else repr(spec)
-                    if key not in loaded:
-                        loaded[key] = load_guard(spec, gen.host)
-                except ConfigError as exc:
-                    raise type(exc)(f"guards (prompt {i}): {exc}") from None
-                guards_of_prompt.append((loaded[key], limit))
-            per_row += [guards_of_prompt] * gen.n
-        return cls(per_row, gen)
+        return cls([row for row in per_prompt for _ in range(gen.n)], gen)
 
     # ----------------------------------------------------------------- drawing
     def before_draw(self, gen: Generation, rows: Sequence[int], positions: Sequence[int], logits: torch.Tensor) -> None:

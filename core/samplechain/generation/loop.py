@@ -87,7 +87,8 @@ def generate(
     guards: rules that read the decoded text and take it back (docs/guards.md): a list of guards for every prompt,
     each a name, a table {"use": "banned_strings", "phrases": [...], "ignore_case": True} or a
     samplechain.guards.Guard object, or a list with one such list (or None) per prompt. A guard's rewind bans the
-    token where the refused text began, at that position, and draws again; the output's rewinds count them."""
+    token where the refused text began, at that position, and draws again; the output's rewinds count them. Beam
+    search drops the continuations a guard refuses instead (docs/guards.md)."""
     if not isinstance(num_beams, int) or num_beams < 1:
         raise ConfigError(f"num_beams = {num_beams!r}: must be an integer >= 1")
     if num_beams > 1:
@@ -99,11 +100,6 @@ def generate(
         if progress is not None:
             raise ConfigError(
                 "progress= is not available with beam search (num_beams > 1): drop progress=, or use num_beams=1"
-            )
-        if kwargs.get("guards"):
-            raise ConfigError(
-                "guards= take text back in greedy and sampling generation; beam search (num_beams > 1) does not run "
-                "them: drop guards=, or use num_beams=1"
             )
         if kwargs.get("draft") not in (None, False):
             raise ConfigError(
