@@ -22,7 +22,7 @@ from ..runners import ModelRunner
 
 __all__ = ["ModelRunner", "TransformersRunner", "max_positions", "runner_for"]
 
-_CACHE_NAMES = ("past_key_values", "cache_params", "state", "mems", "past_buckets_states")
+_CACHE_NAMES = ("cache", "past_key_values", "cache_params", "state", "mems", "past_buckets_states")
 
 
 def runner_for(model: Any, host: PluginHost | None = None) -> type[ModelRunner]:
@@ -72,6 +72,9 @@ class TransformersRunner(ModelRunner):
         self.device = input_ids.device
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         self.kwargs: dict[str, Any] = {"use_cache": True}
+        # the keyword the cache goes back in as: transformers >= 5.24 names it `cache` (past_key_values deprecated)
+        takes = inspect.signature(model.prepare_inputs_for_generation).parameters
+        self.cache_key = "cache" if "cache" in takes else "past_key_values"
         if "position_ids" in params:
             pos = mask.long().cumsum(-1) - 1
             self.kwargs["position_ids"] = pos.masked_fill(mask == 0, 0)
@@ -97,7 +100,8 @@ class TransformersRunner(ModelRunner):
         out = self.model(**inputs, return_dict=True)
         for name in _CACHE_NAMES:
             if name in out and out[name] is not None:
-                self.kwargs["past_key_values" if name in ("mems", "past_buckets_states") else name] = out[name]
+                key = name if name in ("cache_params", "state") else self.cache_key
+                self.kwargs[key] = out[name]
                 break
         self._first = False
         return out.logits[:, -keep:, :].to(copy=True, dtype=torch.float32, device=self.device)
@@ -165,7 +169,7 @@ class TransformersRunner(ModelRunner):
     def truncate(self, length: int | Sequence[int]) -> None:
         """Keep each row's first `length` columns of its sequence (one length, or one per row): the columns past
         it become holes, and the cache is cut back (DynamicCache.crop) past the last column any row still holds."""
-        cache = self.kwargs.get("past_key_values")
+        cache = self.kwargs.get(self.cache_key)
         if cache is None or not hasattr(cache, "crop"):
             raise ConfigError(f"{type(self.model).__name__}'s cache cannot be cut back (no DynamicCache.crop)")
         rows = self.input_ids.shape[0]
