@@ -16,15 +16,13 @@ continues, cut back to no tokens so the guard reads its lineage from the start.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from ..errors import GenerationWarning
 from ..guards import Guard
-from .guarding import start_guards
+from .guarding import failed, start_guards
 
 __all__ = ["BeamGuards"]
 
@@ -100,13 +98,8 @@ class BeamGuards:
 
     def _fail(self, b: int, guard: Guard, exc: Exception) -> None:
         self.failed[b] = True
-        self.refusal[b] = f"guard:{guard.name}:failed"
-        warnings.warn(
-            f"guard {guard.qualified_name()} failed on prompt {b} ({type(exc).__name__}: {exc}); its beam search "
-            f"ends with the hypotheses it has finished, an empty one with finish reason 'guard:{guard.name}:failed'",
-            GenerationWarning,
-            stacklevel=5,
-        )
+        outcome = "its beam search ends with the hypotheses it has finished, or an empty one"
+        self.refusal[b] = failed(guard, exc, f"prompt {b}", outcome, stacklevel=6)
 
     def reorder(self, parents: torch.Tensor) -> None:
         """The running beams now continue beams `parents` (batch, nb) of the step before: each takes its parent's

@@ -32,7 +32,7 @@ from .drafting import load_spec
 if TYPE_CHECKING:
     from .session import Generation
 
-__all__ = ["Guarding", "load_guard", "load_guards", "start_guards"]
+__all__ = ["Guarding", "failed", "load_guard", "load_guards", "start_guards"]
 
 
 def load_guard(spec: Any, host: PluginHost) -> Guard:
@@ -117,6 +117,19 @@ def start_guards(per_row: Sequence[Sequence[tuple[Guard, Any]]], tokenizer: Any,
         guard.start(rows, GuardContext(tokenizer, pieces, tuple(request_ids), watched))
 
 
+def failed(guard: Guard, exc: Exception, where: str, outcome: str, stacklevel: int) -> str:
+    """Warn that `guard` raised `exc` on `where` (a broken guard ends its row, never the batch); -> the finish
+    reason it leaves."""
+    reason = f"guard:{guard.name}:failed"
+    warnings.warn(
+        f"guard {guard.qualified_name()} failed on {where} ({type(exc).__name__}: {exc}); {outcome}, finish reason "
+        f"'{reason}'",
+        GenerationWarning,
+        stacklevel=stacklevel,
+    )
+    return reason
+
+
 class Guarding:
     """The guards of a generation's rows, their bans, saved states and rewind counts."""
 
@@ -188,13 +201,7 @@ class Guarding:
         return back
 
     def _failed(self, b: int, guard: Guard, exc: Exception) -> None:
-        self.ending[b] = f"guard:{guard.name}:failed"
-        warnings.warn(
-            f"guard {guard.qualified_name()} failed on row {b} ({type(exc).__name__}: {exc}); the row ends with "
-            f"the tokens it has, finish reason 'guard:{guard.name}:failed'",
-            GenerationWarning,
-            stacklevel=6,
-        )
+        self.ending[b] = failed(guard, exc, f"row {b}", "the row ends with the tokens it has", stacklevel=7)
 
     def committable(self, gen: Generation, b: int, tokens: Sequence[int], final: bool) -> int:
         """How many of row b's drawn tokens (after its gen._steps committed ones) no guard may still take back."""
