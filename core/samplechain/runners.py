@@ -6,7 +6,9 @@ fresh tensors the caller may change:
 
 - `prefill()` -> (B, V): run the prompts, the logits of their last position;
 - `step(input_ids)` -> (B, V): `input_ids` is every token so far, (B, L + n); the last column is new, the cache has
-  the rest;
+  the rest. A runner with `skips_inactive` also takes `step(input_ids, active=...)` ((B,) bool): only the active
+  rows need their logits (the others have finished: their rows of the result are zeros and their caches need not
+  advance, as they are never read again);
 - `extend(tokens)` -> (B, K, V): K new tokens per row at once, the logits after each (verifying drafted tokens);
 - `truncate(length)`: cut the cache back so that it holds the first `length` columns (an int for every row, or one
   per row where `per_row_truncate` is True); the next `step` / `extend` continues from there;
@@ -43,6 +45,10 @@ class ModelRunner:
     version: ClassVar[int] = 1
     Params: ClassVar[type] = NoParams
     per_row_truncate: bool = False  # a runner may decide per model (an instance attribute set in __init__)
+    # step(input_ids, active=...) runs only the active rows: an engine whose rows are separate sequences saves the
+    # finished rows' compute; one that runs the padded batch as a whole (transformers) keeps it, so that a batch's
+    # logits stay those model.generate computes
+    skips_inactive: ClassVar[bool] = False
     # model files this runner's engine opens (`samplechain.models.load_model` picks the runner by them)
     file_suffixes: ClassVar[tuple[str, ...]] = ()
     # torch (and numba) threads for the sampling step while this runner generates; None leaves them. An engine with a
@@ -68,7 +74,7 @@ class ModelRunner:
     def prefill(self) -> torch.Tensor:
         raise NotImplementedError
 
-    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def step(self, input_ids: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
 
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -135,8 +135,9 @@ class TransformersRunner(ModelRunner):
         return self._forward(self.input_ids, None)[:, -1]
 
     @torch.no_grad()
-    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids: (B, L+1) every token so far; the model sees only the last one (the cache has the rest)."""
+    def step(self, input_ids: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids: (B, L+1) every token so far; the model sees only the last one (the cache has the rest).
+        Every row runs, `active` or not (skips_inactive is False)."""
         self._grow(1)
         self.input_ids[:, -1] = input_ids[:, -1]
         return self._forward(self.input_ids, 1)[:, -1]

@@ -37,6 +37,7 @@ class GenerationOutput(ModelOutput):
         a drafter that is num_generated).
     rewinds: (B,) int64 per row, with guards (guards=): the times a guard took the row's text back.
     sequences_scores / beam_indices: beam search only, as transformers' GenerateBeamDecoderOnlyOutput.
+    The loop's cache is not returned (transformers' past_key_values field).
     """
 
     # torch.Tensor (the dtypes are in the docstring): torch's operations are typed to return it, not LongTensor
@@ -45,7 +46,6 @@ class GenerationOutput(ModelOutput):
     logits: tuple[torch.Tensor, ...] | None = None
     attentions: tuple | None = None
     hidden_states: tuple | None = None
-    past_key_values: object | None = None
     sequences_scores: torch.Tensor | None = None
     beam_indices: torch.Tensor | None = None
     logprobs: torch.Tensor | None = None

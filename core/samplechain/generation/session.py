@@ -3,9 +3,10 @@ step, and its checkpoints. `generate()` and `stream()` (loop.py) and beam search
 
 Per step: the model's last-position logits (B, V) -> `chain.sample` (each row its own request in the chain's
 store, so per-request parameters and seeds hold) -> rows that already finished get the pad token -> the stopping
-criteria answer per row -> the next forward pass runs on the KV cache. The whole batch keeps running through the
-model until every row has finished (as transformers does: the same batch gives the same logits); a finished row
-no longer changes.
+criteria answer per row -> the next forward pass runs on the KV cache. On the transformers runner the whole batch
+keeps running through the model until every row has finished (as transformers does: the same batch gives the same
+logits); a runner whose rows are sequences of their own (llama.cpp, `skips_inactive`) runs only the rows still
+generating. A finished row no longer changes.
 
 Checkpoints: `Generation.checkpoint()` between two steps returns plain JSON data (the prompts, the tokens so far,
 finished rows, the step count, the request store's snapshot); `Generation(..., resume=checkpoint)` (and
@@ -439,7 +440,10 @@ class Generation(PromptInputs, Checkpoints):
                 yield token_ids, active
                 if self._all_finished:
                     break
-                logits = runner.step(self.input_ids)
+                if self._any_finished and runner_cls.skips_inactive:
+                    logits = runner.step(self.input_ids, active=~self.finished)
+                else:
+                    logits = runner.step(self.input_ids)
                 if guidance is not None:  # the unconditional context continues with the same tokens
                     assert self.uncond_ids is not None  # guidance runs on it
                     self.uncond_ids = torch.cat([self.uncond_ids, token_ids[:, None]], dim=-1)

@@ -38,6 +38,7 @@ class LlamaCppRunner(ModelRunner):
     per_row_truncate = True
     file_suffixes = (".gguf",)
     sampling_threads = 1  # llama.cpp's own thread pool has the cores
+    skips_inactive = True  # each row is a sequence of its own: a finished row is simply not decoded
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
@@ -82,11 +83,21 @@ class LlamaCppRunner(ModelRunner):
         return self._decode(row.astype(np.int32), col - self.pad[row], ids[row, col], col == width - 1)
 
     @torch.no_grad()
-    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids: (B, L+1) every token so far; each row's sequence takes the last column at its next position."""
+    def step(self, input_ids: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids: (B, L+1) every token so far; each row's sequence takes the last column at its next position.
+        With `active` (B,) bool, only those rows' sequences do (the others' logits are zeros)."""
         tokens = input_ids[:, -1].detach().cpu().numpy()
-        logits = self._decode(self.rows, self.n, tokens, np.ones(self.batch, dtype=bool))
-        self.n = self.n + 1
+        rows = self.rows if active is None else np.flatnonzero(active.cpu().numpy()).astype(np.int32)
+        if len(rows) == self.batch:
+            logits = self._decode(self.rows, self.n, tokens, np.ones(self.batch, dtype=bool))
+            self.n = self.n + 1
+            return logits
+        logits = torch.zeros((self.batch, self.vocab), dtype=torch.float32)
+        if len(rows):
+            logits[torch.from_numpy(rows).long()] = self._decode(
+                rows, self.n[rows], tokens[rows], np.ones(len(rows), dtype=bool)
+            )
+            self.n[rows] += 1
         return logits
 
     @torch.no_grad()

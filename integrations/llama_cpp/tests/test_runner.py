@@ -40,6 +40,45 @@ def test_logits_at_b1_are_llama_cpp_pythons_own_bit_for_bit(llama_model):
     model.llama.reset()
 
 
+def test_a_step_with_active_rows_decodes_only_them(llama_model):
+    from samplechain_llama_cpp import LlamaCppRunner
+
+    model, tok = llama_model
+    ids = torch.tensor([tok(PROMPT)["input_ids"]] * 3)
+    full, part = LlamaCppRunner(model, ids, None), LlamaCppRunner(model, ids, None)
+    full.prefill(), part.prefill()
+    seq = torch.cat([ids, torch.tensor([[1797], [314], [253]])], dim=1)
+    everyone = full.step(seq)
+    some = part.step(seq, active=torch.tensor([True, False, True]))
+    assert torch.equal(some[[0, 2]], everyone[[0, 2]]) and not some[1].any()
+    assert part.n.tolist() == [full.n[0], full.n[1] - 1, full.n[2]]  # the inactive row's sequence did not advance
+
+
+def test_rows_that_finish_early_are_not_decoded_and_the_tokens_do_not_change(llama_model, monkeypatch):
+    from samplechain_llama_cpp import LlamaCppRunner
+
+    model, tok = llama_model
+    prompts = [[{"role": "user", "content": c}] for c in ("Say hello.", "Write a short story about a cat.")]
+    calls: list[int] = []
+    decode = LlamaCppRunner._decode
+
+    def counting(self, seq, pos, tokens, want):
+        calls.append(len(tokens))
+        return decode(self, seq, pos, tokens, want)
+
+    monkeypatch.setattr(LlamaCppRunner, "_decode", counting)
+    skipping = generate(model, tok, prompts, chain="preset:greedy", max_new_tokens=48)
+    decoded = sum(calls)
+    calls.clear()
+    monkeypatch.setattr(LlamaCppRunner, "skips_inactive", False)
+    every = generate(model, tok, prompts, chain="preset:greedy", max_new_tokens=48)
+    first, last = sorted(skipping.num_generated.tolist())
+    assert first < last, "one row ends first"
+    assert skipping.sequences.tolist() == every.sequences.tolist()
+    assert skipping.texts == every.texts
+    assert sum(calls) - decoded == last - first  # the finished row's steps, no longer decoded
+
+
 @pytest.mark.slow
 def test_greedy_generate_is_llama_cpp_pythons_greedy_decoding(llama_model):
     model, tok = llama_model
