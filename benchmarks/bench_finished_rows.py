@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-import warnings
 
-from samplechain.errors import GenerationWarning
-from samplechain.generation import generate
-from samplechain.models import default_gguf_path
+from bench_guards import cell, open_default, run  # the same model, timing and cells as the guards' benchmark
 
 CHATS = [
     "What is 12 times 12?",
@@ -34,15 +30,6 @@ CHATS = [
 CHAINS = ("preset:greedy", "preset:llama.cpp")
 
 
-def run(model, tok, prompts, chain, n):
-    params = None if chain == "preset:greedy" else [{"seed": 11 + i} for i in range(len(prompts))]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", GenerationWarning)
-        start = time.perf_counter()
-        out = generate(model, tok, prompts, chain=chain, max_new_tokens=n, params=params)
-        return time.perf_counter() - start, out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=5)
@@ -50,12 +37,9 @@ def main() -> None:
     ap.add_argument("--batch", default="4,8")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    from samplechain_llama_cpp import load_gguf
     from samplechain_llama_cpp.runner import LlamaCppRunner
 
-    model, tok = load_gguf(
-        default_gguf_path(), n_ctx=4096, flash_attn=True, n_threads=args.threads, n_threads_batch=args.threads
-    )
+    model, tok = open_default(args.threads, n_ctx=4096)
     print(f"{args.reps} reps; {args.max_new_tokens} new tokens at most")
     print("| chain | B | generated (min-max a row) | every row ms/token | active rows ms/token | ratio | same tokens |")
     print("|---|---:|---|---:|---:|---:|---|")
@@ -79,9 +63,6 @@ def main() -> None:
                 same &= full.sequences.tolist() == skipping.sequences.tolist()
                 n = full.num_generated.tolist()
                 lengths = f"{sum(n)} ({min(n)}-{max(n)})"
-
-            def cell(xs):
-                return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
 
             print(
                 f"| {chain} | {b} | {lengths} | {cell(every)} | {cell(active)} | {statistics.median(ratios):.3f}x "

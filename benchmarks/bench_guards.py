@@ -82,13 +82,26 @@ CHATS = [
 CHAINS = ("preset:greedy", "preset:llama.cpp")
 
 
-def run(model, tok, prompts, chain, n, guards):
+def run(model, tok, prompts, chain, n, **kwargs):
+    """(seconds, output) of one generate() call; the llama.cpp preset seeded per row."""
     params = None if chain == "preset:greedy" else [{"seed": 11 + i} for i in range(len(prompts))]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GenerationWarning)
         start = time.perf_counter()
-        out = generate(model, tok, prompts, chain=chain, max_new_tokens=n, params=params, guards=guards)
+        out = generate(model, tok, prompts, chain=chain, max_new_tokens=n, params=params, **kwargs)
         return time.perf_counter() - start, out
+
+
+def open_default(threads: int, n_ctx: int = 2048):
+    """(model, tokenizer): the default model on llama.cpp with `threads` threads."""
+    from samplechain_llama_cpp import load_gguf
+
+    return load_gguf(default_gguf_path(), n_ctx=n_ctx, flash_attn=True, n_threads=threads, n_threads_batch=threads)
+
+
+def cell(xs) -> str:
+    """A median with its range."""
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
 
 
 def main() -> None:
@@ -98,11 +111,7 @@ def main() -> None:
     ap.add_argument("--batch", default="1,4")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    from samplechain_llama_cpp import load_gguf
-
-    model, tok = load_gguf(
-        default_gguf_path(), n_ctx=2048, flash_attn=True, n_threads=args.threads, n_threads_batch=args.threads
-    )
+    model, tok = open_default(args.threads)
     guards = [{"use": "banned_strings", "phrases": PHRASES, "ignore_case": True}]
     print(f"{len(PHRASES)} phrases, ignore_case; {args.reps} reps; {args.max_new_tokens} new tokens at most")
     print("| chain | B | no guards ms/token | 50 phrases ms/token | ratio | rewinds | same text |")
@@ -115,7 +124,7 @@ def main() -> None:
                 order = [None, guards] if rep % 2 else [guards, None]
                 got = {}
                 for g in order:
-                    t, out = run(model, tok, prompts, chain, args.max_new_tokens, g)
+                    t, out = run(model, tok, prompts, chain, args.max_new_tokens, guards=g)
                     got[g is None] = (t / max(1, int(out.num_generated.sum())), out)
                 if rep == 0:
                     continue  # warm-up
@@ -125,9 +134,6 @@ def main() -> None:
                 ratios.append(t1 / t0)
                 rewinds += int(guarded.rewinds.sum())
                 same &= plain.texts == guarded.texts
-
-            def cell(xs):
-                return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
 
             print(
                 f"| {chain} | {b} | {cell(base)} | {cell(banned)} | {statistics.median(ratios):.3f}x "
