@@ -23,6 +23,9 @@ Stops as in sampling: a min_new_tokens sampler's per-request n (vLLM's min_token
 stop_regex before it (transformers masks eos instead, MinNewTokensLengthLogitsProcessor: the sampler does that in
 the chain's processing); a hypothesis a stop string / stop_regex ended keeps its StopMatch, so its text is cut
 there (before the match, or after it with its prompt's include_stop_str_in_output) and `stop_texts` names it.
+
+Guards (`guards=`, a chain's `guards`): a continuation whose text a guard refuses is never a hypothesis
+(beam_guards.py): its (beam, token) pair gets -inf and the top K are taken again.
 """
 
 from __future__ import annotations
