@@ -43,7 +43,6 @@ class BeamGuards:
         self.slot_row = list(range(len(per_prompt) * num_beams))  # running beam b * nb + j -> its guard row
         self.refusal: list[str | None] = [None] * len(per_prompt)  # the last refusal's reason, per prompt
         self.failed: list[bool] = [False] * len(per_prompt)
-        self.refused_count = torch.zeros(len(per_prompt), dtype=torch.int64)
         self._lineages: list[list[list[int]]] | None = None  # per prompt and beam: its generated tokens
         start_guards([row for row in per_prompt for _ in range(num_beams)], tokenizer, request_ids)
 
@@ -79,7 +78,6 @@ class BeamGuards:
                 row = self.slot_row[b * self.nb + beam]
                 if self._check(b, row, self._lineages[b][beam] + [token], ends is not None):
                     out.append((b, index if ends is None else c))
-                    self.refused_count[b] += 1
                 if self.failed[b]:
                     break
         return out
