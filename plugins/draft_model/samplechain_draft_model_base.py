@@ -13,10 +13,12 @@ arXiv:2408.07978). `"independent"` draws the same way with every seed moved to a
 drafting chain's most probable token. The copy's stateful samplers follow the drafted tokens and may differ from
 the generation's after a rejected draft: that changes how many drafts are kept, never the tokens.
 
-`RowCache` runs one row on the drafting model through the model's runner (`DraftContext.runner_for`:
-transformers, llama.cpp or a runner plugin), keeping the tokens its cache holds; a call compares them with the row's
-tokens, cuts the cache back to the common prefix and feeds the rest, so rows cut back by the loop to any length
-stay in step.
+`BatchCache` runs the rows of the first call together on the drafting model through the model's runner
+(`DraftContext.runner_for`: transformers, llama.cpp or a runner plugin), one cache row each, keeping the tokens each
+row's cache holds: a call compares them with the row's tokens, cuts the row back to the common prefix and feeds the
+rest, every row in one forward pass, and each drafted position is one pass for all the rows still drafting. That
+needs a runner that cuts and feeds rows on their own (`per_row_truncate`, `extend_rows`); with another runner, and
+for a row that first drafts later, `RowCache` does the same for one row on a runner of its own.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from samplechain.drafters import Draft, DraftContext, Drafter, Proposal
 
 __all__ = [
     "NOISES",
+    "BatchCache",
     "ChainDraw",
     "ModelDrafter",
     "RowCache",
@@ -211,6 +214,77 @@ class RowCache:
         return self.last
 
 
+def _common(held: torch.Tensor, tokens: torch.Tensor) -> int:
+    """How many leading tokens `held` and `tokens` share."""
+    width = min(len(held), len(tokens))
+    differ = (held[:width] != tokens[:width]).nonzero()
+    return int(differ[0]) if len(differ) else width
+
+
+class BatchCache:
+    """Rows on one runner of the drafting model, a cache row each, cut back and fed row by row in one pass per
+    call (`open` gives None where the runner cannot cut rows on their own)."""
+
+    def __init__(self, runner: Any, rows: Sequence[int], tokens: Sequence[torch.Tensor], device: Any) -> None:
+        self.runner, self.device = runner, device
+        self.index = {row: i for i, row in enumerate(rows)}
+        width = max(len(t) for t in tokens)
+        self.pad = [width - len(t) for t in tokens]  # the left padding of each cache row
+        self.held = [t.clone() for t in tokens]
+        self.last = list(runner.prefill().unbind(0))  # the logits after each row's `held`
+
+    @classmethod
+    def open(
+        cls, runner_cls: type, model: Any, rows: Sequence[int], tokens: Sequence[torch.Tensor]
+    ) -> BatchCache | None:
+        device = getattr(model, "device", None) or torch.device("cpu")
+        width = max(len(t) for t in tokens)
+        ids = torch.zeros((len(rows), width), dtype=torch.int64)
+        mask = torch.zeros_like(ids)
+        for i, t in enumerate(tokens):
+            ids[i, width - len(t) :] = t
+            mask[i, width - len(t) :] = 1
+        runner = runner_cls(model, ids.to(device), mask.to(device))
+        if not getattr(runner, "per_row_truncate", False):
+            return None
+        return cls(runner, rows, tokens, device)
+
+    def logits_after(self, rows: Sequence[int], tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The drafting model's logits (V,) after each row's `tokens`: rows cut back where they differ from what
+        their cache holds, then the rest of every row fed in one pass."""
+        before = [pad + len(held) for pad, held in zip(self.pad, self.held)]
+        lengths = list(before)
+        feeds: dict[int, torch.Tensor] = {}
+        for row, t in zip(rows, tokens):
+            i = self.index[row]
+            common = _common(self.held[i], t)
+            if common == len(t) == len(self.held[i]):
+                continue
+            keep = min(common, len(t) - 1)
+            if keep < 1:
+                raise RuntimeError(f"row {row}'s tokens no longer start with the prompt its drafting cache holds")
+            lengths[i], feeds[i] = self.pad[i] + keep, t[keep:]
+            self.held[i] = t.clone()
+        if lengths != before:
+            self.runner.truncate(lengths)
+        if feeds:
+            self._extend(feeds)
+        return [self.last[self.index[row]] for row in rows]
+
+    def feed(self, rows: Sequence[int], tokens: Sequence[int]) -> list[torch.Tensor]:
+        """The logits (V,) after one more token in each of `rows`, in one pass."""
+        feeds = {self.index[row]: torch.tensor([token], dtype=torch.int64) for row, token in zip(rows, tokens)}
+        for i, t in feeds.items():
+            self.held[i] = torch.cat([self.held[i], t])
+        self._extend(feeds)
+        return [self.last[self.index[row]] for row in rows]
+
+    def _extend(self, feeds: dict[int, torch.Tensor]) -> None:
+        logits = self.runner.extend_rows(list(feeds), [t.to(self.device) for t in feeds.values()])
+        for i, out in zip(feeds, logits):
+            self.last[i] = out[-1]
+
+
 class ModelDrafter(Drafter):
     """A drafter that runs a causal LM of the generation's vocabulary and draws through the chain. Subclasses set
     `name`, `Params` (with `num_tokens` and `noise`) and `drafting_model(context)` (the model, refusing what they
@@ -219,6 +293,8 @@ class ModelDrafter(Drafter):
     def __init__(self, params: Any = None) -> None:
         super().__init__(params)
         self._rows: list[RowCache | None] = []
+        self._batch: BatchCache | None = None
+        self._batch_tried = False
         self._draw: ChainDraw | None = None
         self._model: Any = None
         self._runner_cls: type | None = None
@@ -235,6 +311,7 @@ class ModelDrafter(Drafter):
         self._runner_cls = context.runner_for(self._model)
         self._draw = ChainDraw(context, self.params.noise)
         self._rows = [None] * rows
+        self._batch, self._batch_tried = None, False
 
     def propose(self, row: int, tokens: torch.Tensor, limit: int) -> Proposal:
         return self.propose_rows([row], [tokens], [limit])[0]
@@ -245,9 +322,8 @@ class ModelDrafter(Drafter):
         if self._draw is None or self._runner_cls is None:
             raise RuntimeError(f"drafter {self.name}: start(rows, context) was not called before the first proposal")
         wants = [min(self.params.num_tokens, int(limit)) for limit in limits]
-        caches = [self._cache(row) for row in rows]
         with self.running():
-            logits = [cache.logits_after(t) for cache, t in zip(caches, tokens)]
+            logits = self._logits_after(rows, tokens)
         self._draw.begin(rows, tokens)
         drafted: list[list[int]] = [[] for _ in rows]
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
@@ -260,11 +336,39 @@ class ModelDrafter(Drafter):
                     probs[i].append(dist[j])
             live = [i for i in live if len(drafted[i]) < wants[i]]
             with self.running():
-                for i in live:
-                    logits[i] = caches[i].feed(drafted[i][-1])
+                fed = self._feed([rows[i] for i in live], [drafted[i][-1] for i in live])
+            for i, out in zip(live, fed):
+                logits[i] = out
         return [
             Draft(torch.tensor(d, dtype=torch.int64), torch.stack(p) if p else None) for d, p in zip(drafted, probs)
         ]
+
+    def _logits_after(self, rows: Sequence[int], tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if not self._batch_tried and len(rows) > 1:  # the first call's rows share one runner where it can
+            assert self._runner_cls is not None  # set by start
+            self._batch_tried = True
+            self._batch = BatchCache.open(self._runner_cls, self._model, rows, tokens)
+        batched = [j for j, row in enumerate(rows) if self._batch is not None and row in self._batch.index]
+        out: list[torch.Tensor | None] = [None] * len(rows)
+        if batched:
+            assert self._batch is not None
+            found = self._batch.logits_after([rows[j] for j in batched], [tokens[j] for j in batched])
+            for j, logits in zip(batched, found):
+                out[j] = logits
+        for j, row in enumerate(rows):
+            if out[j] is None:
+                out[j] = self._cache(row).logits_after(tokens[j])
+        return [o for o in out if o is not None]
+
+    def _feed(self, rows: Sequence[int], tokens: Sequence[int]) -> list[torch.Tensor]:
+        """The logits after one more token in each row: one pass for the rows of the batch, one per other row."""
+        batch = self._batch
+        mine = [j for j, row in enumerate(rows) if batch is not None and row in batch.index]
+        out: dict[int, torch.Tensor] = {}
+        if mine:
+            assert batch is not None
+            out = dict(zip(mine, batch.feed([rows[j] for j in mine], [tokens[j] for j in mine])))
+        return [out[j] if j in out else self._cache(row).feed(tokens[j]) for j, row in enumerate(rows)]
 
     def _cache(self, row: int) -> RowCache:
         if row >= len(self._rows):
