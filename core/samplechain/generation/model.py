@@ -90,6 +90,8 @@ class TransformersRunner(ModelRunner):
         # stays visible (no sliding window, which would count the holes)
         self.live: torch.Tensor | None = None  # (B, columns) bool once a row has a hole
         self.per_row_truncate = "position_ids" in params and getattr(model.config, "sliding_window", None) is None
+        self.rows = input_ids.shape[0]  # the batch as callers see it
+        self.held: list[int] | None = None  # after `release`: the callers' rows the cache still holds, in its order
 
     def _forward(self, ids: torch.Tensor, next_len: int | None, keep: int = 1) -> torch.Tensor:
         inputs = self.model.prepare_inputs_for_generation(
@@ -139,16 +141,16 @@ class TransformersRunner(ModelRunner):
         """input_ids: (B, L+1) every token so far; the model sees only the last one (the cache has the rest).
         Every row runs, `active` or not (skips_inactive is False)."""
         self._grow(1)
-        self.input_ids[:, -1] = input_ids[:, -1]
-        return self._forward(self.input_ids, 1)[:, -1]
+        self.input_ids[:, -1] = self._inner(input_ids[:, -1])
+        return self._outer(self._forward(self.input_ids, 1)[:, -1])
 
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, K) appended to every row in one forward pass; the logits after each, (B, K, V)."""
         k = tokens.shape[1]
         self._grow(k)
-        self.input_ids[:, -k:] = tokens
-        return self._forward(self.input_ids, k, keep=k)
+        self.input_ids[:, -k:] = self._inner(tokens)
+        return self._outer(self._forward(self.input_ids, k, keep=k))
 
     @torch.no_grad()
     def extend_rows(self, rows: Sequence[int], tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -159,13 +161,14 @@ class TransformersRunner(ModelRunner):
         k = max(len(t) for t in tokens)
         block = torch.zeros((self.input_ids.shape[0], k), dtype=torch.int64)
         real = torch.zeros(block.shape, dtype=torch.bool)
-        for b, t in zip(rows, tokens):
+        inner = self._positions(rows)
+        for b, t in zip(inner, tokens):
             block[b, : len(t)] = t.cpu()
             real[b, : len(t)] = True
         self._grow(k, real.to(self.input_ids.device))
         self.input_ids[:, -k:] = block.to(self.input_ids.device)
         logits = self._forward(self.input_ids, k, keep=k)
-        return [logits[b, : len(t)] for b, t in zip(rows, tokens)]
+        return [logits[b, : len(t)] for b, t in zip(inner, tokens)]
 
     def truncate(self, length: int | Sequence[int]) -> None:
         """Keep each row's first `length` columns of its sequence (one length, or one per row): the columns past
@@ -175,6 +178,8 @@ class TransformersRunner(ModelRunner):
             raise ConfigError(f"{type(self.model).__name__}'s cache cannot be cut back (no DynamicCache.crop)")
         rows = self.input_ids.shape[0]
         wanted = [int(length)] * rows if isinstance(length, int) else [int(n) for n in length]
+        if self.held is not None and not isinstance(length, int):
+            wanted = [wanted[r] for r in self.held] if len(wanted) == self.rows else wanted
         if len(set(wanted)) > 1 and not self.per_row_truncate:
             self._uniform_length(wanted)  # the error naming the lengths
         live = self.live if self.live is not None else torch.ones(self.input_ids.shape, dtype=torch.bool)
@@ -199,8 +204,54 @@ class TransformersRunner(ModelRunner):
             if self.kwargs.get(key) is not None:
                 self.kwargs[key] = self.kwargs[key][:, :n]
 
+    def release(self, rows: Sequence[int]) -> None:
+        """Rows that will not be fed again leave the batch: their cache rows, mask and positions are dropped, so the
+        passes that follow run only the rows still going. Calls keep the callers' row indices; a released row's
+        logits are zeros. A no-op where the cache cannot drop rows or rows advance together."""
+        cache = self.kwargs.get(self.cache_key)
+        if cache is None or not hasattr(cache, "batch_select_indices") or not self.per_row_truncate:
+            return
+        held = self.held if self.held is not None else list(range(self.rows))
+        gone = set(rows)
+        keep = [i for i, r in enumerate(held) if r not in gone]
+        if not keep or len(keep) == len(held):
+            return
+        index = torch.tensor(keep, dtype=torch.int64, device=self.input_ids.device)
+        cache.batch_select_indices(index)
+        self.input_ids = self.input_ids[index]
+        for key in ("position_ids", "attention_mask"):
+            if self.kwargs.get(key) is not None:
+                self.kwargs[key] = self.kwargs[key][index.to(self.kwargs[key].device)]
+        if self.live is not None:
+            self.live = self.live[index.cpu()]
+        self.held = [held[i] for i in keep]
+
+    def _inner(self, t: torch.Tensor) -> torch.Tensor:
+        """The rows of a callers' (B, ...) tensor that the cache holds."""
+        return t if self.held is None else t[torch.tensor(self.held, device=t.device)]
+
+    def _outer(self, logits: torch.Tensor) -> torch.Tensor:
+        """(held rows, ...) logits as the callers' (B, ...), zeros for released rows."""
+        if self.held is None:
+            return logits
+        out = logits.new_zeros((self.rows, *logits.shape[1:]))
+        out[torch.tensor(self.held, device=out.device)] = logits
+        return out
+
+    def _positions(self, rows: Sequence[int]) -> list[int]:
+        """The cache rows of the callers' `rows`."""
+        if self.held is None:
+            return [int(r) for r in rows]
+        where = {r: i for i, r in enumerate(self.held)}
+        missing = [int(r) for r in rows if int(r) not in where]
+        if missing:
+            raise ConfigError(f"rows {missing} were released from the batch and cannot be fed again")
+        return [where[int(r)] for r in rows]
+
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Beam search: rows of the cache follow their beams (mask and positions are equal within a prompt)."""
+        if self.held is not None:
+            raise ConfigError("reorder: rows were released from this batch; beam search keeps every row")
         for name in _CACHE_NAMES:
             cache = self.kwargs.get(name)
             if cache is None:

@@ -80,6 +80,7 @@ class Speculation:
         self.pending: list[list[_Drawn]] = [[] for _ in range(rows)]  # drawn, not yet committed, per row
         self.q: list[torch.Tensor | None] = [None] * rows  # the current draft's probabilities (rejection mode)
         self._fed: list[int] = []
+        self.released = [False] * rows  # rows handed to the runner's release
         size = getattr(gen.model.config, "vocab_size", None)
         context = DraftContext(
             model=gen.model,
@@ -203,6 +204,8 @@ class Speculation:
                 if gen._all_finished:
                     return
             rows = self._callers(gen, ragged)
+            if ragged:
+                self._release(gen, runner)
             drafts = self._propose(gen, rows, ragged)
             if ragged:
                 self._verify_rows(gen, runner, rows, drafts)
@@ -333,6 +336,25 @@ class Speculation:
                 and not any(c.token in eos for c in self.pending[b])
             )
         ]
+
+    def _release(self, gen: Generation, runner: ModelRunner) -> None:
+        """Rows the model will not run again leave the runner's batch: finished rows and, without guards (which may
+        take drawn tokens back), rows whose drawn tokens reach an end-of-sequence token or the length limit."""
+        eos = set(gen.eos_ids)
+        finished = gen.finished.tolist()
+        done = [
+            b
+            for b, drawn in enumerate(self.pending)
+            if not self.released[b]
+            and (
+                finished[b]
+                or (self.guarding is None and (self._room(gen, b) <= 0 or any(c.token in eos for c in drawn)))
+            )
+        ]
+        if done and not all(self.released[b] or b in done for b in range(len(self.pending))):
+            runner.release(done)
+            for b in done:
+                self.released[b] = True
 
     def _room(self, gen: Generation, row: int) -> int:
         """New tokens the length limits still allow row `row` past the tokens it has drawn."""
