@@ -32,6 +32,7 @@ import torch
 
 from samplechain import in_range, one_of
 from samplechain.drafters import Draft, DraftContext, Drafter, Proposal
+from samplechain.tokens import left_pad
 
 __all__ = [
     "NOISES",
@@ -176,13 +177,24 @@ def logit_columns(model: Any) -> int | None:
     return size if isinstance(size, int) else None
 
 
+def _common(held: torch.Tensor, tokens: torch.Tensor) -> int:
+    """How many leading tokens `held` and `tokens` share."""
+    width = min(len(held), len(tokens))
+    differ = (held[:width] != tokens[:width]).nonzero()
+    return int(differ[0]) if len(differ) else width
+
+
+def _device(model: Any) -> Any:
+    return getattr(model, "device", None) or torch.device("cpu")
+
+
 class RowCache:
     """One row on the drafting model: its runner (a batch of one row, with its own cache) and the tokens that
     cache holds."""
 
     def __init__(self, runner_cls: type, model: Any) -> None:
         self.runner_cls, self.model = runner_cls, model
-        self.device = getattr(model, "device", None) or torch.device("cpu")
+        self.device = _device(model)
         self.runner: Any = None
         self.held = torch.zeros(0, dtype=torch.int64)  # the tokens in the cache, in order
         self.last: torch.Tensor | None = None  # the logits after `held` (V,)
@@ -190,9 +202,7 @@ class RowCache:
     def logits_after(self, tokens: torch.Tensor) -> torch.Tensor:
         """The drafting model's logits (V,) after `tokens` (the row's prompt and tokens so far)."""
         n, held = len(tokens), len(self.held)
-        width = min(n, held)
-        differ = (self.held[:width] != tokens[:width]).nonzero()
-        common = int(differ[0]) if len(differ) else width
+        common = _common(self.held, tokens)
         if common == n == held and self.last is not None:
             return self.last
         keep = min(common, n - 1)
@@ -214,13 +224,6 @@ class RowCache:
         return self.last
 
 
-def _common(held: torch.Tensor, tokens: torch.Tensor) -> int:
-    """How many leading tokens `held` and `tokens` share."""
-    width = min(len(held), len(tokens))
-    differ = (held[:width] != tokens[:width]).nonzero()
-    return int(differ[0]) if len(differ) else width
-
-
 class BatchCache:
     """Rows on one runner of the drafting model, a cache row each, cut back and fed row by row in one pass per
     call (`open` gives None where the runner cannot cut rows on their own)."""
@@ -237,13 +240,9 @@ class BatchCache:
     def open(
         cls, runner_cls: type, model: Any, rows: Sequence[int], tokens: Sequence[torch.Tensor]
     ) -> BatchCache | None:
-        device = getattr(model, "device", None) or torch.device("cpu")
-        width = max(len(t) for t in tokens)
-        ids = torch.zeros((len(rows), width), dtype=torch.int64)
-        mask = torch.zeros_like(ids)
-        for i, t in enumerate(tokens):
-            ids[i, width - len(t) :] = t
-            mask[i, width - len(t) :] = 1
+        device = _device(model)
+        ids = left_pad([t.tolist() for t in tokens], 0)
+        mask = left_pad([[1] * len(t) for t in tokens], 0)
         runner = runner_cls(model, ids.to(device), mask.to(device))
         if not getattr(runner, "per_row_truncate", False):
             return None
@@ -348,27 +347,20 @@ class ModelDrafter(Drafter):
             assert self._runner_cls is not None  # set by start
             self._batch_tried = True
             self._batch = BatchCache.open(self._runner_cls, self._model, rows, tokens)
-        batched = [j for j, row in enumerate(rows) if self._batch is not None and row in self._batch.index]
-        out: list[torch.Tensor | None] = [None] * len(rows)
-        if batched:
-            assert self._batch is not None
-            found = self._batch.logits_after([rows[j] for j in batched], [tokens[j] for j in batched])
-            for j, logits in zip(batched, found):
-                out[j] = logits
-        for j, row in enumerate(rows):
-            if out[j] is None:
-                out[j] = self._cache(row).logits_after(tokens[j])
-        return [o for o in out if o is not None]
+        batch, mine = self._batch, self._batched(rows)
+        found = batch.logits_after([rows[j] for j in mine], [tokens[j] for j in mine]) if batch and mine else []
+        out = dict(zip(mine, found))
+        return [out[j] if j in out else self._cache(row).logits_after(tokens[j]) for j, row in enumerate(rows)]
 
     def _feed(self, rows: Sequence[int], tokens: Sequence[int]) -> list[torch.Tensor]:
         """The logits after one more token in each row: one pass for the rows of the batch, one per other row."""
-        batch = self._batch
-        mine = [j for j, row in enumerate(rows) if batch is not None and row in batch.index]
-        out: dict[int, torch.Tensor] = {}
-        if mine:
-            assert batch is not None
-            out = dict(zip(mine, batch.feed([rows[j] for j in mine], [tokens[j] for j in mine])))
+        batch, mine = self._batch, self._batched(rows)
+        out = dict(zip(mine, batch.feed([rows[j] for j in mine], [tokens[j] for j in mine]) if batch and mine else []))
         return [out[j] if j in out else self._cache(row).feed(tokens[j]) for j, row in enumerate(rows)]
+
+    def _batched(self, rows: Sequence[int]) -> list[int]:
+        """The indices of `rows` that the batch's cache holds."""
+        return [] if self._batch is None else [j for j, row in enumerate(rows) if row in self._batch.index]
 
     def _cache(self, row: int) -> RowCache:
         if row >= len(self._rows):

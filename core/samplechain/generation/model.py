@@ -92,6 +92,7 @@ class TransformersRunner(ModelRunner):
         self.per_row_truncate = "position_ids" in params and getattr(model.config, "sliding_window", None) is None
         self.rows = input_ids.shape[0]  # the batch as callers see it
         self.held: list[int] | None = None  # after `release`: the callers' rows the cache still holds, in its order
+        self._held_index: torch.Tensor | None = None  # `held` as an index on the device
 
     def _forward(self, ids: torch.Tensor, next_len: int | None, keep: int = 1) -> torch.Tensor:
         inputs = self.model.prepare_inputs_for_generation(
@@ -177,9 +178,9 @@ class TransformersRunner(ModelRunner):
         if cache is None or not hasattr(cache, "crop"):
             raise ConfigError(f"{type(self.model).__name__}'s cache cannot be cut back (no DynamicCache.crop)")
         rows = self.input_ids.shape[0]
-        wanted = [int(length)] * rows if isinstance(length, int) else [int(n) for n in length]
-        if self.held is not None and not isinstance(length, int):
-            wanted = [wanted[r] for r in self.held] if len(wanted) == self.rows else wanted
+        wanted = [int(length)] * self.rows if isinstance(length, int) else [int(n) for n in length]
+        if self.held is not None and len(wanted) == self.rows:  # the callers' rows: those the cache holds
+            wanted = [wanted[r] for r in self.held]
         if len(set(wanted)) > 1 and not self.per_row_truncate:
             self._uniform_length(wanted)  # the error naming the lengths
         live = self.live if self.live is not None else torch.ones(self.input_ids.shape, dtype=torch.bool)
@@ -225,17 +226,18 @@ class TransformersRunner(ModelRunner):
         if self.live is not None:
             self.live = self.live[index.cpu()]
         self.held = [held[i] for i in keep]
+        self._held_index = torch.tensor(self.held, dtype=torch.int64, device=self.device)
 
     def _inner(self, t: torch.Tensor) -> torch.Tensor:
         """The rows of a callers' (B, ...) tensor that the cache holds."""
-        return t if self.held is None else t[torch.tensor(self.held, device=t.device)]
+        return t if self._held_index is None else t[self._held_index.to(t.device)]
 
     def _outer(self, logits: torch.Tensor) -> torch.Tensor:
         """(held rows, ...) logits as the callers' (B, ...), zeros for released rows."""
-        if self.held is None:
+        if self._held_index is None:
             return logits
         out = logits.new_zeros((self.rows, *logits.shape[1:]))
-        out[torch.tensor(self.held, device=out.device)] = logits
+        out[self._held_index] = logits
         return out
 
     def _positions(self, rows: Sequence[int]) -> list[int]:

@@ -330,28 +330,20 @@ class Speculation:
             for b in rows
             if not self.pending[b]
             or (guarding is not None and guarding.drawing(gen, self, b))
-            or (
-                len(self.pending[b]) < _AHEAD
-                and self._room(gen, b) > 0
-                and not any(c.token in eos for c in self.pending[b])
-            )
+            or (len(self.pending[b]) < _AHEAD and not self._drawn_all(gen, b, eos))
         ]
+
+    def _drawn_all(self, gen: Generation, row: int, eos: set[int]) -> bool:
+        """Whether row `row`'s drawn tokens reach the length limit or an end-of-sequence token."""
+        return self._room(gen, row) <= 0 or any(c.token in eos for c in self.pending[row])
 
     def _release(self, gen: Generation, runner: ModelRunner) -> None:
         """Rows the model will not run again leave the runner's batch: finished rows and, without guards (which may
         take drawn tokens back), rows whose drawn tokens reach an end-of-sequence token or the length limit."""
-        eos = set(gen.eos_ids)
-        finished = gen.finished.tolist()
-        done = [
-            b
-            for b, drawn in enumerate(self.pending)
-            if not self.released[b]
-            and (
-                finished[b]
-                or (self.guarding is None and (self._room(gen, b) <= 0 or any(c.token in eos for c in drawn)))
-            )
-        ]
-        if done and not all(self.released[b] or b in done for b in range(len(self.pending))):
+        eos, finished = set(gen.eos_ids), gen.finished.tolist()
+        left = [b for b, gone in enumerate(self.released) if not gone]
+        done = [b for b in left if finished[b] or (self.guarding is None and self._drawn_all(gen, b, eos))]
+        if done and len(done) < len(left):  # the last rows stay: the generation ends with them
             runner.release(done)
             for b in done:
                 self.released[b] = True
