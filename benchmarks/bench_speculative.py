@@ -22,8 +22,8 @@ reason there, and the other rows go on.
    first N layers>) against generate() with prompt_lookup / early_exit / draft_model (the same first N layers), plus
    both without speculation; the ratio ours / theirs (> 1: ours is faster).
 3. Coupling. One sampling chain at temperature 1 (dist alone, seeded), B = 1, the early_exit and draft_model
-   drafters: kept / drafted for the `match` mode with coupled noise, the `rejection` mode (independent noise) and
-   `match` with independent noise.
+   drafters at a fixed draft length (their num_tokens, `adaptive = false`): kept / drafted for the `match` mode with
+   coupled noise, the `rejection` mode (independent noise) and `match` with independent noise.
 4. The model-running drafters at B = 1 and 8 (--batch), transformers engine, greedy and sampling: generate() with
    early_exit and with draft_model (the first N layers) against generate() without a drafter, interleaved.
 
@@ -585,7 +585,8 @@ def section3(
             configs = {"none": _ours(model, tok, batch, "t=1", n)}
             for drafter, entry in drafters.items():
                 for config, (mode, noise) in COUPLING.items():
-                    draft = {**entry, "noise": noise} | ({} if mode is None else {"mode": mode})
+                    # a fixed length: every configuration checks drafts of num_tokens, whatever it keeps
+                    draft = {**entry, "noise": noise, "adaptive": False} | ({} if mode is None else {"mode": mode})
                     configs[f"{drafter}: {config}"] = _ours(model, tok, batch, "t=1", n, draft=draft)
             m = _interleave(configs, reps)
             for drafter in drafters:

@@ -74,6 +74,8 @@ def test_the_draft_table_beside_the_chain_or_in_it(tmp_path):
         ('use = "prompt_lookup"\nnum_tokens = "8"', r"draft\.num_tokens = '8': expected an integer"),
         ('use = "prompt_lookup"\nmin_ngram = 4\nmax_ngram = 2', r"draft: drafter prompt_lookup: min_ngram \(= 4\)"),
         ("num_tokens = 4", r"draft\.use: required: the drafter's name, e\.g\. a \[draft\] table"),
+        ('use = "prompt_lookup"\ncost = -1', r"draft\.cost = -1: a number >= 0, what checking one drafted token"),
+        ('use = "prompt_lookup"\ncost = "low"', r"draft\.cost = 'low': a number >= 0"),
     ],
 )
 def test_a_bad_draft_table_is_one_error_naming_its_key(draft, message):

@@ -144,7 +144,7 @@ def test_the_exact_continuation_is_kept_whole(tiny):
     drafter = Scripted(reference_rows(reference, gen), model.config.vocab_size, longest=k)
     drafter.rng = random.Random()
     drafter.rng.randint = lambda a, b: k  # type: ignore[method-assign]  # always k tokens
-    ours, _ = run(model, tok, PROMPTS[:1], draft=drafter, **kwargs)
+    ours, _ = run(model, tok, PROMPTS[:1], draft={"use": drafter, "adaptive": False}, **kwargs)
     assert_same_tokens(ours, reference)
     n, calls, kept = int(ours.num_generated[0]), int(ours.model_calls[0]), int(ours.kept[0])
     assert n - calls <= kept <= n - calls + 1  # each call: its kept drafts and the chain's own token
@@ -296,7 +296,8 @@ def test_on_llama_cpp_prompt_lookup_gives_the_same_tokens(smollm):
     for chain in ("preset:greedy", "preset:llama.cpp"):
         kwargs = {"chain": chain, "max_new_tokens": 24, "seed": 11, "output_logits": True}
         reference = generate(model, tok, QUOTING, **kwargs)
-        ours = generate(model, tok, QUOTING, draft={"use": "prompt_lookup", "num_tokens": 6}, **kwargs)
+        draft = {"use": "prompt_lookup", "num_tokens": 6, "cost": 0.1}
+        ours = generate(model, tok, QUOTING, draft=draft, **kwargs)
         assert_same_tokens(ours, reference)
         assert ours.texts == reference.texts
         for j, (a, b) in enumerate(zip(ours.logits, reference.logits)):  # bit for bit while a row generates
@@ -317,7 +318,7 @@ def rows_keep_their_own_drafts(model, tok, case):
         warnings.simplefilter("ignore")  # chain pitfalls a random chain may have
         reference, gen = run(model, tok, prompts, **kwargs)
         drafter = Scripted(reference_rows(reference, gen), model.config.vocab_size, seed=case, wrong_rate=0.5)
-        ours, _ = run(model, tok, prompts, draft=drafter, **kwargs)
+        ours, _ = run(model, tok, prompts, draft={"use": drafter, "cost": 0.1}, **kwargs)
     assert_same_tokens(ours, reference)
     assert int(ours.kept.sum()) > 0, chain
     # rows advancing together draft and keep the same number of tokens in every call (until one finishes)
@@ -381,7 +382,8 @@ def resumed(model, tok, prompts, stop_after, **kwargs):
 def test_a_resumed_speculative_generation_gives_the_same_tokens(tiny):
     model, tok = tiny
     chain = {"samplers": [{"use": "penalties", "repeat": 1.2}, {"use": "mirostat", "tau": 5.0}]}
-    kwargs = {"chain": chain, "max_new_tokens": 20, "seed": 3, "draft": {"use": "prompt_lookup", "num_tokens": 4}}
+    draft = {"use": "prompt_lookup", "num_tokens": 4, "cost": 0.1}  # a fixed cost: the same drafts in both runs
+    kwargs = {"chain": chain, "max_new_tokens": 20, "seed": 3, "draft": draft}
     whole, _ = run(model, tok, PROMPTS[:3], **kwargs)
     for stop_after in (1, 5, 11):
         out, saved = resumed(model, tok, PROMPTS[:3], stop_after, **dict(kwargs))

@@ -18,7 +18,9 @@ A drafter class is registered like a sampler (the `register_drafters` hook of a 
 
 A draft table (`draft=` or a chain's `[draft]`) names its drafter with `use`, gives the drafter's parameters, and
 may set the loop with `SETTINGS`: `mode` ("match": keep a guess where the chain draws it; "rejection": speculative
-sampling's test) and `adaptive` (the draft length follows acceptance; false keeps it at the drafter's `num_tokens`).
+sampling's test), `adaptive` (the draft length follows acceptance and cost; false keeps it at the drafter's
+`num_tokens`) and `cost` (what checking one drafted token costs, as a fraction of a model call per row; unset: timed
+while generating; samplechain.generation.draft_length).
 """
 
 from __future__ import annotations
@@ -107,11 +109,12 @@ MODES = (
 )
 
 
-SETTINGS = ("mode", "adaptive")  # keys of a draft table that set the loop, not the drafter
+SETTINGS = ("mode", "adaptive", "cost")  # keys of a draft table that set the loop, not the drafter
 
 
 def draft_settings(spec: Any) -> dict[str, Any]:
-    """The loop settings of a draft spec: a table's `mode` ("match" / "rejection") and `adaptive` (bool)."""
+    """The loop settings of a draft spec: a table's `mode` ("match" / "rejection"), `adaptive` (bool) and `cost`
+    (a number >= 0)."""
     if not isinstance(spec, Mapping):
         return {}
     settings = {key: spec[key] for key in SETTINGS if key in spec}
@@ -119,6 +122,12 @@ def draft_settings(spec: Any) -> dict[str, Any]:
         raise ConfigError(
             f"draft.adaptive = {settings['adaptive']!r}: true (the draft length follows acceptance) or false "
             "(always the drafter's num_tokens)"
+        )
+    cost = settings.get("cost", 0.0)
+    if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not 0 <= cost < float("inf"):
+        raise ConfigError(
+            f"draft.cost = {cost!r}: a number >= 0, what checking one drafted token costs as a fraction of a model "
+            "call (e.g. 0.1); leave it out to have it timed"
         )
     if settings.get("mode", "match") not in ("match", "rejection"):
         raise ConfigError(f"draft.mode = {settings['mode']!r}: {MODES}")

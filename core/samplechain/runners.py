@@ -52,6 +52,9 @@ class ModelRunner:
     # finished rows' compute; one that runs the padded batch as a whole (transformers) keeps it, so that a batch's
     # logits stay those model.generate computes
     skips_inactive: ClassVar[bool] = False
+    # extend_rows runs every row the runner holds as wide as the widest feed (a padded batch), so a call's work grows
+    # with its longest draft times its rows; False: with the tokens it feeds. Speculation picks draft lengths by it.
+    pads_rows: ClassVar[bool] = False
     # model files this runner's engine opens (`samplechain.models.load_model` picks the runner by them)
     file_suffixes: ClassVar[tuple[str, ...]] = ()
     # torch (and numba) threads for the sampling step while this runner generates; None leaves them. An engine with a

@@ -428,7 +428,9 @@ def _check_draft(draft: Any, label: str, path: str, host: PluginHost) -> tuple[d
         cls(parse_params(cls, params, source=label, path=path))  # cross-parameter checks live in the drafter
     except ConfigError as exc:
         text = str(exc)
-        return None, [text if text.startswith(f"{label}: ") else f"{label}: {path}: {text}"]
+        if text.startswith(f"{label}: "):
+            return None, [text]
+        return None, [f"{label}: {text}" if text.startswith(f"{path}.") else f"{label}: {path}: {text}"]
     except (ValueError, TypeError) as exc:
         return None, [f"{label}: {path}: drafter {use} refuses its parameters: {type(exc).__name__}: {exc}"]
     return {"use": use, **body}, []

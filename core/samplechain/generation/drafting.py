@@ -20,7 +20,7 @@ __all__ = ["check_forkable", "checked_mode", "load_drafter", "load_spec"]
 
 def load_spec(spec: Any, host: PluginHost, kind: str, base: type, settings: Sequence[str], example: str) -> Any:
     """A `kind` plugin object from a name ("prompt_lookup", "prompt_lookup.v1"), a table {"use": NAME, ...its
-    parameters, and the loop's `settings`} or an object of `base`; unknown names and bad parameters are one
+    parameters, and the loop's `settings`}, an object of `base`, or a table {"use": OBJECT, ...the loop's `settings`}; unknown names and bad parameters are one
     ConfigError naming them (`example`: a table to show)."""
     if isinstance(spec, base):
         return spec
@@ -30,6 +30,14 @@ def load_spec(spec: Any, host: PluginHost, kind: str, base: type, settings: Sequ
     elif isinstance(spec, Mapping):
         raw = dict(spec)
         name = raw.pop("use", None)
+        if isinstance(name, base):  # an object with the loop's settings beside it
+            extra = sorted(set(raw) - set(settings))
+            if extra:
+                raise ConfigError(
+                    f"{label} = {spec!r}: a table whose `use` is a {kind} object takes only {list(settings)}, not "
+                    f"{extra}; give the object its parameters when you make it"
+                )
+            return name
         if not isinstance(name, str):
             raise ConfigError(f"{label} = {spec!r}: a table names its {kind} with `use`, e.g. {example}")
     else:

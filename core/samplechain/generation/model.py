@@ -56,6 +56,7 @@ class TransformersRunner(ModelRunner):
     """Prefill then one token per step (or several, `extend`), on a transformers model and its cache."""
 
     name = "transformers"
+    pads_rows = True  # extend_rows gives every row the longest feed's columns (holes where it has fewer)
 
     @classmethod
     def accepts(cls, model: Any) -> bool:

@@ -26,6 +26,7 @@ a difference flips is the only way the tokens can differ from a generation witho
 from __future__ import annotations
 
 import functools
+import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from ..drafters import Draft, DraftContext, Drafter, draft_settings
 from ..errors import ConfigError, GenerationWarning
 from ..models import load_model
 from ..runners import ModelRunner
+from .draft_length import DraftLengths
 from .drafting import check_forkable, checked_mode, load_drafter
 from .guarding import Guarding
 from .model import runner_for
@@ -60,6 +62,7 @@ class Speculation:
         *,
         mode: str | Sequence[str] = "match",
         adaptive: bool | Sequence[bool] = True,
+        cost: Sequence[float | None] | None = None,
         guarding: Guarding | None = None,
     ) -> None:
         rows = len(drafters)
@@ -72,11 +75,13 @@ class Speculation:
         self.kept = torch.zeros(rows, dtype=torch.int64)
         self.model_calls = torch.zeros(rows, dtype=torch.int64)
         self.off = [d is None for d in drafters]  # rows without drafts (none asked, or their drafter failed)
-        self.fixed = [not adaptive] * rows if isinstance(adaptive, bool) else [not a for a in adaptive]
-        self.pause = [0] * rows  # calls a row rests after its one-token guess missed (doubling while it misses)
-        self.idle = [0] * rows  # calls the row still rests
-        # each row's draft length: adaptive from its drafter's longest (num_tokens) on, or fixed at it
-        self.length = [int(getattr(d.params, "num_tokens", _START)) if d is not None else 0 for d in drafters]
+        # each row's draft length: chosen per call up to its drafter's longest (num_tokens), or fixed at it
+        self.lengths = DraftLengths(
+            [int(getattr(d.params, "num_tokens", _LONGEST)) if d is not None else 0 for d in drafters],
+            [not adaptive] * rows if isinstance(adaptive, bool) else [not a for a in adaptive],
+            [None] * rows if cost is None else list(cost),
+            "rows",
+        )
         self.pending: list[list[_Drawn]] = [[] for _ in range(rows)]  # drawn, not yet committed, per row
         self.q: list[torch.Tensor | None] = [None] * rows  # the current draft's probabilities (rejection mode)
         self._fed: list[int] = []
@@ -160,6 +165,7 @@ class Speculation:
             gen,
             mode=[s.get("mode", "match") for s in settings],
             adaptive=[s.get("adaptive", True) for s in settings],
+            cost=[s.get("cost") for s in settings],
             guarding=guarding,
         )
 
@@ -176,6 +182,7 @@ class Speculation:
         """Generation's steps from `logits` (the next position's, the cache holding every token so far) to the end,
         each step yielded as the plain loop yields it."""
         ragged = runner.per_row_truncate
+        self.lengths.shape = "together" if not ragged else "padded" if runner.pads_rows else "rows"
         if self.guarding is not None and not ragged:
             raise ConfigError(
                 f"guards= take a row's text back on its own, which the {runner.name} runner cannot (it cuts every "
@@ -230,24 +237,22 @@ class Speculation:
 
     # ----------------------------------------------------------------- checkpoints
     def checkpoint(self) -> dict[str, Any]:
-        """Plain data: each row's drawn tokens past the last step (and their logprobs), the counts, the adaptive
-        draft lengths and pauses, and the rows whose drafter was switched off."""
+        """Plain data: each row's drawn tokens past the last step (and their logprobs), the counts, the rows'
+        acceptance and rests, and the rows whose drafter was switched off."""
         return {
             "pending": [[c.token for c in row] for row in self.pending],
             "pending_logprobs": [[float(c.logprob) for c in row] for row in self.pending],
             "drafted": self.drafted.tolist(),
             "kept": self.kept.tolist(),
             "model_calls": self.model_calls.tolist(),
-            "length": list(self.length),
-            "pause": list(self.pause),
-            "idle": list(self.idle),
+            "lengths": self.lengths.checkpoint(),
             "off": list(self.off),
             "guards": None if self.guarding is None else self.guarding.checkpoint(),
         }
 
     def restore(self, saved: Mapping[str, Any]) -> None:
         rows = len(self.pending)
-        if any(len(saved[key]) != rows for key in ("pending", "pending_logprobs", "drafted", "length", "off")):
+        if any(len(saved[key]) != rows for key in ("pending", "pending_logprobs", "drafted", "off")):
             raise ConfigError(f"resume: the checkpoint's speculation is not for {rows} rows; the checkpoint is damaged")
         self.pending = [
             [_Drawn(int(t), torch.tensor(lp), None, None, None) for t, lp in zip(tokens, logprobs)]
@@ -255,9 +260,7 @@ class Speculation:
         ]
         for name in ("drafted", "kept", "model_calls"):
             setattr(self, name, torch.tensor(saved[name], dtype=torch.int64))
-        self.length = [int(n) for n in saved["length"]]
-        self.pause = [int(n) for n in saved.get("pause", self.pause)]
-        self.idle = [int(n) for n in saved.get("idle", self.idle)]
+        self.lengths.restore(saved.get("lengths", {}))
         self.off = [bool(o) or d is None for o, d in zip(saved["off"], self.drafters)]
         guards = saved.get("guards")
         if (guards is None) != (self.guarding is None) and any(saved["pending"]):
@@ -367,17 +370,18 @@ class Speculation:
         shortest (none if a row has none)."""
         drafts = {b: _EMPTY for b in rows}
         vocab = self._vocab(gen)
+        asking = [b for b in rows if not self.off[b]]
+        held = self.released.count(False)
+        wanted = self.lengths.limits(asking, [self._room(gen, b) - 1 for b in asking], len(rows), held)
         groups: dict[int, list[int]] = {}
-        for b in rows:
-            limit = min(self.length[b], self._room(gen, b) - 1)
-            if self.idle[b]:
-                self.idle[b] -= 1
-            elif not self.off[b] and limit > 0:
+        for b in asking:
+            if wanted[b] > 0:
                 groups.setdefault(id(self.drafters[b]), []).append(b)
         for members in groups.values():
             drafter = self.drafters[members[0]]
             assert drafter is not None  # rows without a drafter are off
-            limits = [min(self.length[b], self._room(gen, b) - 1) for b in members]
+            limits = [wanted[b] for b in members]
+            started = time.perf_counter()
             try:
                 proposals = drafter.propose_rows(members, [self._tokens(gen, b) for b in members], limits)
                 if len(proposals) != len(members):
@@ -387,6 +391,7 @@ class Speculation:
                 continue
             for b, proposal, limit in zip(members, proposals, limits):
                 drafts[b] = self._checked(b, drafter, proposal, limit, vocab)
+            self.lengths.drafted(sum(len(drafts[b]) for b in members), time.perf_counter() - started)
         if not ragged and rows:
             k = min(len(d) for d in drafts.values())
             drafts = {b: d[:k] for b, d in drafts.items()}
@@ -435,10 +440,13 @@ class Speculation:
         order until its draw differs from its draft; each row's cache is cut back to its drawn tokens but the
         newest."""
         feeds = [torch.cat([self._tokens(gen, b)[-1:], drafts[b]]) for b in rows]
+        started = time.perf_counter()
         logits = dict(zip(rows, runner.extend_rows(rows, feeds)))
         self.model_calls[rows] += 1
         self._guard_cut = set()
-        drawn = self._draw_along(gen, rows, drafts, logits, together=False)
+        padded = self.released.count(False) * max(len(f) for f in feeds)
+        fed = padded if self.lengths.shape == "padded" else sum(len(f) for f in feeds)
+        drawn = self._draw_along(gen, rows, drafts, logits, together=False, timing=(fed, started))
         if self._guard_cut:
             self._cut(gen, runner)
             return
@@ -457,6 +465,7 @@ class Speculation:
         """One call that feeds every row its newest token and the common-length drafts; the rows' draws go on
         together while every row draws its draft; the cache is cut back to the drawn tokens but the newest."""
         k = len(next(iter(drafts.values())))
+        started = time.perf_counter()
         if k == 0:
             columns = runner.step(gen.input_ids)[:, None]
         else:
@@ -465,7 +474,8 @@ class Speculation:
                 block[b] = d
             columns = runner.extend(torch.cat([gen.input_ids[:, -1:], block.to(gen.input_ids.device)], dim=1))
         self.model_calls[rows] += 1
-        drawn = self._draw_along(gen, rows, drafts, {b: columns[b] for b in rows}, together=True)
+        timing = (gen.input_ids.shape[0] * (k + 1), started)
+        drawn = self._draw_along(gen, rows, drafts, {b: columns[b] for b in rows}, together=True, timing=timing)
         n = drawn[rows[0]]
         if n - 1 < k:
             runner.truncate(gen.input_ids.shape[1] + n - 1)
@@ -477,15 +487,20 @@ class Speculation:
         drafts: dict[int, torch.Tensor],
         logits: dict[int, torch.Tensor],
         together: bool,
+        timing: tuple[int, float],
     ) -> dict[int, int]:
         """Draw position j = 0, 1, ... of the rows still going (row b's logits[b][j]); a row goes on to j + 1 while
-        its draw equals its draft's token j (together: while every row's does). -> tokens drawn per row."""
+        its draw equals its draft's token j (together: while every row's does). -> tokens drawn per row. `timing`:
+        the tokens the model call ran and when it started; the call's time is taken once its first position is
+        drawn (on an accelerator, when its logits have arrived)."""
         going, drawn = list(rows), dict.fromkeys(rows, 0)
         for b in rows:
             self.drafted[b] += len(drafts[b])
         j = 0
         while going:
             tokens = self._draw_position(gen, going, drafts, logits, j)
+            if j == 0:
+                self.lengths.timed(timing[0], time.perf_counter() - timing[1])
             same = [j < len(drafts[b]) and tokens[i] == int(drafts[b][j]) for i, b in enumerate(going)]
             if self.guarding is not None:  # a row a guard took back goes no further
                 cut = self.guarding.guard(gen, self, going)
@@ -494,30 +509,14 @@ class Speculation:
             for i, b in enumerate(going):
                 drawn[b] += 1
                 self.kept[b] += int(same[i])
-            self._adapt(drafts, going, same, j)
+            for i, b in enumerate(going):
+                if j < len(drafts[b]):
+                    self.lengths.checked(b, same[i])
+                elif j == 0:
+                    self.lengths.undrafted(b)
             going = [b for i, b in enumerate(going) if same[i]] if not together or all(same) else []
             j += 1
         return drawn
-
-    def _adapt(self, drafts: dict[int, torch.Tensor], going: list[int], same: list[bool], j: int) -> None:
-        """The adaptive draft length: two more after a draft kept whole, one fewer after a draft cut short
-        (transformers' heuristic schedule), one after a draft of which nothing was kept; a row whose one-token
-        guesses keep missing drafts nothing for 1, 2, 4 ... 16 calls (a wrong guess still costs the model's work)."""
-        for i, b in enumerate(going):
-            k = len(drafts[b])
-            if j >= k or self.fixed[b]:  # the draw after a whole draft: nothing more to learn
-                continue
-            if same[i]:
-                self.pause[b] = 0
-                if j == k - 1:
-                    self.length[b] = min(self.length[b] + 2, _LONGEST)
-            elif j > 0:
-                self.length[b] = max(self.length[b] - 1, 1)
-            elif self.length[b] > 1:  # nothing kept: guess one token next time
-                self.length[b] = 1
-            else:  # a one-token guess missed again: stop guessing for a while
-                self.pause[b] = min(2 * self.pause[b] or 1, _LONGEST_PAUSE)
-                self.idle[b] = self.pause[b]
 
     def _draw_position(
         self, gen: Generation, rows: list[int], drafts: dict[int, torch.Tensor], logits: dict[int, torch.Tensor], j: int
@@ -631,6 +630,4 @@ class _Drawn:
 
 _EMPTY = torch.zeros(0, dtype=torch.int64)
 _AHEAD = 64  # drawn tokens a row may have waiting before it skips model calls
-_LONGEST = 64  # the adaptive draft length's ceiling
-_LONGEST_PAUSE = 16  # the most calls a row whose guesses keep missing rests
-_START = 8  # the first draft length of a drafter without num_tokens
+_LONGEST = 64  # the longest draft of a drafter without num_tokens

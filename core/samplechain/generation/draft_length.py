@@ -1,0 +1,229 @@
+"""How many tokens each row drafts: the lengths that give the most tokens per unit of model work.
+
+A drafted token the chain keeps saves a model call; one it does not keep costs the work of checking it. With a
+row's acceptance `a` (the chance that a drafted token is kept once the ones before it were) and the cost `c` of
+checking one more drafted token (a fraction of a model call's work per row), a draft of k tokens gives
+(1 - a^(k+1)) / (1 - a) tokens for 1 + c k of a call. Each call picks the batch's draft lengths that maximise the
+tokens per unit of work over all its rows (Dinkelbach's iteration for a ratio of sums):
+
+- `a`, per row: the recency-weighted share of its checked draft positions that were kept (each checked position is
+  one trial, an older trial weighing `_DECAY` per newer one; before any trial, 1/2 weighing one trial);
+- `c`: timed. Each model call's time is fitted, recency-weighted, as alpha + beta F, F the tokens the call runs: each
+  row's newest token and its own draft on a runner that feeds rows their own tokens, every row as wide as the widest
+  on one that pads them (`ModelRunner.pads_rows`) or advances rows together. A drafter's own time per drafted token
+  (a draft model's passes) adds to it. A draft table's `cost` fixes c instead (the same drafts on every machine).
+
+Drafting at all costs a little more than its tokens (the drafter's call, a pass over several tokens): a draft must
+gain 5% of a row's call more than its tokens cost. Where no draft pays, a row rests, then guesses one token (a probe)
+to measure its acceptance again; the rests double while the probes miss. Both the first rest and the longest scale
+with what a probe costs: the first makes it about 5% of the calls' work, the longest about 1% (at most 64 calls; on a
+padded batch a probe widens every row). With `adaptive = false` a row always drafts its drafter's
+`num_tokens`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["DraftLengths"]
+
+_DECAY = 0.95  # weight of a trial per newer trial: about the last 20 checked positions count
+_PRIOR = 0.5  # acceptance before any trial, weighing as one trial
+_FIT_DECAY = 0.9  # weight of a timed call per newer call: about the last 10 calls count
+_COST = 0.25  # c until calls of different widths have been timed
+_PRIOR_SPREAD = 0.5  # how much the prior slope weighs in the fit, as a sum of squared deviations of F (tokens^2)
+_PROBE_SHARE = 0.01  # rests grow until a probe costs about this share of the calls' work
+_FIRST_SHARE = 0.05  # a row's first rest is long enough that a probe after it costs about this share
+# what drafting at all adds to a row's call (a share of it) beyond its drafted tokens: the drafter's call, a pass over
+# several tokens instead of one; a draft must gain more than this
+_OVERHEAD = 0.05
+_LONGEST_PAUSE = 64  # the most calls a row whose probes miss rests
+
+
+class DraftLengths:
+    """Per-row acceptance, rests and probes, and the timed cost of a drafted token.
+
+    `longest`: each row's longest draft (its drafter's num_tokens); `fixed`: rows that always draft it; `cost`: per
+    row, a fixed c or None (timed); `shape`: how a call's work grows with its drafts, "rows" (each row its own
+    tokens), "padded" (every row as wide as the widest) or "together" (every row the batch's shortest draft)."""
+
+    def __init__(self, longest: Sequence[int], fixed: Sequence[bool], cost: Sequence[float | None], shape: str):
+        rows = len(longest)
+        self.longest, self.fixed, self.cost, self.shape = list(longest), list(fixed), list(cost), shape
+        # per row, recency-weighted kept / checked positions: [0] a draft's first position after a miss or a call
+        # without a draft (entering a run), [1] a position after a kept one (staying in it)
+        self.keeps = [[0.0, 0.0] for _ in range(rows)]
+        self.trials = [[0.0, 0.0] for _ in range(rows)]
+        self.streak = [False] * rows  # the row's last checked position was kept
+        self.pause = [0] * rows  # calls a row rests after a probe missed (doubling while they miss)
+        self.idle = [0] * rows  # calls the row still rests
+        self.probing = [False] * rows  # rows whose current draft is a probe
+        self._fit = [0.0] * 5  # weighted sums of 1, F, t, F^2, F t over timed calls
+        self._drafting = 0.0  # seconds a drafter takes per drafted token (recency-weighted)
+        self._first_pause = 1  # a row's first rest: longer where a probe costs more
+        self._longest_pause = 4  # the longest rest
+
+    # ----------------------------------------------------------------- state
+    def checkpoint(self) -> dict[str, Any]:
+        return {
+            "keeps": [list(k) for k in self.keeps],
+            "trials": [list(t) for t in self.trials],
+            "streak": list(self.streak),
+            "pause": list(self.pause),
+            "idle": list(self.idle),
+            "probing": list(self.probing),
+        }
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        for key in ("keeps", "trials"):
+            setattr(self, key, [[float(x) for x in pair] for pair in saved.get(key, getattr(self, key))])
+        self.streak = [bool(x) for x in saved.get("streak", self.streak)]
+        for key in ("pause", "idle"):
+            setattr(self, key, [int(x) for x in saved.get(key, getattr(self, key))])
+        self.probing = [bool(x) for x in saved.get("probing", self.probing)]
+
+    def acceptance(self, row: int) -> tuple[float, float]:
+        """(the chance that the next draft's first token is kept, that a token after a kept one is)."""
+        keeps, trials = self.keeps[row], self.trials[row]
+        first = 1 if self.streak[row] else 0
+        return (keeps[first] + _PRIOR) / (trials[first] + 1.0), (keeps[1] + _PRIOR) / (trials[1] + 1.0)
+
+    # ----------------------------------------------------------------- observing
+    def checked(self, row: int, kept: bool) -> None:
+        """One drafted position of `row` checked: kept or not."""
+        state = 1 if self.streak[row] else 0
+        self.keeps[row][state] = _DECAY * self.keeps[row][state] + kept
+        self.trials[row][state] = _DECAY * self.trials[row][state] + 1.0
+        self.streak[row] = kept
+        if self.probing[row]:
+            self.probing[row] = False
+            if not kept:
+                self.pause[row] = min(2 * self.pause[row] or 1, self._longest_pause)
+                self.idle[row] = self.pause[row]
+
+    def undrafted(self, row: int) -> None:
+        """A call of `row` without a draft: its next draft starts a run."""
+        self.streak[row] = False
+
+    def timed(self, tokens: int, seconds: float) -> None:
+        """A model call that ran `tokens` tokens (F) took `seconds`."""
+        f = float(tokens)
+        for i, x in enumerate((1.0, f, seconds, f * f, f * seconds)):
+            self._fit[i] = _FIT_DECAY * self._fit[i] + x
+
+    def drafted(self, tokens: int, seconds: float) -> None:
+        """A drafter proposed `tokens` tokens in `seconds`."""
+        if tokens:
+            self._drafting = 0.5 * self._drafting + 0.5 * seconds / tokens if self._drafting else seconds / tokens
+
+    # ----------------------------------------------------------------- deciding
+    def limits(self, rows: Sequence[int], room: Sequence[int], width: int, held: int) -> dict[int, int]:
+        """The draft length of each of `rows` (rows with a drafter) this call, at most its `room`; `width`: the rows
+        the call runs, `held`: the rows the runner holds (a padded call runs them all)."""
+        out = dict.fromkeys(rows, 0)
+        free: list[int] = []
+        ceilings: list[int] = []
+        for b, r in zip(rows, room):
+            if r <= 0:
+                continue
+            if self.fixed[b]:
+                out[b] = min(self.longest[b], r)
+            elif self.idle[b]:
+                self.idle[b] -= 1
+            else:
+                free.append(b)
+                ceilings.append(min(self.longest[b], r))
+                self.probing[b] = False
+        if not free:
+            return out
+        unit = self._unit(width, held)
+        costs = [unit if (fixed := self.cost[b]) is None else fixed for b in free]
+        probe = max(costs) * (1 if self.shape == "rows" else width)  # a padded probe widens every row
+        self._longest_pause = min(max(4, math.ceil(probe / _PROBE_SHARE)), _LONGEST_PAUSE)
+        self._first_pause = min(max(1, round(probe / _FIRST_SHARE)), self._longest_pause)
+        rates = [self.acceptance(b) for b in free]
+        if self.shape == "rows":
+            lengths = _per_row(rates, costs, ceilings, width)
+        else:
+            lengths = _common(rates, costs, ceilings, width, self.shape == "together")
+        for b, k in zip(free, lengths):
+            if k:
+                out[b], self.pause[b] = k, 0
+            elif self.pause[b]:  # back from a rest: probe with one token
+                out[b], self.probing[b] = 1, True
+            else:  # no draft now: rest, then probe
+                self.pause[b] = self.idle[b] = self._first_pause
+        return out
+
+    def _unit(self, width: int, held: int) -> float:
+        """c timed: the work a drafted token adds (where the call pads, a drafted position of every row, shared by
+        its rows), per row of the call without drafts."""
+        w, sf, st, sff, sft = self._fit
+        if w <= 0:
+            return _COST
+        mf, mt = sf / w, st / w
+        # least squares drawn toward the prior slope (c = _COST) while the calls' widths vary little
+        prior = _COST * mt / max(mf, 1.0)
+        beta = max((sft - w * mf * mt + _PRIOR_SPREAD * prior) / (sff - w * mf * mf + _PRIOR_SPREAD), 0.0)
+        alpha = max(mt - beta * mf, 0.1 * mt)
+        if self.shape == "rows":  # a call feeding each of its rows one token; a drafted token of one row
+            call = alpha + beta * width
+            return (beta + self._drafting) * width / call if call > 0 else _COST
+        call = alpha + beta * held  # every held row is as wide as the widest
+        return (beta * held + self._drafting * width) / call if call > 0 else _COST
+
+
+def _kept(rate: tuple[float, float], k: int) -> float:
+    """Expected kept tokens of a k-token draft: first (1 + then + ... + then^(k-1))."""
+    first, then = rate
+    return first * (1 - then**k) / (1 - then) if then < 1 else first * k
+
+
+def _per_row(rates: list[tuple[float, float]], costs: list[float], ceilings: list[int], width: int) -> list[int]:
+    """Rows feeding their own tokens: the lengths that maximise (width + kept) / (width + sum of c k)."""
+    ratio, lengths = 1.0, [0] * len(rates)
+    for _ in range(32):  # Dinkelbach: each round's ratio is higher until the choice repeats
+        lengths = []
+        for a, c, top in zip(rates, costs, ceilings):
+            k = _longest_above(a, ratio * c, top)  # the best draft, if the row drafts at all
+            lengths.append(k if k and _kept(a, k) > ratio * (c * k + _OVERHEAD) else 0)
+        gained = width + sum(_kept(a, k) for a, k in zip(rates, lengths))
+        work = width + sum(c * k + _OVERHEAD for c, k in zip(costs, lengths) if k)
+        if gained / work <= ratio + 1e-12:
+            break
+        ratio = gained / work
+    return lengths
+
+
+def _longest_above(rate: tuple[float, float], bar: float, top: int) -> int:
+    """The k <= top whose positions all pay: each one's chance of being reached and kept is above the bar."""
+    k, p = 0, rate[0]
+    while k < top and p > bar:
+        k, p = k + 1, p * rate[1]
+    return k
+
+
+def _common(
+    rates: list[tuple[float, float]], costs: list[float], ceilings: list[int], width: int, together: bool
+) -> list[int]:
+    """Rows padded to one width (together: each row drafting the batch's shortest draft, a row going on only while
+    every row's token was kept): the width M that maximises tokens per work; each row drafts up to M."""
+    best, best_m = 1.0, 0
+    gained, work = float(width), float(width)
+    reach = [first for first, _ in rates]  # each row's chance of keeping its draft up to position m
+    per_position = max(costs) * width
+    work += _OVERHEAD * width
+    for m in range(1, max(ceilings) + 1):
+        if together:
+            if m > min(ceilings):
+                break
+            gained += width * math.prod(reach)
+        else:
+            gained += sum(p for p, top in zip(reach, ceilings) if m <= top)
+        reach = [p * then for p, (_, then) in zip(reach, rates)]
+        work += per_position
+        if gained / work > best:
+            best, best_m = gained / work, m
+    return [min(best_m, top) for top in ceilings]

@@ -1,0 +1,211 @@
+"""The draft lengths speculation picks: the lengths that maximise expected tokens per unit of model work, against a
+brute-force search; rests and probes where no draft pays; the timed cost; and what it does to a generation."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from samplechain.drafters import Drafter
+from samplechain.generation import Generation
+from samplechain.generation.draft_length import _OVERHEAD, DraftLengths
+
+
+def tokens_per_work(rates, costs, lengths, width):
+    """Expected tokens of a call (each row's own token and its kept drafts) per unit of its work."""
+    kept = sum((1 - a**k) / (1 - a) * a for a, k in zip(rates, lengths))
+    return (width + kept) / (width + sum(c * k + _OVERHEAD for c, k in zip(costs, lengths) if k))
+
+
+def padded_tokens_per_work(rates, cost, ceilings, m, width):
+    kept = sum(sum(a**j for j in range(1, min(m, top) + 1)) for a, top in zip(rates, ceilings))
+    return (width + kept) / (width + (cost * m + _OVERHEAD) * width if m else width)
+
+
+def gate(rows, *, cost=None, longest=16, shape="rows", acceptance=None):
+    lengths = DraftLengths([longest] * rows, [False] * rows, [cost] * rows, shape)
+    for b, a in enumerate(acceptance or []):
+        at_rate(lengths, b, a)
+    return lengths
+
+
+def at_rate(lengths, row, a):
+    """Many trials at rate `a`, entering a run and staying in it alike."""
+    lengths.keeps[row], lengths.trials[row] = [a * 1000 - 0.5] * 2, [999.0] * 2
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_one_row_drafts_the_length_that_gives_the_most_tokens_per_work(seed):
+    rng = random.Random(seed)
+    a, c, top = rng.uniform(0.05, 0.99), rng.choice([0.0, 0.02, 0.1, 0.3, 0.6, 1.2]), rng.randint(1, 20)
+    got = gate(1, cost=c, longest=top, acceptance=[a]).limits([0], [top], 1, 1)[0]
+    best = max(tokens_per_work([a], [c], [k], 1) for k in range(top + 1))
+    if got == 0:  # no draft pays: the row rests (its first call without one)
+        assert best == pytest.approx(1.0)
+    else:
+        assert tokens_per_work([a], [c], [got], 1) == pytest.approx(best, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_batch_gets_the_lengths_a_search_over_all_of_them_finds(seed):
+    rng = random.Random(100 + seed)
+    rows = rng.randint(2, 3)
+    rates = [rng.uniform(0.1, 0.98) for _ in range(rows)]
+    costs = [rng.choice([0.05, 0.2, 0.5, 1.0]) for _ in range(rows)]
+    lengths = DraftLengths([5] * rows, [False] * rows, costs, "rows")
+    for b, a in enumerate(rates):
+        at_rate(lengths, b, a)
+    got = lengths.limits(list(range(rows)), [5] * rows, rows, rows)
+    best = max(tokens_per_work(rates, costs, ks, rows) for ks in itertools.product(range(6), repeat=rows))
+    if any(got.values()):
+        assert tokens_per_work(rates, costs, [got[b] for b in range(rows)], rows) == pytest.approx(best, rel=1e-9)
+    else:
+        assert best == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_padded_batch_gets_the_width_a_search_finds(seed):
+    rng = random.Random(200 + seed)
+    rows = rng.randint(2, 4)
+    rates = [rng.uniform(0.1, 0.98) for _ in range(rows)]
+    cost, ceilings = rng.choice([0.02, 0.1, 0.3]), [rng.randint(1, 8) for _ in range(rows)]
+    lengths = gate(rows, cost=cost, shape="padded", acceptance=rates)
+    got = lengths.limits(list(range(rows)), ceilings, rows, rows)
+    widths = range(max(ceilings) + 1)
+    best = max(padded_tokens_per_work(rates, cost, ceilings, m, rows) for m in widths)
+    m = max(got.values())
+    if m:
+        assert [got[b] for b in range(rows)] == [min(m, top) for top in ceilings]
+        assert padded_tokens_per_work(rates, cost, ceilings, m, rows) == pytest.approx(best, rel=1e-9)
+    else:
+        assert best == pytest.approx(1.0)
+
+
+def test_longer_drafts_where_acceptance_is_high_and_checking_is_cheap():
+    lengths = [
+        gate(1, cost=c, longest=64, acceptance=[a]).limits([0], [64], 1, 1)[0]
+        for a, c in [(0.95, 0.05), (0.95, 0.6), (0.6, 0.05), (0.3, 0.6)]
+    ]
+    assert lengths[0] > lengths[1] > 0 and lengths[0] > lengths[2] > 0
+    assert lengths[3] == 0
+
+
+@pytest.mark.parametrize(("cost", "first", "longest"), [(1.0, 20, 64), (0.3, 6, 30), (0.02, 1, 4)])
+def test_a_row_no_draft_pays_for_rests_between_probes_that_double_while_they_miss(cost, first, longest):
+    """The rests scale with what a probe costs: the first makes it about 5% of the work, the longest about 1%."""
+    lengths = gate(1, cost=cost, acceptance=[0.01])
+    schedule = []
+    for _ in range(400):
+        k = lengths.limits([0], [16], 1, 1)[0]
+        schedule.append(k)
+        if k:
+            lengths.checked(0, False)
+    probes = [i for i, k in enumerate(schedule) if k]
+    assert all(schedule[i] == 1 for i in probes)
+    assert probes[0] == first + 1  # the call that found no draft paying, then `first` calls of rest
+    gaps = [b - a - 1 for a, b in itertools.pairwise(probes)]
+    assert gaps[:6] == [min(first * 2**i, longest) for i in range(1, 7)], schedule
+
+
+def test_a_probe_that_is_kept_keeps_the_row_probing_and_acceptance_decides_again():
+    lengths = gate(1, cost=0.3)
+    for _ in range(5):  # misses: acceptance falls, the row rests
+        lengths.checked(0, False)
+    schedule = [lengths.limits([0], [16], 1, 1)[0] for _ in range(8)]
+    assert schedule == [0] * 7 + [1]  # rests 6 calls, then probes
+    kept = 0
+    for _ in range(30):
+        lengths.checked(0, True)
+        kept = lengths.limits([0], [16], 1, 1)[0]
+    assert kept > 3, "a run of kept probes brings longer drafts back"
+    assert lengths.pause[0] == 0
+
+
+def test_fixed_rows_draft_their_longest_and_the_room_bounds_every_row():
+    lengths = DraftLengths([6, 6], [True, False], [None, 0.0], "rows")
+    at_rate(lengths, 1, 0.9)
+    assert lengths.limits([0, 1], [10, 10], 2, 2) == {0: 6, 1: 6}
+    assert lengths.limits([0, 1], [3, 0], 2, 2) == {0: 3, 1: 0}
+
+
+def test_the_timed_cost_is_the_fitted_cost_of_a_drafted_token_per_row():
+    lengths = gate(1)
+    assert lengths._unit(1, 1) == pytest.approx(0.25)  # nothing timed yet
+    for k in [0, 3, 1, 8, 0, 5, 2, 7] * 3:
+        lengths.timed(1 + k, 0.010 + 0.002 * (1 + k))
+    near = {"rel": 0.01}  # the fit leans a little toward its prior slope
+    assert lengths._unit(1, 1) == pytest.approx(0.002 / 0.012, **near)
+    batch = gate(4)
+    for k in [0, 3, 1, 8, 0, 5, 2, 7] * 3:
+        batch.timed(4 + k, 0.010 + 0.002 * (4 + k))
+    assert batch._unit(4, 4) == pytest.approx(0.002 * 4 / 0.018, **near)  # per row of a 4-row call
+    padded = gate(4, shape="padded")
+    for m in [0, 3, 1, 8, 0, 5, 2, 7] * 3:
+        padded.timed(4 * (1 + m), 0.010 + 0.002 * 4 * (1 + m))
+    assert padded._unit(4, 4) == pytest.approx(0.008 / 0.018, **near)  # a drafted column: every held row
+    padded.drafted(8, 0.008)
+    assert padded._unit(4, 4) == pytest.approx((0.008 + 0.001 * 4) / 0.018, **near)
+
+
+def test_the_state_survives_a_checkpoint():
+    lengths = gate(2, cost=0.3)
+    for kept in [True, False, False, True]:
+        lengths.checked(1, kept)
+    lengths.limits([0, 1], [8, 8], 2, 2)
+    again = gate(2, cost=0.3)
+    again.restore(lengths.checkpoint())
+    assert again.checkpoint() == lengths.checkpoint()
+    assert again.limits([0, 1], [8, 8], 2, 2) == lengths.limits([0, 1], [8, 8], 2, 2)
+
+
+class Wrong(Drafter):
+    """Guesses the newest token's successor in the vocabulary, over and over: on the tiny model's greedy text,
+    every guess misses."""
+
+    name = "wrong"
+
+    def propose(self, row, tokens, limit):
+        return [(int(tokens[-1]) + 1) % 1000] * limit
+
+
+def test_a_drafter_that_always_misses_drafts_rarely_where_checking_costs(tiny_lm):
+    model, tok = tiny_lm
+    counts = {}
+    for cost in (0.0, 0.5):
+        gen = Generation(
+            model,
+            tok,
+            ["The cat sat on"],
+            pad_token_id=0,
+            chain="preset:greedy",
+            max_new_tokens=40,
+            ignore_eos=True,
+            draft={"use": Wrong(), "cost": cost},
+        )
+        for _ in gen.steps():
+            pass
+        out = gen.output()
+        assert out.model_calls.tolist() == out.num_generated.tolist()  # one token per call: nothing kept
+        counts[cost] = int(out.drafted[0])
+    assert 0 < counts[0.5] < counts[0.0] / 4, counts  # free checks: a draft every call; costly: probes backing off
+
+
+def test_a_row_in_a_run_of_kept_tokens_drafts_long_and_one_that_just_missed_does_not():
+    """Acceptance comes in runs (a copied passage, then text of the model's own): a draft's first token after a kept
+    one is kept about as often as any token in a run, after a miss about as often as a run begins."""
+
+    def row(streak):
+        lengths = gate(1, cost=0.3)
+        lengths.keeps[0], lengths.trials[0] = [0.5, 19.0], [9.5, 19.5]  # a run begins 1 time in 10, goes on 97 in 100
+        lengths.streak[0] = streak
+        return lengths
+
+    assert row(True).limits([0], [16], 1, 1)[0] >= 8
+    assert row(False).limits([0], [16], 1, 1)[0] == 0
+    missed = row(False)
+    missed.checked(0, True)  # a guess kept: in a run again
+    assert missed.streak[0] and missed.limits([0], [16], 1, 1)[0] >= 8
+    missed.undrafted(0)  # a call without a draft: the next one begins a run
+    assert not missed.streak[0]
