@@ -6,8 +6,11 @@ checking one more drafted token (a fraction of a model call's work per row), a d
 (1 - a^(k+1)) / (1 - a) tokens for 1 + c k of a call. Each call picks the batch's draft lengths that maximise the
 tokens per unit of work over all its rows (Dinkelbach's iteration for a ratio of sums):
 
-- `a`, per row: the recency-weighted share of its checked draft positions that were kept (each checked position is
-  one trial, an older trial weighing `_DECAY` per newer one; before any trial, 1/2 weighing one trial);
+- `a`, per row, in two parts, since acceptance comes in runs (a copied passage, then the model's own text): the
+  chance that a draft's first token is kept after a miss or a call without a draft (entering a run), and that a
+  token after a kept one is (staying in it). Each is the recency-weighted share of such checked positions that were
+  kept (an older one weighing `_DECAY` per newer one; before any, 1/2 weighing one). A draft's first token takes the
+  second rate where the row's last checked token was kept;
 - `c`: timed. Each model call's time is fitted, recency-weighted, as alpha + beta F, F the tokens the call runs: each
   row's newest token and its own draft on a runner that feeds rows their own tokens, every row as wide as the widest
   on one that pads them (`ModelRunner.pads_rows`) or advances rows together. A drafter's own time per drafted token
