@@ -209,3 +209,9 @@ def test_a_row_in_a_run_of_kept_tokens_drafts_long_and_one_that_just_missed_does
     assert missed.streak[0] and missed.limits([0], [16], 1, 1)[0] >= 8
     missed.undrafted(0)  # a call without a draft: the next one begins a run
     assert not missed.streak[0]
+
+
+def test_the_work_of_a_call_follows_how_the_runner_feeds_its_rows():
+    assert gate(3).work([1, 4, 2], 5) == 7  # each row its own tokens
+    assert gate(3, shape="padded").work([1, 4, 2], 5) == 20  # every held row as wide as the widest
+    assert gate(3, shape="together").work([3, 3, 3], 3) == 9

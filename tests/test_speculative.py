@@ -405,7 +405,8 @@ def test_a_resumed_speculative_generation_gives_the_same_tokens(tiny):
 def test_on_llama_cpp_a_resumed_generation_keeps_each_rows_drawn_tokens(smollm):
     """Rows ahead of the batch's last step hold drawn tokens at a checkpoint: the resume feeds them back."""
     model, tok = smollm
-    kwargs = {"chain": "preset:greedy", "max_new_tokens": 24, "draft": {"use": "prompt_lookup", "num_tokens": 4}}
+    draft = {"use": "prompt_lookup", "num_tokens": 4, "cost": 0.1}  # a fixed cost: the same drafts in every run
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 24, "draft": draft}
     whole, _ = run(model, tok, QUOTING, **kwargs)
     ahead = False
     for stop_after in (2, 5, 8, 11, 14):

@@ -116,6 +116,11 @@ class DraftLengths:
         for i, x in enumerate((1.0, f, seconds, f * f, f * seconds)):
             self._fit[i] = _FIT_DECAY * self._fit[i] + x
 
+    def work(self, feeds: Sequence[int], held: int) -> int:
+        """The tokens (F) a call runs that feeds its rows `feeds` tokens each: their sum, or on a padded batch (and
+        rows advancing together) every one of the `held` rows as wide as the widest feed."""
+        return sum(feeds) if self.shape == "rows" else held * max(feeds)
+
     def drafted(self, tokens: int, seconds: float) -> None:
         """A drafter proposed `tokens` tokens in `seconds`."""
         if tokens:

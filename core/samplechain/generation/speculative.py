@@ -444,8 +444,7 @@ class Speculation:
         logits = dict(zip(rows, runner.extend_rows(rows, feeds)))
         self.model_calls[rows] += 1
         self._guard_cut = set()
-        padded = self.released.count(False) * max(len(f) for f in feeds)
-        fed = padded if self.lengths.shape == "padded" else sum(len(f) for f in feeds)
+        fed = self.lengths.work([len(f) for f in feeds], self.released.count(False))
         drawn = self._draw_along(gen, rows, drafts, logits, together=False, timing=(fed, started))
         if self._guard_cut:
             self._cut(gen, runner)
@@ -474,7 +473,7 @@ class Speculation:
                 block[b] = d
             columns = runner.extend(torch.cat([gen.input_ids[:, -1:], block.to(gen.input_ids.device)], dim=1))
         self.model_calls[rows] += 1
-        timing = (gen.input_ids.shape[0] * (k + 1), started)
+        timing = (self.lengths.work([k + 1] * len(rows), gen.input_ids.shape[0]), started)
         drawn = self._draw_along(gen, rows, drafts, {b: columns[b] for b in rows}, together=True, timing=timing)
         n = drawn[rows[0]]
         if n - 1 < k:
