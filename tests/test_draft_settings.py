@@ -281,3 +281,13 @@ def test_custom_generate_speculates_where_model_generate_asks_for_assisted_gener
         if hasattr(transformers.GenerationConfig(), "use_mtp"):  # transformers before 5.x has no use_mtp
             with pytest.raises(ConfigError, match=r"use_mtp=True\): samplechain has no multi-token-prediction drafter"):
                 model.generate(**enc, use_mtp=True, **kwargs)
+
+
+def test_a_table_around_a_drafter_object_takes_only_the_loops_settings(tiny):
+    from samplechain_prompt_lookup import PromptLookup
+
+    model, tok = tiny
+    with pytest.raises(ConfigError, match=r"a table whose `use` is a drafter object takes only .*not \['num_tokens'\]"):
+        Generation(model, tok, [QUOTING], draft={"use": PromptLookup(), "num_tokens": 3}, pad_token_id=0)
+    gen = Generation(model, tok, [QUOTING], draft={"use": PromptLookup(), "cost": 0.1}, pad_token_id=0)
+    assert gen.speculation is not None and gen.speculation.lengths.cost == [0.1]
