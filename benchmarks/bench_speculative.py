@@ -404,7 +404,7 @@ class Table:
 
 
 # ----------------------------------------------------------------- models
-def _load(engine: str, threads: int) -> tuple[Any, Any]:
+def _load(engine: str, threads: int, gguf: str | None = None) -> tuple[Any, Any]:
     if engine == "llama.cpp":
         from samplechain.models import default_gguf_path
         from samplechain_llama_cpp import load_gguf
@@ -412,7 +412,7 @@ def _load(engine: str, threads: int) -> tuple[Any, Any]:
         # a multi-token decode (the prefill, a draft's check) runs on n_threads_batch, which would otherwise be every
         # core: on a busy host its spinning threads make a draft's check cost seconds
         threads_kw = {"n_threads": threads, "n_threads_batch": threads}
-        return load_gguf(default_gguf_path(), n_ctx=2048, flash_attn=True, **threads_kw)
+        return load_gguf(gguf or default_gguf_path(), n_ctx=2048, flash_attn=True, **threads_kw)
     from samplechain.models import load_model
 
     return load_model(engine="transformers")
@@ -615,6 +615,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--layers", type=int, default=24, help="early exit / draft model: the first N of the 30 layers")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument(
+        "--gguf", default=None, help="the llama.cpp engine's model file (default: the default model's Q4_1 GGUF)"
+    )
     ap.add_argument("--markdown", action="store_true", help="print markdown tables (default: JSON)")
     ap.add_argument("--json", default=None, help="also write the tables, the environment and the command here")
     args = ap.parse_args(argv)
@@ -627,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
     names = args.engines.split(",") if sections & {1, 3} else []
     if sections & {2, 4} and "transformers" not in names:
         names.append("transformers")
-    engines = {name: _load(name, args.threads) for name in names}
+    engines = {name: _load(name, args.threads, args.gguf) for name in names}
     n, reps = args.max_new_tokens, args.reps
     tables: list[Table] = []
     if 1 in sections:

@@ -4,7 +4,9 @@ Speculative decoding pays where one model call over k tokens costs little more t
 weights are read once for all k, so a call that is bound by reading weights (a GPU at small batch) checks a draft
 almost for free, while a call bound by arithmetic (a CPU with few cores) costs nearly k steps. Three sections, on
 the transformers runner (SmolLM2-135M-Instruct where it is installed, else `--random`: a random-weight model of its
-shape, for machines without the model):
+shape, for machines without the model) or with `--engine llama.cpp` on the llama.cpp runner (the default model's
+GGUF, or `--gguf` another file: how fast a quantization checks drafts depends on whether llama.cpp has a
+many-token kernel for it):
 
 1. cost: one `runner.extend` of k tokens per row against one token (k = 1 ... 16, B = 1 and 8), ms per call
    (median), and the ratio to k = 1;
@@ -16,6 +18,7 @@ shape, for machines without the model):
    drafter. Any real drafter lands between the two.
 
     .venv/bin/python benchmarks/bench_verify.py                       # the default model, on the CPU
+    .venv/bin/python benchmarks/bench_verify.py --engine llama.cpp --sections 1,3
     python3 benchmarks/bench_verify.py --random --device cuda --dtype bfloat16
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -34,7 +38,8 @@ import torch
 
 from samplechain.drafters import Drafter
 from samplechain.generation import generate
-from samplechain.generation.model import TransformersRunner
+from samplechain.generation.model import runner_for
+from samplechain.runners import ModelRunner
 
 # SmolLM2-135M-Instruct's shape (its GGUF's metadata)
 SMOLLM2 = dict(
@@ -61,8 +66,14 @@ CHAINS = {
 }
 
 
-def build(random: bool, device: torch.device, dtype: torch.dtype) -> Any:
-    if not random:
+def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Any:
+    if args.engine == "llama.cpp":
+        from samplechain.models import load_model
+
+        # flash attention: a many-token pass gives the logits of one-token steps (docs/speculative.md, "Numerics")
+        model, _ = load_model(args.gguf, engine="llama.cpp", flash_attn=True, n_threads=args.threads)
+        return model
+    if not args.random:
         from samplechain.models import load_model
 
         model, _ = load_model(engine="transformers")
@@ -88,24 +99,31 @@ def timed(device: torch.device, fn: Callable[..., Any], *args: Any) -> tuple[flo
     return time.perf_counter() - start, out
 
 
+def runner(model: Any, ids: torch.Tensor) -> ModelRunner:
+    return runner_for(model)(model, ids, torch.ones_like(ids))
+
+
 def prompts(model: Any, batch: int, length: int, device: torch.device) -> torch.Tensor:
     g = torch.Generator().manual_seed(batch * 1000 + length)
     return torch.randint(10, model.config.vocab_size, (batch, length), generator=g).to(device)
 
 
 @torch.inference_mode()
-def cost(model: Any, device: torch.device, batches: Sequence[int], ks: Sequence[int], reps: int) -> list[dict]:
-    """ms per runner.extend of k tokens per row, the cache cut back after each call (its length stays put)."""
+def cost(
+    model: Any, device: torch.device, batches: Sequence[int], ks: Sequence[int], reps: int, context: int
+) -> list[dict]:
+    """ms per runner.extend of k tokens per row after a `context`-token prompt, the cache cut back after each call
+    (its length stays put)."""
     rows = []
     for b in batches:
-        ids = prompts(model, b, 64, device)
-        runner = TransformersRunner(model, ids, torch.ones_like(ids))
-        runner.prefill()
+        ids = prompts(model, b, context, device)
+        run = runner(model, ids)
+        run.prefill()
         width = ids.shape[1]
         times: dict[int, list[float]] = {k: [] for k in ks}
         for rep in range(reps + 2):
             for k in ks:
-                t, _ = timed(device, _check, runner, prompts(model, b, k, device), width)
+                t, _ = timed(device, _check, run, prompts(model, b, k, device), width)
                 if rep >= 2:  # the first two rounds warm the kernels up
                     times[k].append(t)
         base = statistics.median(times[ks[0]])
@@ -115,9 +133,9 @@ def cost(model: Any, device: torch.device, batches: Sequence[int], ks: Sequence[
     return rows
 
 
-def _check(runner: TransformersRunner, block: torch.Tensor, width: int) -> None:
-    runner.extend(block)
-    runner.truncate(width)
+def _check(run: ModelRunner, block: torch.Tensor, width: int) -> None:
+    run.extend(block)
+    run.truncate(width)
 
 
 @torch.inference_mode()
@@ -127,10 +145,10 @@ def numerics(model: Any, device: torch.device, k: int) -> dict[str, Any]:
     for b in (1, 4):
         ids = prompts(model, b, 48, device)
         block = prompts(model, b, k, device)
-        one = TransformersRunner(model, ids, torch.ones_like(ids))
+        one = runner(model, ids)
         one.prefill()
         together = one.extend(block)
-        steps = TransformersRunner(model, ids, torch.ones_like(ids))
+        steps = runner(model, ids)
         steps.prefill()
         seq, each = ids, []
         for j in range(k):
@@ -177,10 +195,12 @@ def _run(model: Any, ids: torch.Tensor, chain: str, n: int, draft: Any = False) 
         )
 
 
-def bounds(model: Any, device: torch.device, batches: Sequence[int], n: int, length: int, reps: int) -> list[dict]:
+def bounds(
+    model: Any, device: torch.device, batches: Sequence[int], n: int, length: int, reps: int, context: int
+) -> list[dict]:
     rows, vocab = [], model.config.vocab_size
     for b in batches:
-        ids = prompts(model, b, 32, device)
+        ids = prompts(model, b, context, device)
         for chain in CHAINS:
             ref = _run(model, ids, chain, n).sequences
             runs = {"none": None, "oracle": False, "always misses": True}  # the oracle's `miss`
@@ -224,6 +244,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--engine", default="transformers", choices=["transformers", "llama.cpp"])
+    ap.add_argument("--gguf", default=None, help="llama.cpp: a GGUF file (default: the default model's)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp's threads")
     ap.add_argument("--random", action="store_true", help="a random-weight model of SmolLM2-135M's shape")
     ap.add_argument("--sections", default="1,2,3")
     ap.add_argument("--batch", default="1,8")
@@ -233,29 +256,33 @@ def main() -> None:
     ap.add_argument(
         "--draft-length", type=int, default=8, help="the first draft length (adaptive: it grows while drafts are kept)"
     )
+    ap.add_argument("--context", type=int, default=64, help="the prompt's tokens (sections 1 and 3)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    model = build(args.random, device, dtype)
+    model = build(args, device, dtype)
     batches = [int(b) for b in args.batch.split(",")]
     sections = set(args.sections.split(","))
     env = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
-        "dtype": args.dtype,
-        "model": "random weights, SmolLM2-135M's shape" if args.random else "SmolLM2-135M-Instruct",
+        "engine": args.engine,
+        "dtype": args.dtype if args.engine == "transformers" else "the GGUF's",
+        "model": str(model) if args.engine == "llama.cpp" else "random weights" if args.random else "SmolLM2-135M",
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
     }
     print(json.dumps(env))
     report: dict[str, Any] = {"environment": env}
     if "1" in sections:
-        report["cost"] = cost(model, device, batches, [int(k) for k in args.ks.split(",")], args.reps)
+        ks = [int(k) for k in args.ks.split(",")]
+        report["cost"] = cost(model, device, batches, ks, args.reps, args.context)
         print("\n### 1. ms per call of k tokens per row\n\n" + table(report["cost"]), flush=True)
     if "2" in sections:
         report["numerics"] = numerics(model, device, 8)
         print("\n### 2. one 8-token call against 8 one-token steps\n\n" + json.dumps(report["numerics"]), flush=True)
     if "3" in sections:
-        report["bounds"] = bounds(model, device, batches, args.max_new_tokens, args.draft_length, args.reps)
+        n, length = args.max_new_tokens, args.draft_length
+        report["bounds"] = bounds(model, device, batches, n, length, args.reps, args.context)
         print("\n### 3. generate() between a drafter that is always right and one always wrong\n", flush=True)
         print(table(report["bounds"]), flush=True)
     if args.json:

@@ -71,9 +71,8 @@ class Speculation:
         self.drafters = list(drafters)
         self.guarding = guarding  # guards that take text back (guarding.py); None: none
         self._guard_cut: set[int] = set()  # rows a guard took back in the current call
-        self.drafted = torch.zeros(rows, dtype=torch.int64)
-        self.kept = torch.zeros(rows, dtype=torch.int64)
-        self.model_calls = torch.zeros(rows, dtype=torch.int64)
+        # per row (plain ints: a step's bookkeeping stays off the tensor library)
+        self.drafted, self.kept, self.model_calls = [0] * rows, [0] * rows, [0] * rows
         self.off = [d is None for d in drafters]  # rows without drafts (none asked, or their drafter failed)
         # each row's draft length: chosen per call up to its drafter's longest (num_tokens), or fixed at it
         self.lengths = DraftLengths(
@@ -171,7 +170,9 @@ class Speculation:
 
     def report(self, out: GenerationOutput) -> None:
         """The counts into the output's drafted / kept / model_calls."""
-        out.drafted, out.kept, out.model_calls = self.drafted.clone(), self.kept.clone(), self.model_calls.clone()
+        out.drafted, out.kept, out.model_calls = (
+            torch.tensor(counts, dtype=torch.int64) for counts in (self.drafted, self.kept, self.model_calls)
+        )
         if self.guarding is not None:
             out.rewinds = self.guarding.rewinds.clone()
 
@@ -194,7 +195,8 @@ class Speculation:
         if waiting:
             self._refeed(gen, runner, waiting, ragged)
         else:
-            self.model_calls[unfinished] += 1  # the prefill
+            for b in unfinished:  # the prefill
+                self.model_calls[b] += 1
         fresh = [b for b in unfinished if not self.pending[b]]
         if fresh:
             self._draw(gen, fresh, logits[fresh])
@@ -242,9 +244,9 @@ class Speculation:
         return {
             "pending": [[c.token for c in row] for row in self.pending],
             "pending_logprobs": [[float(c.logprob) for c in row] for row in self.pending],
-            "drafted": self.drafted.tolist(),
-            "kept": self.kept.tolist(),
-            "model_calls": self.model_calls.tolist(),
+            "drafted": list(self.drafted),
+            "kept": list(self.kept),
+            "model_calls": list(self.model_calls),
             "lengths": self.lengths.checkpoint(),
             "off": list(self.off),
             "guards": None if self.guarding is None else self.guarding.checkpoint(),
@@ -259,7 +261,7 @@ class Speculation:
             for tokens, logprobs in zip(saved["pending"], saved["pending_logprobs"])
         ]
         for name in ("drafted", "kept", "model_calls"):
-            setattr(self, name, torch.tensor(saved[name], dtype=torch.int64))
+            setattr(self, name, [int(n) for n in saved[name]])
         self.lengths.restore(saved.get("lengths", {}))
         self.off = [bool(o) or d is None for o, d in zip(saved["off"], self.drafters)]
         guards = saved.get("guards")
@@ -439,24 +441,24 @@ class Speculation:
         """One call that feeds each row its newest token and its own draft, then draws each row's positions in
         order until its draw differs from its draft; each row's cache is cut back to its drawn tokens but the
         newest."""
-        feeds = [torch.cat([self._tokens(gen, b)[-1:], drafts[b]]) for b in rows]
+        last = gen.input_ids[:, -1].tolist()
+        newest = [torch.tensor([self.pending[b][-1].token if self.pending[b] else last[b]]) for b in rows]
+        feeds = [torch.cat([t, drafts[b]]) if len(drafts[b]) else t for t, b in zip(newest, rows)]
         started = time.perf_counter()
         logits = dict(zip(rows, runner.extend_rows(rows, feeds)))
-        self.model_calls[rows] += 1
+        for b in rows:
+            self.model_calls[b] += 1
         self._guard_cut = set()
         fed = self.lengths.work([len(f) for f in feeds], self.released.count(False))
         drawn = self._draw_along(gen, rows, drafts, logits, together=False, timing=(fed, started))
         if self._guard_cut:
             self._cut(gen, runner)
             return
-        lengths = []
-        width = gen.attention_mask.shape[1]
-        for b in range(len(self._fed)):
-            if b in logits:
-                self._fed[b] += 1 + drawn[b] - 1  # the fed newest token and the kept drafts
-            lengths.append(width - int(gen.prompt_lengths[b]) + self._fed[b])
+        for b in rows:
+            self._fed[b] += drawn[b]  # the fed newest token and the kept drafts
         if any(len(drafts[b]) > drawn[b] - 1 for b in rows):
-            runner.truncate(lengths)
+            width, prompts = gen.attention_mask.shape[1], gen.prompt_lengths.tolist()
+            runner.truncate([width - prompts[b] + self._fed[b] for b in range(len(self._fed))])
 
     def _verify_together(
         self, gen: Generation, runner: ModelRunner, rows: list[int], drafts: dict[int, torch.Tensor]
@@ -472,7 +474,8 @@ class Speculation:
             for b, d in drafts.items():
                 block[b] = d
             columns = runner.extend(torch.cat([gen.input_ids[:, -1:], block.to(gen.input_ids.device)], dim=1))
-        self.model_calls[rows] += 1
+        for b in rows:
+            self.model_calls[b] += 1
         timing = (self.lengths.work([k + 1] * len(rows), gen.input_ids.shape[0]), started)
         drawn = self._draw_along(gen, rows, drafts, {b: columns[b] for b in rows}, together=True, timing=timing)
         n = drawn[rows[0]]
