@@ -130,23 +130,65 @@ def test_fixed_rows_draft_their_longest_and_the_room_bounds_every_row():
     assert lengths.limits([0, 1], [3, 0], 2, 2) == {0: 3, 1: 0}
 
 
-def test_the_timed_cost_is_the_fitted_cost_of_a_drafted_token_per_row():
+def test_the_timed_cost_is_the_fitted_cost_of_a_drafted_token_and_of_drafting_at_all():
     lengths = gate(1)
-    assert lengths._unit(1, 1) == pytest.approx(0.25)  # nothing timed yet
-    for k in [0, 3, 1, 8, 0, 5, 2, 7] * 3:
-        lengths.timed(1 + k, 0.010 + 0.002 * (1 + k))
-    near = {"rel": 0.01}  # the fit leans a little toward its prior slope
-    assert lengths._unit(1, 1) == pytest.approx(0.002 / 0.012, **near)
+    assert lengths._unit(1, 1) == pytest.approx((0.25, 0.0))  # nothing timed yet
+    ks = [0, 3, 1, 8, 0, 5, 2, 7] * 3
+
+    def time(f, k):  # 10 ms, 2 ms a token, 6 ms more for a call with drafts
+        return 0.010 + 0.002 * f + 0.006 * (k > 0)
+
+    for k in ks:
+        lengths.timed(1 + k, time(1 + k, k), k > 0)
+    # the fit leans a little toward its priors: the slope to c = 0.25, the step (seen in few calls) to none
+    near = {"rel": 0.02}
+
+    def fitted(got, c, step):
+        assert got[0] == pytest.approx(c, **near) and got[1] == pytest.approx(step, rel=0.15)
+
+    fitted(lengths._unit(1, 1), 0.002 / 0.012, 0.006 / 0.012)
     batch = gate(4)
-    for k in [0, 3, 1, 8, 0, 5, 2, 7] * 3:
-        batch.timed(4 + k, 0.010 + 0.002 * (4 + k))
-    assert batch._unit(4, 4) == pytest.approx(0.002 * 4 / 0.018, **near)  # per row of a 4-row call
+    for k in ks:
+        batch.timed(4 + k, time(4 + k, k), k > 0)
+    fitted(batch._unit(4, 4), 0.002 * 4 / 0.018, 0.006 * 4 / 0.018)  # per row of a 4-row call
     padded = gate(4, shape="padded")
-    for m in [0, 3, 1, 8, 0, 5, 2, 7] * 3:
-        padded.timed(4 * (1 + m), 0.010 + 0.002 * 4 * (1 + m))
-    assert padded._unit(4, 4) == pytest.approx(0.008 / 0.018, **near)  # a drafted column: every held row
+    for m in ks:
+        padded.timed(4 * (1 + m), time(4 * (1 + m), m), m > 0)
+    fitted(padded._unit(4, 4), 0.008 / 0.018, 0.006 * 4 / 0.018)  # a drafted column: every held row
     padded.drafted(8, 0.008)
-    assert padded._unit(4, 4) == pytest.approx((0.008 + 0.001 * 4) / 0.018, **near)
+    fitted(padded._unit(4, 4), (0.008 + 0.001 * 4) / 0.018, 0.006 * 4 / 0.018)
+
+
+def test_without_a_step_the_fit_finds_none_and_a_call_that_always_drafts_puts_its_step_in_the_intercept():
+    steady = gate(1)
+    for k in [0, 3, 1, 8, 0, 5, 2, 7] * 3:
+        steady.timed(1 + k, 0.010 + 0.002 * (1 + k), k > 0)
+    assert steady._unit(1, 1)[1] == pytest.approx(0.0, abs=0.01)
+    always = gate(1)
+    for k in [3, 1, 8, 5, 2, 7] * 3:
+        always.timed(1 + k, 0.016 + 0.002 * (1 + k), True)
+    assert always._unit(1, 1) == pytest.approx((0.002 / 0.018, 0.0), abs=0.01)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_with_a_step_a_row_drafts_the_length_a_search_finds_or_none(seed):
+    """Where any draft makes the call a many-token pass that costs a step more (s), a row drafts the k that
+    maximises (1 + kept) / (1 + s + c k + overhead), or none where no k beats 1."""
+    rng = random.Random(300 + seed)
+    a, c, s, top = rng.uniform(0.05, 0.99), rng.choice([0.0, 0.02, 0.1, 0.3]), rng.uniform(0.0, 1.0), rng.randint(1, 16)
+    lengths = gate(1, longest=top, acceptance=[a])
+    lengths._unit = lambda width, held: (c, s)  # type: ignore[method-assign]
+    got = lengths.limits([0], [top], 1, 1)[0]
+
+    def ratio(k):
+        kept = sum(a**j for j in range(1, k + 1))
+        return (1 + kept) / (1 + s + c * k + _OVERHEAD) if k else 1.0
+
+    best = max(ratio(k) for k in range(top + 1))
+    if got == 0:
+        assert best == pytest.approx(1.0)
+    else:
+        assert ratio(got) == pytest.approx(best, rel=1e-9)
 
 
 def test_the_state_survives_a_checkpoint():

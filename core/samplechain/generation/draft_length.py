@@ -37,6 +37,7 @@ _PRIOR = 0.5  # acceptance before any trial, weighing as one trial
 _FIT_DECAY = 0.9  # weight of a timed call per newer call: about the last 10 calls count
 _COST = 0.25  # c until calls of different widths have been timed
 _PRIOR_SPREAD = 0.5  # how much the prior slope weighs in the fit, as a sum of squared deviations of F (tokens^2)
+_STEP_SPREAD = 0.1  # how much "no step" weighs in the fit, as calls
 _PROBE_SHARE = 0.01  # rests grow until a probe costs about this share of the calls' work
 _FIRST_SHARE = 0.05  # a row's first rest is long enough that a probe after it costs about this share
 # what drafting at all adds to a row's call (a share of it) beyond its drafted tokens: the drafter's call, a pass over
@@ -63,7 +64,9 @@ class DraftLengths:
         self.pause = [0] * rows  # calls a row rests after a probe missed (doubling while they miss)
         self.idle = [0] * rows  # calls the row still rests
         self.probing = [False] * rows  # rows whose current draft is a probe
-        self._fit = [0.0] * 5  # weighted sums of 1, F, t, F^2, F t over timed calls
+        # recency-weighted sums over timed calls of x x^T and x t, x = (1, F, whether the call had drafts)
+        self._xx = [[0.0] * 3 for _ in range(3)]
+        self._xt = [0.0] * 3
         self._drafting = 0.0  # seconds a drafter takes per drafted token (recency-weighted)
         self._first_pause = 1  # a row's first rest: longer where a probe costs more
         self._longest_pause = 4  # the longest rest
@@ -110,11 +113,13 @@ class DraftLengths:
         """A call of `row` without a draft: its next draft starts a run."""
         self.streak[row] = False
 
-    def timed(self, tokens: int, seconds: float) -> None:
-        """A model call that ran `tokens` tokens (F) took `seconds`."""
-        f = float(tokens)
-        for i, x in enumerate((1.0, f, seconds, f * f, f * seconds)):
-            self._fit[i] = _FIT_DECAY * self._fit[i] + x
+    def timed(self, tokens: int, seconds: float, drafts: bool = False) -> None:
+        """A model call that ran `tokens` tokens (F) took `seconds`; `drafts`: some row of it had a draft."""
+        x = (1.0, float(tokens), float(drafts))
+        for i in range(3):
+            self._xt[i] = _FIT_DECAY * self._xt[i] + x[i] * seconds
+            for j in range(3):
+                self._xx[i][j] = _FIT_DECAY * self._xx[i][j] + x[i] * x[j]
 
     def work(self, feeds: Sequence[int], held: int) -> int:
         """The tokens (F) a call runs that feeds its rows `feeds` tokens each: their sum, or on a padded batch (and
@@ -146,16 +151,19 @@ class DraftLengths:
                 self.probing[b] = False
         if not free:
             return out
-        unit = self._unit(width, held)
-        costs = [unit if (fixed := self.cost[b]) is None else fixed for b in free]
-        probe = max(costs) * (1 if self.shape == "rows" else width)  # a padded probe widens every row
+        unit, step = self._unit(width, held)
+        fixed = [self.cost[b] for b in free]
+        costs = [unit if c is None else c for c in fixed]
+        step = step if all(c is None for c in fixed) else 0.0  # a fixed cost stands for the whole of a draft's cost
+        # a padded probe widens every row
+        probe = max(costs) * (1 if self.shape == "rows" else width) + step
         self._longest_pause = min(max(4, math.ceil(probe / _PROBE_SHARE)), _LONGEST_PAUSE)
         self._first_pause = min(max(1, round(probe / _FIRST_SHARE)), self._longest_pause)
         rates = [self.acceptance(b) for b in free]
         if self.shape == "rows":
-            lengths = _per_row(rates, costs, ceilings, width)
+            lengths = _per_row(rates, costs, ceilings, width, step)
         else:
-            lengths = _common(rates, costs, ceilings, width, self.shape == "together")
+            lengths = _common(rates, costs, ceilings, width, step, self.shape == "together")
         for b, k in zip(free, lengths):
             if k:
                 out[b], self.pause[b] = k, 0
@@ -165,22 +173,62 @@ class DraftLengths:
                 self.pause[b] = self.idle[b] = self._first_pause
         return out
 
-    def _unit(self, width: int, held: int) -> float:
-        """c timed: the work a drafted token adds (where the call pads, a drafted position of every row, shared by
-        its rows), per row of the call without drafts."""
-        w, sf, st, sff, sft = self._fit
-        if w <= 0:
-            return _COST
-        mf, mt = sf / w, st / w
-        # least squares drawn toward the prior slope (c = _COST) while the calls' widths vary little
-        prior = _COST * mt / max(mf, 1.0)
-        beta = max((sft - w * mf * mt + _PRIOR_SPREAD * prior) / (sff - w * mf * mf + _PRIOR_SPREAD), 0.0)
-        alpha = max(mt - beta * mf, 0.1 * mt)
+    def _unit(self, width: int, held: int) -> tuple[float, float]:
+        """(c, s) timed, per row of the call without drafts: c the work a drafted token adds (where the call pads, a
+        drafted position of every row, shared by its rows), s what a call pays once for having drafts at all (a
+        many-token pass where a row's call would run one token: other kernels, on some engines a step up)."""
+        fit = self._fitted()
+        if fit is None:
+            return _COST, 0.0
+        alpha, beta, step = fit
         if self.shape == "rows":  # a call feeding each of its rows one token; a drafted token of one row
             call = alpha + beta * width
-            return (beta + self._drafting) * width / call if call > 0 else _COST
+            return (beta + self._drafting) * width / call, step * width / call
         call = alpha + beta * held  # every held row is as wide as the widest
-        return (beta * held + self._drafting * width) / call if call > 0 else _COST
+        return (beta * held + self._drafting * width) / call, step * width / call
+
+    def _fitted(self) -> tuple[float, float, float] | None:
+        """(alpha, beta, step) of t = alpha + beta F + step [the call had drafts], recency-weighted least squares;
+        beta drawn toward the prior (c = _COST) and the step toward none while the calls tell them little. None
+        before any call was timed."""
+        xx, xt = self._xx, self._xt
+        w = xx[0][0]
+        if w <= 0:
+            return None
+        prior = _COST * xt[0] / max(xx[0][1], w)  # beta with c = _COST: the mean time per mean token, times c
+        a = [row[:] for row in xx]
+        rhs = xt[:]
+        a[1][1] += _PRIOR_SPREAD
+        rhs[1] += _PRIOR_SPREAD * prior
+        a[2][2] += _STEP_SPREAD
+        solved = _solve3(a, rhs)
+        mt = xt[0] / w
+        if solved is None:
+            return max(mt - prior * xx[0][1] / w, 0.1 * mt), prior, 0.0
+        alpha, beta, step = solved
+        return max(alpha, 0.1 * mt), max(beta, 0.0), max(step, 0.0)
+
+
+def _solve3(a: list[list[float]], b: list[float]) -> tuple[float, float, float] | None:
+    """x with a x = b for a 3 x 3 system (Cramer's rule); None where a is singular."""
+
+    def det(m: list[list[float]]) -> float:
+        return (
+            m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
+            - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0])
+        )
+
+    d = det(a)
+    if abs(d) < 1e-12 * max(1.0, abs(a[0][0] * a[1][1] * a[2][2])):
+        return None
+    cols = []
+    for i in range(3):
+        m = [row[:] for row in a]
+        for r in range(3):
+            m[r][i] = b[r]
+        cols.append(det(m) / d)
+    return cols[0], cols[1], cols[2]
 
 
 def _kept(rate: tuple[float, float], k: int) -> float:
@@ -189,19 +237,27 @@ def _kept(rate: tuple[float, float], k: int) -> float:
     return first * (1 - then**k) / (1 - then) if then < 1 else first * k
 
 
-def _per_row(rates: list[tuple[float, float]], costs: list[float], ceilings: list[int], width: int) -> list[int]:
-    """Rows feeding their own tokens: the lengths that maximise (width + kept) / (width + sum of c k)."""
-    ratio, lengths = 1.0, [0] * len(rates)
+def _per_row(
+    rates: list[tuple[float, float]], costs: list[float], ceilings: list[int], width: int, step: float
+) -> list[int]:
+    """Rows feeding their own tokens: the lengths that maximise (width + kept) / (width + step + sum of c k), the
+    step paid once where any row drafts."""
+    ratio, none = 1.0, [0] * len(rates)
+    lengths = none
     for _ in range(32):  # Dinkelbach: each round's ratio is higher until the choice repeats
-        lengths = []
+        chosen, surplus = [], 0.0
         for a, c, top in zip(rates, costs, ceilings):
             k = _longest_above(a, ratio * c, top)  # the best draft, if the row drafts at all
-            lengths.append(k if k and _kept(a, k) > ratio * (c * k + _OVERHEAD) else 0)
-        gained = width + sum(_kept(a, k) for a, k in zip(rates, lengths))
-        work = width + sum(c * k + _OVERHEAD for c, k in zip(costs, lengths) if k)
+            gain = _kept(a, k) - ratio * (c * k + _OVERHEAD) if k else 0.0
+            chosen.append(k if gain > 0 else 0)
+            surplus += max(gain, 0.0)
+        if surplus <= ratio * step:  # what the drafts gain does not pay the call's step
+            break
+        gained = width + sum(_kept(a, k) for a, k in zip(rates, chosen))
+        work = width + step + sum(c * k + _OVERHEAD for c, k in zip(costs, chosen) if k)
         if gained / work <= ratio + 1e-12:
             break
-        ratio = gained / work
+        lengths, ratio = chosen, gained / work
     return lengths
 
 
@@ -214,7 +270,7 @@ def _longest_above(rate: tuple[float, float], bar: float, top: int) -> int:
 
 
 def _common(
-    rates: list[tuple[float, float]], costs: list[float], ceilings: list[int], width: int, together: bool
+    rates: list[tuple[float, float]], costs: list[float], ceilings: list[int], width: int, step: float, together: bool
 ) -> list[int]:
     """Rows padded to one width (together: each row drafting the batch's shortest draft, a row going on only while
     every row's token was kept): the width M that maximises tokens per work; each row drafts up to M."""
@@ -222,7 +278,7 @@ def _common(
     gained, work = float(width), float(width)
     reach = [first for first, _ in rates]  # each row's chance of keeping its draft up to position m
     per_position = max(costs) * width
-    work += _OVERHEAD * width
+    work += _OVERHEAD * width + step
     for m in range(1, max(ceilings) + 1):
         if together:
             if m > min(ceilings):

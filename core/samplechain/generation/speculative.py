@@ -502,7 +502,7 @@ class Speculation:
         while going:
             tokens = self._draw_position(gen, going, drafts, logits, j)
             if j == 0:
-                self.lengths.timed(timing[0], time.perf_counter() - timing[1])
+                self.lengths.timed(timing[0], time.perf_counter() - timing[1], any(len(d) for d in drafts.values()))
             same = [j < len(drafts[b]) and tokens[i] == int(drafts[b][j]) for i, b in enumerate(going)]
             if self.guarding is not None:  # a row a guard took back goes no further
                 cut = self.guarding.guard(gen, self, going)
