@@ -263,11 +263,14 @@ def main() -> None:
     model = build(args, device, dtype)
     batches = [int(b) for b in args.batch.split(",")]
     sections = set(args.sections.split(","))
+    name = "random weights" if args.random else "SmolLM2-135M-Instruct"
+    if args.engine == "llama.cpp":
+        name = os.path.basename(str(model.path))
     env = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
         "engine": args.engine,
         "dtype": args.dtype if args.engine == "transformers" else "the GGUF's",
-        "model": str(model) if args.engine == "llama.cpp" else "random weights" if args.random else "SmolLM2-135M",
+        "model": name,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
     }

@@ -2,8 +2,9 @@
 
 A drafted token the chain keeps saves a model call; one it does not keep costs the work of checking it. With a
 row's acceptance `a` (the chance that a drafted token is kept once the ones before it were) and the cost `c` of
-checking one more drafted token (a fraction of a model call's work per row), a draft of k tokens gives
-(1 - a^(k+1)) / (1 - a) tokens for 1 + c k of a call. Each call picks the batch's draft lengths that maximise the
+checking one more drafted token (a fraction of a model call's work per row), plus a step `s` that a call pays once
+for having drafts at all, a draft of k tokens gives (1 - a^(k+1)) / (1 - a) tokens for 1 + s + c k of a call. Each
+call picks the batch's draft lengths that maximise the
 tokens per unit of work over all its rows (Dinkelbach's iteration for a ratio of sums):
 
 - `a`, per row, in two parts, since acceptance comes in runs (a copied passage, then the model's own text): the
@@ -11,10 +12,13 @@ tokens per unit of work over all its rows (Dinkelbach's iteration for a ratio of
   token after a kept one is (staying in it). Each is the recency-weighted share of such checked positions that were
   kept (an older one weighing `_DECAY` per newer one; before any, 1/2 weighing one). A draft's first token takes the
   second rate where the row's last checked token was kept;
-- `c`: timed. Each model call's time is fitted, recency-weighted, as alpha + beta F, F the tokens the call runs: each
-  row's newest token and its own draft on a runner that feeds rows their own tokens, every row as wide as the widest
-  on one that pads them (`ModelRunner.pads_rows`) or advances rows together. A drafter's own time per drafted token
-  (a draft model's passes) adds to it. A draft table's `cost` fixes c instead (the same drafts on every machine).
+- `c` and `s`: timed. Each model call's time is fitted, recency-weighted, as alpha + beta F + step D, F the tokens
+  the call runs (each row's newest token and its own draft on a runner that feeds rows their own tokens, every row as
+  wide as the widest on one that pads them (`ModelRunner.pads_rows`) or advances rows together), D whether any row
+  drafted: a many-token pass where the call would run one token a row can cost a step more than its tokens (on a CPU,
+  transformers' float32 model pays about half a step for a second token and little for the next ten). A drafter's
+  own time per drafted token (a draft model's passes) adds to c. A draft table's `cost` fixes c, and no step,
+  instead (the same drafts on every machine).
 
 Drafting at all costs a little more than its tokens (the drafter's call, a pass over several tokens): a draft must
 gain 5% of a row's call more than its tokens cost. Where no draft pays, a row rests, then guesses one token (a probe)

@@ -1,26 +1,17 @@
-"""Speculative decoding that never changes the tokens: the `match` mode of `Generation(..., draft=...)`.
+"""Speculative decoding that never changes the tokens: `Generation(..., draft=...)`.
 
-A drafter (samplechain.drafters) guesses the next tokens of each row; the runner's `extend` gives the model's
-logits at every guessed position in one call; the chain then samples those positions one by one exactly as the
-plain loop samples its steps (`Generation._one_step`: the same store, seeds, history, stopping criteria). A guess is
-kept only when the chain's own draw at its position equals it, so the store accepts exactly the tokens that come out,
-and a seeded or greedy request gives the tokens it gives without a drafter, for any chain.
+A drafter (samplechain.drafters) guesses the next tokens of each row; one model call (`runner.extend_rows`, or
+`extend` where rows advance together) gives the logits at every guessed position; the chain then samples those
+positions one by one as the plain loop samples its steps (the same store, seeds, history, stopping criteria). In the
+`match` mode a guess is kept only when the chain's own draw at its position equals it, so a seeded or greedy request
+gives the tokens it gives without a drafter, whatever the chain; `rejection` keeps it with probability min(1, p/q).
+A row's drawn tokens wait until every unfinished row has one, then go out together as one step; each row's cache is
+cut back to its drawn tokens but the newest, which its next call feeds. A call where no row drafts and every row
+waits on it is the plain loop's step. The draft lengths: draft_length.py.
 
-One call, in order:
-1. each unfinished row's drafter proposes up to `limit` tokens (`limit`: the new tokens the length limits still
-   allow, less one); the batch drafts K = the shortest proposal (0: the call is a plain `step`);
-2. `runner.extend([last token, d_1 .. d_K])` -> logits (B, K + 1, V): the next position's, then after each d_j;
-3. for j = 0..K: the chain samples column j for every row, the criteria check it (a stop ends a row there), the
-   column is yielded (final: it is never taken back); the call ends after column j when j = K or a row that is
-   still generating drew something other than d_{j+1};
-4. the cache is cut back to the tokens so far but the newest, which the next call feeds.
-
-Rows advance together (the Generation's tokens stay one rectangle), so in a batch a call keeps the drafted tokens
-up to the first position where any row's draw differs; that holds on every runner, whether or not it cuts rows to
-different lengths. Numerically, a multi-token forward pass equals one-token steps up to float32 summation order on
-transformers (about 1e-5 on the logits of the models tested), and bit for bit on llama.cpp with flash attention
-(without it, llama.cpp's attention over several tokens differs by up to ~1.3: docs/speculative.md): a draw that such
-a difference flips is the only way the tokens can differ from a generation without a drafter.
+A multi-token pass equals one-token steps up to float32 summation order on transformers (about 1e-5 on the logits)
+and bit for bit on llama.cpp with flash attention (docs/speculative.md, "Numerics"): a draw that such a difference
+flips is the only way the tokens can differ from a generation without a drafter.
 """
 
 from __future__ import annotations
@@ -216,10 +207,34 @@ class Speculation:
             if ragged:
                 self._release(gen, runner)
             drafts = self._propose(gen, rows, ragged)
-            if ragged:
+            if self._plain(gen, rows, drafts):
+                step += 1
+                yield self._step(gen, runner, rows, step)
+                if gen._all_finished:
+                    return
+            elif ragged:
                 self._verify_rows(gen, runner, rows, drafts)
             else:
                 self._verify_together(gen, runner, rows, drafts)
+
+    def _plain(self, gen: Generation, rows: list[int], drafts: dict[int, torch.Tensor]) -> bool:
+        """Whether the call is the plain loop's step: no row drafts, every unfinished row waits on it."""
+        if self.guarding is not None or any(len(d) for d in drafts.values()):
+            return False
+        return len(rows) == int((~gen.finished).sum()) and not any(self.pending[b] for b in rows)
+
+    def _step(
+        self, gen: Generation, runner: ModelRunner, rows: list[int], step: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The plain loop's step (Generation._one_step): one token a row, drawn and committed."""
+        started, skip = time.perf_counter(), gen._any_finished and runner.skips_inactive
+        out = gen._one_step(runner.step(gen.input_ids, active=~gen.finished if skip else None), step)
+        fed = self.lengths.work([1] * len(rows), self.released.count(False))
+        self.lengths.timed(fed, time.perf_counter() - started)
+        for b in rows:
+            self.model_calls[b], self._fed[b] = self.model_calls[b] + 1, self._fed[b] + 1
+            self.lengths.undrafted(b)
+        return out
 
     def _refeed(self, gen: Generation, runner: ModelRunner, rows: list[int], ragged: bool) -> None:
         """A resume: the cache (every committed token) takes each row's drawn tokens but the newest."""
