@@ -440,14 +440,18 @@ class Generation(PromptInputs, Checkpoints):
                 yield token_ids, active
                 if self._all_finished:
                     break
-                if self._any_finished and runner_cls.skips_inactive:
-                    logits = runner.step(self.input_ids, active=~self.finished)
-                else:
-                    logits = runner.step(self.input_ids)
+                logits = self.step_model(runner)
                 if guidance is not None:  # the unconditional context continues with the same tokens
                     assert self.uncond_ids is not None  # guidance runs on it
                     self.uncond_ids = torch.cat([self.uncond_ids, token_ids[:, None]], dim=-1)
                     uncond = guidance.step(self.uncond_ids)
+
+    def step_model(self, runner: ModelRunner) -> torch.Tensor:
+        """The model's logits after the last step's tokens: every row, or on a runner that skips them, the rows still
+        generating."""
+        if self._any_finished and runner.skips_inactive:
+            return runner.step(self.input_ids, active=~self.finished)
+        return runner.step(self.input_ids)
 
     def _one_step(
         self, logits: torch.Tensor, step: int, uncond: torch.Tensor | None = None

@@ -227,8 +227,8 @@ class Speculation:
         self, gen: Generation, runner: ModelRunner, rows: list[int], step: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The plain loop's step (Generation._one_step): one token a row, drawn and committed."""
-        started, skip = time.perf_counter(), gen._any_finished and runner.skips_inactive
-        out = gen._one_step(runner.step(gen.input_ids, active=~gen.finished if skip else None), step)
+        started = time.perf_counter()
+        out = gen._one_step(gen.step_model(runner), step)
         fed = self.lengths.work([1] * len(rows), self.released.count(False))
         self.lengths.timed(fed, time.perf_counter() - started)
         for b in rows:
@@ -482,13 +482,10 @@ class Speculation:
         together while every row draws its draft; the cache is cut back to the drawn tokens but the newest."""
         k = len(next(iter(drafts.values())))
         started = time.perf_counter()
-        if k == 0:
-            columns = runner.step(gen.input_ids)[:, None]
-        else:
-            block = torch.zeros((gen.input_ids.shape[0], k), dtype=torch.int64)
-            for b, d in drafts.items():
-                block[b] = d
-            columns = runner.extend(torch.cat([gen.input_ids[:, -1:], block.to(gen.input_ids.device)], dim=1))
+        block = torch.zeros((gen.input_ids.shape[0], k), dtype=torch.int64)  # k > 0: without drafts, `_step`
+        for b, d in drafts.items():
+            block[b] = d
+        columns = runner.extend(torch.cat([gen.input_ids[:, -1:], block.to(gen.input_ids.device)], dim=1))
         for b in rows:
             self.model_calls[b] += 1
         timing = (self.lengths.work([k + 1] * len(rows), gen.input_ids.shape[0]), started)
