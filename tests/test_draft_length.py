@@ -123,6 +123,42 @@ def test_a_probe_that_is_kept_keeps_the_row_probing_and_acceptance_decides_again
     assert lengths.pause[0] == 0
 
 
+@pytest.mark.parametrize(("c", "step", "longer"), [(0.02, 0.6, True), (0.6, 0.2, False)])
+def test_a_probe_is_as_long_as_a_draft_would_pay_at_the_prior_acceptance(c, step, longer):
+    """Where a call pays a step for drafting at all and little per drafted token, a probe costs about as much at
+    any length, and a long one can keep a run whole; where each drafted token costs, one token."""
+    lengths = gate(1, longest=10)
+    lengths._unit = lambda width, held: (c, step)  # type: ignore[method-assign]
+    # drafts that missed at their first token; within a run, high acceptance
+    lengths.keeps[0], lengths.trials[0] = [0.0, 90.0], [20.0, 100.0]
+    schedule = [lengths.limits([0], [10], 1, 1)[0] for _ in range(80)]
+    probe = next(k for k in schedule if k)
+    assert schedule.index(probe) > 1, "the row rests before it probes"
+    assert (probe > 1) is longer
+    assert lengths.probing[0]
+
+
+def test_on_a_padded_batch_a_resting_row_drafts_as_wide_as_the_call_for_free():
+    lengths = gate(3, cost=0.1, shape="padded", acceptance=[0.95, 0.01, 0.01])
+    lengths.timed(3, 0.03)  # a lookup's drafts: next to no time of the drafter's own
+    lengths.idle[1] = lengths.idle[2] = lengths.pause[1] = lengths.pause[2] = 5
+    got = lengths.limits([0, 1, 2], [16, 3, 16], 3, 3)
+    assert got[0] > 3 and got[1] == 3 and got[2] == got[0]  # as wide as row 0, within each row's room
+    assert lengths.riding == [False, True, True]
+    lengths.checked(1, True)  # a kept ride ends the rest
+    lengths.checked(2, False)  # a missed one costs nothing: the rest goes on, not doubled
+    assert (lengths.idle[1], lengths.idle[2], lengths.pause[2]) == (0, 4, 5)
+    rows = gate(3, cost=0.1, shape="rows", acceptance=[0.95, 0.01, 0.01])  # each row its own width: no rides
+    rows.timed(3, 0.03)
+    rows.idle[1] = rows.idle[2] = 5
+    assert [rows.limits([0, 1, 2], [16, 16, 16], 3, 3)[b] for b in (1, 2)] == [0, 0]
+    costly = gate(3, cost=0.1, shape="padded", acceptance=[0.95, 0.01, 0.01])  # a model drafter's own passes
+    costly.timed(3, 0.03)
+    costly.drafted(10, 0.05)
+    costly.idle[1] = costly.idle[2] = 5
+    assert [costly.limits([0, 1, 2], [16, 16, 16], 3, 3)[b] for b in (1, 2)] == [0, 0]
+
+
 def test_fixed_rows_draft_their_longest_and_the_room_bounds_every_row():
     lengths = DraftLengths([6, 6], [True, False], [None, 0.0], "rows")
     at_rate(lengths, 1, 0.9)

@@ -21,10 +21,14 @@ tokens per unit of work over all its rows (Dinkelbach's iteration for a ratio of
   instead (the same drafts on every machine).
 
 Drafting at all costs a little more than its tokens (the drafter's call, a pass over several tokens): a draft must
-gain 5% of a row's call more than its tokens cost. Where no draft pays, a row rests, then guesses one token (a probe)
-to measure its acceptance again; the rests double while the probes miss. Both the first rest and the longest scale
-with what a probe costs: the first makes it about 5% of the calls' work, the longest about 1% (at most 64 calls; on a
-padded batch a probe widens every row). With `adaptive = false` a row always drafts its drafter's
+gain 5% of a row's call more than its tokens cost. Where no draft pays, a row rests, then drafts again (a probe) to
+measure its acceptance: as long a draft as would pay were the row entering runs at the prior rate (one token where
+each drafted token costs; long where the step costs the most, as a long probe costs little more and can keep a run
+whole). The rests double while the probes miss. Both the first rest and the longest scale with what a one-token probe
+costs: the first makes it about 5% of the calls' work, the longest about 1% (at most 64 calls; on a padded batch a
+probe widens every row). Where every row is fed as many tokens as the widest (a padded batch, rows advancing
+together), a resting row drafts as wide as the call for free, unless its drafter's own time per token counts (a
+draft model): a kept token ends its rest, a miss leaves it. With `adaptive = false` a row always drafts its drafter's
 `num_tokens`.
 """
 
@@ -68,6 +72,7 @@ class DraftLengths:
         self.pause = [0] * rows  # calls a row rests after a probe missed (doubling while they miss)
         self.idle = [0] * rows  # calls the row still rests
         self.probing = [False] * rows  # rows whose current draft is a probe
+        self.riding = [False] * rows  # resting rows drafting this call because its width is paid for anyway
         # recency-weighted sums over timed calls of x x^T and x t, x = (1, F, whether the call had drafts)
         self._xx = [[0.0] * 3 for _ in range(3)]
         self._xt = [0.0] * 3
@@ -107,7 +112,11 @@ class DraftLengths:
         self.keeps[row][state] = _DECAY * self.keeps[row][state] + kept
         self.trials[row][state] = _DECAY * self.trials[row][state] + 1.0
         self.streak[row] = kept
-        if self.probing[row]:
+        if self.riding[row]:  # a free draft of a resting row: a kept one ends the rest, a missed one costs nothing
+            self.riding[row] = False
+            if kept:
+                self.idle[row] = 0
+        elif self.probing[row]:
             self.probing[row] = False
             if not kept:
                 self.pause[row] = min(2 * self.pause[row] or 1, self._longest_pause)
@@ -142,6 +151,7 @@ class DraftLengths:
         out = dict.fromkeys(rows, 0)
         free: list[int] = []
         ceilings: list[int] = []
+        self.riding = [False] * len(self.riding)
         for b, r in zip(rows, room):
             if r <= 0:
                 continue
@@ -168,14 +178,39 @@ class DraftLengths:
             lengths = _per_row(rates, costs, ceilings, width, step)
         else:
             lengths = _common(rates, costs, ceilings, width, step, self.shape == "together")
-        for b, k in zip(free, lengths):
+        for i, (b, k) in enumerate(zip(free, lengths)):
             if k:
                 out[b], self.pause[b] = k, 0
-            elif self.pause[b]:  # back from a rest: probe with one token
-                out[b], self.probing[b] = 1, True
+            elif self.pause[b]:  # back from a rest: probe
+                out[b], self.probing[b] = self._probe(rates[i], costs[i], ceilings[i], width, step), True
             else:  # no draft now: rest, then probe
                 self.pause[b] = self.idle[b] = self._first_pause
+        if self.shape != "rows":
+            self._ride(out, rows, room, held)
         return out
+
+    def _ride(self, out: dict[int, int], rows: Sequence[int], room: Sequence[int], held: int) -> None:
+        """Where every row is fed as many tokens as the widest (or the batch's shortest draft), a row that does not
+        draft this call drafts as far as the widest for free (its positions are run either way; on rows advancing
+        together, a row without a draft would stop every row's): unless drafting costs more than a lookup."""
+        widest = max(out.values(), default=0)
+        fit = self._fitted()
+        if not widest or fit is None or self._drafting * held > _OVERHEAD * (fit[0] + fit[1] * held):
+            return
+        for b, r in zip(rows, room):
+            if not out[b] and r > 0 and self.longest[b]:
+                out[b], self.riding[b] = min(widest, r, self.longest[b]), True
+
+    def _probe(self, rate: tuple[float, float], cost: float, ceiling: int, width: int, step: float) -> int:
+        """A probe's length: the draft that would pay if the row entered runs at the prior rate (where the step
+        costs much more than a drafted token, a long probe costs little more than one token and can keep a run
+        whole); at least one token."""
+        hopeful = [(max(rate[0], _PRIOR), rate[1])]
+        if self.shape == "rows":
+            k = _per_row(hopeful, [cost], [ceiling], width, step)[0]
+        else:
+            k = _common(hopeful, [cost], [ceiling], width, step, self.shape == "together")[0]
+        return max(k, 1)
 
     def _unit(self, width: int, held: int) -> tuple[float, float]:
         """(c, s) timed, per row of the call without drafts: c the work a drafted token adds (where the call pads, a
