@@ -174,10 +174,7 @@ class DraftLengths:
         self._longest_pause = min(max(4, math.ceil(probe / _PROBE_SHARE)), _LONGEST_PAUSE)
         self._first_pause = min(max(1, round(probe / _FIRST_SHARE)), self._longest_pause)
         rates = [self.acceptance(b) for b in free]
-        if self.shape == "rows":
-            lengths = _per_row(rates, costs, ceilings, width, step)
-        else:
-            lengths = _common(rates, costs, ceilings, width, step, self.shape == "together")
+        lengths = self._best(rates, costs, ceilings, width, step)
         for i, (b, k) in enumerate(zip(free, lengths)):
             if k:
                 out[b], self.pause[b] = k, 0
@@ -194,8 +191,10 @@ class DraftLengths:
         draft this call drafts as far as the widest for free (its positions are run either way; on rows advancing
         together, a row without a draft would stop every row's): unless drafting costs more than a lookup."""
         widest = max(out.values(), default=0)
+        if not widest:
+            return
         fit = self._fitted()
-        if not widest or fit is None or self._drafting * held > _OVERHEAD * (fit[0] + fit[1] * held):
+        if fit is None or self._drafting * held > _OVERHEAD * (fit[0] + fit[1] * held):
             return
         for b, r in zip(rows, room):
             if not out[b] and r > 0 and self.longest[b]:
@@ -205,12 +204,15 @@ class DraftLengths:
         """A probe's length: the draft that would pay if the row entered runs at the prior rate (where the step
         costs much more than a drafted token, a long probe costs little more than one token and can keep a run
         whole); at least one token."""
-        hopeful = [(max(rate[0], _PRIOR), rate[1])]
+        return max(self._best([(max(rate[0], _PRIOR), rate[1])], [cost], [ceiling], width, step)[0], 1)
+
+    def _best(
+        self, rates: list[tuple[float, float]], costs: list[float], ceilings: list[int], width: int, step: float
+    ) -> list[int]:
+        """The rows' draft lengths that give the most tokens per work, for how the runner feeds its rows."""
         if self.shape == "rows":
-            k = _per_row(hopeful, [cost], [ceiling], width, step)[0]
-        else:
-            k = _common(hopeful, [cost], [ceiling], width, step, self.shape == "together")[0]
-        return max(k, 1)
+            return _per_row(rates, costs, ceilings, width, step)
+        return _common(rates, costs, ceilings, width, step, self.shape == "together")
 
     def _unit(self, width: int, held: int) -> tuple[float, float]:
         """(c, s) timed, per row of the call without drafts: c the work a drafted token adds (where the call pads, a
