@@ -275,6 +275,25 @@ def test_a_drafter_proposing_what_is_no_token_is_switched_off(tiny):
     assert_same_tokens(ours, reference)
 
 
+def test_a_drafter_whose_expect_fails_is_switched_off_and_the_tokens_unchanged(tiny):
+    model, tok = tiny
+
+    class Unsure(Drafter):
+        name = "unsure"
+
+        def expect(self, row, tokens):
+            return ("guess", 1.5)  # no chance
+
+        def propose(self, row, tokens, limit):
+            return tokens[-1:]
+
+    reference, _ = run(model, tok, PROMPTS[:1], chain="preset:greedy", max_new_tokens=8)
+    with pytest.warns(GenerationWarning, match=r"unsure\.v1 failed on row 0.*a chance in \[0, 1\]"):
+        ours, _ = run(model, tok, PROMPTS[:1], chain="preset:greedy", max_new_tokens=8, draft=Unsure())
+    assert_same_tokens(ours, reference)
+    assert int(ours.drafted[0]) == 0
+
+
 # ----------------------------------------------------------------- llama.cpp
 @pytest.fixture(scope="module")
 def smollm(open_gguf):

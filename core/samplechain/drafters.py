@@ -8,7 +8,9 @@ work, never a different text.
 Required: `name` (a lowercase identifier) and `propose`. Optional: `Params` (an attrs class, validated like a
 sampler's; the drafter gets its instance as `self.params`), `version`, `summary`, `start` (called once per
 generation, before the first proposal, with its number of rows and a `DraftContext`: reset per-row state there) and
-`propose_rows` (all rows that draft in one call at once: a drafter that runs a model batches them there).
+`propose_rows` (all rows that draft in one call at once: a drafter that runs a model batches them there) and
+`expect` (the kind of draft it would give next and how likely its first token is kept, where the drafter can tell
+good guesses from poor ones cheaply: the draft lengths keep each kind's record apart).
 
 A proposal is a sequence of token ids, or a `Draft` that also carries the drafter's probabilities of them (the
 `rejection` mode's q; without them a guess counts as certain).
@@ -95,6 +97,12 @@ class Drafter:
 
         tokens: (n,) int64 on the CPU, the row's prompt (without padding) then every token generated so far."""
         raise NotImplementedError
+
+    def expect(self, row: int, tokens: torch.Tensor) -> tuple[str, float] | None:
+        """The kind of draft `propose` would give after `tokens` and the drafter's prior chance that its first token
+        is kept, or None (the default: all its drafts alike). Called before every draft, so it must be cheap; the
+        draft lengths keep a record per kind for each row, begun at that chance (docs/speculative.md)."""
+        return None
 
     def propose_rows(
         self, rows: Sequence[int], tokens: Sequence[torch.Tensor], limits: Sequence[int]

@@ -11,7 +11,8 @@ tokens per unit of work over all its rows (Dinkelbach's iteration for a ratio of
   chance that a draft's first token is kept after a miss or a call without a draft (entering a run), and that a
   token after a kept one is (staying in it). Each is the recency-weighted share of such checked positions that were
   kept (an older one weighing `_DECAY` per newer one; before any, 1/2 weighing one). A draft's first token takes the
-  second rate where the row's last checked token was kept;
+  second rate where the row's last checked token was kept. Where the drafter names the kind of its next draft
+  (Drafter.expect: prompt lookup's match length), the first rate is kept per kind, begun at the drafter's prior;
 - `c` and `s`: timed. Each model call's time is fitted, recency-weighted, as alpha + beta F + step D, F the tokens
   the call runs (each row's newest token and its own draft on a runner that feeds rows their own tokens, every row as
   wide as the widest on one that pads them (`ModelRunner.pads_rows`) or advances rows together), D whether any row
@@ -28,7 +29,9 @@ whole). The rests double while the probes miss. Both the first rest and the long
 costs: the first makes it about 5% of the calls' work, the longest about 1% (at most 64 calls; on a padded batch a
 probe widens every row). Where every row is fed as many tokens as the widest (a padded batch, rows advancing
 together), a resting row drafts as wide as the call for free, unless its drafter's own time per token counts (a
-draft model): a kept token ends its rest, a miss leaves it. With `adaptive = false` a row always drafts its drafter's
+draft model): a kept token ends its rest, a miss leaves it. A row's first draft of a kind the drafter expects kept
+at least half the time is as long as it can be (a probe), except where it would widen other rows. With
+`adaptive = false` a row always drafts its drafter's
 `num_tokens`.
 """
 
@@ -73,6 +76,10 @@ class DraftLengths:
         self.idle = [0] * rows  # calls the row still rests
         self.probing = [False] * rows  # rows whose current draft is a probe
         self.riding = [False] * rows  # resting rows drafting this call because its width is paid for anyway
+        # per row, the kinds of draft its drafter told apart (Drafter.expect): kind -> [kept, checked, prior] of a
+        # draft's first position entering a run; and the kind of the row's current draft
+        self.kinds: list[dict[str, list[float]]] = [{} for _ in range(rows)]
+        self.kind: list[str | None] = [None] * rows
         # recency-weighted sums over timed calls of x x^T and x t, x = (1, F, whether the call had drafts)
         self._xx = [[0.0] * 3 for _ in range(3)]
         self._xt = [0.0] * 3
@@ -89,6 +96,7 @@ class DraftLengths:
             "pause": list(self.pause),
             "idle": list(self.idle),
             "probing": list(self.probing),
+            "kinds": [{k: list(v) for k, v in kinds.items()} for kinds in self.kinds],
         }
 
     def restore(self, saved: dict[str, Any]) -> None:
@@ -98,17 +106,30 @@ class DraftLengths:
         for key in ("pause", "idle"):
             setattr(self, key, [int(x) for x in saved.get(key, getattr(self, key))])
         self.probing = [bool(x) for x in saved.get("probing", self.probing)]
+        kinds = saved.get("kinds", self.kinds)
+        self.kinds = [{str(k): [float(x) for x in v] for k, v in row.items()} for row in kinds]
 
     def acceptance(self, row: int) -> tuple[float, float]:
         """(the chance that the next draft's first token is kept, that a token after a kept one is)."""
         keeps, trials = self.keeps[row], self.trials[row]
-        first = 1 if self.streak[row] else 0
-        return (keeps[first] + _PRIOR) / (trials[first] + 1.0), (keeps[1] + _PRIOR) / (trials[1] + 1.0)
+        then = (keeps[1] + _PRIOR) / (trials[1] + 1.0)
+        if self.streak[row]:
+            return then, then
+        kind = self.kind[row]
+        if kind is not None:  # entering a run with a draft of a kind the drafter tells apart
+            kept, checked, prior = self.kinds[row][kind]
+            return (kept + prior) / (checked + 1.0), then
+        return (keeps[0] + _PRIOR) / (trials[0] + 1.0), then
 
     # ----------------------------------------------------------------- observing
     def checked(self, row: int, kept: bool) -> None:
         """One drafted position of `row` checked: kept or not."""
         state = 1 if self.streak[row] else 0
+        kind = self.kind[row]
+        if not state and kind is not None:
+            record = self.kinds[row][kind]
+            record[0], record[1] = _DECAY * record[0] + kept, _DECAY * record[1] + 1.0
+        self.kind[row] = None  # the draft's later positions follow a kept one
         self.keeps[row][state] = _DECAY * self.keeps[row][state] + kept
         self.trials[row][state] = _DECAY * self.trials[row][state] + 1.0
         self.streak[row] = kept
@@ -145,10 +166,23 @@ class DraftLengths:
             self._drafting = 0.5 * self._drafting + 0.5 * seconds / tokens if self._drafting else seconds / tokens
 
     # ----------------------------------------------------------------- deciding
-    def limits(self, rows: Sequence[int], room: Sequence[int], width: int, held: int) -> dict[int, int]:
+    def limits(
+        self,
+        rows: Sequence[int],
+        room: Sequence[int],
+        width: int,
+        held: int,
+        kinds: Sequence[tuple[str, float] | None] | None = None,
+    ) -> dict[int, int]:
         """The draft length of each of `rows` (rows with a drafter) this call, at most its `room`; `width`: the rows
-        the call runs, `held`: the rows the runner holds (a padded call runs them all)."""
+        the call runs, `held`: the rows the runner holds (a padded call runs them all); `kinds`: per row, the kind of
+        draft its drafter would give and the drafter's chance that its first token is kept (Drafter.expect), or
+        None."""
         out = dict.fromkeys(rows, 0)
+        for b, expected in zip(rows, kinds or [None] * len(rows)):
+            self.kind[b] = None if expected is None else expected[0]
+            if expected is not None and expected[0] not in self.kinds[b]:
+                self.kinds[b][expected[0]] = [0.0, 0.0, min(max(float(expected[1]), 0.0), 1.0)]
         free: list[int] = []
         ceilings: list[int] = []
         self.riding = [False] * len(self.riding)
@@ -176,7 +210,9 @@ class DraftLengths:
         rates = [self.acceptance(b) for b in free]
         lengths = self._best(rates, costs, ceilings, width, step)
         for i, (b, k) in enumerate(zip(free, lengths)):
-            if k:
+            if self._hopeful(b, width):
+                out[b], self.probing[b] = ceilings[i], True
+            elif k:
                 out[b], self.pause[b] = k, 0
             elif self.pause[b]:  # back from a rest: probe
                 out[b], self.probing[b] = self._probe(rates[i], costs[i], ceilings[i], width, step), True
@@ -199,6 +235,14 @@ class DraftLengths:
         for b, r in zip(rows, room):
             if not out[b] and r > 0 and self.longest[b]:
                 out[b], self.riding[b] = min(widest, r, self.longest[b]), True
+
+    def _hopeful(self, row: int, width: int) -> bool:
+        """A row's first draft, of a kind its drafter expects kept at least as often as not: as long as it can be (a
+        run kept whole at once; it also times a wide call, which the fit otherwise extrapolates), a probe if it
+        misses. Not where it would widen other rows (a padded batch): there it drafts by its record."""
+        kind = self.kind[row]
+        alone = self.shape == "rows" or width == 1
+        return alone and kind is not None and not any(self.trials[row]) and self.kinds[row][kind][2] >= 0.5
 
     def _probe(self, rate: tuple[float, float], cost: float, ceiling: int, width: int, step: float) -> int:
         """A probe's length: the draft that would pay if the row entered runs at the prior rate (where the step

@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from ..drafters import MODES, SETTINGS, Drafter
+import torch
+
+from ..drafters import MODES, SETTINGS, Draft, Drafter
 from ..engine.config import parse_params
 from ..engine.discovery import PluginHost
 from ..engine.mixed import MixedChains
@@ -15,7 +17,7 @@ from ..errors import ConfigError
 if TYPE_CHECKING:
     from .session import Generation
 
-__all__ = ["check_forkable", "checked_mode", "load_drafter", "load_spec"]
+__all__ = ["check_forkable", "checked_mode", "expected_kind", "load_drafter", "load_spec", "proposal_tensors"]
 
 
 def load_spec(spec: Any, host: PluginHost, kind: str, base: type, settings: Sequence[str], example: str) -> Any:
@@ -85,3 +87,29 @@ def checked_mode(mode: Any, gen: Generation) -> str:
         if gen.chain.is_greedy:
             return "match"  # a greedy chain's distribution is its argmax: the test is the match
     return mode
+
+
+def proposal_tensors(proposal: Any, limit: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A drafter's proposal as (k <= limit,) int64 token ids on the CPU and its (k, V) float64 probabilities (or
+    None); ValueError (or the conversion's error) where it is not a row of token ids in [0, vocab)."""
+    tokens = proposal.tokens if isinstance(proposal, Draft) else proposal
+    draft = torch.as_tensor(tokens, dtype=torch.int64).flatten()[:limit].cpu()
+    if bool(((draft < 0) | (draft >= vocab)).any()):
+        raise ValueError(f"proposed {draft.tolist()}: token ids in [0, {vocab}) expected")
+    probs = proposal.probs if isinstance(proposal, Draft) else None
+    if probs is not None:
+        probs = torch.as_tensor(probs).detach().to("cpu", torch.float64)
+        if probs.ndim != 2 or probs.shape[0] < len(draft):
+            raise ValueError(f"Draft.probs of shape {tuple(probs.shape)}: (k, V) for {len(draft)} tokens")
+        probs = probs[: len(draft)]
+    return draft, probs
+
+
+def expected_kind(expected: Any) -> tuple[str, float] | None:
+    """What Drafter.expect returned, checked: None, or (a kind's name, a chance in [0, 1])."""
+    if expected is None:
+        return None
+    kind, chance = expected
+    if not isinstance(kind, str) or isinstance(chance, bool) or not 0.0 <= float(chance) <= 1.0:
+        raise ValueError(f"expect returned {expected!r}: None or (a kind's name, a chance in [0, 1]) expected")
+    return kind, float(chance)

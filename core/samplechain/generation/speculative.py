@@ -20,17 +20,17 @@ import functools
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import torch
 
-from ..drafters import Draft, DraftContext, Drafter, draft_settings
+from ..drafters import DraftContext, Drafter, draft_settings
 from ..errors import ConfigError, GenerationWarning
 from ..models import load_model
 from ..runners import ModelRunner
 from .draft_length import DraftLengths
-from .drafting import check_forkable, checked_mode, load_drafter
+from .drafting import check_forkable, checked_mode, expected_kind, load_drafter, proposal_tensors
 from .guarding import Guarding
 from .model import runner_for
 from .outputs import GenerationOutput
@@ -389,10 +389,12 @@ class Speculation:
         vocab = self._vocab(gen)
         asking = [b for b in rows if not self.off[b]]
         held = self.released.count(False)
-        wanted = self.lengths.limits(asking, [self._room(gen, b) - 1 for b in asking], len(rows), held)
+        tokens = {b: self._tokens(gen, b) for b in asking}
+        kinds = [self._expect(b, tokens[b]) for b in asking]
+        wanted = self.lengths.limits(asking, [self._room(gen, b) - 1 for b in asking], len(rows), held, kinds)
         groups: dict[int, list[int]] = {}
         for b in asking:
-            if wanted[b] > 0:
+            if wanted[b] > 0 and not self.off[b]:
                 groups.setdefault(id(self.drafters[b]), []).append(b)
         for members in groups.values():
             drafter = self.drafters[members[0]]
@@ -400,7 +402,7 @@ class Speculation:
             limits = [wanted[b] for b in members]
             started = time.perf_counter()
             try:
-                proposals = drafter.propose_rows(members, [self._tokens(gen, b) for b in members], limits)
+                proposals = drafter.propose_rows(members, [tokens[b] for b in members], limits)
                 if len(proposals) != len(members):
                     raise ValueError(f"{len(proposals)} proposals for {len(members)} rows")
             except Exception as exc:  # noqa: BLE001 - a drafter's failure costs speed, never tokens
@@ -418,21 +420,20 @@ class Speculation:
         """A proposal as (k <= limit,) int64 token ids; one that is not a row of token ids switches the drafter off
         for the row."""
         try:
-            tokens = proposal.tokens if isinstance(proposal, Draft) else proposal
-            draft = torch.as_tensor(tokens, dtype=torch.int64).flatten()[:limit].cpu()
-            if bool(((draft < 0) | (draft >= vocab)).any()):
-                raise ValueError(f"proposed {draft.tolist()}: token ids in [0, {vocab}) expected")
-            probs = proposal.probs if isinstance(proposal, Draft) else None
-            if probs is not None:
-                probs = torch.as_tensor(probs).detach().to("cpu", torch.float64)
-                if probs.ndim != 2 or probs.shape[0] < len(draft):
-                    raise ValueError(f"Draft.probs of shape {tuple(probs.shape)}: (k, V) for {len(draft)} tokens")
-                probs = probs[: len(draft)]
+            draft, self.q[row] = proposal_tensors(proposal, limit, vocab)
         except Exception as exc:  # noqa: BLE001 - a drafter's failure costs speed, never tokens
             self._switch_off([row], drafter, exc)
             return _EMPTY
-        self.q[row] = probs
         return draft
+
+    def _expect(self, row: int, tokens: torch.Tensor) -> tuple[str, float] | None:
+        """The row's drafter's kind of draft and prior for `tokens` (Drafter.expect); a failure switches it off."""
+        drafter = self.drafters[row]
+        try:
+            return None if drafter is None else expected_kind(drafter.expect(row, tokens))
+        except Exception as exc:  # noqa: BLE001 - a drafter's failure costs speed, never tokens
+            self._switch_off([row], cast(Drafter, drafter), exc)
+            return None
 
     def _switch_off(self, rows: list[int], drafter: Drafter, exc: Exception) -> None:
         for b in rows:

@@ -53,6 +53,20 @@ def test_the_longest_ngram_wins_and_the_limit_caps_the_draft():
     assert drafter().propose(0, torch.tensor([7]), 10).tolist() == []
 
 
+def test_expect_names_the_match_a_proposal_comes_from():
+    tokens = torch.tensor([1, 2, 3, 4, 5, 9, 3, 7, 8, 2, 3])
+    assert drafter(max_ngram=2).expect(0, tokens) == ("ngram2", 0.5)
+    assert drafter(max_ngram=1).expect(0, tokens) == ("ngram1", 0.15)
+    assert drafter(max_ngram=3, min_ngram=3).expect(0, tokens) is None
+    longer = torch.tensor([5, 1, 2, 3, 4, 6, 1, 2, 3])
+    assert drafter(max_ngram=4).expect(0, longer) == ("ngram3", 0.85)
+    # a row's lookup is kept for the same tokens only: another row, or other tokens, looks again
+    d = drafter(num_tokens=2, max_ngram=2)
+    assert d.expect(0, tokens)[0] == "ngram2" and d.propose(0, tokens, 10).tolist() == [4, 5]
+    assert d.expect(1, longer)[0] == "ngram2" and d.propose(1, longer, 10).tolist() == [4, 6]
+    assert d.propose(0, torch.tensor([7, 8, 7]), 10).tolist() == [8, 7]
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [
