@@ -229,7 +229,7 @@ def test_with_a_step_a_row_drafts_the_length_a_search_finds_or_none(seed):
 
 def test_the_state_survives_a_checkpoint():
     lengths = gate(2, cost=0.3)
-    lengths.limits([0, 1], [8, 8], 2, 2, [None, ("ngram1", 0.2)])
+    lengths.limits([0, 1], [8, 8], 2, 2, [None, ("ngram1", 0.2)].__getitem__)
     for kept in [True, False, False, True]:
         lengths.checked(1, kept)
     lengths.limits([0, 1], [8, 8], 2, 2)
@@ -303,16 +303,16 @@ def test_a_row_keeps_a_record_per_kind_of_draft_its_drafter_tells_apart():
     lengths.keeps[0], lengths.trials[0] = [0.0, 19.0], [1.0, 19.5]  # the row has drafted: no hopeful first draft
     for _ in range(30):  # one-token matches miss, three-token ones are kept
         for kind, kept in (("ngram1", False), ("ngram3", True)):
-            lengths.limits([0], [16], 1, 1, [(kind, 0.5)])
+            lengths.limits([0], [16], 1, 1, lambda b, kind=kind: (kind, 0.5))
             lengths.streak[0], lengths.idle[0], lengths.pause[0] = False, 0, 0
             lengths.checked(0, kept)
     lengths.streak[0] = False
-    assert lengths.limits([0], [16], 1, 1, [("ngram3", 0.5)])[0] >= 8
-    assert lengths.limits([0], [16], 1, 1, [("ngram1", 0.5)])[0] == 0
+    assert lengths.limits([0], [16], 1, 1, lambda b: ("ngram3", 0.5))[0] >= 8
+    assert lengths.limits([0], [16], 1, 1, lambda b: ("ngram1", 0.5))[0] == 0
     assert lengths.kinds[0]["ngram1"][0] == 0 and lengths.kinds[0]["ngram3"][0] > 10
     fresh = gate(1, cost=0.1)  # a kind never seen starts at the drafter's prior
     fresh.keeps[0], fresh.trials[0] = [0.0, 19.0], [1.0, 19.5]
-    fresh.limits([0], [16], 1, 1, [("ngram3", 0.9)])
+    fresh.limits([0], [16], 1, 1, lambda b: ("ngram3", 0.9))
     assert fresh.acceptance(0)[0] == pytest.approx(0.9)
 
 
@@ -320,21 +320,29 @@ def test_a_row_keeps_a_record_per_kind_of_draft_its_drafter_tells_apart():
 def test_a_first_draft_the_drafter_expects_kept_is_as_long_as_it_can_be_and_a_probe(prior, hopeful):
     lengths = gate(1, cost=0.25, longest=10)
     kind = None if prior is None else ("ngram2", prior)
-    got = lengths.limits([0], [16], 1, 1, [kind])[0]
+    got = lengths.limits([0], [16], 1, 1, lambda b: kind)[0]
     assert (got == 10) == hopeful
     if hopeful:
         lengths.checked(0, False)  # missed: the row rests as after a probe
         assert lengths.idle[0] > 0
-        assert lengths.limits([0], [16], 1, 1, [kind])[0] == 0
+        assert lengths.limits([0], [16], 1, 1, lambda b: kind)[0] == 0
     after = gate(1, cost=0.25, longest=10)
     after.checked(0, True)  # a row that has drafted before drafts by its record
-    assert after.limits([0], [16], 1, 1, [kind])[0] < 10
+    assert after.limits([0], [16], 1, 1, lambda b: kind)[0] < 10
 
 
 def test_a_hopeful_first_draft_never_widens_the_other_rows_of_a_padded_batch():
     alone = gate(1, cost=0.25, longest=10, shape="padded")
-    assert alone.limits([0], [16], 1, 1, [("ngram2", 0.9)])[0] == 10
+    assert alone.limits([0], [16], 1, 1, lambda b: ("ngram2", 0.9))[0] == 10
     padded = gate(2, cost=0.25, longest=10, shape="padded")
-    assert padded.limits([0, 1], [16, 16], 2, 2, [("ngram2", 0.9), None])[0] < 10
+    assert padded.limits([0, 1], [16, 16], 2, 2, [("ngram2", 0.9), None].__getitem__)[0] < 10
     own = gate(2, cost=0.25, longest=10)  # rows fed their own tokens: the draft costs its row alone
-    assert own.limits([0, 1], [16, 16], 2, 2, [("ngram2", 0.9), None])[0] == 10
+    assert own.limits([0, 1], [16, 16], 2, 2, [("ngram2", 0.9), None].__getitem__)[0] == 10
+
+
+def test_a_resting_row_is_not_asked_what_kind_its_next_draft_is():
+    lengths = gate(2, cost=0.3)
+    lengths.idle[1] = 3
+    asked = []
+    lengths.limits([0, 1], [8, 8], 2, 2, lambda b: asked.append(b))
+    assert asked == [0]

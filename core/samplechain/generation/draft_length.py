@@ -38,7 +38,7 @@ at least half the time is as long as it can be (a probe), except where it would 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["DraftLengths"]
@@ -172,21 +172,18 @@ class DraftLengths:
         room: Sequence[int],
         width: int,
         held: int,
-        kinds: Sequence[tuple[str, float] | None] | None = None,
+        expect: Callable[[int], tuple[str, float] | None] | None = None,
     ) -> dict[int, int]:
         """The draft length of each of `rows` (rows with a drafter) this call, at most its `room`; `width`: the rows
-        the call runs, `held`: the rows the runner holds (a padded call runs them all); `kinds`: per row, the kind of
-        draft its drafter would give and the drafter's chance that its first token is kept (Drafter.expect), or
-        None."""
+        the call runs, `held`: the rows the runner holds (a padded call runs them all); `expect(row)`: the kind of
+        draft the row's drafter would give and its chance that the first token is kept (Drafter.expect), or None;
+        asked only of rows whose length follows their record (not of resting rows)."""
         out = dict.fromkeys(rows, 0)
-        for b, expected in zip(rows, kinds or [None] * len(rows)):
-            self.kind[b] = None if expected is None else expected[0]
-            if expected is not None and expected[0] not in self.kinds[b]:
-                self.kinds[b][expected[0]] = [0.0, 0.0, min(max(float(expected[1]), 0.0), 1.0)]
         free: list[int] = []
         ceilings: list[int] = []
         self.riding = [False] * len(self.riding)
         for b, r in zip(rows, room):
+            self.kind[b] = None
             if r <= 0:
                 continue
             if self.fixed[b]:
@@ -197,6 +194,7 @@ class DraftLengths:
                 free.append(b)
                 ceilings.append(min(self.longest[b], r))
                 self.probing[b] = False
+                self._expected(b, None if expect is None else expect(b))
         if not free:
             return out
         unit, step = self._unit(width, held)
@@ -235,6 +233,12 @@ class DraftLengths:
         for b, r in zip(rows, room):
             if not out[b] and r > 0 and self.longest[b]:
                 out[b], self.riding[b] = min(widest, r, self.longest[b]), True
+
+    def _expected(self, row: int, expected: tuple[str, float] | None) -> None:
+        """The kind of the row's next draft; a kind's record begins at the drafter's prior."""
+        self.kind[row] = None if expected is None else expected[0]
+        if expected is not None and expected[0] not in self.kinds[row]:
+            self.kinds[row][expected[0]] = [0.0, 0.0, min(max(float(expected[1]), 0.0), 1.0)]
 
     def _hopeful(self, row: int, width: int) -> bool:
         """A row's first draft, of a kind its drafter expects kept at least as often as not: as long as it can be (a

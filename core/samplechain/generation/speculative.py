@@ -389,9 +389,13 @@ class Speculation:
         vocab = self._vocab(gen)
         asking = [b for b in rows if not self.off[b]]
         held = self.released.count(False)
-        tokens = {b: self._tokens(gen, b) for b in asking}
-        kinds = [self._expect(b, tokens[b]) for b in asking]
-        wanted = self.lengths.limits(asking, [self._room(gen, b) - 1 for b in asking], len(rows), held, kinds)
+        tokens: dict[int, torch.Tensor] = {}  # each row's, once: a drafter may keep what it found for the tensor
+
+        def row_tokens(b: int) -> torch.Tensor:
+            return tokens[b] if b in tokens else tokens.setdefault(b, self._tokens(gen, b))
+
+        rooms = [self._room(gen, b) - 1 for b in asking]
+        wanted = self.lengths.limits(asking, rooms, len(rows), held, lambda b: self._expect(b, row_tokens(b)))
         groups: dict[int, list[int]] = {}
         for b in asking:
             if wanted[b] > 0 and not self.off[b]:
@@ -402,7 +406,7 @@ class Speculation:
             limits = [wanted[b] for b in members]
             started = time.perf_counter()
             try:
-                proposals = drafter.propose_rows(members, [tokens[b] for b in members], limits)
+                proposals = drafter.propose_rows(members, [row_tokens(b) for b in members], limits)
                 if len(proposals) != len(members):
                     raise ValueError(f"{len(proposals)} proposals for {len(members)} rows")
             except Exception as exc:  # noqa: BLE001 - a drafter's failure costs speed, never tokens
