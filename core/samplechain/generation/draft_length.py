@@ -30,7 +30,7 @@ costs: the first makes it about 5% of the calls' work, the longest about 1% (at 
 probe widens every row). Where every row is fed as many tokens as the widest (a padded batch, rows advancing
 together), a resting row drafts as wide as the call for free, unless its drafter's own time per token counts (a
 draft model): a kept token ends its rest, a miss leaves it. A row's first draft of a kind the drafter expects kept
-at least half the time is as long as it can be (a probe), except where it would widen other rows. With
+at least half the time is as long as it can be (a probe), on a call of one row. With
 `adaptive = false` a row always drafts its drafter's
 `num_tokens`.
 """
@@ -243,10 +243,10 @@ class DraftLengths:
     def _hopeful(self, row: int, width: int) -> bool:
         """A row's first draft, of a kind its drafter expects kept at least as often as not: as long as it can be (a
         run kept whole at once; it also times a wide call, which the fit otherwise extrapolates), a probe if it
-        misses. Not where it would widen other rows (a padded batch): there it drafts by its record."""
+        misses. Only on a call of one row: in a batch it would widen the other rows (a padded batch) or make a call
+        that could have been the plain step a checking one for every row; there it drafts by its record."""
         kind = self.kind[row]
-        alone = self.shape == "rows" or width == 1
-        return alone and kind is not None and not any(self.trials[row]) and self.kinds[row][kind][2] >= 0.5
+        return width == 1 and kind is not None and not any(self.trials[row]) and self.kinds[row][kind][2] >= 0.5
 
     def _probe(self, rate: tuple[float, float], cost: float, ceiling: int, width: int, step: float) -> int:
         """A probe's length: the draft that would pay if the row entered runs at the prior rate (where the step
