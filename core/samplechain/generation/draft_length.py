@@ -30,9 +30,8 @@ costs: the first makes it about 5% of the calls' work, the longest about 1% (at 
 probe widens every row). Where every row is fed as many tokens as the widest (a padded batch, rows advancing
 together), a resting row drafts as wide as the call for free, unless its drafter's own time per token counts (a
 draft model): a kept token ends its rest, a miss leaves it. A row's first draft of a kind the drafter expects kept
-at least half the time is as long as it can be (a probe), on a call of one row. With
-`adaptive = false` a row always drafts its drafter's
-`num_tokens`.
+at least half the time is as long as it can be (a probe), on a call of one row. With `adaptive = false` a row always
+drafts its drafter's `num_tokens`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,15 @@ from ..errors import ConfigError
 if TYPE_CHECKING:
     from .session import Generation
 
-__all__ = ["check_forkable", "checked_mode", "expected_kind", "load_drafter", "load_spec", "proposal_tensors"]
+__all__ = [
+    "check_forkable",
+    "checked_mode",
+    "expected_kind",
+    "load_drafter",
+    "load_spec",
+    "proposal_tensors",
+    "vocab_of",
+]
 
 
 def load_spec(spec: Any, host: PluginHost, kind: str, base: type, settings: Sequence[str], example: str) -> Any:
@@ -113,3 +121,9 @@ def expected_kind(expected: Any) -> tuple[str, float] | None:
     if not isinstance(kind, str) or isinstance(chance, bool) or not 0.0 <= float(chance) <= 1.0:
         raise ValueError(f"expect returned {expected!r}: None or (a kind's name, a chance in [0, 1]) expected")
     return kind, float(chance)
+
+
+def vocab_of(model: Any) -> int:
+    """The model's vocabulary size (logit columns; a drafted id must be below it), or a bound no id reaches."""
+    size = getattr(model.config, "vocab_size", None)
+    return int(size) if isinstance(size, int) else 1 << 62

@@ -30,7 +30,7 @@ from ..errors import ConfigError, GenerationWarning
 from ..models import load_model
 from ..runners import ModelRunner
 from .draft_length import DraftLengths
-from .drafting import check_forkable, checked_mode, expected_kind, load_drafter, proposal_tensors
+from .drafting import check_forkable, checked_mode, expected_kind, load_drafter, proposal_tensors, vocab_of
 from .guarding import Guarding
 from .model import runner_for
 from .outputs import GenerationOutput
@@ -314,7 +314,7 @@ class Speculation:
         logprobs = torch.stack([live.logprob.new_zeros(()) if c is None else c.logprob for c in column])
         scores = tops = None
         if gen.output_scores:
-            scores = _stacked([None if c is None else c.score for c in column], self._vocab(gen), float("-inf"))
+            scores = _stacked([None if c is None else c.score for c in column], vocab_of(gen.model), float("-inf"))
         if gen.top_logprobs:
             found = [c.top for c in column if c is not None and c.top is not None]
             ids = torch.zeros(gen.top_logprobs, dtype=torch.int64) if not found else torch.zeros_like(found[0][0])
@@ -324,7 +324,7 @@ class Speculation:
                 torch.stack([lps if c is None or c.top is None else c.top[1] for c in column]),
             )
         if gen.output_logits:  # a resume's drawn tokens carry none: -inf rows, as for finished rows
-            gen.raw_logits.append(_stacked([None if c is None else c.raw for c in column], self._vocab(gen)))
+            gen.raw_logits.append(_stacked([None if c is None else c.raw for c in column], vocab_of(gen.model)))
         out = gen.commit(tokens, logprobs, step, scores, tops)
         if self.guarding is not None:
             for b, c in enumerate(column):
@@ -386,7 +386,7 @@ class Speculation:
         """Each row's draft (CPU int64, possibly empty); on a runner that feeds every row alike, all cut to the
         shortest (none if a row has none)."""
         drafts = {b: _EMPTY for b in rows}
-        vocab = self._vocab(gen)
+        vocab = vocab_of(gen.model)
         asking = [b for b in rows if not self.off[b]]
         held = self.released.count(False)
         tokens: dict[int, torch.Tensor] = {}  # each row's, once: a drafter may keep what it found for the tensor
@@ -449,10 +449,6 @@ class Speculation:
             GenerationWarning,
             stacklevel=5,
         )
-
-    def _vocab(self, gen: Generation) -> int:
-        size = getattr(gen.model.config, "vocab_size", None)
-        return int(size) if isinstance(size, int) else 1 << 62
 
     # ----------------------------------------------------------------- verifying
     def _verify_rows(
