@@ -234,10 +234,11 @@ class DraftLengths:
                 out[b], self.riding[b] = min(widest, r, self.longest[b]), True
 
     def _expected(self, row: int, expected: tuple[str, float] | None) -> None:
-        """The kind of the row's next draft; a kind's record begins at the drafter's prior."""
+        """The kind of the row's next draft (a prior in [0, 1], drafting.expected_kind); a kind's record begins at
+        the drafter's prior."""
+        if expected is not None:
+            self.kinds[row].setdefault(expected[0], [0.0, 0.0, expected[1]])
         self.kind[row] = None if expected is None else expected[0]
-        if expected is not None and expected[0] not in self.kinds[row]:
-            self.kinds[row][expected[0]] = [0.0, 0.0, min(max(float(expected[1]), 0.0), 1.0)]
 
     def _hopeful(self, row: int, width: int) -> bool:
         """A row's first draft, of a kind its drafter expects kept at least as often as not: as long as it can be (a
