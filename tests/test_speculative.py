@@ -372,6 +372,46 @@ def test_rows_with_every_token_drawn_leave_the_transformers_batch(tiny):
     assert widths == sorted(widths, reverse=True), "a released row never comes back"
 
 
+class WrongFor(Scripted):
+    """Scripted, but the rows in `wrong` get drafts that are never kept."""
+
+    def __init__(self, *args, wrong: set[int], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.wrong = wrong
+
+    def propose(self, row, tokens, limit):
+        draft = super().propose(row, tokens, limit)
+        return [(t + 1) % self.vocab for t in draft] if row in self.wrong else draft
+
+
+def test_on_a_padded_batch_a_row_far_ahead_draws_on_and_leaves(tiny):
+    """On the transformers runner every held row's columns run in each pass, so a row whose drafts are kept goes on
+    drawing however far ahead of the batch's last step it is, and leaves the batch once it has drawn all its tokens,
+    long before the row whose drafts all miss has committed them."""
+    model, tok = tiny
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 100, "ignore_eos": True}
+    prompts = PROMPTS[:2]
+    reference, gen = run(model, tok, prompts, **kwargs)
+    rows = reference_rows(reference, gen)
+    assert reference.num_generated.tolist() == [100, 100]
+    drafter = WrongFor(rows, model.config.vocab_size, seed=5, longest=10, wrong={1})
+    widths = []
+    hook = model.register_forward_pre_hook(
+        lambda _, args, kw: widths.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        ours, _ = run(model, tok, prompts, draft=drafter, **kwargs)
+    finally:
+        hook.remove()
+    assert_same_tokens(ours, reference)
+    assert ours.kept.tolist()[1] == 0 and ours.model_calls.tolist()[1] == 100
+    # row 0 drew its 100 tokens in few calls, more than 64 ahead of row 1, which commits one a call; every pass of
+    # both rows (the prefill among them) fed row 0, which then left the batch
+    calls = ours.model_calls.tolist()[0]
+    assert calls <= 30, ours.model_calls
+    assert widths.count(2) <= calls, f"row 0 waited in the batch: {calls} calls of row 0, passes {widths}"
+
+
 @pytest.mark.llama_cpp
 @pytest.mark.slow
 @pytest.mark.parametrize("case", range(4))

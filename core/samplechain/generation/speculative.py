@@ -336,21 +336,21 @@ class Speculation:
 
     def _callers(self, gen: Generation, ragged: bool) -> list[int]:
         """The rows the next model call runs: every unfinished row; on a runner that cuts rows on their own, not
-        those already far enough ahead (a full queue of drawn tokens, an end-of-sequence among them, or the length
-        limit reached)."""
+        those already far enough ahead (an end-of-sequence among their drawn tokens, the length limit reached, or,
+        where a row costs only its own tokens, a full queue: on a padded batch its columns run either way)."""
         rows = (~gen.finished).nonzero().flatten().tolist()
         guarding = self.guarding
         if guarding is not None:  # a row a guard ended draws no more
             rows = [b for b in rows if guarding.ending[b] is None]
         if not ragged:
             return rows
-        eos = set(gen.eos_ids)
+        eos, padded = set(gen.eos_ids), self.lengths.shape == "padded"
         return [
             b
             for b in rows
             if not self.pending[b]
             or (guarding is not None and guarding.drawing(gen, self, b))
-            or (len(self.pending[b]) < _AHEAD and not self._drawn_all(gen, b, eos))
+            or ((len(self.pending[b]) < _AHEAD or padded) and not self._drawn_all(gen, b, eos))
         ]
 
     def _drawn_all(self, gen: Generation, row: int, eos: set[int]) -> bool:
@@ -644,5 +644,5 @@ class _Drawn:
 
 
 _EMPTY = torch.zeros(0, dtype=torch.int64)
-_AHEAD = 64  # drawn tokens a row may have waiting before it skips model calls
+_AHEAD = 64  # drawn tokens a row may have waiting before it skips model calls (where it costs its own tokens)
 _LONGEST = 64  # the longest draft of a drafter without num_tokens
