@@ -392,7 +392,9 @@ class Speculation:
         tokens: dict[int, torch.Tensor] = {}  # each row's, once: a drafter may keep what it found for the tensor
 
         def row_tokens(b: int) -> torch.Tensor:
-            return tokens[b] if b in tokens else tokens.setdefault(b, self._tokens(gen, b))
+            if b not in tokens:
+                tokens[b] = self._tokens(gen, b)
+            return tokens[b]
 
         rooms = [self._room(gen, b) - 1 for b in asking]
         wanted = self.lengths.limits(asking, rooms, len(rows), held, lambda b: self._expect(b, row_tokens(b)))
