@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from samplechain import models
 from samplechain.errors import ConfigError
 from samplechain.generation import TransformersRunner, generate, runner_for
+from samplechain.generation import model as model_module
 from samplechain.models import (
     DEFAULT_MODEL,
     check_gguf,
@@ -220,6 +222,57 @@ def test_rows_that_keep_their_own_tokens_equal_each_row_alone(tiny, seed):
             seqs[b] += feed[: rng.randint(1, len(feed))]
         runner.truncate([width - len(p) + len(s) for p, s in zip(prompts, seqs)])
     assert runner.input_ids.shape[1] <= width + 10 * 5
+
+
+@pytest.mark.parametrize("rows", range(1, 8))
+def test_few_row_products_are_the_linear_layer(rows):
+    torch.manual_seed(rows)
+    weight, bias = torch.randn(96, 40), torch.randn(96)
+    for x in (torch.randn(rows, 40), torch.randn(1, rows, 40)):
+        with model_module._FewRowProducts():
+            plain, biased = F.linear(x, weight), torch.nn.functional.linear(x, weight, bias=bias)
+        torch.testing.assert_close(plain, F.linear(x, weight), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(biased, F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+        flat = x.reshape(rows, 40)
+        layout = (weight @ flat.T).T if rows in range(2, 6) else F.linear(flat, weight)
+        assert torch.equal(plain.reshape(rows, 96), layout)
+    wide = torch.randn(rows, 40, dtype=torch.float64)  # only float32 products change layout
+    with model_module._FewRowProducts():
+        assert torch.equal(F.linear(wide, weight.double()), wide @ weight.double().T)
+
+
+def test_a_check_of_two_to_five_tokens_runs_few_row_products_and_gives_the_steps_logits(tiny, monkeypatch):
+    entered = []
+
+    class Counted(model_module._FewRowProducts):
+        def __enter__(self):
+            entered.append(1)
+            return super().__enter__()
+
+    monkeypatch.setattr(model_module, "_FewRowProducts", Counted)
+    ids = torch.tensor([[11, 12, 13, 14]])
+    for k in range(1, 8):
+        drafted = torch.arange(5, 5 + k).unsqueeze(0)
+        runner = TransformersRunner(tiny, ids, None)
+        runner.few_row_products = (
+            True  # the layout is exact anywhere; with MKL on a CPU, where it is the default, it pays
+        )
+        runner.prefill()
+        before = len(entered)
+        extended = runner.extend(drafted)
+        assert len(entered) - before == (k in range(2, 6)), k
+        torch.testing.assert_close(extended, _steps(tiny, ids, drafted)[:, 1:], atol=1e-4, rtol=1e-4)
+    one = TransformersRunner(tiny, torch.tensor([[11, 12], [21, 22]]), None)
+    one.few_row_products = True
+    one.prefill()
+    before = len(entered)
+    one.step(torch.tensor([[11, 12, 5], [21, 22, 6]]))  # a step of two rows keeps the model's own products,
+    one.extend(torch.tensor([[7], [8]]))  # as does one token a row fed as a check (scoring one token at a time)
+    own = TransformersRunner(tiny, ids, None)
+    own.few_row_products = False
+    own.prefill()
+    own.extend(torch.tensor([[5, 6, 7]]))
+    assert len(entered) == before
 
 
 def test_released_rows_give_zeros_and_cannot_be_fed_again(tiny):
