@@ -27,8 +27,8 @@ __all__ = ["ModelRunner", "TransformersRunner", "max_positions", "runner_for"]
 
 _CACHE_NAMES = ("cache", "past_key_values", "cache_params", "state", "mems", "past_buckets_states")
 # MKL's float32 product input @ weight^T over 2 to 5 rows reads the weight at a third to a half of the speed that
-# weight @ input^T reaches, so a check of 2-5 tokens cost up to twice a one-token step; for one row, and from 6 rows
-# on, the two cost about the same (docs/performance.md, "Few-row products")
+# weight @ input^T reaches; for one row, and from 6 rows on, the two cost about the same (docs/performance.md,
+# "Few-row products")
 _FEW_ROWS = range(2, 6)
 _MKL = torch.backends.mkl.is_available()
 
@@ -80,8 +80,8 @@ class TransformersRunner(ModelRunner):
 
     name = "transformers"
     pads_rows = True  # extend_rows gives every row the longest feed's columns (holes where it has fewer)
-    # a check (extend, extend_rows) of several tokens a row and 2-5 rows in all runs the linear layers as W x^T
-    # (_FewRowProducts) where that pays, with MKL on a CPU; False (on the class: every runner) keeps the model's own
+    # a pass of several tokens a row (a check: extend, extend_rows) and 2-5 rows in all runs the linear layers as
+    # W x^T (_FewRowProducts) with MKL on a CPU; False (on the class: every runner) keeps the model's own products
     few_row_products = True
 
     @classmethod
@@ -122,15 +122,15 @@ class TransformersRunner(ModelRunner):
         self._held_index: torch.Tensor | None = None  # `held` as an index on the device
         self.few_row_products = self.few_row_products and _MKL and self.device.type == "cpu"
 
-    def _forward(self, ids: torch.Tensor, next_len: int | None, keep: int = 1, check: bool = False) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, next_len: int | None, keep: int = 1) -> torch.Tensor:
         inputs = self.model.prepare_inputs_for_generation(
             ids, next_sequence_length=next_len, is_first_iteration=self._first, **self.kwargs
         )
         if keep > 1 and "logits_to_keep" in inputs:
             inputs["logits_to_keep"] = keep
-        # a check's pass (`extend`, `extend_rows` of several tokens a row) of few rows in all takes the faster
-        # layout; one token a row keeps the model's own products, bit for bit those of model.generate's steps
-        few = check and keep > 1 and self.few_row_products and ids.shape[0] * keep in _FEW_ROWS
+        # a pass that keeps one position a row (the prefill, a step) runs the model's own products, bit for bit
+        # model.generate's
+        few = keep > 1 and self.few_row_products and ids.shape[0] * keep in _FEW_ROWS
         with _FewRowProducts() if few else contextlib.nullcontext():
             out = self.model(**inputs, return_dict=True)
         for name in _CACHE_NAMES:
@@ -183,7 +183,7 @@ class TransformersRunner(ModelRunner):
         k = tokens.shape[1]
         self._grow(k)
         self.input_ids[:, -k:] = self._inner(tokens)
-        return self._outer(self._forward(self.input_ids, k, keep=k, check=True))
+        return self._outer(self._forward(self.input_ids, k, keep=k))
 
     @torch.no_grad()
     def extend_rows(self, rows: Sequence[int], tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -200,7 +200,7 @@ class TransformersRunner(ModelRunner):
             real[b, : len(t)] = True
         self._grow(k, real.to(self.input_ids.device))
         self.input_ids[:, -k:] = block.to(self.input_ids.device)
-        logits = self._forward(self.input_ids, k, keep=k, check=True)
+        logits = self._forward(self.input_ids, k, keep=k)
         return [logits[b, : len(t)] for b, t in zip(inner, tokens)]
 
     def truncate(self, length: int | Sequence[int]) -> None:
