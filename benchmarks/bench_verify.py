@@ -10,7 +10,8 @@ many-token kernel for it):
 
 1. cost: one `runner.extend` of k tokens per row against one token (k = 1 ... 16, B = 1 and 8), ms per call
    (median), and the ratio to k = 1; on a CPU also the same calls in the model's own products (the runner computes
-   a check of 2-5 rows in all as W x^T, `TransformersRunner.few_row_products`);
+   a check of 2-5 rows in all as W x^T, `TransformersRunner.few_row_products`) and with the key/value heads copied
+   per query head as transformers' attention does (`TransformersRunner.grouped_attention`);
 2. numerics: the largest difference between the logits of one k-token call and k one-token steps, k = 4 and 8
    (what `match`'s promise of the same tokens rests on);
 3. bounds: generate() tokens per second with an oracle drafter (it proposes the run without a drafter's next
@@ -115,14 +116,16 @@ def cost(
 ) -> list[dict]:
     """ms per runner.extend of k tokens per row after a `context`-token prompt, the cache cut back after each call
     (its length stays put). Where the runner computes a check of 2-5 rows in all in its own layout
-    (`few_row_products`), the same calls in the model's own products too, interleaved."""
+    (`few_row_products`) or attends to shared key/value heads (`grouped_attention`), the same calls without each of
+    the two too, interleaved."""
     rows = []
     for b in batches:
         ids = prompts(model, b, context, device)
         runs = {"ms": runner(model, ids)}
-        if getattr(runs["ms"], "few_row_products", False):
-            runs["model's products ms"] = runner(model, ids)
-            runs["model's products ms"].few_row_products = False  # type: ignore[attr-defined]
+        for switch, name in (("few_row_products", "model's products ms"), ("grouped_attention", "copied heads ms")):
+            if getattr(runs["ms"], switch, False):
+                runs[name] = runner(model, ids)
+                setattr(runs[name], switch, False)
         for run in runs.values():
             run.prefill()
         width = ids.shape[1]

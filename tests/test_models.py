@@ -275,6 +275,84 @@ def test_a_check_of_two_to_five_tokens_runs_few_row_products_and_gives_the_steps
     assert len(entered) == before
 
 
+@pytest.fixture(scope="module")
+def grouped():
+    """A small random Llama whose four query heads share two key/value heads, on transformers' sdpa attention."""
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _checks(model, grouped_attention):
+    """A padded batch's prefill, a step, a check of three tokens a row and one with holes: logits, and the attention
+    implementation each pass ran under."""
+    seen = []
+    hook = model.model.layers[0].self_attn.register_forward_hook(
+        lambda *_: seen.append(model.config._attn_implementation)
+    )
+    ids = torch.tensor([[0, 0, 11, 12, 13], [21, 22, 23, 24, 25], [31, 32, 33, 34, 35]])
+    mask = (torch.arange(5) >= torch.tensor([[2], [0], [0]])).long()
+    try:
+        runner = TransformersRunner(model, ids, mask)
+        runner.grouped_attention = grouped_attention and runner.grouped_attention
+        out = [runner.prefill(), runner.step(torch.cat([ids, torch.tensor([[5], [6], [7]])], -1))]
+        out.append(runner.extend(torch.tensor([[8, 9, 10], [11, 12, 13], [14, 15, 16]])))
+        out += runner.extend_rows([0, 1, 2], [torch.tensor([17]), torch.tensor([18, 19, 20]), torch.tensor([21, 22])])
+    finally:
+        hook.remove()
+    return out, seen
+
+
+def test_checks_attend_to_shared_key_value_heads_with_the_same_logits(grouped, monkeypatch):
+    sdpa, heads = F.scaled_dot_product_attention, []
+
+    def counted(query, key, value, **kwargs):
+        heads.append(key.shape[1])
+        return sdpa(query, key, value, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
+    grouped_out, grouped_seen = _checks(grouped, True)
+    grouped_heads, heads[:] = heads[:], []
+    copied_out, copied_seen = _checks(grouped, False)
+    # two layers a pass; the padded prefill meets four copied heads, the step transformers' packed queries, the two
+    # checks the two key/value heads as they are (transformers copies them there)
+    assert grouped_heads == [4, 4, 2, 2, 2, 2, 2, 2] and heads == [4, 4, 2, 2, 4, 4, 4, 4], (grouped_heads, heads)
+    assert all(torch.equal(a, b) for a, b in zip(grouped_out, copied_out))
+    # the prefill and the step run transformers' own attention; the two checks the grouped one
+    assert grouped_seen == ["sdpa", "sdpa", model_module._GROUPED, model_module._GROUPED]
+    assert copied_seen == ["sdpa"] * 4 and grouped.config._attn_implementation == "sdpa"
+
+
+def test_grouped_attention_nests_and_restores_the_models_own(grouped):
+    config = grouped.config
+    with model_module._grouped_attention(config):
+        with pytest.raises(RuntimeError):
+            with model_module._grouped_attention(config):
+                assert config._attn_implementation == model_module._GROUPED
+                raise RuntimeError("a pass that fails")
+        assert config._attn_implementation == model_module._GROUPED  # the outer pass is still running
+    assert config._attn_implementation == "sdpa" and not model_module._switched
+
+
+def test_grouped_attention_is_off_where_nothing_is_copied(tiny, grouped):
+    ids = torch.tensor([[1, 2, 3]])
+    assert not TransformersRunner(tiny, ids, None).grouped_attention  # GPT-2: one key/value head per query head
+    assert TransformersRunner(grouped, ids, None).grouped_attention
+    grouped.config._attn_implementation = "eager"
+    try:
+        assert not TransformersRunner(grouped, ids, None).grouped_attention
+    finally:
+        grouped.config._attn_implementation = "sdpa"
+
+
 def test_released_rows_give_zeros_and_cannot_be_fed_again(tiny):
     ids = torch.tensor([[11, 12, 13], [21, 22, 23], [31, 32, 33]])
     runner = TransformersRunner(tiny, ids, None)

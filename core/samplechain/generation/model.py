@@ -10,8 +10,10 @@ with runs here too and gives the same logits.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -46,6 +48,60 @@ class _FewRowProducts(TorchFunctionMode):
                 out = (weight @ x.reshape(rows, x.shape[-1]).T).T.reshape(*x.shape[:-1], weight.shape[0])
                 return out if bias is None else out + bias
         return func(*args, **kwargs)
+
+
+_GROUPED = "samplechain_grouped_sdpa"
+_switched: dict[int, tuple[int, Any]] = {}  # id(config): (passes inside, the implementation to restore)
+_switching = threading.Lock()
+
+
+def _grouped_sdpa(
+    module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, **kwargs: Any
+) -> tuple[torch.Tensor, None]:
+    """transformers' sdpa attention, except that several queries under a mask attend to the shared key/value heads
+    as they are (`enable_gqa`): transformers copies the keys and values once per query head there (repeat_kv), every
+    layer, which costs a check of a batch with holes more than its attention does. The kernel is the same, and so
+    is every number it gives."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    grouped = getattr(module, "num_key_value_groups", 1) > 1 and mask is not None and query.shape[2] > 1
+    if not grouped or kwargs.get("dropout") or kwargs.get("position_bias") is not None or kwargs.get("softcap"):
+        return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=kwargs.get("scaling"), enable_gqa=True
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+@functools.cache
+def _register_grouped() -> bool:
+    try:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+        from transformers.modeling_utils import AttentionInterface
+    except ImportError:
+        return False
+    AttentionInterface.register(_GROUPED, _grouped_sdpa)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(_GROUPED, sdpa_mask)
+    return True
+
+
+@contextlib.contextmanager
+def _grouped_attention(config: Any) -> Iterator[None]:
+    """The model attends with _grouped_sdpa while inside: passes of several threads or runners on one model nest
+    (counted per config), the last one out restores the model's own implementation."""
+    with _switching:
+        inside, own = _switched.get(id(config), (0, config._attn_implementation))
+        _switched[id(config)] = (inside + 1, own)
+        config._attn_implementation = _GROUPED
+    try:
+        yield
+    finally:
+        with _switching:
+            inside, own = _switched.pop(id(config))
+            if inside > 1:
+                _switched[id(config)] = (inside - 1, own)
+            else:
+                config._attn_implementation = own
 
 
 def runner_for(model: Any, host: PluginHost | None = None) -> type[ModelRunner]:
@@ -83,6 +139,10 @@ class TransformersRunner(ModelRunner):
     # a pass of several tokens a row (a check: extend, extend_rows) and 2-5 rows in all runs the linear layers as
     # W x^T (_FewRowProducts) with MKL on a CPU; False (on the class: every runner) keeps the model's own products
     few_row_products = True
+    # a pass of several tokens a row (a check) attends with the key/value heads shared (_grouped_sdpa) instead of
+    # copied per query head, on a CPU for a model on transformers' sdpa attention with grouped key/value heads;
+    # False keeps transformers' attention
+    grouped_attention = True
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
@@ -121,6 +181,15 @@ class TransformersRunner(ModelRunner):
         self.held: list[int] | None = None  # after `release`: the callers' rows the cache still holds, in its order
         self._held_index: torch.Tensor | None = None  # `held` as an index on the device
         self.few_row_products = self.few_row_products and _MKL and self.device.type == "cpu"
+        kv_heads = getattr(model.config, "num_key_value_heads", None)
+        groups = kv_heads is not None and kv_heads != getattr(model.config, "num_attention_heads", kv_heads)
+        self.grouped_attention = (
+            self.grouped_attention
+            and self.device.type == "cpu"
+            and groups
+            and getattr(model.config, "_attn_implementation", None) == "sdpa"
+            and _register_grouped()
+        )
 
     def _forward(self, ids: torch.Tensor, next_len: int | None, keep: int = 1) -> torch.Tensor:
         inputs = self.model.prepare_inputs_for_generation(
@@ -131,8 +200,10 @@ class TransformersRunner(ModelRunner):
         # a pass that keeps one position a row (the prefill, a step) runs the model's own products, bit for bit
         # model.generate's
         few = keep > 1 and self.few_row_products and ids.shape[0] * keep in _FEW_ROWS
+        grouped = keep > 1 and self.grouped_attention
         with _FewRowProducts() if few else contextlib.nullcontext():
-            out = self.model(**inputs, return_dict=True)
+            with _grouped_attention(self.model.config) if grouped else contextlib.nullcontext():
+                out = self.model(**inputs, return_dict=True)
         for name in _CACHE_NAMES:
             if name in out and out[name] is not None:
                 key = name if name in ("cache_params", "state") else self.cache_key
