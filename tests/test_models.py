@@ -346,11 +346,19 @@ def test_grouped_attention_is_off_where_nothing_is_copied(tiny, grouped):
     ids = torch.tensor([[1, 2, 3]])
     assert not TransformersRunner(tiny, ids, None).grouped_attention  # GPT-2: one key/value head per query head
     assert TransformersRunner(grouped, ids, None).grouped_attention
+    runner, seen = TransformersRunner(grouped, ids, None), []
+    hook = grouped.model.layers[0].self_attn.register_forward_hook(
+        lambda *_: seen.append(grouped.config._attn_implementation)
+    )
     grouped.config._attn_implementation = "eager"
     try:
         assert not TransformersRunner(grouped, ids, None).grouped_attention
+        runner.prefill()
+        runner.extend(torch.tensor([[4, 5]]))  # the model was switched to eager after the runner was made
     finally:
         grouped.config._attn_implementation = "sdpa"
+        hook.remove()
+    assert seen == ["eager", "eager"]
 
 
 def test_released_rows_give_zeros_and_cannot_be_fed_again(tiny):

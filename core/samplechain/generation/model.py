@@ -200,7 +200,7 @@ class TransformersRunner(ModelRunner):
         # a pass that keeps one position a row (the prefill, a step) runs the model's own products, bit for bit
         # model.generate's
         few = keep > 1 and self.few_row_products and ids.shape[0] * keep in _FEW_ROWS
-        grouped = keep > 1 and self.grouped_attention
+        grouped = keep > 1 and self.grouped_attention and self.model.config._attn_implementation in ("sdpa", _GROUPED)
         with _FewRowProducts() if few else contextlib.nullcontext():
             with _grouped_attention(self.model.config) if grouped else contextlib.nullcontext():
                 out = self.model(**inputs, return_dict=True)
