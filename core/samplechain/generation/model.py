@@ -60,8 +60,8 @@ def _grouped_sdpa(
 ) -> tuple[torch.Tensor, None]:
     """transformers' sdpa attention, except that several queries under a mask attend to the shared key/value heads
     as they are (`enable_gqa`): transformers copies the keys and values once per query head there (repeat_kv), every
-    layer, which costs a check of a batch with holes more than its attention does. The kernel is the same, and so
-    is every number it gives."""
+    layer, which in a check of eight rows costs nearly as much as the attention itself. The kernel is the same, and
+    so is every number it gives."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     grouped = getattr(module, "num_key_value_groups", 1) > 1 and mask is not None and query.shape[2] > 1
