@@ -9,7 +9,9 @@ GGUF, or `--gguf` another file: how fast a quantization checks drafts depends on
 many-token kernel for it):
 
 1. cost: one `runner.extend` of k tokens per row against one token (k = 1 ... 16, B = 1 and 8), ms per call
-   (median), and the ratio to k = 1; on a CPU also the same calls in the model's own products (the runner computes
+   (median), and the ratio to k = 1; at B > 1 also a call where only the first row takes k tokens and the others
+   one (`runner.extend_rows`: one row's draft in a batch; llama.cpp runs it as two passes, the rows' first tokens
+   and then that row's others); on a CPU also the same calls in the model's own products (the runner computes
    a check of 2-5 rows in all as W x^T, `TransformersRunner.few_row_products`) and with the key/value heads copied
    per query head as transformers' attention does (`TransformersRunner.grouped_attention`);
 2. numerics: the largest difference between the logits of one k-token call and k one-token steps, k = 4 and 8
@@ -129,17 +131,21 @@ def cost(
         for run in runs.values():
             run.prefill()
         width = ids.shape[1]
-        times: dict[tuple[str, int], list[float]] = {(name, k): [] for name in runs for k in ks}
+        names = [*runs, *(["one row ms"] if b > 1 else [])]
+        times: dict[tuple[str, int], list[float]] = {(name, k): [] for name in names for k in ks}
         for rep in range(reps + 2):
             for k in ks:
                 block = prompts(model, b, k, device)
-                for name, run in runs.items():
-                    t, _ = timed(device, _check, run, block, width)
+                for name in names:
+                    if name == "one row ms":  # row 0 drafts k - 1 tokens, the others none
+                        t, _ = timed(device, _check_one_row, runs["ms"], block, width)
+                    else:
+                        t, _ = timed(device, _check, runs[name], block, width)
                     if rep >= 2:  # the first two rounds warm the kernels up
                         times[name, k].append(t)
         base = statistics.median(times["ms", ks[0]])
         for k in ks:
-            ms = {name: statistics.median(times[name, k]) for name in runs}
+            ms = {name: statistics.median(times[name, k]) for name in names}
             row = {"B": b, "k": k, "ms": round(ms["ms"] * 1e3, 3), "ratio": round(ms["ms"] / base, 2)}
             rows.append(row | {name: round(t * 1e3, 3) for name, t in ms.items() if name != "ms"})
     return rows
@@ -147,6 +153,12 @@ def cost(
 
 def _check(run: ModelRunner, block: torch.Tensor, width: int) -> None:
     run.extend(block)
+    run.truncate(width)
+
+
+def _check_one_row(run: ModelRunner, block: torch.Tensor, width: int) -> None:
+    """Row 0 takes its k tokens, every other row its first: a batch where one row drafts."""
+    run.extend_rows(range(block.shape[0]), [block[0], *block[1:, :1]])
     run.truncate(width)
 
 
@@ -247,9 +259,9 @@ def bounds(
 
 
 def table(rows: Sequence[dict]) -> str:
-    head = list(rows[0])
+    head = list(dict.fromkeys(h for r in rows for h in r))  # every row's columns (B = 1 has no "one row")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join([*lines, *("| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows)])
+    return "\n".join([*lines, *("| " + " | ".join(str(r.get(h, "")) for h in head) + " |" for r in rows)])
 
 
 def main() -> None:
