@@ -109,6 +109,23 @@ def test_a_row_no_draft_pays_for_rests_between_probes_that_double_while_they_mis
     assert gaps[:6] == [min(first * 2**i, longest) for i in range(1, 7)], schedule
 
 
+def test_a_rest_begun_while_probes_looked_cheap_grows_to_what_they_are_timed_to_cost():
+    """Before any draft is timed a probe looks cheap and the first rest is short; a probe that then misses rests
+    the first rest at the cost timed since (about 5% of the work), not twice the short one."""
+    lengths = gate(1, acceptance=[0.01])
+    lengths._unit = lambda width, held: (0.02, 0.0)  # type: ignore[method-assign]
+    schedule = []
+    for call in range(120):
+        if call == 2:  # drafting calls timed: a probe costs a whole call
+            lengths._unit = lambda width, held: (1.0, 0.0)  # type: ignore[method-assign]
+        k = lengths.limits([0], [16], 1, 1)[0]
+        schedule.append(k)
+        if k:
+            lengths.checked(0, False)
+    probes = [i for i, k in enumerate(schedule) if k]
+    assert probes[:3] == [2, 23, 64], schedule  # rests of 1 (the prior's), then 20 and 40 (the timed cost's)
+
+
 def test_a_probe_that_is_kept_keeps_the_row_probing_and_acceptance_decides_again():
     lengths = gate(1, cost=0.3)
     for _ in range(5):  # misses: acceptance falls, the row rests

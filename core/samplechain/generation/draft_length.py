@@ -27,7 +27,8 @@ measure its acceptance: as long a draft as would pay were the row entering runs 
 each drafted token costs; long where the step costs the most, as a long probe costs little more and can keep a run
 whole). The rests double while the probes miss. Both the first rest and the longest scale with what a one-token probe
 costs: the first makes it about 5% of the calls' work, the longest about 1% (at most 64 calls; on a padded batch a
-probe widens every row). Where every row is fed as many tokens as the widest (a padded batch, rows advancing
+probe widens every row); a rest after a missed probe is at least the first rest at the cost as timed by then (the
+first rests come before any draft was timed). Where every row is fed as many tokens as the widest (a padded batch, rows advancing
 together), a resting row drafts as wide as the call for free, unless its drafter's own time per token counts (a
 draft model): a kept token ends its rest, a miss leaves it. A row's first draft of a kind the drafter expects kept
 at least half the time is as long as it can be (a probe), on a call of one row. With `adaptive = false` a row always
@@ -139,7 +140,10 @@ class DraftLengths:
         elif self.probing[row]:
             self.probing[row] = False
             if not kept:
-                self.pause[row] = min(2 * self.pause[row] or 1, self._longest_pause)
+                # doubling, and at least the first rest as it stands now: a rest begun while the fit knew little of
+                # what a probe costs (the first calls, before any draft was timed) grows to it
+                pause = self.pause[row]
+                self.pause[row] = min(max(2 * pause, self._first_pause) if pause else 1, self._longest_pause)
                 self.idle[row] = self.pause[row]
 
     def undrafted(self, row: int) -> None:
