@@ -131,21 +131,20 @@ def cost(
         for run in runs.values():
             run.prefill()
         width = ids.shape[1]
-        names = [*runs, *(["one row ms"] if b > 1 else [])]
-        times: dict[tuple[str, int], list[float]] = {(name, k): [] for name in names for k in ks}
+        checks = {name: (run, _check) for name, run in runs.items()}
+        if b > 1:  # row 0 drafts k - 1 tokens, the others none
+            checks["one row ms"] = (runs["ms"], _check_one_row)
+        times: dict[tuple[str, int], list[float]] = {(name, k): [] for name in checks for k in ks}
         for rep in range(reps + 2):
             for k in ks:
                 block = prompts(model, b, k, device)
-                for name in names:
-                    if name == "one row ms":  # row 0 drafts k - 1 tokens, the others none
-                        t, _ = timed(device, _check_one_row, runs["ms"], block, width)
-                    else:
-                        t, _ = timed(device, _check, runs[name], block, width)
+                for name, (run, check) in checks.items():
+                    t, _ = timed(device, check, run, block, width)
                     if rep >= 2:  # the first two rounds warm the kernels up
                         times[name, k].append(t)
         base = statistics.median(times["ms", ks[0]])
         for k in ks:
-            ms = {name: statistics.median(times[name, k]) for name in names}
+            ms = {name: statistics.median(times[name, k]) for name in checks}
             row = {"B": b, "k": k, "ms": round(ms["ms"] * 1e3, 3), "ratio": round(ms["ms"] / base, 2)}
             rows.append(row | {name: round(t * 1e3, 3) for name, t in ms.items() if name != "ms"})
     return rows

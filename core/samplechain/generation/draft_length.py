@@ -28,8 +28,8 @@ each drafted token costs; long where the step costs the most, as a long probe co
 whole). The rests double while the probes miss. Both the first rest and the longest scale with what a one-token probe
 costs: the first makes it about 5% of the calls' work, the longest about 1% (at most 64 calls; on a padded batch a
 probe widens every row); a rest after a missed probe is at least the first rest at the cost as timed by then (the
-first rests come before any draft was timed). Where every row is fed as many tokens as the widest (a padded batch, rows advancing
-together), a resting row drafts as wide as the call for free, unless its drafter's own time per token counts (a
+first rests come before any draft was timed). Where every row is fed as many tokens as the widest (a padded batch,
+rows advancing together), a resting row drafts as wide as the call for free, unless its drafter's own time per token counts (a
 draft model): a kept token ends its rest, a miss leaves it. A row's first draft of a kind the drafter expects kept
 at least half the time is as long as it can be (a probe), on a call of one row. With `adaptive = false` a row always
 drafts its drafter's `num_tokens`.
