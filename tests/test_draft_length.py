@@ -212,6 +212,24 @@ def test_the_timed_cost_is_the_fitted_cost_of_a_drafted_token_and_of_drafting_at
     fitted(padded._unit(4, 4), (0.008 + 0.001 * 4) / 0.018, 0.006 * 4 / 0.018)
 
 
+def test_what_a_draft_costs_outlasts_the_plain_calls_of_a_rest():
+    """A row that rests runs one-token calls only; the fit keeps what the calls with drafts before it cost, so the
+    probe after the rest is priced as timed (not at the prior's c = 0.25 and no step)."""
+    lengths = gate(1)
+
+    def time(f, k):
+        return 0.010 + 0.002 * f + 0.006 * (k > 0)
+
+    for k in [0, 3, 1, 8, 0, 5, 2, 7] * 3:
+        lengths.timed(1 + k, time(1 + k, k), k > 0)
+    before = lengths._unit(1, 1)
+    for _ in range(40):
+        lengths.timed(1, time(1, 0))
+    c, step = lengths._unit(1, 1)
+    assert c == pytest.approx(before[0], rel=0.05) and step == pytest.approx(before[1], rel=0.15)
+    assert step > 0.4  # 6 ms of a 12 ms call
+
+
 def test_without_a_step_the_fit_finds_none_and_a_call_that_always_drafts_puts_its_step_in_the_intercept():
     steady = gate(1)
     for k in [0, 3, 1, 8, 0, 5, 2, 7] * 3:

@@ -17,9 +17,11 @@ tokens per unit of work over all its rows (Dinkelbach's iteration for a ratio of
   the call runs (each row's newest token and its own draft on a runner that feeds rows their own tokens, every row as
   wide as the widest on one that pads them (`ModelRunner.pads_rows`) or advances rows together), D whether any row
   drafted: a many-token pass where the call would run one token a row can cost a step more than its tokens (on a CPU,
-  transformers' float32 model pays about half a step for a second token and little for the next ten). A drafter's
-  own time per drafted token (a draft model's passes) adds to c. A draft table's `cost` fixes c, and no step,
-  instead (the same drafts on every machine).
+  transformers' float32 model pays about half a step for a second token and little for the next ten). The recency
+  runs apart for calls with drafts and without (each kind's weight falls with its own newer calls, slowly with the
+  other's), so that the calls of a long rest do not wash out what a draft was timed to cost. A drafter's own time per
+  drafted token (a draft model's passes) adds to c. A draft table's `cost` fixes c, and no step, instead (the same
+  drafts on every machine).
 
 Drafting at all costs a little more than its tokens (the drafter's call, a pass over several tokens): a draft must
 gain 5% of a row's call more than its tokens cost. Where no draft pays, a row rests, then drafts again (a probe) to
@@ -45,7 +47,8 @@ __all__ = ["DraftLengths"]
 
 _DECAY = 0.95  # weight of a trial per newer trial: about the last 20 checked positions count
 _PRIOR = 0.5  # acceptance before any trial, weighing as one trial
-_FIT_DECAY = 0.9  # weight of a timed call per newer call: about the last 10 calls count
+_FIT_DECAY = 0.9  # weight of a timed call per newer call of its kind (with drafts or without): about the last 10
+_OTHER_DECAY = 0.99  # ... and per newer call of the other kind: the calls with drafts before a rest of 70 count half
 _COST = 0.25  # c until calls of different widths have been timed
 _PRIOR_SPREAD = 0.5  # how much the prior slope weighs in the fit, as a sum of squared deviations of F (tokens^2)
 _STEP_SPREAD = 0.1  # how much "no step" weighs in the fit, as calls
@@ -80,9 +83,11 @@ class DraftLengths:
         # draft's first position entering a run; and the kind of the row's current draft
         self.kinds: list[dict[str, list[float]]] = [{} for _ in range(rows)]
         self.kind: list[str | None] = [None] * rows
-        # recency-weighted sums over timed calls of x x^T and x t, x = (1, F, whether the call had drafts)
-        self._xx = [[0.0] * 3 for _ in range(3)]
-        self._xt = [0.0] * 3
+        # recency-weighted sums over timed calls of x x^T and x t, x = (1, F, whether the call had drafts), apart for
+        # calls without drafts [0] and with them [1]: each decays with the calls of its own kind, and slowly with the
+        # others', so that what a draft costs is not forgotten over the plain calls of a rest
+        self._xx = [[[0.0] * 3 for _ in range(3)] for _ in range(2)]
+        self._xt = [[0.0] * 3 for _ in range(2)]
         self._drafting = 0.0  # seconds a drafter takes per drafted token (recency-weighted)
         self._first_pause = 1  # a row's first rest: longer where a probe costs more
         self._longest_pause = 4  # the longest rest
@@ -153,10 +158,13 @@ class DraftLengths:
     def timed(self, tokens: int, seconds: float, drafts: bool = False) -> None:
         """A model call that ran `tokens` tokens (F) took `seconds`; `drafts`: some row of it had a draft."""
         x = (1.0, float(tokens), float(drafts))
-        for i in range(3):
-            self._xt[i] = _FIT_DECAY * self._xt[i] + x[i] * seconds
-            for j in range(3):
-                self._xx[i][j] = _FIT_DECAY * self._xx[i][j] + x[i] * x[j]
+        for kind, (xx, xt) in enumerate(zip(self._xx, self._xt)):
+            own = kind == drafts
+            decay = _FIT_DECAY if own else _OTHER_DECAY
+            for i in range(3):
+                xt[i] = decay * xt[i] + (x[i] * seconds if own else 0.0)
+                for j in range(3):
+                    xx[i][j] = decay * xx[i][j] + (x[i] * x[j] if own else 0.0)
 
     def work(self, feeds: Sequence[int], held: int) -> int:
         """The tokens (F) a call runs that feeds its rows `feeds` tokens each: their sum, or on a padded batch (and
@@ -284,7 +292,8 @@ class DraftLengths:
         """(alpha, beta, step) of t = alpha + beta F + step [the call had drafts], recency-weighted least squares;
         beta drawn toward the prior (c = _COST) and the step toward none while the calls tell them little. None
         before any call was timed."""
-        xx, xt = self._xx, self._xt
+        xx = [[a + b for a, b in zip(*rows)] for rows in zip(*self._xx)]
+        xt = [a + b for a, b in zip(*self._xt)]
         w = xx[0][0]
         if w <= 0:
             return None
