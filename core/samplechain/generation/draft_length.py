@@ -158,8 +158,8 @@ class DraftLengths:
     def timed(self, tokens: int, seconds: float, drafts: bool = False) -> None:
         """A model call that ran `tokens` tokens (F) took `seconds`; `drafts`: some row of it had a draft."""
         x = (1.0, float(tokens), float(drafts))
-        for kind, (xx, xt) in enumerate(zip(self._xx, self._xt)):
-            own = kind == drafts
+        for group, (xx, xt) in enumerate(zip(self._xx, self._xt)):
+            own = group == int(drafts)
             decay = _FIT_DECAY if own else _OTHER_DECAY
             for i in range(3):
                 xt[i] = decay * xt[i] + (x[i] * seconds if own else 0.0)
@@ -292,8 +292,9 @@ class DraftLengths:
         """(alpha, beta, step) of t = alpha + beta F + step [the call had drafts], recency-weighted least squares;
         beta drawn toward the prior (c = _COST) and the step toward none while the calls tell them little. None
         before any call was timed."""
-        xx = [[a + b for a, b in zip(*rows)] for rows in zip(*self._xx)]
-        xt = [a + b for a, b in zip(*self._xt)]
+        (plain, drafted), (plain_t, drafted_t) = self._xx, self._xt
+        xx = [[p + d for p, d in zip(p_row, d_row)] for p_row, d_row in zip(plain, drafted)]
+        xt = [p + d for p, d in zip(plain_t, drafted_t)]
         w = xx[0][0]
         if w <= 0:
             return None
