@@ -18,10 +18,10 @@ tokens per unit of work over all its rows (Dinkelbach's iteration for a ratio of
   wide as the widest on one that pads them (`ModelRunner.pads_rows`) or advances rows together), D whether any row
   drafted: a many-token pass where the call would run one token a row can cost a step more than its tokens (on a CPU,
   transformers' float32 model pays about half a step for a second token and little for the next ten). The recency
-  runs apart for calls with drafts and without (each kind's weight falls with its own newer calls, slowly with the
-  other's), so that the calls of a long rest do not wash out what a draft was timed to cost. A drafter's own time per
-  drafted token (a draft model's passes) adds to c. A draft table's `cost` fixes c, and no step, instead (the same
-  drafts on every machine).
+  runs apart for calls with drafts and without (each group's weight falls with its own newer calls, slowly with the
+  other group's), so that the calls of a long rest do not wash out what a draft was timed to cost. A drafter's own
+  time per drafted token (a draft model's passes) adds to c. A draft table's `cost` fixes c, and no step, instead
+  (the same drafts on every machine).
 
 Drafting at all costs a little more than its tokens (the drafter's call, a pass over several tokens): a draft must
 gain 5% of a row's call more than its tokens cost. Where no draft pays, a row rests, then drafts again (a probe) to
@@ -31,10 +31,10 @@ whole). The rests double while the probes miss. Both the first rest and the long
 costs: the first makes it about 5% of the calls' work, the longest about 1% (at most 64 calls; on a padded batch a
 probe widens every row); a rest after a missed probe is at least the first rest at the cost as timed by then (the
 first rests come before any draft was timed). Where every row is fed as many tokens as the widest (a padded batch,
-rows advancing together), a resting row drafts as wide as the call for free, unless its drafter's own time per token counts (a
-draft model): a kept token ends its rest, a miss leaves it. A row's first draft of a kind the drafter expects kept
-at least half the time is as long as it can be (a probe), on a call of one row. With `adaptive = false` a row always
-drafts its drafter's `num_tokens`.
+rows advancing together), a resting row drafts as wide as the call for free, unless its drafter's own time per
+token counts (a draft model): a kept token ends its rest, a miss leaves it. A row's first draft of a kind the
+drafter expects kept at least half the time is as long as it can be (a probe), on a call of one row. With
+`adaptive = false` a row always drafts its drafter's `num_tokens`.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ __all__ = ["DraftLengths"]
 
 _DECAY = 0.95  # weight of a trial per newer trial: about the last 20 checked positions count
 _PRIOR = 0.5  # acceptance before any trial, weighing as one trial
-_FIT_DECAY = 0.9  # weight of a timed call per newer call of its kind (with drafts or without): about the last 10
-_OTHER_DECAY = 0.99  # ... and per newer call of the other kind: the calls with drafts before a rest of 70 count half
+_FIT_DECAY = 0.9  # weight of a timed call per newer call of its group (with drafts or without): about the last 10
+_OTHER_DECAY = 0.99  # ... and per newer call of the other group: the calls with drafts before a rest of 70 count half
 _COST = 0.25  # c until calls of different widths have been timed
 _PRIOR_SPREAD = 0.5  # how much the prior slope weighs in the fit, as a sum of squared deviations of F (tokens^2)
 _STEP_SPREAD = 0.1  # how much "no step" weighs in the fit, as calls
@@ -84,8 +84,8 @@ class DraftLengths:
         self.kinds: list[dict[str, list[float]]] = [{} for _ in range(rows)]
         self.kind: list[str | None] = [None] * rows
         # recency-weighted sums over timed calls of x x^T and x t, x = (1, F, whether the call had drafts), apart for
-        # calls without drafts [0] and with them [1]: each decays with the calls of its own kind, and slowly with the
-        # others', so that what a draft costs is not forgotten over the plain calls of a rest
+        # calls without drafts [0] and with them [1]: each decays with the calls of its own group, and slowly with the
+        # other group's, so that what a draft costs is not forgotten over the plain calls of a rest
         self._xx = [[[0.0] * 3 for _ in range(3)] for _ in range(2)]
         self._xt = [[0.0] * 3 for _ in range(2)]
         self._drafting = 0.0  # seconds a drafter takes per drafted token (recency-weighted)
@@ -157,14 +157,19 @@ class DraftLengths:
 
     def timed(self, tokens: int, seconds: float, drafts: bool = False) -> None:
         """A model call that ran `tokens` tokens (F) took `seconds`; `drafts`: some row of it had a draft."""
-        x = (1.0, float(tokens), float(drafts))
+        own = int(drafts)
         for group, (xx, xt) in enumerate(zip(self._xx, self._xt)):
-            own = group == int(drafts)
-            decay = _FIT_DECAY if own else _OTHER_DECAY
+            decay = _FIT_DECAY if group == own else _OTHER_DECAY
             for i in range(3):
-                xt[i] = decay * xt[i] + (x[i] * seconds if own else 0.0)
+                xt[i] *= decay
                 for j in range(3):
-                    xx[i][j] = decay * xx[i][j] + (x[i] * x[j] if own else 0.0)
+                    xx[i][j] *= decay
+        x = (1.0, float(tokens), float(drafts))
+        xx, xt = self._xx[own], self._xt[own]
+        for i in range(3):
+            xt[i] += x[i] * seconds
+            for j in range(3):
+                xx[i][j] += x[i] * x[j]
 
     def work(self, feeds: Sequence[int], held: int) -> int:
         """The tokens (F) a call runs that feeds its rows `feeds` tokens each: their sum, or on a padded batch (and
