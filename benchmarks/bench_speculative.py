@@ -404,15 +404,19 @@ class Table:
 
 
 # ----------------------------------------------------------------- models
-def _load(engine: str, threads: int, gguf: str | None = None) -> tuple[Any, Any]:
+def _load(engine: str, threads: int, gguf: str | None = None, kv_cache: str = "f16") -> tuple[Any, Any]:
     if engine == "llama.cpp":
+        import llama_cpp
+
         from samplechain.models import default_gguf_path
         from samplechain_llama_cpp import load_gguf
 
         # a multi-token decode (the prefill, a draft's check) runs on n_threads_batch, which would otherwise be every
         # core: on a busy host its spinning threads make a draft's check cost seconds
-        threads_kw = {"n_threads": threads, "n_threads_batch": threads}
-        return load_gguf(gguf or default_gguf_path(), n_ctx=2048, flash_attn=True, **threads_kw)
+        kw: dict[str, Any] = {"n_threads": threads, "n_threads_batch": threads}
+        if kv_cache != "f16":
+            kw["type_k"] = kw["type_v"] = getattr(llama_cpp, f"GGML_TYPE_{kv_cache.upper()}")
+        return load_gguf(gguf or default_gguf_path(), n_ctx=2048, flash_attn=True, **kw)
     from samplechain.models import load_model
 
     return load_model(engine="transformers")
@@ -618,6 +622,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--gguf", default=None, help="the llama.cpp engine's model file (default: the default model's Q4_1 GGUF)"
     )
+    ap.add_argument(
+        "--kv-cache",
+        default="f16",
+        choices=("f16", "q8_0"),
+        help="the llama.cpp engine's KV cache type (q8_0: a one-token decode past 256 tokens on several threads "
+        "runs the attention code of a check, docs/speculative.md)",
+    )
     ap.add_argument("--markdown", action="store_true", help="print markdown tables (default: JSON)")
     ap.add_argument("--json", default=None, help="also write the tables, the environment and the command here")
     args = ap.parse_args(argv)
@@ -630,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     names = args.engines.split(",") if sections & {1, 3} else []
     if sections & {2, 4} and "transformers" not in names:
         names.append("transformers")
-    engines = {name: _load(name, args.threads, args.gguf) for name in names}
+    engines = {name: _load(name, args.threads, args.gguf, args.kv_cache) for name in names}
     n, reps = args.max_new_tokens, args.reps
     tables: list[Table] = []
     if 1 in sections:
