@@ -524,3 +524,20 @@ def test_on_llama_cpp_past_256_tokens_the_tokens_stay_exact(open_gguf, load):
         ours, _ = run(model, tok, rows, draft="prompt_lookup", **kwargs)
         assert_same_tokens(ours, reference)
         assert int(ours.kept.sum()) > 0
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.slow
+def test_on_llama_cpp_drafts_without_flash_attention_warn(open_gguf):
+    """load_gguf opens a model with flash attention; a model opened without it checks drafts on other logits than
+    its one-token decodes, and a generation that drafts says so once."""
+    for flash, expected in ((None, 0), (False, 1)):
+        model, tok = open_gguf(n_ctx=512) if flash is None else open_gguf(n_ctx=512, flash_attn=flash)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = generate(model, tok, QUOTING, chain="preset:greedy", max_new_tokens=16, draft="prompt_lookup")
+        said = [w for w in caught if issubclass(w.category, GenerationWarning) and "flash" in str(w.message)]
+        assert int(out.drafted.sum()) > 0
+        assert len(said) == expected, [str(w.message) for w in said]
+        if expected:
+            assert "flash_attn=True" in str(said[0].message) and "without flash attention" in str(said[0].message)

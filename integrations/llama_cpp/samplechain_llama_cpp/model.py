@@ -88,6 +88,7 @@ class LlamaCppContext:
         self.ctx = ctx
         self.n_ctx, self.n_seq_max = lib.llama_n_ctx(ctx), n_seq_max
         self.n_batch = int(params.n_batch)
+        self.flash_attn = int(params.flash_attn_type) != lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self.n_vocab = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(llama._model.model)))
         self.mem = lib.llama_get_memory(ctx)
         self.batch = lib.llama_batch_init(self.n_batch, 0, 1)
@@ -225,14 +226,16 @@ def load_gguf(
     path: str | os.PathLike[str], *, extra_buffer_types: bool = False, tokenizer: Any = None, **llama_kwargs: Any
 ) -> tuple[LlamaCppModel, Any]:
     """(LlamaCppModel, tokenizer) for the GGUF file `path`; `llama_kwargs` go to `llama_cpp.Llama` (n_ctx: default
-    4096 or the training context when smaller; n_threads: default every core; verbose: default False).
+    4096 or the training context when smaller; n_threads: default every core; verbose: default False; flash_attn:
+    default True, as llama.cpp's own tools run a CPU model: a decode of several tokens then gives the logits of
+    one-token decodes, which speculative decoding's exact tokens need, docs/speculative.md).
 
     extra_buffer_types: llama.cpp's repacked and AMX weight layouts. Off by default: a native build's AMX kernels
     stop the process with an illegal instruction on virtual machines whose CPU flags announce AMX without enabling
     it. The tokenizer is the transformers one converted from the file (`gguf_tokenizer_path`), unless given."""
     file = check_gguf(path)
     lib = _llama_cpp()
-    kwargs: dict[str, Any] = {"n_threads": os.cpu_count() or 1, "verbose": False} | llama_kwargs
+    kwargs: dict[str, Any] = {"n_threads": os.cpu_count() or 1, "verbose": False, "flash_attn": True} | llama_kwargs
     try:
         with _extra_buffers(lib, extra_buffer_types):
             llama = lib.Llama(str(file), **({"n_ctx": DEFAULT_N_CTX} | kwargs))

@@ -16,13 +16,14 @@ cleared context). On the CPU builds measured, a row's logits in a batch equal it
 from __future__ import annotations
 
 import ctypes
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from samplechain.errors import ConfigError, SamplechainError
+from samplechain.errors import ConfigError, GenerationWarning, SamplechainError
 from samplechain.runners import ModelRunner
 
 from .model import LlamaCppModel, _llama_cpp, load_gguf
@@ -59,6 +60,7 @@ class LlamaCppRunner(ModelRunner):
         self.rows = np.arange(self.batch, dtype=np.int32)
         self.ctx = model.context(self.batch, owner=self)
         self.vocab = self.ctx.n_vocab
+        self._warned = False
 
     def _decode(self, seq: np.ndarray, pos: np.ndarray, tokens: np.ndarray, want: np.ndarray) -> torch.Tensor:
         """llama_decode in chunks of n_batch tokens; (count of `want`, V) float32, the logits of the wanted tokens
@@ -100,9 +102,25 @@ class LlamaCppRunner(ModelRunner):
             self.n[rows] += 1
         return logits
 
+    def _several_tokens(self) -> None:
+        """Before a decode of several tokens a row: a warning, once, where it computes other logits than one-token
+        decodes (llama.cpp's attention without flash attention)."""
+        if self._warned or self.ctx.flash_attn:
+            return
+        self._warned = True
+        warnings.warn(
+            GenerationWarning(
+                f"llama.cpp runs {self.model.config.name_or_path!r} without flash attention: a decode of several "
+                "tokens (a check of drafted tokens, scoring) gives logits up to about 1.3 away from one-token "
+                "decodes, so drafts can change the tokens; load with flash_attn=True (load_gguf's default)"
+            ),
+            stacklevel=3,
+        )
+
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, K) appended to every row in one decode; the logits after each, (B, K, V)."""
+        self._several_tokens()
         k = tokens.shape[1]
         seq = np.repeat(self.rows, k)
         pos = (self.n[:, None] + np.arange(k)[None, :]).reshape(-1)
@@ -119,6 +137,8 @@ class LlamaCppRunner(ModelRunner):
         counts = np.asarray([len(t) for t in tokens], dtype=np.int64)
         if len(seq) == 0 or bool((counts < 1).any()):
             raise ConfigError(f"extend_rows: one or more tokens for each row given, got counts {counts.tolist()}")
+        if bool((counts > 1).any()):
+            self._several_tokens()
         first = np.repeat(self.n[seq] - np.cumsum(counts) + counts, counts)  # each token's row's next position,
         pos = first + np.arange(int(counts.sum()))  # plus its index among the row's tokens
         flat = torch.cat([t.reshape(-1) for t in tokens]).detach().cpu().numpy()

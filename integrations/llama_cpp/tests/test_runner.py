@@ -58,7 +58,7 @@ def test_rows_that_finish_early_are_not_decoded_and_the_tokens_do_not_change(lla
     from samplechain_llama_cpp import LlamaCppRunner
 
     model, tok = llama_model
-    prompts = [[{"role": "user", "content": c}] for c in ("Say hello.", "Write a short story about a cat.")]
+    prompts = [[{"role": "user", "content": c}] for c in ("What is 12 times 12?", "Write a short story about a cat.")]
     calls: list[int] = []
     decode = LlamaCppRunner._decode
 
