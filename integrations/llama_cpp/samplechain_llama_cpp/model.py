@@ -89,6 +89,8 @@ class LlamaCppContext:
         self.n_ctx, self.n_seq_max = lib.llama_n_ctx(ctx), n_seq_max
         self.n_batch = int(params.n_batch)
         self.flash_attn = int(params.flash_attn_type) != lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self.n_threads = int(params.n_threads)  # a one-token decode's threads (n_threads_batch: several tokens)
+        self.float_kv = int(params.type_k) in (lib.GGML_TYPE_F16, lib.GGML_TYPE_F32)
         self.n_vocab = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(llama._model.model)))
         self.mem = lib.llama_get_memory(ctx)
         self.batch = lib.llama_batch_init(self.n_batch, 0, 1)
@@ -173,6 +175,7 @@ class LlamaCppModel:
             pad_token_id=int(pad) if pad is not None else (eos[0] if eos else None),
         )
         self._contexts: list[LlamaCppContext] = []
+        self.warned: set[str] = set()  # the runner's warnings about this model, each given once
 
     def __repr__(self) -> str:
         return f"LlamaCppModel({str(self.path)!r}, n_ctx={self.config.max_position_embeddings})"

@@ -30,6 +30,10 @@ from .model import LlamaCppModel, _llama_cpp, load_gguf
 
 __all__ = ["LlamaCppRunner"]
 
+# llama.cpp (0.3.36's CPU backend) splits a one-token decode's flash attention over its threads once the sequence's
+# padded cache reaches 512 cells, that is past 256 tokens; a decode of several tokens never splits it
+_SPLIT_PAST = 256
+
 
 class LlamaCppRunner(ModelRunner):
     """Prefill then one token per row per step (or several, `extend`) on a `LlamaCppModel`, each row its own
@@ -102,26 +106,37 @@ class LlamaCppRunner(ModelRunner):
             self.n[rows] += 1
         return logits
 
-    def _several_tokens(self) -> None:
-        """Before a decode of several tokens a row: a warning, once, where it computes other logits than one-token
-        decodes (llama.cpp's attention without flash attention)."""
-        if self._warned or self.ctx.flash_attn:
+    def _several_tokens(self, longest: int) -> None:
+        """Before a decode of several tokens a row, up to a sequence of `longest` tokens: a warning, once a model,
+        where it computes other logits than one-token decodes would, which drafts and scoring rely on."""
+        ctx, name = self.ctx, self.model.config.name_or_path
+        if not ctx.flash_attn:
+            why = "no-flash"
+            text = (
+                f"llama.cpp runs {name!r} without flash attention: a decode of several tokens (a check of drafted "
+                "tokens, scoring) gives logits up to about 1.3 away from one-token decodes, so drafts can change "
+                "the tokens; load with flash_attn=True (load_gguf's default)"
+            )
+        elif ctx.n_threads > 1 and ctx.float_kv and longest > _SPLIT_PAST:
+            why = "split"
+            text = (
+                f"llama.cpp decodes {name!r} on {ctx.n_threads} threads with a float KV cache: past {_SPLIT_PAST} "
+                "tokens of a sequence a one-token decode splits its attention over the threads and a decode of "
+                "several tokens (a check of drafted tokens, scoring) does not, so from there drafts can change the "
+                "tokens (logits up to about 1 apart); for the exact tokens load with "
+                "type_k=type_v=llama_cpp.GGML_TYPE_Q8_0 or n_threads=1"
+            )
+        else:
             return
-        self._warned = True
-        warnings.warn(
-            GenerationWarning(
-                f"llama.cpp runs {self.model.config.name_or_path!r} without flash attention: a decode of several "
-                "tokens (a check of drafted tokens, scoring) gives logits up to about 1.3 away from one-token "
-                "decodes, so drafts can change the tokens; load with flash_attn=True (load_gguf's default)"
-            ),
-            stacklevel=3,
-        )
+        if why not in self.model.warned:
+            self.model.warned.add(why)
+            warnings.warn(GenerationWarning(text), stacklevel=4)  # past torch.no_grad: the caller of extend
 
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, K) appended to every row in one decode; the logits after each, (B, K, V)."""
-        self._several_tokens()
         k = tokens.shape[1]
+        self._several_tokens(int(self.n.max()) + k)
         seq = np.repeat(self.rows, k)
         pos = (self.n[:, None] + np.arange(k)[None, :]).reshape(-1)
         flat = tokens.detach().cpu().numpy().reshape(-1)
@@ -138,7 +153,7 @@ class LlamaCppRunner(ModelRunner):
         if len(seq) == 0 or bool((counts < 1).any()):
             raise ConfigError(f"extend_rows: one or more tokens for each row given, got counts {counts.tolist()}")
         if bool((counts > 1).any()):
-            self._several_tokens()
+            self._several_tokens(int((self.n[seq] + counts).max()))
         first = np.repeat(self.n[seq] - np.cumsum(counts) + counts, counts)  # each token's row's next position,
         pos = first + np.arange(int(counts.sum()))  # plus its index among the row's tokens
         flat = torch.cat([t.reshape(-1) for t in tokens]).detach().cpu().numpy()
