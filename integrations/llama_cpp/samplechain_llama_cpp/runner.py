@@ -64,7 +64,6 @@ class LlamaCppRunner(ModelRunner):
         self.rows = np.arange(self.batch, dtype=np.int32)
         self.ctx = model.context(self.batch, owner=self)
         self.vocab = self.ctx.n_vocab
-        self._warned = False
 
     def _decode(self, seq: np.ndarray, pos: np.ndarray, tokens: np.ndarray, want: np.ndarray) -> torch.Tensor:
         """llama_decode in chunks of n_batch tokens; (count of `want`, V) float32, the logits of the wanted tokens
@@ -136,7 +135,8 @@ class LlamaCppRunner(ModelRunner):
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, K) appended to every row in one decode; the logits after each, (B, K, V)."""
         k = tokens.shape[1]
-        self._several_tokens(int(self.n.max()) + k)
+        if k > 1:
+            self._several_tokens(int(self.n.max()) + k)
         seq = np.repeat(self.rows, k)
         pos = (self.n[:, None] + np.arange(k)[None, :]).reshape(-1)
         flat = tokens.detach().cpu().numpy().reshape(-1)
