@@ -525,12 +525,33 @@ def test_on_llama_cpp_past_256_tokens_the_tokens_stay_exact(open_gguf, load):
         assert int(ours.kept.sum()) > 0
 
 
-def long_code_asks() -> list[list[dict]]:
-    """Two requests to rename a variable in a 24-line function (prompts of ~370 tokens), which SmolLM2 copies."""
+def long_code_asks(n: int = 2) -> list[list[dict]]:
+    """Requests to rename a variable in a 24-line function (prompts of ~370 tokens), which SmolLM2 copies."""
     code = "\n".join(f"    total_{i} = values[{i}] * factor + offset" for i in range(24))
     ask = "Rewrite this Python function with the variable `{}` renamed to `{}` everywhere. Reply with the whole "
     ask += f"function only.\n\n```python\ndef compute(values, factor, offset):\n{code}\n```"
-    return [[{"role": "user", "content": ask.format(*names)}] for names in (("factor", "scale"), ("offset", "shift"))]
+    names = (("factor", "scale"), ("offset", "shift"), ("values", "items"), ("factor", "weight"))
+    return [[{"role": "user", "content": ask.format(*pair)}] for pair in names[:n]]
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.slow
+@pytest.mark.parametrize("case", range(4))
+def test_on_llama_cpp_random_chains_past_256_tokens_keep_the_tokens(open_gguf, case):
+    """Two threads and a Q8_0 KV cache: random chains (penalties, DRY, mirostat, xtc, filters), B = 1-4, prompt
+    lookup at random lengths, on sequences past 256 tokens."""
+    model, tok = open_gguf(n_ctx=4096, flash_attn=True, n_threads=2, n_threads_batch=2, type_k=8, type_v=8)
+    rng = random.Random(500 + case)
+    chain, prompts = random_chain(rng), long_code_asks(1 + case)
+    kwargs = {"chain": chain, "max_new_tokens": 32, "seed": 40 + case}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # chain pitfalls a random chain may have
+        reference, gen = run(model, tok, prompts, **kwargs)
+        draft = {"use": "prompt_lookup", "num_tokens": rng.randint(2, 10), "cost": 0.02}  # cheap: drafts often
+        ours, _ = run(model, tok, prompts, draft=draft, **kwargs)
+    assert gen.attention_mask.shape[1] > 256
+    assert_same_tokens(ours, reference)
+    assert int(ours.drafted.sum()) > 0, chain
 
 
 @pytest.mark.llama_cpp
