@@ -54,10 +54,10 @@ _CLOSABLE: weakref.WeakSet[Any] = weakref.WeakSet()  # opened models with a clos
 
 @functools.lru_cache(maxsize=2)
 def _opened(path: str, device: str, load_model: Any) -> tuple[Any, Any]:
-    """(model, tokenizer) of a path, on `device` where it is a torch model. A GGUF file opens with flash attention:
-    llama.cpp's attention over several tokens then gives the logits of one-token steps, so a drafter's draws do not
-    depend on how its cache was fed."""
-    model, tokenizer = load_model(path, flash_attn=True) if path.endswith(".gguf") else load_model(path)
+    """(model, tokenizer) of a path, on `device` where it is a torch model. A GGUF file opens with flash attention
+    (load_gguf's default): llama.cpp's attention over several tokens then gives the logits of one-token steps, so a
+    drafter's draws do not depend on how its cache was fed."""
+    model, tokenizer = load_model(path)
     if device != "cpu" and callable(getattr(model, "to", None)) and hasattr(model, "parameters"):
         model = model.to(device)
     if callable(getattr(model, "close", None)):
