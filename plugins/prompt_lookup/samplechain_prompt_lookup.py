@@ -18,8 +18,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import ConfigError, hookimpl, in_range
-from samplechain.drafters import Drafter
+from samplechain import ConfigError, hookimpl, in_range, one_of
+from samplechain.drafters import DraftContext, Drafter
+
+OCCURRENCES = ("switch", "first", "last")
 
 
 @attrs.frozen
@@ -27,6 +29,7 @@ class PromptLookupParams:
     num_tokens: int = attrs.field(default=10, validator=in_range(1, None, hint="the longest draft"))
     max_ngram: int = attrs.field(default=3, validator=in_range(1, None))
     min_ngram: int = attrs.field(default=1, validator=in_range(1, None))
+    occurrence: str = attrs.field(default="switch", validator=one_of(*OCCURRENCES))
 
 
 # the share of drafts from an n-token match whose first token is kept, before a row has its own record
@@ -48,6 +51,12 @@ class PromptLookup(Drafter):
                 "give min_ngram <= max_ngram"
             )
         self._last: dict[int, tuple[torch.Tensor, tuple[int, int]]] = {}  # row -> its last lookup
+        # row -> (takes the last occurrence, (the row's length at its last match, the token that match guessed next))
+        self._side: dict[int, tuple[bool, tuple[int, int] | None]] = {}
+
+    def start(self, rows: int, context: DraftContext) -> None:
+        self._last.clear()
+        self._side.clear()
 
     def expect(self, row: int, tokens: torch.Tensor) -> tuple[str, float] | None:
         n, _ = self._match(row, tokens)
@@ -58,12 +67,13 @@ class PromptLookup(Drafter):
         return tokens[start : start + min(self.params.num_tokens, limit)] if n else tokens[:0]
 
     def _match(self, row: int, tokens: torch.Tensor) -> tuple[int, int]:
-        """(n, the position after the n-gram's first earlier occurrence) for the largest n that matches; (0, 0)
+        """(n, the position after the n-gram's chosen earlier occurrence) for the largest n that matches; (0, 0)
         where none does. Each row's last lookup is kept: the loop hands `expect` and `propose` the same tensor."""
         last = self._last.get(row)
         if last is not None and last[0] is tokens:
             return last[1]
         n_tokens = tokens.shape[0]
+        use_last = self._use_last(row, tokens)
         found = (0, 0)
         p = self.params
         for n in range(min(p.max_ngram, n_tokens - 1), p.min_ngram - 1, -1):
@@ -71,10 +81,22 @@ class PromptLookup(Drafter):
             windows = tokens.unfold(0, n, 1)[:-1]
             hits = (windows == tokens[-n:]).all(dim=1).nonzero().flatten()
             if len(hits):
-                found = (n, int(hits[0]) + n)  # the first occurrence, as transformers takes it
+                found = (n, int(hits[-1 if use_last else 0]) + n)
                 break
         self._last[row] = (tokens, found)
+        if p.occurrence == "switch":
+            # every match is judged by the token that came after it, drafted or not
+            self._side[row] = (use_last, (n_tokens, int(tokens[found[1]])) if found[0] else None)
         return found
+
+    def _use_last(self, row: int, tokens: torch.Tensor) -> bool:
+        occurrence = self.params.occurrence
+        if occurrence != "switch":
+            return occurrence == "last"
+        use_last, guess = self._side.get(row, (False, None))
+        if guess is not None and tokens.shape[0] > guess[0] and int(tokens[guess[0]]) != guess[1]:
+            return not use_last
+        return use_last
 
 
 @hookimpl

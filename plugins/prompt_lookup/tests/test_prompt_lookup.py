@@ -1,4 +1,5 @@
-"""prompt_lookup proposes what transformers' PromptLookupCandidateGenerator proposes, row by row."""
+"""prompt_lookup proposes what transformers' PromptLookupCandidateGenerator proposes (the first occurrence), row by
+row; or the last occurrence; or switches between the two where one misses."""
 
 from __future__ import annotations
 
@@ -39,8 +40,44 @@ def test_proposals_are_transformers_candidates(seed):
     vocab = rng.choice([3, 5, 20])  # small vocabularies repeat n-grams often
     tokens = [rng.randrange(vocab) for _ in range(rng.randint(1, 60))]
     num_tokens, max_ngram = rng.randint(1, 8), rng.randint(1, 4)
-    ours = drafter(num_tokens=num_tokens, max_ngram=max_ngram).propose(0, torch.tensor(tokens), 10**6)
+    ours = drafter(num_tokens=num_tokens, max_ngram=max_ngram, occurrence="first").propose(
+        0, torch.tensor(tokens), 10**6
+    )
     assert ours.tolist() == theirs(tokens, num_tokens, max_ngram)
+    # a row's first lookup under "switch" is the first occurrence too
+    assert drafter(num_tokens=num_tokens, max_ngram=max_ngram).propose(0, torch.tensor(tokens), 10**6).equal(ours)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_last_occurrence_is_the_first_of_the_reversed_text(seed):
+    rng = random.Random(seed)
+    tokens = [rng.randrange(rng.choice([3, 5])) for _ in range(rng.randint(2, 50))]
+    num_tokens, max_ngram = rng.randint(1, 6), rng.randint(1, 3)
+    ours = drafter(num_tokens=num_tokens, max_ngram=max_ngram, occurrence="last").propose(0, torch.tensor(tokens), 99)
+    expected: list[int] = []
+    for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
+        starts = [i + n for i in range(len(tokens) - n) if tokens[i : i + n] == tokens[-n:]]
+        if starts:
+            expected = tokens[starts[-1] : starts[-1] + num_tokens]
+            break
+    assert ours.tolist() == expected
+
+
+def test_switch_takes_the_other_occurrence_after_a_miss_and_back():
+    # a numbered list that repeats one item: "1 x 9", "2 x 9", ... (number, item, newline)
+    d = drafter(num_tokens=3, max_ngram=2)
+    text = [1, 7, 9, 2, 8, 9, 3, 7, 9]  # items 7, 8, then 7 again
+    assert d.propose(0, torch.tensor(text), 3).tolist() == [2, 8, 9]  # the first occurrence of (7, 9)
+    text += [4, 7, 9]  # 4 came, not the guessed 2: the next lookup takes the last occurrence
+    assert d.propose(0, torch.tensor(text), 3).tolist() == [4, 7, 9]
+    text += [5, 7, 9]  # 5 came, not 4: back to the first
+    assert d.propose(0, torch.tensor(text), 3).tolist() == [2, 8, 9]
+    text += [2, 8, 9]  # the guess was right: it stays
+    assert d.propose(0, torch.tensor(text), 3).tolist() == [3, 7, 9]
+    # expect and propose of one lookup agree, and a new generation starts from the first occurrence again
+    assert d.expect(0, torch.tensor(text))[0] == "ngram2"
+    d.start(1, None)
+    assert d.propose(0, torch.tensor([1, 7, 9, 2, 8, 9, 3, 7, 9, 4, 7, 9]), 3).tolist() == [2, 8, 9]
 
 
 def test_the_longest_ngram_wins_and_the_limit_caps_the_draft():
@@ -73,6 +110,7 @@ def test_expect_names_the_match_a_proposal_comes_from():
         ({"num_tokens": 0}, r"draft\.num_tokens = 0: must be in \[1, inf\) \(the longest draft\)"),
         ({"max_ngram": 0}, r"draft\.max_ngram = 0: must be in \[1, inf\)"),
         ({"min_ngram": 3, "max_ngram": 2}, r"min_ngram \(= 3\) is larger than max_ngram \(= 2\)"),
+        ({"occurrence": "latest"}, r"draft\.occurrence = 'latest': must be one of 'switch', 'first', 'last'"),
     ],
 )
 def test_bad_parameters_name_the_culprit(params, message):
