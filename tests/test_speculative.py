@@ -197,6 +197,104 @@ def test_stream_with_a_drafter_emits_the_same_events(tiny):
         assert "".join(e.text for e in drafted if e.index == b) == result[0].texts[b]
 
 
+# ----------------------------------------------------------------- stops, counts, what a processor sees
+@pytest.mark.parametrize(
+    "stops",
+    [
+        {"ignore_eos": True},
+        {
+            "chain": {
+                "samplers": [{"use": "temperature", "t": 1.5}, {"use": "dist"}],
+                "stop": [{"use": "eos", "ids": [5]}],
+            }
+        },
+        {
+            "chain": {
+                "samplers": [
+                    {"use": "min_new_tokens", "n": 20, "eos_ids": [5]},
+                    {"use": "temperature", "t": 1.5},
+                    {"use": "dist"},
+                ]
+            },
+            "seed": 7,  # row 2 draws eos at its 12th and 19th tokens
+        },
+    ],
+    ids=["ignore_eos", "other-eos-ids", "eos-before-min-new-tokens"],
+)
+def test_a_drawn_eos_that_does_not_stop_its_row_keeps_the_row_drawing(tiny, stops):
+    """The tokenizer's eos (id 0) drawn where it ends nothing (ignored, not the stop list's, before the row's
+    min_new_tokens): the row stays in the runner's batch and draws on, as without a drafter."""
+    model, tok = tiny
+    kwargs = {"chain": {"samplers": [{"use": "temperature", "t": 1.5}, {"use": "dist"}]}, "max_new_tokens": 40}
+    kwargs |= {"seed": 3, **stops}
+    reference, gen = run(model, tok, PROMPTS[:3], **kwargs)
+    rows = reference_rows(reference, gen)
+    width = gen.attention_mask.shape[1]
+    assert any(0 in reference.sequences[b, width : width + 30].tolist() for b in range(3)), "an eos drawn, no stop"
+    drafter = Scripted(rows, model.config.vocab_size, seed=3, longest=8, wrong_rate=0.3)
+    for draft in (drafter, {"use": "prompt_lookup", "cost": 0.01}):
+        assert_same_tokens(run(model, tok, PROMPTS[:3], draft=draft, **kwargs)[0], reference)
+
+
+class Nudge:
+    """A logits processor whose boost depends on what it is shown: the width of input_ids, the row's index in the
+    batch and its last token (as transformers' MinLength- or PrefixConstrainedLogitsProcessor read them)."""
+
+    def __call__(self, input_ids, scores):
+        width = input_ids.shape[-1]
+        for b in range(input_ids.shape[0]):
+            scores[b, (31 * width + 17 * b + int(input_ids[b, -1])) % scores.shape[-1]] += 4.0
+        return scores
+
+
+def test_a_logits_processor_sees_the_batch_as_the_plain_loop_shows_it(tiny):
+    model, tok = tiny
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 24, "logits_processor": Nudge()}
+    reference, gen = run(model, tok, PROMPTS[:3], **kwargs)
+    drafter = Scripted(reference_rows(reference, gen), model.config.vocab_size, seed=2, longest=8, wrong_rate=0.3)
+    ours, _ = run(model, tok, PROMPTS[:3], draft=[None, drafter, drafter], **kwargs)  # rows at different steps
+    assert_same_tokens(ours, reference)
+    assert int(ours.kept.sum()) > 0
+
+
+def test_kept_counts_only_drafted_tokens_that_come_out(tiny):
+    """Drafted tokens drawn past a stop string are dropped, and not counted as kept."""
+    model, tok = tiny
+    free, gen = run(model, tok, PROMPTS[:1], chain="preset:greedy", max_new_tokens=30)
+    width = gen.attention_mask.shape[1]
+    stop = tok.decode(free.sequences[0, width + 2 : width + 3].tolist())  # the third token's text
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 30, "stop_strings": [stop]}
+    reference, _ = run(model, tok, PROMPTS[:1], **kwargs)
+    drafter = Scripted(reference_rows(free, gen), model.config.vocab_size, longest=10)
+    drafter.rng.randint = lambda a, b: b  # type: ignore[method-assign]  # always the longest
+    ours, _ = run(model, tok, PROMPTS[:1], draft={"use": drafter, "adaptive": False}, **kwargs)
+    assert_same_tokens(ours, reference)
+    n = int(ours.num_generated[0])
+    assert int(ours.drafted[0]) >= 10 and int(ours.kept[0]) == n - 1, (ours.drafted, ours.kept, n)
+
+
+def test_drafter_objects_in_tables_are_each_asked_for_their_rows(tiny):
+    model, tok = tiny
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 12}
+    reference, gen = run(model, tok, PROMPTS[:2], **kwargs)
+    rows = reference_rows(reference, gen)
+    a, b = (Scripted(rows, model.config.vocab_size, longest=3) for _ in range(2))
+    ours, _ = run(model, tok, PROMPTS[:2], draft=[{"use": a, "cost": 0.1}, {"use": b, "cost": 0.1}], **kwargs)
+    assert_same_tokens(ours, reference)
+    assert a.calls > 0 and b.calls > 0
+
+
+def test_rows_in_match_and_rejection_mode_share_a_batch(tiny):
+    model, tok = tiny
+    kwargs = {"chain": {"samplers": [{"use": "top_k", "k": 40}, {"use": "dist"}]}, "max_new_tokens": 24, "seed": 1}
+    reference, gen = run(model, tok, PROMPTS[:2], **kwargs)
+    drafter = Scripted(reference_rows(reference, gen), model.config.vocab_size, longest=4)
+    draft = [{"use": "prompt_lookup", "mode": "rejection", "cost": 0.01}, {"use": drafter, "mode": "match"}]
+    ours, _ = run(model, tok, PROMPTS[:2], draft=draft, **kwargs)
+    assert ours.sequences[1].tolist() == reference.sequences[1].tolist()  # the match row: the tokens
+    assert int(ours.drafted[0]) > 0 and int(ours.drafted[1]) > 0
+
+
 # ----------------------------------------------------------------- bad input
 def test_an_unknown_drafter_is_one_error_before_generation(tiny):
     model, tok = tiny

@@ -150,3 +150,87 @@ def test_rejection_mode_refuses_other_logprobs(tiny):
             logprobs_mode="raw",
             draft={"use": "prompt_lookup", "mode": "rejection"},
         )
+
+
+def test_rejection_mode_refuses_a_selector_with_a_distribution_of_its_own(tiny):
+    model, tok = tiny
+    with pytest.raises(ConfigError, match=r"rejection.*mirostat.*end the chain in dist"):
+        generate(
+            model,
+            tok,
+            ["Hi"],
+            chain={"samplers": [{"use": "mirostat", "tau": 5.0}]},
+            max_new_tokens=2,
+            draft={"use": "prompt_lookup", "mode": "rejection"},
+        )
+    out = generate(
+        model,
+        tok,
+        ["Hi"],
+        chain="preset:llama.cpp",
+        max_new_tokens=2,
+        logprobs_mode=["processed"],
+        draft={"use": "prompt_lookup", "mode": "rejection"},
+    )
+    assert out.num_generated.tolist() == [2]
+
+
+class Next(Drafter):
+    """Guesses the last token's successor id, every position: a certain guess the model hardly ever draws."""
+
+    name = "next"
+
+    def propose(self, row, tokens, limit):
+        return [int(tokens[-1]) + 1] * limit
+
+
+def test_rejection_mode_tests_against_what_the_logits_processor_leaves(tiny):
+    model, tok = tiny
+    allowed = tok.encode(" the")[0]
+
+    def only_the(input_ids, scores):
+        out = torch.full_like(scores, float("-inf"))
+        out[:, allowed] = 0.0
+        return out
+
+    chain = {"samplers": [{"use": "temperature", "t": 1.0}, {"use": "dist"}]}
+    draft = {"use": Next(), "mode": "rejection", "adaptive": False}
+    out = generate(model, tok, ["Hi"], chain=chain, seed=3, max_new_tokens=10, logits_processor=only_the, draft=draft)
+    assert out.sequences[0, -10:].tolist() == [allowed] * 10
+    assert int(out.drafted[0]) > 0
+
+
+def test_a_resumed_rejection_generation_gives_the_same_tokens_for_the_same_drafts(tiny):
+    """Fixed draft lengths and a drafter without state: the resumed run drafts where the whole run did, so the
+    test draws the same tokens."""
+    import json
+
+    from samplechain.generation import Generation
+
+    model, tok = tiny
+    prompts = [
+        "def add(a, b):\n    return a + b\n\ndef add(a, b):",
+        "The list is: apple, pear, plum. Again: apple,",
+        "In Python,",
+        "A list is a list is a",
+    ]
+    chain = {
+        "samplers": [{"use": "penalties", "repeat": 1.2}, {"use": "top_k", "k": 30}, {"use": "temperature", "t": 0.9}]
+        + [{"use": "dist"}]
+    }
+    draft = {"use": "prompt_lookup", "num_tokens": 4, "mode": "rejection", "adaptive": False, "occurrence": "first"}
+    kwargs = {"chain": chain, "max_new_tokens": 30, "draft": draft, "pad_token_id": 0}
+    params = [{"seed": 11}, {"seed": 22}, {"seed": 33}, {"seed": 44}]
+    whole = generate(model, tok, prompts, params=params, **kwargs)
+    assert int(whole.drafted.sum()) > 0
+    for stop_after in (1, 7, 8, 15):
+        gen = Generation(model, tok, prompts, params=params, **kwargs)
+        for i, _ in enumerate(gen.steps(), start=1):
+            if i == stop_after:
+                break
+        again = Generation(model, tok, resume=json.loads(json.dumps(gen.checkpoint())), **kwargs)
+        for _ in again.steps():
+            pass
+        out = again.output()
+        assert out.sequences.tolist() == whole.sequences.tolist(), stop_after
+        assert out.model_calls.tolist() == whole.model_calls.tolist(), stop_after

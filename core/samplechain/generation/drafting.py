@@ -87,13 +87,21 @@ def checked_mode(mode: Any, gen: Generation) -> str:
     if mode == "rejection":
         if isinstance(gen.chain, MixedChains):
             raise ConfigError("draft mode 'rejection' with one chain per prompt: use mode 'match' for a mixed batch")
-        if gen._logprobs_at != "processed":
+        stages = [gen._logprobs_at] if isinstance(gen._logprobs_at, str) else list(gen._logprobs_at)
+        if any(stage != "processed" for stage in stages):
             raise ConfigError(
                 f"draft mode 'rejection' with logprobs_mode = {gen.logprobs_mode!r}: it reports the processed "
                 "logprobs only; use mode 'match' for logprobs at other stages"
             )
         if gen.chain.is_greedy:
             return "match"  # a greedy chain's distribution is its argmax: the test is the match
+        selector = gen.chain.samplers[-1]
+        if selector.name != "dist":
+            raise ConfigError(
+                f"draft mode 'rejection' with the chain's selector {selector.qualified_name()}: the test draws from "
+                "the softmax of the processed logits, which only dist samples from (a selector such as mirostat "
+                "chooses from a distribution of its own); end the chain in dist or use mode 'match'"
+            )
     return mode
 
 

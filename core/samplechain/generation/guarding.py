@@ -253,15 +253,15 @@ class Guarding:
         return gen.input_ids[b, width:].tolist() + [c.token for c in spec.pending[b]]
 
     def final(self, gen: Generation, spec: Any, b: int) -> bool:
-        """Whether row b draws no more: an end-of-sequence token drawn, or the length limit reached."""
-        last = spec.pending[b][-1:]
-        return bool(last and last[0].token in gen.eos_ids) or spec._room(gen, b) <= 0
+        """Whether row b draws no more: a drawn token that stops it (an end-of-sequence token past its
+        min_new_tokens), or the length limit reached."""
+        return spec._drawn_all(gen, b, spec.stop_ids)
 
     def guard(self, gen: Generation, spec: Any, rows: Sequence[int]) -> set[int]:
         """Every guard of `rows` after a draw; the drawn tokens a rewind takes back are cut. -> the rows cut."""
         back = self.check(gen, rows, lambda b: self.generated(gen, spec, b), lambda b: self.final(gen, spec, b))
         for b, t in back.items():
-            del spec.pending[b][t - gen._steps :]
+            spec.drop(b, t - gen._steps)
         return set(back)
 
     def ready(self, gen: Generation, spec: Any, b: int) -> bool:

@@ -31,10 +31,11 @@ from ..models import load_model
 from ..runners import ModelRunner
 from .draft_length import DraftLengths
 from .drafting import check_forkable, checked_mode, expected_kind, load_drafter, proposal_tensors, vocab_of
+from .drawing import Drawing, Drawn
 from .guarding import Guarding
 from .model import runner_for
 from .outputs import GenerationOutput
-from .rejection import noise_of, rejection_draw
+from .rejection import rejection_draw
 
 if TYPE_CHECKING:
     from .session import Generation
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["Speculation", "load_drafter", "rejection_draw"]
 
 
-class Speculation:
+class Speculation(Drawing):
     """A generation's drafter and its per-row counts: `drafted` tokens sent to the model, `kept` (drafted tokens
     that came out), `model_calls` (forward passes that produced the row's tokens, the prefill included)."""
 
@@ -72,10 +73,11 @@ class Speculation:
             [None] * rows if cost is None else list(cost),
             "rows",
         )
-        self.pending: list[list[_Drawn]] = [[] for _ in range(rows)]  # drawn, not yet committed, per row
+        self.pending: list[list[Drawn]] = [[] for _ in range(rows)]  # drawn, not yet committed, per row
         self.q: list[torch.Tensor | None] = [None] * rows  # the current draft's probabilities (rejection mode)
         self._fed: list[int] = []
         self.released = [False] * rows  # rows handed to the runner's release
+        self.stop_ids: set[int] = set()  # the ids that end a row (past min_new_tokens), once the run begins
         size = getattr(gen.model.config, "vocab_size", None)
         context = DraftContext(
             model=gen.model,
@@ -146,8 +148,9 @@ class Speculation:
                     if not per_prompt:
                         raise
                     raise type(exc)(f"draft[{i}] (prompt {i}): {exc}") from None
-                if not isinstance(spec, Drafter):  # a name or a table: one object per drafter and parameters
-                    drafter = shared.setdefault((type(drafter), repr(drafter.params)), drafter)
+                given = spec.get("use") if isinstance(spec, Mapping) else spec
+                if drafter is not given:  # loaded from a name: one object per drafter and parameters
+                    drafter = shared.setdefault((type(drafter), _params_key(drafter.params)), drafter)
                 loaded[id(spec)] = drafter
             drafters += [None if spec is None else loaded[id(spec)]] * gen.n
         return cls(
@@ -180,16 +183,25 @@ class Speculation:
                 f"guards= take a row's text back on its own, which the {runner.name} runner cannot (it cuts every "
                 "row's cache to one length); generate without guards= on it"
             )
+        self.stop_ids = _stop_ids(gen)
         unfinished = (~gen.finished).nonzero().flatten().tolist()
         self._fed = (gen.prompt_lengths.cpu() + gen._steps).tolist()  # real tokens each row's cache holds
         waiting = [b for b in unfinished if self.pending[b]]  # a resumed generation's tokens drawn past its step
         if waiting:
             self._refeed(gen, runner, waiting, ragged)
-        else:
+        elif step == 0:
             for b in unfinished:  # the prefill
                 self.model_calls[b] += 1
         fresh = [b for b in unfinished if not self.pending[b]]
-        if fresh:
+        if fresh and step > 0 and (ragged or not waiting):
+            # a resume: the replay fed each row's newest token, which the uninterrupted run's next call fed with a
+            # draft; cut it back so that call comes as it did (the draws of mode rejection depend on the draft)
+            for b in fresh:
+                self._fed[b] -= 1
+            width, prompts = gen.attention_mask.shape[1], gen.prompt_lengths.tolist()
+            cut = [width - prompts[b] + self._fed[b] for b in range(len(self._fed))]
+            runner.truncate(cut if ragged else gen.input_ids.shape[1] - 1)
+        elif fresh:
             self._draw(gen, fresh, logits[fresh])
             if self.guarding is not None and self.guarding.guard(gen, self, fresh):
                 self._cut(gen, runner)
@@ -259,6 +271,7 @@ class Speculation:
         return {
             "pending": [[c.token for c in row] for row in self.pending],
             "pending_logprobs": [[float(c.logprob) for c in row] for row in self.pending],
+            "pending_kept": [[c.kept for c in row] for row in self.pending],
             "drafted": list(self.drafted),
             "kept": list(self.kept),
             "model_calls": list(self.model_calls),
@@ -271,9 +284,10 @@ class Speculation:
         rows = len(self.pending)
         if any(len(saved[key]) != rows for key in ("pending", "pending_logprobs", "drafted", "off")):
             raise ConfigError(f"resume: the checkpoint's speculation is not for {rows} rows; the checkpoint is damaged")
+        flags = saved.get("pending_kept") or [[False] * len(row) for row in saved["pending"]]
         self.pending = [
-            [_Drawn(int(t), torch.tensor(lp), None, None, None) for t, lp in zip(tokens, logprobs)]
-            for tokens, logprobs in zip(saved["pending"], saved["pending_logprobs"])
+            [Drawn(int(t), torch.tensor(lp), None, None, None, bool(k)) for t, lp, k in zip(tokens, logprobs, kept)]
+            for tokens, logprobs, kept in zip(saved["pending"], saved["pending_logprobs"], flags)
         ]
         for name in ("drafted", "kept", "model_calls"):
             setattr(self, name, [int(n) for n in saved[name]])
@@ -331,8 +345,15 @@ class Speculation:
                 if c is not None:
                     self.guarding.committed(b, step - 1)
         for b in gen.finished.nonzero().flatten().tolist():
-            self.pending[b].clear()  # drawn past the row's stop: never emitted
+            self.drop(b, 0)  # drawn past the row's stop: never emitted
         return out
+
+    def drop(self, row: int, start: int) -> None:
+        """Row `row`'s drawn tokens from index `start` on are taken back: they will not come out, nor count as
+        kept."""
+        gone = self.pending[row][start:]
+        self.kept[row] -= sum(c.kept for c in gone)
+        del self.pending[row][start:]
 
     def _callers(self, gen: Generation, ragged: bool) -> list[int]:
         """The rows the next model call runs: every unfinished row; on a runner that cuts rows on their own, not
@@ -344,7 +365,7 @@ class Speculation:
             rows = [b for b in rows if guarding.ending[b] is None]
         if not ragged:
             return rows
-        eos, padded = set(gen.eos_ids), self.lengths.shape == "padded"
+        eos, padded = self.stop_ids, self.lengths.shape == "padded"
         return [
             b
             for b in rows
@@ -354,13 +375,18 @@ class Speculation:
         ]
 
     def _drawn_all(self, gen: Generation, row: int, eos: set[int]) -> bool:
-        """Whether row `row`'s drawn tokens reach the length limit or an end-of-sequence token."""
-        return self._room(gen, row) <= 0 or any(c.token in eos for c in self.pending[row])
+        """Whether row `row`'s drawn tokens reach the length limit or an end-of-sequence token that stops it (`eos`:
+        the ids the stopping criteria stop on, from the row's min_new_tokens on)."""
+        if self._room(gen, row) <= 0:
+            return True
+        least = gen.setup.min_new_tokens
+        first = 1 if least is None else int(least[row]) - gen._steps  # the first drawn token eos may stop at
+        return any(c.token in eos for c in self.pending[row][max(first, 1) - 1 :])
 
     def _release(self, gen: Generation, runner: ModelRunner) -> None:
         """Rows the model will not run again leave the runner's batch: finished rows and, without guards (which may
         take drawn tokens back), rows whose drawn tokens reach an end-of-sequence token or the length limit."""
-        eos, finished = set(gen.eos_ids), gen.finished.tolist()
+        eos, finished = self.stop_ids, gen.finished.tolist()
         left = [b for b, gone in enumerate(self.released) if not gone]
         done = [b for b in left if finished[b] or (self.guarding is None and self._drawn_all(gen, b, eos))]
         if done and len(done) < len(left):  # the last rows stay: the generation ends with them
@@ -372,14 +398,6 @@ class Speculation:
         """New tokens the length limits still allow row `row` past the tokens it has drawn."""
         bound = gen.stopping.max_new_tokens(gen.setup)
         return (1 << 30 if bound is None else bound) - gen._steps - len(self.pending[row])
-
-    def _tokens(self, gen: Generation, row: int) -> torch.Tensor:
-        """Row `row`'s prompt (without padding), its committed and its drawn tokens, on the CPU."""
-        start = gen.attention_mask.shape[1] - int(gen.prompt_lengths[row])
-        done = gen.input_ids[row, start:].cpu()
-        if not self.pending[row]:
-            return done
-        return torch.cat([done, torch.tensor([c.token for c in self.pending[row]], dtype=done.dtype)])
 
     # ----------------------------------------------------------------- drafting
     def _propose(self, gen: Generation, rows: list[int], ragged: bool) -> dict[int, torch.Tensor]:
@@ -525,7 +543,9 @@ class Speculation:
                 same = [s and b not in cut for s, b in zip(same, going)]
             for i, b in enumerate(going):
                 drawn[b] += 1
-                self.kept[b] += int(same[i])
+                if same[i]:  # the token just drawn (a row a guard cut is not `same`)
+                    self.kept[b] += 1
+                    self.pending[b][-1].kept = True
             for i, b in enumerate(going):
                 if j < len(drafts[b]):
                     self.lengths.checked(b, same[i])
@@ -535,96 +555,31 @@ class Speculation:
             j += 1
         return drawn
 
-    def _draw_position(
-        self, gen: Generation, rows: list[int], drafts: dict[int, torch.Tensor], logits: dict[int, torch.Tensor], j: int
-    ) -> list[int]:
-        """The draws of `rows` at position j of their drafts: the chain's own (mode match, and after a whole draft),
-        or the rejection test of the drafted token (mode rejection)."""
-        tested = [b for b in rows if j < len(drafts[b]) and self.rejection[b]]
-        if not tested:
-            return self._draw(gen, rows, torch.stack([logits[b][j] for b in rows]))
-        plain = [b for b in rows if j >= len(drafts[b])]
-        drawn = dict(zip(tested, self._test(gen, tested, torch.stack([logits[b][j] for b in tested]), drafts, j)))
-        if plain:
-            drawn.update(zip(plain, self._draw(gen, plain, torch.stack([logits[b][j] for b in plain]))))
-        return [drawn[b] for b in rows]
 
-    def _test(
-        self, gen: Generation, rows: list[int], logits: torch.Tensor, drafts: dict[int, torch.Tensor], j: int
-    ) -> list[int]:
-        """Mode rejection at position j: the chain's processed distribution p, the drafted token kept with
-        probability min(1, p / q), else a draw from the residual max(p - q, 0); the store accepts the result."""
-        raw = logits.clone() if gen.output_logits else None
-        if gen.vocab_limit is not None:
-            logits[:, gen.vocab_limit :] = float("-inf")
-        if self.guarding is not None:  # the rows' states saved and their bans applied at the positions drawn
-            self.guarding.before_draw(gen, rows, [gen._steps + len(self.pending[b]) for b in rows], logits)
-        history = self._history(gen, rows) if gen.chain.needs_history else {}
-        rids = [gen.request_ids[b] for b in rows]
-        out = gen.sample_rows(logits, rids, history, "processed", accept=False, scores=True)
-        logp = torch.log_softmax(out.scores.to("cpu", torch.float64), dim=-1)
-        draft = torch.tensor([int(drafts[b][j]) for b in rows])
-        q = torch.zeros_like(logp).scatter_(1, draft[:, None], 1.0)
-        for i, b in enumerate(rows):
-            probs = self.q[b]
-            if probs is not None and probs.shape[1] == q.shape[1]:
-                q[i] = probs[j]
-        seed, position = noise_of(gen.store, rids)
-        tokens = rejection_draw(logp, q, draft, seed, position)
-        gen.chain.accept(gen.store, rids, tokens.to(out.token_ids.device))
-        logprobs = logp.gather(1, tokens[:, None])[:, 0].to(out.logprobs.dtype)
-        for i, b in enumerate(rows):
-            self.pending[b].append(
-                _Drawn(
-                    token=int(tokens[i]),
-                    logprob=logprobs[i].to(out.logprobs.device),
-                    score=out.scores[i] if gen.output_scores else None,
-                    top=None if out.top_logprobs is None else (out.top_logprobs[0][i], out.top_logprobs[1][i]),
-                    raw=None if raw is None else raw[i],
-                )
-            )
-        return tokens.tolist()
+def _params_key(params: Any) -> tuple[Any, ...]:
+    """A drafter's parameters as a key: plain values as they are, an object (a draft model) by its identity."""
+    plain = (str, int, float, bool, type(None))
 
-    def _draw(self, gen: Generation, rows: list[int], logits: torch.Tensor) -> list[int]:
-        """The chain's draw for `rows` at their next position (logits (len(rows), V)), queued as pending tokens;
-        the store advances for these rows only."""
-        raw = logits.clone() if gen.output_logits else None
-        if gen.vocab_limit is not None:
-            logits[:, gen.vocab_limit :] = float("-inf")
-        if self.guarding is not None:  # the rows' states saved and their bans applied at the positions drawn
-            self.guarding.before_draw(gen, rows, [gen._steps + len(self.pending[b]) for b in rows], logits)
-        history: dict[str, torch.Tensor] = {}
-        if gen.chain.needs_history or gen.logits_processor is not None:
-            history = self._history(gen, rows)
-        if gen.logits_processor is not None:
-            ids = history["history"].masked_fill(history["history"] < 0, gen.pad_id)
-            logits = gen.logits_processor(ids.to(gen.input_ids.device), logits)
-            if not gen.chain.needs_history:
-                history = {}
-        at = gen._logprobs_at if isinstance(gen._logprobs_at, str) else [gen._logprobs_at[b] for b in rows]
-        out = gen.sample_rows(logits, [gen.request_ids[b] for b in rows], history, at)
-        tokens = out.token_ids.tolist()
-        for i, b in enumerate(rows):
-            self.pending[b].append(
-                _Drawn(
-                    token=tokens[i],
-                    logprob=out.logprobs[i],
-                    score=None if out.scores is None else out.scores[i],
-                    top=None if out.top_logprobs is None else (out.top_logprobs[0][i], out.top_logprobs[1][i]),
-                    raw=None if raw is None else raw[i],
-                )
-            )
-        return tokens
+    def key(v: Any) -> Any:
+        if isinstance(v, plain):
+            return v
+        if isinstance(v, (tuple, list)):
+            return tuple(key(x) for x in v)
+        return ("object", id(v))
 
-    def _history(self, gen: Generation, rows: list[int]) -> dict[str, torch.Tensor]:
-        """history= / prompt_lengths= for `rows`: each row's tokens (prompt, committed, drawn), left-padded with -1."""
-        seqs = [self._tokens(gen, b) for b in rows]
-        width = max(len(s) for s in seqs)
-        history = torch.full((len(rows), width), -1, dtype=torch.int64)
-        for i, s in enumerate(seqs):
-            history[i, width - len(s) :] = s
-        device = gen.input_ids.device
-        return {"history": history.to(device), "prompt_lengths": gen.prompt_lengths[rows].to(device)}
+    fields = attrs.asdict(params, recurse=False) if attrs.has(type(params)) else {"": params}
+    return tuple((name, key(v)) for name, v in fields.items())
+
+
+def _stop_ids(gen: Generation) -> set[int]:
+    """The token ids that end a row whatever came before them (past its min_new_tokens): the `eos` criteria's, as
+    they resolved them (none with ignore_eos, the stop list's own ids where it sets them)."""
+    return {
+        i
+        for crit in gen.stopping
+        if getattr(crit, "name", None) == "eos" and callable(getattr(crit, "resolved_ids", None))
+        for i in crit.resolved_ids()
+    }
 
 
 def _stacked(rows: list[torch.Tensor | None], width: int, fill: float = float("-inf")) -> torch.Tensor:
@@ -632,17 +587,6 @@ def _stacked(rows: list[torch.Tensor | None], width: int, fill: float = float("-
     found = [r for r in rows if r is not None]
     blank = torch.full_like(found[0], fill) if found else torch.full((width,), fill)
     return torch.stack([blank if r is None else r for r in rows])
-
-
-@attrs.define
-class _Drawn:
-    """A token the chain drew for a row, waiting to be committed as a step (with what the step reports)."""
-
-    token: int
-    logprob: torch.Tensor
-    score: torch.Tensor | None
-    top: tuple[torch.Tensor, torch.Tensor] | None
-    raw: torch.Tensor | None
 
 
 _EMPTY = torch.zeros(0, dtype=torch.int64)

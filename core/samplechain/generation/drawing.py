@@ -1,0 +1,158 @@
+"""The draws at the positions of a model call: the chain's own (mode match, and past a draft) or the rejection
+test of a drafted token (mode rejection), each queued as a row's drawn token (`Drawn`) with what its step
+reports. Every draw sees what the plain loop's step at that position would: the row's tokens so far (committed and
+drawn), `logits_processor=` the batch as the plain loop shows it, the store at the row's own position."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+import torch
+
+from .rejection import noise_of, rejection_draw
+
+if TYPE_CHECKING:
+    from .guarding import Guarding
+    from .session import Generation
+
+__all__ = ["Drawing", "Drawn"]
+
+
+@attrs.define
+class Drawn:
+    """A token the chain drew for a row, waiting to be committed as a step (with what the step reports)."""
+
+    token: int
+    logprob: torch.Tensor
+    score: torch.Tensor | None
+    top: tuple[torch.Tensor, torch.Tensor] | None
+    raw: torch.Tensor | None
+    kept: bool = False  # a drafted token the chain drew (counted in `kept` while it may still come out)
+
+
+class Drawing:
+    """Speculation's draws (a mixin): each row's drawn tokens wait in `pending`; `q` holds each row's current
+    draft's probabilities (rejection mode), `rejection` which rows are in that mode."""
+
+    pending: list[list[Drawn]]
+    q: list[torch.Tensor | None]
+    rejection: list[bool]
+    guarding: Guarding | None
+
+    def _tokens(self, gen: Generation, row: int) -> torch.Tensor:
+        """Row `row`'s prompt (without padding), its committed and its drawn tokens, on the CPU."""
+        start = gen.attention_mask.shape[1] - int(gen.prompt_lengths[row])
+        done = gen.input_ids[row, start:].cpu()
+        if not self.pending[row]:
+            return done
+        return torch.cat([done, torch.tensor([c.token for c in self.pending[row]], dtype=done.dtype)])
+
+    def _draw_position(
+        self, gen: Generation, rows: list[int], drafts: dict[int, torch.Tensor], logits: dict[int, torch.Tensor], j: int
+    ) -> list[int]:
+        """The draws of `rows` at position j of their drafts: the chain's own (mode match, and after a whole draft),
+        or the rejection test of the drafted token (mode rejection)."""
+        tested = [b for b in rows if j < len(drafts[b]) and self.rejection[b]]
+        if not tested:
+            return self._draw(gen, rows, torch.stack([logits[b][j] for b in rows]))
+        plain = [b for b in rows if b not in tested]  # past their drafts, or in mode match
+        drawn = dict(zip(tested, self._test(gen, tested, torch.stack([logits[b][j] for b in tested]), drafts, j)))
+        if plain:
+            drawn.update(zip(plain, self._draw(gen, plain, torch.stack([logits[b][j] for b in plain]))))
+        return [drawn[b] for b in rows]
+
+    def _test(
+        self, gen: Generation, rows: list[int], logits: torch.Tensor, drafts: dict[int, torch.Tensor], j: int
+    ) -> list[int]:
+        """Mode rejection at position j: the chain's processed distribution p, the drafted token kept with
+        probability min(1, p / q), else a draw from the residual max(p - q, 0); the store accepts the result."""
+        raw = logits.clone() if gen.output_logits else None
+        if gen.vocab_limit is not None:
+            logits[:, gen.vocab_limit :] = float("-inf")
+        if self.guarding is not None:  # the rows' states saved and their bans applied at the positions drawn
+            self.guarding.before_draw(gen, rows, [gen._steps + len(self.pending[b]) for b in rows], logits)
+        if gen.logits_processor is not None:
+            logits = self._processed(gen, rows, logits)
+        history = self._history(gen, rows) if gen.chain.needs_history else {}
+        rids = [gen.request_ids[b] for b in rows]
+        out = gen.sample_rows(logits, rids, history, "processed", accept=False, scores=True)
+        logp = torch.log_softmax(out.scores.to("cpu", torch.float64), dim=-1)
+        draft = torch.tensor([int(drafts[b][j]) for b in rows])
+        q = torch.zeros_like(logp).scatter_(1, draft[:, None], 1.0)
+        for i, b in enumerate(rows):
+            probs = self.q[b]
+            if probs is not None and probs.shape[1] == q.shape[1]:
+                q[i] = probs[j]
+        seed, position = noise_of(gen.store, rids)
+        tokens = rejection_draw(logp, q, draft, seed, position)
+        gen.chain.accept(gen.store, rids, tokens.to(out.token_ids.device))
+        logprobs = logp.gather(1, tokens[:, None])[:, 0].to(out.logprobs.dtype)
+        for i, b in enumerate(rows):
+            self.pending[b].append(
+                Drawn(
+                    token=int(tokens[i]),
+                    logprob=logprobs[i].to(out.logprobs.device),
+                    score=out.scores[i] if gen.output_scores else None,
+                    top=None if out.top_logprobs is None else (out.top_logprobs[0][i], out.top_logprobs[1][i]),
+                    raw=None if raw is None else raw[i],
+                )
+            )
+        return tokens.tolist()
+
+    def _draw(self, gen: Generation, rows: list[int], logits: torch.Tensor) -> list[int]:
+        """The chain's draw for `rows` at their next position (logits (len(rows), V)), queued as pending tokens;
+        the store advances for these rows only."""
+        raw = logits.clone() if gen.output_logits else None
+        if gen.vocab_limit is not None:
+            logits[:, gen.vocab_limit :] = float("-inf")
+        if self.guarding is not None:  # the rows' states saved and their bans applied at the positions drawn
+            self.guarding.before_draw(gen, rows, [gen._steps + len(self.pending[b]) for b in rows], logits)
+        if gen.logits_processor is not None:
+            logits = self._processed(gen, rows, logits)
+        history = self._history(gen, rows) if gen.chain.needs_history else {}
+        at = gen._logprobs_at if isinstance(gen._logprobs_at, str) else [gen._logprobs_at[b] for b in rows]
+        out = gen.sample_rows(logits, [gen.request_ids[b] for b in rows], history, at)
+        tokens = out.token_ids.tolist()
+        for i, b in enumerate(rows):
+            self.pending[b].append(
+                Drawn(
+                    token=tokens[i],
+                    logprob=out.logprobs[i],
+                    score=None if out.scores is None else out.scores[i],
+                    top=None if out.top_logprobs is None else (out.top_logprobs[0][i], out.top_logprobs[1][i]),
+                    raw=None if raw is None else raw[i],
+                )
+            )
+        return tokens
+
+    def _processed(self, gen: Generation, rows: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """`logits_processor=` on `rows`' logits, each row's call given the whole batch's input_ids as the plain loop
+        has them at the step the row draws (tokens drawn past that step not shown; a row not that far yet, or
+        finished, shows pad ids) and the logits of the other rows as zeros."""
+        processor = gen.logits_processor
+        assert processor is not None  # called where there is one
+        width, steps, device = gen.attention_mask.shape[1], gen._steps, gen.input_ids.device
+        at = [steps + len(self.pending[b]) for b in rows]  # the tokens before each row's draw
+        out = logits.clone()
+        for s in sorted(set(at)):
+            group = [i for i, t in enumerate(at) if t == s]
+            ids = torch.full((gen.input_ids.shape[0], width + s), gen.pad_id, dtype=torch.int64)
+            ids[:, : width + steps] = gen.input_ids.cpu()
+            for b, row in enumerate(self.pending):
+                drawn = [c.token for c in row[: s - steps]]
+                ids[b, width + steps : width + steps + len(drawn)] = torch.tensor(drawn, dtype=torch.int64)
+            full = logits.new_zeros((ids.shape[0], logits.shape[1]))
+            full[[rows[i] for i in group]] = logits[group]
+            out[group] = processor(ids.to(device), full)[[rows[i] for i in group]]
+        return out
+
+    def _history(self, gen: Generation, rows: list[int]) -> dict[str, torch.Tensor]:
+        """history= / prompt_lengths= for `rows`: each row's tokens (prompt, committed, drawn), left-padded with -1."""
+        seqs = [self._tokens(gen, b) for b in rows]
+        width = max(len(s) for s in seqs)
+        history = torch.full((len(rows), width), -1, dtype=torch.int64)
+        for i, s in enumerate(seqs):
+            history[i, width - len(s) :] = s
+        device = gen.input_ids.device
+        return {"history": history.to(device), "prompt_lengths": gen.prompt_lengths[rows].to(device)}
