@@ -74,12 +74,12 @@ class Guess(Drafter):
 
     name = "guess"
 
-    def __init__(self, among: list[int]):
+    def __init__(self, among: list[int], extra: int = 0):
         super().__init__()
-        self.among, self.rng = among, torch.Generator().manual_seed(0)
+        self.among, self.extra, self.rng = among, extra, torch.Generator().manual_seed(0)
 
     def start(self, rows, context):
-        self.q = torch.zeros(context.vocab_size, dtype=torch.float64)
+        self.q = torch.zeros(context.vocab_size + self.extra, dtype=torch.float64)  # wider than the logits: padding
         self.q[self.among] = 1.0 / len(self.among)
 
     def propose(self, row, tokens, limit):
@@ -92,9 +92,11 @@ def first_two(out) -> list[tuple[int, int]]:
     return [tuple(r) for r in new[:, :2].tolist()]
 
 
-def test_rejection_mode_samples_the_chain_through_generate(tiny):
+@pytest.mark.parametrize("extra", [0, 64])
+def test_rejection_mode_samples_the_chain_through_generate(tiny, extra):
     """The second token (the first drafted position) of 3000 seeded rows: the joint distribution of the first two
-    tokens equals generation without a drafter's (a two-sample chi-square)."""
+    tokens equals generation without a drafter's (a two-sample chi-square), also where the drafter's
+    probabilities have more columns than the model's logits (a padded vocabulary)."""
     from samplechain.generation import Generation
     from samplechain.generation.speculative import Speculation
 
@@ -105,7 +107,7 @@ def test_rejection_mode_samples_the_chain_through_generate(tiny):
     gen = Generation(model, tok, ["The"], seed=100_000, **kwargs)
     seconds = torch.tensor([b for _, b in first_two(reference)])
     common = torch.bincount(seconds).topk(3).indices.tolist()  # q puts mass where p does, and on one it does not
-    gen.speculation = Speculation([Guess([*common, 5])] * 3000, gen, mode="rejection")
+    gen.speculation = Speculation([Guess([*common, 5], extra)] * 3000, gen, mode="rejection")
     for _ in gen.steps():
         pass
     ours = gen.output()

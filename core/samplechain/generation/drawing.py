@@ -82,8 +82,10 @@ class Drawing:
         q = torch.zeros_like(logp).scatter_(1, draft[:, None], 1.0)
         for i, b in enumerate(rows):
             probs = self.q[b]
-            if probs is not None and probs.shape[1] == q.shape[1]:
-                q[i] = probs[j]
+            if probs is not None:  # columns past the logits' are tokens p never draws: neither test nor residual
+                width = min(probs.shape[1], q.shape[1])  # reads them; columns the drafter lacks it gives no mass
+                q[i] = 0.0
+                q[i, :width] = probs[j, :width]
         seed, position = noise_of(gen.store, rids)
         tokens = rejection_draw(logp, q, draft, seed, position)
         gen.chain.accept(gen.store, rids, tokens.to(out.token_ids.device))
