@@ -557,6 +557,36 @@ def test_a_resumed_speculative_generation_gives_the_same_tokens(tiny):
         Generation(model, tok, resume=saved, pad_token_id=0, chain=chain, max_new_tokens=20)
 
 
+class Counting(Scripted):
+    """Scripted, with its count of proposals as the state a checkpoint keeps."""
+
+    def checkpoint(self):
+        return {"calls": self.calls}
+
+    def restore(self, state):
+        self.restored = state
+
+
+def test_a_checkpoint_keeps_each_drafters_state(tiny):
+    model, tok = tiny
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 16}
+    reference, gen = run(model, tok, PROMPTS[:2], **kwargs)
+    first = Counting(reference_rows(reference, gen), model.config.vocab_size, longest=3)
+    gen = Generation(model, tok, PROMPTS[:2], pad_token_id=0, draft=[first, "prompt_lookup"], **kwargs)
+    for i, _ in enumerate(gen.steps(), start=1):
+        if i == 5:
+            break
+    saved = gen.checkpoint()
+    states = saved["speculation"]["drafters"]  # one per drafter, in the order of the rows that use them
+    assert len(states) == 2 and states[0] == {"calls": first.calls} and "side" in states[1]
+    again = Counting(reference_rows(reference, gen), model.config.vocab_size, longest=3)
+    resumed = Generation(model, tok, resume=saved, pad_token_id=0, draft=[again, "prompt_lookup"], **kwargs)
+    for _ in resumed.steps():
+        pass
+    assert again.restored == {"calls": first.calls} and first.calls > 0
+    assert_same_tokens(resumed.output(), reference)
+
+
 @pytest.mark.llama_cpp
 @pytest.mark.slow
 def test_on_llama_cpp_a_resumed_generation_keeps_each_rows_drawn_tokens(smollm):

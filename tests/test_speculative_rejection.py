@@ -202,9 +202,10 @@ def test_rejection_mode_tests_against_what_the_logits_processor_leaves(tiny):
     assert int(out.drafted[0]) > 0
 
 
-def test_a_resumed_rejection_generation_gives_the_same_tokens_for_the_same_drafts(tiny):
-    """Fixed draft lengths and a drafter without state: the resumed run drafts where the whole run did, so the
-    test draws the same tokens."""
+@pytest.mark.parametrize("occurrence", ["first", "switch"])
+def test_a_resumed_rejection_generation_gives_the_same_tokens_for_the_same_drafts(tiny, occurrence):
+    """Fixed draft lengths: the resumed run drafts where the whole run did, and what it drafts (prompt_lookup's
+    choice of occurrence per row goes into the checkpoint), so the test draws the same tokens."""
     import json
 
     from samplechain.generation import Generation
@@ -220,7 +221,7 @@ def test_a_resumed_rejection_generation_gives_the_same_tokens_for_the_same_draft
         "samplers": [{"use": "penalties", "repeat": 1.2}, {"use": "top_k", "k": 30}, {"use": "temperature", "t": 0.9}]
         + [{"use": "dist"}]
     }
-    draft = {"use": "prompt_lookup", "num_tokens": 4, "mode": "rejection", "adaptive": False, "occurrence": "first"}
+    draft = {"use": "prompt_lookup", "num_tokens": 4, "mode": "rejection", "adaptive": False, "occurrence": occurrence}
     kwargs = {"chain": chain, "max_new_tokens": 30, "draft": draft, "pad_token_id": 0}
     params = [{"seed": 11}, {"seed": 22}, {"seed": 33}, {"seed": 44}]
     whole = generate(model, tok, prompts, params=params, **kwargs)

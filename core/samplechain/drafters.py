@@ -110,6 +110,15 @@ class Drafter:
         """`propose` for several rows at once (the rows that draft in one model call), in their order."""
         return [self.propose(row, t, limit) for row, t, limit in zip(rows, tokens, limits)]
 
+    def checkpoint(self) -> Any:
+        """What a resumed generation needs of the drafter's per-row state to draft as the interrupted one would have:
+        plain data (JSON), or None (the default: nothing, or what `propose` rebuilds from the tokens). Drafts change
+        no token in mode match; in mode rejection they decide which draws come out."""
+        return None
+
+    def restore(self, state: Any) -> None:
+        """Take back what `checkpoint` gave, after `start` of the resumed generation; optional."""
+
 
 MODES = (
     "'match' (the tokens of generation without a drafter) or 'rejection' (speculative sampling's test: the chain's "

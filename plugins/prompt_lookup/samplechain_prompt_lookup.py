@@ -15,6 +15,8 @@ with those shares as priors, so that a row keeps a record per kind (a one-token 
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import torch
 
@@ -57,6 +59,14 @@ class PromptLookup(Drafter):
     def start(self, rows: int, context: DraftContext) -> None:
         self._last.clear()
         self._side.clear()
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Each row's choice of occurrence and the guess it is judged by."""
+        return {"side": [[row, last, guess] for row, (last, guess) in sorted(self._side.items())]}
+
+    def restore(self, state: Any) -> None:
+        for row, last, guess in (state or {}).get("side", []):
+            self._side[int(row)] = (bool(last), None if guess is None else (int(guess[0]), int(guess[1])))
 
     def expect(self, row: int, tokens: torch.Tensor) -> tuple[str, float] | None:
         n, _ = self._match(row, tokens)

@@ -90,7 +90,7 @@ class Speculation(Drawing):
             runner_for=functools.partial(runner_for, host=gen.host),
             load_model=load_model,
         )
-        for drafter in {id(d): d for d in drafters if d is not None}.values():
+        for drafter in self._distinct():
             drafter.start(rows, context)
 
     @classmethod
@@ -278,6 +278,7 @@ class Speculation(Drawing):
             "lengths": self.lengths.checkpoint(),
             "off": list(self.off),
             "guards": None if self.guarding is None else self.guarding.checkpoint(),
+            "drafters": [d.checkpoint() for d in self._distinct()],
         }
 
     def restore(self, saved: Mapping[str, Any]) -> None:
@@ -302,6 +303,14 @@ class Speculation(Drawing):
             )
         if guards is not None and self.guarding is not None:
             self.guarding.restore(guards)
+        states = saved.get("drafters") or []
+        for drafter, state in zip(self._distinct(), states):
+            if state is not None:
+                drafter.restore(state)
+
+    def _distinct(self) -> list[Drafter]:
+        """The generation's drafters, each once, in the order of the rows that first use them."""
+        return list({id(d): d for d in self.drafters if d is not None}.values())
 
     def _ready(self, gen: Generation) -> bool:
         """Whether every unfinished row has a drawn token waiting (that no guard may take back): the next step can

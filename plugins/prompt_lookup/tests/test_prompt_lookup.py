@@ -80,6 +80,23 @@ def test_switch_takes_the_other_occurrence_after_a_miss_and_back():
     assert d.propose(0, torch.tensor([1, 7, 9, 2, 8, 9, 3, 7, 9, 4, 7, 9]), 3).tolist() == [2, 8, 9]
 
 
+def test_a_checkpoint_keeps_each_rows_choice_of_occurrence():
+    import json
+
+    d = drafter(num_tokens=3, max_ngram=2)
+    text = [1, 7, 9, 2, 8, 9, 3, 7, 9]
+    d.propose(0, torch.tensor(text), 3)
+    text += [4, 7, 9]  # a miss: row 0 now takes the last occurrence
+    assert d.propose(0, torch.tensor(text), 3).tolist() == [4, 7, 9]
+    saved = json.loads(json.dumps(d.checkpoint()))
+    again = drafter(num_tokens=3, max_ngram=2)
+    again.start(1, None)
+    again.restore(saved)
+    text += [4, 7, 9]  # the guess was right: the row stays on the last occurrence, as in the uninterrupted drafter
+    assert again.propose(0, torch.tensor(text), 3).tolist() == d.propose(0, torch.tensor(text), 3).tolist()
+    assert again.propose(0, torch.tensor(text), 3).tolist() == [4, 7, 9]
+
+
 def test_the_longest_ngram_wins_and_the_limit_caps_the_draft():
     tokens = torch.tensor([1, 2, 3, 4, 5, 9, 3, 7, 8, 2, 3])
     # the bigram (2, 3) matched at the start beats the unigram 3's first match
