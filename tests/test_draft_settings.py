@@ -207,6 +207,8 @@ def test_generate_with_draft_prints_the_same_text_and_the_counts(capsys, tmp_pat
         (["--draft", "prompt_lookpu"], r"--draft prompt_lookpu: unknown drafter 'prompt_lookpu'"),
         (["--draft", '{"use": "prompt_lookup", "num_tokens": 0}'], r"num_tokens = 0: must be in \[1, inf\)"),
         (["--draft", '{"use": "prompt_lookup",'], r"not valid JSON .*--draft prompt_lookup"),
+        (["--draft", '{"use": "prompt_lookup", "mode": "rejecton"}'], r"--draft .*draft\.mode = 'rejecton'"),
+        (["--draft", '{"use": "prompt_lookup", "cost": -1}'], r"--draft .*draft\.cost = -1"),
         (["--draft", "prompt_lookup", "--num-beams", "2"], r"--draft with --num-beams 2: beam search does not draft"),
     ],
 )

@@ -143,6 +143,24 @@ def test_out_of_rewinds_a_row_ends_before_the_refused_text(tiny):
     assert int(out.num_generated[0]) < 30
 
 
+@pytest.mark.parametrize("draft", [None, "prompt_lookup"])
+def test_a_stream_ends_a_row_out_of_rewinds_with_its_held_text(tiny, draft):
+    """A guard out of rewinds ends a row between steps: its stream still ends with the text it held back (stop
+    strings hold some) and one event with the finish reason."""
+    model, tok = tiny
+    guards = [{"use": "banned_strings", "phrases": ["a"], "max_rewinds": 0}]
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 30, "guards": guards, "stop_strings": ["zzzz"]}
+    result: list = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GenerationWarning)
+        events = list(stream(model, tok, PROMPTS[:2], pad_token_id=0, result=result, draft=draft, **kwargs))
+    out = result[0]
+    for b in range(2):
+        assert out.finish_reasons[b] == "guard:banned_strings:a"
+        assert "".join(e.text for e in events if e.index == b) == out.texts[b]
+        assert [e.finish_reason for e in events if e.index == b and e.finish_reason] == [out.finish_reasons[b]]
+
+
 def test_banned_regex_takes_matches_back(tiny):
     model, tok = tiny
     plain = run(model, tok, PROMPTS[0:1], chain="preset:greedy", max_new_tokens=30)

@@ -383,3 +383,23 @@ def test_on_llama_cpp_a_generation_scores_kept_with_its_logprobs(smollm):
     for b, row in enumerate(rows):
         assert bool(got.kept[b].all()), got.kept[b]
         assert torch.equal(got.logprobs[b], out.logprobs[b, : len(row)])
+
+
+def test_a_chains_draft_table_and_guards_do_not_touch_scoring(tiny):
+    """score() checks given tokens: a chain's [draft] (mode rejection, which refuses raw logprobs in generation)
+    and its guards (which read text, so need a tokenizer) are left unused."""
+    model, tok = tiny
+    chain = Chain.load(
+        {
+            "samplers": [{"use": "top_k", "k": 20}, {"use": "dist"}],
+            "draft": {"use": "prompt_lookup", "mode": "rejection"},
+            "guards": [{"use": "banned_strings", "phrases": ["zzz"]}],
+        }
+    )
+    out = generate(model, tok, PROMPTS[:2], chain=chain, seed=3, max_new_tokens=8, pad_token_id=0, draft=False)
+    rows = generated(out)
+    raw = score(model, tok, PROMPTS[:2], rows, chain=chain, seed=3, pad_token_id=0, logprobs_at="raw")
+    assert [bool(k.all()) for k in raw.kept] == [True, True]
+    ids = [tok.encode(p) for p in PROMPTS[:2]]
+    no_tokenizer = score(model, None, ids, rows, chain=chain, seed=3, pad_token_id=0, eos_token_id=0)
+    assert [bool(k.all()) for k in no_tokenizer.kept] == [True, True]

@@ -358,6 +358,86 @@ def test_a_drafter_that_raises_leaves_its_row_without_drafts_and_the_tokens_unch
     assert int(ours.kept[0]) > 0
 
 
+class FailingOn(Scripted):
+    """Scripted, but from its second proposal for row `bad` on it raises."""
+
+    name = "failing_on"
+
+    def __init__(self, *args, bad: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bad, self.asked = bad, 0
+
+    def propose(self, row, tokens, limit):
+        if row == self.bad:
+            self.asked += 1
+            if self.asked >= 2:
+                raise RuntimeError(f"boom on row {row}")
+        return super().propose(row, tokens, limit)
+
+
+def test_a_drafter_failing_on_one_row_leaves_the_rows_it_shares_drafting(tiny):
+    model, tok = tiny
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 20}
+    reference, gen = run(model, tok, PROMPTS[:3], **kwargs)
+    drafter = FailingOn(reference_rows(reference, gen), model.config.vocab_size, longest=3, bad=1)
+    with pytest.warns(GenerationWarning, match=r"failing_on\.v1 failed on row 1 \(RuntimeError: boom on row 1\)"):
+        ours, _ = run(model, tok, PROMPTS[:3], draft={"use": drafter, "adaptive": False}, **kwargs)
+    assert_same_tokens(ours, reference)
+    drafted = ours.drafted.tolist()
+    assert drafted[0] > drafted[1] and drafted[2] > drafted[1], drafted
+
+
+def test_a_drafter_whose_start_fails_is_switched_off_and_the_tokens_unchanged(tiny):
+    model, tok = tiny
+
+    class Broken(Drafter):
+        name = "broken"
+
+        def start(self, rows, context):
+            raise RuntimeError("no such file")
+
+        def propose(self, row, tokens, limit):
+            raise AssertionError("never asked")
+
+    reference, _ = run(model, tok, PROMPTS[:2], chain="preset:greedy", max_new_tokens=8)
+    with pytest.warns(GenerationWarning, match=r"broken\.v1 failed on rows \[0, 1\] \(RuntimeError: no such file"):
+        ours, _ = run(model, tok, PROMPTS[:2], chain="preset:greedy", max_new_tokens=8, draft=Broken())
+    assert_same_tokens(ours, reference)
+
+
+@pytest.mark.parametrize("proposal", [[1.7], [True]], ids=["float", "bool"])
+def test_a_drafter_proposing_what_is_not_a_token_id_is_switched_off(tiny, proposal):
+    model, tok = tiny
+
+    class NotIds(Drafter):
+        name = "not_ids"
+
+        def propose(self, row, tokens, limit):
+            return proposal
+
+    reference, _ = run(model, tok, PROMPTS[:1], chain="preset:greedy", max_new_tokens=8)
+    with pytest.warns(GenerationWarning, match=r"not_ids\.v1 failed on row 0.*integer token ids expected"):
+        ours, _ = run(model, tok, PROMPTS[:1], chain="preset:greedy", max_new_tokens=8, draft=NotIds())
+    assert_same_tokens(ours, reference)
+
+
+@pytest.mark.filterwarnings("ignore:max_new_tokens = 20 after a 250-token prompt runs past")
+def test_drafts_stay_within_the_models_positions(tiny):
+    """A prompt a few tokens short of the model's positions, a stop that comes before them: drafts are cut to the
+    positions left, so the run ends as without a drafter."""
+    model, tok = tiny
+    limit = model.config.n_positions
+    ids = torch.tensor([(tok.encode("A list is a list is a list is a list is a ") * limit)[: limit - 6]])
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 20, "stop_strings": ["list"]}
+    kwargs |= {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    reference, _ = run(model, tok, None, **kwargs)
+    assert reference.finish_reasons == ["stop_strings"]
+    for draft in ("prompt_lookup", {"use": "prompt_lookup", "adaptive": False, "num_tokens": 10}):
+        ours, _ = run(model, tok, None, draft=draft, **kwargs)
+        assert_same_tokens(ours, reference)
+        assert int(ours.drafted[0]) > 0
+
+
 def test_a_drafter_proposing_what_is_no_token_is_switched_off(tiny):
     model, tok = tiny
 

@@ -12,6 +12,7 @@ from scipy import stats
 
 from samplechain import ConfigError
 from samplechain.drafters import Draft, Drafter
+from samplechain.errors import GenerationWarning
 from samplechain.generation import generate
 from samplechain.generation.speculative import rejection_draw
 from samplechain.models import tiny_model_path
@@ -237,3 +238,48 @@ def test_a_resumed_rejection_generation_gives_the_same_tokens_for_the_same_draft
         out = again.output()
         assert out.sequences.tolist() == whole.sequences.tolist(), stop_after
         assert out.model_calls.tolist() == whole.model_calls.tolist(), stop_after
+
+
+class BadProbs(Drafter):
+    """Guesses the last token's successor with a Draft.probs that is no distribution of its guess."""
+
+    name = "bad_probs"
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+
+    def start(self, rows, context):
+        self.vocab = context.vocab_size
+
+    def propose(self, row, tokens, limit):
+        guess = int(tokens[-1]) + 1
+        probs = torch.zeros((1, self.vocab), dtype=torch.float64)
+        probs[0, guess] = 1.0
+        if self.kind == "nan":
+            probs[0, 0] = float("nan")
+        elif self.kind == "negative":
+            probs[0, 0] = -0.5
+        elif self.kind == "unnormalised":
+            probs[0, 0] = 1.0
+        elif self.kind == "narrow":
+            probs = probs[:, :guess]
+        elif self.kind == "no-chance":
+            probs[0, guess], probs[0, guess - 1] = 0.0, 1.0
+        return Draft([guess], probs)
+
+
+@pytest.mark.parametrize("kind", ["nan", "negative", "unnormalised", "narrow", "no-chance"])
+def test_a_draft_whose_probs_are_no_distribution_of_it_is_switched_off(tiny, kind):
+    """The rejection test divides by q(guess) and draws from p - q: a Draft.probs that is not finite, negative, not
+    summing to 1 or without mass on its guess would bias it (always keep the guess, or draw a filtered token), so
+    the drafter is switched off for the row and the row draws as without a drafter."""
+    model, tok = tiny
+    kwargs = {"chain": {"samplers": [{"use": "top_k", "k": 3}, {"use": "dist"}]}, "max_new_tokens": 6, "seed": 4}
+    reference = generate(model, tok, ["The"], pad_token_id=0, **kwargs)
+    with pytest.warns(GenerationWarning, match=r"bad_probs\.v1 failed on row 0 \(ValueError: Draft\.probs"):
+        ours = generate(
+            model, tok, ["The"], pad_token_id=0, draft={"use": BadProbs(kind), "mode": "rejection"}, **kwargs
+        )
+    assert ours.sequences.tolist() == reference.sequences.tolist()
+    assert int(ours.kept[0]) == 0

@@ -230,6 +230,7 @@ def parse_draft(text: str | bool | None) -> Any:
     if text is None or text is False:
         return text
     assert isinstance(text, str)  # argparse gives the option's text
+    from ..drafters import draft_settings
     from ..engine.discovery import get_host
     from ..generation.speculative import load_drafter
 
@@ -243,6 +244,7 @@ def parse_draft(text: str | bool | None) -> Any:
                 """like --draft '{"use": "prompt_lookup", "num_tokens": 8}'"""
             ) from None
     try:
+        draft_settings(spec)  # the loop's settings (mode, adaptive, cost), which the drafter does not take
         load_drafter(spec, get_host())
     except ConfigError as exc:
         raise type(exc)(f"--draft {text}: {exc}") from None

@@ -108,8 +108,10 @@ def checked_mode(mode: Any, gen: Generation) -> str:
 def proposal_tensors(proposal: Any, limit: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A drafter's proposal as (k <= limit,) int64 token ids on the CPU and its (k, V) float64 probabilities (or
     None); ValueError (or the conversion's error) where it is not a row of token ids in [0, vocab)."""
-    tokens = proposal.tokens if isinstance(proposal, Draft) else proposal
-    draft = torch.as_tensor(tokens, dtype=torch.int64).flatten()[:limit].cpu()
+    tokens = torch.as_tensor(proposal.tokens if isinstance(proposal, Draft) else proposal)
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise ValueError(f"proposed {tokens.tolist()} ({tokens.dtype}): integer token ids expected")
+    draft = tokens.to(torch.int64).flatten()[:limit].cpu()
     if bool(((draft < 0) | (draft >= vocab)).any()):
         raise ValueError(f"proposed {draft.tolist()}: token ids in [0, {vocab}) expected")
     probs = proposal.probs if isinstance(proposal, Draft) else None
@@ -118,7 +120,21 @@ def proposal_tensors(proposal: Any, limit: int, vocab: int) -> tuple[torch.Tenso
         if probs.ndim != 2 or probs.shape[0] < len(draft):
             raise ValueError(f"Draft.probs of shape {tuple(probs.shape)}: (k, V) for {len(draft)} tokens")
         probs = probs[: len(draft)]
+        _check_probs(draft, probs)
     return draft, probs
+
+
+def _check_probs(draft: torch.Tensor, probs: torch.Tensor) -> None:
+    """ValueError unless each row of `probs` is a distribution (finite, >= 0, summing to 1) that gives its drafted
+    token some chance: what the rejection test divides by."""
+    if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
+        raise ValueError("Draft.probs holds values that are not finite or are negative: probabilities expected")
+    sums = probs.sum(dim=1)
+    if bool(((sums - 1.0).abs() > 1e-3).any()):
+        raise ValueError(f"Draft.probs rows sum to {sums.tolist()}: each row a distribution (summing to 1) expected")
+    inside = draft < probs.shape[1]
+    if not bool(inside.all()) or bool((probs[torch.arange(len(draft)), draft] <= 0).any()):
+        raise ValueError(f"Draft.probs gives a drafted token of {draft.tolist()} no chance: the draft draws from it")
 
 
 def expected_kind(expected: Any) -> tuple[str, float] | None:

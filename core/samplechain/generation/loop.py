@@ -154,6 +154,7 @@ def stream(
             for token in row[:n]:
                 held[b] += decoders[b].push(token)
             held[b] = held[b][max(len(held[b]) - holds[b], 0) :]  # the rest went out before the checkpoint
+    ended = [bool(f) for f in gen.finished.tolist()]  # rows whose last event went out (before a checkpoint too)
     for tokens, active in _steps(gen, progress):
         for b in active.nonzero().flatten().tolist():
             token = int(tokens[b])
@@ -161,14 +162,28 @@ def stream(
             reason = gen.finish_reasons[b]
             if reason is not None:  # the rest, cut at a stop match as the output text is
                 pending += decoders[b].flush()
-                text, held[b] = _cut_pending(decoders[b].emitted, pending, gen, b), ""
+                text, held[b], ended[b] = _cut_pending(decoders[b].emitted, pending, gen, b), "", True
             else:
                 cut = max(len(pending) - holds[b], 0)
                 text, held[b] = pending[:cut], pending[cut:]
             if text or reason is not None:
                 yield StreamEvent(b, text, token, reason)
+        yield from _ended_between_steps(gen, decoders, held, ended)
+    yield from _ended_between_steps(gen, decoders, held, ended)
     if result is not None:
         result.append(gen.output())
+
+
+def _ended_between_steps(
+    gen: Generation, decoders: list[IncrementalDecoder], held: list[str], ended: list[bool]
+) -> Iterator[StreamEvent]:
+    """The last events of rows that ended without a token of a step (a guard out of rewinds ends a row between
+    steps): the text they held back, cut as the output text is."""
+    for b, reason in enumerate(gen.finish_reasons):
+        if reason is not None and not ended[b]:
+            pending = held[b] + decoders[b].flush()
+            held[b], ended[b] = "", True
+            yield StreamEvent(b, _cut_pending(decoders[b].emitted, pending, gen, b), None, reason)
 
 
 def _cut_pending(full: str, pending: str, gen: Generation, b: int) -> str:

@@ -145,6 +145,8 @@ def score(
         ignore_eos=ignore_eos,
         generation_config=generation_config,
         host=host,
+        draft=False,  # scoring checks given tokens: the chain's [draft] table and guards have nothing to do
+        guards=False,
     )
     _check_rows(gen, rows)
     return _Scoring(gen, rows, logprobs_at).run(chunk_size)

@@ -91,7 +91,12 @@ class Speculation(Drawing):
             load_model=load_model,
         )
         for drafter in self._distinct():
-            drafter.start(rows, context)
+            try:
+                drafter.start(rows, context)
+            except ConfigError:  # bad input (a draft model of another vocabulary): one error before generation
+                raise
+            except Exception as exc:  # noqa: BLE001 - a drafter's failure costs speed, never tokens
+                self._switch_off([b for b, d in enumerate(self.drafters) if d is drafter], drafter, exc)
 
     @classmethod
     def prepare(cls, draft: Any, gen: Generation, guards: Any = None) -> Speculation | None:
@@ -423,7 +428,17 @@ class Speculation(Drawing):
                 tokens[b] = self._tokens(gen, b)
             return tokens[b]
 
-        rooms = [self._room(gen, b) - 1 for b in asking]
+        # a draft fits under the length limits (the chain's draw past it is one more token) and in the model's
+        # positions (each drafted token takes one; the row's tokens so far take theirs)
+        limit = gen.setup.max_positions
+        prompts = gen.prompt_lengths.tolist()
+        rooms = [
+            min(
+                self._room(gen, b) - 1,
+                (1 << 30) if limit is None else limit - prompts[b] - gen._steps - len(self.pending[b]),
+            )
+            for b in asking
+        ]
         wanted = self.lengths.limits(asking, rooms, len(rows), held, lambda b: self._expect(b, row_tokens(b)))
         groups: dict[int, list[int]] = {}
         for b in asking:
@@ -432,22 +447,33 @@ class Speculation(Drawing):
         for members in groups.values():
             drafter = self.drafters[members[0]]
             assert drafter is not None  # rows without a drafter are off
-            limits = [wanted[b] for b in members]
             started = time.perf_counter()
-            try:
-                proposals = drafter.propose_rows(members, [row_tokens(b) for b in members], limits)
-                if len(proposals) != len(members):
-                    raise ValueError(f"{len(proposals)} proposals for {len(members)} rows")
-            except Exception as exc:  # noqa: BLE001 - a drafter's failure costs speed, never tokens
-                self._switch_off(members, drafter, exc)
-                continue
-            for b, proposal, limit in zip(members, proposals, limits):
-                drafts[b] = self._checked(b, drafter, proposal, limit, vocab)
+            for b, proposal in self._ask(drafter, members, [row_tokens(b) for b in members], wanted).items():
+                drafts[b] = self._checked(b, drafter, proposal, wanted[b], vocab)
             self.lengths.drafted(sum(len(drafts[b]) for b in members), time.perf_counter() - started)
         if not ragged and rows:
             k = min(len(d) for d in drafts.values())
             drafts = {b: d[:k] for b, d in drafts.items()}
         return drafts
+
+    def _ask(
+        self, drafter: Drafter, rows: list[int], tokens: list[torch.Tensor], wanted: Mapping[int, int]
+    ) -> dict[int, Any]:
+        """The drafter's proposals for `rows` in one call; where that call fails, row by row, so that only a row
+        whose own call fails is switched off. -> the proposals of the rows that got one."""
+        try:
+            proposals = drafter.propose_rows(rows, tokens, [wanted[b] for b in rows])
+            if len(proposals) != len(rows):
+                raise ValueError(f"{len(proposals)} proposals for {len(rows)} rows")
+            return dict(zip(rows, proposals))
+        except Exception as exc:  # noqa: BLE001 - a drafter's failure costs speed, never tokens
+            if len(rows) == 1:
+                self._switch_off(rows, drafter, exc)
+                return {}
+        out: dict[int, Any] = {}
+        for b, t in zip(rows, tokens):
+            out.update(self._ask(drafter, [b], [t], wanted))
+        return out
 
     def _checked(self, row: int, drafter: Drafter, proposal: Any, limit: int, vocab: int) -> torch.Tensor:
         """A proposal as (k <= limit,) int64 token ids; one that is not a row of token ids switches the drafter off
