@@ -5,7 +5,7 @@ drawn), `logits_processor=` the batch as the plain loop shows it, the store at t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -67,14 +67,7 @@ class Drawing:
     ) -> list[int]:
         """Mode rejection at position j: the chain's processed distribution p, the drafted token kept with
         probability min(1, p / q), else a draw from the residual max(p - q, 0); the store accepts the result."""
-        raw = logits.clone() if gen.output_logits else None
-        if gen.vocab_limit is not None:
-            logits[:, gen.vocab_limit :] = float("-inf")
-        if self.guarding is not None:  # the rows' states saved and their bans applied at the positions drawn
-            self.guarding.before_draw(gen, rows, [gen._steps + len(self.pending[b]) for b in rows], logits)
-        if gen.logits_processor is not None:
-            logits = self._processed(gen, rows, logits)
-        history = self._history(gen, rows) if gen.chain.needs_history else {}
+        logits, raw, history = self._inputs(gen, rows, logits)
         rids = [gen.request_ids[b] for b in rows]
         out = gen.sample_rows(logits, rids, history, "processed", accept=False, scores=True)
         logp = torch.log_softmax(out.scores.to("cpu", torch.float64), dim=-1)
@@ -90,21 +83,25 @@ class Drawing:
         tokens = rejection_draw(logp, q, draft, seed, position)
         gen.chain.accept(gen.store, rids, tokens.to(out.token_ids.device))
         logprobs = logp.gather(1, tokens[:, None])[:, 0].to(out.logprobs.dtype)
-        for i, b in enumerate(rows):
-            self.pending[b].append(
-                Drawn(
-                    token=int(tokens[i]),
-                    logprob=logprobs[i].to(out.logprobs.device),
-                    score=out.scores[i] if gen.output_scores else None,
-                    top=None if out.top_logprobs is None else (out.top_logprobs[0][i], out.top_logprobs[1][i]),
-                    raw=None if raw is None else raw[i],
-                )
-            )
+        self._queue(rows, tokens.tolist(), logprobs.to(out.logprobs.device), out, raw, gen.output_scores)
         return tokens.tolist()
 
     def _draw(self, gen: Generation, rows: list[int], logits: torch.Tensor) -> list[int]:
         """The chain's draw for `rows` at their next position (logits (len(rows), V)), queued as pending tokens;
         the store advances for these rows only."""
+        logits, raw, history = self._inputs(gen, rows, logits)
+        at = gen._logprobs_at if isinstance(gen._logprobs_at, str) else [gen._logprobs_at[b] for b in rows]
+        out = gen.sample_rows(logits, [gen.request_ids[b] for b in rows], history, at)
+        tokens = out.token_ids.tolist()
+        self._queue(rows, tokens, out.logprobs, out, raw, out.scores is not None)
+        return tokens
+
+    def _inputs(
+        self, gen: Generation, rows: list[int], logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+        """What the plain loop's step does to `rows`' logits before the chain (the vocabulary limit, the guards'
+        bans at the rows' positions, `logits_processor=`) -> (logits, the raw logits where they are reported, the
+        chain's history)."""
         raw = logits.clone() if gen.output_logits else None
         if gen.vocab_limit is not None:
             logits[:, gen.vocab_limit :] = float("-inf")
@@ -112,21 +109,28 @@ class Drawing:
             self.guarding.before_draw(gen, rows, [gen._steps + len(self.pending[b]) for b in rows], logits)
         if gen.logits_processor is not None:
             logits = self._processed(gen, rows, logits)
-        history = self._history(gen, rows) if gen.chain.needs_history else {}
-        at = gen._logprobs_at if isinstance(gen._logprobs_at, str) else [gen._logprobs_at[b] for b in rows]
-        out = gen.sample_rows(logits, [gen.request_ids[b] for b in rows], history, at)
-        tokens = out.token_ids.tolist()
+        return logits, raw, self._history(gen, rows) if gen.chain.needs_history else {}
+
+    def _queue(
+        self,
+        rows: list[int],
+        tokens: list[int],
+        logprobs: torch.Tensor,
+        out: Any,
+        raw: torch.Tensor | None,
+        scores: bool,
+    ) -> None:
+        """Each row's drawn token queued with what its step reports (`out`: the chain's SampleOutput)."""
         for i, b in enumerate(rows):
             self.pending[b].append(
                 Drawn(
                     token=tokens[i],
-                    logprob=out.logprobs[i],
-                    score=None if out.scores is None else out.scores[i],
+                    logprob=logprobs[i],
+                    score=out.scores[i] if scores else None,
                     top=None if out.top_logprobs is None else (out.top_logprobs[0][i], out.top_logprobs[1][i]),
                     raw=None if raw is None else raw[i],
                 )
             )
-        return tokens
 
     def _processed(self, gen: Generation, rows: list[int], logits: torch.Tensor) -> torch.Tensor:
         """`logits_processor=` on `rows`' logits, each row's call given the whole batch's input_ids as the plain loop
