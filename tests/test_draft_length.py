@@ -381,3 +381,13 @@ def test_a_resting_row_is_not_asked_what_kind_its_next_draft_is():
     asked = []
     lengths.limits([0, 1], [8, 8], 2, 2, lambda b: asked.append(b))
     assert asked == [0]
+
+
+@pytest.mark.parametrize("shape", ["rows", "padded"])
+def test_calls_timed_at_no_time_give_finite_costs(shape):
+    """A coarse clock can time every call at 0 s: the fit's call time is then 0, and the costs stay finite."""
+    lengths = gate(2, shape=shape)
+    for k in [0, 3, 1, 8, 0, 5] * 3:
+        lengths.timed(2 * (1 + k), 0.0, k > 0)
+    c, step = lengths._unit(2, 2)
+    assert c >= 0 and step >= 0 and c < float("inf") and step < float("inf")

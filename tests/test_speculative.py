@@ -634,7 +634,64 @@ def test_a_resumed_speculative_generation_gives_the_same_tokens(tiny):
         if not any(saved["speculation"]["pending"]):  # the refusal needs tokens drawn past the step
             saved["speculation"]["pending"][0] = [1]
             saved["speculation"]["pending_logprobs"][0] = [0.0]
+            saved["speculation"]["pending_kept"][0] = [False]
         Generation(model, tok, resume=saved, pad_token_id=0, chain=chain, max_new_tokens=20)
+
+
+def _shorter(saved, key):
+    row = next(b for b, p in enumerate(saved["pending"]) if p)
+    saved[key][row] = saved[key][row][:-1]
+
+
+def _first_drawn(saved, value):
+    row = next(b for b, p in enumerate(saved["pending"]) if p)
+    saved["pending"][row][0] = value
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda s: s.update(kept=s["kept"][:-1]), r"'kept' is not a list of 3 rows"),
+        (lambda s: s.pop("model_calls"), r"'model_calls' is not a list of 3 rows"),
+        (lambda s: _shorter(s, "pending_logprobs"), r"row \d's drawn tokens and their logprobs differ in number"),
+        (lambda s: _first_drawn(s, 99_999), r"drawn tokens \[99999.*not token ids of the model"),
+        (lambda s: s["lengths"].update(keeps=s["lengths"]["keeps"][:-1]), r"lengths\['keeps'\] holds 2 rows, not 3"),
+    ],
+    ids=["counts", "missing", "logprobs", "token-id", "lengths"],
+)
+def test_a_damaged_speculation_checkpoint_is_one_error_before_the_resume(tiny, damage, message):
+    import json
+
+    model, tok = tiny
+    draft = {"use": "prompt_lookup", "num_tokens": 4, "cost": 0.1}
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 20, "draft": draft}
+    gen = Generation(model, tok, PROMPTS[:3], pad_token_id=0, **kwargs)
+    saved = None
+    for _ in gen.steps():
+        saved = json.loads(json.dumps(gen.checkpoint()))
+        if any(saved["speculation"]["pending"]):  # a row holds drawn tokens past the step
+            break
+    assert saved is not None and any(saved["speculation"]["pending"])
+    damage(saved["speculation"])
+    with pytest.raises(ConfigError, match=r"speculation is damaged .*" + message):
+        Generation(model, tok, resume=saved, pad_token_id=0, **kwargs)
+
+
+def test_a_checkpoint_without_a_drafter_resumed_with_one_counts_every_call(tiny):
+    model, tok = tiny
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 20}
+    whole, _ = run(model, tok, PROMPTS[:2], draft={"use": "prompt_lookup", "cost": 0.1}, **kwargs)
+    gen = Generation(model, tok, PROMPTS[:2], pad_token_id=0, **kwargs)
+    for i, _ in enumerate(gen.steps(), start=1):
+        if i == 8:
+            break
+    again = Generation(model, tok, resume=gen.checkpoint(), pad_token_id=0, draft="prompt_lookup", **kwargs)
+    for _ in again.steps():
+        pass
+    out = again.output()
+    assert_same_tokens(out, whole)
+    assert bool((out.model_calls >= 8).all()) and int(out.drafted.sum()) >= 0  # the 8 steps before count as calls
+    assert bool((out.model_calls <= out.num_generated).all())
 
 
 class Counting(Scripted):

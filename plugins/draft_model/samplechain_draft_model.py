@@ -57,7 +57,15 @@ def _opened(path: str, device: str, load_model: Any) -> tuple[Any, Any]:
     """(model, tokenizer) of a path, on `device` where it is a torch model. A GGUF file opens with flash attention
     (load_gguf's default): llama.cpp's attention over several tokens then gives the logits of one-token steps, so a
     drafter's draws do not depend on how its cache was fed."""
-    model, tokenizer = load_model(path)
+    try:
+        model, tokenizer = load_model(path)
+    except ConfigError:
+        raise
+    except Exception as exc:  # transformers' or llama.cpp's own errors on a path that holds no model they open
+        raise ConfigError(
+            f"draft[draft_model].model = {path!r}: cannot be opened as a model ({type(exc).__name__}: {exc}); give a "
+            "transformers model folder or a .gguf file with the generation model's vocabulary"
+        ) from None
     if device != "cpu" and callable(getattr(model, "to", None)) and hasattr(model, "parameters"):
         model = model.to(device)
     if callable(getattr(model, "close", None)):

@@ -191,10 +191,15 @@ class Checkpoints:
         self._restore_speculation(ckpt)
 
     def _restore_speculation(self, ckpt: Mapping[str, Any]) -> None:
-        """A speculative generation's drawn tokens and counts; its drawn tokens need the same draft= again."""
+        """A speculative generation's drawn tokens and counts; its drawn tokens need the same draft= again. A
+        checkpoint of a generation without a drafter resumed with one: every token so far took a model call."""
         saved = ckpt.get("speculation")
         if saved is None:
+            if self.speculation is not None:
+                done = zip(self.finished.tolist(), self.num_generated.tolist())
+                self.speculation.model_calls = [int(n) if f else self._steps for f, n in done]
             return
+        _check_speculation(saved, self.input_ids.shape[0], getattr(self.model.config, "vocab_size", None))
         if self.speculation is None:
             if any(saved["pending"]):
                 raise ConfigError(
@@ -202,4 +207,34 @@ class Checkpoints:
                     "step; resume with draft= as the interrupted run had it"
                 )
             return
-        self.speculation.restore(saved)
+        try:
+            self.speculation.restore(saved)
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+            raise ConfigError(
+                f"resume: the checkpoint's speculation is damaged ({type(exc).__name__}: {exc})"
+            ) from None
+
+
+def _check_speculation(saved: Any, rows: int, vocab: Any) -> None:
+    """A ConfigError naming what is damaged unless `saved` is a speculation checkpoint for `rows` rows: its per-row
+    lists, each row's drawn tokens (ids of the model) with a logprob (and a kept flag) each."""
+
+    def damaged(what: str) -> ConfigError:
+        return ConfigError(
+            f"resume: the checkpoint's speculation is damaged ({what}); resume from an intact checkpoint"
+        )
+
+    if not isinstance(saved, Mapping):
+        raise damaged(f"{type(saved).__name__} where a table is expected")
+    keys = ["pending", "pending_logprobs", "drafted", "kept", "model_calls", "off"]
+    for key in keys + [k for k in ("pending_kept",) if saved.get(k) is not None]:
+        value = saved.get(key)
+        if not isinstance(value, list) or len(value) != rows:
+            raise damaged(f"{key!r} is not a list of {rows} rows")
+    for b in range(rows):
+        tokens = saved["pending"][b]
+        parts = [saved[k][b] for k in ("pending_logprobs", "pending_kept") if saved.get(k) is not None]
+        if not isinstance(tokens, list) or any(not isinstance(p, list) or len(p) != len(tokens) for p in parts):
+            raise damaged(f"row {b}'s drawn tokens and their logprobs differ in number")
+        if any(not isinstance(t, int) or t < 0 or (isinstance(vocab, int) and t >= vocab) for t in tokens):
+            raise damaged(f"row {b} holds drawn tokens {tokens} that are not token ids of the model")

@@ -105,6 +105,10 @@ class DraftLengths:
         }
 
     def restore(self, saved: dict[str, Any]) -> None:
+        rows = len(self.keeps)
+        for key in ("keeps", "trials", "streak", "pause", "idle", "probing", "kinds"):
+            if key in saved and len(saved[key]) != rows:
+                raise ValueError(f"lengths[{key!r}] holds {len(saved[key])} rows, not {rows}")
         for key in ("keeps", "trials"):
             setattr(self, key, [[float(x) for x in pair] for pair in saved.get(key, getattr(self, key))])
         self.streak = [bool(x) for x in saved.get("streak", self.streak)]
@@ -288,9 +292,9 @@ class DraftLengths:
             return _COST, 0.0
         alpha, beta, step = fit
         if self.shape == "rows":  # a call feeding each of its rows one token; a drafted token of one row
-            call = alpha + beta * width
+            call = max(alpha + beta * width, 1e-12)  # calls timed at 0 s (a coarse clock): no division by 0
             return (beta + self._drafting) * width / call, step * width / call
-        call = alpha + beta * held  # every held row is as wide as the widest
+        call = max(alpha + beta * held, 1e-12)  # every held row is as wide as the widest
         return (beta * held + self._drafting * width) / call, step * width / call
 
     def _fitted(self) -> tuple[float, float, float] | None:

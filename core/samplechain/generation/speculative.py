@@ -311,7 +311,10 @@ class Speculation(Drawing):
         states = saved.get("drafters") or []
         for drafter, state in zip(self._distinct(), states):
             if state is not None:
-                drafter.restore(state)
+                try:
+                    drafter.restore(state)
+                except Exception as exc:  # noqa: BLE001 - a drafter's failure costs speed, never tokens
+                    self._switch_off([b for b, d in enumerate(self.drafters) if d is drafter], drafter, exc)
 
     def _distinct(self) -> list[Drafter]:
         """The generation's drafters, each once, in the order of the rows that first use them."""

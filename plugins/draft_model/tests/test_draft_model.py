@@ -228,6 +228,21 @@ def test_another_vocabulary_is_one_error_naming_both_sizes(tiny):
         DraftModel.from_model(model, ["a", "b", "c"]).start(1, context_for(model, tok, PLAIN))
 
 
+def test_a_folder_that_holds_no_model_is_one_error_naming_it(tiny, tmp_path):
+    model, tok = tiny
+    (tmp_path / "README").write_text("not a model")
+    with pytest.raises(ConfigError, match=r"draft\[draft_model\]\.model = '.*': cannot be opened as a model"):
+        run(
+            model,
+            tok,
+            PROMPTS[:1],
+            chain=PLAIN,
+            seed=1,
+            max_new_tokens=4,
+            draft={"use": "draft_model", "model": str(tmp_path)},
+        )
+
+
 def drafter(**params):
     cls = get_host().get("drafter", "draft_model")
     return cls(parse_params(cls, params, source="draft", path="draft[draft_model]"))
