@@ -525,3 +525,16 @@ def test_every_preset_writes_as_toml_and_exports_or_says_why():
                 continue
             again = back(settings)  # what the engine runs: the preset's active samplers, same values
             assert same(again, back(export(again))), (name, export.__name__)
+
+
+def test_guards_survive_toml_and_are_refused_by_engine_targets():
+    chain = {
+        "samplers": [{"use": "min_p", "p": 0.05}, {"use": "dist"}],
+        "guards": [{"use": "banned_strings", "phrases": ["a testament to"], "ignore_case": True}],
+        "draft": {"use": "prompt_lookup", "num_tokens": 8},
+    }
+    back = Chain.load(to_toml(chain))
+    assert back.config.guards == Chain.load(chain).config.guards and back.config.draft is not None
+    for export in (to_transformers, to_llama_cpp, to_vllm):
+        with pytest.raises(ConfigError, match=r"guards \(banned_strings\) take text back, which .* cannot express"):
+            export(chain)

@@ -94,6 +94,14 @@ def test_a_draft_that_is_no_table_or_given_twice_is_refused():
         load_config(TOML.replace("[draft]", "[drafts]"))
 
 
+def test_a_rejection_table_on_a_chain_whose_selector_draws_its_own_way_is_refused_when_it_loads():
+    chain = {"samplers": [{"use": "temperature", "t": 0.8}, {"use": "mirostat", "tau": 5.0}]}
+    with pytest.raises(ConfigError, match=r"draft\.mode = 'rejection': the chain's selector mirostat\.v1 chooses"):
+        load_config({"chain": chain, "draft": {"use": "prompt_lookup", "mode": "rejection"}})
+    for selector in ({"use": "dist"}, {"use": "greedy"}):  # rejection's test, or the match it is on greedy
+        load_config({"chain": {"samplers": [selector]}, "draft": {"use": "prompt_lookup", "mode": "rejection"}})
+
+
 def test_the_draft_table_survives_dict_and_toml_round_trips():
     chain = Chain.load(TOML)
     as_dict = chain_to_dict(chain)

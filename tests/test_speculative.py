@@ -405,6 +405,29 @@ def test_a_drafter_whose_start_fails_is_switched_off_and_the_tokens_unchanged(ti
     assert_same_tokens(ours, reference)
 
 
+@pytest.mark.parametrize("nothing", [[], (), None, torch.zeros(0)], ids=["list", "tuple", "none", "float-tensor"])
+def test_an_empty_proposal_is_no_guess_and_the_drafter_stays_on(tiny, nothing):
+    model, tok = tiny
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 20}
+    reference, gen = run(model, tok, PROMPTS[:1], **kwargs)
+    rows = reference_rows(reference, gen)
+
+    class Sometimes(Drafter):
+        name = "sometimes"
+        calls = 0
+
+        def propose(self, row, tokens, limit):
+            self.calls += 1
+            return nothing if self.calls % 2 else rows[row][len(tokens) : len(tokens) + 3]
+
+    drafter = Sometimes()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GenerationWarning)
+        ours, _ = run(model, tok, PROMPTS[:1], draft={"use": drafter, "adaptive": False}, **kwargs)
+    assert_same_tokens(ours, reference)
+    assert drafter.calls > 2 and int(ours.drafted[0]) > 0
+
+
 @pytest.mark.parametrize("proposal", [[1.7], [True]], ids=["float", "bool"])
 def test_a_drafter_proposing_what_is_not_a_token_id_is_switched_off(tiny, proposal):
     model, tok = tiny

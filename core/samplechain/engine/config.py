@@ -490,6 +490,19 @@ def load_config(
     problems += more
     if not problems:
         problems += _check_shape(samplers, label)
+    if not problems and draft is not None and draft.get("mode") == "rejection":
+        selector = samplers[-1].cls
+        if selector.name not in ("dist", "greedy"):
+            problems.append(
+                _line(
+                    label,
+                    f"{draft_path}.mode",
+                    "rejection",
+                    f"the chain's selector {selector.qualified_name()} chooses from a distribution of its own, and "
+                    "the rejection test draws from the softmax of the processed logits (dist's); end the chain in "
+                    "dist or use mode 'match'",
+                )
+            )
     backend = chain.get("backend", "auto")
     if not problems:
         problems += _check_backend(host, backend, label, prefix)

@@ -108,7 +108,12 @@ def checked_mode(mode: Any, gen: Generation) -> str:
 def proposal_tensors(proposal: Any, limit: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A drafter's proposal as (k <= limit,) int64 token ids on the CPU and its (k, V) float64 probabilities (or
     None); ValueError (or the conversion's error) where it is not a row of token ids in [0, vocab)."""
-    tokens = torch.as_tensor(proposal.tokens if isinstance(proposal, Draft) else proposal)
+    given = proposal.tokens if isinstance(proposal, Draft) else proposal
+    if given is None:
+        return torch.zeros(0, dtype=torch.int64), None  # no guess
+    tokens = torch.as_tensor(given)
+    if tokens.numel() == 0:
+        return torch.zeros(0, dtype=torch.int64), None  # no guess ([] is float32 to torch)
     if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
         raise ValueError(f"proposed {tokens.tolist()} ({tokens.dtype}): integer token ids expected")
     draft = tokens.to(torch.int64).flatten()[:limit].cpu()

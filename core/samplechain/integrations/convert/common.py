@@ -71,6 +71,19 @@ def _entries(chain: Any) -> tuple[list[_Entry], list[_Entry], ChainConfig]:
     return [_Entry(s) for s in cfg.samplers], [_Entry(s) for s in cfg.stop], cfg
 
 
+def _exported(chain: Any, target: str) -> tuple[list[_Entry], list[_Entry]]:
+    """The samplers and stop criteria of a chain exported to an engine; guards, which read and take back text, it
+    cannot run: one ConfigError naming them."""
+    samplers, stop, cfg = _entries(chain)
+    if cfg.guards:
+        names = ", ".join(str(g.get("use")) for g in cfg.guards)
+        raise ConfigError(
+            f"the chain's guards ({names}) take text back, which {target} cannot express: export a chain without "
+            "guards, or generate with samplechain"
+        )
+    return samplers, stop
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
@@ -185,15 +198,15 @@ def _toml_value(v: Any) -> str:
 
 
 def to_toml(chain: Any) -> str:
-    """TOML text of a chain (`[chain]` with one inline table per sampler, then its `[draft]` table if it has one)
-    that `Chain.load` accepts."""
+    """TOML text of a chain (`[chain]` with one inline table per sampler, stopping criterion and guard, then its
+    `[draft]` table if it has one) that `Chain.load` accepts."""
     data = chain if isinstance(chain, Mapping) and "samplers" in chain else chain_to_dict(chain)
     lines = ["[chain]"]
     for key in ("name", "description", "backend"):
         if key in data:
             lines.append(f"{key} = {_toml_value(data[key])}")
-    for key in ("samplers", "stop"):
-        if key in data:
+    for key in ("samplers", "stop", "guards"):
+        if data.get(key):
             lines.append(f"{key} = [")
             lines += [f"  {_toml_value(_plain(e))}," for e in data[key]]
             lines.append("]")

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ...errors import ConfigError
-from .common import _TEMPS, _checked, _entries, _Entry, _hint, _off, _only, _plain, _temperature
+from .common import _TEMPS, _checked, _Entry, _exported, _hint, _off, _only, _plain, _temperature
 
 # ---------------------------------------------------------------------------------------------- llama.cpp
 # common/sampling.cpp: common_sampler_types_from_names (canonical, then the alternative names) / _from_chars
@@ -582,7 +582,7 @@ def _lc_flags(out: _LcSettings, mirostat: bool) -> list[str]:
 
 def to_llama_cpp(chain: Any) -> list[str]:
     """llama.cpp command-line flags that build this chain (`--samplers` gives the order); ConfigError where not."""
-    samplers, stop, _ = _entries(chain)
+    samplers, stop = _exported(chain, "llama.cpp")
     for e in stop:
         raise ConfigError(
             f"{e.label()}: llama.cpp's sampling flags carry no stopping criteria (use -n / "

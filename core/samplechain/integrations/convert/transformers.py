@@ -14,8 +14,8 @@ from .common import (
     ConvertWarning,
     _checked,
     _commute,
-    _entries,
     _Entry,
+    _exported,
     _off,
     _only,
     _order,
@@ -295,7 +295,7 @@ def _tf_eos(eos_sets: list[tuple[_Entry, list[int]]], kw: dict[str, Any]) -> Non
 def to_transformers(chain: Any) -> dict[str, Any]:
     """GenerationConfig keyword arguments that make `generate()` run this chain; ConfigError where it cannot."""
     target = "transformers (GenerationConfig)"
-    samplers, stop, _ = _entries(chain)
+    samplers, stop = _exported(chain, "transformers")
     active = _tf_processors(samplers[:-1], target)
     kw: dict[str, Any] = {}
     eos_sets: list[tuple[_Entry, list[int]]] = []

@@ -13,8 +13,8 @@ from .common import (
     ConvertWarning,
     _checked,
     _commute,
-    _entries,
     _Entry,
+    _exported,
     _hint,
     _off,
     _only,
@@ -330,7 +330,7 @@ def _vllm_stop(stop: list[_Entry], kw: dict[str, Any]) -> None:
 def to_vllm(chain: Any) -> dict[str, Any]:
     """vLLM SamplingParams keyword arguments for this chain; ConfigError where vLLM's fixed pipeline cannot run it."""
     target = "vLLM"
-    samplers, stop, _ = _entries(chain)
+    samplers, stop = _exported(chain, "vLLM")
     active = _vllm_steps(samplers[:-1], target)
     kw: dict[str, Any] = {}
     for e in active:
