@@ -87,7 +87,8 @@ class Drafter:
 
     @classmethod
     def qualified_name(cls) -> str:
-        return f"{cls.name}.v{cls.version}"
+        """`name.vN`; a drafter object made without a name (given to draft= directly) goes by its class's name."""
+        return f"{cls.name or cls.__name__}.v{cls.version}"
 
     def start(self, rows: int, context: DraftContext) -> None:
         """A generation of `rows` rows begins (row indices 0..rows-1 in `propose`); optional."""

@@ -281,7 +281,9 @@ class PluginHost:
             if existing is not None and existing[0] is not cls:
                 raise PluginError(
                     f"{kind} {cls.name}.v{cls.version} is registered by both plugin {existing[1]!r} and plugin "
-                    f"{plugin_name!r}; uninstall one, or block it with SAMPLECHAIN_BLOCK_PLUGINS={plugin_name}"
+                    f"{plugin_name!r}; uninstall one, or block the one you do not want with "
+                    f"SAMPLECHAIN_BLOCK_PLUGINS={existing[1]} or SAMPLECHAIN_BLOCK_PLUGINS={plugin_name} (the first "
+                    "loaded is kept)"
                 )
         for kind, cls in staged:
             self._registered[kind].setdefault(cls.name, {})[cls.version] = (cls, plugin_name)
