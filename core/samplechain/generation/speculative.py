@@ -78,6 +78,8 @@ class Speculation(Drawing):
         self._fed: list[int] = []
         self.released = [False] * rows  # rows handed to the runner's release
         self.stop_ids: set[int] = set()  # the ids that end a row (past min_new_tokens), once the run begins
+        self._prompts: list[int] = []  # each row's prompt length, once the run begins
+        self._positions: list[int] | None = None  # each row's positions past its prompt (None: the model states none)
         size = getattr(gen.model.config, "vocab_size", None)
         context = DraftContext(
             model=gen.model,
@@ -189,6 +191,9 @@ class Speculation(Drawing):
                 "row's cache to one length); generate without guards= on it"
             )
         self.stop_ids = _stop_ids(gen)
+        self._prompts = gen.prompt_lengths.tolist()  # fixed for the generation: read once, not per call
+        limit = gen.setup.max_positions
+        self._positions = None if limit is None else [limit - n for n in self._prompts]  # each row's, past its prompt
         unfinished = (~gen.finished).nonzero().flatten().tolist()
         self._fed = (gen.prompt_lengths.cpu() + gen._steps).tolist()  # real tokens each row's cache holds
         waiting = [b for b in unfinished if self.pending[b]]  # a resumed generation's tokens drawn past its step
@@ -203,7 +208,7 @@ class Speculation(Drawing):
             # draft; cut it back so that call comes as it did (the draws of mode rejection depend on the draft)
             for b in fresh:
                 self._fed[b] -= 1
-            width, prompts = gen.attention_mask.shape[1], gen.prompt_lengths.tolist()
+            width, prompts = gen.attention_mask.shape[1], self._prompts
             cut = [width - prompts[b] + self._fed[b] for b in range(len(self._fed))]
             runner.truncate(cut if ragged else gen.input_ids.shape[1] - 1)
         elif fresh:
@@ -433,13 +438,9 @@ class Speculation(Drawing):
 
         # a draft fits under the length limits (the chain's draw past it is one more token) and in the model's
         # positions (each drafted token takes one; the row's tokens so far take theirs)
-        limit = gen.setup.max_positions
-        prompts = gen.prompt_lengths.tolist()
+        free = self._positions
         rooms = [
-            min(
-                self._room(gen, b) - 1,
-                (1 << 30) if limit is None else limit - prompts[b] - gen._steps - len(self.pending[b]),
-            )
+            min(self._room(gen, b) - 1, (1 << 30) if free is None else free[b] - gen._steps - len(self.pending[b]))
             for b in asking
         ]
         wanted = self.lengths.limits(asking, rooms, len(rows), held, lambda b: self._expect(b, row_tokens(b)))
@@ -531,7 +532,7 @@ class Speculation(Drawing):
         for b in rows:
             self._fed[b] += drawn[b]  # the fed newest token and the kept drafts
         if any(len(drafts[b]) > drawn[b] - 1 for b in rows):
-            width, prompts = gen.attention_mask.shape[1], gen.prompt_lengths.tolist()
+            width, prompts = gen.attention_mask.shape[1], self._prompts
             runner.truncate([width - prompts[b] + self._fed[b] for b in range(len(self._fed))])
 
     def _verify_together(
