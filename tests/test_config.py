@@ -66,7 +66,7 @@ BAD = [
     ),
     pytest.param(
         {"samplers": [{"use": "Top-P"}, {"use": "dist"}]},
-        "<dict>: samplers[0].use = 'Top-P': 'Top-P' is not a valid name",
+        "<dict>: samplers[0].use = 'Top-P': 'Top-P' is not a valid sampler name: expected lowercase `name` or `name.vN`, e.g. top_p or top_p.v1",
         id="malformed-name",
     ),
     pytest.param(

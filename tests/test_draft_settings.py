@@ -213,7 +213,12 @@ def test_generate_with_draft_prints_the_same_text_and_the_counts(capsys, tmp_pat
     ("options", "message"),
     [
         (["--draft", "prompt_lookpu"], r"--draft prompt_lookpu: unknown drafter 'prompt_lookpu'"),
-        (["--draft", '{"use": "prompt_lookup", "num_tokens": 0}'], r"num_tokens = 0: must be in \[1, inf\)"),
+        (
+            ["--draft", '{"use": "prompt_lookup", "num_tokens": 0, "max_ngram": 0}'],
+            r"^error: --draft \{.*\}: draft\[prompt_lookup\]\.num_tokens = 0: must be in \[1, inf\) \(the longest draft\)"
+            r" draft\[prompt_lookup\]\.max_ngram = 0: must be",
+        ),
+        (["--draft", "[1,2]"], r"--draft \[1,2\]: '\[1,2\]' is not a valid drafter name: .* e\.g\. prompt_lookup or"),
         (["--draft", '{"use": "prompt_lookup",'], r"not valid JSON .*--draft prompt_lookup"),
         (["--draft", '{"use": "prompt_lookup", "mode": "rejecton"}'], r"--draft .*draft\.mode = 'rejecton'"),
         (["--draft", '{"use": "prompt_lookup", "cost": -1}'], r"--draft .*draft\.cost = -1"),

@@ -246,8 +246,9 @@ def parse_draft(text: str | bool | None) -> Any:
     try:
         draft_settings(spec)  # the loop's settings (mode, adaptive, cost), which the drafter does not take
         load_drafter(spec, get_host())
-    except ConfigError as exc:
-        raise type(exc)(f"--draft {text}: {exc}") from None
+    except ConfigError as exc:  # each line names its key path (draft[prompt_lookup].num_tokens): --draft says "draft"
+        lines = (line.removeprefix("draft: ") for line in str(exc).splitlines())
+        raise type(exc)(f"--draft {text}: " + "\n".join(lines)) from None
     return spec
 
 

@@ -71,11 +71,25 @@ class PluginWarning(UserWarning):
     """A plugin failed to import or register and was disabled; the others keep working."""
 
 
-def split_versioned(name: str) -> tuple[str, int | None]:
+_EXAMPLES = {
+    "sampler": "top_p",
+    "stopping_criterion": "max_new_tokens",
+    "backend": "cpu",
+    "runner": "llama_cpp",
+    "drafter": "prompt_lookup",
+    "guard": "banned_strings",
+}
+
+
+def split_versioned(name: str, kind: str = "sampler") -> tuple[str, int | None]:
     """'top_p.v1' -> ('top_p', 1); 'top_p' -> ('top_p', None) meaning the newest version."""
     m = _VERSIONED.match(name)
     if not m:
-        raise UnknownPluginError(f"{name!r} is not a valid name: expected lowercase `name` or `name.vN`, e.g. top_p.v1")
+        example = _EXAMPLES.get(kind, "top_p")
+        raise UnknownPluginError(
+            f"{name!r} is not a valid {kind.replace('_', ' ')} name: expected lowercase `name` or `name.vN`, "
+            f"e.g. {example} or {example}.v1"
+        )
     return m["base"], int(m["version"]) if m["version"] else None
 
 
@@ -291,7 +305,7 @@ class PluginHost:
     # ----------------------------------------------------------------- lookup
     def get(self, kind: str, name: str) -> type[Any]:
         """The class registered as `name` (`top_p` = newest version, `top_p.v1` = pinned), loading lazily."""
-        base, version = split_versioned(name)
+        base, version = split_versioned(name, kind)
         found = self._lookup(kind, base, version)
         if found is None:
             for candidate in self._candidate_plugins(kind, base):
