@@ -351,6 +351,18 @@ def test_prompt_longer_than_the_model_positions(model):
         generate(model, input_ids=torch.ones((1, 130), dtype=torch.int64), max_new_tokens=3, pad_token_id=0)
 
 
+@pytest.mark.parametrize("draft", [None, "prompt_lookup"])
+def test_rows_that_would_run_past_the_model_positions_end_at_the_last_one(model, draft):
+    ids = torch.tensor([[5, 6, 7, 8] * 30, [0] * 10 + [9, 10] * 55])  # 120 positions, the second row left-padded
+    mask = (torch.arange(120) >= torch.tensor([[0], [10]])).to(torch.int64)
+    kwargs = {"input_ids": ids, "attention_mask": mask, "ignore_eos": True, "pad_token_id": 0, "draft": draft}
+    with pytest.warns(UserWarning, match="max_new_tokens = 20 after a 120-token prompt runs past the model's 128 "):
+        out = generate(model, max_new_tokens=20, **kwargs)
+    assert out.finish_reasons == ["max_length", "max_length"] and out.num_generated.tolist() == [8, 8]
+    fits = generate(model, max_new_tokens=8, **kwargs)
+    assert torch.equal(out.sequences, fits.sequences)
+
+
 def test_extra_logit_columns_beyond_the_tokenizer_are_masked(tok):
     model = tiny_gpt2(320, seed=1)
     with torch.no_grad():  # make the columns the tokenizer cannot decode the most likely ones

@@ -1,7 +1,7 @@
 """`max_new_tokens`: a row stops once it has generated n tokens (transformers' max_new_tokens).
 
 A length limit (`is_length_limit`): every generation has one. Warns once in `prepare` when the padded prompt
-plus n tokens would run past the model's position embeddings.
+plus n tokens would run past the model's position embeddings (generate() then ends the rows at the last one).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ class MaxNewTokens(StoppingCriterion):
         if limit is not None and setup.prompt_length + self.params.n > limit:
             warnings.warn(
                 f"max_new_tokens = {self.params.n} after a {setup.prompt_length}-token prompt runs past the model's "
-                f"{limit} positions: generation will fail or degrade there; lower max_new_tokens to "
+                f"{limit} positions: samplechain's generate() ends the rows at the last one (finish reason "
+                f"max_length), other loops fail or degrade there; lower max_new_tokens to "
                 f"{max(limit - setup.prompt_length, 1)}",
                 UserWarning,
                 stacklevel=2,

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import torch
 
-from ..contracts import StopContext, StopMatch, StopSetup, max_positions, token_id_list
+from ..contracts import StopContext, StopMatch, StopSetup, token_id_list
 from ..engine import graphs
 from ..engine.chain import Chain
 from ..engine.discovery import PluginHost, get_host
@@ -296,6 +296,7 @@ class Generation(PromptInputs, Checkpoints):
             generation_config=self.generation_config,
             min_new_tokens=min_new_tokens_of(self.store, self.request_ids),
         )
+        self._end_at_positions()
         self.vocab_limit = self._vocab_limit()
         self.chain.prepare(
             tokenizer=self.tokenizer,
@@ -304,6 +305,18 @@ class Generation(PromptInputs, Checkpoints):
             vocab_size=getattr(model.config, "vocab_size", None),
             eos_token_ids=self.eos_ids,
         )
+
+    def _end_at_positions(self) -> None:
+        """Rows that would run past the model's positions end at its last one (finish reason max_length), as
+        llama.cpp ends a completion at its context: past them a model fails (learned position embeddings, a full
+        KV cache) or degrades, and a failed step would lose every row's tokens. A max_length the caller gives is
+        theirs (its own warning says when it is too long)."""
+        limit = self.setup.max_positions
+        if limit is None or self.stopping.has("max_length"):
+            return
+        bound = self.stopping.max_new_tokens(self.setup)
+        if bound is None or self.setup.prompt_length + bound > limit:
+            self.stopping.add(self._criterion("max_length", {"n": limit}))
 
     def _fresh_progress(self) -> None:
         """No step run yet: no row finished, nothing recorded."""
@@ -388,10 +401,8 @@ class Generation(PromptInputs, Checkpoints):
                 stopping.add(self._criterion("max_new_tokens", {"n": int(gc.max_new_tokens)}))
             elif getattr(gc, "max_length", None):
                 stopping.add(self._criterion("max_length", {"n": int(gc.max_length)}))
-            else:  # transformers 5: 20 new tokens, within the model's positions
+            else:  # transformers 5: 20 new tokens (within the model's positions: _end_at_positions)
                 stopping.add(self._criterion("max_new_tokens", {"n": 20}))
-                if (limit := max_positions(self.model.config)) is not None:
-                    stopping.add(self._criterion("max_length", {"n": limit}))
         return stopping
 
     def steps(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

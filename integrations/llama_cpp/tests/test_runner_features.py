@@ -61,3 +61,22 @@ def test_stop_strings_and_logprobs(llama_model):
     lp = out.logprobs[0, :n]
     assert bool(torch.isfinite(lp).all()) and bool((lp <= 0).all())
     assert out.top_logprobs is not None
+
+
+def test_rows_end_at_their_context_instead_of_filling_the_cache(llama_model):
+    from samplechain_llama_cpp import load_gguf
+
+    model, tok = llama_model
+    small, _ = load_gguf(model.path, n_ctx=64, tokenizer=tok)  # llama.cpp rounds a context up to 256 cells
+    try:
+        limit = small.config.max_position_embeddings
+        prompts = [" ".join([p] * 40) for p in PROMPTS]  # 200-odd tokens: a few new ones fill the context
+        kwargs = {"chain": "preset:greedy", "ignore_eos": True}
+        with pytest.warns(UserWarning, match=f"runs past the model's {limit} positions"):
+            out = generate(small, tok, prompts, max_new_tokens=limit, **kwargs)
+        n = limit - out.prompt_length
+        assert out.finish_reasons == ["max_length", "max_length"] and out.num_generated.tolist() == [n, n]
+        assert 0 < n < 64
+        assert torch.equal(out.sequences, generate(small, tok, prompts, max_new_tokens=n, **kwargs).sequences)
+    finally:
+        small.close()
