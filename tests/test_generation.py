@@ -363,6 +363,12 @@ def test_rows_that_would_run_past_the_model_positions_end_at_the_last_one(model,
     assert torch.equal(out.sequences, fits.sequences)
 
 
+def test_a_prompt_token_outside_the_vocabulary_is_one_error(model):
+    vocab = model.config.vocab_size
+    with pytest.raises(ConfigError, match=rf"prompt 1 has token id {vocab} at position 2: not a token of the model"):
+        generate(model, input_ids=torch.tensor([[1, 2, 3], [4, 5, vocab]]), max_new_tokens=2, pad_token_id=0)
+
+
 def test_extra_logit_columns_beyond_the_tokenizer_are_masked(tok):
     model = tiny_gpt2(320, seed=1)
     with torch.no_grad():  # make the columns the tokenizer cannot decode the most likely ones

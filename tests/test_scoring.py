@@ -194,6 +194,67 @@ def test_e_a_row_scores_the_same_alone_and_in_a_ragged_batch(tiny):
     assert padded.shape == (3, max(len(r) for r in rows)) and math.isnan(float(padded[1, -1]))
 
 
+def test_rows_that_fit_the_positions_alone_score_as_alone_where_the_batch_would_not(tiny, recwarn):
+    """A pass feeds every row the batch's longest continuation: rows that fit the model's 256 positions alone but
+    not with the others' continuations are scored in batches that fit, as they score alone."""
+    model, tok = tiny
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0]]
+    short = len(tok(PROMPTS[1])["input_ids"])
+    rows = [[5, 6, 7], [9] * (256 - short), [8, 9]]  # the second fills the positions exactly
+    batch = score(model, tok, prompts, rows, chain=SAMPLING, seed=3, pad_token_id=0)
+    for b in range(3):
+        alone = score(model, tok, prompts[b], rows[b], chain=SAMPLING, seed=3, pad_token_id=0)
+        assert torch.equal(batch.drawn[b], alone.drawn[0]) and batch.stop_index[b] == alone.stop_index[0]
+        torch.testing.assert_close(batch.logprobs[b], alone.logprobs[0], atol=1e-5, rtol=0)
+    assert batch.lengths.tolist() == [3, 256 - short, 2]
+    per_prompt = score(model, tok, prompts, rows, chain=[SAMPLING, "preset:greedy", SAMPLING], seed=3, pad_token_id=0)
+    assert torch.equal(per_prompt.drawn[0], batch.drawn[0]) and per_prompt.stop_index == batch.stop_index
+    assert not [w for w in recwarn.list if "positions" in str(w.message)]  # every row fits: nothing to warn of
+
+
+def test_a_chains_own_length_limit_reports_its_stop(tiny):
+    model, tok = tiny
+    chain = {"samplers": SAMPLING["samplers"], "stop": [{"use": "max_new_tokens", "n": 6}]}
+    out = generate(model, tok, PROMPTS, chain=chain, seed=5, ignore_eos=True, pad_token_id=0)
+    assert out.finish_reasons == ["max_new_tokens"] * 3
+    got = score(model, tok, PROMPTS, generated(out), chain=chain, seed=5, ignore_eos=True, pad_token_id=0)
+    assert all(bool(k.all()) for k in got.kept)
+    assert got.stop_index == [5, 5, 5] and got.finish_reasons == ["max_new_tokens"] * 3
+    shorter = score(model, tok, PROMPTS, [r[:3] for r in generated(out)], chain=chain, seed=5, pad_token_id=0)
+    assert shorter.stop_index == [None] * 3  # and no clash with a length limit of score()'s own
+
+
+def test_a_token_the_chain_removed_ranks_with_every_removed_token(tiny):
+    """All tokens a stage removed tie at -inf, below every candidate: each ranks V (it ranked as the last kept)."""
+    model, tok = tiny
+    vocab = model.config.vocab_size
+    chain = {"samplers": [{"use": "top_k", "k": 5}, {"use": "dist"}]}
+    with torch.no_grad():
+        logits = model(torch.tensor([tok(PROMPTS[1])["input_ids"]])).logits[0, -1]
+    ranked = torch.argsort(logits, descending=True).tolist()
+    rows = [[ranked[4]], [ranked[5]], [ranked[100]]]
+    got = score(model, tok, [PROMPTS[1]] * 3, rows, chain=chain, seed=1, pad_token_id=0)
+    assert [r.tolist() for r in got.ranks] == [[5], [vocab], [vocab]]
+    assert math.isfinite(float(got.logprobs[0][0])) and math.isinf(float(got.logprobs[1][0]))
+    raw = score(model, tok, [PROMPTS[1]] * 3, rows, chain=chain, logprobs_at="raw", seed=1, pad_token_id=0)
+    assert [r.tolist() for r in raw.ranks] == [[5], [6], [101]]
+
+
+def test_a_padded_prompt_tensor_scores_with_its_attention_mask(tiny):
+    model, tok = tiny
+    out = generate(model, tok, PROMPTS, chain=SAMPLING, seed=7, max_new_tokens=6, pad_token_id=0)
+    width = out.prompt_length
+    block = out.sequences[:, :width]
+    lengths = torch.tensor([[len(tok(p)["input_ids"])] for p in PROMPTS])
+    mask = (torch.arange(width) >= width - lengths).to(torch.int64)
+    by_text = score(model, tok, PROMPTS, generated(out), chain=SAMPLING, seed=7, pad_token_id=0)
+    by_ids = score(model, tok, block, generated(out), attention_mask=mask, chain=SAMPLING, seed=7, pad_token_id=0)
+    for b in range(3):
+        assert bool(by_ids.kept[b].all()) and torch.equal(by_ids.logprobs[b], by_text.logprobs[b])
+    with pytest.raises(ConfigError, match="attention_mask is for prompts given as one"):
+        score(model, tok, PROMPTS, generated(out), attention_mask=mask, chain=SAMPLING, pad_token_id=0)
+
+
 def test_one_chain_per_prompt_scores_each_row_as_its_own_chain(tiny):
     model, tok = tiny
     rows = [tok(" pear, plum")["input_ids"], tok(" x = 1")["input_ids"]]
@@ -343,6 +404,12 @@ def test_teacher_forcing_refuses_bad_tokens():
         ({"logprobs_at": ["raw"]}, r"logprobs_at lists 1 stages for 2 rows"),
         ({"continuations": [" a", 3.5]}, r"continuations\[1\] is a float: give text or token ids"),
         ({"chunk_size": 0}, r"chunk_size = 0: give a number of tokens >= 1"),
+        ({"continuations": [" a"] * 3, "logprobs_at": ["raw"] * 3}, r"2 prompts but 3 continuations"),
+        ({"continuations": [" a"] * 3, "chain": ["preset:greedy"] * 3}, r"2 prompts but 3 continuations"),
+        ({"prompts": [[], [1, 2]]}, r"prompts\[0\] is empty: give at least one token"),
+        ({"prompts": [], "continuations": []}, r"continuations is missing"),
+        ({"continuations": [torch.tensor([True, False]), " b"]}, r"continuations\[0\] is a Tensor: give text or"),
+        ({"prompts": [[1, 10**6], [2]]}, r"prompt 0 has token id 1000000 at position 1: not a token of the model"),
     ],
 )
 def test_bad_input_is_one_config_error(tiny, kwargs, message):

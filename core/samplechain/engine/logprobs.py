@@ -136,6 +136,8 @@ def at_stages(
         else:
             logit, lse = logit_of(cand, token_ids), row_lse(cand.logits)
         rank = (cand.logits >= logit[:, None]).sum(dim=1)  # the same for logits and logprobs: one order
+        # a token the stage removed ties with every other removed one at -inf, the kept candidates above it: rank V
+        rank = torch.where(torch.isneginf(logit), torch.full_like(rank, cand.vocab_size), rank)
         value = logit if as_logits else (processed if stage == last else logit - lse)
         top = None
         if n:

@@ -185,6 +185,7 @@ class _BeamSearch:
         """Criteria see the K candidate continuations of every prompt; sets K and the length limit and returns the
         fill value of unused positions (transformers': pad, or the first eos when pad is 0, when there is an eos)."""
         g, nb = self.gen, self.nb
+        g.end_at_positions()
         eos = next((c for c in g.stopping if c.name == "eos"), None)
         g.setup.start_time = time.monotonic()
         if eos is not None:

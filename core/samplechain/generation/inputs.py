@@ -104,6 +104,14 @@ class PromptInputs:
                     f"prompt {i} is empty: starting it from the bos token {bos}", GenerationWarning, stacklevel=5
                 )
                 row.append(int(bos))
+        vocab = getattr(self.model.config, "vocab_size", None)
+        for i, row in enumerate(rows):
+            if isinstance(vocab, int) and (min(row) < 0 or max(row) >= vocab):
+                bad = next(j for j, t in enumerate(row) if not 0 <= t < vocab)
+                raise ConfigError(
+                    f"prompt {i} has token id {row[bad]} at position {bad}: not a token of the model (its vocabulary "
+                    f"is [0, {vocab})): pass ids from the model's own tokenizer"
+                )
         limit = max_positions(self.model.config)
         for i, row in enumerate(rows):
             if limit is not None and len(row) >= limit:

@@ -42,6 +42,7 @@ def _steps(gen: Generation, progress: ProgressCallback | None) -> Iterator[tuple
     if progress is None:
         yield from gen.steps()
         return
+    gen.end_at_positions()
     total = gen.stopping.max_new_tokens(gen.setup)
     for step, item in enumerate(gen.steps(), start=1):
         yield item

@@ -29,6 +29,7 @@ generation's own forward passes).
 from __future__ import annotations
 
 import contextlib
+import numbers
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -41,6 +42,7 @@ from ..contracts import StopContext, max_positions
 from ..engine.chain import Chain
 from ..engine.discovery import PluginHost
 from ..engine.mixed import MixedChains
+from ..engine.stopping import CallableCriterion
 from ..errors import ConfigError
 from ..tokens import left_pad
 from .inputs import Prompts
@@ -60,7 +62,8 @@ class ScoreOutput:
         ":logits" forms), -inf where the chain removed the token before that stage;
     kept: bool, the chain's own draw at that position is the given token (what speculative decoding keeps);
     drawn: int64, the chain's own draw at that position (with the request's seed and RNG position);
-    ranks: int64, each given token's rank under the same stage (1: the most likely; tokens tied with it count);
+    ranks: int64, each given token's rank under the same stage (1: the most likely; tokens tied with it count,
+        so a token the chain removed ranks V);
     stop_index: the position of the token at which the stopping criteria would have ended the row (eos, stop
         strings, the chain's [stop] entries...), None where they would not have within the continuation;
     finish_reasons: that criterion's reason ("eos", "stop_strings", ...), None likewise.
@@ -95,6 +98,7 @@ def score(
     prompts: Prompts | Sequence[Any] | torch.Tensor | None = None,
     continuations: Any = None,
     *,
+    attention_mask: torch.Tensor | None = None,
     chain: Chain | MixedChains | str | Path | Mapping[str, Any] | Sequence[Any] | None = None,
     params: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
     seed: int | None = None,
@@ -112,7 +116,8 @@ def score(
     the chain would have drawn it (see the module docstring and docs/scoring.md).
 
     prompts: as generate() takes them (text, a conversation, a list of them), or token ids (one list of ints or
-    1-D tensor, or a list of them). continuations: text (tokenized alone, without special tokens: pass a
+    1-D tensor, or a list of them; a left-padded (B, width) tensor with its `attention_mask`, as generate()'s
+    input_ids: without one, padding is inferred from the pad token as generate() infers it). continuations: text (tokenized alone, without special tokens: pass a
     generation's token ids to score exactly its tokens) or token ids, one per prompt. chain, params, seed: as
     generate() (the same seed gives the same draws as the generation with it). logprobs_at: one stage or one per
     prompt. chunk_size: continuation tokens per forward pass (None: all of them in one pass; 1: one-token steps
@@ -122,6 +127,9 @@ def score(
     Bad input (prompts and continuations of different counts, an empty continuation, a token id outside the
     vocabulary, an unknown logprobs_at stage, a chain with classifier-free guidance) is one ConfigError naming it."""
     rows = _continuation_rows(continuations, tokenizer)
+    count = _prompt_count(prompts)
+    if count is not None and count != len(rows):
+        raise ConfigError(f"{count} prompts but {len(rows)} continuations: give one continuation per prompt, in order")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ConfigError(f"chunk_size = {chunk_size!r}: give a number of tokens >= 1, or None for one pass")
     _check_tokens(rows, getattr(model.config, "vocab_size", None))
@@ -132,15 +140,14 @@ def score(
     gen = Generation(
         model,
         tokenizer,
-        **_prompt_args(prompts),
+        **_prompt_args(prompts, attention_mask),
         chain=cast(Any, chain),  # Generation takes one chain per prompt too
         params=params,
         seed=seed,
         logprobs_mode=logprobs_at,
-        max_new_tokens=max(len(r) for r in rows) + 1,  # no length limit of its own within the continuations
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
-        stop=stop,
+        stop=[*stop, _Continuations(max(len(r) for r in rows))],
         stop_strings=stop_strings,
         ignore_eos=ignore_eos,
         generation_config=generation_config,
@@ -149,12 +156,105 @@ def score(
         guards=False,
     )
     _check_rows(gen, rows)
-    return _Scoring(gen, rows, logprobs_at).run(chunk_size)
+    groups = _groups(gen, rows)
+    if groups is None:
+        return _Scoring(gen, rows, logprobs_at).run(chunk_size)
+    kwargs = {
+        "seed": seed,
+        "chunk_size": chunk_size,
+        "eos_token_id": eos_token_id,
+        "pad_token_id": pad_token_id,
+        "stop": stop,
+        "stop_strings": stop_strings,
+        "ignore_eos": ignore_eos,
+        "generation_config": generation_config,
+        "host": host,
+    }
+    parts = []
+    for group in groups:
+        if isinstance(chain, MixedChains):
+            raise ConfigError(
+                f"rows {group} do not fit the model's positions with the others' continuations (a batch feeds each "
+                "row the longest continuation): score them apart, or pass the chains as a list, one per prompt"
+            )
+        picked = _pick(prompts, group)
+        mask = None if attention_mask is None else attention_mask[group]
+        parts.append(
+            score(
+                model,
+                tokenizer,
+                picked,
+                [rows[i] for i in group],
+                attention_mask=mask,
+                chain=_pick(chain, group) if _per_prompt(chain) else chain,
+                params=_pick(params, group) if _per_prompt(params) else params,
+                logprobs_at=logprobs_at if isinstance(logprobs_at, str) else _pick(logprobs_at, group),
+                **kwargs,
+            )
+        )
+    return _merged(parts, groups, len(rows))
+
+
+class _Continuations(CallableCriterion):
+    """score()'s length limit: the longest continuation. It ends no row (every given token is scored; the chain's
+    own limits report where they would have ended it) and keeps generate()'s defaults (20 new tokens, the
+    generation config's) from applying."""
+
+    is_length_limit = True
+
+    def __init__(self, n: int) -> None:
+        super().__init__(lambda ctx: False, reason="continuations")
+        self.n = n
+
+    def max_new_tokens(self, setup: Any) -> int:
+        return self.n
+
+    def check(self, ctx: StopContext) -> torch.Tensor:
+        return torch.zeros(ctx.input_ids.shape[0], dtype=torch.bool, device=ctx.input_ids.device)
+
+
+def _groups(gen: Generation, rows: list[list[int]]) -> list[list[int]] | None:
+    """Runs of consecutive rows that fit the model's positions together, where the whole batch does not: a pass
+    feeds every row the batch's longest continuation after its prompt. None: one batch."""
+    limit = max_positions(gen.model.config)
+    prompts = [int(n) for n in gen.prompt_lengths]
+    if limit is None or max(prompts) + max(len(r) for r in rows) <= limit:
+        return None
+    groups: list[list[int]] = [[]]
+    for i in range(len(rows)):
+        trial = [*groups[-1], i]
+        if len(trial) > 1 and max(prompts[j] for j in trial) + max(len(rows[j]) for j in trial) > limit:
+            groups.append([i])
+        else:
+            groups[-1] = trial
+    return groups
+
+
+def _per_prompt(value: Any) -> bool:
+    """A list with one entry per prompt (chains, params), not one value for all."""
+    return isinstance(value, (list, tuple))
+
+
+def _pick(value: Any, rows: list[int]) -> Any:
+    """The entries `rows` of a per-prompt list or (B, ...) tensor."""
+    if isinstance(value, torch.Tensor):
+        return value[rows]
+    return [value[i] for i in rows]
+
+
+def _merged(parts: list[ScoreOutput], groups: list[list[int]], n: int) -> ScoreOutput:
+    """One ScoreOutput of the groups' outputs, in the rows' order."""
+    fields: dict[str, list[Any]] = {f.name: [None] * n for f in attrs.fields(ScoreOutput)}
+    for part, group in zip(parts, groups):
+        for name, values in fields.items():
+            for i, value in zip(group, getattr(part, name)):
+                values[i] = value
+    return ScoreOutput(**fields)
 
 
 def _continuation_rows(continuations: Any, tokenizer: Any) -> list[list[int]]:
     """Each continuation as a list of token ids: text through the tokenizer, ids as given."""
-    if continuations is None:
+    if continuations is None or (isinstance(continuations, (list, tuple)) and not continuations):
         raise ConfigError("continuations is missing: give one continuation (text or token ids) per prompt")
     items = [continuations] if isinstance(continuations, str) or _is_ids(continuations) else continuations
     if isinstance(items, torch.Tensor) and items.ndim == 2:
@@ -189,10 +289,12 @@ def _continuation_rows(continuations: Any, tokenizer: Any) -> list[list[int]]:
 def _is_ids(value: Any) -> bool:
     """One row of token ids: a 1-D integer tensor, or a non-empty sequence of ints (an empty list counts too)."""
     if isinstance(value, torch.Tensor):
-        return value.ndim == 1 and not value.dtype.is_floating_point
+        return value.ndim == 1 and not (
+            value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool
+        )
     if isinstance(value, (str, bytes, bytearray, Mapping)) or not isinstance(value, Sequence):
         return False
-    return all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    return all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in value)
 
 
 def _check_tokens(rows: list[list[int]], vocab: int | None) -> None:
@@ -207,17 +309,36 @@ def _check_tokens(rows: list[list[int]], vocab: int | None) -> None:
                 )
 
 
-def _prompt_args(prompts: Any) -> dict[str, Any]:
+def _prompt_count(prompts: Any) -> int | None:
+    """How many prompts `prompts` holds, where that is plain before they are read (None: Generation counts)."""
+    if isinstance(prompts, torch.Tensor):
+        return prompts.shape[0] if prompts.ndim == 2 else 1
+    if isinstance(prompts, str) or _is_ids(prompts):
+        return 1
+    if isinstance(prompts, Sequence) and prompts and all(isinstance(p, Mapping) for p in prompts):
+        return 1  # one conversation
+    return len(prompts) if isinstance(prompts, Sequence) and prompts else None
+
+
+def _prompt_args(prompts: Any, attention_mask: torch.Tensor | None = None) -> dict[str, Any]:
     """Generation's prompts=, or input_ids= / attention_mask= for prompts given as token ids."""
     if prompts is None:
         raise ConfigError("prompts is missing: give one prompt (text, a conversation or token ids) per continuation")
     if isinstance(prompts, torch.Tensor) and prompts.ndim == 2:
-        prompts = list(prompts)
+        return {"input_ids": prompts, "attention_mask": attention_mask}  # padded as generate() reads it
+    if attention_mask is not None:
+        raise ConfigError(
+            "attention_mask is for prompts given as one (B, width) tensor of left-padded token ids; give other "
+            "prompts without it"
+        )
     if _is_ids(prompts):
         prompts = [prompts]
     elif not (isinstance(prompts, Sequence) and prompts and all(_is_ids(p) for p in prompts)):
         return {"prompts": prompts}  # text and conversations: Generation reads them
-    ids = [p.tolist() if isinstance(p, torch.Tensor) else list(p) for p in prompts]
+    ids = [p.tolist() if isinstance(p, torch.Tensor) else [int(t) for t in p] for p in prompts]
+    for i, row in enumerate(ids):
+        if not row:
+            raise ConfigError(f"prompts[{i}] is empty: give at least one token (the model's bos token, say)")
     return {"input_ids": left_pad(ids, 0), "attention_mask": left_pad([[1] * len(r) for r in ids], 0)}
 
 

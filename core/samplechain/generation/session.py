@@ -296,7 +296,6 @@ class Generation(PromptInputs, Checkpoints):
             generation_config=self.generation_config,
             min_new_tokens=min_new_tokens_of(self.store, self.request_ids),
         )
-        self._end_at_positions()
         self.vocab_limit = self._vocab_limit()
         self.chain.prepare(
             tokenizer=self.tokenizer,
@@ -306,11 +305,12 @@ class Generation(PromptInputs, Checkpoints):
             eos_token_ids=self.eos_ids,
         )
 
-    def _end_at_positions(self) -> None:
+    def end_at_positions(self) -> None:
         """Rows that would run past the model's positions end at its last one (finish reason max_length), as
         llama.cpp ends a completion at its context: past them a model fails (learned position embeddings, a full
         KV cache) or degrades, and a failed step would lose every row's tokens. A max_length the caller gives is
-        theirs (its own warning says when it is too long)."""
+        theirs (its own warning says when it is too long). The decoding loops call it before their first step
+        (score() checks its rows' positions itself); calling it again changes nothing."""
         limit = self.setup.max_positions
         if limit is None or self.stopping.has("max_length"):
             return
@@ -401,7 +401,7 @@ class Generation(PromptInputs, Checkpoints):
                 stopping.add(self._criterion("max_new_tokens", {"n": int(gc.max_new_tokens)}))
             elif getattr(gc, "max_length", None):
                 stopping.add(self._criterion("max_length", {"n": int(gc.max_length)}))
-            else:  # transformers 5: 20 new tokens (within the model's positions: _end_at_positions)
+            else:  # transformers 5: 20 new tokens (within the model's positions: end_at_positions)
                 stopping.add(self._criterion("max_new_tokens", {"n": 20}))
         return stopping
 
@@ -409,6 +409,7 @@ class Generation(PromptInputs, Checkpoints):
         """Run to the end, yielding (token_ids (B,), active (B,) bool: rows that produced a real token)."""
         if self._all_finished:  # a resumed generation whose every row had finished
             return
+        self.end_at_positions()
         width = self.input_ids.shape[1] - self._replay
         uwidth = 0 if self.uncond_ids is None else self.uncond_ids.shape[1] - self._replay
         runner_cls = runner_for(self.model, self.host)
