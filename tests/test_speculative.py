@@ -866,3 +866,39 @@ def test_on_llama_cpp_drafts_warn_once_where_a_check_is_not_a_step(open_gguf):
     model, tok = open_gguf(n_ctx=512, flash_attn=False)
     (no_flash,) = said(model, tok, QUOTING)
     assert "without flash attention" in no_flash and "flash_attn=True" in no_flash
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_sliding_window_model_speculates_past_its_window(tiny, batch):
+    """Drafts taken back after the sequence passed a sliding window: the cache was cut back past states the
+    window had dropped (transformers' crop refused). The target's cache keeps them while drafts are checked, and
+    early_exit's cache, whose deeper layers it never fills, is cut layer by layer."""
+    from samplechain_draft_model import DraftModel
+
+    _, tok = tiny
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(
+        vocab_size=4096,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        sliding_window=16,
+    )
+    model = transformers.MistralForCausalLM(config).eval()
+    chain = {"samplers": [{"use": "penalties", "repeat": 1.2}, {"use": "temperature", "t": 0.7}, {"use": "dist"}]}
+    kwargs = {"chain": chain, "seed": 4, "max_new_tokens": 40, "ignore_eos": True}
+    reference, _ = run(model, tok, PROMPTS[:batch], **kwargs)
+    drafts = [
+        {"use": "prompt_lookup", "adaptive": False},
+        {"use": "early_exit", "layers": 2, "num_tokens": 4, "cost": 0.0},
+        {"use": DraftModel.from_model(model, tok, num_tokens=4), "adaptive": False},
+    ]
+    for draft in drafts:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", GenerationWarning)  # no drafter switched off
+            ours, _ = run(model, tok, PROMPTS[:batch], draft=draft, **kwargs)
+        assert_same_tokens(ours, reference)
+    assert int(ours.kept.sum()) > 0

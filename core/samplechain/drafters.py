@@ -111,6 +111,10 @@ class Drafter:
         """`propose` for several rows at once (the rows that draft in one model call), in their order."""
         return [self.propose(row, t, limit) for row, t, limit in zip(rows, tokens, limits)]
 
+    def finish(self, rows: Sequence[int]) -> None:
+        """`rows` will not be asked again in this generation (finished, or their drawn tokens end them): a drafter
+        may free what it holds for them (a drafting model's cache rows); optional."""
+
     def checkpoint(self) -> Any:
         """What a resumed generation needs of the drafter's per-row state to draft as the interrupted one would have:
         plain data (JSON), or None (the default: nothing, or what `propose` rebuilds from the tokens). Drafts change

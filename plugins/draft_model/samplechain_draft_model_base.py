@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 import torch
 
-from samplechain import in_range, one_of
+from samplechain import in_range, max_positions, one_of
 from samplechain.drafters import Draft, DraftContext, Drafter, Proposal
 from samplechain.tokens import left_pad
 
@@ -188,6 +188,15 @@ def _device(model: Any) -> Any:
     return getattr(model, "device", None) or torch.device("cpu")
 
 
+def drafting_runner(runner_cls: type, model: Any, ids: torch.Tensor, mask: torch.Tensor | None) -> Any:
+    """A runner of the drafting model, told so where it asks (`drafting`: the llama.cpp runner then keeps its
+    warnings about numerics that could change the tokens for the generation's own model)."""
+    runner = runner_cls(model, ids, mask)
+    if hasattr(runner, "drafting"):
+        runner.drafting = True
+    return runner
+
+
 class RowCache:
     """One row on the drafting model: its runner (a batch of one row, with its own cache) and the tokens that
     cache holds."""
@@ -207,7 +216,7 @@ class RowCache:
             return self.last
         keep = min(common, n - 1)
         if self.runner is None or keep < 1:
-            self.runner = self.runner_cls(self.model, tokens[None].to(self.device), None)
+            self.runner = drafting_runner(self.runner_cls, self.model, tokens[None].to(self.device), None)
             self.last = self.runner.prefill()[0]
         else:
             if keep < held:
@@ -243,7 +252,7 @@ class BatchCache:
         device = _device(model)
         ids = left_pad([t.tolist() for t in tokens], 0)
         mask = left_pad([[1] * len(t) for t in tokens], 0)
-        runner = runner_cls(model, ids.to(device), mask.to(device))
+        runner = drafting_runner(runner_cls, model, ids.to(device), mask.to(device))
         if not getattr(runner, "per_row_truncate", False):
             return None
         return cls(runner, rows, tokens, device)
@@ -277,6 +286,13 @@ class BatchCache:
             self.held[i] = torch.cat([self.held[i], t])
         self._extend(feeds)
         return [self.last[self.index[row]] for row in rows]
+
+    def release(self, rows: Sequence[int]) -> None:
+        """Rows that will not draft again leave the runner's batch (where it can drop rows: transformers), so the
+        passes that follow run only the rows still drafting."""
+        gone = [self.index.pop(row) for row in rows if row in self.index]
+        if gone:
+            self.runner.release(gone)
 
     def _extend(self, feeds: dict[int, torch.Tensor]) -> None:
         logits = self.runner.extend_rows(list(feeds), [t.to(self.device) for t in feeds.values()])
@@ -320,13 +336,20 @@ class ModelDrafter(Drafter):
     ) -> list[Proposal]:
         if self._draw is None or self._runner_cls is None:
             raise RuntimeError(f"drafter {self.name}: start(rows, context) was not called before the first proposal")
-        wants = [min(self.params.num_tokens, int(limit)) for limit in limits]
-        with self.running():
-            logits = self._logits_after(rows, tokens)
-        self._draw.begin(rows, tokens)
+        # a draft of k tokens feeds the drafting model k - 1 of them after the row's tokens: within its positions
+        room = max_positions(getattr(self._model, "config", None))
+        wants = [
+            min(self.params.num_tokens, int(limit), int(1e9) if room is None else room - len(t) + 1)
+            for limit, t in zip(limits, tokens)
+        ]
+        live = [i for i, want in enumerate(wants) if want > 0]
+        logits: dict[int, torch.Tensor] = {}
+        if live:  # a row past the drafting model's positions is not run on it
+            with self.running():
+                logits = dict(zip(live, self._logits_after([rows[i] for i in live], [tokens[i] for i in live])))
+        self._draw.begin([rows[i] for i in live], [tokens[i] for i in live])
         drafted: list[list[int]] = [[] for _ in rows]
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
-        live = [i for i, want in enumerate(wants) if want > 0]
         while live:
             chosen, dist = self._draw.draw([rows[i] for i in live], torch.stack([logits[i] for i in live]))
             for j, i in enumerate(live):
@@ -342,21 +365,44 @@ class ModelDrafter(Drafter):
             Draft(torch.tensor(d, dtype=torch.int64), torch.stack(p) if p else None) for d, p in zip(drafted, probs)
         ]
 
+    def finish(self, rows: Sequence[int]) -> None:
+        if self._batch is not None:
+            self._batch.release(rows)
+        for row in rows:
+            if row < len(self._rows):
+                self._rows[row] = None
+
     def _logits_after(self, rows: Sequence[int], tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if not self._batch_tried and len(rows) > 1:  # the first call's rows share one runner where it can
             assert self._runner_cls is not None  # set by start
             self._batch_tried = True
             self._batch = BatchCache.open(self._runner_cls, self._model, rows, tokens)
         batch, mine = self._batch, self._batched(rows)
-        found = batch.logits_after([rows[j] for j in mine], [tokens[j] for j in mine]) if batch and mine else []
+        found = (
+            self._batch_call(batch.logits_after, [rows[j] for j in mine], [tokens[j] for j in mine])
+            if batch and mine
+            else []
+        )
         out = dict(zip(mine, found))
         return [out[j] if j in out else self._cache(row).logits_after(tokens[j]) for j, row in enumerate(rows)]
 
     def _feed(self, rows: Sequence[int], tokens: Sequence[int]) -> list[torch.Tensor]:
         """The logits after one more token in each row: one pass for the rows of the batch, one per other row."""
         batch, mine = self._batch, self._batched(rows)
-        out = dict(zip(mine, batch.feed([rows[j] for j in mine], [tokens[j] for j in mine]) if batch and mine else []))
+        found = (
+            self._batch_call(batch.feed, [rows[j] for j in mine], [tokens[j] for j in mine]) if batch and mine else []
+        )
+        out = dict(zip(mine, found))
         return [out[j] if j in out else self._cache(row).feed(tokens[j]) for j, row in enumerate(rows)]
+
+    def _batch_call(self, method: Any, rows: list[int], values: list[Any]) -> list[torch.Tensor]:
+        """A call of the batch's cache; where it fails, its rows may be cut and fed in part, so every row goes on
+        with a cache of its own (`RowCache`), and the caller's failure stays that of the rows it asked for."""
+        try:
+            return list(method(rows, values))
+        except Exception:
+            self._batch = None
+            raise
 
     def _batched(self, rows: Sequence[int]) -> list[int]:
         """The indices of `rows` that the batch's cache holds."""

@@ -131,6 +131,24 @@ def _provides_runner(host: PluginHost, name: str) -> bool:
     return entry is not None and entry.kind == "runner"
 
 
+def _crop(cache: Any, drop: int) -> None:
+    """Cut `drop` positions off the end of a transformers cache. Layer by layer where it has layers: a layer no pass
+    has filled (early_exit runs the first layers only) is left alone, which a sliding-window layer's own crop does
+    not survive; a layer recording its past (`_keep_past`) is trimmed back to its window even with nothing to cut."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        if drop > 0:  # a negative count removes that many positions in every transformers 5.x
+            cache.crop(-drop)
+        return
+    for layer in layers:
+        if not getattr(layer, "is_initialized", True):
+            continue
+        if drop > 0:
+            layer.crop(-drop)
+        elif getattr(layer, "record_past", False):
+            layer.crop(0)
+
+
 class TransformersRunner(ModelRunner):
     """Prefill then one token per step (or several, `extend`), on a transformers model and its cache."""
 
@@ -172,6 +190,7 @@ class TransformersRunner(ModelRunner):
         if "logits_to_keep" in params:
             self.kwargs["logits_to_keep"] = 1
         self._first = True
+        self._recording = False  # the cache keeps states past a sliding window (`_keep_past`)
         # which cache columns hold each row's tokens: rows of one batch keep different numbers of drafted tokens as
         # holes (masked columns) in the common cache, which needs explicit positions and a cache whose every column
         # stays visible (no sliding window, which would count the holes)
@@ -223,8 +242,8 @@ class TransformersRunner(ModelRunner):
             # the next position of a row: its tokens so far (the mask counts them, holes and padding excluded)
             last = pos[:, -1:] if mask is None else mask.sum(-1, keepdim=True) - 1
             step = torch.arange(1, k + 1, device=pos.device).expand(pos.shape[0], k)
-            if real is not None:
-                step = real.long().cumsum(-1).clamp(min=1)
+            if real is not None:  # a hole repeats its row's last position: masked, and within the model's table
+                step = real.long().cumsum(-1)
             self.kwargs["position_ids"] = torch.cat([pos, last + step], dim=-1)
         if mask is not None:
             more = mask.new_ones((mask.shape[0], k)) if real is None else real.to(mask.dtype)
@@ -248,9 +267,19 @@ class TransformersRunner(ModelRunner):
         self.input_ids[:, -1] = self._inner(input_ids[:, -1])
         return self._outer(self._forward(self.input_ids, 1)[:, -1])
 
+    def _keep_past(self) -> None:
+        """Before a pass whose tokens may be taken back: a sliding-window cache layer keeps the states it would drop
+        until the next cut (transformers' past recording), so `truncate` can cut it back past the window. Plain
+        decoding never calls it, and keeps only the window."""
+        cache = self.kwargs.get(self.cache_key)
+        if cache is not None and hasattr(cache, "activate_past_recording") and not self._recording:
+            cache.activate_past_recording()
+            self._recording = True
+
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, K) appended to every row in one forward pass; the logits after each, (B, K, V)."""
+        self._keep_past()
         k = tokens.shape[1]
         self._grow(k)
         self.input_ids[:, -k:] = self._inner(tokens)
@@ -262,6 +291,7 @@ class TransformersRunner(ModelRunner):
         the ones it does not fill are holes (masked, its positions continue past them)."""
         if not self.per_row_truncate:
             return super().extend_rows(rows, tokens)
+        self._keep_past()
         k = max(len(t) for t in tokens)
         block = torch.zeros((self.input_ids.shape[0], k), dtype=torch.int64)
         real = torch.zeros(block.shape, dtype=torch.bool)
@@ -298,9 +328,7 @@ class TransformersRunner(ModelRunner):
             if mask is None:
                 mask = torch.ones(live.shape, dtype=torch.long, device=self.input_ids.device)
             self.kwargs["attention_mask"] = mask * live.to(mask.device, mask.dtype)
-        drop = cache.get_seq_length() - n
-        if drop > 0:  # a negative count removes that many positions in every transformers 5.x
-            cache.crop(-drop)
+        _crop(cache, cache.get_seq_length() - n)
         self.input_ids = self.input_ids[:, :n]
         if self.live is not None:
             self.live = self.live[:, :n]

@@ -77,6 +77,7 @@ class Speculation(Drawing):
         self.q: list[torch.Tensor | None] = [None] * rows  # the current draft's probabilities (rejection mode)
         self._fed: list[int] = []
         self.released = [False] * rows  # rows handed to the runner's release
+        self.told = [False] * rows  # rows whose drafter heard they are done (`Drafter.finish`)
         self.stop_ids: set[int] = set()  # the ids that end a row (past min_new_tokens), once the run begins
         self._prompts: list[int] = []  # each row's prompt length, once the run begins
         self._positions: list[int] | None = None  # each row's positions past its prompt (None: the model states none)
@@ -228,6 +229,7 @@ class Speculation(Drawing):
             rows = self._callers(gen, ragged)
             if ragged:
                 self._release(gen, runner)
+            self._tell_finished(gen)
             drafts = self._propose(gen, rows, ragged)
             if self._plain(gen, rows, drafts):
                 step += 1
@@ -415,6 +417,19 @@ class Speculation(Drawing):
             runner.release(done)
             for b in done:
                 self.released[b] = True
+
+    def _tell_finished(self, gen: Generation) -> None:
+        """Each drafter hears once of its rows that will not draft again (`Drafter.finish`)."""
+        eos, finished = self.stop_ids, gen.finished.tolist()
+        done = [b for b, d in enumerate(self.drafters) if d is not None and not self.told[b] and not self.off[b]]
+        done = [b for b in done if finished[b] or (self.guarding is None and self._drawn_all(gen, b, eos))]
+        for b in done:
+            self.told[b] = True
+        for drafter in {id(self.drafters[b]): self.drafters[b] for b in done}.values():
+            try:
+                drafter.finish([b for b in done if self.drafters[b] is drafter])
+            except Exception as exc:  # noqa: BLE001 - a drafter's failure costs speed, never tokens
+                self._switch_off([b for b, d in enumerate(self.drafters) if d is drafter], drafter, exc)
 
     def _room(self, gen: Generation, row: int) -> int:
         """New tokens the length limits still allow row `row` past the tokens it has drawn."""

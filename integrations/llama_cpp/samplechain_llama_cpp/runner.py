@@ -44,6 +44,9 @@ class LlamaCppRunner(ModelRunner):
     file_suffixes = (".gguf",)
     sampling_threads = 1  # llama.cpp's own thread pool has the cores
     skips_inactive = True  # each row is a sequence of its own: a finished row is simply not decoded
+    # a drafter's own runner (draft_model) sets it: its logits choose drafts, which the generation's model checks,
+    # so its numerics cannot change the tokens and a warning about them would be about the wrong model
+    drafting = False
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
@@ -108,6 +111,8 @@ class LlamaCppRunner(ModelRunner):
     def _several_tokens(self, longest: int) -> None:
         """Before a decode of several tokens a row, up to a sequence of `longest` tokens: a warning, once a model,
         where it computes other logits than one-token decodes would, which drafts and scoring rely on."""
+        if self.drafting:
+            return
         ctx, name = self.ctx, self.model.config.name_or_path
         if not ctx.flash_attn:
             why = "no-flash"

@@ -218,6 +218,72 @@ def test_the_rows_of_a_batch_draft_in_one_pass_per_position(tiny, monkeypatch):
 
 
 # ----------------------------------------------------------------- refusals
+def test_drafts_stay_within_the_draft_models_positions_row_by_row(tiny):
+    """A draft model with 40 positions: the row whose sequence passes them stops drafting there, the other row
+    drafts on, and no row's drafter is switched off (a row past them had failed every row's shared call)."""
+    import copy
+    import warnings
+
+    from samplechain.errors import GenerationWarning
+
+    model, tok = tiny
+    small = copy.deepcopy(model)
+    small.transformer.wpe.weight.data = small.transformer.wpe.weight.data[:40].clone()
+    small.transformer.wpe.num_embeddings = small.config.n_positions = 40
+    prompts = ["The module provides a set of functions that work on lists, dicts and sets; each of them returns", "Hi"]
+    kwargs = {"chain": {"samplers": [{"use": "dist"}]}, "seed": 3, "max_new_tokens": 24, "ignore_eos": True}
+    reference = run(model, tok, prompts, **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GenerationWarning)
+        ours = run(model, tok, prompts, draft={"use": DraftModel.from_model(small, tok), "adaptive": False}, **kwargs)
+    assert ours.sequences.tolist() == reference.sequences.tolist()
+    assert 0 < int(ours.drafted[0]) < int(ours.drafted[1])
+
+
+def test_a_failed_pass_of_the_batchs_cache_leaves_each_row_a_cache_of_its_own(tiny, monkeypatch):
+    """A pass of the batch's drafting cache that fails may leave its rows cut or fed in part: the rows go on with
+    caches of their own and draft the same tokens, instead of every later call failing on the stale cache."""
+    model, tok = tiny
+    kwargs = {"chain": GREEDY, "max_new_tokens": 24, "ignore_eos": True}
+    reference = run(
+        model, tok, PROMPTS[:3], draft={"use": DraftModel.from_model(model, tok), "adaptive": False}, **kwargs
+    )
+    feed, calls = BatchCache.feed, []
+
+    def failing_once(self, rows, tokens):
+        calls.append(list(rows))
+        if len(calls) == 2:
+            self.held = [t[:1] for t in self.held]  # the damage a half-done pass can leave
+            raise RuntimeError("a pass that failed")
+        return feed(self, rows, tokens)
+
+    monkeypatch.setattr(BatchCache, "feed", failing_once)
+    ours = run(model, tok, PROMPTS[:3], draft={"use": DraftModel.from_model(model, tok), "adaptive": False}, **kwargs)
+    assert len(calls) == 2, "after the failure no row uses the batch's cache"
+    assert ours.sequences.tolist() == reference.sequences.tolist()
+    assert ours.drafted.tolist() == reference.drafted.tolist() and ours.kept.tolist() == reference.kept.tolist()
+
+
+def test_rows_that_finish_leave_the_drafting_models_batch(tiny):
+    """Rows 0-1 end after two tokens, row 2 runs on: the drafting model's passes after that run row 2 alone
+    (`Drafter.finish`), where they ran every row of the first call to the end."""
+    import copy
+
+    model, tok = tiny
+    small, shapes = copy.deepcopy(model), []
+    small.transformer.wte.register_forward_pre_hook(lambda module, args: shapes.append(tuple(args[0].shape)))
+    limit = torch.tensor([2, 2, 40])
+    kwargs = {"chain": PLAIN, "seed": 3, "max_new_tokens": 40, "ignore_eos": True}
+    kwargs["stop"] = [lambda ctx: ctx.new_tokens.shape[1] >= limit]
+    reference = run(model, tok, PROMPTS, **kwargs)
+    ours = run(
+        model, tok, PROMPTS, draft={"use": DraftModel.from_model(small, tok, num_tokens=4), "adaptive": False}, **kwargs
+    )
+    assert ours.sequences.tolist() == reference.sequences.tolist() and ours.num_generated.tolist() == [2, 2, 40]
+    rows = [shape[0] for shape in shapes]
+    assert rows[:4] == [3] * 4 and set(rows[4:]) == {1}, rows  # the prefill and the first draft's three passes
+
+
 def test_another_vocabulary_is_one_error_naming_both_sizes(tiny):
     model, tok = tiny
     config = transformers.GPT2Config(vocab_size=300, n_embd=32, n_layer=1, n_head=2, n_positions=64)
@@ -274,3 +340,27 @@ def test_a_gguf_draft_model_drafts_on_llama_cpp(open_gguf):
     ours = generate(model, tok, prompts, draft={"use": "draft_model", "model": str(path), "cost": 0.1}, **kwargs)
     assert ours.sequences.tolist() == reference.sequences.tolist()
     assert rate(ours) > 0.9
+
+
+@pytest.mark.llama_cpp
+def test_the_drafting_models_runner_leaves_numerics_warnings_to_the_generations_model(open_gguf):
+    """A GGUF draft model's logits only choose drafts, which the generation's model checks: its runner does not
+    warn that several-token decodes could change the tokens (the warning named the draft model's file, as though
+    the generation's model had been loaded wrongly)."""
+    import warnings
+
+    from samplechain.errors import GenerationWarning
+    from samplechain_draft_model_base import drafting_runner
+    from samplechain_llama_cpp import LlamaCppRunner
+
+    model, tok = open_gguf(n_ctx=256, flash_attn=False)  # a several-token decode warns without flash attention
+    ids = torch.tensor([tok("The three primary colours are")["input_ids"]])
+    runner = drafting_runner(LlamaCppRunner, model, ids, None)
+    runner.prefill()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GenerationWarning)
+        runner.extend(torch.tensor([[30, 31]]))
+    runner = LlamaCppRunner(model, ids, None)
+    runner.prefill()
+    with pytest.warns(GenerationWarning, match="without flash attention"):
+        runner.extend(torch.tensor([[30, 31]]))
