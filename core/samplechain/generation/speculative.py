@@ -425,7 +425,7 @@ class Speculation(Drawing):
         done = [b for b in done if finished[b] or (self.guarding is None and self._drawn_all(gen, b, eos))]
         for b in done:
             self.told[b] = True
-        for drafter in {id(self.drafters[b]): self.drafters[b] for b in done}.values():
+        for drafter in {id(d): d for b in done if (d := self.drafters[b]) is not None}.values():
             try:
                 drafter.finish([b for b in done if self.drafters[b] is drafter])
             except Exception as exc:  # noqa: BLE001 - a drafter's failure costs speed, never tokens
