@@ -223,6 +223,7 @@ def test_generate_with_draft_prints_the_same_text_and_the_counts(capsys, tmp_pat
         (["--draft", '{"use": "prompt_lookup", "mode": "rejecton"}'], r"--draft .*draft\.mode = 'rejecton'"),
         (["--draft", '{"use": "prompt_lookup", "cost": -1}'], r"--draft .*draft\.cost = -1"),
         (["--draft", "prompt_lookup", "--num-beams", "2"], r"--draft with --num-beams 2: beam search does not draft"),
+        (["--num-beams", "0"], r"--num-beams 0: must be an integer >= 1"),
     ],
 )
 def test_a_bad_draft_option_is_one_error_before_the_model_loads(capsys, monkeypatch, options, message):
@@ -275,6 +276,61 @@ def test_the_logits_processor_refuses_transformers_assisted_generation(tiny):
         warnings.simplefilter("ignore")  # transformers' deprecation notes
         out = model.generate(**enc, logits_processor=processor, do_sample=False, max_new_tokens=8)
     assert out.shape[1] == enc["input_ids"].shape[1] + 8
+
+
+@pytest.mark.transformers_parity
+def test_refusing_assistant_early_exit_leaves_the_model_whole(tiny):
+    """transformers' early-exit candidates cut the model to its first layers for the draft and set it back after;
+    the refusal comes from the loop's call, not from inside the candidates, so the model keeps every layer."""
+    from samplechain.integrations import as_logits_processor
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=4096,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    model, tok = transformers.LlamaForCausalLM(config).eval(), tiny[1]
+    enc = tok([QUOTING], return_tensors="pt")
+    kwargs = {"do_sample": False, "max_new_tokens": 8, "pad_token_id": 0}
+    before = model.generate(**enc, **kwargs)
+    processor = as_logits_processor("preset:llama.cpp", seed=1)
+    with pytest.raises(ConfigError, match="assistant_early_exit=.*" + ASSISTED[ASSISTED.index("samplechain") :]):
+        model.generate(**enc, logits_processor=processor, assistant_early_exit=1, **kwargs)
+    assert model.config.num_hidden_layers == 3
+    assert torch.equal(model.generate(**enc, **kwargs), before)
+
+
+@pytest.mark.transformers_parity
+def test_the_stopping_criteria_refuse_transformers_assisted_generation(tiny):
+    """Assisted generation adds several tokens a call and first calls the criteria past the prompt: they would
+    count from the wrong prompt and miss stops between the tokens, so they refuse, pointing to generate()."""
+    from samplechain.integrations import as_stopping_criteria
+
+    model, tok = tiny
+    enc = tok([QUOTING], return_tensors="pt")
+    for assisted in ({"prompt_lookup_num_tokens": 3}, {"assistant_model": model}):
+        criteria = as_stopping_criteria([{"use": "max_new_tokens", "n": 6}], tokenizer=tok, model=model)
+        with pytest.raises(ConfigError, match="stopping criteria inside " + ASSISTED[ASSISTED.index("transformers") :]):
+            model.generate(**enc, stopping_criteria=criteria, do_sample=False, max_new_tokens=20, **assisted)
+    criteria = as_stopping_criteria([{"use": "max_new_tokens", "n": 6}], tokenizer=tok, model=model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' deprecation notes
+        out = model.generate(**enc, stopping_criteria=criteria, do_sample=False, max_new_tokens=20, pad_token_id=0)
+    assert out.shape[1] == enc["input_ids"].shape[1] + 6
+
+
+def test_a_stateful_logits_processor_is_refused_with_a_drafter(tiny):
+    from samplechain.integrations import as_logits_processor
+
+    model, tok = tiny
+    processor = as_logits_processor("preset:llama.cpp", seed=1)
+    with pytest.raises(ConfigError, match="draft= with logits_processor=ChainLogitsProcessor: it keeps its own state"):
+        generate(model, tok, [QUOTING, CODE], logits_processor=processor, draft="prompt_lookup", pad_token_id=0)
 
 
 @pytest.mark.transformers_parity

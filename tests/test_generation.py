@@ -363,6 +363,26 @@ def test_rows_that_would_run_past_the_model_positions_end_at_the_last_one(model,
     assert torch.equal(out.sequences, fits.sequences)
 
 
+def test_a_wider_negative_prompt_ends_the_rows_at_its_last_position(model):
+    kwargs = {"input_ids": torch.tensor([[5, 6, 7, 8, 9, 10]]), "ignore_eos": True, "pad_token_id": 0, "seed": 1}
+    kwargs |= {
+        "negative_prompt_ids": torch.tensor([[11, 12] * 55]),
+        "chain": {"samplers": [{"use": "cfg", "scale": 1.5}, {"use": "dist"}]},
+    }
+    out = generate(model, max_new_tokens=30, **kwargs)  # the negative context reaches 128 positions after 18
+    assert out.finish_reasons == ["max_length"] and out.num_generated.tolist() == [18]
+    assert torch.equal(out.sequences, generate(model, max_new_tokens=18, **kwargs).sequences)
+
+
+def test_a_max_length_past_the_positions_gives_way_to_them(model):
+    ids = torch.tensor([[5, 6, 7, 8] * 25])
+    kwargs = {"input_ids": ids, "ignore_eos": True, "pad_token_id": 0}
+    with pytest.warns(GenerationWarning, match="max_length = 200 runs past the model's 128 positions: the rows end"):
+        out = generate(model, max_length=200, **kwargs)
+    assert out.finish_reasons == ["max_length"] and out.num_generated.tolist() == [28]
+    assert torch.equal(out.sequences, generate(model, max_new_tokens=28, **kwargs).sequences)
+
+
 def test_a_prompt_token_outside_the_vocabulary_is_one_error(model):
     vocab = model.config.vocab_size
     with pytest.raises(ConfigError, match=rf"prompt 1 has token id {vocab} at position 2: not a token of the model"):

@@ -212,6 +212,20 @@ def test_rows_that_fit_the_positions_alone_score_as_alone_where_the_batch_would_
     assert not [w for w in recwarn.list if "positions" in str(w.message)]  # every row fits: nothing to warn of
 
 
+def test_rows_scored_in_groups_count_the_whole_batchs_width(tiny):
+    """A max_length counts the padded batch, as generate() counts it, also where the rows are scored in groups."""
+    model, tok = tiny
+    prompts = [" ".join(["one two three"] * 60), PROMPTS[1]]
+    width = max(len(tok(p)["input_ids"]) for p in prompts)
+    chain = {"samplers": [{"use": "greedy"}], "stop": [{"use": "max_length", "n": width + 5}]}
+    out = generate(model, tok, prompts, chain=chain, ignore_eos=True, pad_token_id=0)
+    assert out.num_generated.tolist() == [5, 5]
+    rows = [[7, 8], generated(out)[1] + [9] * (250 - 5)]  # together they would pass the 256 positions
+    got = score(model, tok, prompts, rows, chain=chain, ignore_eos=True, pad_token_id=0)
+    assert got.stop_index == [None, 4] and got.finish_reasons == [None, "max_length"]
+    assert bool(got.kept[1][:5].all())
+
+
 def test_a_chains_own_length_limit_reports_its_stop(tiny):
     model, tok = tiny
     chain = {"samplers": SAMPLING["samplers"], "stop": [{"use": "max_new_tokens", "n": 6}]}

@@ -868,14 +868,7 @@ def test_on_llama_cpp_drafts_warn_once_where_a_check_is_not_a_step(open_gguf):
     assert "without flash attention" in no_flash and "flash_attn=True" in no_flash
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_a_sliding_window_model_speculates_past_its_window(tiny, batch):
-    """Drafts taken back after the sequence passed a sliding window: the cache was cut back past states the
-    window had dropped (transformers' crop refused). The target's cache keeps them while drafts are checked, and
-    early_exit's cache, whose deeper layers it never fills, is cut layer by layer."""
-    from samplechain_draft_model import DraftModel
-
-    _, tok = tiny
+def sliding_window_model():
     torch.manual_seed(0)
     config = transformers.MistralConfig(
         vocab_size=4096,
@@ -887,7 +880,18 @@ def test_a_sliding_window_model_speculates_past_its_window(tiny, batch):
         max_position_embeddings=256,
         sliding_window=16,
     )
-    model = transformers.MistralForCausalLM(config).eval()
+    return transformers.MistralForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_sliding_window_model_speculates_past_its_window(tiny, batch):
+    """Drafts taken back after the sequence passed a sliding window: the cache was cut back past states the
+    window had dropped (transformers' crop refused). The target's cache keeps them while drafts are checked, and
+    early_exit's cache, whose deeper layers it never fills, is cut layer by layer."""
+    from samplechain_draft_model import DraftModel
+
+    _, tok = tiny
+    model = sliding_window_model()
     chain = {"samplers": [{"use": "penalties", "repeat": 1.2}, {"use": "temperature", "t": 0.7}, {"use": "dist"}]}
     kwargs = {"chain": chain, "seed": 4, "max_new_tokens": 40, "ignore_eos": True}
     reference, _ = run(model, tok, PROMPTS[:batch], **kwargs)
@@ -902,3 +906,14 @@ def test_a_sliding_window_model_speculates_past_its_window(tiny, batch):
             ours, _ = run(model, tok, PROMPTS[:batch], draft=draft, **kwargs)
         assert_same_tokens(ours, reference)
     assert int(ours.kept.sum()) > 0
+
+
+def test_a_sliding_window_model_resumes_a_speculative_generation(tiny):
+    """The resume's replay is cut back by one token before the first draw: past the window, its cache keeps what
+    that needs."""
+    _, tok = tiny
+    model = sliding_window_model()
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 30, "ignore_eos": True}
+    kwargs |= {"draft": {"use": "prompt_lookup", "adaptive": False}}
+    reference, _ = run(model, tok, PROMPTS[:1], **kwargs)
+    assert_same_tokens(resumed(model, tok, PROMPTS[:1], 5, **kwargs)[0], reference)

@@ -37,8 +37,8 @@ class MaxLength(StoppingCriterion):
         limit = setup.max_positions
         if limit is not None and self.params.n > limit:
             warnings.warn(
-                f"max_length = {self.params.n} is more than the model's {limit} positions: generation will fail or "
-                f"degrade past them; use max_length <= {limit}",
+                f"max_length = {self.params.n} is more than the model's {limit} positions: samplechain's generate() "
+                f"ends the rows at the last one, other loops fail or degrade past them; use max_length <= {limit}",
                 UserWarning,
                 stacklevel=2,
             )

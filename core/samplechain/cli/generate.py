@@ -349,6 +349,8 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     prompts = _prompts(args)
     chat = bool(args.chat or args.system)
     kwargs = run_kwargs(args, chain, params, 96)  # the drafter is checked here, before the model loads
+    if args.num_beams < 1:  # generate() refuses it too, but a streamed run never passes it on
+        raise ConfigError(f"--num-beams {args.num_beams}: must be an integer >= 1 (1: no beam search)")
     if args.num_beams > 1 and kwargs.get("draft"):
         raise ConfigError(f"--draft with --num-beams {args.num_beams}: beam search does not draft; drop one of them")
     model, tokenizer, name = load_cli_model(args.model, args.engine)

@@ -68,9 +68,19 @@ def load_drafter(draft: Any, host: PluginHost) -> Drafter:
     )
 
 
-def check_forkable(chain: Any) -> None:
+def check_forkable(chain: Any, processor: Any = None) -> None:
     """A drafter needs every sampler's state to be copied and set back; a sampler that declares it cannot be
-    (`Sampler.forkable = False`) is refused here, naming it."""
+    (`Sampler.forkable = False`) is refused here, naming it, and so is a `logits_processor=` that keeps state from
+    call to call (`keeps_state = True`: samplechain's own ChainLogitsProcessor), which the drafted positions and
+    the ones taken back would move on."""
+    processors = [] if processor is None else list(processor) if isinstance(processor, (list, tuple)) else [processor]
+    for p in processors:
+        if getattr(p, "keeps_state", False):
+            raise ConfigError(
+                f"draft= with logits_processor={type(p).__name__}: it keeps its own state from call to call, and a "
+                "drafted generation calls it at positions it then takes back; pass its chain as chain= (and its "
+                "params= and seed=) instead, or generate without a drafter (draft=False)"
+            )
     for sampler in chain.samplers:  # a MixedChains' samplers are every chain's
         if not sampler.forkable:
             raise ConfigError(

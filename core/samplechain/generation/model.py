@@ -134,7 +134,7 @@ def _provides_runner(host: PluginHost, name: str) -> bool:
 def _crop(cache: Any, drop: int) -> None:
     """Cut `drop` positions off the end of a transformers cache. Layer by layer where it has layers: a layer no pass
     has filled (early_exit runs the first layers only) is left alone, which a sliding-window layer's own crop does
-    not survive; a layer recording its past (`_keep_past`) is trimmed back to its window even with nothing to cut."""
+    not survive; a layer recording its past (`keep_past`) is trimmed back to its window even with nothing to cut."""
     layers = getattr(cache, "layers", None)
     if layers is None:
         if drop > 0:  # a negative count removes that many positions in every transformers 5.x
@@ -190,7 +190,7 @@ class TransformersRunner(ModelRunner):
         if "logits_to_keep" in params:
             self.kwargs["logits_to_keep"] = 1
         self._first = True
-        self._recording = False  # the cache keeps states past a sliding window (`_keep_past`)
+        self._recording = False  # the cache keeps states past a sliding window (`keep_past`)
         # which cache columns hold each row's tokens: rows of one batch keep different numbers of drafted tokens as
         # holes (masked columns) in the common cache, which needs explicit positions and a cache whose every column
         # stays visible (no sliding window, which would count the holes)
@@ -267,7 +267,7 @@ class TransformersRunner(ModelRunner):
         self.input_ids[:, -1] = self._inner(input_ids[:, -1])
         return self._outer(self._forward(self.input_ids, 1)[:, -1])
 
-    def _keep_past(self) -> None:
+    def keep_past(self) -> None:
         """Before a pass whose tokens may be taken back: a sliding-window cache layer keeps the states it would drop
         until the next cut (transformers' past recording), so `truncate` can cut it back past the window. Plain
         decoding never calls it, and keeps only the window."""
@@ -279,7 +279,7 @@ class TransformersRunner(ModelRunner):
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, K) appended to every row in one forward pass; the logits after each, (B, K, V)."""
-        self._keep_past()
+        self.keep_past()
         k = tokens.shape[1]
         self._grow(k)
         self.input_ids[:, -k:] = self._inner(tokens)
@@ -291,7 +291,7 @@ class TransformersRunner(ModelRunner):
         the ones it does not fill are holes (masked, its positions continue past them)."""
         if not self.per_row_truncate:
             return super().extend_rows(rows, tokens)
-        self._keep_past()
+        self.keep_past()
         k = max(len(t) for t in tokens)
         block = torch.zeros((self.input_ids.shape[0], k), dtype=torch.int64)
         real = torch.zeros(block.shape, dtype=torch.bool)

@@ -10,7 +10,8 @@ continuation token t:
 - `kept[i][t]`: whether the chain would have drawn that very token there: its own draw (`drawn[i][t]`, with the
   request's seed at that position; greedy chains: the argmax of the processed logits) equals it.
 
-How, per batch of rows (left-padded prompts as `Generation` pads them, ragged continuations right-padded):
+How, per batch of rows (left-padded prompts as `Generation` pads them, ragged continuations right-padded; rows that
+fit the model's positions only apart run in consecutive groups that do, one after another):
 1. the model runs each prompt (`prefill`: the logits before the first continuation token) then the continuations in
    one pass (`extend`: the logits after each token; `chunk_size` splits it);
 2. position by position, the rows whose continuation reaches it are sampled by the chain with
@@ -156,43 +157,7 @@ def score(
         guards=False,
     )
     _check_rows(gen, rows)
-    groups = _groups(gen, rows)
-    if groups is None:
-        return _Scoring(gen, rows, logprobs_at).run(chunk_size)
-    kwargs = {
-        "seed": seed,
-        "chunk_size": chunk_size,
-        "eos_token_id": eos_token_id,
-        "pad_token_id": pad_token_id,
-        "stop": stop,
-        "stop_strings": stop_strings,
-        "ignore_eos": ignore_eos,
-        "generation_config": generation_config,
-        "host": host,
-    }
-    parts = []
-    for group in groups:
-        if isinstance(chain, MixedChains):
-            raise ConfigError(
-                f"rows {group} do not fit the model's positions with the others' continuations (a batch feeds each "
-                "row the longest continuation): score them apart, or pass the chains as a list, one per prompt"
-            )
-        picked = _pick(prompts, group)
-        mask = None if attention_mask is None else attention_mask[group]
-        parts.append(
-            score(
-                model,
-                tokenizer,
-                picked,
-                [rows[i] for i in group],
-                attention_mask=mask,
-                chain=_pick(chain, group) if _per_prompt(chain) else chain,
-                params=_pick(params, group) if _per_prompt(params) else params,
-                logprobs_at=logprobs_at if isinstance(logprobs_at, str) else _pick(logprobs_at, group),
-                **kwargs,
-            )
-        )
-    return _merged(parts, groups, len(rows))
+    return _Scoring(gen, rows, logprobs_at).run(chunk_size)
 
 
 class _Continuations(CallableCriterion):
@@ -213,13 +178,13 @@ class _Continuations(CallableCriterion):
         return torch.zeros(ctx.input_ids.shape[0], dtype=torch.bool, device=ctx.input_ids.device)
 
 
-def _groups(gen: Generation, rows: list[list[int]]) -> list[list[int]] | None:
-    """Runs of consecutive rows that fit the model's positions together, where the whole batch does not: a pass
-    feeds every row the batch's longest continuation after its prompt. None: one batch."""
+def _groups(gen: Generation, rows: list[list[int]]) -> list[list[int]]:
+    """Runs of consecutive rows that fit the model's positions together: a pass feeds every row of a run the run's
+    longest continuation after its prompt (one run: the whole batch)."""
     limit = max_positions(gen.model.config)
     prompts = [int(n) for n in gen.prompt_lengths]
     if limit is None or max(prompts) + max(len(r) for r in rows) <= limit:
-        return None
+        return [list(range(len(rows)))]
     groups: list[list[int]] = [[]]
     for i in range(len(rows)):
         trial = [*groups[-1], i]
@@ -228,28 +193,6 @@ def _groups(gen: Generation, rows: list[list[int]]) -> list[list[int]] | None:
         else:
             groups[-1] = trial
     return groups
-
-
-def _per_prompt(value: Any) -> bool:
-    """A list with one entry per prompt (chains, params), not one value for all."""
-    return isinstance(value, (list, tuple))
-
-
-def _pick(value: Any, rows: list[int]) -> Any:
-    """The entries `rows` of a per-prompt list or (B, ...) tensor."""
-    if isinstance(value, torch.Tensor):
-        return value[rows]
-    return [value[i] for i in rows]
-
-
-def _merged(parts: list[ScoreOutput], groups: list[list[int]], n: int) -> ScoreOutput:
-    """One ScoreOutput of the groups' outputs, in the rows' order."""
-    fields: dict[str, list[Any]] = {f.name: [None] * n for f in attrs.fields(ScoreOutput)}
-    for part, group in zip(parts, groups):
-        for name, values in fields.items():
-            for i, value in zip(group, getattr(part, name)):
-                values[i] = value
-    return ScoreOutput(**fields)
 
 
 def _continuation_rows(continuations: Any, tokenizer: Any) -> list[list[int]]:
@@ -386,9 +329,14 @@ class _Scoring:
         gen.setup.start_time = time.monotonic()  # max_time, as generate() starts its clock
         gen.stopping.prepare(gen.setup)
         with _threads(runner_cls.sampling_threads), torch.inference_mode():
-            runner = runner_cls(gen.model, gen.input_ids, gen.attention_mask)
-            for t, logits in enumerate(self._columns(runner, chunk_size)):
-                self._position(t, logits)
+            for group in _groups(gen, self.rows):  # the request store keeps each row's state apart
+                index = torch.tensor(group, dtype=torch.int64)
+                on = index.to(gen.input_ids.device)
+                runner = runner_cls(gen.model, gen.input_ids[on], gen.attention_mask[on])
+                for t, logits in enumerate(self._columns(runner, index, chunk_size)):
+                    self._position(t, logits, index)
+            for t in range(self.cont.shape[1]):  # the criteria see the whole batch, position by position
+                self._stops(t)
         cut = [int(n) for n in self.lengths]
         rows = range(len(cut))
         return ScoreOutput(
@@ -401,35 +349,38 @@ class _Scoring:
             finish_reasons=self.reasons,
         )
 
-    def _columns(self, runner: Any, chunk_size: int | None) -> Iterator[torch.Tensor]:
-        """(B, V) logits before each continuation position: the prefill's, then those of `extend` over the
-        continuation but its last token, `chunk_size` tokens a pass."""
+    def _columns(self, runner: Any, index: torch.Tensor, chunk_size: int | None) -> Iterator[torch.Tensor]:
+        """(n, V) logits of the rows `index` before each continuation position: the prefill's, then those of
+        `extend` over their continuations but the last token, `chunk_size` tokens a pass."""
         yield runner.prefill()
-        width = self.cont.shape[1] - 1
+        cont = self.cont[index.to(self.cont.device)]
+        width = int(self.lengths[index].max()) - 1
         step = chunk_size or max(width, 1)
         for start in range(0, width, step):
-            block = runner.extend(self.cont[:, start : min(start + step, width)])
+            block = runner.extend(cont[:, start : min(start + step, width)])
             for j in range(block.shape[1]):
                 yield block[:, j].contiguous()
 
-    def _position(self, t: int, logits: torch.Tensor) -> None:
-        """Position t: the chain samples the rows that reach it, accepting the given tokens; the criteria check."""
+    def _position(self, t: int, logits: torch.Tensor, index: torch.Tensor) -> None:
+        """Position t of the rows `index` (logits (n, V)): the chain samples those that reach it, accepting the
+        given tokens."""
         gen = self.gen
         if gen.vocab_limit is not None:
             logits[:, gen.vocab_limit :] = float("-inf")
-        active = (self.lengths > t).nonzero().flatten()
-        index = active.to(logits.device)
+        reach = (self.lengths[index] > t).nonzero().flatten()
+        active = index[reach]
+        if len(reach) < len(index):
+            logits = logits.index_select(0, reach.to(logits.device))
         history = gen.history_args(torch.cat([gen.input_ids, self.cont[:, :t]], dim=1))
         if len(active) < len(self.rows):
-            logits = logits.index_select(0, index)
-            history = {k: v.index_select(0, index.to(v.device)) for k, v in history.items()}
+            history = {k: v.index_select(0, active.to(v.device)) for k, v in history.items()}
         ids = [gen.request_ids[i] for i in active.tolist()]
         at = self.logprobs_at if isinstance(self.logprobs_at, str) else [self.logprobs_at[i] for i in active.tolist()]
-        drawn, logprobs, ranks = _sample(gen.chain, logits, gen.store, ids, self.cont[index, t], at, history)
+        given = self.cont[active.to(self.cont.device), t]
+        drawn, logprobs, ranks = _sample(gen.chain, logits, gen.store, ids, given, at, history)
         self.drawn[active, t] = drawn.cpu()
         self.logprobs[active, t] = logprobs.cpu()
         self.ranks[active, t] = ranks.cpu()
-        self._stops(t)
 
     def _stops(self, t: int) -> None:
         """The stopping criteria on position t, as generate() asks them: the first that ends a row is its stop."""

@@ -142,7 +142,7 @@ class Speculation(Drawing):
                 "draft= with negative_prompt (classifier-free guidance): speculation does not run the "
                 "unconditional context; drop one of them"
             )
-        check_forkable(gen.chain)
+        check_forkable(gen.chain, gen.logits_processor)
         loaded: dict[int, Drafter] = {}  # id of a spec (specs holds them all) -> its drafter
         shared: dict[Any, Drafter] = {}  # (class, parameters) -> the one drafter of every spec that asks for it
         drafters: list[Drafter | None] = []

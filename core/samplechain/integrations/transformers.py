@@ -63,23 +63,27 @@ _SPECULATE_HERE = (
 )
 
 
-def _assisted_decoding() -> bool:
-    """Whether transformers' assisted generation is calling (model.generate with assistant_model=,
-    prompt_lookup_num_tokens=, assistant_early_exit=, ...): its `_assisted_decoding` loop (generation/utils.py) or
-    a candidate generator (generation/candidate_generator.py, which runs the processors on its drafts) is on the
-    stack."""
+def _assisted_caller() -> str | None:
+    """Who calls, where transformers' assisted generation does (model.generate with assistant_model=,
+    prompt_lookup_num_tokens=, assistant_early_exit=, ...): "candidates" for a candidate generator
+    (generation/candidate_generator.py, which runs the processors on its drafts), "loop" for the
+    `_assisted_decoding` loop (generation/utils.py) itself; None otherwise."""
     frame: Any = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
-        where = code.co_filename.replace("\\", "/")
-        if code.co_name == "_assisted_decoding" or where.endswith("/generation/candidate_generator.py"):
-            return True
+        if code.co_filename.replace("\\", "/").endswith("/generation/candidate_generator.py"):
+            return "candidates"
+        if code.co_name == "_assisted_decoding":
+            return "loop"
         frame = frame.f_back
-    return False
+    return None
 
 
 class ChainLogitsProcessor(LogitsProcessor):
     """A chain inside transformers' generation loop.
+
+    It keeps state from call to call (`keeps_state`: requests, RNG positions, the last shape), so samplechain's
+    speculative decoding refuses it as a `logits_processor=` (`draft=` takes the chain as chain=).
 
     Row b of the batch is a request of the processor's own store, created at the first call, with the
     parameters of `params` (one mapping for all rows, or one per prompt) and seed `seed` unless it sets its own.
@@ -104,6 +108,8 @@ class ChainLogitsProcessor(LogitsProcessor):
     drafter's guesses too: the chain's RNG positions and stateful samplers would follow tokens that are thrown
     away. `samplechain.generation.generate(..., draft=...)` speculates with the chain's own tokens.
     """
+
+    keeps_state = True
 
     def __init__(
         self,
@@ -135,6 +141,7 @@ class ChainLogitsProcessor(LogitsProcessor):
         self.store: RequestStore | None = None
         self.request_ids: list[str] = []
         self._shape: tuple[int, int] | None = None
+        self._refusing = False  # assisted generation's candidates passed: its loop's next call refuses
 
     def _start(self, batch: int, device: torch.device) -> None:
         n = self.num_return_sequences
@@ -162,15 +169,21 @@ class ChainLogitsProcessor(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
         batch, length = input_ids.shape
         fresh = self.store is None or self._shape is None or batch != self._shape[0] or length <= self._shape[1]
-        if fresh:
-            if _assisted_decoding():  # every assisted run starts fresh here, or steps back to a kept draft
+        if fresh or self._refusing:
+            caller = _assisted_caller()  # every assisted run starts fresh here, or steps back to a kept draft
+            if caller == "candidates":
+                # not raised in a candidate generator, which would skip its own clean-up (assistant_early_exit
+                # leaves the model cut to its first layers): the scores pass untouched, the loop's call refuses
+                self._refusing = True
+                return scores
+            if caller == "loop":
                 self.reset()
                 raise ConfigError(
                     "samplechain's logits processor inside transformers' assisted generation (model.generate "
-                    "with assistant_model= or prompt_lookup_num_tokens=): transformers calls it on every drafted "
-                    "position and on its drafter's guesses, so the chain's random draws and stateful samplers "
-                    f"would follow tokens it then throws away. Drop assistant_model / prompt_lookup_num_tokens: "
-                    f"{_SPECULATE_HERE}"
+                    "with assistant_model=, prompt_lookup_num_tokens= or assistant_early_exit=): transformers "
+                    "calls it on every drafted position and on its drafter's guesses, so the chain's random draws "
+                    "and stateful samplers would follow tokens it then throws away. Drop assistant_model / "
+                    f"prompt_lookup_num_tokens / assistant_early_exit: {_SPECULATE_HERE}"
                 )
             self._start(batch, scores.device)
         self._shape = (batch, length)
@@ -281,6 +294,17 @@ class ChainStoppingCriteria(StoppingCriteria):
     def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
         batch, length = input_ids.shape
         if self.setup is None or batch != self.setup.batch_size or length <= self._last:
+            caller = _assisted_caller()
+            if caller == "candidates":  # a drafter's own loop: its guesses are checked by the model's
+                return cast(torch.BoolTensor, torch.zeros(batch, dtype=torch.bool, device=input_ids.device))
+            if caller == "loop":
+                raise ConfigError(
+                    "samplechain's stopping criteria inside transformers' assisted generation (model.generate with "
+                    "assistant_model=, prompt_lookup_num_tokens= or assistant_early_exit=): it adds several tokens "
+                    "a call, first called past the prompt, so the criteria would count from the wrong prompt "
+                    "length and miss stops between the tokens. Drop assistant_model / prompt_lookup_num_tokens / "
+                    f"assistant_early_exit: {_SPECULATE_HERE}"
+                )
             self._start(input_ids)
         self._last = length
         assert self.setup is not None  # _start() sets it
