@@ -324,6 +324,7 @@ def test_the_stopping_criteria_refuse_transformers_assisted_generation(tiny):
     assert out.shape[1] == enc["input_ids"].shape[1] + 6
 
 
+@pytest.mark.transformers_parity
 def test_a_stateful_logits_processor_is_refused_with_a_drafter(tiny):
     from samplechain.integrations import as_logits_processor
 

@@ -14,6 +14,7 @@ from typing import Any, TypeAlias
 import torch
 
 from ..contracts import max_positions, token_id_list
+from ..engine.stopping import Stopping
 from ..errors import ConfigError, GenerationWarning
 from ..tokens import left_pad
 
@@ -25,7 +26,7 @@ Prompts: TypeAlias = str | Conversation | Sequence[str | Conversation]
 
 
 class PromptInputs:
-    """Generation's pad token and input rows (the attributes are Generation's)."""
+    """Generation's pad token, input rows and the positions they may grow to (the attributes are Generation's)."""
 
     model: Any
     tokenizer: Any
@@ -37,6 +38,34 @@ class PromptInputs:
     num_prompts: int
     n: int
     input_ids: torch.Tensor
+    host: Any
+    setup: Any
+    stopping: Stopping
+    _uncond_width: int
+
+    def end_at_positions(self) -> None:
+        """Rows that would run past the model's positions end at its last one (finish reason max_length), as
+        llama.cpp ends a completion at its context: past them a model fails (learned position embeddings, a full
+        KV cache) or degrades, and a failed step would lose every row's tokens. The positions are those of the
+        wider context (a negative prompt's can be wider); a max_length past them gives way, with a warning. The
+        decoding loops call it before their first step (score() checks its rows' positions itself); calling it
+        again changes nothing."""
+        limit = self.setup.max_positions
+        bound = self.stopping.max_new_tokens(self.setup)
+        width = max(self.setup.prompt_length, self._uncond_width)
+        if limit is None or (bound is not None and width + bound <= limit):
+            return
+        n = limit - (width - self.setup.prompt_length)  # the conditional context's length when the wider one is full
+        given = [c for c in self.stopping if c.name == "max_length"]
+        if given:  # each gives more room than the positions (else the bound fits): the caller's to know
+            warnings.warn(
+                f"max_length = {given[0].params.n} runs past the model's {limit} positions: the rows end at the "
+                f"last one (finish reason max_length); use max_length <= {n}",
+                GenerationWarning,
+                stacklevel=4,
+            )
+            self.stopping.criteria = [c for c in self.stopping.criteria if c.name != "max_length"]
+        self.stopping.add(Stopping.criterion("max_length", {"n": n}, host=self.host))
 
     def _pad_id(self, explicit: int | None) -> int:
         if explicit is not None:
