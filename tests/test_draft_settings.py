@@ -283,18 +283,9 @@ def test_refusing_assistant_early_exit_leaves_the_model_whole(tiny):
     """transformers' early-exit candidates cut the model to its first layers for the draft and set it back after;
     the refusal comes from the loop's call, not from inside the candidates, so the model keeps every layer."""
     from samplechain.integrations import as_logits_processor
+    from samplechain.tools.tiny_models import tiny_llama
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=4096,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    model, tok = transformers.LlamaForCausalLM(config).eval(), tiny[1]
+    model, tok = tiny_llama(), tiny[1]
     enc = tok([QUOTING], return_tensors="pt")
     kwargs = {"do_sample": False, "max_new_tokens": 8, "pad_token_id": 0}
     before = model.generate(**enc, **kwargs)

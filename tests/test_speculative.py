@@ -16,6 +16,7 @@ from samplechain.drafters import Drafter
 from samplechain.errors import GenerationWarning
 from samplechain.generation import Generation, generate, stream
 from samplechain.models import tiny_model_path
+from samplechain.tools.tiny_models import tiny_llama
 
 transformers = pytest.importorskip("transformers")
 
@@ -868,21 +869,6 @@ def test_on_llama_cpp_drafts_warn_once_where_a_check_is_not_a_step(open_gguf):
     assert "without flash attention" in no_flash and "flash_attn=True" in no_flash
 
 
-def sliding_window_model():
-    torch.manual_seed(0)
-    config = transformers.MistralConfig(
-        vocab_size=4096,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        sliding_window=16,
-    )
-    return transformers.MistralForCausalLM(config).eval()
-
-
 @pytest.mark.parametrize("batch", [1, 3])
 def test_a_sliding_window_model_speculates_past_its_window(tiny, batch):
     """Drafts taken back after the sequence passed a sliding window: the cache was cut back past states the
@@ -891,7 +877,7 @@ def test_a_sliding_window_model_speculates_past_its_window(tiny, batch):
     from samplechain_draft_model import DraftModel
 
     _, tok = tiny
-    model = sliding_window_model()
+    model = tiny_llama(sliding_window=16)
     chain = {"samplers": [{"use": "penalties", "repeat": 1.2}, {"use": "temperature", "t": 0.7}, {"use": "dist"}]}
     kwargs = {"chain": chain, "seed": 4, "max_new_tokens": 40, "ignore_eos": True}
     reference, _ = run(model, tok, PROMPTS[:batch], **kwargs)
@@ -912,7 +898,7 @@ def test_a_sliding_window_model_resumes_a_speculative_generation(tiny):
     """The resume's replay is cut back by one token before the first draw: past the window, its cache keeps what
     that needs."""
     _, tok = tiny
-    model = sliding_window_model()
+    model = tiny_llama(sliding_window=16)
     kwargs = {"chain": "preset:greedy", "max_new_tokens": 30, "ignore_eos": True}
     kwargs |= {"draft": {"use": "prompt_lookup", "adaptive": False}}
     reference, _ = run(model, tok, PROMPTS[:1], **kwargs)

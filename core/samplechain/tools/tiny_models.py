@@ -23,6 +23,7 @@ __all__ = [
     "piece_ids",
     "pieces_tokenizer",
     "tiny_gpt2",
+    "tiny_llama",
     "wordpiece_tokenizer",
 ]
 
@@ -210,6 +211,28 @@ def tiny_gpt2(
         initializer_range=init,
     )
     return GPT2LMHeadModel(config).eval()
+
+
+def tiny_llama(vocab_size: int = 4096, *, seed: int = 0, sliding_window: int | None = None) -> Any:
+    """A real, random-weight transformers decoder of three layers in a `model.layers` list, small enough for unit
+    tests: a LlamaForCausalLM, or a MistralForCausalLM with that sliding window (4096: the repository's tiny
+    tokenizer)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    shape = {
+        "vocab_size": vocab_size,
+        "hidden_size": 32 if sliding_window is None else 64,
+        "intermediate_size": 64 if sliding_window is None else 128,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+    }
+    if sliding_window is None:
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape)).eval()
+    config = transformers.MistralConfig(**shape, sliding_window=sliding_window)
+    return transformers.MistralForCausalLM(config).eval()
 
 
 def check_eos_ids_from_setup(

@@ -41,17 +41,9 @@ def tiny():
 @pytest.fixture(scope="module")
 def tiny_llama(tiny):
     """A randomly initialised Llama of the tiny model's vocabulary (its layers are `model.layers`)."""
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=4096,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    return transformers.LlamaForCausalLM(config).eval(), tiny[1]
+    from samplechain.tools.tiny_models import tiny_llama
+
+    return tiny_llama(), tiny[1]
 
 
 def run(model, tok, prompts, **kwargs):
