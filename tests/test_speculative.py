@@ -353,7 +353,7 @@ def test_a_drafter_that_raises_leaves_its_row_without_drafts_and_the_tokens_unch
     reference, gen = run(model, tok, PROMPTS[:1], **kwargs)
     drafter = Failing(reference_rows(reference, gen), model.config.vocab_size)
     with pytest.warns(GenerationWarning, match=r"drafter failing\.v1 failed on row 0 \(RuntimeError: index out"):
-        ours, _ = run(model, tok, PROMPTS[:1], draft=drafter, **kwargs)
+        ours, _ = run(model, tok, PROMPTS[:1], draft={"use": drafter, "cost": 0.1}, **kwargs)  # lengths untimed
     assert_same_tokens(ours, reference)
     assert drafter.calls == 4  # never asked again
     assert int(ours.kept[0]) > 0
@@ -602,7 +602,7 @@ def test_on_a_padded_batch_a_row_far_ahead_draws_on_and_leaves(tiny):
         lambda _, args, kw: widths.append(kw["input_ids"].shape[0]), with_kwargs=True
     )
     try:
-        ours, _ = run(model, tok, prompts, draft=drafter, **kwargs)
+        ours, _ = run(model, tok, prompts, draft={"use": drafter, "cost": 0.1}, **kwargs)  # lengths untimed
     finally:
         hook.remove()
     assert_same_tokens(ours, reference)

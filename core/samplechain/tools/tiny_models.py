@@ -220,7 +220,7 @@ def tiny_llama(vocab_size: int = 4096, *, seed: int = 0, sliding_window: int | N
     import transformers
 
     torch.manual_seed(seed)
-    shape = {
+    shape: dict[str, Any] = {
         "vocab_size": vocab_size,
         "hidden_size": 32 if sliding_window is None else 64,
         "intermediate_size": 64 if sliding_window is None else 128,
