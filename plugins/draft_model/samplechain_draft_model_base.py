@@ -312,6 +312,7 @@ class ModelDrafter(Drafter):
         self._batch_tried = False
         self._draw: ChainDraw | None = None
         self._model: Any = None
+        self._positions: int | None = None
         self._runner_cls: type | None = None
 
     def drafting_model(self, context: DraftContext) -> Any:
@@ -323,6 +324,7 @@ class ModelDrafter(Drafter):
 
     def start(self, rows: int, context: DraftContext) -> None:
         self._model = self.drafting_model(context)
+        self._positions = max_positions(getattr(self._model, "config", None))  # None: the model states none
         self._runner_cls = context.runner_for(self._model)
         self._draw = ChainDraw(context, self.params.noise)
         self._rows = [None] * rows
@@ -337,11 +339,10 @@ class ModelDrafter(Drafter):
         if self._draw is None or self._runner_cls is None:
             raise RuntimeError(f"drafter {self.name}: start(rows, context) was not called before the first proposal")
         # a draft of k tokens feeds the drafting model k - 1 of them after the row's tokens: within its positions
-        room = max_positions(getattr(self._model, "config", None))
-        wants = [
-            min(self.params.num_tokens, int(limit), int(1e9) if room is None else room - len(t) + 1)
-            for limit, t in zip(limits, tokens)
-        ]
+        room = self._positions
+        wants = [min(self.params.num_tokens, int(limit)) for limit in limits]
+        if room is not None:
+            wants = [min(want, room - len(t) + 1) for want, t in zip(wants, tokens)]
         live = [i for i, want in enumerate(wants) if want > 0]
         logits: dict[int, torch.Tensor] = {}
         if live:  # a row past the drafting model's positions is not run on it

@@ -168,14 +168,11 @@ class _Continuations(CallableCriterion):
     is_length_limit = True
 
     def __init__(self, n: int) -> None:
-        super().__init__(lambda ctx: False, reason="continuations")
+        super().__init__(lambda ctx: torch.zeros(ctx.input_ids.shape[0], dtype=torch.bool), reason="continuations")
         self.n = n
 
     def max_new_tokens(self, setup: Any) -> int:
         return self.n
-
-    def check(self, ctx: StopContext) -> torch.Tensor:
-        return torch.zeros(ctx.input_ids.shape[0], dtype=torch.bool, device=ctx.input_ids.device)
 
 
 def _groups(gen: Generation, rows: list[list[int]]) -> list[list[int]]:
