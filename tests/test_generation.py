@@ -10,7 +10,7 @@ import torch
 import samplechain
 from samplechain import Chain, ConfigError
 from samplechain.generation import GenerationWarning, IncrementalDecoder, generate, stream
-from samplechain.tools.testing import byte_bpe_tokenizer, tiny_gpt2
+from samplechain.tools.testing import ScriptedLM, byte_bpe_tokenizer, tiny_gpt2
 
 TEMP_TOPK_TOPP = {
     "samplers": [
@@ -310,6 +310,24 @@ def test_stream_deltas_concatenate_to_the_final_text(model, tok):
     assert text == result[0].texts[0]
     assert events[-1].finish_reason == "max_new_tokens"
     assert {e.index for e in events} == {0}
+
+
+def test_stream_yields_one_event_per_token_also_within_a_character(tok):
+    """A byte-level tokenizer spells 日 and 🎉 over several tokens: each token gets its event, the first ones with
+    an empty delta, so the events' token ids are the generated tokens (vLLM streams every token too)."""
+    rows = [tok("日本 🎉 x")["input_ids"], tok("é🎉🎉")["input_ids"]]
+    assert any(tok.decode([i]) == "\ufffd" for i in rows[0]) and len(rows[1]) > len("é🎉🎉")
+    result: list = []
+    kwargs = {"chain": "preset:greedy", "pad_token_id": 0, "ignore_eos": True, "result": result}
+    events = list(stream(ScriptedLM(rows, len(tok)), tok, ["a", "b"], max_new_tokens=len(rows[0]), **kwargs))
+    out = result[0]
+    for b, ids in enumerate(rows):
+        mine = [e for e in events if e.index == b]
+        n = int(out.num_generated[b])
+        assert [e.token_id for e in mine] == out.sequences[b, out.sequences.shape[1] - n :].tolist()
+        assert [e.token_id for e in mine][: len(ids)] == ids
+        assert "".join(e.text for e in mine) == out.texts[b] and not any("\ufffd" in e.text for e in mine)
+        assert "" in [e.text for e in mine] and mine[-1].finish_reason == "max_new_tokens"
 
 
 @pytest.mark.parametrize("text", ["naïve café — 日本語のテキスト 🎉!", "🎉🎉 ümlauts\n\nZürich", "plain ascii"])

@@ -194,8 +194,12 @@ def test_stream_with_a_drafter_emits_the_same_events(tiny):
         result: list = []
         drafted = list(stream(model, tok, PROMPTS[:2], draft="prompt_lookup", result=result, **kwargs))
     assert drafted == plain
+    out = result[0]
     for b in range(2):
-        assert "".join(e.text for e in drafted if e.index == b) == result[0].texts[b]
+        assert "".join(e.text for e in drafted if e.index == b) == out.texts[b]
+        n = int(out.num_generated[b])
+        generated = out.sequences[b, out.sequences.shape[1] - n :].tolist() if n else []
+        assert [e.token_id for e in drafted if e.index == b] == generated  # one event per kept token
 
 
 # ----------------------------------------------------------------- stops, counts, what a processor sees

@@ -25,8 +25,10 @@ __all__ = ["StreamEvent", "generate", "stream"]
 
 @attrs.frozen
 class StreamEvent:
-    """One piece of streamed output: `text` is new text of request `index` (may be ""), `token_id` the token
-    that produced it, `finish_reason` set on the request's last event."""
+    """One generated token of request `index` (`token_id`) and the new text it makes visible: "" while the token
+    holds part of a character, or text a stop could still cut (vLLM streams such tokens with an empty delta too).
+    `finish_reason` is set on the request's last event; a request that ends without a token of its own (a guard
+    out of rewinds) gets a last event with `token_id` None."""
 
     index: int
     text: str
@@ -131,8 +133,8 @@ def stream(
     progress: ProgressCallback | None = None,
     **kwargs: Any,
 ) -> Iterator[StreamEvent]:
-    """Yield text deltas per request as tokens are chosen; the deltas of a request concatenate to its output text
-    (`GenerationOutput.texts`) and never split a multi-byte character. Pass `result=[]` to receive the final
+    """Yield one event per generated token of each request as tokens are chosen; a request's text deltas
+    concatenate to its output text (`GenerationOutput.texts`) and never split a multi-byte character. Pass `result=[]` to receive the final
     GenerationOutput; `progress` as in `generate()`, called after a step's events are yielded. With `resume=`,
     events carry the text after the checkpoint.
 
@@ -167,8 +169,7 @@ def stream(
             else:
                 cut = max(len(pending) - holds[b], 0)
                 text, held[b] = pending[:cut], pending[cut:]
-            if text or reason is not None:
-                yield StreamEvent(b, text, token, reason)
+            yield StreamEvent(b, text, token, reason)
         yield from _ended_between_steps(gen, decoders, held, ended)
     yield from _ended_between_steps(gen, decoders, held, ended)
     if result is not None:
