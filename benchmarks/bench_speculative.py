@@ -10,7 +10,8 @@ reason there, and the other rows go on.
 1. Prompt lookup speed. Tasks that quote or edit a given passage (`code`: rewrite a ~30-line Python function with
    one variable renamed; `list`: repeat a 20-item list with one item changed; `quote`: answer a question by quoting
    sentences of a ~200-word text) and free chat (`chat`: open questions), rendered with the model's chat template;
-   B = 1 is the first prompt of a task, B = 8 eight different prompts of it. For each engine (llama.cpp, the default,
+   B = 1 is the first --prompts prompts of a task (4 by default) run one after another, their tokens and times
+   added, B = 8 one batch of eight different prompts. For each engine (llama.cpp, the default,
    loaded with flash attention so that a multi-token pass gives the logits of one-token steps; transformers, the
    dequantized model), greedy and seeded sampling (temperature 0.8 -> top_k 40 -> top_p 0.95 -> min_p 0.05 -> dist,
    as bench_engines.py): generate() without a drafter against draft="prompt_lookup". Printed: both speeds, the
@@ -51,7 +52,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,24 +198,40 @@ def _quote(i: int) -> str:
 PROMPTS: dict[str, Callable[[int], str]] = {"code": _code, "list": _list, "quote": _quote, "chat": CHAT.__getitem__}
 
 
+@dataclass(frozen=True)
+class Plan:
+    max_new_tokens: int
+    reps: int
+    prompts: int  # B = 1 runs this many prompts of a task, one after another
+
+
 @dataclass
 class Batch:
     ids: torch.Tensor  # (B, width) left-padded chat-rendered prompts
     mask: torch.Tensor
 
 
-def _batch(tok: Any, task: str, b: int) -> Batch:
-    """B different prompts of `task` (the first B), each rendered as a one-message conversation as generate()
-    renders it, left-padded."""
+def _runs(tok: Any, task: str, b: int, prompts: int) -> list[Batch]:
+    """What one run of a cell generates: at B = 1 the first `prompts` prompts of `task`, one after another (one
+    prompt would make a task's speed the speed of whatever that prompt's answer happens to be); at B > 1 one batch
+    of the first B prompts."""
+    if b == 1:
+        return [_batch(tok, task, [i]) for i in range(prompts)]
+    return [_batch(tok, task, range(b))]
+
+
+def _batch(tok: Any, task: str, which: Iterable[int]) -> Batch:
+    """Prompts `which` of `task`, each rendered as a one-message conversation as generate() renders it,
+    left-padded."""
     rows = []
-    for i in range(b):
+    for i in which:
         text = tok.apply_chat_template(
             [{"role": "user", "content": PROMPTS[task](i % 8)}], add_generation_prompt=True, tokenize=False
         )
         rows.append(tok(text, add_special_tokens=False)["input_ids"])
     width = max(len(r) for r in rows)
-    ids = torch.full((b, width), _pad(tok), dtype=torch.int64)
-    mask = torch.zeros((b, width), dtype=torch.int64)
+    ids = torch.full((len(rows), width), _pad(tok), dtype=torch.int64)
+    mask = torch.zeros((len(rows), width), dtype=torch.int64)
     for j, r in enumerate(rows):
         ids[j, width - len(r) :] = torch.tensor(r)
         mask[j, width - len(r) :] = 1
@@ -256,36 +273,54 @@ def _chain(setting: str) -> dict[str, Any]:
     }
 
 
-def _ours(model: Any, tok: Any, batch: Batch, setting: str, n: int, draft: Any = None) -> Callable[[], Sample]:
-    """A run of samplechain's generate(), seeded; with `draft` only where given."""
-    kw: dict[str, Any] = {"input_ids": batch.ids, "attention_mask": batch.mask, "max_new_tokens": n}
-    kw.update(chain=_chain(setting), seed=SEED)
+def _ours(model: Any, tok: Any, batches: list[Batch], setting: str, n: int, draft: Any = None) -> Callable[[], Sample]:
+    """A run of samplechain's generate() over `batches`, one after another, seeded; with `draft` only where given."""
+    kw: dict[str, Any] = {"max_new_tokens": n, "chain": _chain(setting), "seed": SEED}
     if draft is not None:
         kw["draft"] = draft
 
     def total(t: torch.Tensor | None) -> int | None:
         return None if t is None else int(t.sum())
 
-    def run() -> Sample:
+    def one(batch: Batch) -> Sample:
         start = time.perf_counter()
-        out = generate(model, tok, **kw)
+        out = generate(model, tok, input_ids=batch.ids, attention_mask=batch.mask, **kw)
         wall = time.perf_counter() - start
         assert out.sequences is not None and out.num_generated is not None
         made, seqs = int(out.num_generated.sum()), out.sequences.tolist()
         return Sample(wall, made, seqs, total(out.drafted), total(out.kept), total(out.model_calls))
 
-    return run
+    return lambda: _summed([one(batch) for batch in batches])
 
 
-def _theirs(model: Any, batch: Batch, setting: str, n: int, pad: int, extra: dict[str, Any]) -> Callable[[], Sample]:
-    """A run of transformers' model.generate with the same values (torch seeded before each run)."""
+def _summed(samples: list[Sample]) -> Sample:
+    """The runs of one cell as one sample: times and counts added, the rows of every run in turn."""
+
+    def add(values: list[int | None]) -> int | None:
+        return None if None in values else sum(v or 0 for v in values)
+
+    return Sample(
+        sum(s.wall for s in samples),
+        sum(s.tokens for s in samples),
+        [row for s in samples for row in s.sequences],
+        add([s.drafted for s in samples]),
+        add([s.kept for s in samples]),
+        add([s.calls for s in samples]),
+    )
+
+
+def _theirs(
+    model: Any, batches: list[Batch], setting: str, n: int, pad: int, extra: dict[str, Any]
+) -> Callable[[], Sample]:
+    """A run of transformers' model.generate over `batches` (one prompt each), one after another, with the same
+    values (torch seeded before each call)."""
     kw: dict[str, Any] = {"max_new_tokens": n, "pad_token_id": pad, **extra}
     if setting == "greedy":
         kw.update(do_sample=False, temperature=None, top_k=None, top_p=None, min_p=None)
     else:
         kw.update(do_sample=True, **VALUES)
 
-    def run() -> Sample:
+    def one(batch: Batch) -> Sample:
         torch.manual_seed(SEED)
         start = time.perf_counter()
         with warnings.catch_warnings():
@@ -294,7 +329,7 @@ def _theirs(model: Any, batch: Batch, setting: str, n: int, pad: int, extra: dic
         wall = time.perf_counter() - start
         return Sample(wall, out.shape[0] * (out.shape[1] - batch.ids.shape[1]), out.tolist())  # B = 1: no padding
 
-    return run
+    return lambda: _summed([one(batch) for batch in batches])
 
 
 @dataclass
@@ -451,7 +486,7 @@ S4_HEADER = (
 
 
 def _against_none(
-    table: Table, engines: dict[str, tuple[Any, Any]], tasks: list[str], batches: list[int], n: int, reps: int,
+    table: Table, engines: dict[str, tuple[Any, Any]], tasks: list[str], batches: list[int], plan: Plan,
     drafters: dict[str, Any], targeted: bool,
 ) -> Table:  # fmt: skip
     """Each drafter against generate() without one, per engine, task, batch size and setting, interleaved; with
@@ -459,11 +494,11 @@ def _against_none(
     for engine, (model, tok) in engines.items():
         for task in tasks:
             for b in batches:
-                batch = _batch(tok, task, b)
+                runs, n = _runs(tok, task, b, plan.prompts), plan.max_new_tokens
                 for setting in ("greedy", "sampling"):
-                    configs = {"none": _ours(model, tok, batch, setting, n)}
-                    configs |= {name: _ours(model, tok, batch, setting, n, draft=d) for name, d in drafters.items()}
-                    m = _interleave(configs, reps)
+                    configs = {"none": _ours(model, tok, runs, setting, n)}
+                    configs |= {name: _ours(model, tok, runs, setting, n, draft=d) for name, d in drafters.items()}
+                    m = _interleave(configs, plan.reps)
                     base = m["none"]
                     for name in drafters:
                         spec = m[name]
@@ -480,20 +515,20 @@ def _against_none(
     return table
 
 
-def section1(engines: dict[str, tuple[Any, Any]], tasks: list[str], batches: list[int], n: int, reps: int) -> Table:
+def section1(engines: dict[str, tuple[Any, Any]], tasks: list[str], batches: list[int], plan: Plan) -> Table:
     """Prompt lookup against no drafter, per engine, task, batch size and setting."""
     table = Table("Prompt lookup against no drafter", S1_HEADER, [])
-    return _against_none(table, engines, tasks, batches, n, reps, {"prompt_lookup": "prompt_lookup"}, True)
+    return _against_none(table, engines, tasks, batches, plan, {"prompt_lookup": "prompt_lookup"}, True)
 
 
-def section4(model: Any, tok: Any, tasks: list[str], batches: list[int], n: int, reps: int, layers: int) -> Table:
+def section4(model: Any, tok: Any, tasks: list[str], batches: list[int], plan: Plan, layers: int) -> Table:
     """The model-running drafters against no drafter on the transformers engine, B = 1 and 8."""
     table = Table(f"early_exit and draft_model ({layers} layers) against no drafter", S4_HEADER, [])
     drafters = {
         "early_exit": {"use": "early_exit", "layers": layers},
         "draft_model": {"use": "draft_model", "model": _first_layers(model, layers)},
     }
-    return _against_none(table, {"transformers": (model, tok)}, tasks, batches, n, reps, drafters, False)
+    return _against_none(table, {"transformers": (model, tok)}, tasks, batches, plan, drafters, False)
 
 
 def _noted(m: Measured) -> str:
@@ -506,9 +541,10 @@ S2_HEADER = (
 ).split("|")
 
 
-def _early_exit_theirs(model: Any, small: Any, batch: Batch, setting: str, n: int, pad: int, layers: int):
+def _early_exit_theirs(model: Any, small: Any, runs: list[Batch], setting: str, n: int, pad: int, layers: int):
     """model.generate(assistant_early_exit=layers), or with assistant_model = the first `layers` layers where
     transformers refuses early exit on this model; and the label of what ran."""
+    batch = runs[0]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -520,17 +556,17 @@ def _early_exit_theirs(model: Any, small: Any, batch: Batch, setting: str, n: in
         extra, label = {"assistant_model": small}, f"assistant_model=first {layers} layers ({type(exc).__name__})"
     else:
         extra, label = {"assistant_early_exit": layers}, f"assistant_early_exit={layers}"
-    return _theirs(model, batch, setting, n, pad, extra), label
+    return _theirs(model, runs, setting, n, pad, extra), label
 
 
-def section2(model: Any, tok: Any, tasks: list[str], n: int, reps: int, layers: int) -> Table:
+def section2(model: Any, tok: Any, tasks: list[str], plan: Plan, layers: int) -> Table:
     """samplechain's speculative generate() against transformers' own, B = 1, transformers engine."""
-    small, pad = _first_layers(model, layers), _pad(tok)
+    small, pad, n = _first_layers(model, layers), _pad(tok), plan.max_new_tokens
     table = Table("samplechain against transformers' speculative generation (B = 1)", S2_HEADER, [])
     for setting in ("greedy", "sampling"):
         for task in tasks:
-            batch = _batch(tok, task, 1)
-            ee_theirs, ee_label = _early_exit_theirs(model, small, batch, setting, n, pad, layers)
+            runs = _runs(tok, task, 1, plan.prompts)
+            ee_theirs, ee_label = _early_exit_theirs(model, small, runs, setting, n, pad, layers)
             methods = {
                 "none": (None, {}, "no speculation"),
                 "prompt_lookup": (
@@ -547,11 +583,9 @@ def section2(model: Any, tok: Any, tasks: list[str], n: int, reps: int, layers: 
             }
             configs: dict[str, Callable[[], Sample]] = {}
             for name, (draft, extra, _) in methods.items():
-                configs[f"ours {name}"] = _ours(model, tok, batch, setting, n, draft=draft)
-                configs[f"theirs {name}"] = (
-                    ee_theirs if extra is None else _theirs(model, batch, setting, n, pad, extra)
-                )
-            m = _interleave(configs, reps)
+                configs[f"ours {name}"] = _ours(model, tok, runs, setting, n, draft=draft)
+                configs[f"theirs {name}"] = ee_theirs if extra is None else _theirs(model, runs, setting, n, pad, extra)
+            m = _interleave(configs, plan.reps)
             for name, (_, _, label) in methods.items():
                 ours, theirs = m[f"ours {name}"], m[f"theirs {name}"]
                 who = f"{setting} {task} {name}"
@@ -574,9 +608,7 @@ COUPLING = {  # configuration -> (the draft table's mode, its noise); mode None:
 }
 
 
-def section3(
-    engines: dict[str, tuple[Any, Any]], small: Any, tasks: list[str], n: int, reps: int, layers: int
-) -> Table:
+def section3(engines: dict[str, tuple[Any, Any]], small: Any, tasks: list[str], plan: Plan, layers: int) -> Table:
     """Acceptance of the same drafters under the three ways of verifying, at temperature 1, B = 1."""
     table = Table("Coupling: kept / drafted at temperature 1 (B = 1)", S3_HEADER, [])
     drafters = {
@@ -585,14 +617,14 @@ def section3(
     }
     for engine, (model, tok) in engines.items():
         for task in tasks:
-            batch = _batch(tok, task, 1)
-            configs = {"none": _ours(model, tok, batch, "t=1", n)}
+            runs, n = _runs(tok, task, 1, plan.prompts), plan.max_new_tokens
+            configs = {"none": _ours(model, tok, runs, "t=1", n)}
             for drafter, entry in drafters.items():
                 for config, (mode, noise) in COUPLING.items():
                     # a fixed length: every configuration checks drafts of num_tokens, whatever it keeps
                     draft = {**entry, "noise": noise, "adaptive": False} | ({} if mode is None else {"mode": mode})
-                    configs[f"{drafter}: {config}"] = _ours(model, tok, batch, "t=1", n, draft=draft)
-            m = _interleave(configs, reps)
+                    configs[f"{drafter}: {config}"] = _ours(model, tok, runs, "t=1", n, draft=draft)
+            m = _interleave(configs, plan.reps)
             for drafter in drafters:
                 for config, (mode, _) in COUPLING.items():
                     got = m[f"{drafter}: {config}"]
@@ -617,6 +649,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", default="1,8", help="the batch sizes of sections 1 and 4 (sections 2 and 3 run B = 1)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument(
+        "--prompts", type=int, default=4, help="B = 1 runs the first N prompts of a task one after another (1-8)"
+    )
     ap.add_argument("--layers", type=int, default=24, help="early exit / draft model: the first N of the 30 layers")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument(
@@ -638,25 +673,26 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
         ap.error(f"--tasks: unknown {', '.join(unknown)} (known: {', '.join(TASKS)})")
+    if not 1 <= args.prompts <= 8:
+        ap.error(f"--prompts {args.prompts}: each task has 8 prompts; give 1-8")
     names = args.engines.split(",") if sections & {1, 3} else []
     if sections & {2, 4} and "transformers" not in names:
         names.append("transformers")
     engines = {name: _load(name, args.threads, args.gguf, args.kv_cache) for name in names}
-    n, reps = args.max_new_tokens, args.reps
+    plan = Plan(args.max_new_tokens, args.reps, args.prompts)
+    batches = [int(b) for b in args.batch.split(",")]
     tables: list[Table] = []
     if 1 in sections:
         picked = {e: engines[e] for e in args.engines.split(",")}
-        tables.append(section1(picked, tasks, [int(b) for b in args.batch.split(",")], n, reps))
+        tables.append(section1(picked, tasks, batches, plan))
     if 2 in sections:
-        tables.append(section2(*engines["transformers"], tasks, n, reps, args.layers))
+        tables.append(section2(*engines["transformers"], tasks, plan, args.layers))
     if 3 in sections:
         hf = engines["transformers"][0] if "transformers" in engines else _load("transformers", args.threads)[0]
         picked = {e: engines[e] for e in args.engines.split(",")}
-        tables.append(section3(picked, _first_layers(hf, args.layers), tasks, n, reps, args.layers))
+        tables.append(section3(picked, _first_layers(hf, args.layers), tasks, plan, args.layers))
     if 4 in sections:
-        tables.append(
-            section4(*engines["transformers"], tasks, [int(b) for b in args.batch.split(",")], n, reps, args.layers)
-        )
+        tables.append(section4(*engines["transformers"], tasks, batches, plan, args.layers))
     records = {t.title: t.records() for t in tables}
     print("\n\n".join(t.markdown() for t in tables) if args.markdown else json.dumps(records, indent=2))
     if args.json:
