@@ -134,9 +134,9 @@ def stream(
     **kwargs: Any,
 ) -> Iterator[StreamEvent]:
     """Yield one event per generated token of each request as tokens are chosen; a request's text deltas
-    concatenate to its output text (`GenerationOutput.texts`) and never split a multi-byte character. Pass `result=[]` to receive the final
-    GenerationOutput; `progress` as in `generate()`, called after a step's events are yielded. With `resume=`,
-    events carry the text after the checkpoint.
+    concatenate to its output text (`GenerationOutput.texts`) and never split a multi-byte character. Pass
+    `result=[]` to receive the final GenerationOutput; `progress` as in `generate()`, called after a step's events
+    are yielded. With `resume=`, events carry the text after the checkpoint.
 
     Never emitted: text a stop later removes. While stop strings / stop_regex are active, the last
     `Stopping.hold_back()` characters of each request whose include_stop_str_in_output is False wait (vLLM's
