@@ -12,8 +12,9 @@ many-token kernel for it):
    (median), and the ratio to k = 1; at B > 1 also a call where only the first row takes k tokens and the others
    one (`runner.extend_rows`: one row's draft in a batch; llama.cpp runs it as two passes, the rows' first tokens
    and then that row's others); on a CPU also the same calls in the model's own products (the runner computes
-   a check of 2-5 rows in all as W x^T, `TransformersRunner.few_row_products`) and with the key/value heads copied
-   per query head as transformers' attention does (`TransformersRunner.grouped_attention`);
+   a check's linear layers of 2-5 rows, and its vocabulary head, as W x^T, `TransformersRunner.few_row_products`)
+   and with the key/value heads copied per query head as transformers' attention does
+   (`TransformersRunner.grouped_attention`);
 2. numerics: the largest difference between the logits of one k-token call and k one-token steps, k = 4 and 8
    (what `match`'s promise of the same tokens rests on);
 3. bounds: generate() tokens per second with an oracle drafter (it proposes the run without a drafter's next

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from ..contracts import max_positions
 from ..engine.discovery import PluginHost, get_host
@@ -32,22 +31,63 @@ _CACHE_NAMES = ("cache", "past_key_values", "cache_params", "state", "mems", "pa
 # weight @ input^T reaches; for one row, and from 6 rows on, the two cost about the same (docs/performance.md,
 # "Few-row products")
 _FEW_ROWS = range(2, 6)
+# and a layer this wide (a vocabulary head) from 2 rows on: over a 49152 x 576 head weight @ input^T takes a fifth
+# to four fifths of the time for 2-12 and 16-96 rows, about a tenth more for 13-15 (performance.md, "Few-row products")
+_WIDE = 8192
 _MKL = torch.backends.mkl.is_available()
 
 
-class _FewRowProducts(TorchFunctionMode):
-    """Linear layers of 2-5 rows computed as (W x^T)^T: the same product, rounded as any other summation order."""
+_few_rows = threading.local()  # .inside: passes of this thread run few-row products
+# id(model): (passes inside _FewRowProducts, of any thread; the layers whose forward they swapped)
+_patched: dict[int, tuple[int, list[torch.nn.Linear]]] = {}
+_patching = threading.Lock()
 
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func is F.linear:
-            x, weight = args[0], args[1]
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            rows = x.numel() // max(x.shape[-1], 1)
-            if rows in _FEW_ROWS and x.dtype == weight.dtype == torch.float32 and weight.dim() == 2:
-                out = (weight @ x.reshape(rows, x.shape[-1]).T).T.reshape(*x.shape[:-1], weight.shape[0])
-                return out if bias is None else out + bias
-        return func(*args, **kwargs)
+
+def _few_row_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """`module`'s forward while a model is inside _FewRowProducts: float32 rows of this thread as (W x^T)^T where
+    that layout is the faster (2-5 rows; 2 rows and more of a vocabulary head)."""
+    weight, bias = module.weight, module.bias
+    rows = x.numel() // max(x.shape[-1], 1)
+    few = rows in _FEW_ROWS or (rows > 1 and weight.shape[0] >= _WIDE)
+    if few and getattr(_few_rows, "inside", 0) > 0 and x.dtype == weight.dtype == torch.float32:
+        out = (weight @ x.reshape(rows, x.shape[-1]).T).T.reshape(*x.shape[:-1], weight.shape[0])
+        return out if bias is None else out + bias
+    return F.linear(x, weight, bias)
+
+
+class _FewRowProducts:
+    """While inside, `model`'s linear layers (`torch.nn.Linear` itself, where nothing else has replaced its forward)
+    compute 2-5 rows of this thread's passes, and 2 rows and more of a vocabulary head, as (W x^T)^T: the same
+    product, rounded as any other summation order.
+
+    The layers' forward is swapped for the pass rather than every torch call intercepted (a TorchFunctionMode): a
+    model makes some 600 torch calls a pass, and sending each through Python cost a check 10-15% of its time. Other
+    threads' passes on the same model meanwhile keep the model's own products (the thread-local count), and the last
+    pass out of a model, of any thread, gives its layers their forward back."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def __enter__(self) -> _FewRowProducts:
+        with _patching:
+            inside, layers = _patched.get(id(self.model), (0, []))
+            if not inside:
+                layers = [m for m in self.model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)]
+                for layer in layers:
+                    layer.forward = _few_row_linear.__get__(layer)  # type: ignore[method-assign]
+            _patched[id(self.model)] = (inside + 1, layers)
+        _few_rows.inside = getattr(_few_rows, "inside", 0) + 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _few_rows.inside -= 1
+        with _patching:
+            inside, layers = _patched.pop(id(self.model))
+            if inside > 1:
+                _patched[id(self.model)] = (inside - 1, layers)
+                return
+            for layer in layers:
+                del layer.forward
 
 
 _GROUPED = "samplechain_grouped_sdpa"
@@ -154,8 +194,9 @@ class TransformersRunner(ModelRunner):
 
     name = "transformers"
     pads_rows = True  # extend_rows gives every row the longest feed's columns (holes where it has fewer)
-    # a pass of several tokens a row (a check: extend, extend_rows) and 2-5 rows in all runs the linear layers as
-    # W x^T (_FewRowProducts) with MKL on a CPU; False (on the class: every runner) keeps the model's own products
+    # a pass of several tokens a row (a check: extend, extend_rows) runs the linear layers of 2-5 rows and the
+    # vocabulary head as W x^T (_FewRowProducts) with MKL on a CPU; False (on the class: every runner) keeps the
+    # model's own products
     few_row_products = True
     # a pass of several tokens a row (a check) attends with the key/value heads shared (_grouped_sdpa) instead of
     # copied per query head, on a CPU for a model on transformers' sdpa attention with grouped key/value heads;
@@ -218,9 +259,9 @@ class TransformersRunner(ModelRunner):
             inputs["logits_to_keep"] = keep
         # a pass that keeps one position a row (the prefill, a step) runs the model's own products, bit for bit
         # model.generate's
-        few = keep > 1 and self.few_row_products and ids.shape[0] * keep in _FEW_ROWS
+        few = keep > 1 and self.few_row_products
         grouped = keep > 1 and self.grouped_attention and self.model.config._attn_implementation in ("sdpa", _GROUPED)
-        with _FewRowProducts() if few else contextlib.nullcontext():
+        with _FewRowProducts(self.model) if few else contextlib.nullcontext():
             with _grouped_attention(self.model.config) if grouped else contextlib.nullcontext():
                 out = self.model(**inputs, return_dict=True)
         for name in _CACHE_NAMES:
