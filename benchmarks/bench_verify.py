@@ -12,7 +12,7 @@ many-token kernel for it):
    (median), and the ratio to k = 1; at B > 1 also a call where only the first row takes k tokens and the others
    one (`runner.extend_rows`: one row's draft in a batch; llama.cpp runs it as two passes, the rows' first tokens
    and then that row's others); on a CPU also the same calls in the model's own products (the runner computes
-   a check's linear layers of 2-5 rows, and its vocabulary head, as W x^T, `TransformersRunner.few_row_products`)
+   a check's linear layers of 2-4 rows, and its vocabulary head, as W x^T, `TransformersRunner.few_row_products`)
    and with the key/value heads copied per query head as transformers' attention does
    (`TransformersRunner.grouped_attention`);
 2. numerics: the largest difference between the logits of one k-token call and k one-token steps, k = 4 and 8
@@ -21,6 +21,9 @@ many-token kernel for it):
    tokens, so every draft is kept) and with a drafter that always misses (its drafts are never kept; the adaptive
    length backs off), against no drafter, greedy and seeded sampling; "same tokens" compares with the run without a
    drafter. Any real drafter lands between the two.
+4. layouts (transformers): ms of each of the model's linear-layer shapes over n rows, `x @ W.T` (torch's linear)
+   against `W @ x.T` (the layout the runner gives a check's products of 2-4 rows and its vocabulary head),
+   interleaved, median of 7 times --reps.
 
     .venv/bin/python benchmarks/bench_verify.py                       # the default model, on the CPU
     .venv/bin/python benchmarks/bench_verify.py --engine llama.cpp --sections 1,3
@@ -118,7 +121,7 @@ def cost(
     model: Any, device: torch.device, batches: Sequence[int], ks: Sequence[int], reps: int, context: int
 ) -> list[dict]:
     """ms per runner.extend of k tokens per row after a `context`-token prompt, the cache cut back after each call
-    (its length stays put). Where the runner computes a check of 2-5 rows in all in its own layout
+    (its length stays put). Where the runner computes a check of 2-4 rows in all in its own layout
     (`few_row_products`) or attends to shared key/value heads (`grouped_attention`), the same calls without each of
     the two too, interleaved."""
     rows = []
@@ -258,6 +261,41 @@ def bounds(
     return rows
 
 
+def _transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return (weight @ x.T).T
+
+
+@torch.inference_mode()
+def layouts(model: Any, device: torch.device, counts: Sequence[int], reps: int) -> list[dict]:
+    """ms of each distinct linear-layer weight shape of `model` over n rows in the two layouts, interleaved."""
+    shapes = dict.fromkeys(
+        tuple(m.weight.shape) for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dim() == 2
+    )
+    rows = []
+    for out_features, in_features in shapes:
+        weight = torch.randn(out_features, in_features, device=device, dtype=model.dtype)
+        for n in counts:
+            x = torch.randn(n, in_features, device=device, dtype=model.dtype)
+            runs = {"x @ W.T ms": torch.nn.functional.linear, "W @ x.T ms": _transposed}
+            times: dict[str, list[float]] = {name: [] for name in runs}
+            for rep in range(7 * reps + 2):
+                for name, fn in runs.items():
+                    seconds, _ = timed(device, fn, x, weight)
+                    if rep >= 2:
+                        times[name].append(seconds * 1e3)
+            ms = {name: statistics.median(t) for name, t in times.items()}
+            ratio = ms["W @ x.T ms"] / ms["x @ W.T ms"]
+            rows.append(
+                {
+                    "weight": f"{out_features} x {in_features}",
+                    "rows": n,
+                    **{k: round(v, 3) for k, v in ms.items()},
+                    "ratio": round(ratio, 2),
+                }
+            )
+    return rows
+
+
 def table(rows: Sequence[dict]) -> str:
     head = list(dict.fromkeys(h for r in rows for h in r))  # every row's columns (B = 1 has no "one row")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -281,6 +319,7 @@ def main() -> None:
         "--draft-length", type=int, default=8, help="the first draft length (adaptive: it grows while drafts are kept)"
     )
     ap.add_argument("--context", type=int, default=64, help="the prompt's tokens (sections 1 and 3)")
+    ap.add_argument("--rows", default="1,2,3,4,5,6,8,12,16,24,48,96", help="section 4's row counts")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -313,6 +352,10 @@ def main() -> None:
         report["bounds"] = bounds(model, device, batches, n, length, args.reps, args.context)
         print("\n### 3. generate() between a drafter that is always right and one always wrong\n", flush=True)
         print(table(report["bounds"]), flush=True)
+    if "4" in sections and args.engine == "transformers":
+        counts = [int(n) for n in args.rows.split(",")]
+        report["layouts"] = layouts(model, device, counts, args.reps)
+        print("\n### 4. a linear layer's product over n rows in the two layouts\n\n" + table(report["layouts"]))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=1)

@@ -225,7 +225,7 @@ def test_rows_that_keep_their_own_tokens_equal_each_row_alone(tiny, seed):
     assert runner.input_ids.shape[1] <= width + 10 * 5
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 12])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 12])
 def test_few_row_products_are_the_linear_layer(rows):
     torch.manual_seed(rows)
     layers = torch.nn.ModuleDict(
@@ -243,7 +243,7 @@ def test_few_row_products_are_the_linear_layer(rows):
         for name, layer in layers.items():
             expected = F.linear(x, layer.weight, layer.bias)
             torch.testing.assert_close(got[name], expected, atol=1e-5, rtol=1e-5)
-            transposed = rows in range(2, 6) or (rows > 1 and name == "head")
+            transposed = rows in range(2, 5) or (rows > 1 and name == "head")
             layout = (layer.weight @ flat.T).T + (0 if layer.bias is None else layer.bias) if transposed else expected
             assert torch.equal(got[name].reshape(rows, -1), layout.reshape(rows, -1).detach()), name
     assert {name: layer.forward for name, layer in layers.items()} == own  # the layers' own forward is back

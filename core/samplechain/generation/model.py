@@ -27,12 +27,12 @@ from ..runners import ModelRunner
 __all__ = ["ModelRunner", "TransformersRunner", "max_positions", "runner_for"]
 
 _CACHE_NAMES = ("cache", "past_key_values", "cache_params", "state", "mems", "past_buckets_states")
-# MKL's float32 product input @ weight^T over 2 to 5 rows reads the weight at a third to a half of the speed that
-# weight @ input^T reaches; for one row, and from 6 rows on, the two cost about the same (docs/performance.md,
-# "Few-row products")
-_FEW_ROWS = range(2, 6)
-# and a layer this wide (a vocabulary head) from 2 rows on: over a 49152 x 576 head weight @ input^T takes a fifth
-# to four fifths of the time for 2-12 and 16-96 rows, about a tenth more for 13-15 (performance.md, "Few-row products")
+# MKL's float32 product input @ weight^T over 2 to 4 rows can read the weight at a third to a half of the speed
+# that weight @ input^T reaches; for one row the two cost the same, from 5 rows on neither is faster everywhere
+# (SmolLM2-135M's layers on an Intel and an AMD CPU); a layer this wide (a vocabulary head) is the exception: over a
+# 49152 x 576 head weight @ input^T takes a fifth to four fifths of the time from 2 rows on, but at 12-15 rows
+# (about the same there; docs/performance.md, "Few-row products"; benchmarks/bench_verify.py --sections 4)
+_FEW_ROWS = range(2, 5)
 _WIDE = 8192
 _MKL = torch.backends.mkl.is_available()
 
@@ -45,7 +45,7 @@ _patching = threading.Lock()
 
 def _few_row_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """`module`'s forward while a model is inside _FewRowProducts: float32 rows of this thread as (W x^T)^T where
-    that layout is the faster (2-5 rows; 2 rows and more of a vocabulary head)."""
+    that layout is the faster (2-4 rows; 2 rows and more of a vocabulary head)."""
     weight, bias = module.weight, module.bias
     rows = x.numel() // max(x.shape[-1], 1)
     few = rows in _FEW_ROWS or (rows > 1 and weight.shape[0] >= _WIDE)
@@ -57,7 +57,7 @@ def _few_row_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 class _FewRowProducts:
     """While inside, `model`'s linear layers (`torch.nn.Linear` itself, where nothing else has replaced its forward)
-    compute 2-5 rows of this thread's passes, and 2 rows and more of a vocabulary head, as (W x^T)^T: the same
+    compute 2-4 rows of this thread's passes, and 2 rows and more of a vocabulary head, as (W x^T)^T: the same
     product, rounded as any other summation order.
 
     The layers' forward is swapped for the pass rather than every torch call intercepted (a TorchFunctionMode): a
@@ -194,7 +194,7 @@ class TransformersRunner(ModelRunner):
 
     name = "transformers"
     pads_rows = True  # extend_rows gives every row the longest feed's columns (holes where it has fewer)
-    # a pass of several tokens a row (a check: extend, extend_rows) runs the linear layers of 2-5 rows and the
+    # a pass of several tokens a row (a check: extend, extend_rows) runs the linear layers of 2-4 rows and the
     # vocabulary head as W x^T (_FewRowProducts) with MKL on a CPU; False (on the class: every runner) keeps the
     # model's own products
     few_row_products = True
