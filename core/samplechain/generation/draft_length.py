@@ -16,8 +16,8 @@ tokens per unit of work over all its rows (Dinkelbach's iteration for a ratio of
 - `c` and `s`: timed. Each model call's time is fitted, recency-weighted, as alpha + beta F + step D, F the tokens
   the call runs (each row's newest token and its own draft on a runner that feeds rows their own tokens, every row as
   wide as the widest on one that pads them (`ModelRunner.pads_rows`) or advances rows together), D whether any row
-  drafted: a many-token pass where the call would run one token a row can cost a step more than its tokens (on a CPU,
-  transformers' float32 model pays about half a step for a second token and little for the next ten). The recency
+  drafted: a many-token pass where the call would run one token a row can cost a step more than its tokens, or
+  nothing where the host multiplies a few rows as fast as one (the transformers runner's checks on a CPU). The recency
   runs apart for calls with drafts and without (each group's weight falls with its own newer calls, slowly with the
   other group's), so that the calls of a long rest do not wash out what a draft was timed to cost. A drafter's own
   time per drafted token (a draft model's passes) adds to c. A draft table's `cost` fixes c, and no step, instead
