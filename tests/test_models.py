@@ -228,11 +228,17 @@ def test_rows_that_keep_their_own_tokens_equal_each_row_alone(tiny, seed):
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 12])
 def test_few_row_products_are_the_linear_layer(rows):
     torch.manual_seed(rows)
-    layers = torch.nn.ModuleDict(
+
+    class Layers(torch.nn.ModuleDict):
+        def get_output_embeddings(self):  # as a transformers model names its vocabulary head
+            return self["head"]
+
+    layers = Layers(
         {
             "plain": torch.nn.Linear(40, 96, bias=False),
             "biased": torch.nn.Linear(40, 96),
-            "head": torch.nn.Linear(40, 8192),
+            "head": torch.nn.Linear(40, 96),
+            "wide": torch.nn.Linear(40, 8192),  # as wide as a vocabulary, but not the model's head
         }
     )
     own = {name: layer.forward for name, layer in layers.items()}

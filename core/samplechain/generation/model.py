@@ -29,11 +29,10 @@ __all__ = ["ModelRunner", "TransformersRunner", "max_positions", "runner_for"]
 _CACHE_NAMES = ("cache", "past_key_values", "cache_params", "state", "mems", "past_buckets_states")
 # MKL's float32 product input @ weight^T over 2 to 4 rows can read the weight at a third to a half of the speed
 # that weight @ input^T reaches; for one row the two cost the same, from 5 rows on neither is faster everywhere
-# (SmolLM2-135M's layers on an Intel and an AMD CPU); a layer this wide (a vocabulary head) is the exception: over a
-# 49152 x 576 head weight @ input^T takes a fifth to four fifths of the time from 2 rows on, but at 12-15 rows
-# (about the same there; docs/performance.md, "Few-row products"; benchmarks/bench_verify.py --sections 4)
+# (SmolLM2-135M's layers on an Intel and an AMD CPU); the vocabulary head (the model's output embeddings) is the
+# exception: over a 49152 x 576 head weight @ input^T takes a fifth to four fifths of the time from 2 rows on, but at
+# 12-15 rows (about the same there; docs/performance.md, "Few-row products"; benchmarks/bench_verify.py --sections 4)
 _FEW_ROWS = range(2, 5)
-_WIDE = 8192
 _MKL = torch.backends.mkl.is_available()
 
 
@@ -43,12 +42,12 @@ _patched: dict[int, tuple[int, list[torch.nn.Linear]]] = {}
 _patching = threading.Lock()
 
 
-def _few_row_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def _few_row_linear(module: torch.nn.Linear, head: bool, x: torch.Tensor) -> torch.Tensor:
     """`module`'s forward while a model is inside _FewRowProducts: float32 rows of this thread as (W x^T)^T where
-    that layout is the faster (2-4 rows; 2 rows and more of a vocabulary head)."""
+    that layout is the faster (2-4 rows; 2 rows and more of the vocabulary head, `head`)."""
     weight, bias = module.weight, module.bias
     rows = x.numel() // max(x.shape[-1], 1)
-    few = rows in _FEW_ROWS or (rows > 1 and weight.shape[0] >= _WIDE)
+    few = rows in _FEW_ROWS or (head and rows > 1)
     if few and getattr(_few_rows, "inside", 0) > 0 and x.dtype == weight.dtype == torch.float32:
         out = (weight @ x.reshape(rows, x.shape[-1]).T).T.reshape(*x.shape[:-1], weight.shape[0])
         return out if bias is None else out + bias
@@ -57,7 +56,7 @@ def _few_row_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 class _FewRowProducts:
     """While inside, `model`'s linear layers (`torch.nn.Linear` itself, where nothing else has replaced its forward)
-    compute 2-4 rows of this thread's passes, and 2 rows and more of a vocabulary head, as (W x^T)^T: the same
+    compute 2-4 rows of this thread's passes, and 2 rows and more of its vocabulary head, as (W x^T)^T: the same
     product, rounded as any other summation order.
 
     The layers' forward is swapped for the pass rather than every torch call intercepted (a TorchFunctionMode): a
@@ -73,8 +72,10 @@ class _FewRowProducts:
             inside, layers = _patched.get(id(self.model), (0, []))
             if not inside:
                 layers = [m for m in self.model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)]
+                output = getattr(self.model, "get_output_embeddings", None)
+                head = output() if callable(output) else None
                 for layer in layers:
-                    layer.forward = _few_row_linear.__get__(layer)  # type: ignore[method-assign]
+                    layer.forward = functools.partial(_few_row_linear, layer, layer is head)  # type: ignore[method-assign]
             _patched[id(self.model)] = (inside + 1, layers)
         _few_rows.inside = getattr(_few_rows, "inside", 0) + 1
         return self
