@@ -13,6 +13,7 @@ import contextlib
 import functools
 import inspect
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -39,6 +40,8 @@ _MKL = torch.backends.mkl.is_available()
 _few_rows = threading.local()  # .inside: passes of this thread run few-row products
 # id(model): (passes inside _FewRowProducts, of any thread; the layers whose forward they swapped)
 _patched: dict[int, tuple[int, list[torch.nn.Linear]]] = {}
+# model: its linear layers, each with the forward a pass inside _FewRowProducts gives it (found once a model)
+_layers: weakref.WeakKeyDictionary[torch.nn.Module, list[tuple[torch.nn.Linear, Any]]] = weakref.WeakKeyDictionary()
 _patching = threading.Lock()
 
 
@@ -71,11 +74,10 @@ class _FewRowProducts:
         with _patching:
             inside, layers = _patched.get(id(self.model), (0, []))
             if not inside:
-                layers = [m for m in self.model.modules() if type(m) is torch.nn.Linear and "forward" not in vars(m)]
-                output = getattr(self.model, "get_output_embeddings", None)
-                head = output() if callable(output) else None
-                for layer in layers:
-                    layer.forward = functools.partial(_few_row_linear, layer, layer is head)  # type: ignore[method-assign]
+                swaps = [(layer, fn) for layer, fn in _linear_layers(self.model) if "forward" not in vars(layer)]
+                for layer, fn in swaps:
+                    vars(layer)["forward"] = fn
+                layers = [layer for layer, _ in swaps]
             _patched[id(self.model)] = (inside + 1, layers)
         _few_rows.inside = getattr(_few_rows, "inside", 0) + 1
         return self
@@ -88,7 +90,21 @@ class _FewRowProducts:
                 _patched[id(self.model)] = (inside - 1, layers)
                 return
             for layer in layers:
-                del layer.forward
+                del vars(layer)["forward"]
+
+
+def _linear_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Linear, Any]]:
+    """`model`'s `torch.nn.Linear` layers with the forward a check gives each, found at its first check rather than
+    at every one (a walk of the model's modules cost a check about 1 ms of 60)."""
+    found = _layers.get(model)
+    if found is None:
+        output = getattr(model, "get_output_embeddings", None)
+        head = output() if callable(output) else None
+        found = [
+            (m, functools.partial(_few_row_linear, m, m is head)) for m in model.modules() if type(m) is torch.nn.Linear
+        ]
+        _layers[model] = found
+    return found
 
 
 _GROUPED = "samplechain_grouped_sdpa"
