@@ -407,6 +407,71 @@ def test_teacher_forcing_refuses_bad_tokens():
     assert store.snapshot() == before
 
 
+# ----------------------------------------------------------------- generate()'s other arguments
+def test_return_sequences_score_kept_with_each_sequences_seed(tiny):
+    """generate(..., num_return_sequences=3)'s rows score kept everywhere with the same n: return sequence j of a
+    prompt draws with seed + j, as the same rows given one by one with those seeds do."""
+    model, tok = tiny
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = generate(
+            model, tok, PROMPTS[:2], chain=SAMPLING, seed=7, max_new_tokens=10, pad_token_id=0, num_return_sequences=3
+        )
+        rows = generated(out)
+        got = score(
+            model, tok, PROMPTS[:2], rows, chain=SAMPLING, seed=7, pad_token_id=0, num_return_sequences=3, chunk_size=1
+        )
+        one_by_one = [p for p in PROMPTS[:2] for _ in range(3)]
+        seeds = [{"seed": 7 + j} for _ in range(2) for j in range(3)]
+        alone = score(model, tok, one_by_one, rows, chain=SAMPLING, params=seeds, pad_token_id=0, chunk_size=1)
+        same_seed = score(model, tok, one_by_one, rows, chain=SAMPLING, seed=7, pad_token_id=0, chunk_size=1)
+    assert len(rows) == 6 and len({tuple(r) for r in rows}) > 1
+    for b, row in enumerate(rows):
+        assert bool(got.kept[b].all()) and bool(alone.kept[b].all()), b
+        assert torch.equal(got.logprobs[b], out.logprobs[b, : len(row)])
+        assert torch.equal(got.drawn[b], alone.drawn[b])
+    # every row drawing with seed 7 is the first return sequence's stream, not the others'
+    assert not all(bool(k.all()) for k in same_seed.kept)
+
+
+@pytest.mark.transformers_parity
+def test_a_logits_processor_scores_as_generate_ran_it(tiny):
+    """generate()'s logits_processor= (transformers' repetition penalty, over the whole batch's tokens) applies to
+    scoring at each position: the generation's tokens are kept with its logprobs; without it they are not."""
+    model, tok = tiny
+    procs = transformers.LogitsProcessorList([transformers.RepetitionPenaltyLogitsProcessor(1.8)])
+    chain = {"samplers": [{"use": "top_k", "k": 8}, {"use": "dist"}]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = generate(
+            model, tok, PROMPTS, chain=chain, seed=3, max_new_tokens=12, pad_token_id=0, logits_processor=procs
+        )
+        rows = generated(out)
+        got = score(model, tok, PROMPTS, rows, chain=chain, seed=3, pad_token_id=0, logits_processor=procs)
+        plain = score(model, tok, PROMPTS, rows, chain=chain, seed=3, pad_token_id=0)
+    for b, row in enumerate(rows):
+        assert bool(got.kept[b].all()), (b, got.kept[b])
+        torch.testing.assert_close(got.logprobs[b], out.logprobs[b, : len(row)], atol=1e-5, rtol=0)
+    assert any(not torch.allclose(g, p) for g, p in zip(got.logprobs, plain.logprobs))
+
+
+def test_length_limits_and_stop_regex_report_where_they_would_end_a_row(tiny):
+    """max_new_tokens, max_length and stop_regex report their stop as generate() would end the row there; every
+    given token is still scored."""
+    model, tok = tiny
+    rows = [tok(" one two three four five", add_special_tokens=False)["input_ids"]] * 2
+    prompts = PROMPTS[:2]
+    limit = score(model, tok, prompts, rows, chain="preset:greedy", pad_token_id=0, max_new_tokens=3, ignore_eos=True)
+    assert limit.stop_index == [2, 2] and limit.finish_reasons == ["max_new_tokens"] * 2
+    assert [len(t) for t in limit.token_ids] == [len(r) for r in rows]
+    widest = max(len(tok(p)["input_ids"]) for p in prompts)
+    whole = score(model, tok, prompts, rows, chain="preset:greedy", pad_token_id=0, max_length=widest + 2)
+    assert whole.stop_index == [1, 1] and whole.finish_reasons == ["max_length"] * 2
+    regex = score(model, tok, prompts, rows, chain="preset:greedy", pad_token_id=0, stop_regex="thre+e")
+    three = next(t for t in range(len(rows[0])) if tok.decode(rows[0][: t + 1]).endswith("three"))
+    assert regex.stop_index == [three, three] and regex.finish_reasons == ["stop_regex:thre+e"] * 2
+
+
 # ----------------------------------------------------------------- bad input
 @pytest.mark.parametrize(
     ("kwargs", "message"),
@@ -415,7 +480,12 @@ def test_teacher_forcing_refuses_bad_tokens():
         ({"continuations": [" a", []]}, r"continuations\[1\] is empty: give at least one token"),
         ({"continuations": [[5, 10**7], " b"]}, r"continuations\[0\]\[1\] = 10000000: not a token id of the model"),
         ({"logprobs_at": "nope"}, r"logprobs_at = 'nope': the chain has no entry of that name"),
-        ({"logprobs_at": ["raw"]}, r"logprobs_at lists 1 stages for 2 rows"),
+        ({"logprobs_at": ["raw"]}, r"logprobs_at lists 1 stages for 2 prompts"),
+        ({"num_return_sequences": 0}, r"num_return_sequences = 0: must be an integer >= 1"),
+        (
+            {"num_return_sequences": 2, "continuations": [" a"] * 3, "chain": SAMPLING},
+            r"2 prompts with num_return_sequences = 2 but 3 continuations: give 2 continuations per prompt \(4\)",
+        ),
         ({"continuations": [" a", 3.5]}, r"continuations\[1\] is a float: give text or token ids"),
         ({"chunk_size": 0}, r"chunk_size = 0: give a number of tokens >= 1"),
         ({"continuations": [" a"] * 3, "logprobs_at": ["raw"] * 3}, r"2 prompts but 3 continuations"),

@@ -105,10 +105,15 @@ def score(
     seed: int | None = None,
     logprobs_at: str | Sequence[str] = "processed",
     chunk_size: int | None = None,
+    num_return_sequences: int = 1,
+    logits_processor: Any = None,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
     stop: Sequence[Any] = (),
     stop_strings: str | Sequence[str] | None = None,
+    stop_regex: str | Sequence[str] | None = None,
+    max_new_tokens: int | None = None,
+    max_length: int | None = None,
     ignore_eos: bool = False,
     generation_config: Any = None,
     host: PluginHost | None = None,
@@ -118,26 +123,23 @@ def score(
 
     prompts: as generate() takes them (text, a conversation, a list of them), or token ids (one list of ints or
     1-D tensor, or a list of them; a left-padded (B, width) tensor with its `attention_mask`, as generate()'s
-    input_ids: without one, padding is inferred from the pad token as generate() infers it). continuations: text (tokenized alone, without special tokens: pass a
-    generation's token ids to score exactly its tokens) or token ids, one per prompt. chain, params, seed: as
-    generate() (the same seed gives the same draws as the generation with it). logprobs_at: one stage or one per
-    prompt. chunk_size: continuation tokens per forward pass (None: all of them in one pass; 1: one-token steps
-    as generate() runs them); a pass holds (B, chunk_size, V) float32 logits. eos_token_id, pad_token_id, stop,
-    stop_strings, ignore_eos: the stopping criteria `stop_index` reports, as generate() takes them.
+    input_ids: without one, padding is inferred from the pad token as generate() infers it).
+    continuations: text (tokenized alone, without special tokens: pass a generation's token ids to score exactly its
+    tokens) or token ids, one per prompt, or `num_return_sequences` per prompt (prompt i's j-th at i * n + j, the
+    rows of generate(..., num_return_sequences=n): return sequence j draws with seed + j, as there). chain, params,
+    seed: as generate() (the same seed gives the same draws as the generation with it). logprobs_at: one stage or
+    one per prompt. chunk_size: continuation tokens per forward pass (None: all of them in one pass; 1: one-token
+    steps as generate() runs them); a pass holds (B, chunk_size, V) float32 logits. logits_processor: as
+    generate()'s, called at each position on the whole batch's tokens so far (a row whose continuation ended shows
+    pad ids, as a finished row of generate() does). eos_token_id, pad_token_id, stop, stop_strings, stop_regex,
+    max_new_tokens, max_length, ignore_eos: the stopping criteria `stop_index` reports, as generate() takes them
+    (none of them cuts a continuation: every given token is scored).
 
     Bad input (prompts and continuations of different counts, an empty continuation, a token id outside the
     vocabulary, an unknown logprobs_at stage, a chain with classifier-free guidance) is one ConfigError naming it."""
     rows = _continuation_rows(continuations, tokenizer)
-    count = _prompt_count(prompts)
-    if count is not None and count != len(rows):
-        raise ConfigError(f"{count} prompts but {len(rows)} continuations: give one continuation per prompt, in order")
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ConfigError(f"chunk_size = {chunk_size!r}: give a number of tokens >= 1, or None for one pass")
-    _check_tokens(rows, getattr(model.config, "vocab_size", None))
-    if not isinstance(logprobs_at, str) and len(logprobs_at) != len(rows):
-        raise ConfigError(
-            f"logprobs_at lists {len(logprobs_at)} stages for {len(rows)} rows: give one string, or one per prompt"
-        )
+    n = num_return_sequences
+    _check_args(model, prompts, rows, n, chunk_size, logprobs_at)
     gen = Generation(
         model,
         tokenizer,
@@ -150,14 +152,47 @@ def score(
         pad_token_id=pad_token_id,
         stop=[*stop, _Continuations(max(len(r) for r in rows))],
         stop_strings=stop_strings,
+        stop_regex=stop_regex,
+        max_new_tokens=max_new_tokens,
+        max_length=max_length,
         ignore_eos=ignore_eos,
+        num_return_sequences=n,
+        logits_processor=logits_processor,
         generation_config=generation_config,
         host=host,
         draft=False,  # scoring checks given tokens: the chain's [draft] table and guards have nothing to do
         guards=False,
     )
     _check_rows(gen, rows)
-    return _Scoring(gen, rows, logprobs_at).run(chunk_size)
+    return _Scoring(gen, rows).run(chunk_size)
+
+
+def _check_args(
+    model: Any, prompts: Any, rows: list[list[int]], n: Any, chunk_size: Any, logprobs_at: str | Sequence[str]
+) -> None:
+    """What score() can check before reading the prompts: counts, chunk size, token ids."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"num_return_sequences = {n!r}: must be an integer >= 1 (continuations per prompt)")
+    count = _prompt_count(prompts)
+    if count is not None and count * n != len(rows):
+        raise ConfigError(_count_error(count, len(rows), n))
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ConfigError(f"chunk_size = {chunk_size!r}: give a number of tokens >= 1, or None for one pass")
+    _check_tokens(rows, getattr(model.config, "vocab_size", None))
+    if not isinstance(logprobs_at, str) and len(logprobs_at) * n != len(rows):
+        raise ConfigError(
+            f"logprobs_at lists {len(logprobs_at)} stages for {len(rows) // n} prompts: give one string, or one per "
+            "prompt"
+        )
+
+
+def _count_error(prompts: int, rows: int, n: int) -> str:
+    if n == 1:
+        return f"{prompts} prompts but {rows} continuations: give one continuation per prompt, in order"
+    return (
+        f"{prompts} prompts with num_return_sequences = {n} but {rows} continuations: give {n} continuations per "
+        f"prompt ({prompts * n}), prompt i's j-th at i * {n} + j"
+    )
 
 
 class _Continuations(CallableCriterion):
@@ -284,10 +319,8 @@ def _prompt_args(prompts: Any, attention_mask: torch.Tensor | None = None) -> di
 
 def _check_rows(gen: Generation, rows: list[list[int]]) -> None:
     """The rows match the prompts, fit the model's positions, and the chain needs no second context."""
-    if gen.num_prompts != len(rows):
-        raise ConfigError(
-            f"{gen.num_prompts} prompts but {len(rows)} continuations: give one continuation per prompt, in order"
-        )
+    if gen.num_prompts * gen.n != len(rows):
+        raise ConfigError(_count_error(gen.num_prompts, len(rows), gen.n))
     if gen.chain.needs_unconditional_logits:
         raise ConfigError(
             "the chain has a guidance sampler (cfg), which reads a second, unconditional forward pass that score() "
@@ -306,8 +339,9 @@ def _check_rows(gen: Generation, rows: list[list[int]]) -> None:
 class _Scoring:
     """One score() run over a prepared Generation (its rows, chain, store, stopping criteria)."""
 
-    def __init__(self, gen: Generation, rows: list[list[int]], logprobs_at: str | Sequence[str]) -> None:
-        self.gen, self.rows, self.logprobs_at = gen, rows, logprobs_at
+    def __init__(self, gen: Generation, rows: list[list[int]]) -> None:
+        self.gen, self.rows = gen, rows
+        self.logprobs_at = gen._logprobs_at  # one stage, or one per row
         self.lengths = torch.tensor([len(r) for r in rows], dtype=torch.int64)
         device = gen.input_ids.device
         self.cont = torch.tensor(  # (B, L) right-padded with the pad token
@@ -325,8 +359,15 @@ class _Scoring:
         runner_cls = runner_for(gen.model, gen.host)
         gen.setup.start_time = time.monotonic()  # max_time, as generate() starts its clock
         gen.stopping.prepare(gen.setup)
+        groups = _groups(gen, self.rows)
+        if len(groups) > 1 and getattr(gen.logits_processor, "keeps_state", False):
+            raise ConfigError(
+                f"logits_processor={type(gen.logits_processor).__name__} keeps its own state from call to call, and "
+                f"these rows are scored in {len(groups)} groups (together they exceed the model's positions), which "
+                "would call it on each group's positions again: score the groups apart, or pass its chain as chain="
+            )
         with _threads(runner_cls.sampling_threads), torch.inference_mode():
-            for group in _groups(gen, self.rows):  # the request store keeps each row's state apart
+            for group in groups:  # the request store keeps each row's state apart
                 index = torch.tensor(group, dtype=torch.int64)
                 on = index.to(gen.input_ids.device)
                 runner = runner_cls(gen.model, gen.input_ids[on], gen.attention_mask[on])
@@ -366,9 +407,12 @@ class _Scoring:
             logits[:, gen.vocab_limit :] = float("-inf")
         reach = (self.lengths[index] > t).nonzero().flatten()
         active = index[reach]
+        tokens = torch.cat([gen.input_ids, self.cont[:, :t]], dim=1)
+        if gen.logits_processor is not None:
+            logits = _processed(gen.logits_processor, tokens, logits, index)
         if len(reach) < len(index):
             logits = logits.index_select(0, reach.to(logits.device))
-        history = gen.history_args(torch.cat([gen.input_ids, self.cont[:, :t]], dim=1))
+        history = gen.history_args(tokens)
         if len(active) < len(self.rows):
             history = {k: v.index_select(0, active.to(v.device)) for k, v in history.items()}
         ids = [gen.request_ids[i] for i in active.tolist()]
@@ -396,6 +440,15 @@ class _Scoring:
         for b in result.done.nonzero().flatten().tolist():
             if self.stop_index[b] is None and t < len(self.rows[b]):
                 self.stop_index[b], self.reasons[b] = t, result.reasons[b]
+
+
+def _processed(processor: Any, tokens: torch.Tensor, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`logits_processor=` on the logits (n, V) of the rows `index`, called as generate() calls it: on the whole
+    batch's tokens so far (B, width + t) and logits (B, V), the rows of other groups zeros."""
+    on = index.to(logits.device)
+    full = logits.new_zeros((tokens.shape[0], logits.shape[1]))
+    full[on] = logits
+    return processor(tokens, full)[on]
 
 
 def _sample(
