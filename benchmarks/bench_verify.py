@@ -2,7 +2,7 @@
 
 Speculative decoding pays where one model call over k tokens costs little more than a call over one: the model's
 weights are read once for all k, so a call that is bound by reading weights (a GPU at small batch) checks a draft
-almost for free, while a call bound by arithmetic (a CPU with few cores) costs nearly k steps. Three sections, on
+almost for free, while a call bound by arithmetic (a CPU with few cores) costs nearly k steps. The sections run on
 the transformers runner (SmolLM2-135M-Instruct where it is installed, else `--random`: a random-weight model of its
 shape, for machines without the model) or with `--engine llama.cpp` on the llama.cpp runner (the default model's
 GGUF, or `--gguf` another file: how fast a quantization checks drafts depends on whether llama.cpp has a
@@ -24,6 +24,9 @@ many-token kernel for it):
 4. layouts (transformers): ms of each of the model's linear-layer shapes over n rows, `x @ W.T` (torch's linear)
    against `W @ x.T` (the layout the runner gives a check's products of 2-4 rows and its vocabulary head),
    interleaved, median of 7 times --reps.
+5. released rows (transformers): ms of a one-token step of the largest --batch after all but n of its rows left
+   the batch (`runner.release`, as the speculative loop releases rows that have drawn all their tokens), n = B ... 1,
+   against the same steps in the model's own products: once rows left, the runner's steps run its few-row products.
 
     .venv/bin/python benchmarks/bench_verify.py                       # the default model, on the CPU
     .venv/bin/python benchmarks/bench_verify.py --engine llama.cpp --sections 1,3
@@ -296,6 +299,35 @@ def layouts(model: Any, device: torch.device, counts: Sequence[int], reps: int) 
     return rows
 
 
+@torch.inference_mode()
+def released(model: Any, device: torch.device, batch: int, reps: int, context: int) -> list[dict]:
+    """ms per `runner.step` of a `batch`-row batch after `batch - n` of its rows were released (finished rows leave
+    the batch), n = batch ... 1, against the same steps in the model's own products (`few_row_products = False`),
+    interleaved; each step grows the rows' cache by one token."""
+    ids = prompts(model, batch, context, device)
+    out = []
+    for n in range(batch, 0, -1):
+        runs = {"ms": runner(model, ids), "model's products ms": runner(model, ids)}
+        if not getattr(runs["ms"], "few_row_products", False):
+            return out
+        runs["model's products ms"].few_row_products = False
+        so_far = {}
+        for name, run in runs.items():
+            run.prefill()
+            run.release(range(n, batch))
+            so_far[name] = ids
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for rep in range(reps + 2):
+            token = prompts(model, batch, 1, device)
+            for name, run in runs.items():
+                so_far[name] = torch.cat([so_far[name], token], dim=-1)
+                t, _ = timed(device, run.step, so_far[name])
+                if rep >= 2:
+                    times[name].append(t)
+        out.append({"B": batch, "rows left": n} | {k: round(statistics.median(v) * 1e3, 3) for k, v in times.items()})
+    return out
+
+
 def table(rows: Sequence[dict]) -> str:
     head = list(dict.fromkeys(h for r in rows for h in r))  # every row's columns (B = 1 has no "one row")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -356,6 +388,9 @@ def main() -> None:
         counts = [int(n) for n in args.rows.split(",")]
         report["layouts"] = layouts(model, device, counts, args.reps)
         print("\n### 4. a linear layer's product over n rows in the two layouts\n\n" + table(report["layouts"]))
+    if "5" in sections and args.engine == "transformers":
+        report["released"] = released(model, device, max(batches), args.reps, args.context)
+        print("\n### 5. a step after rows left the batch\n\n" + table(report["released"]))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=1)

@@ -278,7 +278,9 @@ def test_few_row_products_stay_in_their_thread_and_nest():
         assert torch.equal(layer(x), own)
 
 
-def test_a_check_of_several_tokens_runs_few_row_products_and_gives_the_steps_logits(tiny, monkeypatch):
+@pytest.fixture
+def few_row_passes(monkeypatch):
+    """A list that grows by one at each pass run in few-row products."""
     entered = []
 
     class Counted(model_module._FewRowProducts):
@@ -287,6 +289,11 @@ def test_a_check_of_several_tokens_runs_few_row_products_and_gives_the_steps_log
             return super().__enter__()
 
     monkeypatch.setattr(model_module, "_FewRowProducts", Counted)
+    return entered
+
+
+def test_a_check_of_several_tokens_runs_few_row_products_and_gives_the_steps_logits(tiny, few_row_passes):
+    entered = few_row_passes
     ids = torch.tensor([[11, 12, 13, 14]])
     for k in range(1, 8):
         drafted = torch.arange(5, 5 + k).unsqueeze(0)
@@ -310,6 +317,23 @@ def test_a_check_of_several_tokens_runs_few_row_products_and_gives_the_steps_log
     own.prefill()
     own.extend(torch.tensor([[5, 6, 7]]))
     assert len(entered) == before
+
+
+def test_a_step_after_rows_were_released_runs_few_row_products(tiny, few_row_passes):
+    ids = torch.tensor([[11, 12, 13], [21, 22, 23], [31, 32, 33]])
+    seq = torch.cat([ids, torch.tensor([[5], [6], [7]])], dim=-1)
+    expected = _steps(tiny, ids, seq[:, -1:])[:, -1]
+    for few in (True, False):
+        runner = TransformersRunner(tiny, ids, None)
+        runner.few_row_products = few
+        runner.prefill()
+        runner.release([1])
+        before = len(few_row_passes)
+        logits = runner.step(seq)
+        # the two remaining rows are no longer the batch model.generate steps: their products take the faster layout
+        assert len(few_row_passes) - before == few
+        torch.testing.assert_close(logits[[0, 2]], expected[[0, 2]], atol=1e-4, rtol=1e-4)
+        assert not logits[1].any()
 
 
 @pytest.fixture(scope="module")

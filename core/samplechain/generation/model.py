@@ -211,9 +211,9 @@ class TransformersRunner(ModelRunner):
 
     name = "transformers"
     pads_rows = True  # extend_rows gives every row the longest feed's columns (holes where it has fewer)
-    # a pass of several tokens a row (a check: extend, extend_rows) runs the linear layers of 2-4 rows and the
-    # vocabulary head as W x^T (_FewRowProducts) with MKL on a CPU; False (on the class: every runner) keeps the
-    # model's own products
+    # a pass of several tokens a row (a check: extend, extend_rows), and a step once rows were released, runs the
+    # linear layers of 2-4 rows and the vocabulary head as W x^T (_FewRowProducts) with MKL on a CPU; False (on the
+    # class: every runner) keeps the model's own products
     few_row_products = True
     # a pass of several tokens a row (a check) attends with the key/value heads shared (_grouped_sdpa) instead of
     # copied per query head, on a CPU for a model on transformers' sdpa attention with grouped key/value heads;
@@ -275,8 +275,10 @@ class TransformersRunner(ModelRunner):
         if keep > 1 and "logits_to_keep" in inputs:
             inputs["logits_to_keep"] = keep
         # a pass that keeps one position a row (the prefill, a step) runs the model's own products, bit for bit
-        # model.generate's
-        few = keep > 1 and self.few_row_products
+        # model.generate's, while the batch holds every row; once rows left it (`release`) its products run on fewer
+        # rows than model.generate's, which MKL sums in another order anyway and in that layout, on some row counts,
+        # more slowly than the whole batch's, so its steps run the few-row products too
+        few = (keep > 1 or self.held is not None) and self.few_row_products
         grouped = keep > 1 and self.grouped_attention and self.model.config._attn_implementation in ("sdpa", _GROUPED)
         with _FewRowProducts(self.model) if few else contextlib.nullcontext():
             with _grouped_attention(self.model.config) if grouped else contextlib.nullcontext():
