@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from samplechain.generation import Generation
+from samplechain.generation.model import TransformersRunner
 
 PROMPT = "Write a short story about a robot who learns to paint."
 VALUES = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8}
@@ -241,10 +242,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument(
+        "--fast-steps",
+        action="store_true",
+        help="the transformers runner's steps in its own products (TransformersRunner.fast_steps; model.generate's "
+        "logits up to summation order)",
+    )
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    TransformersRunner.fast_steps = args.fast_steps
     engines = args.engines.split(",")
     rows: list[dict[str, Any]] = []
     if "llama.cpp" in engines:

@@ -60,6 +60,7 @@ import torch
 
 from samplechain.errors import GenerationWarning
 from samplechain.generation import generate
+from samplechain.generation.model import TransformersRunner
 
 SEED = 1234
 VALUES = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8}
@@ -664,10 +665,17 @@ def main(argv: list[str] | None = None) -> int:
         help="the llama.cpp engine's KV cache type (q8_0: a one-token decode past 256 tokens on several threads "
         "runs the attention code of a check, docs/speculative.md)",
     )
+    ap.add_argument(
+        "--fast-steps",
+        action="store_true",
+        help="the transformers runner's steps in its own products (TransformersRunner.fast_steps), with and "
+        "without a drafter",
+    )
     ap.add_argument("--markdown", action="store_true", help="print markdown tables (default: JSON)")
     ap.add_argument("--json", default=None, help="also write the tables, the environment and the command here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    TransformersRunner.fast_steps = args.fast_steps
     sections = {int(s) for s in args.sections.split(",")}
     tasks = [t for t in args.tasks.split(",") if t]
     unknown = [t for t in tasks if t not in TASKS]

@@ -22,8 +22,9 @@ many-token kernel for it):
    length backs off), against no drafter, greedy and seeded sampling; "same tokens" compares with the run without a
    drafter. Any real drafter lands between the two.
 4. layouts (transformers): ms of each of the model's linear-layer shapes over n rows, `x @ W.T` (torch's linear)
-   against `W @ x.T` (the layout the runner gives a check's products of 2-4 rows and its vocabulary head),
-   interleaved, median of 7 times --reps.
+   against `W @ x.T` (the layout the runner gives a check's products of 2-4 rows and its vocabulary head; one row
+   as two columns, `W @ [x 0].T`, as its fast steps do), on weights read from memory, interleaved, median of 7
+   times --reps.
 5. released rows (transformers): ms of a one-token step of the largest --batch after all but n of its rows left
    the batch (`runner.release`, as the speculative loop releases rows that have drawn all their tokens), n = B ... 1,
    against the same steps in the model's own products: once rows left, the runner's steps run its few-row products.
@@ -264,28 +265,45 @@ def bounds(
     return rows
 
 
-def _transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return (weight @ x.T).T
+_STREAMED = 64 << 20  # bytes of weight copies a layout's product cycles through: more than a CPU's caches hold
+
+
+def _own(x: torch.Tensor, weights: Sequence[torch.Tensor]) -> None:
+    for weight in weights:
+        torch.nn.functional.linear(x, weight)
+
+
+def _transposed(x: torch.Tensor, weights: Sequence[torch.Tensor]) -> None:
+    columns = torch.cat([x, torch.zeros_like(x)]) if x.shape[0] == 1 else x  # one row: as two columns
+    for weight in weights:
+        weight @ columns.T
 
 
 @torch.inference_mode()
 def layouts(model: Any, device: torch.device, counts: Sequence[int], reps: int) -> list[dict]:
-    """ms of each distinct linear-layer weight shape of `model` over n rows in the two layouts, interleaved."""
+    """ms of each distinct linear-layer weight shape of `model` over n rows in the two layouts, interleaved. Each
+    product runs on copies of the weight that together outgrow the caches, as a model's pass reads its weights
+    from memory (a product repeated on one weight would read it from a cache); one row runs as two columns in the
+    runner's layout, as its steps do."""
     shapes = dict.fromkeys(
         tuple(m.weight.shape) for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dim() == 2
     )
     rows = []
     for out_features, in_features in shapes:
-        weight = torch.randn(out_features, in_features, device=device, dtype=model.dtype)
+        size = out_features * in_features * torch.finfo(model.dtype).bits // 8
+        weights = [
+            torch.randn(out_features, in_features, device=device, dtype=model.dtype)
+            for _ in range(max(1, -(-_STREAMED // size)))
+        ]
         for n in counts:
             x = torch.randn(n, in_features, device=device, dtype=model.dtype)
-            runs = {"x @ W.T ms": torch.nn.functional.linear, "W @ x.T ms": _transposed}
+            runs = {"x @ W.T ms": _own, "W @ x.T ms": _transposed}
             times: dict[str, list[float]] = {name: [] for name in runs}
             for rep in range(7 * reps + 2):
                 for name, fn in runs.items():
-                    seconds, _ = timed(device, fn, x, weight)
+                    seconds, _ = timed(device, fn, x, weights)
                     if rep >= 2:
-                        times[name].append(seconds * 1e3)
+                        times[name].append(seconds * 1e3 / len(weights))
             ms = {name: statistics.median(t) for name, t in times.items()}
             ratio = ms["W @ x.T ms"] / ms["x @ W.T ms"]
             rows.append(

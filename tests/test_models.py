@@ -249,8 +249,10 @@ def test_few_row_products_are_the_linear_layer(rows):
         for name, layer in layers.items():
             expected = F.linear(x, layer.weight, layer.bias)
             torch.testing.assert_close(got[name], expected, atol=1e-5, rtol=1e-5)
-            transposed = rows in range(2, 5) or (rows > 1 and name == "head")
-            layout = (layer.weight @ flat.T).T + (0 if layer.bias is None else layer.bias) if transposed else expected
+            transposed = rows in range(1, 5) or name == "head"
+            columns = torch.cat([flat, torch.zeros_like(flat)]) if rows == 1 else flat  # one row: two columns
+            product = (layer.weight @ columns.T)[:, :rows].T + (0 if layer.bias is None else layer.bias)
+            layout = product if transposed else expected
             assert torch.equal(got[name].reshape(rows, -1), layout.reshape(rows, -1).detach()), name
     assert {name: layer.forward for name, layer in layers.items()} == own  # the layers' own forward is back
     wide = torch.randn(rows, 40, dtype=torch.float64)  # only float32 products change layout
@@ -317,6 +319,21 @@ def test_a_check_of_several_tokens_runs_few_row_products_and_gives_the_steps_log
     own.prefill()
     own.extend(torch.tensor([[5, 6, 7]]))
     assert len(entered) == before
+
+
+def test_fast_steps_run_the_few_row_products_and_give_the_steps_logits(tiny, few_row_passes):
+    ids = torch.tensor([[11, 12, 13], [21, 22, 23]])
+    seq = torch.cat([ids, torch.tensor([[5], [6]])], dim=-1)
+    for rows in (1, 2):
+        expected = _steps(tiny, ids[:rows], seq[:rows, -1:])[:, -1]
+        runner = TransformersRunner(tiny, ids[:rows], None)
+        runner.few_row_products, runner.fast_steps = True, True
+        before = len(few_row_passes)
+        runner.prefill()
+        assert len(few_row_passes) == before  # the prompt's pass keeps the model's products
+        logits = runner.step(seq[:rows])
+        assert len(few_row_passes) - before == 1
+        torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_a_step_after_rows_were_released_runs_few_row_products(tiny, few_row_passes):

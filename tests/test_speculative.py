@@ -578,6 +578,22 @@ def test_rows_with_every_token_drawn_leave_the_transformers_batch(tiny):
     assert widths == sorted(widths, reverse=True), "a released row never comes back"
 
 
+@pytest.mark.parametrize("chain", ["preset:greedy", {"samplers": [{"use": "top_k", "k": 20}, {"use": "dist"}]}])
+def test_drafts_never_change_the_tokens_with_fast_steps(tiny, chain, monkeypatch):
+    """Steps in the runner's products (`fast_steps`): a drafter keeps the tokens of generation without one on the same
+    setting, rows released along the way."""
+    from samplechain.generation.model import TransformersRunner
+
+    monkeypatch.setattr(TransformersRunner, "fast_steps", True)
+    model, tok = tiny
+    kwargs = {"chain": chain, "max_new_tokens": 24, "seed": 5}
+    reference, gen = run(model, tok, PROMPTS[:3], **kwargs)
+    drafter = Scripted(reference_rows(reference, gen), model.config.vocab_size, seed=2, longest=6, wrong_rate=0.4)
+    ours, _ = run(model, tok, PROMPTS[:3], draft=drafter, **kwargs)
+    assert_same_tokens(ours, reference)
+    assert int(ours.kept.sum()) > 0
+
+
 class WrongFor(Scripted):
     """Scripted, but the rows in `wrong` get drafts that are never kept."""
 

@@ -29,7 +29,9 @@ __all__ = ["ModelRunner", "TransformersRunner", "max_positions", "runner_for"]
 
 _CACHE_NAMES = ("cache", "past_key_values", "cache_params", "state", "mems", "past_buckets_states")
 # MKL's float32 product input @ weight^T over 2 to 4 rows can read the weight at a third to a half of the speed
-# that weight @ input^T reaches; for one row the two cost the same, from 5 rows on neither is faster everywhere
+# that weight @ input^T reaches; one row it multiplies as a matrix-vector product in either layout, which streams most
+# of SmolLM2's weights at a third to a half of the speed of the same product over two columns (W [x 0]^T) on an AMD
+# CPU (docs/performance.md, "Steps in the runner's products"); from 5 rows on neither is faster everywhere
 # (SmolLM2-135M's layers on an Intel and an AMD CPU); the vocabulary head (the model's output embeddings) is the
 # exception: over a 49152 x 576 head weight @ input^T takes a fifth to four fifths of the time from 2 rows on, but at
 # 12-15 rows (about the same there; docs/performance.md, "Few-row products"; benchmarks/bench_verify.py --sections 4)
@@ -47,12 +49,18 @@ _patching = threading.Lock()
 
 def _few_row_linear(module: torch.nn.Linear, head: bool, x: torch.Tensor) -> torch.Tensor:
     """`module`'s forward while a model is inside _FewRowProducts: float32 rows of this thread as (W x^T)^T where
-    that layout is the faster (2-4 rows; 2 rows and more of the vocabulary head, `head`)."""
+    that layout is the faster (one row, as two columns with a zero one; 2-4 rows; 2 rows and more of the vocabulary
+    head, `head`)."""
     weight, bias = module.weight, module.bias
     rows = x.numel() // max(x.shape[-1], 1)
-    few = rows in _FEW_ROWS or (head and rows > 1)
+    few = rows in _FEW_ROWS or (head and rows > 1) or rows == 1
     if few and getattr(_few_rows, "inside", 0) > 0 and x.dtype == weight.dtype == torch.float32:
-        out = (weight @ x.reshape(rows, x.shape[-1]).T).T.reshape(*x.shape[:-1], weight.shape[0])
+        flat = x.reshape(rows, x.shape[-1])
+        if rows == 1:  # MKL multiplies one column as a matrix-vector product, which streams the weight slowly
+            out = (weight @ torch.cat([flat, torch.zeros_like(flat)]).T)[:, :1].T
+        else:
+            out = (weight @ flat.T).T
+        out = out.reshape(*x.shape[:-1], weight.shape[0])
         return out if bias is None else out + bias
     return F.linear(x, weight, bias)
 
@@ -219,6 +227,11 @@ class TransformersRunner(ModelRunner):
     # copied per query head, on a CPU for a model on transformers' sdpa attention with grouped key/value heads;
     # False keeps transformers' attention
     grouped_attention = True
+    # a step (one token a row) runs the runner's products as a check does, one row as a product of two columns: a
+    # step of SmolLM2-135M at B = 1 about 1.7x as fast on an AMD CPU, but the logits then differ from model.generate's
+    # by summation order (about 5e-5), so it is off by default and generation keeps model.generate's logits bit for
+    # bit; True (on the class: every runner) where speed matters more
+    fast_steps = False
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
@@ -277,8 +290,9 @@ class TransformersRunner(ModelRunner):
         # a pass that keeps one position a row (the prefill, a step) runs the model's own products, bit for bit
         # model.generate's, while the batch holds every row; once rows left it (`release`) its products run on fewer
         # rows than model.generate's, which MKL sums in another order anyway and in that layout, on some row counts,
-        # more slowly than the whole batch's, so its steps run the few-row products too
-        few = (keep > 1 or self.held is not None) and self.few_row_products
+        # more slowly than the whole batch's, so its steps run the few-row products too, as every step does with
+        # `fast_steps`
+        few = (keep > 1 or self.held is not None or (self.fast_steps and not self._first)) and self.few_row_products
         grouped = keep > 1 and self.grouped_attention and self.model.config._attn_implementation in ("sdpa", _GROUPED)
         with _FewRowProducts(self.model) if few else contextlib.nullcontext():
             with _grouped_attention(self.model.config) if grouped else contextlib.nullcontext():
