@@ -227,10 +227,10 @@ class TransformersRunner(ModelRunner):
     # copied per query head, on a CPU for a model on transformers' sdpa attention with grouped key/value heads;
     # False keeps transformers' attention
     grouped_attention = True
-    # a step (one token a row) runs the runner's products as a check does, one row as a product of two columns: a
-    # step of SmolLM2-135M at B = 1 about 1.7x as fast on an AMD CPU, but the logits then differ from model.generate's
-    # by summation order (about 5e-5), so it is off by default and generation keeps model.generate's logits bit for
-    # bit; True (on the class: every runner) where speed matters more
+    # a step (one token a row) runs the runner's products as a check does, one row as a product of two columns, which
+    # spares a step at B = 1 MKL's slow matrix-vector products (docs/performance.md, "Steps in the runner's
+    # products"); the logits then differ from model.generate's by summation order, so it is off by default and
+    # generation keeps model.generate's logits bit for bit; True (on the class: every runner) where speed matters more
     fast_steps = False
 
     @classmethod
