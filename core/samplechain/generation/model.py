@@ -33,9 +33,9 @@ _CACHE_NAMES = ("cache", "past_key_values", "cache_params", "state", "mems", "pa
 # of SmolLM2's weights at a third to a half of the speed of the same product over two columns (W [x 0]^T) on an AMD
 # CPU (docs/performance.md, "Steps in the runner's products"); from 5 rows on neither is faster everywhere
 # (SmolLM2-135M's layers on an Intel and an AMD CPU); the vocabulary head (the model's output embeddings) is the
-# exception: over a 49152 x 576 head weight @ input^T takes a fifth to four fifths of the time from 2 rows on, but at
-# 12-15 rows (about the same there; docs/performance.md, "Few-row products"; benchmarks/bench_verify.py --sections 4)
-_FEW_ROWS = range(2, 5)
+# exception: over a 49152 x 576 head weight @ input^T takes an eighth to three quarters of the time from 2 rows on, but
+# at 12 rows (about the same there; docs/performance.md, "Few-row products"; benchmarks/bench_verify.py --sections 4)
+_FEW_ROWS = range(1, 5)
 _MKL = torch.backends.mkl.is_available()
 
 
@@ -53,14 +53,12 @@ def _few_row_linear(module: torch.nn.Linear, head: bool, x: torch.Tensor) -> tor
     head, `head`)."""
     weight, bias = module.weight, module.bias
     rows = x.numel() // max(x.shape[-1], 1)
-    few = rows in _FEW_ROWS or (head and rows > 1) or rows == 1
+    few = rows in _FEW_ROWS or (head and rows > 1)
     if few and getattr(_few_rows, "inside", 0) > 0 and x.dtype == weight.dtype == torch.float32:
-        flat = x.reshape(rows, x.shape[-1])
+        columns = x.reshape(rows, x.shape[-1])
         if rows == 1:  # MKL multiplies one column as a matrix-vector product, which streams the weight slowly
-            out = (weight @ torch.cat([flat, torch.zeros_like(flat)]).T)[:, :1].T
-        else:
-            out = (weight @ flat.T).T
-        out = out.reshape(*x.shape[:-1], weight.shape[0])
+            columns = torch.cat([columns, torch.zeros_like(columns)])
+        out = (weight @ columns.T)[:, :rows].T.reshape(*x.shape[:-1], weight.shape[0])
         return out if bias is None else out + bias
     return F.linear(x, weight, bias)
 
