@@ -180,6 +180,51 @@ def test_a_finished_row_is_padded_and_keeps_its_reason(model):
             torch.testing.assert_close(out.logprobs[b], free.logprobs[b])
 
 
+class _MaskAfterPad(samplechain.Sampler):
+    """Masks every token of a row whose last token is 299 (the pad of the test below): a chain that fails at a
+    finished row's pad-fed positions."""
+
+    name = "mask_after_pad"
+    stage = samplechain.Stage.FILTER
+
+    def needs_history(self) -> bool:
+        return True
+
+    def apply(self, cand, ctx):
+        return cand.masked(~(ctx.history[:, -1:] == 299).expand(-1, cand.width))
+
+
+class _MaskAfterPadPlugin:
+    @samplechain.hookimpl
+    def register_samplers(self, register):
+        register(_MaskAfterPad)
+
+
+@pytest.mark.parametrize("scores", [False, True])
+def test_a_finished_rows_chain_failing_on_its_pad_leaves_the_other_rows_going(model, scores):
+    """A finished row runs on, fed the pad; where its chain masks every token there, that is no row of the caller's
+    to fail: the rows still going get the tokens of a run without that failure, the finished row the pad (and -inf
+    scores at those steps). A row still going whose chain fails is an error, as ever."""
+    host = samplechain.PluginHost(use_env=False)
+    host.register_plugin(_MaskAfterPadPlugin(), "mask-after-pad")
+    chain = Chain.load({"samplers": [{"use": "mask_after_pad"}, {"use": "greedy"}]}, host=host)
+    ids, mask = left_padded([[5, 17, 42, 9], [11, 12]])
+    width, n_new = ids.shape[1], 8
+    free = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=n_new, ignore_eos=True, pad_token_id=0)
+    r, k, eos = an_eos_one_row_emits_mid_run(free.sequences[:, width:].tolist())
+    kwargs = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": n_new, "eos_token_id": eos}
+    out = generate(model, chain=chain, pad_token_id=299, output_scores=scores, host=host, **kwargs)
+    assert out.finish_reasons[r] == "eos" and out.num_generated[r] == k + 1
+    going = 1 - r
+    assert out.sequences[going, width:].tolist() == free.sequences[going, width:].tolist()
+    assert bool((out.sequences[r, width + k + 1 :] == 299).all())
+    if scores:
+        assert bool(torch.isinf(out.scores[-1][r]).all()) and bool(torch.isfinite(out.scores[-1][going]).any())
+    ids, mask = left_padded([[5, 17, 42, 299], [11, 12]])  # a row going whose chain masks every token
+    with pytest.raises(samplechain.SamplingError, match="every token is masked"):
+        generate(model, chain=chain, input_ids=ids, attention_mask=mask, pad_token_id=299, host=host)
+
+
 # ----------------------------------------------------------------- sampling
 def test_seeded_sampling_is_reproducible_and_seeds_differ(model):
     ids, mask = left_padded([[1, 2, 3]])

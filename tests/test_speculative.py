@@ -578,6 +578,21 @@ def test_rows_with_every_token_drawn_leave_the_transformers_batch(tiny):
     assert widths == sorted(widths, reverse=True), "a released row never comes back"
 
 
+def test_a_finished_row_out_of_the_batch_is_not_sampled_in_the_steps_after(tiny):
+    """Row 0 ends at an eos and leaves the runner's batch while row 1 drafts on; the plain steps after that give row
+    0 no logits (zeros), which its chain (temperature 0, then no_repeat_ngram over its pad tokens) would mask
+    entirely: the steps draw only the rows still going, as generation without a drafter gives them."""
+    model, tok = tiny
+    chain = {"samplers": [{"use": "temperature", "t": 0.4}, {"use": "no_repeat_ngram", "n": 2}, {"use": "dist"}]}
+    kwargs = {"chain": chain, "max_new_tokens": 20, "params": [{"temperature": 0.0}, {"seed": 5}]}
+    prompts = [PROMPTS[1]] * 2
+    reference, _ = run(model, tok, prompts, **kwargs)
+    assert reference.finish_reasons == ["eos", "max_new_tokens"], "row 0 ends first"
+    ours, _ = run(model, tok, prompts, draft=[None, {"use": "prompt_lookup", "adaptive": False}], **kwargs)
+    assert_same_tokens(ours, reference)
+    assert int(ours.drafted[1]) > 0
+
+
 @pytest.mark.parametrize("chain", ["preset:greedy", {"samplers": [{"use": "top_k", "k": 20}, {"use": "dist"}]}])
 def test_drafts_never_change_the_tokens_with_fast_steps(tiny, chain, monkeypatch):
     """Steps in the runner's products (`fast_steps`): a drafter keeps the tokens of generation without one on the same

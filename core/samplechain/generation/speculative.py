@@ -250,9 +250,17 @@ class Speculation(Drawing):
     def _step(
         self, gen: Generation, runner: ModelRunner, rows: list[int], step: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The plain loop's step (Generation._one_step): one token a row, drawn and committed."""
+        """The plain loop's step (Generation._one_step): one token a row, drawn and committed; once rows left the
+        runner's batch, the rows still going only."""
         started = time.perf_counter()
-        out = gen._one_step(gen.step_model(runner), step)
+        logits = gen.step_model(runner)
+        if any(self.released):
+            # a released row's logits are zeros, which the chain must not sample (its samplers could mask every
+            # token there): the rows still going are drawn as a check's positions are, the others get the pad
+            self._draw(gen, rows, logits[rows])
+            out = self._commit(gen, step)
+        else:
+            out = gen._one_step(logits, step)
         fed = self.lengths.work([1] * len(rows), self.released.count(False))
         self.lengths.timed(fed, time.perf_counter() - started)
         for b in rows:
