@@ -26,7 +26,8 @@ reason there, and the other rows go on.
    drafters at a fixed draft length (their num_tokens, `adaptive = false`): kept / drafted for the `match` mode with
    coupled noise, the `rejection` mode (independent noise) and `match` with independent noise.
 4. The model-running drafters at B = 1 and 8 (--batch), transformers engine, greedy and sampling: generate() with
-   early_exit and with draft_model (the first N layers) against generate() without a drafter, interleaved.
+   early_exit (on the generation's cache, and on a cache of its own as on a sliding-window model) and with
+   draft_model (the first N layers) against generate() without a drafter, interleaved.
 
 "same tokens": every run of a configuration whose mode promises the tokens of the run without a drafter (`match`,
 greedy or seeded) is compared with that run; "NO" (also on stderr) says how many runs differed and where. Rows
@@ -56,6 +57,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import attrs
 import torch
 
 from samplechain.errors import GenerationWarning
@@ -525,8 +527,17 @@ def section1(engines: dict[str, tuple[Any, Any]], tasks: list[str], batches: lis
 def section4(model: Any, tok: Any, tasks: list[str], batches: list[int], plan: Plan, layers: int) -> Table:
     """The model-running drafters against no drafter on the transformers engine, B = 1 and 8."""
     table = Table(f"early_exit and draft_model ({layers} layers) against no drafter", S4_HEADER, [])
+    from samplechain_early_exit import EarlyExit, EarlyExitParams
+
+    class OwnCache(EarlyExit):
+        """early_exit kept off the generation's cache: a cache of its own, filled on its first draft."""
+
+        def start(self, rows: int, context: Any) -> None:
+            super().start(rows, attrs.evolve(context, generation_runner=None))
+
     drafters = {
         "early_exit": {"use": "early_exit", "layers": layers},
+        "early_exit, own cache": {"use": OwnCache(EarlyExitParams(layers=layers))},
         "draft_model": {"use": "draft_model", "model": _first_layers(model, layers)},
     }
     return _against_none(table, {"transformers": (model, tok)}, tasks, batches, plan, drafters, False)

@@ -3,6 +3,7 @@ errors; the transformers runner's extend / truncate / release against one-token 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import threading
@@ -457,6 +458,40 @@ def test_released_rows_give_zeros_and_cannot_be_fed_again(tiny):
         runner.extend_rows([0, 1], [torch.tensor([3]), torch.tensor([4])])
     with pytest.raises(ConfigError, match="beam search keeps every row"):
         runner.reorder(torch.tensor([0, 0, 2]))
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_passes_in_a_lookahead_are_taken_back(tiny, padded):
+    """What runs inside lookahead() leaves no trace: the next step's logits are bit for bit those of a runner that
+    never looked ahead, also when the block ends in an error; holds() tells each row's tokens, padding and holes
+    left out."""
+    ids = torch.tensor([[0, 12, 13, 14], [21, 22, 23, 24]]) if padded else torch.tensor([[11, 12, 13, 14]] * 2)
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]) if padded else None
+    plain, looking = TransformersRunner(tiny, ids, mask), TransformersRunner(tiny, ids, mask)
+    plain.prefill(), looking.prefill()
+    plain.extend_rows([0, 1], [torch.tensor([7, 8]), torch.tensor([9])])  # a hole in row 1
+    looking.extend_rows([0, 1], [torch.tensor([7, 8]), torch.tensor([9])])
+    seq = torch.cat([ids, torch.tensor([[7, 8], [9, 0]])], dim=-1)
+    assert looking.holds(0).tolist() == seq[0, 1 if padded else 0 :].tolist()
+    assert looking.holds(1).tolist() == ([21, 22, 23, 24, 9] if padded else [11, 12, 13, 14, 9])
+    for fail in (False, True):
+        with contextlib.suppress(RuntimeError), looking.lookahead():
+            looking.extend_rows([1], [torch.tensor([3])])
+            looking.extend_rows([0, 1], [torch.tensor([4, 5]), torch.tensor([6])])
+            assert looking.holds(1)[-2:].tolist() == [3, 6]
+            if fail:
+                raise RuntimeError("a drafter's pass fails")
+        assert looking.holds(1).tolist() == plain.holds(1).tolist()
+    nxt = [torch.tensor([1]), torch.tensor([2])]
+    assert torch.equal(looking.extend_rows([0, 1], nxt)[1], plain.extend_rows([0, 1], nxt)[1])
+
+
+def test_a_sliding_window_cache_does_not_look_ahead(tiny):
+    from samplechain.tools.tiny_models import tiny_llama
+
+    runner = TransformersRunner(tiny_llama(sliding_window=4), torch.tensor([[11, 12, 13, 14, 15, 16]]), None)
+    runner.prefill()
+    assert runner.lookahead() is None
 
 
 def test_the_default_model_name_is_the_gguf_model():

@@ -72,6 +72,10 @@ class DraftContext:
     # that drives it; load_model(path) -> (model, tokenizer) as samplechain.models.load_model opens a file
     runner_for: Any = None
     load_model: Any = None
+    # generation_runner() -> the generation's own ModelRunner while it runs (None before): a drafter that runs part
+    # of the generation's model on its cache (early exit) calls it inside `runner.lookahead()`, which takes its
+    # passes back, and reads what a row's cache holds with `runner.holds(row)`
+    generation_runner: Any = None
 
 
 class Drafter:

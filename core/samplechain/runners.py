@@ -18,7 +18,10 @@ fresh tensors the caller may change:
 - `reorder(beam_idx)`: beam search; rows of the cache follow their beams (optional);
 - `release(rows)`: those rows will not be fed again (they have ended, or hold every token they will emit); a
   runner may drop them from its batch, so later calls run only the rows still going (optional; callers keep using
-  the batch's row indices, and a released row's logits are zeros).
+  the batch's row indices, and a released row's logits are zeros);
+- `lookahead()`: a context manager whose calls are taken back when it ends, also after an error, the runner and
+  its cache as they were before it; and `holds(row)`, the tokens a row's cache holds. A drafter that runs part of
+  the generation's own model on its cache (early exit) drafts inside it (optional: None where the runner cannot).
 
 A runner class is registered like a sampler (the `register_runners` hook of a plugin found through the `samplechain`
 entry points) and says which model objects it drives (`accepts`). The transformers runner is built in and takes any
@@ -28,6 +31,7 @@ model no plugin claims; the llama.cpp runner (samplechain-llama-cpp) takes `Llam
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -99,6 +103,14 @@ class ModelRunner:
 
     def release(self, rows: Sequence[int]) -> None:
         """Rows that will not be fed again; a runner may drop them from its batch. The default keeps them."""
+
+    def lookahead(self) -> contextlib.AbstractContextManager[None] | None:
+        """A block whose calls are taken back when it ends (see the module's docstring); None: the runner cannot."""
+        return None
+
+    def holds(self, row: int) -> torch.Tensor:
+        """The tokens the cache holds for `row`, in order (CPU int64), where the runner has `lookahead`."""
+        raise ConfigError(f"the {self.name} runner does not tell the tokens its cache holds")
 
     def _uniform_length(self, length: int | Sequence[int]) -> int:
         """`length` as one int; several different lengths are an error unless the runner cuts per row."""

@@ -1,7 +1,12 @@
 """`early_exit`: the generation's own model, cut after its first `layers` decoder layers, drafts (self-speculation).
 
 transformers' `assistant_early_exit`: the embeddings, the first `layers` decoder layers, then the model's final norm
-and head, with the model's own weights (nothing is copied) and a KV cache of its own per row. Each drafted token is
+and head, with the model's own weights (nothing is copied). On the generation's own cache where its runner can take
+passes back (`ModelRunner.lookahead`: the transformers runner on a cache of plain layers), as LayerSkip's
+self-speculation does: the keys and values of the first layers are the ones the model computed for the row's
+tokens, so a draft runs only its own tokens, with nothing to fill first, and its passes are taken back before the
+model checks the draft. Elsewhere (a sliding-window or quantized cache) it keeps a cache of its own per row, filled
+with the row's tokens on its first draft. Each drafted token is
 drawn through the verifying chain with the request's own noise, as `draft_model` draws (samplechain_draft_model_base):
 the deeper the exit, the closer the two distributions and the more drafts are kept. Models trained for early exit
 (LayerSkip) keep the most at shallow exits; on others an exit a few layers short of the top pays best.
@@ -15,13 +20,14 @@ another thread meanwhile.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import torch
 
 from samplechain import ConfigError, hookimpl
-from samplechain.drafters import DraftContext
+from samplechain.drafters import DraftContext, Proposal
 from samplechain_draft_model_base import ModelDrafter, noise_field, num_tokens_field, swapped
 
 __all__ = ["EarlyExit", "EarlyExitParams", "decoder_layers"]
@@ -67,6 +73,9 @@ class EarlyExit(ModelDrafter):
     def __init__(self, params: EarlyExitParams | None = None) -> None:
         super().__init__(params)
         self._exit: tuple[Any, str, torch.nn.ModuleList] | None = None
+        self._generation_runner: Any = None  # DraftContext.generation_runner
+        self._shared: Any = None  # inside propose_rows: the generation's runner, drafting in its lookahead
+        self._sharing = False  # the current proposal's rows draft on the generation's cache
 
     def drafting_model(self, context: DraftContext) -> Any:
         model = context.model
@@ -93,9 +102,44 @@ class EarlyExit(ModelDrafter):
         self._exit = (owner, attr, torch.nn.ModuleList(list(layers)[:k]))  # the same modules: no weight copied
         return model
 
+    def start(self, rows: int, context: DraftContext) -> None:
+        super().start(rows, context)
+        self._generation_runner = context.generation_runner
+
     def running(self) -> contextlib.AbstractContextManager[Any]:
         assert self._exit is not None  # set by start
         return swapped(*self._exit)
+
+    def propose_rows(
+        self, rows: Sequence[int], tokens: Sequence[torch.Tensor], limits: Sequence[int]
+    ) -> list[Proposal]:
+        runner = self._generation_runner() if callable(self._generation_runner) else None
+        ahead = runner.lookahead() if runner is not None and runner.model is self._model else None
+        if ahead is None:
+            return super().propose_rows(rows, tokens, limits)
+        with ahead:  # the drafted tokens' passes are taken back, also after an error
+            self._shared = runner
+            try:
+                return super().propose_rows(rows, tokens, limits)
+            finally:
+                self._shared, self._sharing = None, False
+
+    def _logits_after(self, rows: Sequence[int], tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """On the generation's cache where it holds each row's tokens but the newest (as it does between the
+        loop's calls): a pass of the newest tokens through the first layers; otherwise the drafter's own caches."""
+        shared = self._shared
+        self._sharing = shared is not None and all(torch.equal(shared.holds(r), t[:-1]) for r, t in zip(rows, tokens))
+        if not self._sharing:
+            return super()._logits_after(rows, tokens)
+        return [out[-1] for out in shared.extend_rows(list(rows), [t[-1:] for t in tokens])]
+
+    def _feed(self, rows: Sequence[int], tokens: Sequence[int]) -> list[torch.Tensor]:
+        if not self._sharing:
+            return super()._feed(rows, tokens)
+        if not rows:
+            return []
+        feeds = [torch.tensor([token], dtype=torch.int64) for token in tokens]
+        return [out[-1] for out in self._shared.extend_rows(list(rows), feeds)]
 
 
 @hookimpl

@@ -194,6 +194,16 @@ def _provides_runner(host: PluginHost, name: str) -> bool:
     return entry is not None and entry.kind == "runner"
 
 
+@functools.cache
+def _dynamic_layer() -> type | None:
+    """transformers' DynamicLayer (a cache layer that grows by concatenation); None where transformers lacks it."""
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:
+        return None
+    return DynamicLayer
+
+
 def _crop(cache: Any, drop: int) -> None:
     """Cut `drop` positions off the end of a transformers cache. Layer by layer where it has layers: a layer no pass
     has filled (early_exit runs the first layers only) is left alone, which a sliding-window layer's own crop does
@@ -430,6 +440,42 @@ class TransformersRunner(ModelRunner):
             self.live = self.live[index.cpu()]
         self.held = [held[i] for i in keep]
         self._held_index = torch.tensor(self.held, dtype=torch.int64, device=self.device)
+
+    def lookahead(self) -> contextlib.AbstractContextManager[None] | None:
+        """A block whose passes are taken back when it ends: where every cache layer is a plain DynamicLayer, which
+        grows by concatenation and so leaves the tensors it held untouched, the runner keeps them and puts them back
+        (nothing copied); None for other caches (a sliding window, quantized or static layers) and on a runner whose
+        rows advance together."""
+        cache = self.kwargs.get(self.cache_key)
+        layers = getattr(cache, "layers", None)
+        if not self.per_row_truncate or not layers or not all(type(layer) is _dynamic_layer() for layer in layers):
+            return None
+        return self._taken_back(cache)
+
+    @contextlib.contextmanager
+    def _taken_back(self, cache: Any) -> Iterator[None]:
+        layers = list(cache.layers)
+        states = [(layer.keys, layer.values, layer.is_initialized) for layer in layers]
+        saved = (self.input_ids, self.live, dict(self.kwargs), self._first, self._recording)
+        try:
+            yield
+        finally:
+            cache.layers[:] = layers
+            for layer, (keys, values, initialized) in zip(layers, states):
+                layer.keys, layer.values, layer.is_initialized = keys, values, initialized
+            self.input_ids, self.live, kwargs, self._first, self._recording = saved
+            self.kwargs = dict(kwargs)
+
+    def holds(self, row: int) -> torch.Tensor:
+        """The tokens the cache holds for the callers' `row`: its columns that are neither padding nor holes."""
+        (b,) = self._positions([row])
+        real = torch.ones(self.input_ids.shape[1], dtype=torch.bool)
+        mask = self.kwargs.get("attention_mask")
+        if mask is not None:
+            real &= mask[b].cpu().bool()
+        if self.live is not None:
+            real &= self.live[b]
+        return self.input_ids[b].cpu()[real]
 
     def _inner(self, t: torch.Tensor) -> torch.Tensor:
         """The rows of a callers' (B, ...) tensor that the cache holds."""

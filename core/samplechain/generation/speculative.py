@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -77,6 +78,8 @@ class Speculation(Drawing):
         self.q: list[torch.Tensor | None] = [None] * rows  # the current draft's probabilities (rejection mode)
         self._fed: list[int] = []
         self.released = [False] * rows  # rows handed to the runner's release
+        # the generation's runner while `run` runs it (weak: the cache goes when the generation's loop ends)
+        self._runner: weakref.ref[ModelRunner] | None = None
         self.told = [False] * rows  # rows whose drafter heard they are done (`Drafter.finish`)
         self.stop_ids: set[int] = set()  # the ids that end a row (past min_new_tokens), once the run begins
         self._prompts: list[int] = []  # each row's prompt length, once the run begins
@@ -92,6 +95,7 @@ class Speculation(Drawing):
             device=gen.input_ids.device,
             runner_for=functools.partial(runner_for, host=gen.host),
             load_model=load_model,
+            generation_runner=self._generation_runner,
         )
         for drafter in self._distinct():
             try:
@@ -178,12 +182,16 @@ class Speculation(Drawing):
         if self.guarding is not None:
             out.rewinds = self.guarding.rewinds.clone()
 
+    def _generation_runner(self) -> ModelRunner | None:
+        return None if self._runner is None else self._runner()
+
     # ----------------------------------------------------------------- the loop
     def run(
         self, gen: Generation, runner: ModelRunner, logits: torch.Tensor, step: int
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Generation's steps from `logits` (the next position's, the cache holding every token so far) to the end,
         each step yielded as the plain loop yields it."""
+        self._runner = weakref.ref(runner)
         ragged = runner.per_row_truncate
         self.lengths.shape = "together" if not ragged else "padded" if runner.pads_rows else "rows"
         if self.guarding is not None and not ragged:

@@ -1,19 +1,23 @@
-"""early_exit: the generation's own model cut after its first layers drafts, with the model's weights and its own
-cache; the tokens are those of generation without a drafter, coupled noise keeps more drafts than independent
-noise, and a model it cannot cut is one error."""
+"""early_exit: the generation's own model cut after its first layers drafts, with the model's weights, on the
+generation's own cache (passes taken back) or a cache of its own; the tokens are those of generation without a
+drafter, coupled noise keeps more drafts than independent noise, and a model it cannot cut is one error."""
 
 from __future__ import annotations
 
+import contextlib
+
+import attrs
 import pytest
 import torch
 
 from samplechain import Chain, ConfigError, get_host
 from samplechain.drafters import DraftContext
 from samplechain.engine.config import parse_params
+from samplechain.errors import GenerationWarning
 from samplechain.generation import TransformersRunner, generate
 from samplechain.models import tiny_model_path
 from samplechain_draft_model_base import RowCache
-from samplechain_early_exit import EarlyExit
+from samplechain_early_exit import EarlyExit, EarlyExitParams
 
 transformers = pytest.importorskip("transformers")
 
@@ -80,6 +84,100 @@ def test_a_llama_drafts_with_its_first_layers(tiny_llama):
     assert ours.sequences.tolist() == reference.sequences.tolist()
     assert int(ours.drafted.sum()) > 0
     assert len(model.model.layers) == 3
+
+
+class Watched:
+    """TransformersRunner.lookahead wrapped: counts the blocks and checks that each leaves the runner as it found it
+    (the cache's very tensors, the tokens, the mask and positions)."""
+
+    def __init__(self, monkeypatch):
+        self.blocks = 0
+        original = TransformersRunner.lookahead
+
+        def lookahead(runner):
+            ahead = original(runner)
+            return None if ahead is None else self._watched(runner, ahead)
+
+        monkeypatch.setattr(TransformersRunner, "lookahead", lookahead)
+
+    @staticmethod
+    def _state(runner):
+        cache = runner.kwargs[runner.cache_key]
+        tensors = [(id(layer.keys), id(layer.values)) for layer in cache.layers]
+        masks = {k: v.clone() for k, v in runner.kwargs.items() if isinstance(v, torch.Tensor)}
+        return tensors, runner.input_ids.clone(), None if runner.live is None else runner.live.clone(), masks
+
+    @contextlib.contextmanager
+    def _watched(self, runner, ahead):
+        before = self._state(runner)
+        with ahead:
+            yield
+        after = self._state(runner)
+        self.blocks += 1
+        assert before[0] == after[0], "the cache holds the tensors it held"
+        for a, b in zip(before[1:3], after[1:3]):
+            assert (a is None and b is None) or torch.equal(a, b)
+        assert before[3].keys() == after[3].keys() and all(torch.equal(before[3][k], after[3][k]) for k in before[3])
+
+
+@pytest.mark.parametrize(("chain", "batch"), [(SAMPLING, 3), (GREEDY, 1)], ids=["sampling-B3", "greedy-B1"])
+def test_drafts_run_on_the_generations_cache_and_are_taken_back(tiny, chain, batch, monkeypatch):
+    """No cache of the drafter's own: each proposal runs its tokens on the generation's cache inside lookahead(),
+    which leaves the runner as it was; the tokens are those of generation without a drafter."""
+    model, tok = tiny
+    kwargs = {"chain": chain, "seed": 4, "max_new_tokens": 16}
+    reference = run(model, tok, PROMPTS[:batch], **kwargs)
+    watched = Watched(monkeypatch)
+    drafter = EarlyExit(EarlyExitParams(layers=2))
+    ours = run(model, tok, PROMPTS[:batch], draft={"use": drafter, "adaptive": False}, **kwargs)
+    assert ours.sequences.tolist() == reference.sequences.tolist()
+    assert int(ours.kept.sum()) > 0 and watched.blocks > 0
+    assert drafter._batch is None and not any(drafter._rows), "the drafter opened no cache of its own"
+
+
+def test_a_draft_failing_midway_is_taken_back_and_the_tokens_unchanged(tiny):
+    """A drafted token's pass that raises: the generation's cache is as it was before the proposal, the row goes on
+    without drafts (a warning names the drafter), the tokens are those of generation without a drafter."""
+
+    class Failing(EarlyExit):
+        fed = 0
+
+        def _feed(self, rows, tokens):
+            out = super()._feed(rows, tokens)
+            self.fed += 1
+            if self.fed == 6:  # in the second proposal
+                raise RuntimeError("broken in its second draft")
+            return out
+
+    model, tok = tiny
+    kwargs = {"chain": SAMPLING, "seed": 4, "max_new_tokens": 16}
+    reference = run(model, tok, PROMPTS[:1], **kwargs)
+    with pytest.warns(GenerationWarning, match="broken in its second draft"):
+        ours = run(
+            model, tok, PROMPTS[:1], draft={"use": Failing(EarlyExitParams(layers=2)), "adaptive": False}, **kwargs
+        )
+    assert ours.sequences.tolist() == reference.sequences.tolist()
+    assert int(ours.drafted.sum()) > 0
+
+
+@torch.no_grad()
+def test_a_draft_on_the_generations_cache_gives_the_first_layers_logits(tiny):
+    """The first pass of a proposal on the generation's cache: the logits after the row's tokens of the first two
+    layers, the final norm and the head, as the model computes them over the whole row."""
+    model, tok = tiny
+    drafter = EarlyExit(EarlyExit.Params(layers=2))
+    tokens = torch.tensor(tok(PROMPTS[0])["input_ids"])
+    runner = TransformersRunner(model, tokens[None, :-1], None)
+    runner.prefill()
+    context = context_for(model, tok)
+    drafter.start(1, attrs.evolve(context, generation_runner=lambda: runner))
+    with runner.lookahead(), drafter.running():
+        drafter._shared = runner
+        (logits,) = drafter._logits_after([0], [tokens])
+    assert drafter._sharing
+    hidden = model(tokens[None], output_hidden_states=True).hidden_states[2][0, -1]
+    torch.testing.assert_close(logits, model.lm_head(model.transformer.ln_f(hidden)), atol=1e-4, rtol=1e-4)
+    assert torch.equal(runner.holds(0), tokens[:-1]), "the pass was taken back"
 
 
 @pytest.mark.slow
