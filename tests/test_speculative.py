@@ -87,22 +87,35 @@ def assert_same_tokens(ours, reference):
 TRANSFORMS = [
     {"use": "penalties", "repeat": 1.3, "frequency": 0.2, "presence": 0.1, "last_n": 32},
     {"use": "dry", "multiplier": 0.8, "base": 1.75, "allowed_length": 2},
+    {"use": "no_repeat_ngram", "n": 3},
+    {"use": "logit_bias", "bias": {"14": 2.0, "199": -3.0}},
     {"use": "temperature", "t": 0.8},
     {"use": "temperature", "t": 1.3},
+    {"use": "temp_ext", "t": 1.1, "delta": 0.3},
 ]
+HISTORY = 4  # TRANSFORMS[:HISTORY] read the history or bias the logits; the others scale them
 FILTERS = [
     {"use": "top_k", "k": 40},
     {"use": "top_p", "p": 0.9},
     {"use": "min_p", "p": 0.05},
     {"use": "xtc", "probability": 0.5, "threshold": 0.1},
     {"use": "typical", "p": 0.9},
+    {"use": "top_n_sigma", "n": 1.5},
+    {"use": "top_h", "top_h": 0.6},
 ]
-SELECTORS = [{"use": "dist"}, {"use": "greedy"}, {"use": "mirostat", "tau": 5.0}, {"use": "mirostat_v2", "tau": 5.0}]
+SELECTORS = [
+    {"use": "dist"},
+    {"use": "greedy"},
+    {"use": "mirostat", "tau": 5.0},
+    {"use": "mirostat_v2", "tau": 5.0},
+    {"use": "adaptive_p", "target": 0.5},
+]
 
 
 def random_chain(rng: random.Random) -> dict:
     selector = rng.choice(SELECTORS)
-    transforms = rng.sample(TRANSFORMS[:2], rng.randint(0, 2)) + rng.sample(TRANSFORMS[2:], rng.randint(0, 1))
+    history, temperatures = TRANSFORMS[:HISTORY], TRANSFORMS[HISTORY:]
+    transforms = rng.sample(history, rng.randint(0, 2)) + rng.sample(temperatures, rng.randint(0, 1))
     filters = rng.sample(FILTERS, rng.randint(0, 2)) if selector["use"] == "dist" else []
     if selector["use"] == "greedy":
         transforms = [t for t in transforms if t["use"] != "temperature"]
@@ -134,6 +147,33 @@ def test_drafts_never_change_the_tokens_of_random_chains(tiny, case):
     assert_same_tokens(ours, reference)
     assert drafter.calls > 0 and int(ours.kept.sum()) > 0, chain
     assert bool((ours.model_calls < reference.num_generated).any()), "some row saved a model call"
+
+
+def catalogue_chain(entry: dict) -> dict:
+    """`entry` with what it needs around it: a selector after temperature 0.9 (greedy alone), a transform or filter
+    before top_k 40 (min_p 0.02 after top_k) and dist."""
+    if entry in SELECTORS:
+        return {"samplers": [{"use": "temperature", "t": 0.9}, entry] if entry["use"] != "greedy" else [entry]}
+    cut = {"use": "min_p", "p": 0.02} if entry["use"] == "top_k" else {"use": "top_k", "k": 40}
+    return {"samplers": [entry, cut, {"use": "dist"}]}
+
+
+@pytest.mark.parametrize("entry", TRANSFORMS + FILTERS + SELECTORS, ids=lambda e: e["use"])
+def test_every_sampler_of_the_random_chains_keeps_the_tokens(tiny, entry):
+    """Each sampler the random chains draw from, alone in a chain, at B = 3 with per-row seeds: prompt lookup and a
+    drafter with wrong tokens at random places give the tokens of generation without a drafter."""
+    model, tok = tiny
+    seeds = [{}] * 3 if entry["use"] == "greedy" else [{"seed": s} for s in (1, 2, 3)]
+    kwargs = {"chain": catalogue_chain(entry), "max_new_tokens": 24, "params": seeds}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # chain pitfalls (a filter before mirostat)
+        reference, gen = run(model, tok, PROMPTS[:3], **kwargs)
+        drafter = Scripted(reference_rows(reference, gen), model.config.vocab_size, seed=5, wrong_rate=0.4)
+        looked_up, _ = run(model, tok, PROMPTS[:3], draft={"use": "prompt_lookup", "adaptive": False}, **kwargs)
+        scripted, _ = run(model, tok, PROMPTS[:3], draft={"use": drafter, "cost": 0.1}, **kwargs)
+    assert_same_tokens(looked_up, reference)
+    assert_same_tokens(scripted, reference)
+    assert int(scripted.kept.sum()) > 0, "drafted tokens were kept"
 
 
 # ----------------------------------------------------------------- what the counts say
