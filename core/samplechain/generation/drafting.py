@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import attrs
 import torch
 
 from ..drafters import MODES, SETTINGS, Draft, Drafter
@@ -23,7 +24,9 @@ __all__ = [
     "expected_kind",
     "load_drafter",
     "load_spec",
+    "params_key",
     "proposal_tensors",
+    "stop_ids",
     "vocab_of",
 ]
 
@@ -166,3 +169,29 @@ def vocab_of(model: Any) -> int:
     """The model's vocabulary size (logit columns; a drafted id must be below it), or a bound no id reaches."""
     size = getattr(model.config, "vocab_size", None)
     return int(size) if isinstance(size, int) else 1 << 62
+
+
+def params_key(params: Any) -> tuple[Any, ...]:
+    """A drafter's parameters as a key: plain values as they are, an object (a draft model) by its identity."""
+    plain = (str, int, float, bool, type(None))
+
+    def key(v: Any) -> Any:
+        if isinstance(v, plain):
+            return v
+        if isinstance(v, (tuple, list)):
+            return tuple(key(x) for x in v)
+        return ("object", id(v))
+
+    fields = attrs.asdict(params, recurse=False) if attrs.has(type(params)) else {"": params}
+    return tuple((name, key(v)) for name, v in fields.items())
+
+
+def stop_ids(gen: Generation) -> set[int]:
+    """The token ids that end a row whatever came before them (past its min_new_tokens): the `eos` criteria's, as
+    they resolved them (none with ignore_eos, the stop list's own ids where it sets them)."""
+    return {
+        i
+        for crit in gen.stopping
+        if getattr(crit, "name", None) == "eos" and callable(getattr(crit, "resolved_ids", None))
+        for i in crit.resolved_ids()
+    }

@@ -1,10 +1,12 @@
 """The draws at the positions of a model call: the chain's own (mode match, and past a draft) or the rejection
 test of a drafted token (mode rejection), each queued as a row's drawn token (`Drawn`) with what its step
 reports. Every draw sees what the plain loop's step at that position would: the row's tokens so far (committed and
-drawn), `logits_processor=` the batch as the plain loop shows it, the store at the row's own position."""
+drawn), `logits_processor=` the batch as the plain loop shows it, the store at the row's own position. And
+`step_going`: the plain loop's step for the rows still going alone, where a finished row's chain fails."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -16,7 +18,7 @@ if TYPE_CHECKING:
     from .guarding import Guarding
     from .session import Generation
 
-__all__ = ["Drawing", "Drawn"]
+__all__ = ["Drawing", "Drawn", "step_going"]
 
 
 @attrs.define
@@ -162,3 +164,41 @@ class Drawing:
             history[i, width - len(s) :] = s
         device = gen.input_ids.device
         return {"history": history.to(device), "prompt_lengths": gen.prompt_lengths[rows].to(device)}
+
+
+def step_going(
+    gen: Generation,
+    logits: torch.Tensor,
+    step: int,
+    history: Mapping[str, torch.Tensor],
+    uncond: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step that draws the unfinished rows only; the finished rows get the pad token, a 0 logprob and -inf
+    scores, as the rows a speculative call does not draw."""
+    going = (~gen.finished).nonzero().flatten()
+    rows = going.tolist()
+    at = gen._logprobs_at if isinstance(gen._logprobs_at, str) else [gen._logprobs_at[b] for b in rows]
+    out = gen.sample_rows(
+        logits[going],
+        [gen.request_ids[b] for b in rows],
+        {key: value[going.to(value.device)] for key, value in history.items()},
+        at,
+        None if uncond is None else uncond[going],
+    )
+    index = going.to(out.token_ids.device)
+    tokens = torch.full((logits.shape[0],), gen.pad_id, dtype=out.token_ids.dtype, device=index.device)
+    tokens[index] = out.token_ids
+    logprobs = out.logprobs.new_zeros((logits.shape[0],))
+    logprobs[index] = out.logprobs
+    scores = tops = None
+    if out.scores is not None:
+        scores = out.scores.new_full((logits.shape[0], out.scores.shape[1]), float("-inf"))
+        scores[index] = out.scores
+    if out.top_logprobs is not None:
+        ids, lps = out.top_logprobs
+        tops = (
+            ids.new_zeros((logits.shape[0], ids.shape[1])),
+            lps.new_full((logits.shape[0], lps.shape[1]), float("-inf")),
+        )
+        tops[0][index], tops[1][index] = ids, lps
+    return gen.commit(tokens, logprobs, step, scores, tops)

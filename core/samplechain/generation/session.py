@@ -35,6 +35,7 @@ from ..engine.stopping import Stopping, cut_text, min_new_tokens_of
 from ..errors import ConfigError, GenerationWarning, SamplingError
 from ..tokens import eos_token_ids
 from .checkpoints import Checkpoints, load_checkpoint
+from .drawing import step_going
 from .from_config import asked_settings, chain_from_generation_config
 from .inputs import PromptInputs, Prompts
 from .model import ModelRunner, runner_for
@@ -493,41 +494,8 @@ class Generation(PromptInputs, Checkpoints):
             # a finished row runs on (its tokens become the pad) but is no row of the caller's to fail: its chain
             # may mask every token of its pad-fed position; the rows still going are drawn alone (an error of
             # theirs stands)
-            return self._step_going(logits, step, history, uncond)
+            return step_going(self, logits, step, history, uncond)
         return self.commit(out.token_ids, out.logprobs, step, out.scores, out.top_logprobs)
-
-    def _step_going(
-        self, logits: torch.Tensor, step: int, history: Mapping[str, torch.Tensor], uncond: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A step that draws the unfinished rows only; the finished rows get the pad token, a 0 logprob and -inf
-        scores, as the rows a speculative call does not draw."""
-        going = (~self.finished).nonzero().flatten()
-        rows = going.tolist()
-        at = self._logprobs_at if isinstance(self._logprobs_at, str) else [self._logprobs_at[b] for b in rows]
-        out = self.sample_rows(
-            logits[going],
-            [self.request_ids[b] for b in rows],
-            {key: value[going.to(value.device)] for key, value in history.items()},
-            at,
-            None if uncond is None else uncond[going],
-        )
-        index = going.to(out.token_ids.device)
-        tokens = torch.full((logits.shape[0],), self.pad_id, dtype=out.token_ids.dtype, device=index.device)
-        tokens[index] = out.token_ids
-        logprobs = out.logprobs.new_zeros((logits.shape[0],))
-        logprobs[index] = out.logprobs
-        scores = tops = None
-        if out.scores is not None:
-            scores = out.scores.new_full((logits.shape[0], out.scores.shape[1]), float("-inf"))
-            scores[index] = out.scores
-        if out.top_logprobs is not None:
-            ids, lps = out.top_logprobs
-            tops = (
-                ids.new_zeros((logits.shape[0], ids.shape[1])),
-                lps.new_full((logits.shape[0], lps.shape[1]), float("-inf")),
-            )
-            tops[0][index], tops[1][index] = ids, lps
-        return self.commit(tokens, logprobs, step, scores, tops)
 
     def sample_rows(
         self,

@@ -23,7 +23,6 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-import attrs
 import torch
 
 from ..drafters import DraftContext, Drafter, draft_settings
@@ -31,7 +30,16 @@ from ..errors import ConfigError, GenerationWarning
 from ..models import load_model
 from ..runners import ModelRunner
 from .draft_length import DraftLengths
-from .drafting import check_forkable, checked_mode, expected_kind, load_drafter, proposal_tensors, vocab_of
+from .drafting import (
+    check_forkable,
+    checked_mode,
+    expected_kind,
+    load_drafter,
+    params_key,
+    proposal_tensors,
+    stop_ids,
+    vocab_of,
+)
 from .drawing import Drawing, Drawn
 from .guarding import Guarding
 from .model import runner_for
@@ -162,7 +170,7 @@ class Speculation(Drawing):
                     raise type(exc)(f"draft[{i}] (prompt {i}): {exc}") from None
                 given = spec.get("use") if isinstance(spec, Mapping) else spec
                 if drafter is not given:  # loaded from a name: one object per drafter and parameters
-                    drafter = shared.setdefault((type(drafter), _params_key(drafter.params)), drafter)
+                    drafter = shared.setdefault((type(drafter), params_key(drafter.params)), drafter)
                 loaded[id(spec)] = drafter
             drafters += [None if spec is None else loaded[id(spec)]] * gen.n
         return cls(
@@ -199,7 +207,7 @@ class Speculation(Drawing):
                 f"guards= take a row's text back on its own, which the {runner.name} runner cannot (it cuts every "
                 "row's cache to one length); generate without guards= on it"
             )
-        self.stop_ids = _stop_ids(gen)
+        self.stop_ids = stop_ids(gen)
         self._prompts = gen.prompt_lengths.tolist()  # fixed for the generation: read once, not per call
         limit = gen.setup.max_positions
         self._positions = None if limit is None else [limit - n for n in self._prompts]  # each row's, past its prompt
@@ -624,32 +632,6 @@ class Speculation(Drawing):
             going = [b for i, b in enumerate(going) if same[i]] if not together or all(same) else []
             j += 1
         return drawn
-
-
-def _params_key(params: Any) -> tuple[Any, ...]:
-    """A drafter's parameters as a key: plain values as they are, an object (a draft model) by its identity."""
-    plain = (str, int, float, bool, type(None))
-
-    def key(v: Any) -> Any:
-        if isinstance(v, plain):
-            return v
-        if isinstance(v, (tuple, list)):
-            return tuple(key(x) for x in v)
-        return ("object", id(v))
-
-    fields = attrs.asdict(params, recurse=False) if attrs.has(type(params)) else {"": params}
-    return tuple((name, key(v)) for name, v in fields.items())
-
-
-def _stop_ids(gen: Generation) -> set[int]:
-    """The token ids that end a row whatever came before them (past its min_new_tokens): the `eos` criteria's, as
-    they resolved them (none with ignore_eos, the stop list's own ids where it sets them)."""
-    return {
-        i
-        for crit in gen.stopping
-        if getattr(crit, "name", None) == "eos" and callable(getattr(crit, "resolved_ids", None))
-        for i in crit.resolved_ids()
-    }
 
 
 def _stacked(rows: list[torch.Tensor | None], width: int, fill: float = float("-inf")) -> torch.Tensor:

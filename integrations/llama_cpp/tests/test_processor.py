@@ -175,7 +175,8 @@ def test_logprobs_at(llm: Any) -> None:
     llm.create_completion(PROMPT, max_tokens=6, logits_processor=[processed])
     assert processed.tokens == raw.tokens
     for (_, scores), token, logprob, kept in zip(spy.calls, raw.tokens, raw.logprobs, processed.logprobs, strict=True):
-        assert logprob == pytest.approx(float(torch.log_softmax(torch.from_numpy(scores), -1)[token]), abs=1e-5)
+        # float32 log-sum-exps of 49,152 logits, summed in another order: within 1e-4
+        assert logprob == pytest.approx(float(torch.log_softmax(torch.from_numpy(scores), -1)[token]), abs=1e-4)
         assert kept >= logprob - 1e-6
 
 
