@@ -1,6 +1,6 @@
 """Benchmark: speculative decoding (generate(..., draft=...)) on SmolLM2-135M-Instruct, side by side.
 
-Four sections; within each cell the configurations run interleaved, one run of each per repetition with the order
+Five sections; within each cell the configurations run interleaved, one run of each per repetition with the order
 rotating, so a slow spell of a shared host lands on all of them alike. Tokens per second count the tokens every row
 generated (to its end-of-turn token or --max-new-tokens) over the wall time of the whole call, prefill included;
 reported are the median over --reps and the range (lowest-highest). The first run of every configuration is its
@@ -28,6 +28,12 @@ reason there, and the other rows go on.
 4. The model-running drafters at B = 1 and 8 (--batch), transformers engine, greedy and sampling: generate() with
    early_exit (on the generation's cache, and on a cache of its own as on a sliding-window model) and with
    draft_model (the first N layers) against generate() without a drafter, interleaved.
+
+5. What drafting can give on the same texts (--sections 5, not run by default), per engine, task, B and setting:
+   prompt lookup against a drafter that knows each row's text (from the run without a drafter) and proposes the
+   longest run of its next tokens that occurs earlier in the row's prompt and text so far (the "copying bound": no
+   drafter that copies from them keeps more, whichever earlier occurrence it picks) and one that proposes the text
+   itself (every draft kept: no drafter keeps more), each against generate() without a drafter, interleaved.
 
 "same tokens": every run of a configuration whose mode promises the tokens of the run without a drafter (`match`,
 greedy or seeded) is compared with that run; "NO" (also on stderr) says how many runs differed and where. Rows
@@ -60,6 +66,7 @@ from typing import Any
 import attrs
 import torch
 
+from samplechain.drafters import Drafter
 from samplechain.errors import GenerationWarning
 from samplechain.generation import generate
 from samplechain.generation.model import TransformersRunner
@@ -490,20 +497,22 @@ S4_HEADER = (
 
 def _against_none(
     table: Table, engines: dict[str, tuple[Any, Any]], tasks: list[str], batches: list[int], plan: Plan,
-    drafters: dict[str, Any], targeted: bool,
+    drafters: dict[str, Any] | Callable[[Any, Any, list[Batch], str, int], dict[str, Any]], targeted: bool,
 ) -> Table:  # fmt: skip
     """Each drafter against generate() without one, per engine, task, batch size and setting, interleaved; with
-    `targeted`, the prompt-lookup targets' columns instead of the drafter's name."""
+    `targeted`, the prompt-lookup targets' columns instead of the drafter's name. `drafters` may be a function of
+    (model, tokenizer, runs, setting, max_new_tokens) giving them per cell."""
     for engine, (model, tok) in engines.items():
         for task in tasks:
             for b in batches:
                 runs, n = _runs(tok, task, b, plan.prompts), plan.max_new_tokens
                 for setting in ("greedy", "sampling"):
+                    cell = drafters(model, tok, runs, setting, n) if callable(drafters) else drafters
                     configs = {"none": _ours(model, tok, runs, setting, n)}
-                    configs |= {name: _ours(model, tok, runs, setting, n, draft=d) for name, d in drafters.items()}
+                    configs |= {name: _ours(model, tok, runs, setting, n, draft=d) for name, d in cell.items()}
                     m = _interleave(configs, plan.reps)
                     base = m["none"]
-                    for name in drafters:
+                    for name in cell:
                         spec = m[name]
                         ratio, target = _ratio(spec, base), _target(task, b)
                         accept, per_call = _acceptance(spec)
@@ -541,6 +550,66 @@ def section4(model: Any, tok: Any, tasks: list[str], batches: list[int], plan: P
         "draft_model": {"use": "draft_model", "model": _first_layers(model, layers)},
     }
     return _against_none(table, {"transformers": (model, tok)}, tasks, batches, plan, drafters, False)
+
+
+class Knows(Drafter):
+    """Knows each row's text in the run without a drafter (its prompt and what it generated) and proposes its next
+    tokens: all of them (`copying = False`: every draft is kept, the most any drafter can give), or only the longest
+    run of them that occurs earlier in the row's prompt and text so far (`copying = True`: the most any drafter that
+    copies from them, as prompt lookup does, can keep, had it always picked the right earlier occurrence)."""
+
+    name = "knows"
+
+    def __init__(self, texts: list[torch.Tensor], copying: bool) -> None:
+        super().__init__()
+        self.texts, self.copying = texts, copying
+
+    def expect(self, row: int, tokens: torch.Tensor) -> tuple[str, float] | None:
+        """Certain: the draft lengths draft as long as pays from the first draft on."""
+        return ("known", 1.0) if len(self.propose(row, tokens, 1)) else None
+
+    def propose(self, row: int, tokens: torch.Tensor, limit: int) -> torch.Tensor:
+        n = len(tokens)
+        text = next((t for t in self.texts if len(t) > n and torch.equal(t[:n], tokens)), None)
+        if text is None:
+            return tokens[:0]
+        ahead = text[n : n + limit]
+        if not self.copying:
+            return ahead
+        k = 0
+        while k < len(ahead) and k < n and bool((tokens.unfold(0, k + 1, 1) == ahead[: k + 1]).all(1).any()):
+            k += 1
+        return ahead[:k]
+
+
+def _texts(model: Any, tok: Any, runs: list[Batch], setting: str, n: int) -> list[torch.Tensor]:
+    """Each row's prompt (without padding) and generated tokens, in the run without a drafter."""
+    texts = []
+    for batch in runs:
+        out = generate(model, tok, input_ids=batch.ids, attention_mask=batch.mask, max_new_tokens=n,
+                       chain=_chain(setting), seed=SEED)  # fmt: skip
+        assert out.sequences is not None and out.num_generated is not None
+        width = batch.ids.shape[1]
+        for j in range(batch.ids.shape[0]):
+            prompt = batch.ids[j][batch.mask[j] == 1]
+            texts.append(torch.cat([prompt, out.sequences[j, width : width + int(out.num_generated[j])]]))
+    return texts
+
+
+def section5(engines: dict[str, tuple[Any, Any]], tasks: list[str], batches: list[int], plan: Plan) -> Table:
+    """Prompt lookup against what drafting can give on the same texts: a drafter that knows the text and copies
+    only from the prompt and text so far, and one that proposes the text itself."""
+    table = Table("Prompt lookup against the copying bound and a drafter always right", S4_HEADER, [])
+
+    def drafters(model: Any, tok: Any, runs: list[Batch], setting: str, n: int) -> dict[str, Any]:
+        texts = _texts(model, tok, runs, setting, n)
+        return {
+            "prompt_lookup": "prompt_lookup",
+            "copying bound": {"use": Knows(texts, copying=True)},
+            "always right": {"use": Knows(texts, copying=False)},
+        }
+
+    return _against_none(table, engines, tasks, batches, plan, drafters, False)
 
 
 def _noted(m: Measured) -> str:
@@ -654,11 +723,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--sections",
         default="1,2,3,4",
-        help="which of 1 (prompt lookup), 2 (transformers), 3 (coupling), 4 (model drafters against no drafter)",
+        help="which of 1 (prompt lookup), 2 (transformers), 3 (coupling), 4 (model drafters against no drafter), "
+        "5 (prompt lookup against the copying bound)",
     )
-    ap.add_argument("--engines", default="llama.cpp,transformers", help="engines of sections 1 and 3")
+    ap.add_argument("--engines", default="llama.cpp,transformers", help="engines of sections 1, 3 and 5")
     ap.add_argument("--tasks", default=",".join(TASKS), help=f"of {', '.join(TASKS)}")
-    ap.add_argument("--batch", default="1,8", help="the batch sizes of sections 1 and 4 (sections 2 and 3 run B = 1)")
+    ap.add_argument(
+        "--batch", default="1,8", help="the batch sizes of sections 1, 4 and 5 (sections 2 and 3 run B = 1)"
+    )
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument(
@@ -694,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--tasks: unknown {', '.join(unknown)} (known: {', '.join(TASKS)})")
     if not 1 <= args.prompts <= 8:
         ap.error(f"--prompts {args.prompts}: each task has 8 prompts; give 1-8")
-    names = args.engines.split(",") if sections & {1, 3} else []
+    names = args.engines.split(",") if sections & {1, 3, 5} else []
     if sections & {2, 4} and "transformers" not in names:
         names.append("transformers")
     engines = {name: _load(name, args.threads, args.gguf, args.kv_cache) for name in names}
@@ -712,6 +784,9 @@ def main(argv: list[str] | None = None) -> int:
         tables.append(section3(picked, _first_layers(hf, args.layers), tasks, plan, args.layers))
     if 4 in sections:
         tables.append(section4(*engines["transformers"], tasks, batches, plan, args.layers))
+    if 5 in sections:
+        picked = {e: engines[e] for e in args.engines.split(",")}
+        tables.append(section5(picked, tasks, batches, plan))
     records = {t.title: t.records() for t in tables}
     print("\n\n".join(t.markdown() for t in tables) if args.markdown else json.dumps(records, indent=2))
     if args.json:

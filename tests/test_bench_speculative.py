@@ -1,0 +1,56 @@
+"""benchmarks/bench_speculative.py's bounds on drafting (section 5): the drafter that knows each row's text proposes
+what it claims, on the tiny model (never how fast anything is)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from samplechain.generation import generate
+
+pytest.importorskip("transformers")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_speculative.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_speculative", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through it
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def test_the_copying_bound_proposes_the_longest_next_run_that_occurs_earlier(bench):
+    text = torch.tensor([5, 6, 7, 8, 9, 5, 6, 7, 3, 5, 6, 7, 8, 1])
+    knows = bench.Knows([text], copying=True)
+    # after 9 tokens (..., 5, 6, 7, 3) the text goes on 5, 6, 7, 8, 1: "5 6 7 8" occurs earlier, "5 6 7 8 1" does not
+    assert knows.propose(0, text[:9], 10).tolist() == [5, 6, 7, 8]
+    assert knows.propose(0, text[:9], 2).tolist() == [5, 6]  # the limit holds
+    assert knows.propose(0, text[:13], 10).tolist() == []  # 1 never occurred: nothing to copy
+    assert knows.expect(0, text[:13]) is None and knows.expect(0, text[:9]) == ("known", 1.0)
+    assert knows.propose(0, torch.tensor([4, 4]), 10).tolist() == []  # not a prefix of any text it knows
+
+
+def test_always_right_proposes_the_text_and_every_draft_is_kept(bench, tiny_lm):
+    model, tok = tiny_lm
+    ids = torch.tensor([tok.encode("The list is: apple, pear, plum. Again: apple,")])
+    kw = {"max_new_tokens": 12, "chain": bench._chain("sampling"), "seed": 3, "pad_token_id": 0}
+    reference = generate(model, tok, input_ids=ids, **kw)
+    text = torch.cat([ids[0], reference.sequences[0, ids.shape[1] :]])
+    drafted = {}
+    for copying in (False, True):
+        out = generate(model, tok, input_ids=ids, draft={"use": bench.Knows([text], copying)}, **kw)
+        assert out.sequences.tolist() == reference.sequences.tolist()
+        assert int(out.kept[0]) == int(out.drafted[0])  # a draft of the text itself is kept whole
+        drafted[copying] = int(out.drafted[0])
+    assert drafted[False] > 0 and drafted[True] <= 12
