@@ -1,13 +1,14 @@
 """samplechain.tokens (per-token reductions over histories) and the sparse paths of penalties and DRY built on it:
-bitwise the same processed logits as their dense (B, V) paths, which run on compacted candidates."""
+bitwise the same processed logits as their dense (B, V) paths, which run on compacted candidates; the sequences a
+row's next token would complete, against a brute-force search."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from samplechain import Chain
-from samplechain.tokens import per_token_reduce, write_tokens
+from samplechain import Chain, SamplingError
+from samplechain.tokens import SequenceMatcher, per_token_reduce, write_tokens
 
 V = 120
 
@@ -101,3 +102,29 @@ def test_first_occurrence_marks_each_token_once_per_row():
     assert counts[0].tolist() == [3, 2, 3, 0, 2, 3] and counts[1].tolist() == [0, 2, 2, 2, 2, 1]
     empty = torch.zeros(2, 0, dtype=torch.int64)
     assert first_occurrence(empty, empty.bool()).shape == (2, 0)
+
+
+def test_sequence_matcher_sums_the_values_of_the_sequences_a_token_completes():
+    g = torch.Generator().manual_seed(3)
+    vocab = 6
+    pairs = [((2,), -1.0), ((1, 2), 0.5), ((0, 1, 3), 2.0), ((1, 3), 0.25), ((4, 4, 4, 5), 3.0), ((1, 2), 1.0)]
+    history = torch.randint(0, 5, (12, 7), generator=g)
+    history[0, :4] = -1  # left padding: matches no token
+    history[1] = torch.tensor([-1, -1, -1, -1, -1, 0, 1])
+    got = SequenceMatcher(pairs, "test").bias(history, vocab, 12, "cpu")
+    want = torch.zeros(12, vocab)
+    for b, row in enumerate(history.tolist()):
+        real = [t for t in row if t >= 0]
+        for seq, value in pairs:
+            prefix = list(seq[:-1])
+            if len(real) >= len(prefix) and (not prefix or real[len(real) - len(prefix) :] == prefix):
+                want[b, seq[-1]] += value
+    assert torch.equal(got, want)
+    # after (0, 1): (0, 1, 3) and (1, 3) complete with 3; (2,) always, and both (1, 2) add up
+    assert got[1, 3] == 2.25 and got[1, 2] == -1.0 + 0.5 + 1.0
+
+
+def test_sequence_matcher_names_its_owner_for_a_token_outside_the_vocabulary():
+    matcher = SequenceMatcher([((1, 9), 1.0)], "sequence_bias.v1")
+    with pytest.raises(SamplingError, match=r"sequence_bias.v1: token id 9 is outside the vocabulary \(size 8\)"):
+        matcher.bias(torch.zeros(1, 3, dtype=torch.int64), 8, 1, "cpu")

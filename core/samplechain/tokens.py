@@ -1,5 +1,6 @@
-"""Token ids and token histories: the eos ids a model states, left-padded batches of rows, and the sparse
-per-token work penalties and DRY need without touching the whole vocabulary.
+"""Token ids and token histories: the eos ids a model states, left-padded batches of rows, the sparse per-token
+work penalties and DRY need without touching the whole vocabulary, and the token sequences a row's next token would
+complete (bad_words, sequence_bias).
 
 A history is (B, L) token ids. These helpers group a row's positions by token id (a sort per row, O(L log L))
 instead of scattering into a (B, V) table, so a penalty over 64 or 4096 history tokens costs in L, not in V.
@@ -15,8 +16,17 @@ import numpy as np
 import torch
 
 from .contracts import in_sync_free_step, token_id_list
+from .errors import SamplingError
 
-__all__ = ["TokenGroups", "eos_token_ids", "first_occurrence", "left_pad", "per_token_reduce", "write_tokens"]
+__all__ = [
+    "SequenceMatcher",
+    "TokenGroups",
+    "eos_token_ids",
+    "first_occurrence",
+    "left_pad",
+    "per_token_reduce",
+    "write_tokens",
+]
 
 
 def eos_token_ids(tokenizer: Any = None, generation_config: Any = None, model_config: Any = None) -> list[int]:
@@ -121,3 +131,41 @@ def write_tokens(logits: torch.Tensor, ids: torch.Tensor, values: torch.Tensor, 
     rows, cols = mask.nonzero(as_tuple=True)
     if rows.numel():
         logits[rows, ids[rows, cols]] = values[rows, cols]
+
+
+class SequenceMatcher:
+    """Token sequences, each with a value, that the next token of a row would complete: the sequence's last token
+    when the row's history ends with its other tokens. Grouped by prefix length, so a step makes one batched
+    comparison per distinct length, never one per row or per sequence. `owner` (a sampler's qualified name) names
+    the culprit of an out-of-vocabulary id."""
+
+    def __init__(self, pairs: Sequence[tuple[Sequence[int], float]], owner: str) -> None:
+        self.owner = owner
+        self.groups: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # prefix length -> tensors
+        by_len: dict[int, list[tuple[Sequence[int], float]]] = {}
+        for seq, value in pairs:
+            by_len.setdefault(len(seq) - 1, []).append((seq, value))
+        for p, items in by_len.items():
+            prefixes = torch.tensor([s[:-1] for s, _ in items], dtype=torch.int64).reshape(len(items), p)
+            lasts = torch.tensor([s[-1] for s, _ in items], dtype=torch.int64)
+            self.groups[p] = (prefixes, lasts, torch.tensor([v for _, v in items], dtype=torch.float32))
+        self.max_id = max((max(s) for s, _ in pairs), default=-1)
+
+    def bias(self, history: torch.Tensor | None, vocab: int, batch: int, device: Any) -> torch.Tensor:
+        """(B, V) float32: the summed values of every sequence the next token would complete. `history` (B, L) is
+        left-padded with -1, which matches no token; a sequence applies once a row has as many tokens as its
+        prefix."""
+        if self.max_id >= vocab:
+            raise SamplingError(f"{self.owner}: token id {self.max_id} is outside the vocabulary (size {vocab})")
+        out = torch.zeros(batch, vocab, dtype=torch.float32, device=device)
+        for p, (prefixes, lasts, values) in self.groups.items():
+            prefixes, lasts, values = prefixes.to(device), lasts.to(device), values.to(device)
+            if p == 0:
+                hit = torch.ones(batch, len(lasts), dtype=torch.bool, device=device)
+            elif history is None or history.shape[1] < p:
+                continue
+            else:
+                hit = (history[:, None, -p:] == prefixes[None, :, :]).all(dim=-1)  # (B, S)
+            add = torch.where(hit, values[None, :], torch.zeros((), device=device))
+            out.scatter_add_(1, lasts[None, :].expand(batch, -1), add)
+        return out

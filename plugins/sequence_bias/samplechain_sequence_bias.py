@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-import torch
 
-from samplechain import Candidates, Sampler, SamplingError, Stage, StepContext, hookimpl
+from samplechain import Candidates, Sampler, Stage, StepContext, hookimpl
+from samplechain.tokens import SequenceMatcher
 
 
 def sequence_pairs(value: Any) -> tuple[tuple[tuple[int, ...], float], ...]:
@@ -42,39 +42,6 @@ def _check(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
 @attrs.frozen
 class SequenceBiasParams:
     bias: Any = attrs.field(factory=tuple, validator=_check)
-
-
-class SequenceMatcher:
-    """Sequences grouped by prefix length: one batched comparison per distinct length, never per row."""
-
-    def __init__(self, pairs, owner: str) -> None:
-        self.owner = owner
-        self.groups: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        by_len: dict[int, list] = {}
-        for seq, b in pairs:
-            by_len.setdefault(len(seq) - 1, []).append((seq, b))
-        for p, items in by_len.items():
-            prefixes = torch.tensor([s[:-1] for s, _ in items], dtype=torch.int64).reshape(len(items), p)
-            lasts = torch.tensor([s[-1] for s, _ in items], dtype=torch.int64)
-            self.groups[p] = (prefixes, lasts, torch.tensor([b for _, b in items], dtype=torch.float32))
-        self.max_id = max((max(s) for s, _ in pairs), default=-1)
-
-    def bias(self, history: torch.Tensor | None, vocab: int, batch: int, device) -> torch.Tensor:
-        """(B, V) float32: the summed bias of every sequence the next token would complete."""
-        if self.max_id >= vocab:
-            raise SamplingError(f"{self.owner}: token id {self.max_id} is outside the vocabulary (size {vocab})")
-        out = torch.zeros(batch, vocab, dtype=torch.float32, device=device)
-        for p, (prefixes, lasts, values) in self.groups.items():
-            prefixes, lasts, values = prefixes.to(device), lasts.to(device), values.to(device)
-            if p == 0:
-                hit = torch.ones(batch, len(lasts), dtype=torch.bool, device=device)
-            elif history is None or history.shape[1] < p:
-                continue
-            else:
-                hit = (history[:, None, -p:] == prefixes[None, :, :]).all(dim=-1)  # (B, S)
-            add = torch.where(hit, values[None, :], torch.zeros((), device=device))
-            out.scatter_add_(1, lasts[None, :].expand(batch, -1), add)
-        return out
 
 
 class SequenceBias(Sampler):
