@@ -1,13 +1,13 @@
 """samplechain.tokens (per-token reductions over histories) and the sparse paths of penalties and DRY built on it:
 bitwise the same processed logits as their dense (B, V) paths, which run on compacted candidates; the sequences a
-row's next token would complete, against a brute-force search."""
+row's next token would complete, against a brute-force search; which candidates hold given token ids."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from samplechain import Chain, SamplingError
+from samplechain import Candidates, Chain, SamplingError
 from samplechain.tokens import SequenceMatcher, per_token_reduce, write_tokens
 
 V = 120
@@ -128,3 +128,18 @@ def test_sequence_matcher_names_its_owner_for_a_token_outside_the_vocabulary():
     matcher = SequenceMatcher([((1, 9), 1.0)], "sequence_bias.v1")
     with pytest.raises(SamplingError, match=r"sequence_bias.v1: token id 9 is outside the vocabulary \(size 8\)"):
         matcher.bias(torch.zeros(1, 3, dtype=torch.int64), 8, 1, "cpu")
+
+
+def test_candidates_holding_ids_mark_the_same_tokens_full_or_compacted():
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, V, generator=g)
+    ids = torch.tensor([0, 7, 55, 119, V, V + 40])  # ids past the vocabulary hold nothing
+    full = Candidates(logits, None, V)
+    index = torch.stack([torch.randperm(V, generator=g)[:30] for _ in range(3)])
+    index[:, 0] = 7  # every row keeps token 7 among its candidates
+    compact = full.take(logits.gather(1, index), index, is_sorted=False)
+    on_full, on_compact = full.holding(ids), compact.holding(ids)
+    assert on_full.shape == (1, V) and on_full[0].nonzero().flatten().tolist() == [0, 7, 55, 119]
+    assert on_compact.shape == (3, 30)
+    assert torch.equal(on_compact, on_full.expand(3, -1).gather(1, index))
+    assert bool(on_compact[:, 0].all())

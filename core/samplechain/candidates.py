@@ -223,6 +223,14 @@ class Candidates:
         """Token ids at candidate positions index (B, J) -> (B, J)."""
         return index if self.ids is None else self.ids.gather(1, index)
 
+    def holding(self, ids: torch.Tensor) -> torch.Tensor:
+        """bool: which candidates are one of the token ids `ids` (1-D); (1, V) over the whole vocabulary (ids past
+        it hold nothing), (B, K) over compacted candidates."""
+        if self.ids is None:
+            mask = torch.zeros(1, self.vocab_size, dtype=torch.bool, device=self.logits.device)
+            return mask.index_fill_(1, ids[ids < self.vocab_size].to(mask.device), True)
+        return torch.isin(self.ids, ids.to(self.ids.device))
+
     def replace_logits(self, logits: torch.Tensor, *, is_sorted: bool = False) -> Candidates:
         """Same candidates, new logits (which the chain owns). They are taken as unsorted unless the caller says
         otherwise: a transform keeps `is_sorted=cand.is_sorted` only when it never reorders a row (a positive
@@ -462,6 +470,13 @@ class StepContext:
 
             raise SamplingError(self.missing_history)
         return self._history
+
+    def generated(self) -> torch.Tensor:
+        """(B,) int64: how many tokens each row has generated (its history's tokens less its prompt), for samplers
+        that declare `needs_history()`."""
+        history = self.history
+        assert history is not None and self.prompt_lengths is not None  # the chain passes both to such samplers
+        return (history >= 0).sum(dim=1) - self.prompt_lengths
 
     def param(self, name: str) -> torch.Tensor:
         return self.params[name]

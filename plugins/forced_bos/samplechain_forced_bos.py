@@ -49,11 +49,7 @@ class ForcedBos(Sampler):
         if ctx.scalar("bos_id") == -1:
             return cand
         ids = ctx.param("bos_id")
-        history, prompt_lengths = ctx.history, ctx.prompt_lengths
-        assert (
-            history is not None and prompt_lengths is not None
-        )  # needs_history() is declared, so the chain passes both
-        first = ((history >= 0).sum(dim=1) - prompt_lengths == 0) & (ids >= 0)
+        first = (ctx.generated() == 0) & (ids >= 0)
         if not bool(first.any()):
             return cand
         return force(cand, first, ids[:, None])

@@ -39,22 +39,12 @@ class LengthDecay(EosIds, Sampler):
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
         if self.is_noop(ctx):
             return cand
-        history, prompt_lengths = ctx.history, ctx.prompt_lengths
-        assert (
-            history is not None and prompt_lengths is not None
-        )  # needs_history() is declared, so the chain passes both
-        generated = (history >= 0).sum(dim=1) - prompt_lengths
-        steps = generated - ctx.param("start")
+        steps = ctx.generated() - ctx.param("start")
         on = (steps > 0) & (ctx.param("factor") != 1.0)
         if not bool(on.any()):
             return cand
         scale = (torch.pow(ctx.param("factor").double(), steps.clamp(min=0).double()) - 1.0).to(torch.float32)
-        eos = self.eos_tensor(cand.logits.device)
-        ids = eos[eos < cand.vocab_size]
-        if cand.ids is None:
-            is_eos = torch.zeros(1, cand.vocab_size, dtype=torch.bool, device=ids.device).index_fill_(1, ids, True)
-        else:
-            is_eos = torch.isin(cand.ids, ids)
+        is_eos = cand.holding(self.eos_tensor(cand.logits.device))
         x = cand.logits
         hit = is_eos & on[:, None] & torch.isfinite(x)
         return cand.replace_logits(torch.where(hit, x + x.abs() * scale[:, None], x))

@@ -10,7 +10,6 @@ As in vLLM, `n` also holds back the content stopping criteria (eos, stop strings
 from __future__ import annotations
 
 import attrs
-import torch
 
 from samplechain import Candidates, EosIds, Sampler, Stage, StepContext, hookimpl, in_range, token_ids_field
 
@@ -39,20 +38,10 @@ class MinNewTokens(EosIds, Sampler):
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
         if self.is_noop(ctx):
             return cand
-        history, prompt_lengths = ctx.history, ctx.prompt_lengths
-        assert (
-            history is not None and prompt_lengths is not None
-        )  # needs_history() is declared, so the chain passes both
-        generated = (history >= 0).sum(dim=1) - prompt_lengths
-        early = generated < ctx.param("n")  # (B,)
+        early = ctx.generated() < ctx.param("n")  # (B,)
         if not bool(early.any()):
             return cand
-        eos = self.eos_tensor(cand.logits.device)
-        if cand.ids is None:
-            ids = eos[eos < cand.vocab_size]
-            hit = torch.zeros(1, cand.vocab_size, dtype=torch.bool, device=cand.logits.device).index_fill_(1, ids, True)
-        else:
-            hit = torch.isin(cand.ids, eos)
+        hit = cand.holding(self.eos_tensor(cand.logits.device))
         return cand.masked(~(hit & early[:, None]))
 
 

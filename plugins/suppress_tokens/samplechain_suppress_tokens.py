@@ -31,15 +31,6 @@ class BeginSuppressTokensParams:
     at: int = attrs.field(default=0, validator=in_range(0, None, hint="generated tokens before the masked step"))
 
 
-def id_mask(cand: Candidates, ids: torch.Tensor) -> torch.Tensor:
-    """(B, K) or (1, K) bool: candidates whose token id is in ids."""
-    if cand.ids is None:
-        mask = torch.zeros(1, cand.vocab_size, dtype=torch.bool, device=cand.logits.device)
-        ids = ids[ids < cand.vocab_size].to(mask.device)
-        return mask.index_fill_(1, ids, True)
-    return torch.isin(cand.ids, ids.to(cand.ids.device))
-
-
 class SuppressTokens(Sampler):
     name = "suppress_tokens"
     sync_free = True  # no host read in a sync-free step (plugins/cuda/tests/test_sync_free.py)
@@ -55,7 +46,7 @@ class SuppressTokens(Sampler):
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
         if self._ids.numel() == 0:
             return cand
-        return cand.masked(~id_mask(cand, self._ids).expand(cand.batch_size, -1))
+        return cand.masked(~cand.holding(self._ids).expand(cand.batch_size, -1))
 
 
 class BeginSuppressTokens(Sampler):
@@ -76,15 +67,10 @@ class BeginSuppressTokens(Sampler):
     def apply(self, cand: Candidates, ctx: StepContext) -> Candidates:
         if self._ids.numel() == 0:
             return cand
-        history, prompt_lengths = ctx.history, ctx.prompt_lengths
-        assert (
-            history is not None and prompt_lengths is not None
-        )  # needs_history() is declared, so the chain passes both
-        generated = (history >= 0).sum(dim=1) - prompt_lengths
-        now = generated == ctx.param("at")  # (B,)
+        now = ctx.generated() == ctx.param("at")  # (B,)
         if not bool(now.any()):
             return cand
-        return cand.masked(~(id_mask(cand, self._ids) & now[:, None]))
+        return cand.masked(~(cand.holding(self._ids) & now[:, None]))
 
 
 @hookimpl
