@@ -19,6 +19,8 @@
 
 - `at_tokens(values, ids, token_ids)`: each row's value at a given token among its candidates, 0 where the row
   has none (a selector's accept of a token it did not draw: mirostat's surprise).
+- `SurpriseSteering`: mirostat's mu (v1 and v2), a bound on surprise that each drawn token moves toward the target
+  tau; the move is committed when the chain accepts the step.
 
 For filters whose survivors are a prefix of the descending order, see `Candidates.keep_best`.
 """
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .contracts import BUCKET_MASS, Backend, Candidates
+from .contracts import BUCKET_MASS, Backend, Candidates, StepContext
 
 __all__ = [
     "BUCKETS",
@@ -173,3 +175,48 @@ def at_tokens(values: torch.Tensor, ids: torch.Tensor | None, token_ids: torch.T
         inside = hit.any(dim=1)
         found = values.gather(1, hit.to(torch.int32).argmax(dim=1, keepdim=True)).squeeze(1)
     return torch.where(inside, found, torch.zeros_like(found))
+
+
+class SurpriseSteering:
+    """The mu of llama.cpp's mirostat samplers (v1 and v2): per row, draw among the candidates the sampler keeps and
+    move mu by the drawn token's surprise, mu <- mu - eta * (-log2 p'(token) - tau), p' the kept candidates'
+    softmax (float64: a float32 sum's rounding would follow the row's width, so the batch).
+
+    A sampler's state holds `mu` and `started` (mu starts at 2 * tau, which depends on the request's tau). `draw`
+    computes the move and `accept` commits it, so a step sampled with accept=False (or one that fails) leaves mu
+    as it was; tokens accepted without a `draw` of the same step (forced tokens) leave it unchanged, as llama.cpp's
+    mirostat has no accept. A token other than the draw accepted for the step `draw` saw (teacher forcing) moves mu
+    by its own surprise under p', as though it had been drawn; one outside the kept set leaves mu unchanged."""
+
+    state_spec = {"mu": (torch.float32, (), 0.0), "started": (torch.bool, (), False)}
+
+    def __init__(self) -> None:
+        # (request ids, positions, mu, new mu, drawn ids, kept probabilities, candidate ids) from the last draw
+        self._pending: tuple | None = None
+
+    @staticmethod
+    def mu(ctx: StepContext) -> torch.Tensor:
+        """(B,) each row's mu: its state's, or 2 * tau before its first accepted step."""
+        return torch.where(ctx.state["started"], ctx.state["mu"], 2.0 * ctx.param("tau"))
+
+    def draw(self, cand: Candidates, ctx: StepContext, keep: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
+        """(B,) the candidate positions drawn among `keep` (the noise of the kept tokens only), with mu's move."""
+        kept = cand.logits.masked_fill(~keep, float("-inf"))
+        chosen = cand.draw(keep, ctx, ctx.param("seed"))
+        probs = torch.softmax(kept.double(), dim=-1)
+        surprise = -torch.log2(probs.gather(1, chosen[:, None]).squeeze(1))
+        moved = (mu - ctx.param("eta") * (surprise - ctx.param("tau"))).float()
+        drawn = cand.ids_at(chosen[:, None])[:, 0]
+        self._pending = (ctx.request_ids, ctx.positions.clone(), mu, moved, drawn, probs, cand.ids)
+        return chosen
+
+    def accept(self, ctx: StepContext, token_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The state to commit for the accepted `token_ids` (B,); nothing when `draw` did not see this step."""
+        pending, self._pending = self._pending, None
+        if pending is None or pending[0] != ctx.request_ids or not torch.equal(pending[1], ctx.positions):
+            return {}
+        _, _, mu, moved, drawn, probs, ids = pending
+        token_ids = token_ids.to(drawn.device)
+        p = at_tokens(probs, ids, token_ids)
+        given = torch.where(p > 0, (mu - ctx.param("eta") * (-torch.log2(p) - ctx.param("tau"))).float(), mu.float())
+        return {"mu": torch.where(token_ids == drawn, moved, given), "started": torch.ones_like(ctx.state["started"])}

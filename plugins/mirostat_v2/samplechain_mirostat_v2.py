@@ -21,7 +21,7 @@ import attrs
 import torch
 
 from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, seed_field
-from samplechain.filters import at_tokens
+from samplechain.filters import SurpriseSteering
 
 
 @attrs.frozen
@@ -41,51 +41,25 @@ class MirostatV2(Sampler):
 
     def __init__(self, params: MirostatV2Params) -> None:
         super().__init__(params)
-        # (request ids, positions, mu, new mu, drawn ids, kept probabilities, candidate ids) from the last select()
-        self._pending: tuple | None = None
+        self._steering = SurpriseSteering()
 
     def is_stateful(self) -> bool:
         return True
 
     def state_spec(self):
-        # mu's initial value 2 * tau depends on the request's tau: `started` says whether mu holds a value yet
-        return {"mu": (torch.float32, (), 0.0), "started": (torch.bool, (), False)}
+        return dict(SurpriseSteering.state_spec)
 
     def select(self, cand: Candidates, ctx: StepContext) -> torch.Tensor:
         logits = cand.logits
-        tau, eta = ctx.param("tau"), ctx.param("eta")
-        mu = torch.where(ctx.state["started"], ctx.state["mu"], 2.0 * tau)
+        mu = SurpriseSteering.mu(ctx)
         # float64: a float32 softmax rounds differently with the row's width, which follows the batch
         p = torch.softmax(logits.double(), dim=-1)
         keep = -torch.log2(p) <= mu.double()[:, None]  # masked candidates: p = 0, surprise inf, never kept
         keep.scatter_(1, cand.best()[:, None], True)  # llama.cpp keeps at least one: of equal maxima the lowest id
-        kept = logits.masked_fill(~keep, float("-inf"))
-        chosen = cand.draw(keep, ctx, ctx.param("seed"))  # the noise of the kept tokens only
-        probs = torch.softmax(kept.double(), dim=-1)
-        surprise = -torch.log2(probs.gather(1, chosen[:, None]).squeeze(1))
-        moved = (mu - eta * (surprise - tau)).float()
-        self._pending = (
-            ctx.request_ids,
-            ctx.positions.clone(),
-            mu,
-            moved,
-            cand.ids_at(chosen[:, None])[:, 0],
-            probs,
-            cand.ids,
-        )
-        return chosen
+        return self._steering.draw(cand, ctx, keep, mu)
 
     def accept(self, ctx: StepContext, token_ids: torch.Tensor):
-        pending, self._pending = self._pending, None
-        if pending is None or pending[0] != ctx.request_ids or not torch.equal(pending[1], ctx.positions):
-            return {}  # not the step select() saw: mu unchanged (llama.cpp's mirostat has no accept)
-        _, _, mu, moved, drawn, probs, ids = pending
-        token_ids = token_ids.to(drawn.device)
-        # another token than the draw (teacher forcing): mu moves by its surprise, as though select() had drawn it;
-        # one outside the kept set (surprise inf) leaves mu as it was
-        p = at_tokens(probs, ids, token_ids)
-        given = torch.where(p > 0, (mu - ctx.param("eta") * (-torch.log2(p) - ctx.param("tau"))).float(), mu.float())
-        return {"mu": torch.where(token_ids == drawn, moved, given), "started": torch.ones_like(ctx.state["started"])}
+        return self._steering.accept(ctx, token_ids)
 
 
 @hookimpl
