@@ -23,10 +23,8 @@ is faster), the milliseconds per token our chain.sample takes, and its share of 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -38,6 +36,7 @@ import torch
 
 from samplechain.generation import Generation
 from samplechain.generation.model import TransformersRunner
+from samplechain.tools.bench import write_json
 
 PROMPT = "Write a short story about a robot who learns to paint."
 VALUES = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8}
@@ -261,17 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_transformers(args.new_tokens, args.reps, [int(b) for b in args.batch.split(",")])
     print(markdown(rows) if args.markdown else json.dumps(rows, indent=2))
     if args.json:
-        env = {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "threads": args.threads,
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-            "date": datetime.date.today().isoformat(),
-            "command": " ".join(sys.argv),
-        }
-        with open(args.json, "w") as fh:
-            json.dump({"env": env, "rows": rows}, fh, indent=2)
+        write_json(args.json, args.threads, rows=rows)
     return 0
 
 

@@ -22,10 +22,7 @@ A progress bar over the timed repetitions is drawn on stderr when it is a termin
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -36,6 +33,7 @@ import torch
 
 from samplechain import Chain
 from samplechain.generation import Generation
+from samplechain.tools.bench import write_json
 from samplechain.tools.progress import Bar, progress_bar
 
 SAMPLING = {
@@ -225,20 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(markdown(rows) if args.markdown else json.dumps(rows, indent=2))
     if args.json:
-        import transformers
-
-        env = {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "threads": args.threads,
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-            "date": datetime.date.today().isoformat(),
-            "command": " ".join(sys.argv),
-        }
-        with open(args.json, "w") as fh:
-            json.dump({"env": env, "rows": rows}, fh, indent=2)
+        write_json(args.json, args.threads, rows=rows)
     return 0
 
 

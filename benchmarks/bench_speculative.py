@@ -50,10 +50,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -70,6 +68,7 @@ from samplechain.drafters import Drafter
 from samplechain.errors import GenerationWarning
 from samplechain.generation import generate
 from samplechain.generation.model import TransformersRunner
+from samplechain.tools.bench import write_json
 
 SEED = 1234
 VALUES = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8}
@@ -800,17 +799,7 @@ def main(argv: list[str] | None = None) -> int:
     records = {t.title: t.records() for t in tables}
     print("\n\n".join(t.markdown() for t in tables) if args.markdown else json.dumps(records, indent=2))
     if args.json:
-        env = {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "threads": args.threads,
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-            "date": datetime.date.today().isoformat(),
-            "command": " ".join(sys.argv),
-        }
-        with open(args.json, "w") as fh:
-            json.dump({"env": env, "tables": records}, fh, indent=2)
+        write_json(args.json, args.threads, tables=records)
     return 0
 
 

@@ -291,6 +291,17 @@ def environment(threads: int) -> dict[str, Any]:
     }
 
 
+def write_json(path: str, threads: int, **body: Any) -> None:
+    """`body` (a run's rows or tables) at `path` as JSON, with the machine and versions (`environment`) and the
+    command line under "env"."""
+    import json
+    import sys
+
+    env = {**environment(threads), "command": " ".join(sys.argv)}
+    with open(path, "w") as fh:
+        json.dump({"env": env, **body}, fh, indent=2)
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
