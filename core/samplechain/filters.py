@@ -33,9 +33,10 @@ from .contracts import BUCKET_MASS, Backend, Candidates, StepContext
 
 __all__ = [
     "BUCKETS",
-    "at_tokens",
     "MASS_MARGIN",
     "WIDE",
+    "SurpriseSteering",
+    "at_tokens",
     "bucket_edge",
     "bucket_keys",
     "bucket_mass",

@@ -21,9 +21,11 @@ import argparse
 import datetime
 import importlib.util
 import inspect
+import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -294,9 +296,6 @@ def environment(threads: int) -> dict[str, Any]:
 def write_json(path: str, threads: int, **body: Any) -> None:
     """`body` (a run's rows or tables) at `path` as JSON, with the machine and versions (`environment`) and the
     command line under "env"."""
-    import json
-    import sys
-
     env = {**environment(threads), "command": " ".join(sys.argv)}
     with open(path, "w") as fh:
         json.dump({"env": env, **body}, fh, indent=2)
