@@ -189,7 +189,10 @@ class SurpriseSteering:
     mirostat has no accept. A token other than the draw accepted for the step `draw` saw (teacher forcing) moves mu
     by its own surprise under p', as though it had been drawn; one outside the kept set leaves mu unchanged."""
 
-    state_spec = {"mu": (torch.float32, (), 0.0), "started": (torch.bool, (), False)}
+    @staticmethod
+    def state_spec() -> dict[str, tuple[torch.dtype, tuple[int, ...], object]]:
+        """The state columns a mirostat sampler declares (`Sampler.state_spec`)."""
+        return {"mu": (torch.float32, (), 0.0), "started": (torch.bool, (), False)}
 
     def __init__(self) -> None:
         # (request ids, positions, mu, new mu, drawn ids, kept probabilities, candidate ids) from the last draw

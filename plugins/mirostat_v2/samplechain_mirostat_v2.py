@@ -47,7 +47,7 @@ class MirostatV2(Sampler):
         return True
 
     def state_spec(self):
-        return dict(SurpriseSteering.state_spec)
+        return SurpriseSteering.state_spec()
 
     def select(self, cand: Candidates, ctx: StepContext) -> torch.Tensor:
         logits = cand.logits
