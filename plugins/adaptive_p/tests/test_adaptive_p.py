@@ -5,20 +5,21 @@
   hand computation given the drawn token (1e-5 relative: float32 vs float64); draws fit the transformed
   distribution (chi-square, 40,000 fixed seeds, p > 0.001).
 - A negative target is a plain draw: the same tokens as `dist` with the same seed, and the EMA never moves.
-- Randomness: a seeded request draws the same tokens alone, in a batch, at any row.
-- State: the EMA survives snapshot()/restore() (through JSON); requests join and leave without disturbing others;
-  an accepted token other than the selected one leaves the EMA unchanged (as llama.cpp's accept).
+- Randomness and state (samplechain.tools.state_testing.StatefulSamplerTests): a seeded request draws the same
+  tokens alone, in a batch, at any row; its EMA survives snapshot()/restore() (through JSON); requests join and
+  leave without disturbing others.
+- An accepted token other than the selected one leaves the EMA unchanged (as llama.cpp's accept).
 """
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 
 from samplechain import Chain
+from samplechain.tools.state_testing import StatefulSamplerTests
 
 NEG_INF = float("-inf")
 WIDTH, PEAK, SHARPNESS = 0.3, 5.0, 10.0  # llama.cpp's DISTRIBUTION_WIDTH, PEAK_LOGIT_VALUE, SHARPNESS
@@ -135,66 +136,11 @@ def test_negative_target_is_a_plain_draw():
     assert run({"use": "adaptive_p", "target": -1.0}) == run({"use": "dist"})
 
 
-# ----------------------------------------------------------------- randomness
-def test_same_tokens_alone_and_in_any_batch():
-    chain = Chain.load({"samplers": [{"use": "adaptive_p", "target": 0.4}]})
-    logits = torch.randn(5, 6, 300, generator=torch.Generator().manual_seed(0)) * 2
-    params = [{"adaptive_target": 0.1 + 0.2 * i, "adaptive_decay": 0.5 + 0.1 * i} for i in range(5)]
-
-    def run(order: list[int]):
-        store = chain.new_store()
-        for i in order:
-            store.add(f"r{i}", {"seed": 1000 + i, **params[i]})
-        ids = [f"r{i}" for i in order]
-        steps = [chain.sample(logits[order, s], store, ids).token_ids.tolist() for s in range(6)]
-        return {i: ([st[row] for st in steps], ema_of(store, f"r{i}")) for row, i in enumerate(order)}
-
-    together = run([0, 1, 2, 3, 4])
-    assert run([4, 2, 0, 3, 1]) == together
-    for i in range(5):
-        assert run([i]) == {i: together[i]}
-
-
-# ----------------------------------------------------------------- state
-def test_ema_round_trips_through_snapshot_and_continues_identically():
-    chain = Chain.load({"samplers": [{"use": "adaptive_p", "target": 0.3, "decay": 0.9}]})
-    logits = torch.randn(10, 1, 200, generator=torch.Generator().manual_seed(2)) * 3
-    store = chain.new_store()
-    store.add("a", {"seed": 77})
-    for s in range(5):
-        chain.sample(logits[s], store, ["a"])
-    snap = json.loads(json.dumps(store.snapshot()))
-    rest = [int(chain.sample(logits[s], store, ["a"]).token_ids[0]) for s in range(5, 10)]
-    restored = chain.new_store()
-    restored.restore(snap)
-    assert [int(chain.sample(logits[s], restored, ["a"]).token_ids[0]) for s in range(5, 10)] == rest
-    assert ema_of(restored, "a") == ema_of(store, "a")
-
-
-def test_requests_join_and_leave_without_disturbing_others():
-    chain = Chain.load({"samplers": [{"use": "adaptive_p", "target": 0.3}]})
-    g = torch.Generator().manual_seed(3)
-    logits = {rid: torch.randn(8, 200, generator=g) * 3 for rid in "abc"}
-    alone = chain.new_store()
-    alone.add("a", {"seed": 5})
-    expected = [int(chain.sample(logits["a"][s][None], alone, ["a"]).token_ids[0]) for s in range(8)]
-
-    store = chain.new_store()
-    store.add("a", {"seed": 5})
-    store.add("b", {"seed": 6})
-    got, step_of = [], {"a": 0, "b": 0, "c": 0}
-    for s in range(8):
-        if s == 3:
-            store.add("c", {"seed": 7})
-        if s == 5:
-            store.remove("b")
-        ids = [r for r in "abc" if r in store]
-        out = chain.sample(torch.stack([logits[r][step_of[r]] for r in ids]), store, ids)
-        for r in ids:
-            step_of[r] += 1
-        got.append(int(out.token_ids[ids.index("a")]))
-    assert got == expected
-    assert ema_of(store, "a") == ema_of(alone, "a")
+# ----------------------------------------------------------------- randomness and state
+class TestAdaptivePState(StatefulSamplerTests):
+    sampler = {"use": "adaptive_p", "target": 0.3}
+    request_params = [{"adaptive_target": 0.1 + 0.2 * i, "adaptive_decay": 0.5 + 0.1 * i} for i in range(5)]
+    scale = 2.0
 
 
 def test_accepting_another_token_leaves_the_ema_unchanged():

@@ -4,19 +4,20 @@ plain Python float math, and its invariants.
 - Reference: for a scripted sequence of logits (masked candidates included), s_hat, k, the kept set and mu after
   every step equal the hand computation, given the token the plugin drew (mu to 1e-4: float32 vs float64).
 - Control: on a Zipf-like stream mu stays bounded and the second half's mean surprise is near tau.
-- Randomness: a seeded request draws the same tokens alone, in a batch, at any row (counter-based noise).
-- State: mu survives snapshot()/restore() (through JSON); requests join and leave without disturbing others.
+- Randomness and state (samplechain.tools.state_testing.StatefulSamplerTests): a seeded request draws the same
+  tokens alone, in a batch, at any row; its mu survives snapshot()/restore() (through JSON); requests join and
+  leave without disturbing others.
 """
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 
 from samplechain import Chain
+from samplechain.tools.state_testing import StatefulSamplerTests
 
 NEG_INF = float("-inf")
 
@@ -134,70 +135,10 @@ def test_surprise_converges_to_tau():
     assert mu_of(store, "a") == pytest.approx(mu, abs=1e-2)
 
 
-# ----------------------------------------------------------------- randomness
-def test_same_tokens_alone_and_in_any_batch():
-    chain = Chain.load({"samplers": [{"use": "mirostat", "tau": 2.0, "eta": 0.2}]})
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(5, 6, 300, generator=g) * 2.5  # (request, step, vocab)
-    params = [{"mirostat_tau": 1.0 + i, "mirostat_m": 20 * (i + 1)} for i in range(5)]
-
-    def run(order: list[int]) -> dict[int, tuple[list[int], float]]:
-        store = chain.new_store()
-        for i in order:
-            store.add(f"r{i}", {"seed": 1000 + i, **params[i]})
-        ids = [f"r{i}" for i in order]
-        steps = [chain.sample(logits[order, s], store, ids).token_ids.tolist() for s in range(6)]
-        return {i: ([st[row] for st in steps], mu_of(store, f"r{i}")) for row, i in enumerate(order)}
-
-    together = run([0, 1, 2, 3, 4])
-    assert run([4, 2, 0, 3, 1]) == together
-    for i in range(5):
-        assert run([i]) == {i: together[i]}
-
-
-# ----------------------------------------------------------------- state
-def test_mu_round_trips_through_snapshot_and_continues_identically():
-    chain = Chain.load({"samplers": [{"use": "mirostat", "tau": 2.5, "eta": 0.2}]})
-    logits = torch.randn(10, 1, 200, generator=torch.Generator().manual_seed(2)) * 3
-    store = chain.new_store()
-    store.add("a", {"seed": 77})
-    for s in range(5):
-        chain.sample(logits[s], store, ["a"])
-    snap = json.loads(json.dumps(store.snapshot()))
-    rest = [int(chain.sample(logits[s], store, ["a"]).token_ids[0]) for s in range(5, 10)]
-    restored = chain.new_store()
-    restored.restore(snap)
-    assert mu_of(restored, "a") == snap["a"]["state"]["mirostat.mu"]
-    assert [int(chain.sample(logits[s], restored, ["a"]).token_ids[0]) for s in range(5, 10)] == rest
-    assert mu_of(restored, "a") == mu_of(store, "a")
-
-
-def test_requests_join_and_leave_without_disturbing_others():
-    chain = Chain.load({"samplers": [{"use": "mirostat", "tau": 2.0, "eta": 0.3}]})
-    g = torch.Generator().manual_seed(3)
-    logits = {rid: torch.randn(8, 200, generator=g) * 3 for rid in "abc"}
-
-    alone = chain.new_store()
-    alone.add("a", {"seed": 5})
-    expected = [int(chain.sample(logits["a"][s][None], alone, ["a"]).token_ids[0]) for s in range(8)]
-
-    store = chain.new_store()
-    store.add("a", {"seed": 5})
-    store.add("b", {"seed": 6})
-    got, step_of = [], {"a": 0, "b": 0, "c": 0}
-    for s in range(8):
-        if s == 3:
-            store.add("c", {"seed": 7})
-        if s == 5:
-            store.remove("b")
-        ids = [r for r in "abc" if r in store]
-        x = torch.stack([logits[r][step_of[r]] for r in ids])
-        out = chain.sample(x, store, ids)
-        for r in ids:
-            step_of[r] += 1
-        got.append(int(out.token_ids[ids.index("a")]))
-    assert got == expected
-    assert mu_of(store, "a") == mu_of(alone, "a")
+# ----------------------------------------------------------------- randomness and state
+class TestMirostatState(StatefulSamplerTests):
+    sampler = {"use": "mirostat", "tau": 2.0, "eta": 0.2}
+    request_params = [{"mirostat_tau": 1.0 + i, "mirostat_m": 20 * (i + 1)} for i in range(5)]
 
 
 def test_reset_restarts_mu_at_two_tau():

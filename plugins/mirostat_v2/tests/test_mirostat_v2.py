@@ -5,19 +5,20 @@ in plain Python float math, and its invariants.
   (tolerance 1e-4 bits: float32 in the plugin, float64 here), given the token the plugin drew.
 - Control: with the embedded model, tau = 3 and eta = 0.1, mu stays bounded and the mean surprise of the second
   half of 150 tokens is within 0.75 bits of tau (see test_surprise_converges_to_tau_with_the_embedded_model).
-- Randomness: a seeded request draws the same tokens alone, in a batch, at any row (counter-based noise).
-- State: mu survives snapshot()/restore() (through JSON); requests join and leave without disturbing others.
+- Randomness and state (samplechain.tools.state_testing.StatefulSamplerTests): a seeded request draws the same
+  tokens alone, in a batch, at any row; its mu survives snapshot()/restore() (through JSON); requests join and
+  leave without disturbing others.
 """
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 
 from samplechain import Chain
+from samplechain.tools.state_testing import StatefulSamplerTests
 
 NEG_INF = float("-inf")
 
@@ -175,71 +176,10 @@ def test_surprise_converges_to_tau_with_the_embedded_model(model_and_tokenizer):
     assert plain_surprise > tau + 1.5  # without the controller the same model is far above tau
 
 
-# ----------------------------------------------------------------- randomness
-def test_same_tokens_alone_and_in_any_batch():
-    chain = Chain.load({"samplers": [{"use": "mirostat_v2", "tau": 2.0, "eta": 0.2}]})
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(5, 6, 300, generator=g) * 2.5  # (request, step, vocab)
-    taus = [1.0, 2.0, 3.0, 4.0, 5.0]
-
-    def run(order: list[int]) -> dict[int, tuple[list[int], float]]:
-        store = chain.new_store()
-        for i in order:
-            store.add(f"r{i}", {"seed": 1000 + i, "mirostat_tau": taus[i]})
-        ids = [f"r{i}" for i in order]
-        steps = [chain.sample(logits[order, s], store, ids).token_ids.tolist() for s in range(6)]
-        return {i: ([st[row] for st in steps], mu_of(store, f"r{i}")) for row, i in enumerate(order)}
-
-    together = run([0, 1, 2, 3, 4])
-    assert run([4, 2, 0, 3, 1]) == together
-    for i in range(5):
-        assert run([i]) == {i: together[i]}
-
-
-# ----------------------------------------------------------------- state
-def test_mu_round_trips_through_snapshot_and_continues_identically():
-    chain = Chain.load({"samplers": [{"use": "mirostat_v2", "tau": 2.5, "eta": 0.2}]})
-    g = torch.Generator().manual_seed(2)
-    logits = torch.randn(10, 1, 200, generator=g) * 3
-    store = chain.new_store()
-    store.add("a", {"seed": 77})
-    for s in range(5):
-        chain.sample(logits[s], store, ["a"])
-    snap = json.loads(json.dumps(store.snapshot()))
-    rest = [int(chain.sample(logits[s], store, ["a"]).token_ids[0]) for s in range(5, 10)]
-    restored = chain.new_store()
-    restored.restore(snap)
-    assert mu_of(restored, "a") == snap["a"]["state"]["mirostat_v2.mu"]
-    assert [int(chain.sample(logits[s], restored, ["a"]).token_ids[0]) for s in range(5, 10)] == rest
-    assert mu_of(restored, "a") == mu_of(store, "a")
-
-
-def test_requests_join_and_leave_without_disturbing_others():
-    chain = Chain.load({"samplers": [{"use": "mirostat_v2", "tau": 2.0, "eta": 0.3}]})
-    g = torch.Generator().manual_seed(3)
-    logits = {rid: torch.randn(8, 200, generator=g) * 3 for rid in "abc"}
-
-    alone = chain.new_store()
-    alone.add("a", {"seed": 5})
-    expected = [int(chain.sample(logits["a"][s][None], alone, ["a"]).token_ids[0]) for s in range(8)]
-
-    store = chain.new_store()
-    store.add("a", {"seed": 5})
-    store.add("b", {"seed": 6})
-    got, step_of = [], {"a": 0, "b": 0, "c": 0}
-    for s in range(8):
-        if s == 3:
-            store.add("c", {"seed": 7})  # joins mid-way (may reuse no slot, or a freed one)
-        if s == 5:
-            store.remove("b")  # leaves; its slot is reset
-        ids = [r for r in "abc" if r in store]
-        x = torch.stack([logits[r][step_of[r]] for r in ids])
-        out = chain.sample(x, store, ids)
-        for r in ids:
-            step_of[r] += 1
-        got.append(int(out.token_ids[ids.index("a")]))
-    assert got == expected
-    assert mu_of(store, "a") == mu_of(alone, "a")
+# ----------------------------------------------------------------- randomness and state
+class TestMirostatV2State(StatefulSamplerTests):
+    sampler = {"use": "mirostat_v2", "tau": 2.0, "eta": 0.2}
+    request_params = [{"mirostat_tau": 1.0 + i} for i in range(5)]
 
 
 def test_forced_tokens_and_peeks_leave_mu_unchanged():
