@@ -1,12 +1,12 @@
 """The kept set of every filter does not depend on the row's width.
 
 Filters switch to fast paths on wide rows (`filters.WIDE` and the cpu backend's `MIN_VOCAB`, both 16384 entries:
-float32 statistics, chunked reads, partial top-k). Here each filter sees the same handful of finite logits placed
-in rows of widths on both sides of that switch (the rest -inf; the last logit in the last column, so the chunked
-reads' tail is exercised), in a batch of many rows and a row alone, on the cpu backend with and without its compiled
-kernels and on the cuda backend's logic (on CPU tensors), and must keep the same logits at every width, and the
-same as a float64 reference written out below from the filter's definition (sums with math.fsum; the parameters as
-the chain holds them, float32).
+float32 bounds on float64 thresholds, chunked reads, partial top-k). Here each filter sees the same handful of
+finite logits placed in rows of widths on both sides of that switch (the rest -inf; the last logit in the last
+column, so the chunked reads' tail is exercised), in a batch of many rows and a row alone, on the cpu backend with
+and without its compiled kernels and on the cuda backend's logic (on CPU tensors), and must keep the same logits at
+every width, and the same as a float64 reference written out below from the filter's definition (sums with
+math.fsum; the parameters as the chain holds them, float32).
 
 Cases: random logits with random parameters, and crafted ones whose cut lands on a logit or within ~1e-10
 relative of one: top_n_sigma's n = 2 over two candidates puts its threshold exactly on the lower logit; the others

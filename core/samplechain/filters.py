@@ -48,7 +48,7 @@ __all__ = [
     "with_min_keep",
 ]
 
-WIDE = 16384  # rows at least this wide take the fast paths (float32 passes, chunked reads); read at call time
+WIDE = 16384  # rows at least this wide take the fast paths (chunked reads, partial top-k); read at call time
 _BUCKET_SHIFT = 20  # float32 bits >> 20: sign, exponent and 3 mantissa bits
 BUCKETS = 1 << (31 - _BUCKET_SHIFT)  # 2048 buckets of non-negative float32 values, ~9% wide, in value order
 MASS_MARGIN = 1e-4  # bucket sums are float32: aim past a mass by this much so a wanted set is surely covered

@@ -3,8 +3,8 @@
 Keep the candidates whose probability (softmax over the current candidates) is at least epsilon; the min_keep
 most likely candidates always survive (with every candidate tied with the min_keep-th in logit), as transformers'
 EpsilonLogitsWarper. epsilon = 0 is a no-op. min_keep 0 counts as 1: the top candidate always survives, so a row
-never ends up empty. Probabilities are float64 on rows narrower than 16384 candidates, float32 (transformers'
-own precision) on wider ones.
+never ends up empty. Probabilities are float64 at every width (transformers: the input dtype), so the kept set
+does not depend on the row's width.
 """
 
 from __future__ import annotations

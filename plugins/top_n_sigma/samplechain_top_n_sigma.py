@@ -96,7 +96,7 @@ class TopNSigma(Sampler):
         sync_free = in_sync_free_step()
         if not sync_free and bool(off.all()):
             return cand
-        if width >= filters.WIDE and not cand.is_sorted and not sync_free:  # float32 statistics, an at_least read
+        if width >= filters.WIDE and not cand.is_sorted and not sync_free:  # float64 sums, an at_least read
             wide = self._wide(cand, ctx, n, min_keep, off, finite_count)
             if wide is not None:
                 return wide

@@ -203,7 +203,7 @@ class Xtc(Sampler):
         return cand.masked(~remove)  # sorted rows stay sorted, the survivors moved to the front
 
     def _wide(self, cand: Candidates, ctx: StepContext, act: torch.Tensor) -> Candidates:
-        """The rows that act, in float32: their qualifying candidates set to -inf in the chain's own logits."""
+        """The rows that act: their removed candidates (wide_removals) set to -inf in the chain's own logits."""
         rows = act.nonzero().flatten()
         sub = cand.logits.index_select(0, rows) if len(rows) < cand.batch_size else cand.logits
         n = torch.isfinite(sub).sum(dim=-1)

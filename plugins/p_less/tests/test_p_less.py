@@ -185,8 +185,8 @@ def test_chain_with_dist_samples_a_kept_token():
 
 @pytest.mark.parametrize("scale", [1.0, 3.0, 8.0])
 def test_wide_rows_keep_what_the_float64_path_keeps(scale, monkeypatch):
-    """Rows of >= 16384 candidates compute in float32 (a cascaded sum, ~1e-7): the same kept sets as the float64
-    path on random rows (-inf entries, per-row min_keep), where no token sits within rounding of the threshold."""
+    """Rows of >= 16384 candidates (float64, as every row; the kept mask compacted): the same kept sets as the
+    plain path on random rows (-inf entries, per-row min_keep)."""
     from samplechain.tools.testing import assert_wide_path_keeps
 
     assert_wide_path_keeps({"use": "p_less"}, monkeypatch, [{}, {}, {"min_keep": 50}, {}], scale)

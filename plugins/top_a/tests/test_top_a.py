@@ -149,8 +149,9 @@ def test_bad_request_value_is_refused():
 
 @pytest.mark.parametrize("scale", [1.0, 3.0, 8.0])
 def test_wide_rows_keep_what_the_float64_path_keeps(scale, monkeypatch):
-    """Rows of >= 16384 candidates compute in float32 (a cascaded sum, ~1e-7): the same kept sets as the float64
-    path on random rows (-inf entries, per-row min_keep), where no token sits within rounding of the threshold."""
+    """Rows of >= 16384 candidates bound the threshold by float32 exponentials summed in float64 (the float64
+    threshold decides a row with a logit inside the bound): the same kept sets as the float64 path on random rows
+    (-inf entries, per-row min_keep)."""
     from samplechain.tools.testing import assert_wide_path_keeps
 
     assert_wide_path_keeps({"use": "top_a", "a": 0.05}, monkeypatch, [{}, {}, {"min_keep": 50}, {}], scale)

@@ -171,8 +171,8 @@ def test_bad_request_value_is_refused():
 
 @pytest.mark.parametrize("scale", [1.0, 3.0, 20.0])
 def test_wide_rows_keep_what_the_float64_path_keeps(scale, monkeypatch):
-    """Rows of >= 16384 candidates use float32 statistics and an at_least read: the same kept sets and logits as
-    the float64 path, with per-row n (off rows included), min_keep and -inf entries."""
+    """Rows of >= 16384 candidates bound the threshold by one float64 pass of sums and read it with at_least: the
+    same kept sets and logits as the float64 path, with per-row n (off rows included), min_keep and -inf entries."""
     from samplechain.tools.testing import processed_scores, random_logits, sampler_chain
 
     logits = random_logits(8, 5, 40000, scale)

@@ -191,9 +191,9 @@ def test_after_top_k_matches_webui(k):
 
 
 def test_wide_rows_remove_what_the_float64_path_removes(monkeypatch):
-    """Rows of >= 16384 unsorted candidates: float32, only the acting rows, only the qualifying candidates read;
-    the same removals as the float64 mask (per-row thresholds, min_keep, -inf entries, ties at the lowest level,
-    keep_special, rows that do not act)."""
+    """Rows of >= 16384 unsorted candidates: only the acting rows, only the qualifying candidates read (at the
+    lower edge of a bound on the float64 cut); the same removals as the float64 mask (per-row thresholds, min_keep,
+    -inf entries, ties at the lowest level, keep_special, rows that do not act)."""
     logits = logits_for(21, B=7, V=40000)
     logits[:, :6] += 3.0  # several tokens above the thresholds on a wide row
     logits[2, 1] = logits[2, 2] = logits[2, 4] = 30.0  # a three-way tie at the least likely qualifying level
