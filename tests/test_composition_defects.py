@@ -1,9 +1,9 @@
-"""The defects the composition fuzzer (tests/test_composition_fuzz.py) found, each pinned by its smallest case.
+"""Composition hazards the fuzzer (tests/test_composition_fuzz.py) can run into, each pinned by its smallest case.
 
-Three concern the chain as a whole (a valid chain emptying a row, an error naming nothing, backends disagreeing on
-ties in top_h); the others are narrower: biases after a truncation read as sorted, a forced token
-lost to compaction, inf_nan_remove bringing back what a filter removed, mirostat's ties and float32 sums, top_h's
-rounding at top_h = 1, cfg's 0 x -inf, and an error that names the sampler after which a row had nothing.
+Three concern the chain as a whole (a valid chain must not empty a row, an error names its culprit, backends agree
+on ties in top_h); the others are narrower: biases after a truncation leave candidates unsorted, a forced token
+survives compaction, inf_nan_remove keeps what a filter removed, mirostat's ties and float32 sums, top_h's rounding
+at top_h = 1, cfg's 0 x -inf, and an error that names the sampler after which a row had nothing.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ HOLE_MAKERS = [{"use": "top_n_sigma", "n": 1.0}, {"use": "typical", "p": 0.05}, 
 
 
 def test_a_later_cut_never_takes_a_masked_hole_for_a_candidate():
-    """[top_n_sigma, typical, top_k 1, greedy] emptied 245 of the first 300 rows: typical masked survivors of the
-    sorted candidates top_n_sigma left, and top_k's "first k" took a -inf hole. Masking sorted candidates now moves
-    the survivors to the front, so every row keeps the token the stages give one by one."""
+    """[top_n_sigma, typical, top_k 1, greedy]: typical masks survivors of the sorted candidates top_n_sigma left,
+    and a "first k" read of them could take a -inf hole and empty the row. Masking sorted candidates moves the
+    survivors to the front, so every row keeps the token the stages give one by one."""
     chain = load([*HOLE_MAKERS, {"use": "greedy"}])
     for seed in range(300):
         x = torch.randn(1, 64, generator=torch.Generator().manual_seed(seed))
@@ -60,13 +60,13 @@ def test_a_bias_after_a_truncation_is_not_read_as_sorted():
 
 # ----------------------------------------------------------------- errors name the sampler and the request
 def test_finite_huge_logprobs_are_not_taken_for_an_overflow():
-    """adaptive_p over hard_logits: every chosen logprob is finite (about -3e38), but their sum overflowed to -inf
-    and the step raised an error naming nothing. The check is per row now."""
+    """adaptive_p over hard_logits: every chosen logprob is finite (about -3e38), though their float32 sum would
+    overflow to -inf; the finiteness check looks at each row, so the step passes."""
     chain = load([{"use": "adaptive_p", "target": 0.5, "seed": 3}])
     for seed in range(3):
         out = chain.sample(hard_logits(4, 40000, seed))
         assert bool(torch.isfinite(out.logprobs).all())
-        assert float(out.logprobs.double().sum()) < -1e38  # what used to overflow in float32
+        assert float(out.logprobs.double().sum()) < -1e38  # a float32 sum would overflow
 
 
 def test_an_emptied_row_names_the_sampler_and_the_request():
@@ -136,8 +136,9 @@ FILTERS = [
 
 @pytest.mark.parametrize("entry", FILTERS, ids=lambda e: f"{e['use']}-{list(e.values())[1]}")
 def test_ties_at_a_cut_keep_the_lowest_ids_whatever_order_the_backend_returns(entry):
-    """top_h kept whichever tied tokens torch.topk returned, so cpu and cuda drew different tokens on tie-heavy
-    rows. Every filter now keeps the lowest ids among equal logits at its cut, on any backend."""
+    """Which of equal logits torch.topk returns differs between devices, so a filter that kept whichever it got
+    would draw other tokens on cpu and cuda on tie-heavy rows. Every filter keeps the lowest ids among equal logits
+    at its cut, on any backend."""
     x = (torch.randn(16, 200, generator=torch.Generator().manual_seed(4)) * 2).round()  # ties everywhere
     kept = []
     for backend in (RecordingBackend, ReversedTies):
@@ -152,8 +153,8 @@ def test_ties_at_a_cut_keep_the_lowest_ids_whatever_order_the_backend_returns(en
 
 # ----------------------------------------------------------------- found by the fuzzer
 def test_a_forced_token_comes_back_after_a_filter_in_any_batch():
-    """forced_bos after a filter: transformers writes the bos column whatever it held. Alone (compacted by top_p)
-    the row lost bos and emptied; in a batch (masked) it got it. Now bos comes back either way."""
+    """forced_bos after a filter: transformers writes the bos column whatever it held, so bos comes back whether
+    the filter compacted the row (alone, top_p) or masked it (in a batch)."""
     chain = load([{"use": "top_p", "p": 0.0}, {"use": "forced_bos", "bos_id": 1}, {"use": "greedy"}])
     x = torch.tensor([[4.0, -0.8], [2.8, 1.4]])
     store = chain.new_store()
@@ -175,7 +176,7 @@ def test_mirostat_v2_keeps_the_lowest_id_of_equal_maxima():
 
 
 def test_cfg_at_scale_zero_is_the_unconditional_distribution_even_after_an_overflow():
-    """log_softmax of a row spanning 6e38 is -inf for its lowest token; scale 0 multiplied that into NaN."""
+    """log_softmax of a row spanning 6e38 is -inf for its lowest token, which scale 0 must not multiply into NaN."""
     chain = load([{"use": "cfg", "scale": 0.0}, {"use": "greedy"}])
     x = torch.tensor([[3e38, -3e38, 0.0]])
     uncond = torch.tensor([[0.0, 2.0, 1.0]])
@@ -184,8 +185,8 @@ def test_cfg_at_scale_zero_is_the_unconditional_distribution_even_after_an_overf
 
 
 def test_xtc_keeps_the_highest_id_of_equal_least_likely_qualifiers_in_any_batch():
-    """Six tokens tied at the top, xtc with threshold 0: it kept the one at the highest candidate position, which
-    an earlier filter's order (so the batch) decided. Now the highest token id, alone or beside another row."""
+    """Six tokens tied at the top, xtc with threshold 0: it keeps the highest token id, alone or beside another
+    row, not the one at the highest candidate position (an earlier filter's order, so the batch, decides that)."""
     x = torch.tensor([[0.0, 5.0, 1.0, 5.0, 5.0, 2.0]])
     chain = load(
         [{"use": "top_k", "k": 0}, {"use": "xtc", "probability": 1.0, "threshold": 0.3, "seed": 0}, {"use": "greedy"}]
@@ -200,8 +201,8 @@ def test_xtc_keeps_the_highest_id_of_equal_least_likely_qualifiers_in_any_batch(
 
 
 def test_xtc_threshold_zero_on_a_wide_row_counts_only_finite_candidates():
-    """On wide rows a threshold of 0 made every -inf entry qualify too, so xtc found too few left and did
-    nothing; the narrow path removed all but one. Both remove all but the least likely now."""
+    """A threshold of 0 qualifies the finite candidates only, not the -inf entries: on a wide row, as on a narrow
+    one, xtc removes all but the least likely."""
     x = torch.full((1, 20000), NEG_INF)
     x[0, [5, 700, 19000]] = torch.tensor([3.0, 2.0, 1.0])
     entry = {"use": "xtc", "probability": 1.0, "threshold": 0.0, "seed": 0}
@@ -213,7 +214,8 @@ def test_xtc_threshold_zero_on_a_wide_row_counts_only_finite_candidates():
 
 def test_renormalize_gives_a_row_the_same_values_alone_and_in_a_batch():
     """log_softmax in float32 rounds with the row's width (7 survivors of 64, compacted alone, masked in a batch),
-    and even in float64 a dominant token's log-probability carried the sum's rounding."""
+    and even in float64 a dominant token's log-probability carries the sum's rounding: renormalize gives the same
+    values either way."""
     chain = load([{"use": "top_k", "k": 0}, {"use": "renormalize"}, {"use": "greedy"}])
     store = chain.new_store()
     store.add("a", {"top_k": 7})
@@ -226,8 +228,8 @@ def test_renormalize_gives_a_row_the_same_values_alone_and_in_a_batch():
 
 
 def test_quadratic_pure_rows_beside_cubic_ones_get_no_nan_from_an_overflowed_cube():
-    """A row with curve 1 (no cubic term) beside a row with curve 5: the cubic term was computed for every row and
-    0 * (-inf) made NaN where d**3 overflowed (logits near the float32 limit); alone the row got -inf there."""
+    """A row with curve 1 (no cubic term) beside a row with curve 5: where d**3 overflows (logits near the float32
+    limit), a cubic term computed for every row would make 0 * (-inf) = NaN; the row gets -inf there, as alone."""
     chain = load([{"use": "quadratic", "factor": 1.0}, {"use": "greedy"}])
     x = torch.tensor([[3e38, -3e38, 0.0], [1.0, 0.5, 0.0]])
     store = chain.new_store()
@@ -243,8 +245,8 @@ def test_quadratic_pure_rows_beside_cubic_ones_get_no_nan_from_an_overflowed_cub
 )
 def test_min_keep_inside_a_tie_keeps_the_lowest_ids_of_compacted_candidates(cut):
     """After top_k (compacted, columns in descending-logit order) and a bias that ties them, min_p's and
-    top_n_sigma's min_keep took the first tied columns, not the lowest ids (the fuzzer: top_a, cfg, top_h,
-    quadratic, min_p, min_p on bfloat16 rows). Now the chain keeps what the stages keep."""
+    top_n_sigma's min_keep keep the lowest ids of the tie, not the first tied columns (as the fuzzer's chains of
+    top_a, cfg, top_h, quadratic, min_p, min_p on bfloat16 rows need): the chain keeps what the stages keep."""
     x = torch.arange(8.0)[None, :]
     entries = [
         {"use": "top_k", "k": 7},
