@@ -19,17 +19,20 @@
 
 - `at_tokens(values, ids, token_ids)`: each row's value at a given token among its candidates, 0 where the row
   has none (a selector's accept of a token it did not draw: mirostat's surprise).
-- `SurpriseSteering`: mirostat's mu (v1 and v2), a bound on surprise that each drawn token moves toward the target
-  tau; the move is committed when the chain accepts the step.
+- `SurpriseSteering`: the base of the mirostat selectors (v1 and v2): mu, a bound on surprise that each drawn
+  token moves toward the target tau, the move committed when the chain accepts the step; a subclass says which
+  candidates a row keeps under its mu.
 
 For filters whose survivors are a prefix of the descending order, see `Candidates.keep_best`.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from .contracts import BUCKET_MASS, Backend, Candidates, StepContext
+from .contracts import BUCKET_MASS, Backend, Candidates, Sampler, Stage, StepContext
 
 __all__ = [
     "BUCKETS",
@@ -178,33 +181,46 @@ def at_tokens(values: torch.Tensor, ids: torch.Tensor | None, token_ids: torch.T
     return torch.where(inside, found, torch.zeros_like(found))
 
 
-class SurpriseSteering:
-    """The mu of llama.cpp's mirostat samplers (v1 and v2): per row, draw among the candidates the sampler keeps and
-    move mu by the drawn token's surprise, mu <- mu - eta * (-log2 p'(token) - tau), p' the kept candidates'
-    softmax (float64: a float32 sum's rounding would follow the row's width, so the batch).
+class SurpriseSteering(Sampler):
+    """Base of llama.cpp's mirostat selectors (v1 and v2): per row, keep the candidates `kept()` allows under the
+    row's mu, draw among them and move mu by the drawn token's surprise, mu <- mu - eta * (-log2 p'(token) - tau),
+    p' the kept candidates' softmax (float64: a float32 sum's rounding would follow the row's width, so the batch).
+    A subclass sets `name`, `Params` (with tau, eta and seed) and the rest of a sampler's class attributes, and
+    implements `kept`.
 
-    A sampler's state holds `mu` and `started` (mu starts at 2 * tau, which depends on the request's tau). `draw`
-    computes the move and `accept` commits it, so a step sampled with accept=False (or one that fails) leaves mu
-    as it was; tokens accepted without a `draw` of the same step (forced tokens) leave it unchanged, as llama.cpp's
-    mirostat has no accept. A token other than the draw accepted for the step `draw` saw (teacher forcing) moves mu
-    by its own surprise under p', as though it had been drawn; one outside the kept set leaves mu unchanged."""
+    A request's state holds `mu` and `started` (mu starts at 2 * tau, which depends on the request's tau). `select`
+    computes the move and `accept` commits it, so a step sampled with accept=False (or one that fails) leaves mu as
+    it was; tokens accepted without a `select` of the same step (forced tokens) leave it unchanged, as llama.cpp's
+    mirostat has no accept. A token other than the draw accepted for the step `select` saw (teacher forcing) moves
+    mu by its own surprise under p', as though it had been drawn; one outside the kept set leaves mu unchanged."""
 
-    @staticmethod
-    def state_spec() -> dict[str, tuple[torch.dtype, tuple[int, ...], object]]:
-        """The state columns a mirostat sampler declares (`Sampler.state_spec`)."""
+    stage = Stage.SELECT
+    replaces_truncation = True
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params)
+        # (request ids, positions, mu, new mu, drawn ids, kept probabilities, candidate ids) from the last select
+        self._pending: tuple | None = None
+
+    def is_stateful(self) -> bool:
+        return True
+
+    def state_spec(self) -> dict[str, tuple[torch.dtype, tuple[int, ...], float | int]]:
         return {"mu": (torch.float32, (), 0.0), "started": (torch.bool, (), False)}
 
-    def __init__(self) -> None:
-        # (request ids, positions, mu, new mu, drawn ids, kept probabilities, candidate ids) from the last draw
-        self._pending: tuple | None = None
+    def kept(self, cand: Candidates, ctx: StepContext, mu: torch.Tensor) -> torch.Tensor:
+        """(B, W) bool: the candidates a row with mu `mu` (B,) draws among; at least one a row."""
+        raise NotImplementedError(f"{self.qualified_name()} does not say which candidates it keeps (kept())")
 
     @staticmethod
     def mu(ctx: StepContext) -> torch.Tensor:
         """(B,) each row's mu: its state's, or 2 * tau before its first accepted step."""
         return torch.where(ctx.state["started"], ctx.state["mu"], 2.0 * ctx.param("tau"))
 
-    def draw(self, cand: Candidates, ctx: StepContext, keep: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
-        """(B,) the candidate positions drawn among `keep` (the noise of the kept tokens only), with mu's move."""
+    def select(self, cand: Candidates, ctx: StepContext) -> torch.Tensor:
+        """(B,) the candidate positions drawn among the kept ones (the noise of the kept tokens only)."""
+        mu = self.mu(ctx)
+        keep = self.kept(cand, ctx, mu)
         kept = cand.logits.masked_fill(~keep, float("-inf"))
         chosen = cand.draw(keep, ctx, ctx.param("seed"))
         probs = torch.softmax(kept.double(), dim=-1)
@@ -215,7 +231,7 @@ class SurpriseSteering:
         return chosen
 
     def accept(self, ctx: StepContext, token_ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The state to commit for the accepted `token_ids` (B,); nothing when `draw` did not see this step."""
+        """The state to commit for the accepted `token_ids` (B,); nothing when `select` did not see this step."""
         pending, self._pending = self._pending, None
         if pending is None or pending[0] != ctx.request_ids or not torch.equal(pending[1], ctx.positions):
             return {}

@@ -23,7 +23,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, seed_field
+from samplechain import Candidates, StepContext, finite, hookimpl, in_range, seed_field
 from samplechain.filters import SurpriseSteering
 
 _INT_LIMIT = 2.0**31
@@ -76,33 +76,15 @@ def mirostat_k(logits: torch.Tensor, mu: torch.Tensor, m: torch.Tensor, vocab_si
     return torch.minimum(k_int.clamp(min=1), n.clamp(min=1))
 
 
-class Mirostat(Sampler):
+class Mirostat(SurpriseSteering):
     name = "mirostat"
-    stage = Stage.SELECT
-    replaces_truncation = True
     Params = MirostatParams
     request_aliases = {"mirostat_tau": "tau", "mirostat_eta": "eta", "mirostat_m": "m", "seed": "seed"}
     summary = "llama.cpp's mirostat (v1): Zipf estimate, top-k from mu, sample, steer mu toward tau"
 
-    def __init__(self, params: MirostatParams) -> None:
-        super().__init__(params)
-        self._steering = SurpriseSteering()
-
-    def is_stateful(self) -> bool:
-        return True
-
-    def state_spec(self):
-        return SurpriseSteering.state_spec()
-
-    def select(self, cand: Candidates, ctx: StepContext) -> torch.Tensor:
-        logits = cand.logits
-        mu = SurpriseSteering.mu(ctx)
-        k = mirostat_k(logits, mu, ctx.param("m"), cand.vocab_size)
-        keep = keep_top(logits, k, ctx.backend, cand.ids)
-        return self._steering.draw(cand, ctx, keep, mu)
-
-    def accept(self, ctx: StepContext, token_ids: torch.Tensor):
-        return self._steering.accept(ctx, token_ids)
+    def kept(self, cand: Candidates, ctx: StepContext, mu: torch.Tensor) -> torch.Tensor:
+        k = mirostat_k(cand.logits, mu, ctx.param("m"), cand.vocab_size)
+        return keep_top(cand.logits, k, ctx.backend, cand.ids)
 
 
 @hookimpl

@@ -8,11 +8,12 @@ Per row, over the candidates the chain passes in (earlier filters included), as 
     p'       = softmax(logits of the kept candidates)
     token    ~ p'                                               Gumbel-max keyed by (seed, position, token id)
     mu      <- mu - eta * (-log2 p'(token) - tau)                mu starts at 2 * tau
-llama.cpp updates mu inside apply(); here select() computes the new mu and the chain commits it when it accepts
-the step, so a step sampled with accept=False (or one that fails) leaves mu as it was. Tokens accepted without a
-preceding select() of the same step (forced tokens) leave mu unchanged, as llama.cpp (its mirostat has no accept).
-A token other than the draw accepted for the step select() saw (teacher forcing: chain.sample(accept=token_ids))
-moves mu by its own surprise under p', as though select() had drawn it; one outside the kept set leaves mu unchanged.
+llama.cpp updates mu inside apply(); here select() (samplechain.filters.SurpriseSteering, shared with mirostat)
+computes the new mu and the chain commits it when it accepts the step, so a step sampled with accept=False (or one
+that fails) leaves mu as it was. Tokens accepted without a preceding select() of the same step (forced tokens)
+leave mu unchanged, as llama.cpp (its mirostat has no accept). A token other than the draw accepted for the step
+select() saw (teacher forcing: chain.sample(accept=token_ids)) moves mu by its own surprise under p', as though
+select() had drawn it; one outside the kept set leaves mu unchanged.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from samplechain import Candidates, Sampler, Stage, StepContext, finite, hookimpl, in_range, seed_field
+from samplechain import Candidates, StepContext, finite, hookimpl, in_range, seed_field
 from samplechain.filters import SurpriseSteering
 
 
@@ -31,35 +32,18 @@ class MirostatV2Params:
     seed: int | None = seed_field()
 
 
-class MirostatV2(Sampler):
+class MirostatV2(SurpriseSteering):
     name = "mirostat_v2"
-    stage = Stage.SELECT
-    replaces_truncation = True
     Params = MirostatV2Params
     request_aliases = {"mirostat_tau": "tau", "mirostat_eta": "eta", "seed": "seed"}
     summary = "llama.cpp's mirostat v2: keep tokens with surprise <= mu, sample, steer mu toward tau"
 
-    def __init__(self, params: MirostatV2Params) -> None:
-        super().__init__(params)
-        self._steering = SurpriseSteering()
-
-    def is_stateful(self) -> bool:
-        return True
-
-    def state_spec(self):
-        return SurpriseSteering.state_spec()
-
-    def select(self, cand: Candidates, ctx: StepContext) -> torch.Tensor:
-        logits = cand.logits
-        mu = SurpriseSteering.mu(ctx)
+    def kept(self, cand: Candidates, ctx: StepContext, mu: torch.Tensor) -> torch.Tensor:
         # float64: a float32 softmax rounds differently with the row's width, which follows the batch
-        p = torch.softmax(logits.double(), dim=-1)
+        p = torch.softmax(cand.logits.double(), dim=-1)
         keep = -torch.log2(p) <= mu.double()[:, None]  # masked candidates: p = 0, surprise inf, never kept
         keep.scatter_(1, cand.best()[:, None], True)  # llama.cpp keeps at least one: of equal maxima the lowest id
-        return self._steering.draw(cand, ctx, keep, mu)
-
-    def accept(self, ctx: StepContext, token_ids: torch.Tensor):
-        return self._steering.accept(ctx, token_ids)
+        return keep
 
 
 @hookimpl
