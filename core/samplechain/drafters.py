@@ -1,16 +1,17 @@
 """The drafter contract: what speculative decoding needs from a source of guessed tokens.
 
 A drafter proposes, for each row, up to `limit` tokens that may come next; the generation loop feeds them to the
-model in one pass and keeps each one only if the chain's own draw at that position picks it (docs/speculative.md).
-A drafter never changes which tokens come out, only how many model calls they take: a bad guess costs a little
-work, never a different text.
+model in one pass and, in mode match (the default), keeps each one only if the chain's own draw at that position
+picks it (docs/speculative.md). There a drafter never changes which tokens come out, only how many model calls they
+take: a bad guess costs a little work, never a different text.
 
 Required: `name` (a lowercase identifier) and `propose`. Optional: `Params` (an attrs class, validated like a
 sampler's; the drafter gets its instance as `self.params`), `version`, `summary`, `start` (called once per
-generation, before the first proposal, with its number of rows and a `DraftContext`: reset per-row state there) and
-`propose_rows` (all rows that draft in one call at once: a drafter that runs a model batches them there) and
+generation, before the first proposal, with its number of rows and a `DraftContext`: reset per-row state there),
+`propose_rows` (all rows that draft in one call at once: a drafter that runs a model batches them there),
 `expect` (the kind of draft it would give next and how likely its first token is kept, where the drafter can tell
-good guesses from poor ones cheaply: the draft lengths keep each kind's record apart).
+good guesses from poor ones cheaply: the draft lengths keep each kind's record apart), `finish` (rows that will not
+draft again) and `checkpoint` / `restore` (per-row state a resumed generation needs).
 
 A proposal is a sequence of token ids, or a `Draft` that also carries the drafter's probabilities of them (the
 `rejection` mode's q; without them a guess counts as certain).

@@ -3,8 +3,8 @@
 transformers' assisted generation (`assistant_model`), with coupled drafting: the draft model proposes `num_tokens`
 tokens one at a time, each drawn through the generation's own chain from a copy of the request's state, with the
 noise the verifying draw uses at that position (samplechain_draft_model_base). Where the two models' distributions
-are close the two draws agree, so a sampled draft is kept about as often as a greedy one, and the tokens are those of
-generation without a drafter whatever the draft model says.
+are close the two draws agree, so a sampled draft is kept about as often as a greedy one, and in mode match the
+tokens are those of generation without a drafter whatever the draft model says.
 
     generate(model, tok, prompt, chain=..., seed=1, draft={"use": "draft_model", "model": "path/to/small-model"})
     generate(model, tok, prompt, chain=..., seed=1, draft=DraftModel.from_model(small, small_tokenizer))

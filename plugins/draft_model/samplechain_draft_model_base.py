@@ -11,7 +11,8 @@ drafting model's distribution is close to the generation model's, both draws pic
 Daliri, Musco and Suresh, "Coupling without Communication and Drafter-Invariant Speculative Decoding",
 arXiv:2408.07978). `"independent"` draws the same way with every seed moved to another stream, `"greedy"` takes the
 drafting chain's most probable token. The copy's stateful samplers follow the drafted tokens and may differ from
-the generation's after a rejected draft: that changes how many drafts are kept, never the tokens.
+the generation's after a rejected draft: that changes how many drafts are kept, and in mode match never the
+tokens.
 
 `BatchCache` runs the rows of the first call together on the drafting model through the model's runner
 (`DraftContext.runner_for`: transformers, llama.cpp or a runner plugin), one cache row each, keeping the tokens each

@@ -1,11 +1,14 @@
 """`prompt_lookup`: draft the tokens that followed an earlier occurrence of the row's last n-gram.
 
 transformers' `PromptLookupCandidateGenerator` (`prompt_lookup_num_tokens`): for n from `max_ngram` down to
-`min_ngram`, take the row's last n tokens, find their first earlier occurrence in the prompt and the text so far
-(left to right), and propose up to `num_tokens` of the tokens that followed it; the largest n with a match wins, no
-match is no draft. Quoting, editing and summarising a given text repeat long runs of it, which this finds for free.
-Differences from transformers: each row of a batch looks up its own tokens (transformers' works on one sequence),
-and a draft is not cut at an eos token (the chain decides whether the eos is kept; a stop ends the row there).
+`min_ngram`, take the row's last n tokens, find an earlier occurrence of them in the prompt and the text so far, and
+propose up to `num_tokens` of the tokens that followed it; the largest n with a match wins, no match is no draft.
+Quoting, editing and summarising a given text repeat long runs of it, which this finds for free. `occurrence` picks
+which earlier occurrence: "first" (transformers, vLLM), "last" (llama.cpp's ngram-simple) or "switch" (the default:
+the first until the token it guessed next is not the token that came, then the last until that one misses, and so
+on, per row). Differences from transformers: each row of a batch looks up its own tokens (transformers' works on
+one sequence), and a draft is not cut at an eos token (the chain decides whether the eos is kept; a stop ends the
+row there).
 
 A longer match is a better guess: on SmolLM2-135M-Instruct over chat, code, list and quoting requests the first
 token of a draft from a one-token match was kept 16% of the time (7-74% by task), from a two-token match 52%

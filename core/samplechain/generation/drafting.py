@@ -33,8 +33,8 @@ __all__ = [
 
 def load_spec(spec: Any, host: PluginHost, kind: str, base: type, settings: Sequence[str], example: str) -> Any:
     """A `kind` plugin object from a name ("prompt_lookup", "prompt_lookup.v1"), a table {"use": NAME, ...its
-    parameters, and the loop's `settings`}, an object of `base`, or a table {"use": OBJECT, ...the loop's `settings`}; unknown names and bad parameters are one
-    ConfigError naming them (`example`: a table to show)."""
+    parameters, and the loop's `settings`}, an object of `base`, or a table {"use": OBJECT, ...the loop's
+    `settings`}; unknown names and bad parameters are one ConfigError naming them (`example`: a table to show)."""
     if isinstance(spec, base):
         return spec
     label = "draft" if kind == "drafter" else "guards"

@@ -1,4 +1,4 @@
-"""Speculative decoding that never changes the tokens: `Generation(..., draft=...)`.
+"""Speculative decoding, `Generation(..., draft=...)`: in mode match (the default) it never changes the tokens.
 
 A drafter (samplechain.drafters) guesses the next tokens of each row; one model call (`runner.extend_rows`, or
 `extend` where rows advance together) gives the logits at every guessed position; the chain then samples those
