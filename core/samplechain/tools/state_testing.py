@@ -52,10 +52,11 @@ class StatefulSamplerTests:
         row = store.snapshot([rid])[rid]
         return {"position": row["position"], "state": row["state"]}
 
-    def assert_moved(self, chain: Chain, store: RequestStore, rid: str, params: Mapping[str, Any]) -> None:
+    def assert_moved(self, chain: Chain, state: Mapping[str, Any], params: Mapping[str, Any]) -> None:
+        """`state` (a `state_of`) differs from that of a new request with `params`."""
         fresh = chain.new_store()
-        fresh.add(rid, dict(params))
-        assert self.state_of(store, rid)["state"] != self.state_of(fresh, rid)["state"], (
+        fresh.add("fresh", dict(params))
+        assert state["state"] != self.state_of(fresh, "fresh")["state"], (
             f"{self.sampler['use']}: the state never moved from its start, so these tests check nothing"
         )
 
@@ -81,11 +82,7 @@ class StatefulSamplerTests:
         assert run([*range(1, n), 0]) == together  # every request at another row
         for i in range(n):
             assert run([i]) == {i: together[i]}
-        store = chain.new_store()
-        store.add("r0", {"seed": 1000, **self.request_params[0]})
-        for s in range(self.steps):
-            self.draw(chain, logits[:1, s], store, ["r0"])
-        self.assert_moved(chain, store, "r0", {"seed": 1000, **self.request_params[0]})
+        self.assert_moved(chain, together[0][1], {"seed": 1000, **self.request_params[0]})
 
     def test_state_round_trips_through_snapshot_and_continues_identically(self) -> None:
         chain = self.chain()
@@ -95,7 +92,7 @@ class StatefulSamplerTests:
         store.add("a", params)
         for s in range(self.steps):
             self.draw(chain, logits[s], store, ["a"])
-        self.assert_moved(chain, store, "a", params)
+        self.assert_moved(chain, self.state_of(store, "a"), params)
         snap = json.loads(json.dumps(store.snapshot()))
         rest = [self.draw(chain, logits[s], store, ["a"]) for s in range(self.steps, 2 * self.steps)]
         restored = chain.new_store()
@@ -130,4 +127,4 @@ class StatefulSamplerTests:
             got.append(tokens[ids.index("a")])
         assert got == expected
         assert self.state_of(store, "a") == self.state_of(alone, "a")
-        self.assert_moved(chain, alone, "a", params["a"])
+        self.assert_moved(chain, self.state_of(alone, "a"), params["a"])
