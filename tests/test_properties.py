@@ -247,7 +247,7 @@ def test_top_k_keeps_exactly_the_k_largest(data, logits):
     """semantics, top_k: "Keeps the max(k, min_keep) largest candidates, clipped to the candidate count; k <= 0 is a
     no-op". Masked candidates are never kept as finite, so a row keeps min(max(k, min_keep), #finite) finite
     tokens, and exactly which: "Equal logits at the k-th place: the lowest token ids among them survive"
-    (plugins/top_k; docs/semantics.md still calls the choice torch.topk's). Kept logits are the input, bitwise."""
+    (plugins/top_k). Kept logits are the input, bitwise."""
     chain = chain_of(("top_k",), "greedy")
     per_row = row_params(data.draw, chain, logits.shape[0], force={"top_k": ALIASES["top_k"]})
     ours = process(chain, logits, per_row)

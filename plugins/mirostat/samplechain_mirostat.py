@@ -12,7 +12,7 @@ would follow the row's width, so the batch), mu stored as float32:
     mu    <- mu - eta * (-log2 p_topk(token) - tau)               mu starts at 2 * tau
 Where llama.cpp's int(k) is undefined (k NaN: one candidate or m <= 1; k >= 2^31 or inf) this keeps 1 candidate
 for NaN (what x86 builds do) and every candidate for an overflow (the intent; x86 builds keep 1). Ties at the
-k-th logit keep the lowest candidate positions. The mu update is committed when the chain accepts the step (see
+k-th logit keep the lowest token ids. The mu update is committed when the chain accepts the step (see
 mirostat_v2); tokens accepted without a select() of the same step leave mu unchanged. A token other than the draw
 accepted for the step select() saw (teacher forcing: chain.sample(accept=token_ids)) moves mu by its own surprise
 under the top k, as though select() had drawn it; one outside the top k (surprise inf) leaves mu unchanged.

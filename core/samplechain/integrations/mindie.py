@@ -277,7 +277,7 @@ class SamplingParam:
             )
         checks = (
             ("repetition_penalty", lambda a: a > 0, "must be > 0 (1.0 = no penalty)"),
-            ("temperature", lambda a: a >= 0, "must be > 0 (1.0 = unchanged; 0 = greedy)"),
+            ("temperature", lambda a: a >= 0, "must be >= 0 (1.0 = unchanged; 0 = greedy)"),
             ("top_k", lambda a: a >= 0, "must be >= 0 (0 = off)"),
             ("top_p", lambda a: (a > 0) & (a <= 1), "must be in (0, 1] (1.0 = off)"),
             ("seed", lambda a: a >= 0, "must be >= 0"),
