@@ -118,6 +118,32 @@ def test_snapshot_and_restore_continue_the_same_tokens():
     assert first  # the uninterrupted run produced tokens before the checkpoint
 
 
+def test_a_restore_that_fails_adds_nothing():
+    """An id already in the store, a row that is not a snapshot's, a state another chain has: one error each, and
+    the requests of the snapshot restored before it are taken out again."""
+    chain = Chain.load({"samplers": [{"use": "mirostat_v2", "tau": 3.0}]})
+    store = chain.new_store()
+    store.add("a", {"seed": 1})
+    store.add("b", {"seed": 2})
+    snap = store.snapshot()
+    before = store.snapshot()
+    with pytest.raises(RequestError, match=r"restore\(\): request id\(s\) \['a', 'b'\] already in the store"):
+        store.restore(snap)
+    target = chain.new_store()
+    target.add("kept", {"seed": 3})
+    kept = target.snapshot()
+    bad_state = {"x": snap["a"], "y": {**snap["b"], "state": {"mirostat.mu": 1.0}}}
+    with pytest.raises(RequestError, match=r"request 'y': 'mirostat.mu' is not a state of this chain .*mirostat_v2.mu"):
+        target.restore(bad_state)
+    with pytest.raises(RequestError, match=r"request 'y': expected a row of snapshot\(\) \(params, position, state\)"):
+        target.restore({"x": snap["a"], "y": {"params": {}}})
+    with pytest.raises(RequestError, match=r"request 'y': .*must be"):
+        target.restore({"x": snap["a"], "y": {**snap["b"], "params": {"mirostat_v2.tau": -1.0}}})
+    assert target.snapshot() == kept and store.snapshot() == before
+    target.restore({"x": snap["a"]})  # the ids taken out are free again
+    assert target.snapshot()["x"] == snap["a"]
+
+
 def test_update_changes_parameters_and_a_bad_update_changes_nothing():
     chain = Chain.load(CHAIN)
     store = chain.new_store()

@@ -376,13 +376,39 @@ class RequestStore:
         return out
 
     def restore(self, snapshot: Mapping[str, Any]) -> None:
-        """Add the requests of a snapshot() (from this chain) with their exact parameters, position and state."""
+        """Add the requests of a snapshot() (from this chain) with their exact parameters, position and state.
+
+        All or nothing: an id already in the store, or a row that is not this chain's snapshot, is one error and
+        the store keeps exactly what it held."""
+        clash = sorted(rid for rid in snapshot if rid in self._slots)
+        if clash:
+            raise RequestError(
+                f"restore(): request id(s) {clash} already in the store; remove() them first or restore into a new store"
+            )
         ids = {e.id: i for i, e in enumerate(self.layout.entries)}
-        for rid, row in snapshot.items():
-            self.add(rid, row["params"])
-            slot = self._slots[rid]
-            self._positions[slot] = int(row["position"])
-            for key, value in row["state"].items():
-                entry_id, name = key.rsplit(".", 1)
-                t = self._state[(ids[entry_id], name)]
-                t[slot] = torch.tensor(value, dtype=t.dtype, device=t.device)
+        added: list[str] = []
+        try:
+            for rid, row in snapshot.items():
+                if not isinstance(row, Mapping) or not {"params", "position", "state"} <= row.keys():
+                    got = sorted(row) if isinstance(row, Mapping) else type(row).__name__
+                    raise RequestError(
+                        f"restore(): request {rid!r}: expected a row of snapshot() (params, position, state), got {got}"
+                    )
+                self.add(rid, row["params"])
+                added.append(rid)
+                slot = self._slots[rid]
+                self._positions[slot] = int(row["position"])
+                for key, value in row["state"].items():
+                    entry_id, _, name = key.rpartition(".")
+                    t = self._state.get((ids.get(entry_id, -1), name))
+                    if t is None:
+                        names = sorted(f"{self.layout.entries[i].id}.{n}" for i, n in self._state)
+                        raise RequestError(
+                            f"restore(): request {rid!r}: {key!r} is not a state of this chain (its states: {names});"
+                            " restore a snapshot of the same chain"
+                        )
+                    t[slot] = torch.tensor(value, dtype=t.dtype, device=t.device)
+        except BaseException:
+            for rid in added:
+                self.remove(rid)
+            raise
