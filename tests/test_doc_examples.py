@@ -11,7 +11,11 @@ there for the next:
   (each block starts in the scratch folder). HOME and SAMPLECHAIN_HOME point into the scratch folder, the Hub
   is offline;
 - a page whose shell commands install something (`samplechain install`) gets a fresh venv of its own, first on
-  PATH, so nothing is installed into the environment the tests run in (see `FreshVenv`);
+  PATH, so nothing is installed into the environment the tests run in (see `FreshVenv`). Until a page's first
+  `samplechain install`, a command that is a plain word list (no pipe, redirection, variable or glob) runs in
+  this process, through `samplechain.cli.main` with the command's environment, folder and an empty stdin: a new
+  process would spend most of its time importing torch and transformers again (tests/test_cli.py runs the
+  installed command);
 - ```toml blocks that declare a chain load with Chain.load.
 
 A block preceded by `<!-- doc-test: skip REASON -->` is skipped, and the reason must be given (e.g. it needs a Hub
@@ -19,14 +23,19 @@ download)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import sysconfig
 import textwrap
+import warnings
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import tomllib
@@ -128,31 +137,82 @@ class FreshVenv:
         }
 
 
-def run_shell_block(code: str, where: str, scratch: Path, env: dict[str, str]) -> int:
-    """Run the block's `samplechain` commands; an AssertionError names the page, line and command that failed."""
-    cwd, ran = scratch, 0
-    for command in shell_lines(code):
-        if command.startswith("cd "):
-            folder = command[3:]
-            target = Path(env["HOME"] + folder[1:]) if folder.startswith("~") else cwd / folder
-            assert target.is_dir(), f"{where}: `{command}`: no such folder {target}"
-            cwd = target
-            continue
-        done = subprocess.run(
-            [shutil.which("bash") or "sh", "-c", command],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_TIMEOUT_S,
-        )
-        if done.returncode != 0:
-            raise AssertionError(
-                f"{where}: `{command}` exited {done.returncode}\n--- stdout\n{done.stdout[-3000:]}"
-                f"\n--- stderr\n{done.stderr[-3000:]}"
-            )
-        ran += 1
-    return ran
+def word_list(command: str) -> list[str] | None:
+    """The command's words as bash would pass them, or None where bash would do more than split and unquote (a
+    pipe, redirection, variable, glob, `~`, an assignment before the command)."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        words = list(lexer)
+    except ValueError:
+        return None
+    unquoted = re.sub(r"'[^']*'|\"(?:[^\"\\]|\\.)*\"", "", command.split(" #")[0])
+    if any(set(w) <= set(lexer.punctuation_chars) for w in words) or re.search(r"[$`*?~\[\\]", unquoted):
+        return None
+    return words if words and words[0] == "samplechain" else None
+
+
+def run_in_process(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`samplechain ARGV` through the CLI's main in this process, with the command's environment, folder and an
+    empty stdin; everything it changes for the process (environment, folder, torch's threads) is put back."""
+    from samplechain.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    before, threads = Path.cwd(), torch.get_num_threads()
+    with mock.patch.dict(os.environ, env, clear=True), mock.patch.object(sys, "stdin", io.StringIO("")):
+        os.chdir(cwd)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+                warnings.simplefilter("default")
+                try:
+                    code = main(argv)
+                except SystemExit as exc:  # argparse's errors and --help
+                    code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        finally:
+            os.chdir(before)
+            torch.set_num_threads(threads)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+class Shell:
+    """Runs a page's shell blocks in its scratch folder with its environment. A command runs in this process (see
+    `word_list`, `run_in_process`) until the page's first `samplechain install`: from there on the page's
+    environment differs from this one, so every command runs through bash."""
+
+    def __init__(self, scratch: Path, env: dict[str, str]) -> None:
+        self.scratch, self.env, self.in_process = scratch, env, True
+
+    def run_block(self, code: str, where: str) -> int:
+        """Run the block's `samplechain` commands; an AssertionError names the page, line and command that
+        failed."""
+        cwd, ran = self.scratch, 0
+        for command in shell_lines(code):
+            if command.startswith("cd "):
+                folder = command[3:]
+                target = Path(self.env["HOME"] + folder[1:]) if folder.startswith("~") else cwd / folder
+                assert target.is_dir(), f"{where}: `{command}`: no such folder {target}"
+                cwd = target
+                continue
+            self.in_process &= not re.match(r"samplechain install\b", command)
+            words = word_list(command) if self.in_process else None
+            if words is not None:
+                done = run_in_process(words[1:], cwd, self.env)
+            else:
+                done = subprocess.run(
+                    [shutil.which("bash") or "sh", "-c", command],
+                    cwd=cwd,
+                    env=self.env,
+                    capture_output=True,
+                    text=True,
+                    timeout=COMMAND_TIMEOUT_S,
+                )
+            if done.returncode != 0:
+                raise AssertionError(
+                    f"{where}: `{command}` exited {done.returncode}\n--- stdout\n{done.stdout[-3000:]}"
+                    f"\n--- stderr\n{done.stderr[-3000:]}"
+                )
+            ran += 1
+        return ran
 
 
 @pytest.fixture(scope="module")
@@ -203,6 +263,7 @@ def test_examples_run(path, namespace, tmp_path, monkeypatch):
         bins.insert(0, str(venv.bin))
         env.update(venv.env)
     env["PATH"] = os.pathsep.join([*bins, env.get("PATH", "")])
+    shell = Shell(scratch, env)
     scope = dict(namespace)
     ran = 0
     for lang, code, skip, line in filter(runnable, blocks(path)):
@@ -211,7 +272,7 @@ def test_examples_run(path, namespace, tmp_path, monkeypatch):
             assert len(skip.strip()) > len("skip") + 3, f"{where}: a skipped example needs a reason"
             continue
         if lang in SHELL:
-            ran += run_shell_block(code, where, scratch, env)
+            ran += shell.run_block(code, where)
             continue
         try:
             exec(compile(code, f"{path.name}:{line}", "exec"), scope)
