@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # llama-cpp-python in the main virtual environment (.venv), for the llama.cpp runner, the llama.cpp sampler adapter
-# and their tests (marker llama_cpp). It has no wheels on the registry: pip builds it from its sdist (about 10 minutes
+# and their tests (marker llama_cpp). It has no wheels on the registry: pip builds it from its sdist (about 7 minutes
 # on 2 cores) and keeps the built wheel in its cache, so a later set-up on the same machine installs in seconds.
 # Idempotent: a second run only re-checks. Runs after scripts/setup.sh.
 set -euo pipefail

@@ -77,7 +77,7 @@ CHAINS: list[Any] = [
 BATCHES = 8  # ignore_case x whole_words, each twice
 ROWS = 28  # generations per batch: 224 seeded guarded generations (and as many without bans)
 MAX_NEW_TOKENS = 40
-ALONE_PER_BATCH = 2  # rows of each batch generated again alone
+ALONE_PER_BATCH = 1  # rows of each batch generated again alone (one with rewinds where the guard rewound any)
 FORMS = [str.lower, str.capitalize, str.upper, str.title, lambda s: s]
 
 
