@@ -54,6 +54,7 @@ BLOCK = re.compile(
     re.S,
 )
 COMMAND_TIMEOUT_S = 300
+INSTALL = re.compile(r"samplechain install\b")
 
 
 def blocks(path: Path) -> list[tuple[str, str, str | None, int]]:
@@ -98,7 +99,7 @@ def shell_lines(code: str) -> list[str]:
 
 def installs(path: Path) -> bool:
     return any(
-        lang in SHELL and skip is None and any(re.match(r"samplechain install\b", c) for c in shell_lines(code))
+        lang in SHELL and skip is None and any(INSTALL.match(c) for c in shell_lines(code))
         for lang, code, skip, _line in blocks(path)
     )
 
@@ -139,7 +140,7 @@ class FreshVenv:
 
 def word_list(command: str) -> list[str] | None:
     """The command's words as bash would pass them, or None where bash would do more than split and unquote (a
-    pipe, redirection, variable, glob, `~`, an assignment before the command)."""
+    pipe, redirection, variable, glob, `~`)."""
     lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     try:
@@ -149,7 +150,7 @@ def word_list(command: str) -> list[str] | None:
     unquoted = re.sub(r"'[^']*'|\"(?:[^\"\\]|\\.)*\"", "", command.split(" #")[0])
     if any(set(w) <= set(lexer.punctuation_chars) for w in words) or re.search(r"[$`*?~\[\\]", unquoted):
         return None
-    return words if words and words[0] == "samplechain" else None
+    return words  # shell_lines keeps only the lines that start with `samplechain `
 
 
 def run_in_process(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -193,7 +194,7 @@ class Shell:
                 assert target.is_dir(), f"{where}: `{command}`: no such folder {target}"
                 cwd = target
                 continue
-            self.in_process &= not re.match(r"samplechain install\b", command)
+            self.in_process &= not INSTALL.match(command)
             words = word_list(command) if self.in_process else None
             if words is not None:
                 done = run_in_process(words[1:], cwd, self.env)

@@ -348,8 +348,8 @@ def test_more_draws_and_vocabularies(interpreted, monkeypatch, seed):
     # the kept set and first token from one launch, which the public functions run in two)
     monkeypatch.setattr(samplechain_cuda_triton, "INTERPRETED_BLOCK", (8192, 2048, 1024)[seed])
     check_gumbel_argmax(interpreted, "cpu", trials=3)
+    vocab = (1000, 5000, 4099)[seed]
     for i, scenario in enumerate(SCENARIOS):
-        vocab = (1000, 5000, 4099)[seed]
         check_chain(interpreted, "cpu", scenario, vocab=vocab, seed=10 + seed, steps=2, public=i == seed)
 
 
