@@ -200,11 +200,12 @@ class _MaskAfterPadPlugin:
         register(_MaskAfterPad)
 
 
-@pytest.mark.parametrize("scores", [False, True])
-def test_a_finished_rows_chain_failing_on_its_pad_leaves_the_other_rows_going(model, scores):
+@pytest.mark.parametrize("extra", [{}, {"output_scores": True}, {"top_logprobs": 2}], ids=["plain", "scores", "tops"])
+def test_a_finished_rows_chain_failing_on_its_pad_leaves_the_other_rows_going(model, extra):
     """A finished row runs on, fed the pad; where its chain masks every token there, that is no row of the caller's
     to fail: the rows still going get the tokens of a run without that failure, the finished row the pad (and -inf
-    scores at those steps). A row still going whose chain fails is an error, as ever."""
+    scores and top logprobs, with token id 0, at those steps). A row still going whose chain fails is an error, as
+    ever."""
     host = samplechain.PluginHost(use_env=False)
     host.register_plugin(_MaskAfterPadPlugin(), "mask-after-pad")
     chain = Chain.load({"samplers": [{"use": "mask_after_pad"}, {"use": "greedy"}]}, host=host)
@@ -213,13 +214,17 @@ def test_a_finished_rows_chain_failing_on_its_pad_leaves_the_other_rows_going(mo
     free = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=n_new, ignore_eos=True, pad_token_id=0)
     r, k, eos = an_eos_one_row_emits_mid_run(free.sequences[:, width:].tolist())
     kwargs = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": n_new, "eos_token_id": eos}
-    out = generate(model, chain=chain, pad_token_id=299, output_scores=scores, host=host, **kwargs)
+    out = generate(model, chain=chain, pad_token_id=299, host=host, **extra, **kwargs)
     assert out.finish_reasons[r] == "eos" and out.num_generated[r] == k + 1
     going = 1 - r
     assert out.sequences[going, width:].tolist() == free.sequences[going, width:].tolist()
     assert bool((out.sequences[r, width + k + 1 :] == 299).all())
-    if scores:
+    if "output_scores" in extra:
         assert bool(torch.isinf(out.scores[-1][r]).all()) and bool(torch.isfinite(out.scores[-1][going]).any())
+    if "top_logprobs" in extra:
+        values, ids = out.top_logprobs[-1]
+        assert ids.dtype == torch.int64 and ids[r].tolist() == [0, 0] and ids[going, 0] == out.sequences[going, -1]
+        assert bool(torch.isneginf(values[r]).all()) and bool(torch.isfinite(values[going]).all())
     ids, mask = left_padded([[5, 17, 42, 299], [11, 12]])  # a row going whose chain masks every token
     with pytest.raises(samplechain.SamplingError, match="every token is masked"):
         generate(model, chain=chain, input_ids=ids, attention_mask=mask, pad_token_id=299, host=host)

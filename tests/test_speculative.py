@@ -643,6 +643,34 @@ def test_a_finished_row_out_of_the_batch_is_not_sampled_in_the_steps_after(tiny)
     assert int(ours.drafted[1]) > 0
 
 
+def test_scores_logits_and_top_logprobs_are_the_plain_loops_while_a_row_goes(tiny):
+    """Each step's scores, raw logits and top logprobs of a row still going are those of generation without a
+    drafter; after a row finished (it is drawn no more) they are -inf, the top logprobs' ids 0."""
+    model, tok = tiny
+    chain = {"samplers": [{"use": "temperature", "t": 0.4}, {"use": "top_k", "k": 30}, {"use": "dist"}]}
+    kwargs = {"chain": chain, "max_new_tokens": 20, "params": [{"temperature": 0.0}, {"seed": 5}], "top_logprobs": 3}
+    kwargs |= {"output_scores": True, "output_logits": True}
+    prompts = [PROMPTS[1]] * 2
+    reference, _ = run(model, tok, prompts, **kwargs)
+    ours, _ = run(model, tok, prompts, draft={"use": "prompt_lookup", "adaptive": False}, **kwargs)
+    assert_same_tokens(ours, reference)
+    assert int(ours.kept.sum()) > 0
+    ended = int(reference.num_generated[0])
+    assert reference.finish_reasons[0] == "eos" and ended < len(reference.scores), "row 0 ends first"
+    for step, (values, ids) in enumerate(ours.top_logprobs):
+        rows = [0, 1] if step < ended else [1]
+        for name, mine, theirs in (
+            ("scores", ours.scores[step], reference.scores[step]),
+            ("logits", ours.logits[step], reference.logits[step]),
+            ("top logprobs", values, reference.top_logprobs[step][0]),
+        ):
+            torch.testing.assert_close(mine[rows], theirs[rows], atol=1e-4, rtol=1e-4, msg=f"{name} at {step}")
+        assert ids.dtype == torch.int64 and ids[rows].tolist() == reference.top_logprobs[step][1][rows].tolist()
+        if step >= ended:
+            assert bool(torch.isneginf(ours.scores[step][0]).all()) and bool(torch.isneginf(values[0]).all())
+            assert ids[0].tolist() == [0, 0, 0]
+
+
 @pytest.mark.parametrize("chain", ["preset:greedy", {"samplers": [{"use": "top_k", "k": 20}, {"use": "dist"}]}])
 def test_drafts_never_change_the_tokens_with_fast_steps(tiny, chain, monkeypatch):
     """Steps in the runner's products (`fast_steps`): a drafter keeps the tokens of generation without one on the same

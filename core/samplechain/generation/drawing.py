@@ -28,7 +28,7 @@ class Drawn:
     token: int
     logprob: torch.Tensor
     score: torch.Tensor | None
-    top: tuple[torch.Tensor, torch.Tensor] | None
+    top: tuple[torch.Tensor, torch.Tensor] | None  # (values, ids) of the top logprobs
     raw: torch.Tensor | None
     kept: bool = False  # a drafted token the chain drew (counted in `kept` while it may still come out)
 
@@ -195,10 +195,10 @@ def step_going(
         scores = out.scores.new_full((logits.shape[0], out.scores.shape[1]), float("-inf"))
         scores[index] = out.scores
     if out.top_logprobs is not None:
-        ids, lps = out.top_logprobs
+        values, ids = out.top_logprobs
         tops = (
+            values.new_full((logits.shape[0], values.shape[1]), float("-inf")),
             ids.new_zeros((logits.shape[0], ids.shape[1])),
-            lps.new_full((logits.shape[0], lps.shape[1]), float("-inf")),
         )
-        tops[0][index], tops[1][index] = ids, lps
+        tops[0][index], tops[1][index] = values, ids
     return gen.commit(tokens, logprobs, step, scores, tops)

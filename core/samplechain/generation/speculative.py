@@ -379,11 +379,15 @@ class Speculation(Drawing):
             scores = _stacked([None if c is None else c.score for c in column], vocab_of(gen.model), float("-inf"))
         if gen.top_logprobs:
             found = [c.top for c in column if c is not None and c.top is not None]
-            ids = torch.zeros(gen.top_logprobs, dtype=torch.int64) if not found else torch.zeros_like(found[0][0])
-            lps = torch.full(ids.shape, float("-inf"))
+            values = (
+                torch.full((gen.top_logprobs,), float("-inf"))
+                if not found
+                else torch.full_like(found[0][0], float("-inf"))
+            )
+            ids = torch.zeros(values.shape, dtype=torch.int64, device=values.device)
             tops = (
-                torch.stack([ids if c is None or c.top is None else c.top[0] for c in column]),
-                torch.stack([lps if c is None or c.top is None else c.top[1] for c in column]),
+                torch.stack([values if c is None or c.top is None else c.top[0] for c in column]),
+                torch.stack([ids if c is None or c.top is None else c.top[1] for c in column]),
             )
         if gen.output_logits:  # a resume's drawn tokens carry none: -inf rows, as for finished rows
             gen.raw_logits.append(_stacked([None if c is None else c.raw for c in column], vocab_of(gen.model)))
