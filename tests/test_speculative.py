@@ -901,6 +901,89 @@ def test_drafts_never_change_the_tokens_under_a_grammar_or_a_thinking_budget(tin
     assert int(ours.kept.sum()) > 0
 
 
+def random_generation(rng: random.Random, tok, batch: int) -> dict:
+    """generate()'s settings drawn at random around a random chain: per-row seeds and temperatures, stop strings
+    and a stop pattern, ignore_eos, several return sequences, top logprobs (half the time) and scores, another
+    logprobs stage, a phrase ban."""
+    chain = random_chain(rng) if rng.random() < 0.7 else rng.choice(constrained_chains(tok))
+    sampling = chain["samplers"][-1]["use"] == "dist"
+    kwargs = {"chain": chain, "max_new_tokens": rng.randint(4, 32)}
+    if sampling and rng.random() < 0.5:
+        kwargs["params"] = [
+            {"seed": rng.randint(0, 999), "temperature": rng.choice([0.0, 0.6, 1.2])} for _ in range(batch)
+        ]
+    else:
+        kwargs["seed"] = rng.randint(0, 999)
+    if rng.random() < 0.4:
+        kwargs |= {
+            "stop_strings": rng.sample([" a", "(", "\n", "return", "is"], 2),
+            "include_stop_str_in_output": rng.random() < 0.5,
+        }
+    options = {
+        "stop_regex": ["[0-9]{2}"],
+        "ignore_eos": True,
+        "num_return_sequences": 2 if sampling else 1,
+        "output_scores": True,
+        "logprobs_mode": rng.choice(["raw", "processed_logits"]),
+        "guards": [{"use": "banned_strings", "phrases": rng.sample(["list", "return", " the", "pear"], 2)}],
+    }
+    if rng.random() < 0.5:
+        kwargs["top_logprobs"] = rng.randint(1, 3)
+    return kwargs | {key: value for key, value in options.items() if rng.random() < 0.25}
+
+
+def assert_same_outputs(ours, reference, resumed_at: int = 0):
+    """The tokens, and each step's top logprobs and scores while a row goes (after it: -inf, ids 0); a resumed run
+    has those of the steps since `resumed_at` (its tokens drawn before the checkpoint carry none: -inf)."""
+    assert_same_tokens(ours, reference)
+    for field in ("top_logprobs", "scores"):
+        if getattr(reference, field) is None:
+            continue
+        steps = getattr(ours, field)
+        assert len(steps) == len(getattr(reference, field)) - resumed_at, field
+        for step, (mine, theirs) in enumerate(zip(steps, getattr(reference, field)[resumed_at:]), start=resumed_at):
+            values, ids = mine if field == "top_logprobs" else (mine, None)
+            expected, expected_ids = theirs if field == "top_logprobs" else (theirs, None)
+            for b, going in enumerate((step < reference.num_generated).tolist()):
+                if not going:
+                    assert bool(torch.isneginf(values[b]).all()), (field, step, b)
+                    assert ids is None or ids[b].tolist() == [0] * len(ids[b]), (field, step, b)
+                    continue
+                if resumed_at and bool(torch.isneginf(values[b]).all()):
+                    continue  # drawn before the checkpoint
+                live = torch.isfinite(expected[b])
+                torch.testing.assert_close(values[b][live], expected[b][live], atol=1e-4, rtol=1e-4)
+                assert ids is None or ids[b][live].tolist() == expected_ids[b][live].tolist(), (field, step, b)
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_drafts_keep_the_outputs_of_random_generations(tiny, case):
+    """Random chains in random settings (random_generation), B = 1-5, each built-in drafter or a scripted one, a
+    quarter of them checkpointed and resumed: the tokens, finish reasons, logprobs, top logprobs and scores of
+    generation without a drafter."""
+    model, tok = tiny
+    rng = random.Random(1000 + case)
+    prompts = rng.choices(PROMPTS, k=rng.randint(1, 5))
+    kwargs = random_generation(rng, tok, len(prompts))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # chain pitfalls a random chain may have
+        reference, gen = run(model, tok, prompts, **kwargs)
+        drafts = [
+            {"use": "prompt_lookup", "num_tokens": rng.randint(1, 10), "adaptive": rng.random() < 0.5},
+            {"use": "draft_model", "model": str(tiny_model_path()), "num_tokens": rng.randint(1, 6)},
+            {"use": "early_exit", "layers": rng.randint(1, model.config.num_hidden_layers - 1)},
+            {"use": Scripted(reference_rows(reference, gen), model.config.vocab_size, seed=case, wrong_rate=0.4)},
+        ]
+        draft = drafts[case % len(drafts)]
+        if case % 4 == 3:
+            stop_after = rng.randint(1, 6)
+            ours, _ = resumed(model, tok, prompts, stop_after, draft=draft, **kwargs)
+            assert_same_outputs(ours, reference, min(stop_after, len(reference.logprobs[0])))
+        else:
+            ours, _ = run(model, tok, prompts, draft=draft, **kwargs)
+            assert_same_outputs(ours, reference)
+
+
 @pytest.mark.llama_cpp
 @pytest.mark.slow
 @pytest.mark.parametrize(
