@@ -144,6 +144,27 @@ def test_out_of_rewinds_a_row_ends_before_the_refused_text(tiny):
 
 
 @pytest.mark.parametrize("draft", [None, "prompt_lookup"])
+def test_rows_running_out_of_rewinds_one_after_another_all_end(tiny, draft):
+    """Each row of the batch runs out of rewinds at its own step; a row ended so leaves once its tokens before the
+    refused text are committed, even when no row is left to draw (the last ones waiting on a commit): every row
+    ends before its refused text, with the text it has alone."""
+    model, tok = tiny
+    dry = {"use": "dry", "multiplier": 0.8, "base": 1.75, "allowed_length": 2}
+    tail = [{"use": "top_n_sigma", "n": 1.5}, {"use": "top_k", "k": 40}, {"use": "dist"}]
+    chain = {"samplers": [dry, {"use": "temperature", "t": 1.3}, *tail]}
+    guards = [{"use": "banned_strings", "phrases": ["are ", "th", "c"], "max_rewinds": 2}]
+    kwargs = {"chain": chain, "max_new_tokens": 31, "guards": guards, "draft": draft}
+    seeds = [623, 19, 526, 442]
+    out = run(model, tok, PROMPTS[2:3] * 4, params=[{"seed": s} for s in seeds], **kwargs)
+    assert all(reason.startswith("guard:banned_strings:") for reason in out.finish_reasons), out.finish_reasons
+    assert len(set(out.num_generated.tolist())) > 1, "the rows end at different steps"
+    for b, seed in enumerate(seeds):
+        assert not any(phrase in out.texts[b] for phrase in ("are ", "th", "c"))
+        alone = run(model, tok, PROMPTS[2:3], params=[{"seed": seed}], **kwargs)
+        assert alone.texts[0] == out.texts[b] and alone.finish_reasons[0] == out.finish_reasons[b]
+
+
+@pytest.mark.parametrize("draft", [None, "prompt_lookup"])
 def test_a_stream_ends_a_row_out_of_rewinds_with_its_held_text(tiny, draft):
     """A guard out of rewinds ends a row between steps: its stream still ends with the text it held back (stop
     strings hold some) and one event with the finish reason."""

@@ -233,15 +233,16 @@ class Speculation(Drawing):
             if self.guarding is not None and self.guarding.guard(gen, self, fresh):
                 self._cut(gen, runner)
         while True:
-            if self.guarding is not None:
+            if self.guarding is not None:  # after each commit: a row a guard ended may have committed its last token
                 self.guarding.finish(gen, self)
                 if gen._all_finished:
                     return
-            while self._ready(gen):
+            if self._ready(gen):
                 step += 1
                 yield self._commit(gen, step)
                 if gen._all_finished:
                     return
+                continue
             rows = self._callers(gen, ragged)
             if ragged:
                 self._release(gen, runner)
