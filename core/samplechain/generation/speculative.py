@@ -379,17 +379,9 @@ class Speculation(Drawing):
         if gen.output_scores:
             scores = _stacked([None if c is None else c.score for c in column], vocab_of(gen.model), float("-inf"))
         if gen.top_logprobs:
-            found = [c.top for c in column if c is not None and c.top is not None]
-            values = (
-                torch.full((gen.top_logprobs,), float("-inf"))
-                if not found
-                else torch.full_like(found[0][0], float("-inf"))
-            )
-            ids = torch.zeros(values.shape, dtype=torch.int64, device=values.device)
-            tops = (
-                torch.stack([values if c is None or c.top is None else c.top[0] for c in column]),
-                torch.stack([ids if c is None or c.top is None else c.top[1] for c in column]),
-            )
+            top = [None if c is None else c.top for c in column]  # none: values -inf, ids 0
+            values = _stacked([None if t is None else t[0] for t in top], gen.top_logprobs)
+            tops = (values, _stacked([None if t is None else t[1] for t in top], gen.top_logprobs, 0).long())
         if gen.output_logits:  # a resume's drawn tokens carry none: -inf rows, as for finished rows
             gen.raw_logits.append(_stacked([None if c is None else c.raw for c in column], vocab_of(gen.model)))
         out = gen.commit(tokens, logprobs, step, scores, tops)
