@@ -129,6 +129,17 @@ def test_length_limits_and_penalties(kw):
         assert out.sequences.shape[1] <= 12 and "max_length" in out.finish_reasons
 
 
+@pytest.mark.parametrize("limit", [{"max_new_tokens": 8}, {"max_length": 11}], ids=["max_new_tokens", "max_length"])
+def test_input_ids_padded_in_every_row_keep_their_width(limit):
+    """Left padding wider than the longest prompt stays, as transformers keeps it (max_length counts it)."""
+    model = model_with_frequent_eos(seed=2)
+    ids, mask = IDS[[0, 2]], MASK[[0, 2]]  # both rows padded
+    kw = dict(limit, num_beams=3, num_return_sequences=2, early_stopping="never")
+    out = ours(model, ids=ids, mask=mask, **kw)
+    assert_same(out, hf_beams(model, ids=ids, mask=mask, **kw), model)
+    assert out.prompt_length == ids.shape[1]
+
+
 def test_single_prompt_without_mask_and_a_non_zero_pad():
     model = model_with_frequent_eos(seed=2)
     kw = dict(max_new_tokens=8, num_beams=4, num_return_sequences=4)

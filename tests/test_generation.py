@@ -67,6 +67,33 @@ def test_greedy_equals_model_generate_batched_with_left_padding(seed, eos):
         assert "eos" in out.finish_reasons
 
 
+@pytest.mark.parametrize(
+    "pads, pad_token_id, limit",
+    [
+        ([2], 0, {"max_new_tokens": 6}),
+        ([3, 1, 2], 0, {"max_new_tokens": 6}),
+        ([3, 1, 2], 0, {"max_length": 10}),
+        ([2, 4], 7, {"max_length": 9}),
+    ],
+    ids=["one-row", "every-row", "max_length", "other-pad-id"],
+)
+def test_input_ids_keep_their_width_where_every_row_is_padded(model, pads, pad_token_id, limit):
+    """input_ids padded further than their longest row (padded to a multiple, or a row cut from a batch) keep
+    their width and their pad ids, as transformers keeps them: sequences[:, input_ids.shape[1]:] are the new tokens,
+    and max_length counts the padding."""
+    rows = [[5, 17, 42, 9, 3, 8][: 6 - p] for p in pads]
+    ids, mask = left_padded([[0] * p + r for p, r in zip(pads, rows)])
+    mask = (torch.arange(6) >= torch.tensor(pads)[:, None]).to(torch.int64)
+    ids = torch.where(mask.bool(), ids, torch.full_like(ids, 3))  # padded with an id other than the pad token
+    ref = hf_generate(model, ids, mask, pad_token_id=pad_token_id, **limit)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GenerationWarning)
+        out = generate(model, input_ids=ids, attention_mask=mask, pad_token_id=pad_token_id, **limit)
+    assert torch.equal(out.sequences, ref)
+    assert out.prompt_length == ids.shape[1]
+    assert torch.equal(out.sequences[:, : ids.shape[1]], ids)
+
+
 def test_greedy_scores_and_logits_equal_transformers(model):
     ids, mask = left_padded([[3, 4, 5], [9]])
     with warnings.catch_warnings():

@@ -40,10 +40,11 @@ def eos_token_ids(tokenizer: Any = None, generation_config: Any = None, model_co
     return found
 
 
-def left_pad(rows: Sequence[Sequence[int] | np.ndarray], fill: int) -> torch.Tensor:
+def left_pad(rows: Sequence[Sequence[int] | np.ndarray], fill: int, width: int = 1) -> torch.Tensor:
     """(B, W) int64 on the CPU: each row right-aligned, `fill` before the shorter ones; W is the longest row's
-    length (at least 1). Rows may be lists or numpy arrays; numpy fills it, as one slice copy per row."""
-    width = max(1, max((len(r) for r in rows), default=0))
+    length, or `width` where that is more. Rows may be lists or numpy arrays; numpy fills it, as one slice copy per
+    row."""
+    width = max(width, max((len(r) for r in rows), default=0))
     out = np.full((len(rows), width), fill, dtype=np.int64)
     for i, row in enumerate(rows):
         if len(row):

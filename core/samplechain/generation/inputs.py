@@ -88,6 +88,7 @@ class PromptInputs:
     def _inputs(self, prompts, input_ids, attention_mask, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if (prompts is None) == (input_ids is None):
             raise ConfigError("pass either prompts (with a tokenizer) or input_ids, not both and not neither")
+        given: tuple[torch.Tensor, torch.Tensor] | None = None
         if prompts is not None:
             if self.tokenizer is None:
                 raise ConfigError(
@@ -119,6 +120,7 @@ class PromptInputs:
                     "generation needs left padding: tokenizer.padding_side = 'left'"
                 )
             rows = [[int(t) for t, m in zip(r, mr) if m] for r, mr in zip(ids.tolist(), mask.tolist())]
+            given = ids, mask
         bos = getattr(self.tokenizer, "bos_token_id", None)
         if bos is None:
             bos = getattr(self.generation_config, "bos_token_id", None)
@@ -148,7 +150,11 @@ class PromptInputs:
                     f"prompt {i} has {len(row)} tokens but the model has {limit} positions, leaving no room to "
                     "generate: shorten the prompt (keep its last tokens)"
                 )
-        ids, mask = _left_padded(rows, self.pad_id)
+        # input_ids keep their width, as transformers keeps it: sequences[:, input_ids.shape[1]:] are the new tokens
+        # and max_length counts the padding, even where every row is padded
+        ids, mask = _left_padded(rows, self.pad_id, 1 if given is None else given[0].shape[1])
+        if given is not None and torch.equal(mask, given[1].to(mask.dtype)):
+            ids = given[0].to(torch.int64, copy=True)  # plain left padding: the caller's pad ids stay too
         lengths = torch.tensor([len(r) for r in rows], dtype=torch.int64)
         return ids.to(device), mask.to(device), lengths
 
@@ -242,10 +248,10 @@ class PromptInputs:
         return [bool(f) for f in flags for _ in range(self.n)]
 
 
-def _left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompt rows left-padded with `pad_id`, and their attention mask (0 on the padding): the mask is formed
-    apart from the ids, as a prompt may contain the pad id itself."""
-    return left_pad(rows, pad_id), left_pad([[1] * len(r) for r in rows], 0)
+def _left_padded(rows: Sequence[Sequence[int]], pad_id: int, width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt rows left-padded with `pad_id` to the longest row (or `width`), and their attention mask (0 on the
+    padding): the mask is formed apart from the ids, as a prompt may contain the pad id itself."""
+    return left_pad(rows, pad_id, width), left_pad([[1] * len(r) for r in rows], 0, width)
 
 
 def prompt_texts(prompts: Any, tokenizer: Any, argument: str = "prompts") -> list[tuple[str, bool]]:

@@ -15,7 +15,8 @@ class GenerationOutput(ModelOutput):
     """Attribute and key access as transformers' outputs (`out.sequences`, `out["sequences"]`).
 
     sequences: (B, prompt_length + steps) int64, left-padded prompts then the new tokens; a row that finished
-        early is padded with pad_token_id after its last token (as transformers pads it).
+        early is padded with pad_token_id after its last token (as transformers pads it). input_ids keep their
+        width and pad ids (prompt_length = input_ids.shape[1]), as in transformers.
     scores: per step (B, V) processed scores the chain sampled from (-inf where a token was removed), when
         output_scores=True. For beam search: per step the processed log-probabilities of every beam, as
         transformers gives them.
