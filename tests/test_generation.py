@@ -578,6 +578,41 @@ def test_generation_config_settings_no_chain_applies_are_named(model):
         model.generation_config = saved
 
 
+@pytest.mark.parametrize(
+    "settings, limit, rows, forced",
+    [
+        ({"forced_eos_token_id": 77}, {"max_new_tokens": 5}, [[5, 17, 42], [11, 12, 13]], True),
+        ({"forced_eos_token_id": [77, 78]}, {"max_new_tokens": 6}, [[5, 17, 42, 9], [11]], True),
+        ({"forced_eos_token_id": 77}, {"max_length": 9}, [[5, 17, 42, 9], [11, 12]], True),
+        ({"forced_bos_token_id": 66}, {"max_new_tokens": 4}, [[5, 17, 42], [11]], False),
+        ({"forced_bos_token_id": 66}, {"max_new_tokens": 4}, [[5], [11]], True),
+    ],
+    ids=[
+        "forced-eos",
+        "forced-eos-padded",
+        "forced-eos-max-length",
+        "forced-bos-longer-prompt",
+        "forced-bos-one-token",
+    ],
+)
+def test_forced_tokens_of_a_generation_config_follow_the_generation_as_transformers(
+    model, settings, limit, rows, forced
+):
+    """transformers forces a config's forced_eos_token_id at the last token the generation's length limit allows
+    (its max_length is set from max_new_tokens), and forced_bos_token_id only where the input is one token."""
+    from transformers import GenerationConfig
+
+    cfg = GenerationConfig(eos_token_id=2, **settings)
+    ids, mask = left_padded(rows)
+    ref = hf_generate(model, ids, mask, generation_config=cfg, pad_token_id=0, **limit)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GenerationWarning)
+        out = generate(model, input_ids=ids, attention_mask=mask, generation_config=cfg, pad_token_id=0, **limit)
+    assert torch.equal(out.sequences, ref)
+    token = settings.get("forced_eos_token_id", settings.get("forced_bos_token_id"))
+    assert bool(torch.isin(out.sequences[:, ids.shape[1] :], torch.tensor(token)).any(dim=1).all()) is forced
+
+
 def test_a_generation_config_maps_to_transformers_processors_in_their_order(model):
     """Every mapped GenerationConfig setting at once: the chain's processed scores equal the LogitsProcessorList that
     model.generate builds for the same config (probabilities within 1e-5), step after step of a real history."""

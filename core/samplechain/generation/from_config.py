@@ -5,7 +5,9 @@ no_repeat_ngram, bad_words, min_new_tokens, forced_bos, forced_eos, inf_nan_remo
 length_decay (exponential_decay_length_penalty), suppress_tokens, begin_suppress_tokens; then, with do_sample,
 the warpers temperature, top_h, top_k, top_p, min_p, typical, epsilon, eta; then watermark and renormalize; then
 dist (do_sample) or greedy. Settings no sampler carries (min_length, encoder_repetition_penalty, diversity_penalty,
-penalty_alpha ...) are named in a GenerationWarning.
+penalty_alpha ...) are named in a GenerationWarning. Inside generate(), `fit_to_generation` sets per request what
+transformers takes from the generation itself: forced_eos at the last token the length limit allows, forced_bos
+only for a one-token input.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from ..engine.chain import Chain
 from ..engine.discovery import PluginHost
 from ..errors import GenerationWarning
 
-__all__ = ["chain_from_generation_config", "asked_settings", "unmapped_settings"]
+__all__ = ["chain_from_generation_config", "asked_settings", "fit_to_generation", "unmapped_settings"]
 
 # GenerationConfig fields that change decoding and that no sampler carries (with their defaults)
 _UNMAPPED = {
@@ -181,3 +183,20 @@ def chain_from_generation_config(config: Any, *, host: PluginHost | None = None)
     samplers.append({"use": "dist" if sampling else "greedy"})
     name = "sampling (generation config)" if sampling else "greedy (generation config)"
     return Chain.load({"name": name, "samplers": samplers}, host=host)
+
+
+def fit_to_generation(chain: Chain, store: Any, request_ids: list[str], prompt_lengths: Any, setup: Any, bound: Any):
+    """Per request, what transformers' processors take from the generation rather than from the config: forced_eos
+    forces the last token the length limit allows (transformers' max_length is the padded prompt width plus
+    max_new_tokens; here each row's own prompt length plus the `bound` on new tokens, the same step), and
+    forced_bos forces only where the padded prompt is one token (an encoder-decoder's decoder start: never a
+    decoder-only prompt of more tokens)."""
+    names = {s.name for s in chain.samplers}
+    for request_id, length in zip(request_ids, prompt_lengths.tolist()):
+        params: dict[str, int] = {}
+        if "forced_eos" in names and bound is not None:
+            params["forced_eos_max_length"] = length + bound
+        if "forced_bos" in names and setup.prompt_length != 1:
+            params["forced_bos_token_id"] = -1
+        if params:
+            store.update(request_id, params)

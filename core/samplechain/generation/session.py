@@ -36,7 +36,7 @@ from ..errors import ConfigError, GenerationWarning, SamplingError
 from ..tokens import eos_token_ids
 from .checkpoints import Checkpoints, load_checkpoint
 from .drawing import step_going
-from .from_config import asked_settings, chain_from_generation_config
+from .from_config import asked_settings, chain_from_generation_config, fit_to_generation
 from .inputs import PromptInputs, Prompts
 from .model import ModelRunner, runner_for
 from .outputs import GenerationOutput
@@ -209,9 +209,7 @@ class Generation(PromptInputs, Checkpoints):
         # the sampling step captured in a CUDA graph (samplechain.engine.graphs): None where it can, True asks (a warning
         # says why not), False never; SAMPLECHAIN_CUDA_GRAPHS=0 turns it off too
         self._cuda_graphs, self._eager_steps = cuda_graphs, 0
-        self._graphs: graphs.StepGraphs | Literal[False] | None = (
-            None  # None: not decided yet; False: the step runs eagerly
-        )
+        self._graphs: graphs.StepGraphs | Literal[False] | None = None  # None: not decided yet; False: eager steps
         # a transformers LogitsProcessorList (or any fn(input_ids, scores) -> scores) run before the chain
         self.logits_processor = logits_processor or None
         self.tokenizer = tokenizer
@@ -260,6 +258,7 @@ class Generation(PromptInputs, Checkpoints):
     def _open(self, chain: Any, check: bool, n: int) -> None:
         """The chain (one per prompt for a mixed batch) and the number of sequences per prompt."""
         self.chain = _as_chain(chain, self.generation_config, self.host, check=check)
+        self._from_config = chain is None  # the generation config's chain: fit_to_generation in _prepare
         if isinstance(self.chain, MixedChains):
             rows = getattr(self.chain, "row_chains", None)
             if rows is None or len(rows) != self.num_prompts:
@@ -298,6 +297,9 @@ class Generation(PromptInputs, Checkpoints):
             min_new_tokens=min_new_tokens_of(self.store, self.request_ids),
         )
         self.vocab_limit = self._vocab_limit()
+        if self._from_config:
+            bound = self.stopping.max_new_tokens(self.setup)
+            fit_to_generation(self.chain, self.store, self.request_ids, self.prompt_lengths, self.setup, bound)
         self.chain.prepare(
             tokenizer=self.tokenizer,
             model_config=model.config,
