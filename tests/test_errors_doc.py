@@ -694,6 +694,21 @@ def _(t: Trial) -> None:
     _generate(max_new_tokens=4, stop_strings=["\n\n", ""])
 
 
+@case("generate_unknown_keyword")
+def _(t: Trial) -> None:
+    _generate(max_new_tokens=4, temprature=0.7)
+
+
+@case("generate_settings_with_chain")
+def _(t: Trial) -> None:
+    _generate(max_new_tokens=4, temperature=0.7, do_sample=True)  # _generate gives chain=
+
+
+@case("generate_unmapped_setting")
+def _(t: Trial) -> None:
+    _generate(max_new_tokens=4, diversity_penalty=0.5)
+
+
 @case("generate_bad_request_param")
 def _(t: Trial) -> None:
     _generate(max_new_tokens=4, params={"temperature": -1.0})

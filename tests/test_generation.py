@@ -613,6 +613,33 @@ def test_forced_tokens_of_a_generation_config_follow_the_generation_as_transform
     assert bool(torch.isin(out.sequences[:, ids.shape[1] :], torch.tensor(token)).any(dim=1).all()) is forced
 
 
+def test_transformers_decoding_keywords_are_taken_as_model_generate_takes_them(model):
+    """generate(..., repetition_penalty=1.3, min_new_tokens=4, ...) sets them on a copy of the model's generation
+    config, whose chain runs, as model.generate does: the same tokens and scores greedy, the same processed scores
+    of the first step sampling; the model's own config is left as it was."""
+    ids, mask = left_padded([[5, 17, 42, 9, 5, 17], [11, 12, 13, 11, 12, 13]])
+    greedy = dict(repetition_penalty=1.3, no_repeat_ngram_size=2, min_new_tokens=4, suppress_tokens=[7, 8])
+    before = model.generation_config.to_dict()
+    ref = hf_generate(model, ids, mask, max_new_tokens=8, return_dict_in_generate=True, output_scores=True, **greedy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GenerationWarning)
+        out = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=8, output_scores=True, **greedy)
+        sampled = dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, use_cache=True)
+        first = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=1, output_scores=True, **sampled)
+    assert torch.equal(out.sequences, ref.sequences)
+    for a, b in zip(out.scores, ref.scores, strict=True):
+        torch.testing.assert_close(torch.softmax(a, -1), torch.softmax(b, -1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=1, return_dict_in_generate=True, output_scores=True,
+            **sampled,
+        )  # fmt: skip
+    assert torch.equal(torch.isfinite(first.scores[0]), torch.isfinite(theirs.scores[0]))
+    torch.testing.assert_close(torch.softmax(first.scores[0], -1), torch.softmax(theirs.scores[0], -1))
+    assert model.generation_config.to_dict() == before
+
+
 def test_a_generation_config_maps_to_transformers_processors_in_their_order(model):
     """Every mapped GenerationConfig setting at once: the chain's processed scores equal the LogitsProcessorList that
     model.generate builds for the same config (probabilities within 1e-5), step after step of a real history."""

@@ -5,22 +5,35 @@ no_repeat_ngram, bad_words, min_new_tokens, forced_bos, forced_eos, inf_nan_remo
 length_decay (exponential_decay_length_penalty), suppress_tokens, begin_suppress_tokens; then, with do_sample,
 the warpers temperature, top_h, top_k, top_p, min_p, typical, epsilon, eta; then watermark and renormalize; then
 dist (do_sample) or greedy. Settings no sampler carries (min_length, encoder_repetition_penalty, diversity_penalty,
-penalty_alpha ...) are named in a GenerationWarning. Inside generate(), `fit_to_generation` sets per request what
+penalty_alpha ...) are named in a GenerationWarning. generate()'s keywords that are GenerationConfig fields
+(`temperature=0.7, do_sample=True`) update a copy of the config first, as model.generate's do. Inside generate(), `fit_to_generation` sets per request what
 transformers takes from the generation itself: forced_eos at the last token the length limit allows, forced_bos
 only for a one-token input.
 """
 
 from __future__ import annotations
 
+import copy
+import difflib
 import warnings
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ..contracts import token_id_list
 from ..engine.chain import Chain
 from ..engine.discovery import PluginHost
-from ..errors import GenerationWarning
+from ..engine.mixed import MixedChains
+from ..errors import ConfigError, GenerationWarning
 
-__all__ = ["chain_from_generation_config", "asked_settings", "fit_to_generation", "unmapped_settings"]
+__all__ = [
+    "asked_settings",
+    "chain_from_generation_config",
+    "fit_to_generation",
+    "resolve_chain",
+    "unmapped_settings",
+    "with_settings",
+]
 
 # GenerationConfig fields that change decoding and that no sampler carries (with their defaults)
 _UNMAPPED = {
@@ -200,3 +213,105 @@ def fit_to_generation(chain: Chain, store: Any, request_ids: list[str], prompt_l
             params["forced_bos_token_id"] = -1
         if params:
             store.update(request_id, params)
+
+
+def resolve_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bool = True) -> Chain | MixedChains:
+    """generate()'s chain=: the generation config's chain where it is None (a warning where the config asks for
+    settings a given chain replaces, with `check`), a Chain, a TOML file, a dict, "preset:NAME", or one per prompt
+    (a MixedChains)."""
+    if chain is None:
+        return chain_from_generation_config(generation_config, host=host)
+    if (
+        check
+        and generation_config is not None
+        and (getattr(generation_config, "do_sample", False) or asked_settings(generation_config))
+    ):
+        asked = ["do_sample=True"] if getattr(generation_config, "do_sample", False) else []
+        warnings.warn(
+            f"the model's generation config asks for {', '.join(asked + asked_settings(generation_config))}; "
+            "the chain given replaces it (the chain alone decides the decoding)",
+            GenerationWarning,
+            stacklevel=6,
+        )
+    if isinstance(chain, (Chain, MixedChains)):
+        return chain
+    if isinstance(chain, (str, Path, Mapping)):
+        return Chain.load(chain, host=host)
+    if isinstance(chain, (list, tuple)) and chain:  # one chain per prompt: a mixed batch
+        loaded = [resolve_chain(c, None, host, check=False) for c in chain]
+        chains = [c for c in loaded if not isinstance(c, MixedChains)]
+        if len(chains) != len(loaded):
+            raise ConfigError("chain=[...]: each entry is one prompt's chain, not a list of chains")
+        keys: dict[int, str] = {}
+        for c in chains:
+            keys.setdefault(id(c), str(len(keys)))
+        mixed = MixedChains({keys[id(c)]: c for c in chains})
+        mixed.row_chains = [keys[id(c)] for c in chains]  # prompt i -> its chain's key
+        return mixed
+    raise ConfigError(
+        f"chain={chain!r}: pass a Chain, a TOML file path, a dict, 'preset:NAME', or one of these per prompt in a list"
+    )
+
+
+# model.generate's keywords that are not decoding settings: where generate() has them
+_ELSEWHERE = {
+    "streamer": "stream(model, tokenizer, prompts, ...) yields each token's text as it is chosen",
+    "assistant_model": "speculative decoding is draft=: {'use': 'draft_model', 'model': MODEL} (docs/speculative.md)",
+    "prompt_lookup_num_tokens": "speculative decoding is draft=: {'use': 'prompt_lookup', 'num_tokens': N}",
+    "assistant_early_exit": "speculative decoding is draft=: {'use': 'early_exit', 'layers': N}",
+    "use_cache": "generation always runs on the model's cache",
+    "return_dict_in_generate": "generate() always returns a GenerationOutput: take its .sequences",
+}
+_ALWAYS = {"use_cache": True, "return_dict_in_generate": True}  # what generate() does anyway: accepted as given
+
+
+def with_settings(model: Any, generation_config: Any, chain: Any, settings: Mapping[str, Any], known: Any) -> Any:
+    """generate()'s keywords that are GenerationConfig fields, as model.generate takes them: a copy of the generation
+    config (`generation_config`, else the model's) with them set, whose chain the generation runs. A keyword that
+    is no field (`known`: the signature of generate()'s own arguments, offered as suggestions), a setting no sampler
+    carries, and settings beside a chain= are one ConfigError each."""
+    if not settings:
+        return generation_config
+    from transformers import GenerationConfig
+
+    fields = GenerationConfig().to_dict()
+    decoding: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key in _ALWAYS and value == _ALWAYS[key]:
+            continue
+        given = f"generate(..., {key}={_shown(value)})"
+        if key in _ELSEWHERE:
+            raise ConfigError(f"{given}: {_ELSEWHERE[key]}")
+        if key in _UNMAPPED:
+            raise ConfigError(
+                f"{given}: a transformers setting no samplechain sampler carries; drop it, or run a chain inside "
+                "model.generate with the adapters (docs/transformers.md) to keep it"
+            )
+        if key not in fields:
+            close = difflib.get_close_matches(
+                key, [*known.parameters, *_MAPPED, "do_sample", "temperature", "top_k", "top_p"]
+            )
+            hint = f"did you mean {close[0]}=?" if close else "see docs/generation.md for generate()'s arguments"
+            raise ConfigError(f"{given}: not an argument of generate(); {hint}")
+        decoding[key] = value
+    asked = ", ".join(f"{k}={_shown(v)}" for k, v in decoding.items())
+    if decoding and chain is not None:
+        raise ConfigError(
+            f"generate(..., {asked}) with chain=: the chain alone decides the decoding; put the settings in the "
+            "chain (e.g. {'use': 'temperature', 't': 0.7}) or drop chain= to have them mapped as transformers does"
+        )
+    if not decoding:
+        return generation_config
+    base = generation_config if generation_config is not None else getattr(model, "generation_config", None)
+    config = copy.deepcopy(base) if base is not None else GenerationConfig()
+    config.update(**decoding)
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise ConfigError(f"generate(..., {asked}): {exc}") from None
+    return config
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"<{type(value).__name__}>"

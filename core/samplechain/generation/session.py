@@ -18,6 +18,7 @@ numerically close, not equal).
 
 from __future__ import annotations
 
+import inspect
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -36,48 +37,13 @@ from ..errors import ConfigError, GenerationWarning, SamplingError
 from ..tokens import eos_token_ids
 from .checkpoints import Checkpoints, load_checkpoint
 from .drawing import step_going
-from .from_config import asked_settings, chain_from_generation_config, fit_to_generation
+from .from_config import fit_to_generation, resolve_chain, with_settings
 from .inputs import PromptInputs, Prompts
 from .model import ModelRunner, runner_for
 from .outputs import GenerationOutput
 from .speculative import Speculation
 
 __all__ = ["Generation"]
-
-
-def _as_chain(chain: Any, generation_config: Any, host: PluginHost, *, check: bool = True) -> Chain | MixedChains:
-    if chain is None:
-        return chain_from_generation_config(generation_config, host=host)
-    if (
-        check
-        and generation_config is not None
-        and (getattr(generation_config, "do_sample", False) or asked_settings(generation_config))
-    ):
-        asked = ["do_sample=True"] if getattr(generation_config, "do_sample", False) else []
-        warnings.warn(
-            f"the model's generation config asks for {', '.join(asked + asked_settings(generation_config))}; "
-            "the chain given replaces it (the chain alone decides the decoding)",
-            GenerationWarning,
-            stacklevel=6,
-        )
-    if isinstance(chain, (Chain, MixedChains)):
-        return chain
-    if isinstance(chain, (str, Path, Mapping)):
-        return Chain.load(chain, host=host)
-    if isinstance(chain, (list, tuple)) and chain:  # one chain per prompt: a mixed batch
-        loaded = [_as_chain(c, None, host, check=False) for c in chain]
-        chains = [c for c in loaded if not isinstance(c, MixedChains)]
-        if len(chains) != len(loaded):
-            raise ConfigError("chain=[...]: each entry is one prompt's chain, not a list of chains")
-        keys: dict[int, str] = {}
-        for c in chains:
-            keys.setdefault(id(c), str(len(keys)))
-        mixed = MixedChains({keys[id(c)]: c for c in chains})
-        mixed.row_chains = [keys[id(c)] for c in chains]  # prompt i -> its chain's key
-        return mixed
-    raise ConfigError(
-        f"chain={chain!r}: pass a Chain, a TOML file path, a dict, 'preset:NAME', or one of these per prompt in a list"
-    )
 
 
 def _refuse_with_resume(ckpt: Mapping[str, Any], num_return_sequences: int, **restored: Any) -> None:
@@ -158,6 +124,7 @@ class Generation(PromptInputs, Checkpoints):
         cuda_graphs: bool | None = None,
         draft: Any = None,
         guards: Any = None,
+        **settings: Any,
     ) -> None:
         ckpt = None if resume is None else load_checkpoint(resume)
         if ckpt is not None:  # what the checkpoint holds is not given again
@@ -175,13 +142,11 @@ class Generation(PromptInputs, Checkpoints):
             num_return_sequences = ckpt["num_return_sequences"]
             eos_token_id = ckpt["eos_token_id"] if eos_token_id is None else eos_token_id
             pad_token_id = ckpt["pad_token_id"] if pad_token_id is None else pad_token_id
-        self._configure(model, tokenizer, generation_config, host, logits_processor, cuda_graphs)
+        self._configure(model, tokenizer, generation_config, host, logits_processor, cuda_graphs, chain, settings)
         self._outputs(output_scores, output_logits, top_logprobs, logprobs_mode, num_return_sequences)
         self._token_ids(eos_token_id, pad_token_id)
         device = getattr(model, "device", torch.device("cpu"))
-        # the model's own config is checked for settings a given chain overrides; an explicit generation_config
-        # comes from a caller (the custom_generate adapter) that has dealt with them
-        check = generation_config is None
+        check = generation_config is None  # else a caller's (the custom_generate adapter's) that dealt with it
         if ckpt is None:
             self._start(prompts, input_ids, attention_mask, chain, check, num_return_sequences, device)
             self._add_requests(params, seed)
@@ -204,7 +169,9 @@ class Generation(PromptInputs, Checkpoints):
             self._restore_progress(ckpt)
 
     # ----------------------------------------------------------------- construction
-    def _configure(self, model, tokenizer, generation_config, host, logits_processor, cuda_graphs) -> None:
+    def _configure(
+        self, model, tokenizer, generation_config, host, logits_processor, cuda_graphs, chain, settings
+    ) -> None:
         self.model = model
         # the sampling step captured in a CUDA graph (samplechain.engine.graphs): None where it can, True asks (a warning
         # says why not), False never; SAMPLECHAIN_CUDA_GRAPHS=0 turns it off too
@@ -214,6 +181,8 @@ class Generation(PromptInputs, Checkpoints):
         self.logits_processor = logits_processor or None
         self.tokenizer = tokenizer
         self.host = host or get_host()
+        # model.generate's decoding keywords (temperature=0.7, do_sample=True, ...): a copy of the config with them
+        generation_config = with_settings(model, generation_config, chain, settings, inspect.signature(Generation))
         self.generation_config = generation_config or getattr(model, "generation_config", None)
 
     def _outputs(self, output_scores, output_logits, top_logprobs, logprobs_mode, num_return_sequences) -> None:
@@ -257,7 +226,7 @@ class Generation(PromptInputs, Checkpoints):
 
     def _open(self, chain: Any, check: bool, n: int) -> None:
         """The chain (one per prompt for a mixed batch) and the number of sequences per prompt."""
-        self.chain = _as_chain(chain, self.generation_config, self.host, check=check)
+        self.chain = resolve_chain(chain, self.generation_config, self.host, check=check)
         self._from_config = chain is None  # the generation config's chain: fit_to_generation in _prepare
         if isinstance(self.chain, MixedChains):
             rows = getattr(self.chain, "row_chains", None)
