@@ -6,9 +6,9 @@ length_decay (exponential_decay_length_penalty), suppress_tokens, begin_suppress
 the warpers temperature, top_h, top_k, top_p, min_p, typical, epsilon, eta; then watermark and renormalize; then
 dist (do_sample) or greedy. Settings no sampler carries (min_length, encoder_repetition_penalty, diversity_penalty,
 penalty_alpha ...) are named in a GenerationWarning. generate()'s keywords that are GenerationConfig fields
-(`temperature=0.7, do_sample=True`) update a copy of the config first, as model.generate's do. Inside generate(), `fit_to_generation` sets per request what
-transformers takes from the generation itself: forced_eos at the last token the length limit allows, forced_bos
-only for a one-token input.
+(`temperature=0.7, do_sample=True`) update a copy of the config first, as model.generate does (`with_settings`).
+Inside generate(), `fit_to_generation` sets per request what transformers takes from the generation itself:
+forced_eos at the last token the length limit allows, forced_bos only for a one-token input.
 """
 
 from __future__ import annotations
@@ -198,7 +198,9 @@ def chain_from_generation_config(config: Any, *, host: PluginHost | None = None)
     return Chain.load({"name": name, "samplers": samplers}, host=host)
 
 
-def fit_to_generation(chain: Chain, store: Any, request_ids: list[str], prompt_lengths: Any, setup: Any, bound: Any):
+def fit_to_generation(
+    chain: Chain, store: Any, request_ids: list[str], prompt_lengths: Any, setup: Any, bound: Any
+) -> None:
     """Per request, what transformers' processors take from the generation rather than from the config: forced_eos
     forces the last token the length limit allows (transformers' max_length is the padded prompt width plus
     max_new_tokens; here each row's own prompt length plus the `bound` on new tokens, the same step), and
