@@ -640,6 +640,15 @@ def test_transformers_decoding_keywords_are_taken_as_model_generate_takes_them(m
     assert model.generation_config.to_dict() == before
 
 
+def test_a_bad_decoding_keyword_is_one_config_error_naming_it(model):
+    with pytest.raises(ConfigError, match=r"the generation config's chain: samplers\[0\]\.repeat = -1\.0: must be in"):
+        generate(model, input_ids=torch.tensor([[5, 17]]), max_new_tokens=2, repetition_penalty=-1.0)
+    with pytest.raises(
+        ConfigError, match=r"temprature=0\.7\): not an argument of generate\(\); did you mean temperature="
+    ):
+        generate(model, input_ids=torch.tensor([[5, 17]]), max_new_tokens=2, temprature=0.7)
+
+
 def test_a_generation_config_maps_to_transformers_processors_in_their_order(model):
     """Every mapped GenerationConfig setting at once: the chain's processed scores equal the LogitsProcessorList that
     model.generate builds for the same config (probabilities within 1e-5), step after step of a real history."""

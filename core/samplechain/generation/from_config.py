@@ -22,6 +22,7 @@ from typing import Any
 
 from ..contracts import token_id_list
 from ..engine.chain import Chain
+from ..engine.config import load_config
 from ..engine.discovery import PluginHost
 from ..engine.mixed import MixedChains
 from ..errors import ConfigError, GenerationWarning
@@ -195,7 +196,9 @@ def chain_from_generation_config(config: Any, *, host: PluginHost | None = None)
     samplers = _processors(config) + (_warpers(config) if sampling else []) + _finishers(config)
     samplers.append({"use": "dist" if sampling else "greedy"})
     name = "sampling (generation config)" if sampling else "greedy (generation config)"
-    return Chain.load({"name": name, "samplers": samplers}, host=host)
+    # errors name the config as their source (a bad value given as a generate() keyword lands there)
+    config = load_config({"name": name, "samplers": samplers}, host=host, name="the generation config's chain")
+    return Chain(config, host=host)
 
 
 def fit_to_generation(
