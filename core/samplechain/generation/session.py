@@ -67,7 +67,9 @@ class Generation(PromptInputs, Checkpoints):
 
     Two ways in: `Generation.from_prompts(model, tokenizer, prompts, ...)` starts from prompts (or input_ids), and
     `Generation.from_checkpoint(model, tokenizer, checkpoint, ...)` continues a saved generation; the constructor
-    takes either (`resume=` for the second)."""
+    takes either (`resume=` for the second). transformers' decoding keywords (`do_sample=True, temperature=0.7`,
+    any GenerationConfig field a sampler carries) are set on a copy of the generation config, whose chain runs
+    (`from_config.with_settings`), as model.generate takes them."""
 
     @classmethod
     def from_prompts(
