@@ -647,6 +647,8 @@ def test_a_bad_decoding_keyword_is_one_config_error_naming_it(model):
         ConfigError, match=r"temprature=0\.7\): not an argument of generate\(\); did you mean temperature="
     ):
         generate(model, input_ids=torch.tensor([[5, 17]]), max_new_tokens=2, temprature=0.7)
+    with pytest.raises(ConfigError, match=r"output_attentions=True\): a GenerationConfig field that generate\(\) does"):
+        generate(model, input_ids=torch.tensor([[5, 17]]), max_new_tokens=2, output_attentions=True)
 
 
 def test_a_generation_config_maps_to_transformers_processors_in_their_order(model):

@@ -268,6 +268,8 @@ _ELSEWHERE = {
     "return_dict_in_generate": "generate() always returns a GenerationOutput: take its .sequences",
 }
 _ALWAYS = {"use_cache": True, "return_dict_in_generate": True}  # what generate() does anyway: accepted as given
+# the GenerationConfig fields chain_from_generation_config reads: the keywords generate() takes as model.generate does
+_DECODING = {*_MAPPED, "do_sample", "temperature", "top_k", "top_p", "min_p"}
 
 
 def with_settings(model: Any, generation_config: Any, chain: Any, settings: Mapping[str, Any], known: Any) -> Any:
@@ -292,10 +294,13 @@ def with_settings(model: Any, generation_config: Any, chain: Any, settings: Mapp
                 f"{given}: a transformers setting no samplechain sampler carries; drop it, or run a chain inside "
                 "model.generate with the adapters (docs/transformers.md) to keep it"
             )
-        if key not in fields:
-            close = difflib.get_close_matches(
-                key, [*known.parameters, *_MAPPED, "do_sample", "temperature", "top_k", "top_p"]
+        if key in fields and key not in _DECODING:
+            raise ConfigError(
+                f"{given}: a GenerationConfig field that generate() does not use (it takes the decoding settings: "
+                f"{', '.join(sorted(_DECODING))}); drop it"
             )
+        if key not in fields:
+            close = difflib.get_close_matches(key, [*known.parameters, *_DECODING])
             hint = f"did you mean {close[0]}=?" if close else "see docs/generation.md for generate()'s arguments"
             raise ConfigError(f"{given}: not an argument of generate(); {hint}")
         decoding[key] = value
