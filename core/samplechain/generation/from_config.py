@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import inspect
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -202,10 +203,10 @@ def chain_from_generation_config(config: Any, *, host: PluginHost | None = None)
 
 
 def fit_to_generation(
-    chain: Chain, store: Any, request_ids: list[str], prompt_lengths: Any, setup: Any, bound: Any
+    chain: Chain, store: Any, request_ids: list[str], prompt_lengths: Any, width: int, bound: int | None
 ) -> None:
     """Per request, what transformers' processors take from the generation rather than from the config: forced_eos
-    forces the last token the length limit allows (transformers' max_length is the padded prompt width plus
+    forces the last token the length limit allows (transformers' max_length is the padded prompt `width` plus
     max_new_tokens; here each row's own prompt length plus the `bound` on new tokens, the same step), and
     forced_bos forces only where the padded prompt is one token (an encoder-decoder's decoder start: never a
     decoder-only prompt of more tokens)."""
@@ -214,7 +215,7 @@ def fit_to_generation(
         params: dict[str, int] = {}
         if "forced_eos" in names and bound is not None:
             params["forced_eos_max_length"] = length + bound
-        if "forced_bos" in names and setup.prompt_length != 1:
+        if "forced_bos" in names and width != 1:
             params["forced_bos_token_id"] = -1
         if params:
             store.update(request_id, params)
@@ -275,7 +276,7 @@ _DECODING = {*_MAPPED, "do_sample", "temperature", "top_k", "top_p", "min_p"}
 def with_settings(model: Any, generation_config: Any, chain: Any, settings: Mapping[str, Any], known: Any) -> Any:
     """generate()'s keywords that are GenerationConfig fields, as model.generate takes them: a copy of the generation
     config (`generation_config`, else the model's) with them set, whose chain the generation runs. A keyword that
-    is no field (`known`: the signature of generate()'s own arguments, offered as suggestions), a setting no sampler
+    is no field (`known`: the callable whose own arguments are offered as suggestions), a setting no sampler
     carries, and settings beside a chain= are one ConfigError each."""
     if not settings:
         return generation_config
@@ -300,7 +301,7 @@ def with_settings(model: Any, generation_config: Any, chain: Any, settings: Mapp
                 f"{', '.join(sorted(_DECODING))}); drop it"
             )
         if key not in fields:
-            close = difflib.get_close_matches(key, [*known.parameters, *_DECODING])
+            close = difflib.get_close_matches(key, [*inspect.signature(known).parameters, *_DECODING])
             hint = f"did you mean {close[0]}=?" if close else "see docs/generation.md for generate()'s arguments"
             raise ConfigError(f"{given}: not an argument of generate(); {hint}")
         decoding[key] = value

@@ -18,7 +18,6 @@ numerically close, not equal).
 
 from __future__ import annotations
 
-import inspect
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -184,7 +183,7 @@ class Generation(PromptInputs, Checkpoints):
         self.tokenizer = tokenizer
         self.host = host or get_host()
         # model.generate's decoding keywords (temperature=0.7, do_sample=True, ...): a copy of the config with them
-        generation_config = with_settings(model, generation_config, chain, settings, inspect.signature(Generation))
+        generation_config = with_settings(model, generation_config, chain, settings, Generation)
         self.generation_config = generation_config or getattr(model, "generation_config", None)
 
     def _outputs(self, output_scores, output_logits, top_logprobs, logprobs_mode, num_return_sequences) -> None:
@@ -270,7 +269,8 @@ class Generation(PromptInputs, Checkpoints):
         self.vocab_limit = self._vocab_limit()
         if self._from_config:
             bound = self.stopping.max_new_tokens(self.setup)
-            fit_to_generation(self.chain, self.store, self.request_ids, self.prompt_lengths, self.setup, bound)
+            width = self.setup.prompt_length
+            fit_to_generation(self.chain, self.store, self.request_ids, self.prompt_lengths, width, bound)
         self.chain.prepare(
             tokenizer=self.tokenizer,
             model_config=model.config,
