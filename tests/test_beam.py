@@ -205,6 +205,26 @@ def test_history_reading_samplers_see_each_beams_own_tokens(sampler, processor):
     )
 
 
+@pytest.mark.parametrize(
+    "processors",
+    [
+        lambda t: [t.RepetitionPenaltyLogitsProcessor(1.8)],
+        lambda t: [t.NoRepeatNGramLogitsProcessor(2), t.RepetitionPenaltyLogitsProcessor(0.7)],
+    ],
+    ids=["repetition_penalty", "no_repeat_ngram-repetition_penalty"],
+)
+def test_transformers_processors_given_as_logits_processor_run_on_the_beams(processors):
+    """logits_processor= holding transformers' own processors, whatever the layout of the tensor they return
+    (repetition penalty returns a slice of a wider one): the beams of model.generate with the same list."""
+    import transformers
+
+    model = model_with_frequent_eos(seed=3)
+    kw = dict(max_new_tokens=8, num_beams=3, num_return_sequences=2)
+    listed = transformers.LogitsProcessorList(processors(transformers))
+    ref = hf_beams(model, logits_processor=listed, **kw)
+    assert_same(ours(model, chain={"samplers": [{"use": "greedy"}]}, logits_processor=listed, **kw), ref, model)
+
+
 def test_per_request_parameters_apply_to_every_beam_of_their_prompt():
     model = model_with_frequent_eos(seed=3)
     kw = dict(

@@ -107,7 +107,7 @@ def test_a_generation_scores_kept_everywhere_with_its_own_logprobs(tiny, chain, 
 
 
 # ----------------------------------------------------------------- a changed token
-def test_b_a_changed_token_is_not_kept_and_every_position_scores_the_given_text(tiny):
+def test_a_changed_token_is_not_kept_and_every_position_scores_the_given_text(tiny):
     """One token of a seeded generation replaced by the next most likely one: kept up to it, not there, and at every
     position the logprob of the given text under transformers' processors (RepetitionPenalty over the prompt and
     the *given* tokens, temperature, top-k) on the raw logits."""
@@ -129,7 +129,7 @@ def test_b_a_changed_token_is_not_kept_and_every_position_scores_the_given_text(
 
 # ----------------------------------------------------------------- greedy
 @pytest.mark.transformers_parity
-def test_c_greedy_keeps_exactly_the_argmax(tiny):
+def test_greedy_keeps_exactly_the_argmax(tiny):
     """A greedy chain keeps a token exactly where it is the argmax of the processed logits (by hand)."""
     model, tok = tiny
     prompt = tok(PROMPTS[2])["input_ids"]
@@ -162,7 +162,7 @@ def test_c_greedy_keeps_exactly_the_argmax(tiny):
 
 
 # ----------------------------------------------------------------- raw logprobs
-def test_d_raw_logprobs_are_the_models_log_softmax(tiny):
+def test_raw_logprobs_are_the_models_log_softmax(tiny):
     """logprobs_at="raw" in a padded batch: log_softmax of the model's own logits over each unpadded row."""
     model, tok = tiny
     rows = [tok(" pear, plum, apple")["input_ids"], tok(" print(x)")["input_ids"]]
@@ -176,7 +176,7 @@ def test_d_raw_logprobs_are_the_models_log_softmax(tiny):
 
 
 # ----------------------------------------------------------------- batch invariance
-def test_e_a_row_scores_the_same_alone_and_in_a_ragged_batch(tiny):
+def test_a_row_scores_the_same_alone_and_in_a_ragged_batch(tiny):
     model, tok = tiny
     rows = [tok(" pear, plum, apple, pear")["input_ids"], tok(" x")["input_ids"], tok(" list is a list")["input_ids"]]
     assert len({len(r) for r in rows}) == 3
@@ -310,7 +310,7 @@ def mirostat_step(row: torch.Tensor, mu: float, tau: float, eta: float, token: i
     return top, mu
 
 
-def test_f_mirostat_mu_moves_with_the_given_token(tiny):
+def test_mirostat_mu_moves_with_the_given_token(tiny):
     """Teacher forcing moves mu by the given token's surprise, as though mirostat had drawn it (by hand at each step
     of a generated text with one token changed); score()'s draws are those of that store."""
     model, tok = tiny

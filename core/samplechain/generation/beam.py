@@ -245,8 +245,8 @@ class _BeamSearch:
             logits[:, g.vocab_limit :] = float("-inf")
         log_probs = torch.nn.functional.log_softmax(logits, dim=-1)
         flat = self.running_sequences[:, :, : self.cur_len].reshape(self.batch * self.nb, self.cur_len)
-        if g.logits_processor is not None:
-            log_probs = g.logits_processor(flat, log_probs)
+        if g.logits_processor is not None:  # transformers' may return a slice (repetition penalty does)
+            log_probs = g.logits_processor(flat, log_probs).contiguous()
         if self.processes:
             log_probs = g.chain.process(log_probs, g.store, self.beam_rids, **g.history_args(flat))
         if g.output_scores:
