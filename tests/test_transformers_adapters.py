@@ -302,6 +302,31 @@ def test_custom_generate_beam_search_runs_our_beam_search(model, batch):
     assert torch.equal(got, expected.sequences)
 
 
+@pytest.mark.transformers_parity
+@pytest.mark.parametrize("num_beams", [1, 3], ids=["greedy", "beam-search"])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"repetition_penalty": 1.4},
+        {"repetition_penalty": 0.8, "no_repeat_ngram_size": 3, "bad_words_ids": [[7], [20, 21]], "min_new_tokens": 3},
+    ],
+    ids=["repetition_penalty", "four-processors"],
+)
+def test_custom_generate_with_a_greedy_chain_equals_model_generate(model, num_beams, settings):
+    """The processors transformers builds from model.generate's keywords run in our loop and beam search as in
+    transformers' own, whatever tensor they return (repetition penalty: a slice of a wider one): the same sequences
+    and scores."""
+    ids = torch.tensor([[11, 12, 13, 11, 12], [40, 41, 42, 43, 44]])
+    kw = dict(max_new_tokens=8, num_beams=num_beams, num_return_sequences=min(2, num_beams), do_sample=False)
+    kw |= dict(settings, return_dict_in_generate=True, output_scores=True)
+    ref = hf(model, ids, torch.ones_like(ids), **kw)
+    got = hf(model, ids, torch.ones_like(ids), custom_generate=as_custom_generate(GREEDY), **kw)
+    assert torch.equal(got.sequences, ref.sequences)
+    assert len(got.scores) == len(ref.scores)
+    for ours_, theirs in zip(got.scores, ref.scores):
+        torch.testing.assert_close(ours_, theirs)
+
+
 def test_custom_generate_passes_stop_regex_and_include_stop_str_in_output(docs_lm, batch):
     """model.generate(custom_generate=..., stop_regex=..., include_stop_str_in_output=...) runs our loop with them:
     the same tokens, finish reasons, stop texts and cut texts as samplechain's generate() (per prompt too)."""
