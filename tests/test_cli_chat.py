@@ -139,8 +139,10 @@ def test_reset_history_help_quit_and_unknown_commands(lm):
     assert chat.command("/reset") == "a new conversation" and chat.history == []
     assert chat.command("/help") == HELP and "/chain FILE" in HELP
     assert chat.command("/quit") == QUIT
-    with pytest.raises(ConfigError, match="unknown command '/sett': /help lists the commands"):
+    with pytest.raises(ConfigError, match="unknown command '/sett': did you mean /set\\? /help lists the commands"):
         chat.command("/sett temperature=0")
+    with pytest.raises(ConfigError, match="unknown command '/xyzzy': /help lists the commands"):
+        chat.command("/xyzzy")
 
 
 # ----------------------------------------------------------------- samplechain generate --chat

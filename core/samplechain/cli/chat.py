@@ -9,6 +9,7 @@ the read-answer loop around it.
 from __future__ import annotations
 
 import argparse
+import difflib
 import shlex
 import sys
 import time
@@ -41,6 +42,7 @@ __all__ = ["QUIT", "ChatSession", "add_parser", "cmd_chat"]
 
 DEFAULT_NEW_TOKENS = 256
 QUIT = "quit"  # what ChatSession.command returns for /quit
+_COMMANDS = ("/set", "/unset", "/chain", "/history", "/reset", "/help", "/quit", "/exit")
 
 HELP = """commands:
   /set KEY=VALUE ...  per-request parameters, as --set: /set temperature=0.2, /set top_k.k=20 (alone: list them)
@@ -154,7 +156,9 @@ class ChatSession:
             return self._unset(rest)
         if name == "/chain":
             return self._load_chain(rest)
-        raise ConfigError(f"unknown command {name!r}: /help lists the commands")
+        close = difflib.get_close_matches(name, _COMMANDS, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ConfigError(f"unknown command {name!r}: {hint}/help lists the commands")
 
     def _show_history(self) -> str:
         if not self.messages():
