@@ -302,7 +302,6 @@ def test_custom_generate_beam_search_runs_our_beam_search(model, batch):
     assert torch.equal(got, expected.sequences)
 
 
-@pytest.mark.transformers_parity
 @pytest.mark.parametrize("num_beams", [1, 3], ids=["greedy", "beam-search"])
 @pytest.mark.parametrize(
     "settings",
