@@ -714,6 +714,11 @@ def _(t: Trial) -> None:
     _generate(max_new_tokens=4, params={"temperature": -1.0})
 
 
+@case("generate_bad_seed")
+def _(t: Trial) -> None:
+    _generate(max_new_tokens=4, seed=[1, 2])
+
+
 @case("stop_no_length_limit")
 def _(t: Trial) -> None:
     Stopping([Stopping.criterion("eos")])

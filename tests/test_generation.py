@@ -269,6 +269,26 @@ def test_seeded_sampling_is_reproducible_and_seeds_differ(model):
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"seed": [1, 2]}, r"seed = \[1, 2\]: an integer in \[0, 2\*\*63\) \(give a seed per prompt as params="),
+        ({"seed": 1.5}, r"seed = 1.5: an integer"),  # not rounded to 1
+        ({"seed": True}, r"seed = True: an integer"),
+        ({"seed": "7"}, r"seed = '7': an integer"),
+        ({"params": {"seed": -3}}, r"params\['seed'\] = -3: an integer"),
+        ({"params": [{"seed": 1}, {"seed": 2.0}]}, r"params\[1\]\['seed'\] = 2.0: an integer"),
+        ({"seed": 2**63 - 1, "num_return_sequences": 2}, r"return sequence 1 draws with seed \+ 1"),
+    ],
+    ids=["list", "float", "bool", "string", "params-negative", "params-row-float", "past-the-range"],
+)
+def test_a_seed_that_is_not_an_integer_is_one_error_naming_where_it_was_given(model, given, message):
+    ids, mask = left_padded([[1, 2, 3], [4, 5]])
+    kw = dict(input_ids=ids, attention_mask=mask, chain=TEMP_TOPK_TOPP, max_new_tokens=2, pad_token_id=0)
+    with pytest.raises(samplechain.ConfigError, match=message):
+        generate(model, **kw, **given)
+
+
 def test_a_seeded_request_gives_the_same_tokens_in_any_batch_row(model):
     """Same prompt length everywhere (no padding), so the model's logits are the same in every row."""
     prompts = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]])

@@ -139,6 +139,16 @@ def test_num_return_sequences_gives_each_copy_the_seed_of_our_loop(model, batch)
     assert not torch.equal(got[0], got[1])  # the two copies of prompt 0 drew different streams
 
 
+def test_a_seed_that_is_not_an_integer_is_refused_as_in_our_loop(model, batch):
+    """At once for the processor's own seed; a prompt's seed in params= when model.generate makes its requests."""
+    with pytest.raises(ConfigError, match=r"seed = 1.5: an integer in \[0, 2\*\*63\)"):
+        as_logits_processor(SAMPLING, seed=1.5)
+    ids, mask = batch
+    processor = as_logits_processor(SAMPLING, params=[{"seed": 1}, {"seed": "2"}, {}])
+    with pytest.raises(ConfigError, match=r"params\[1\]\['seed'\] = '2': an integer"):
+        hf(model, ids, mask, logits_processor=processor, max_new_tokens=2)
+
+
 def test_the_processor_starts_fresh_requests_for_a_new_generation(model, batch):
     ids, mask = batch
     processor = as_logits_processor(SAMPLING, seed=9)

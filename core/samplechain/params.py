@@ -4,17 +4,22 @@
 from __future__ import annotations
 
 import math
+import numbers
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
+
+from .errors import ConfigError
 
 __all__ = [
     "in_range",
     "finite",
     "one_of",
     "seed_field",
+    "sequence_seed",
+    "params_label",
     "is_seed_field",
     "token_ids_field",
     "validators",
@@ -111,6 +116,26 @@ def field_type(field: attrs.Attribute) -> Any:
 def _seed_ok(_inst: Any, _attr: attrs.Attribute, value: int | None) -> None:
     if value is not None and not 0 <= value < 2**63:
         raise ValueError("must be an integer in [0, 2**63), or omitted for a fresh random seed")
+
+
+def sequence_seed(base: Any, j: int, label: str) -> int:
+    """Copy j's seed of a request seeded with `base` (return sequences, num_return_sequences): base + j, each copy
+    its own stream. A seed that is not an integer in [0, 2**63) is one ConfigError naming where it was given
+    (`label`: "seed", "params[1]['seed']"), before `int()` could round it or the store could only report the sum."""
+    if isinstance(base, bool) or not isinstance(base, numbers.Integral) or not 0 <= int(base) + j < 2**63:
+        hint = "leave it out for a fresh random seed"
+        if isinstance(base, (list, tuple)):
+            hint = "give a seed per prompt as params=[{'seed': 1}, {'seed': 2}, ...]"
+        elif j:
+            hint = f"return sequence {j} draws with seed + {j}"
+        raise ConfigError(f"{label} = {base!r}: an integer in [0, 2**63) ({hint})")
+    return int(base) + j
+
+
+def params_label(params: Any, i: int, key: str) -> str:
+    """Where prompt i's parameter `key` was given: params['seed'] (one mapping for all prompts) or
+    params[1]['seed'] (one per prompt)."""
+    return f"params[{key!r}]" if isinstance(params, Mapping) else f"params[{i}][{key!r}]"
 
 
 def seed_field() -> Any:

@@ -33,6 +33,7 @@ from ..engine.discovery import PluginHost, get_host
 from ..engine.mixed import MixedChains
 from ..engine.stopping import Stopping, cut_text, min_new_tokens_of
 from ..errors import ConfigError, GenerationWarning, SamplingError
+from ..params import params_label, sequence_seed
 from ..tokens import eos_token_ids
 from .checkpoints import Checkpoints, load_checkpoint
 from .drawing import step_going
@@ -311,6 +312,8 @@ class Generation(PromptInputs, Checkpoints):
                     f"params has {len(per_prompt)} entries for {self.num_prompts} prompts: give one "
                     "mapping per prompt, or one mapping for all"
                 )
+        if seed is not None:
+            sequence_seed(seed, 0, "seed")
         mixed = isinstance(self.chain, MixedChains)
         for i, p in enumerate(per_prompt):
             key = self.chain.row_chains[i] if mixed else None
@@ -319,7 +322,7 @@ class Generation(PromptInputs, Checkpoints):
                 q = dict(p)
                 base = q.get("seed", seed)
                 if seeded and base is not None:
-                    q["seed"] = int(base) + j  # return sequence j of a request: its own stream
+                    q["seed"] = sequence_seed(base, j, "seed" if "seed" not in p else params_label(params, i, "seed"))
                 rid = self.request_ids[i * self.n + j]
                 if mixed:
                     self.store.add(rid, q, chain=key)

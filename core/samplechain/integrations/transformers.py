@@ -27,6 +27,7 @@ from ..engine.discovery import PluginHost
 from ..engine.stopping import Stopping
 from ..engine.store import RequestStore
 from ..errors import ConfigError
+from ..params import params_label, sequence_seed
 
 __all__ = [
     "ChainLogitsProcessor",
@@ -129,7 +130,7 @@ class ChainLogitsProcessor(LogitsProcessor):
                 "samplechain.generation.generate(model, tokenizer, prompts, chain=...), which runs them"
             )
         self.params = params
-        self.seed = seed
+        self.seed = seed if seed is None else sequence_seed(seed, 0, "seed")
         if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
             raise ConfigError(f"num_return_sequences = {num_return_sequences!r}: must be an integer >= 1")
         self.num_return_sequences = num_return_sequences
@@ -158,7 +159,10 @@ class ChainLogitsProcessor(LogitsProcessor):
                 q = dict(p)
                 base = q.get("seed", self.seed)
                 if seeded and base is not None:
-                    q["seed"] = int(base) + j  # copy j of a prompt: its own stream, as in samplechain's loop
+                    # copy j of a prompt: its own stream, as in samplechain's loop
+                    q["seed"] = sequence_seed(
+                        base, j, "seed" if "seed" not in p else params_label(self.params, i, "seed")
+                    )
                 self.store.add(self.request_ids[i * n + j], q)
 
     def _history(self, input_ids: torch.Tensor) -> dict[str, Any]:
