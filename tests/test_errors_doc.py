@@ -719,6 +719,11 @@ def _(t: Trial) -> None:
     _generate(max_new_tokens=4, seed=[1, 2])
 
 
+@case("generate_bad_argument")
+def _(t: Trial) -> None:
+    _generate(max_new_tokens=4, ignore_eos="no")
+
+
 @case("stop_no_length_limit")
 def _(t: Trial) -> None:
     Stopping([Stopping.criterion("eos")])

@@ -289,6 +289,53 @@ def test_a_seed_that_is_not_an_integer_is_one_error_naming_where_it_was_given(mo
         generate(model, **kw, **given)
 
 
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"ignore_eos": "no"}, r"ignore_eos = 'no': True or False"),  # a truthy string would ignore eos
+        ({"output_scores": "yes"}, r"output_scores = 'yes': True or False"),
+        ({"cuda_graphs": "off"}, r"cuda_graphs = 'off': True or False"),
+        ({"max_time": "5"}, r"max_time = '5': seconds, a number > 0"),
+        ({"stop_strings": 5}, r"stop_strings = 5: a string or a list of strings"),
+        ({"stop_regex": 5}, r"stop_regex = 5: a string or a list of strings"),
+        ({"eos_token_id": [1, "2"]}, r"eos_token_id = \[1, '2'\]: a token id of the model or a list of them"),
+        ({"pad_token_id": 300}, r"pad_token_id = 300: a token id of the model \(in \[0, 300\)\)"),
+        ({"pad_token_id": -1}, r"pad_token_id = -1: a token id of the model"),
+        ({"params": 5}, r"params = 5: one mapping for every prompt"),
+        ({"params": [{"seed": 1}, "top_k=3"]}, r"params\[1\] = 'top_k=3': a mapping of chain parameters for prompt 1"),
+        ({"logits_processor": 5}, r"logits_processor = 5: a callable fn\(input_ids, scores\) -> scores"),
+        ({"generation_config": {"do_sample": True}}, r"generation_config = \{'do_sample': True\}: a transformers"),
+        ({"host": "default"}, r"host = 'default': a samplechain PluginHost"),
+    ],
+    ids=lambda v: next(iter(v)) if isinstance(v, dict) else "",
+)
+def test_a_bad_argument_is_one_error_naming_it_before_the_model_runs(model, given, message):
+    ids, mask = left_padded([[1, 2, 3], [4, 5]])
+    kw = {"input_ids": ids, "attention_mask": mask, "chain": TEMP_TOPK_TOPP, "max_new_tokens": 2, "pad_token_id": 0}
+    with pytest.raises(ConfigError, match=message):
+        generate(model, **{**kw, **given})
+
+
+def test_a_plain_list_of_logits_processors_runs_in_order_as_model_generate_runs_one(model):
+    ids, mask = left_padded([[1, 2, 3], [4, 5]])
+    calls: list[str] = []
+
+    def ban(token: int, name: str):
+        def processor(input_ids, scores):
+            calls.append(name)
+            return scores.index_fill(1, torch.tensor([token]), float("-inf"))
+
+        return processor
+
+    kw = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": 3, "pad_token_id": 0, "ignore_eos": True}
+    plain = generate(model, **kw).sequences[:, ids.shape[1] :]
+    first = int(plain[0, 0])
+    banned = generate(model, **kw, logits_processor=[ban(first, "a"), ban(7, "b")]).sequences[:, ids.shape[1] :]
+    assert calls[:2] == ["a", "b"]
+    assert first not in banned[0].tolist() and 7 not in banned.flatten().tolist()
+    assert generate(model, **kw, logits_processor=[]).sequences.tolist() == generate(model, **kw).sequences.tolist()
+
+
 def test_a_seeded_request_gives_the_same_tokens_in_any_batch_row(model):
     """Same prompt length everywhere (no padding), so the model's logits are the same in every row."""
     prompts = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]])

@@ -7,6 +7,7 @@ of them: a list whose items are all messages is one conversation, any other list
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
@@ -18,11 +19,105 @@ from ..engine.stopping import Stopping
 from ..errors import ConfigError, GenerationWarning
 from ..tokens import left_pad
 
-__all__ = ["Conversation", "Message", "PromptInputs", "Prompts", "chat_template_of", "prompt_texts"]
+__all__ = [
+    "Conversation",
+    "Message",
+    "PromptInputs",
+    "Prompts",
+    "chat_template_of",
+    "checked_flags",
+    "checked_params",
+    "checked_processor",
+    "checked_token_ids",
+    "prompt_texts",
+    "strings_of",
+]
 
 Message: TypeAlias = Mapping[str, Any]  # {"role": "user", "content": "..."}
 Conversation: TypeAlias = Sequence[Message]
 Prompts: TypeAlias = str | Conversation | Sequence[str | Conversation]
+
+
+def checked_flags(**flags: Any) -> None:
+    """generate()'s on/off arguments are bools: `ignore_eos="no"` would otherwise read as true."""
+    for name, value in flags.items():
+        if not isinstance(value, bool) and value not in (0, 1) or isinstance(value, (str, float)):
+            raise ConfigError(f"{name} = {value!r}: True or False")
+
+
+def strings_of(name: str, value: Any) -> list[Any]:
+    """`stop_strings=` / `stop_regex=` as a list: one string, or a list of them (the criterion checks each)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{name} = {value!r}: a string or a list of strings, e.g. {name}=['\\n\\n', 'User:']")
+    return list(value)
+
+
+def checked_params(params: Any) -> list[dict[str, Any]] | None:
+    """`params=` as one dict per prompt's request, or None where one mapping (or none) is for all prompts."""
+    if params is None or isinstance(params, Mapping):
+        return None
+    if isinstance(params, (list, tuple)):
+        for i, p in enumerate(params):
+            if p is not None and not isinstance(p, Mapping):
+                raise ConfigError(
+                    f"params[{i}] = {p!r}: a mapping of chain parameters for prompt {i} (e.g. {{'temperature': "
+                    "0.7, 'seed': 1}) or None"
+                )
+        return [dict(p or {}) for p in params]
+    raise ConfigError(
+        f"params = {params!r}: one mapping for every prompt ({{'temperature': 0.7}}) or a list of one mapping (or "
+        "None) per prompt"
+    )
+
+
+class _Processors(list):
+    """A plain list of logits processors, run in order as model.generate runs one."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for processor in self:
+            scores = processor(input_ids, scores)
+        return scores
+
+
+def checked_processor(given: Any) -> Any:
+    """`logits_processor=`: None, a callable fn(input_ids, scores) -> scores (a transformers LogitsProcessorList),
+    or a list of them."""
+    if given is None or (isinstance(given, (list, tuple)) and not given):
+        return None
+    if callable(given):
+        return given
+    if isinstance(given, (list, tuple)) and all(callable(p) for p in given):
+        return _Processors(given)
+    raise ConfigError(
+        f"logits_processor = {given!r}: a callable fn(input_ids, scores) -> scores (a transformers LogitsProcessor "
+        "or LogitsProcessorList), or a list of them"
+    )
+
+
+def checked_token_ids(name: str, value: Any, vocab: Any = None, *, one: bool = False) -> list[int]:
+    """Token ids given as an int, a list or a tensor (`one`: a single int), each an integer >= 0 (and below `vocab`
+    where given)."""
+    items = value.flatten().tolist() if isinstance(value, torch.Tensor) else value
+    if one and isinstance(value, torch.Tensor) and value.numel() == 1:
+        items = items[0]
+    listed = isinstance(items, (list, tuple))
+    items = items if listed else [items]
+    for v in items:
+        if (
+            (one and listed)
+            or isinstance(v, bool)
+            or not isinstance(v, numbers.Integral)
+            or int(v) < 0
+            or (isinstance(vocab, int) and int(v) >= vocab)
+        ):
+            where = f"in [0, {vocab})" if isinstance(vocab, int) else ">= 0"
+            what = "a token id of the model" if one else "a token id of the model or a list of them"
+            raise ConfigError(f"{name} = {value!r}: {what} ({where})")
+    return token_id_list(items)
 
 
 class PromptInputs:
@@ -69,7 +164,9 @@ class PromptInputs:
 
     def _pad_id(self, explicit: int | None) -> int:
         if explicit is not None:
-            return int(explicit)
+            return checked_token_ids(
+                "pad_token_id", explicit, getattr(self.model.config, "vocab_size", None), one=True
+            )[0]
         for src in (
             getattr(self.tokenizer, "pad_token_id", None),
             getattr(self.generation_config, "pad_token_id", None),

@@ -18,6 +18,7 @@ numerically close, not equal).
 
 from __future__ import annotations
 
+import numbers
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,7 +27,7 @@ from typing import Any, Literal
 
 import torch
 
-from ..contracts import StopContext, StopMatch, StopSetup, token_id_list
+from ..contracts import StopContext, StopMatch, StopSetup
 from ..engine import graphs
 from ..engine.chain import Chain
 from ..engine.discovery import PluginHost, get_host
@@ -38,7 +39,15 @@ from ..tokens import eos_token_ids
 from .checkpoints import Checkpoints, load_checkpoint
 from .drawing import step_going
 from .from_config import fit_to_generation, resolve_chain, with_settings
-from .inputs import PromptInputs, Prompts
+from .inputs import (
+    PromptInputs,
+    Prompts,
+    checked_flags,
+    checked_params,
+    checked_processor,
+    checked_token_ids,
+    strings_of,
+)
 from .model import ModelRunner, runner_for
 from .outputs import GenerationOutput
 from .speculative import Speculation
@@ -177,17 +186,27 @@ class Generation(PromptInputs, Checkpoints):
         self.model = model
         # the sampling step captured in a CUDA graph (samplechain.engine.graphs): None where it can, True asks (a warning
         # says why not), False never; SAMPLECHAIN_CUDA_GRAPHS=0 turns it off too
+        if cuda_graphs is not None:
+            checked_flags(cuda_graphs=cuda_graphs)
         self._cuda_graphs, self._eager_steps = cuda_graphs, 0
         self._graphs: graphs.StepGraphs | Literal[False] | None = None  # None: not decided yet; False: eager steps
         # a transformers LogitsProcessorList (or any fn(input_ids, scores) -> scores) run before the chain
-        self.logits_processor = logits_processor or None
+        self.logits_processor = checked_processor(logits_processor)
         self.tokenizer = tokenizer
+        if host is not None and not isinstance(host, PluginHost):
+            raise ConfigError(f"host = {host!r}: a samplechain PluginHost (or leave it out for the installed plugins)")
         self.host = host or get_host()
+        if generation_config is not None and not hasattr(generation_config, "do_sample"):
+            raise ConfigError(
+                f"generation_config = {generation_config!r}: a transformers GenerationConfig (or leave it out for the "
+                "model's own)"
+            )
         # model.generate's decoding keywords (temperature=0.7, do_sample=True, ...): a copy of the config with them
         generation_config = with_settings(model, generation_config, chain, settings, Generation)
         self.generation_config = generation_config or getattr(model, "generation_config", None)
 
     def _outputs(self, output_scores, output_logits, top_logprobs, logprobs_mode, num_return_sequences) -> None:
+        checked_flags(output_scores=output_scores, output_logits=output_logits)
         self.output_scores = output_scores
         self.output_logits = output_logits
         if not isinstance(top_logprobs, int) or top_logprobs < 0:
@@ -199,7 +218,7 @@ class Generation(PromptInputs, Checkpoints):
 
     def _token_ids(self, eos_token_id: Any, pad_token_id: int | None) -> None:
         self.eos_ids = (
-            token_id_list(eos_token_id)
+            checked_token_ids("eos_token_id", eos_token_id)
             if eos_token_id is not None
             else eos_token_ids(self.tokenizer, self.generation_config, self.model.config)
         )
@@ -303,10 +322,11 @@ class Generation(PromptInputs, Checkpoints):
         return self.chain.is_greedy
 
     def _add_requests(self, params: Any, seed: int | None) -> None:
-        if params is None or isinstance(params, Mapping):
+        listed = checked_params(params)
+        if listed is None:
             per_prompt = [dict(params or {})] * self.num_prompts
         else:
-            per_prompt = [dict(p or {}) for p in params]
+            per_prompt = listed
             if len(per_prompt) != self.num_prompts:
                 raise ConfigError(
                     f"params has {len(per_prompt)} entries for {self.num_prompts} prompts: give one "
@@ -337,11 +357,11 @@ class Generation(PromptInputs, Checkpoints):
     ) -> Stopping:
         entries = self.chain.stop_entries if isinstance(self.chain, MixedChains) else self.chain.config.stop
         stopping = Stopping.from_entries(entries, extra, require_length_limit=False)
+        checked_flags(ignore_eos=ignore_eos)
+        strings, patterns = strings_of("stop_strings", stop_strings), strings_of("stop_regex", stop_regex)
         if stop_strings:
-            strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
             stopping.add(self._criterion("stop_strings", {"strings": strings}))
         if stop_regex:
-            patterns = [stop_regex] if isinstance(stop_regex, str) else list(stop_regex)
             stopping.add(self._criterion("stop_regex", {"patterns": patterns}))
         if not ignore_eos and not stopping.has("eos"):
             if self.eos_ids:
@@ -354,6 +374,8 @@ class Generation(PromptInputs, Checkpoints):
                     stacklevel=4,
                 )
         if max_time is not None:
+            if isinstance(max_time, bool) or not isinstance(max_time, numbers.Real):
+                raise ConfigError(f"max_time = {max_time!r}: seconds, a number > 0")
             stopping.add(self._criterion("max_time", {"seconds": float(max_time)}))
         if max_new_tokens is not None:
             stopping.add(self._criterion("max_new_tokens", {"n": max_new_tokens}))
