@@ -481,6 +481,7 @@ def test_length_limits_and_stop_regex_report_where_they_would_end_a_row(tiny):
         ({"continuations": [[5, 10**7], " b"]}, r"continuations\[0\]\[1\] = 10000000: not a token id of the model"),
         ({"logprobs_at": "nope"}, r"logprobs_at = 'nope': the chain has no entry of that name"),
         ({"logprobs_at": ["raw"]}, r"logprobs_at lists 1 stages for 2 prompts"),
+        ({"logprobs_at": 5}, r"logprobs_at = 5: one stage \(for example 'raw', 'processed'"),
         ({"num_return_sequences": 0}, r"num_return_sequences = 0: must be an integer >= 1"),
         (
             {"num_return_sequences": 2, "continuations": [" a"] * 3, "chain": SAMPLING},

@@ -179,6 +179,11 @@ def _check_args(
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ConfigError(f"chunk_size = {chunk_size!r}: give a number of tokens >= 1, or None for one pass")
     _check_tokens(rows, getattr(model.config, "vocab_size", None))
+    if not isinstance(logprobs_at, (str, list, tuple)):
+        raise ConfigError(
+            f"logprobs_at = {logprobs_at!r}: one stage (for example 'raw', 'processed' or a chain entry's id) or a list "
+            "of one per prompt"
+        )
     if not isinstance(logprobs_at, str) and len(logprobs_at) * n != len(rows):
         raise ConfigError(
             f"logprobs_at lists {len(logprobs_at)} stages for {len(rows) // n} prompts: give one string, or one per "
