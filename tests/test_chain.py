@@ -247,6 +247,20 @@ def test_a_store_from_another_chain_is_refused():
         b.sample(logits_for(1), store, ["x"])
 
 
+def test_a_string_of_request_ids_or_a_store_that_is_none_are_refused():
+    """A string would be read as one-character ids: "ab" would sample rows 'a' and 'b'."""
+    chain = Chain.load({"samplers": [{"use": "dist"}]})
+    store = chain.new_store()
+    store.add_many(["a", "b"])
+    with pytest.raises(RequestError, match=r"request_ids = 'ab': a list of ids, one per row"):
+        chain.sample(logits_for(2), store, "ab")
+    with pytest.raises(RequestError, match=r"store = \{\}: a RequestStore from this chain's new_store\(\)"):
+        chain.sample(logits_for(2), {}, ["a", "b"])
+    with pytest.raises(sc.ConfigError, match=r"logprobs_at = 5: one stage for the batch"):
+        chain.sample(logits_for(2), store, ["a", "b"], logprobs_at=5)
+    assert store.positions(store.batch(["a", "b"])).tolist() == [0, 0]  # nothing moved
+
+
 def test_an_explicit_backend_that_does_not_exist_is_an_error_not_a_fallback():
     with pytest.raises(sc.ConfigError, match="backend = 'tpu': unknown backend 'tpu'"):
         Chain.load({"samplers": [{"use": "greedy"}], "backend": "tpu"})

@@ -75,6 +75,10 @@ def test_unknown_chain_or_request_is_a_clear_error():
     store.add("q", chain="0")
     with pytest.raises(RequestError, match="unknown request 'nope'"):
         mixed.sample(logits_for(0, 2), store, ["q", "nope"])
+    with pytest.raises(RequestError, match=r"request_ids = 'q': a list of ids, one per row \(e.g. \['q'\]\)"):
+        mixed.sample(logits_for(0, 1), store, "q")
+    with pytest.raises(ConfigError, match=r"logprobs_at = 5: one stage for the batch"):
+        mixed.sample(logits_for(0, 1), store, ["q"], logprobs_at=5)
 
 
 @pytest.fixture(scope="module")

@@ -192,6 +192,10 @@ class Chain(StepStages):
             store.add_many(request_ids)
         elif request_ids is None:
             raise RequestError("a store was given without request_ids: pass the id of every row, in row order")
+        elif not isinstance(store, RequestStore):
+            raise RequestError(f"store = {store!r}: a RequestStore from this chain's new_store()")
+        if isinstance(request_ids, str):  # a string is a sequence of one-character ids
+            raise RequestError(f"request_ids = {request_ids!r}: a list of ids, one per row (e.g. [{request_ids!r}])")
         if len(request_ids) != batch:
             raise RequestError(
                 f"logits have {batch} rows but {len(request_ids)} request ids were given; pass one id per row"
@@ -482,6 +486,11 @@ class Chain(StepStages):
             raise ConfigError(f"top_logprobs = {top_logprobs!r}: must be an integer >= 0")
         if isinstance(logprobs_at, str):
             modes = [self.logprobs_stage(logprobs_at)] * batch
+        elif not isinstance(logprobs_at, (list, tuple)):
+            raise ConfigError(
+                f"logprobs_at = {logprobs_at!r}: one stage for the batch (for example 'raw', 'processed' or an entry's "
+                "id) or a list of one per row"
+            )
         else:
             modes = [self.logprobs_stage(v) for v in logprobs_at]
             if len(modes) != batch:

@@ -146,6 +146,13 @@ class MixedChains:
         """Chain.sample, group by group (logprobs_at: one value, or one per row naming an entry of its own chain)."""
         if not isinstance(logits, torch.Tensor) or logits.ndim != 2:
             raise RequestError("logits must be a (batch, vocab) tensor")
+        if isinstance(request_ids, str):  # a string is a sequence of one-character ids
+            raise RequestError(f"request_ids = {request_ids!r}: a list of ids, one per row (e.g. [{request_ids!r}])")
+        if not isinstance(logprobs_at, (str, list, tuple)):
+            raise ConfigError(
+                f"logprobs_at = {logprobs_at!r}: one stage for the batch (for example 'raw', 'processed' or an entry's "
+                "id) or a list of one per row"
+            )
         if len(request_ids) != logits.shape[0]:
             raise RequestError(f"logits have {logits.shape[0]} rows but {len(request_ids)} request ids were given")
         groups: dict[str, list[int]] = {}
