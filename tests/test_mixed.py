@@ -81,6 +81,25 @@ def test_unknown_chain_or_request_is_a_clear_error():
         mixed.sample(logits_for(0, 1), store, ["q"], logprobs_at=5)
 
 
+def test_a_mixed_restore_is_all_or_nothing():
+    mixed = MixedChains([Chain.load(A), Chain.load(G)])
+    store = mixed.new_store()
+    store.add("a", {"seed": 1}, chain="0")
+    store.add("b", chain="1")
+    saved = store.snapshot()
+    other = mixed.new_store()
+    other.add("b", chain="1")
+    before = other.snapshot()
+    with pytest.raises(RequestError, match=r"request id\(s\) \['b'\] already in the store"):
+        other.restore(saved)  # 'a' (chain 0) restores before 'b' (chain 1) clashes: it is taken out again
+    assert other.snapshot() == before
+    with pytest.raises(RequestError, match=r"expected a snapshot\(\) of a store of these chains \(\['0', '1'\]\)"):
+        other.restore({"stores": {"9": {}}, "route": {}})
+    fresh = mixed.new_store()
+    fresh.restore(saved)
+    assert fresh.snapshot() == saved
+
+
 @pytest.fixture(scope="module")
 def lm():
     tok = byte_bpe_tokenizer()

@@ -175,6 +175,33 @@ def test_bad_per_request_parameters_are_refused_and_nothing_is_added(params, mes
     assert "bad" not in store and len(store) == 0
 
 
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda s: s.add("b", ["seed", 1]), r"request 'b': params = \['seed', 1\]: a mapping of parameter names"),
+        (lambda s: s.add_many(["b"], "seed=1"), r"request 'b': params = 'seed=1': a mapping"),
+        (lambda s: s.update("a", None), r"request 'a': params = None: a mapping"),
+        (lambda s: s.add_many("bc"), r"add_many\('bc'\): a list of request ids \(e.g. \['bc'\]\), not a string"),
+        (lambda s: s.batch("a"), r"batch\('a'\): a list of request ids"),
+        (lambda s: s.snapshot("a"), r"snapshot\('a'\): a list of request ids"),
+        (lambda s: s.restore(None), r"restore\(\): expected the dict snapshot\(\) returned, got NoneType"),
+        (
+            lambda s: s.load_row("a", (torch.tensor(3), {})),
+            r"load_row\('a'\): expected what save_row\(\) of this store",
+        ),
+    ],
+    ids=["add", "add_many-params", "update", "add_many-ids", "batch", "snapshot", "restore", "load_row"],
+)
+def test_a_store_call_with_the_wrong_kind_of_argument_is_one_error_and_changes_nothing(call, message):
+    chain = Chain.load({"samplers": [{"use": "temperature", "t": 0.9}, {"use": "mirostat_v2", "tau": 5.0}]})
+    store = chain.new_store()
+    store.add("a", {"seed": 3})
+    before = store.snapshot()
+    with pytest.raises(RequestError, match=message):
+        call(store)
+    assert store.snapshot() == before
+
+
 def test_unknown_and_duplicate_request_ids():
     chain = Chain.load(CHAIN)
     store = chain.new_store()

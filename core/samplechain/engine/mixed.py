@@ -83,9 +83,25 @@ class MixedStore:
         return {"route": dict(self.route), "stores": {k: s.snapshot() for k, s in self.stores.items()}}
 
     def restore(self, snapshot: Mapping[str, Any]) -> None:
-        for key, snap in snapshot["stores"].items():
-            self.stores[key].restore(snap)
-        self.route.update(snapshot["route"])
+        """Add the requests of a snapshot() of these chains; all or nothing, as RequestStore.restore."""
+        stores = snapshot.get("stores") if isinstance(snapshot, Mapping) else None
+        route = snapshot.get("route") if isinstance(snapshot, Mapping) else None
+        if not isinstance(stores, Mapping) or not isinstance(route, Mapping) or not set(stores) <= set(self.stores):
+            raise RequestError(
+                f"restore(): expected a snapshot() of a store of these chains ({sorted(self.stores)}), "
+                f"got {sorted(snapshot) if isinstance(snapshot, Mapping) else type(snapshot).__name__}"
+            )
+        done: list[tuple[str, Mapping[str, Any]]] = []
+        try:
+            for key, snap in stores.items():
+                self.stores[key].restore(snap)
+                done.append((key, snap))
+        except Exception:
+            for key, snap in done:
+                for rid in snap:
+                    self.stores[key].remove(rid)
+            raise
+        self.route.update(route)
 
 
 class MixedChains:

@@ -29,6 +29,22 @@ __all__ = ["Column", "StoreLayout", "RequestStore", "BatchView"]
 _DTYPES = {float: torch.float32, int: torch.int64, bool: torch.bool}
 
 
+def _mapping(request_id: str, params: Any) -> Mapping[str, Any]:
+    if not isinstance(params, Mapping):
+        raise RequestError(
+            f"request {request_id!r}: params = {params!r}: a mapping of parameter names to values, e.g. "
+            "{'seed': 1, 'top_k': 40}"
+        )
+    return params
+
+
+def _id_list(request_ids: Iterable[str], where: str) -> list[str]:
+    """Request ids as a list; a string is refused (it would be read as one-character ids)."""
+    if isinstance(request_ids, str):
+        raise RequestError(f"{where}({request_ids!r}): a list of request ids (e.g. [{request_ids!r}]), not a string")
+    return list(request_ids)
+
+
 def _stored(column: torch.Tensor, slot: int) -> Any:
     """A stored parameter as plain data that validates again: a float32 value as the shortest decimal that rounds
     back to it (0.99, not 0.9900000095367432, which a [0, 0.99] range would refuse on restore() or update())."""
@@ -87,7 +103,7 @@ class StoreLayout:
         entries = self.entries
         by_id = {e.id: i for i, e in enumerate(entries)}
         overrides: dict[int, dict[str, Any]] = {}
-        for key, value in params.items():
+        for key, value in _mapping(request_id, params).items():
             if key in self.aliases:
                 targets = self.aliases[key]
             elif "." in key and key.rsplit(".", 1)[0] in by_id:
@@ -211,7 +227,7 @@ class RequestStore:
 
     def add_many(self, request_ids: Sequence[str], params: Mapping[str, Any] | None = None) -> None:
         """Several requests join with the same parameters (validated once; unseeded rows get their own seeds)."""
-        ids = list(request_ids)
+        ids = _id_list(request_ids, "add_many")
         clash = [r for r in ids if r in self._slots]
         if not clash and len(set(ids)) != len(ids):  # O(n): add_many of many ids must stay linear
             clash = sorted(r for r, times in collections.Counter(ids).items() if times > 1)
@@ -243,7 +259,7 @@ class RequestStore:
             f"{self.layout.entries[c.entry].id}.{c.field}": _stored(self._params[(c.entry, c.field)], slot)
             for c in self.layout.columns
         }
-        values = self.layout.resolve(request_id, {**current, **params})
+        values = self.layout.resolve(request_id, {**current, **_mapping(request_id, params)})
         for key, value in values.items():
             self._params[key][slot] = value
         self._version += 1
@@ -297,6 +313,13 @@ class RequestStore:
 
     def load_row(self, request_id: str, saved: tuple[torch.Tensor, Mapping[Any, torch.Tensor]]) -> None:
         slot = self._slot(request_id)
+        if (
+            not isinstance(saved, tuple)
+            or len(saved) != 2
+            or not isinstance(saved[1], Mapping)
+            or set(saved[1]) != set(self._state)
+        ):
+            raise RequestError(f"load_row({request_id!r}): expected what save_row() of this store returned")
         position, state = saved
         self._positions[slot] = position
         for key, value in state.items():
@@ -317,7 +340,7 @@ class RequestStore:
     # ----------------------------------------------------------------- batches
     def batch(self, request_ids: Sequence[str]) -> BatchView:
         """Slots and parameters for this batch composition; cached while the composition is unchanged."""
-        ids = tuple(request_ids)
+        ids = tuple(_id_list(request_ids, "batch"))
         cache = self._cache
         if cache is not None and self._cache_version == self._version and cache.request_ids == ids:
             return cache
@@ -366,7 +389,7 @@ class RequestStore:
     def snapshot(self, request_ids: Iterable[str] | None = None) -> dict[str, Any]:
         """Plain data (JSON-able lists and numbers) for some or all requests: parameters, position, state."""
         out: dict[str, Any] = {}
-        for rid in request_ids if request_ids is not None else self._slots:
+        for rid in _id_list(request_ids, "snapshot") if request_ids is not None else self._slots:
             slot = self._slot(rid)
             out[rid] = {
                 "params": {f"{self.layout.entries[i].id}.{f}": _stored(t, slot) for (i, f), t in self._params.items()},
@@ -380,6 +403,8 @@ class RequestStore:
 
         All or nothing: an id already in the store, or a row that is not this chain's snapshot, is one error and
         the store keeps exactly what it held."""
+        if not isinstance(snapshot, Mapping):
+            raise RequestError(f"restore(): expected the dict snapshot() returned, got {type(snapshot).__name__}")
         clash = sorted(rid for rid in snapshot if rid in self._slots)
         if clash:
             raise RequestError(
