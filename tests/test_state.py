@@ -160,7 +160,7 @@ def test_update_changes_parameters_and_a_bad_update_changes_nothing():
     "params, message",
     [
         ({"top_q": 0.5}, r"unknown parameter 'top_q' for this chain; did you mean"),
-        ({"seed": -4}, r"dist.seed = -4: must be an integer in \[0, 2\*\*63\)"),
+        ({"seed": -4}, r"dist.seed \(given as 'seed'\) = -4: must be an integer in \[0, 2\*\*63\)"),
         ({"top_k": "x"}, r"top_k.k = 'x': expected an integer"),
         ({"temperature": 1e400}, r"temperature.t = inf: must be a finite number"),
         ({"temperature": 1e39}, r"temperature.t = 1e\+39: too large for float32"),
@@ -200,6 +200,21 @@ def test_a_store_call_with_the_wrong_kind_of_argument_is_one_error_and_changes_n
     with pytest.raises(RequestError, match=message):
         call(store)
     assert store.snapshot() == before
+
+
+def test_a_bad_value_given_by_an_alias_names_the_alias_too():
+    """`seed` sets xtc.seed and dist.seed in llama.cpp's chain, `temperature` sets temp_ext.t: the error says which
+    name the caller wrote; a name that is the entry's own (top_k -> top_k.k) or its full path needs no note."""
+    store = Chain.from_preset("llama.cpp").new_store()
+    with pytest.raises(RequestError, match=r"request 'r': xtc.seed \(given as 'seed'\) = -1: must be an integer"):
+        store.add("r", {"seed": -1})
+    with pytest.raises(RequestError, match=r"temp_ext.t \(given as 'temperature'\) = 'hot': expected a number"):
+        store.add("r", {"temperature": "hot"})
+    with pytest.raises(RequestError, match=r"request 'r': top_k.k = 'x': expected an integer"):
+        store.add("r", {"top_k": "x"})
+    with pytest.raises(RequestError, match=r"request 'r': xtc.seed = -1: must be"):
+        store.add("r", {"xtc.seed": -1})
+    assert len(store) == 0
 
 
 def test_unknown_and_duplicate_request_ids():

@@ -351,6 +351,8 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     kwargs = run_kwargs(args, chain, params, 96)  # the drafter is checked here, before the model loads
     if args.num_beams < 1:  # generate() refuses it too, but a streamed run never passes it on
         raise ConfigError(f"--num-beams {args.num_beams}: must be an integer >= 1 (1: no beam search)")
+    if args.top_logprobs < 0:  # as --num-beams: only a batch (--json) passes it on
+        raise ConfigError(f"--top-logprobs {args.top_logprobs}: must be an integer >= 0 (with --json)")
     if args.num_beams > 1 and kwargs.get("draft"):
         raise ConfigError(f"--draft with --num-beams {args.num_beams}: beam search does not draft; drop one of them")
     model, tokenizer, name = load_cli_model(args.model, args.engine)
@@ -406,12 +408,14 @@ def _stream_one(
             kwargs["progress"] = lambda step, total: b.update(completed=step, total=total)
         sys.stdout.write(f"\033[1m{shown}\033[0m" if shown and sys.stdout.isatty() else shown)
         sys.stdout.flush()
-        for event in stream(model, tokenizer, inputs, result=result, **kwargs):
-            if event.text:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        try:
+            for event in stream(model, tokenizer, inputs, result=result, **kwargs):
+                if event.text:
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+        finally:  # an error (a bad argument is found when the stream starts) gets a line of its own
+            sys.stdout.write("\n")
+            sys.stdout.flush()
     elapsed = time.perf_counter() - start
     out = result[0]
     n = int(out.num_generated[0])

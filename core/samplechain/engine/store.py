@@ -103,6 +103,7 @@ class StoreLayout:
         entries = self.entries
         by_id = {e.id: i for i, e in enumerate(entries)}
         overrides: dict[int, dict[str, Any]] = {}
+        given_as: dict[tuple[int, str], str] = {}  # the key that set each field (an alias: "seed", "temperature")
         for key, value in _mapping(request_id, params).items():
             if key in self.aliases:
                 targets = self.aliases[key]
@@ -119,6 +120,7 @@ class StoreLayout:
                 )
             for i, field in targets:
                 overrides.setdefault(i, {})[field] = value
+                given_as[(i, field)] = key
         columns = {(col.entry, col.field) for col in self.columns}
         for i, fields in overrides.items():
             for field in fields:
@@ -138,7 +140,12 @@ class StoreLayout:
                 try:
                     checked = parse_params(entry.cls, merged, source=f"request {request_id!r}", path=entry.id)
                 except ConfigError as exc:
-                    raise RequestError(str(exc)) from None
+                    message = str(exc)
+                    for field in overrides[i]:  # set by another name ("seed" for xtc.seed): the error says so
+                        path, key = f"{entry.id}.{field}", given_as[(i, field)]
+                        if key not in (path, entry.id):
+                            message = message.replace(f"{path} = ", f"{path} (given as {key!r}) = ", 1)
+                    raise RequestError(message) from None
             for col in self.columns:
                 if col.entry != i:
                     continue
