@@ -505,6 +505,9 @@ def test_cli_errors_are_one_line_and_exit_1(tmp_path, capsys):
     assert "generation_config.json: not valid JSON" in capsys.readouterr().err
     assert main(["convert", "--from", "toml", "--to", "vllm", "preset:llama.cpp"]) == 1
     assert "which vLLM cannot express" in capsys.readouterr().err
+    missing = tmp_path / "no-such-folder" / "chain.toml"
+    assert main(["convert", "--from", "toml", "-o", str(missing), "preset:greedy"]) == 1
+    assert capsys.readouterr().err.strip() == f"error: {missing}: No such file or directory"
 
 
 def test_every_preset_writes_as_toml_and_exports_or_says_why():

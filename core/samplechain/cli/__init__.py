@@ -48,6 +48,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SamplechainError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 1
+    except OSError as exc:
+        if exc.filename is None:  # not about a path the command was given
+            raise
+        err.print(
+            f"[red]error:[/red] {escape(str(exc.filename))}: {escape(exc.strerror or str(exc))}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover
