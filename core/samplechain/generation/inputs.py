@@ -39,10 +39,12 @@ Prompts: TypeAlias = str | Conversation | Sequence[str | Conversation]
 
 
 def checked_flags(**flags: Any) -> None:
-    """generate()'s on/off arguments are bools: `ignore_eos="no"` would otherwise read as true."""
+    """generate()'s on/off arguments are bools (0 / 1 and None, the default, pass): `ignore_eos="no"` would otherwise
+    read as true."""
     for name, value in flags.items():
-        if not isinstance(value, bool) and value not in (0, 1) or isinstance(value, (str, float)):
-            raise ConfigError(f"{name} = {value!r}: True or False")
+        if value is None or (not isinstance(value, (str, float)) and any(value is v or value == v for v in (0, 1))):
+            continue
+        raise ConfigError(f"{name} = {value!r}: True or False")
 
 
 def strings_of(name: str, value: Any) -> list[Any]:
