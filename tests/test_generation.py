@@ -306,6 +306,12 @@ def test_a_seed_that_is_not_an_integer_is_one_error_naming_where_it_was_given(mo
         ({"logits_processor": 5}, r"logits_processor = 5: a callable fn\(input_ids, scores\) -> scores"),
         ({"generation_config": {"do_sample": True}}, r"generation_config = \{'do_sample': True\}: a transformers"),
         ({"host": "default"}, r"host = 'default': a samplechain PluginHost"),
+        ({"stop": 5}, r"stop = 5: a list of stopping criteria .* stop strings go in stop_strings="),
+        ({"progress": 5}, r"progress = 5: a callable progress\(step, max_new_tokens\)"),
+        (
+            {"num_beams": 2, "length_penalty": "1", "chain": {"samplers": [{"use": "greedy"}]}},
+            r"length_penalty = '1': a finite number",
+        ),
     ],
     ids=lambda v: next(iter(v)) if isinstance(v, dict) else "",
 )
@@ -314,6 +320,25 @@ def test_a_bad_argument_is_one_error_naming_it_before_the_model_runs(model, give
     kw = {"input_ids": ids, "attention_mask": mask, "chain": TEMP_TOPK_TOPP, "max_new_tokens": 2, "pad_token_id": 0}
     with pytest.raises(ConfigError, match=message):
         generate(model, **{**kw, **given})
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"result": {}}, r"result = \{\}: a list the final GenerationOutput is appended to"),
+        (
+            {"num_beams": 2},
+            r"num_beams = 2: stream\(\) yields each token as it is drawn.*use generate\(\.\.\., num_beams=N\)",
+        ),
+        ({"progress": "bar"}, r"progress = 'bar': a callable"),
+    ],
+    ids=["result", "num_beams", "progress"],
+)
+def test_stream_refuses_what_it_cannot_do_before_the_model_runs(tok, given, message):
+    model = tiny_gpt2(len(tok), seed=0)
+    with pytest.raises(ConfigError, match=message):
+        next(stream(model, tok, "a b", max_new_tokens=2, **given))
+    assert len(list(stream(model, tok, "a b", max_new_tokens=2, num_beams=1))) == 2  # num_beams=1 is no beam search
 
 
 def test_a_plain_list_of_logits_processors_runs_in_order_as_model_generate_runs_one(model):

@@ -30,6 +30,8 @@ Guards (`guards=`, a chain's `guards`): a continuation whose text a guard refuse
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from typing import Any
 
@@ -75,6 +77,15 @@ def beam_generate(
         )
     if early_stopping not in (True, False, "never"):
         raise ConfigError(f"early_stopping = {early_stopping!r}: must be True, False or 'never'")
+    if (
+        isinstance(length_penalty, bool)
+        or not isinstance(length_penalty, numbers.Real)
+        or not math.isfinite(length_penalty)
+    ):
+        raise ConfigError(
+            f"length_penalty = {length_penalty!r}: a finite number, the exponent of the length a beam's score is "
+            "divided by (1.0: the mean logprob; 0: the sum)"
+        )
     if kwargs.get("top_logprobs"):
         raise ConfigError("top_logprobs is not available with beam search; use output_scores=True")
     if kwargs.get("logprobs_mode", "processed") not in ("processed", "processed_logprobs"):

@@ -28,6 +28,7 @@ __all__ = [
     "checked_flags",
     "checked_params",
     "checked_processor",
+    "checked_stop",
     "checked_token_ids",
     "prompt_texts",
     "strings_of",
@@ -45,6 +46,16 @@ def checked_flags(**flags: Any) -> None:
         if value is None or (not isinstance(value, (str, float)) and any(value is v or value == v for v in (0, 1))):
             continue
         raise ConfigError(f"{name} = {value!r}: True or False")
+
+
+def checked_stop(stop: Any) -> list[Any]:
+    """`stop=`: a list of stopping criteria (each checked where the criteria are built)."""
+    if not isinstance(stop, (list, tuple)):
+        raise ConfigError(
+            f"stop = {stop!r}: a list of stopping criteria (StoppingCriterion objects, transformers StoppingCriteria, "
+            "callables fn(ctx) -> (B,) bool); stop strings go in stop_strings="
+        )
+    return list(stop)
 
 
 def strings_of(name: str, value: Any) -> list[Any]:

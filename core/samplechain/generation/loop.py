@@ -94,6 +94,7 @@ def generate(
     search drops the continuations a guard refuses instead (docs/guards.md)."""
     if not isinstance(num_beams, int) or num_beams < 1:
         raise ConfigError(f"num_beams = {num_beams!r}: must be an integer >= 1")
+    _check_progress(progress)
     if num_beams > 1:
         if kwargs.get("resume") is not None:
             raise ConfigError(
@@ -124,6 +125,11 @@ def generate(
     return gen.output()
 
 
+def _check_progress(progress: Any) -> None:
+    if progress is not None and not callable(progress):
+        raise ConfigError(f"progress = {progress!r}: a callable progress(step, max_new_tokens), or None")
+
+
 def stream(
     model: Any,
     tokenizer: Any,
@@ -145,6 +151,15 @@ def stream(
     token, whose text goes out only after the criteria have seen it."""
     if tokenizer is None:
         raise ConfigError("streaming text needs a tokenizer: stream(model, tokenizer, prompts)")
+    if result is not None and not isinstance(result, list):
+        raise ConfigError(f"result = {result!r}: a list the final GenerationOutput is appended to (result=[])")
+    if kwargs.get("num_beams", 1) != 1:
+        raise ConfigError(
+            f"num_beams = {kwargs['num_beams']!r}: stream() yields each token as it is drawn, which beam search "
+            "cannot (a beam's tokens are final only at its end): use generate(..., num_beams=N)"
+        )
+    kwargs.pop("num_beams", None)
+    _check_progress(progress)
     gen = Generation(model, tokenizer, prompts, **kwargs)
     decoders = [IncrementalDecoder(tokenizer) for _ in gen.request_ids]
     most = gen.stopping.hold_back()

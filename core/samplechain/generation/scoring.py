@@ -46,7 +46,7 @@ from ..engine.mixed import MixedChains
 from ..engine.stopping import CallableCriterion
 from ..errors import ConfigError
 from ..tokens import left_pad
-from .inputs import Prompts
+from .inputs import Prompts, checked_stop
 from .model import runner_for
 from .session import Generation
 
@@ -150,7 +150,7 @@ def score(
         logprobs_mode=logprobs_at,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
-        stop=[*stop, _Continuations(max(len(r) for r in rows))],
+        stop=[*checked_stop(stop), _Continuations(max(len(r) for r in rows))],
         stop_strings=stop_strings,
         stop_regex=stop_regex,
         max_new_tokens=max_new_tokens,

@@ -45,6 +45,7 @@ from .inputs import (
     checked_flags,
     checked_params,
     checked_processor,
+    checked_stop,
     checked_token_ids,
     strings_of,
 )
@@ -170,6 +171,7 @@ class Generation(PromptInputs, Checkpoints):
             self.uncond_ids, self.uncond_mask = self._restore_unconditional(ckpt, device)
         # the unconditional context's own width: the tokens after it are the generated ones (checkpoints)
         self._uncond_width = 0 if self.uncond_ids is None else self.uncond_ids.shape[1]
+        checked_stop(stop)
         self.stopping = self._stopping(stop, max_new_tokens, max_length, max_time, stop_strings, ignore_eos, stop_regex)
         # vLLM's include_stop_str_in_output: a row stopped by a stop string / stop_regex keeps the match
         self.include_stop_str_in_output = self._include_rows(include_stop_str_in_output)
