@@ -242,6 +242,43 @@ def test_a_guard_that_fails_ends_only_its_row_keeping_its_tokens(tiny):
     assert plain.texts[0].startswith(out.texts[0]) and int(out.num_generated[0]) >= 5
 
 
+class Misbehaving(Guard):
+    """A guard whose `hold` raises or answers something that is no number, or whose `check` answers no Rewind."""
+
+    name = "misbehaving"
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+
+    def check(self, row, tokens, final):
+        return "stop here" if self.how == "check-junk" and len(tokens) >= 5 else None
+
+    def hold(self, row, tokens):
+        if len(tokens) >= 5 and self.how == "hold-raises":
+            raise RuntimeError("boom")
+        return "all" if len(tokens) >= 5 and self.how == "hold-junk" else len(tokens)
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("hold-raises", r"\(RuntimeError: boom\)"),
+        ("hold-junk", r"\(TypeError: hold\(\) returned 'all', not a number of tokens\)"),
+        ("check-junk", r"\(TypeError: check\(\) returned 'stop here', not a Rewind or None\)"),
+    ],
+)
+def test_a_guard_that_answers_wrongly_ends_only_its_row_keeping_its_tokens(tiny, how, message):
+    model, tok = tiny
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 12, "pad_token_id": 0}
+    plain = generate(model, tok, PROMPTS[:2], **kwargs)
+    with pytest.warns(GenerationWarning, match=rf"guard misbehaving\.v1 failed on row 0 {message}"):
+        out = generate(model, tok, PROMPTS[:2], guards=[[Misbehaving(how)], None], **kwargs)
+    assert out.finish_reasons[0] == "guard:misbehaving:failed"
+    assert out.texts[1] == plain.texts[1] and out.finish_reasons[1] == plain.finish_reasons[1]
+    assert plain.texts[0].startswith(out.texts[0]) and int(out.num_generated[0]) >= 4
+
+
 # ----------------------------------------------------------------- llama.cpp: SmolLM2-135M-Instruct
 CHATS = [
     [{"role": "user", "content": "Describe the sea in three sentences."}],
@@ -457,3 +494,6 @@ def test_a_guard_that_fails_in_beam_search_ends_only_its_prompts_search(tiny):
         out = generate(model, tok, PROMPTS[:2], guards=[[Broken()], None], pad_token_id=0, **kwargs)
     assert out.finish_reasons[0] == "guard:broken:failed" and out.texts[0] == ""
     assert out.texts[1] == plain.texts[1] and out.finish_reasons[1] == plain.finish_reasons[1]
+    with pytest.warns(GenerationWarning, match=r"failed on prompt 0 \(TypeError: check\(\) returned 'stop here'"):
+        out = generate(model, tok, PROMPTS[:2], guards=[[Misbehaving("check-junk")], None], pad_token_id=0, **kwargs)
+    assert out.finish_reasons[0] == "guard:misbehaving:failed" and out.texts[1] == plain.texts[1]

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..guards import Guard
+from ..guards import Guard, Rewind
 from .guarding import failed, start_guards
 
 __all__ = ["BeamGuards"]
@@ -86,6 +86,8 @@ class BeamGuards:
         for guard in self.per_prompt[b]:
             try:
                 rewind = guard.check(row, tokens, final)
+                if rewind is not None and not isinstance(rewind, Rewind):
+                    raise TypeError(f"check() returned {rewind!r}, not a Rewind or None")
             except Exception as exc:  # noqa: BLE001 - a broken guard ends its prompt's search, never the batch
                 self._fail(b, guard, exc)
                 return False

@@ -17,6 +17,7 @@ its cache is cut per row). `Guarding` adds, per guarded row:
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -25,7 +26,7 @@ import torch
 
 from ..engine.discovery import PluginHost
 from ..errors import ConfigError, GenerationWarning
-from ..guards import MAX_REWINDS, SETTINGS, Guard, GuardContext, guard_settings
+from ..guards import MAX_REWINDS, SETTINGS, Guard, GuardContext, Rewind, guard_settings
 from ..strings import byte_table
 from .drafting import load_spec
 
@@ -175,6 +176,8 @@ class Guarding:
             for k, (guard, limit) in enumerate(self.guards[b]):
                 try:
                     rewind = guard.check(b, tokens, final)
+                    if rewind is not None and not isinstance(rewind, Rewind):
+                        raise TypeError(f"check() returned {rewind!r}, not a Rewind or None")
                     if rewind is not None and not gen._steps <= int(rewind.token) < len(tokens):
                         raise ValueError(
                             f"Rewind to token {rewind.token}: tokens {gen._steps} to {len(tokens) - 1} can be taken "
@@ -208,7 +211,16 @@ class Guarding:
         drawn = len(tokens) - gen._steps
         if final or self.ending[b] is not None or not self.guards[b]:
             return drawn
-        held = min(int(guard.hold(b, tokens)) for guard, _ in self.guards[b])
+        held = len(tokens)
+        for guard, _ in self.guards[b]:
+            try:
+                hold = guard.hold(b, tokens)
+                if isinstance(hold, bool) or not isinstance(hold, numbers.Integral):
+                    raise TypeError(f"hold() returned {hold!r}, not a number of tokens")
+            except Exception as exc:  # noqa: BLE001 - a broken guard ends its row, never the batch
+                self._failed(b, guard, exc)
+                return drawn  # the tokens its checks passed: the row ends with them
+            held = min(held, int(hold))
         return max(0, min(drawn, held - gen._steps))
 
     def committed(self, b: int, position: int) -> None:
