@@ -531,14 +531,15 @@ def test_a_drafter_proposing_what_is_no_token_is_switched_off(tiny):
     assert_same_tokens(ours, reference)
 
 
-def test_a_drafter_whose_expect_fails_is_switched_off_and_the_tokens_unchanged(tiny):
+@pytest.mark.parametrize("answer", [("guess", 1.5), "guess", ("guess", "high")], ids=["chance", "no-pair", "no-number"])
+def test_a_drafter_whose_expect_fails_is_switched_off_and_the_tokens_unchanged(tiny, answer):
     model, tok = tiny
 
     class Unsure(Drafter):
         name = "unsure"
 
         def expect(self, row, tokens):
-            return ("guess", 1.5)  # no chance
+            return answer  # no (kind, chance in [0, 1])
 
         def propose(self, row, tokens, limit):
             return tokens[-1:]
@@ -548,6 +549,34 @@ def test_a_drafter_whose_expect_fails_is_switched_off_and_the_tokens_unchanged(t
         ours, _ = run(model, tok, PROMPTS[:1], chain="preset:greedy", max_new_tokens=8, draft=Unsure())
     assert_same_tokens(ours, reference)
     assert int(ours.drafted[0]) == 0
+
+
+def test_a_drafter_whose_checkpoint_fails_is_one_error_naming_it_and_the_generation_goes_on(tiny):
+    from samplechain.errors import PluginError
+
+    model, tok = tiny
+
+    class Forgetful(Drafter):
+        name = "forgetful"
+
+        def propose(self, row, tokens, limit):
+            return tokens[-1:]
+
+        def checkpoint(self):
+            return {"rows": {1, 2}}  # a set: not JSON
+
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 8}
+    reference, _ = run(model, tok, PROMPTS[:2], **kwargs)
+    gen = Generation(model, tok, PROMPTS[:2], pad_token_id=0, draft=Forgetful(), **kwargs)
+    steps = gen.steps()
+    next(steps)
+    with pytest.raises(
+        PluginError, match=r"drafter forgetful\.v1: checkpoint\(\) failed or gave data that is not plain"
+    ):
+        gen.checkpoint()
+    for _ in steps:
+        pass
+    assert_same_tokens(gen.output(), reference)
 
 
 # ----------------------------------------------------------------- llama.cpp

@@ -3,6 +3,7 @@ able to speculate."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -13,12 +14,13 @@ from ..drafters import MODES, SETTINGS, Draft, Drafter
 from ..engine.config import parse_params
 from ..engine.discovery import PluginHost
 from ..engine.mixed import MixedChains
-from ..errors import ConfigError
+from ..errors import ConfigError, PluginError
 
 if TYPE_CHECKING:
     from .session import Generation
 
 __all__ = [
+    "drafter_state",
     "check_forkable",
     "checked_mode",
     "expected_kind",
@@ -159,8 +161,13 @@ def expected_kind(expected: Any) -> tuple[str, float] | None:
     """What Drafter.expect returned, checked: None, or (a kind's name, a chance in [0, 1])."""
     if expected is None:
         return None
-    kind, chance = expected
-    if not isinstance(kind, str) or isinstance(chance, bool) or not 0.0 <= float(chance) <= 1.0:
+    kind, chance = expected if isinstance(expected, (tuple, list)) and len(expected) == 2 else (None, None)
+    if (
+        not isinstance(kind, str)
+        or isinstance(chance, bool)
+        or not isinstance(chance, (int, float))
+        or not 0.0 <= float(chance) <= 1.0
+    ):
         raise ValueError(f"expect returned {expected!r}: None or (a kind's name, a chance in [0, 1]) expected")
     return kind, float(chance)
 
@@ -195,3 +202,18 @@ def stop_ids(gen: Generation) -> set[int]:
         if getattr(crit, "name", None) == "eos" and callable(getattr(crit, "resolved_ids", None))
         for i in crit.resolved_ids()
     }
+
+
+def drafter_state(drafter: Drafter) -> Any:
+    """A drafter's `checkpoint()`, which must be plain JSON data; a failure is one PluginError naming the drafter,
+    and the generation is unchanged (it goes on; a checkpoint can be asked for again)."""
+    try:
+        state = drafter.checkpoint()
+        json.dumps(state)
+    except Exception as exc:  # noqa: BLE001 - a drafter's bug, reported as the drafter's
+        raise PluginError(
+            f"drafter {drafter.qualified_name()}: checkpoint() failed or gave data that is not plain JSON "
+            f"({type(exc).__name__}: {exc}); the generation goes on unchanged: fix the drafter's checkpoint(), or "
+            "generate without it where checkpoints are needed"
+        ) from exc
+    return state

@@ -33,6 +33,7 @@ from .draft_length import DraftLengths
 from .drafting import (
     check_forkable,
     checked_mode,
+    drafter_state,
     expected_kind,
     load_drafter,
     params_key,
@@ -315,7 +316,7 @@ class Speculation(Drawing):
             "lengths": self.lengths.checkpoint(),
             "off": list(self.off),
             "guards": None if self.guarding is None else self.guarding.checkpoint(),
-            "drafters": [d.checkpoint() for d in self._distinct()],
+            "drafters": [drafter_state(d) for d in self._distinct()],
         }
 
     def restore(self, saved: Mapping[str, Any]) -> None:
