@@ -4,6 +4,7 @@ able to speculate."""
 from __future__ import annotations
 
 import json
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -20,9 +21,9 @@ if TYPE_CHECKING:
     from .session import Generation
 
 __all__ = [
-    "drafter_state",
     "check_forkable",
     "checked_mode",
+    "drafter_state",
     "expected_kind",
     "load_drafter",
     "load_spec",
@@ -165,7 +166,7 @@ def expected_kind(expected: Any) -> tuple[str, float] | None:
     if (
         not isinstance(kind, str)
         or isinstance(chance, bool)
-        or not isinstance(chance, (int, float))
+        or not isinstance(chance, numbers.Real)
         or not 0.0 <= float(chance) <= 1.0
     ):
         raise ValueError(f"expect returned {expected!r}: None or (a kind's name, a chance in [0, 1]) expected")
