@@ -104,6 +104,20 @@ class MixedStore:
         self.route.update(route)
 
 
+def _check_batch(logits: Any, request_ids: Sequence[str], logprobs_at: Any) -> None:
+    if not isinstance(logits, torch.Tensor) or logits.ndim != 2:
+        raise RequestError("logits must be a (batch, vocab) tensor")
+    if isinstance(request_ids, str):  # a string is a sequence of one-character ids
+        raise RequestError(f"request_ids = {request_ids!r}: a list of ids, one per row (e.g. [{request_ids!r}])")
+    if not isinstance(logprobs_at, (str, list, tuple)):
+        raise ConfigError(
+            f"logprobs_at = {logprobs_at!r}: one stage for the batch (for example 'raw', 'processed' or an entry's "
+            "id) or a list of one per row"
+        )
+    if len(request_ids) != logits.shape[0]:
+        raise RequestError(f"logits have {logits.shape[0]} rows but {len(request_ids)} request ids were given")
+
+
 class MixedChains:
     """Several chains over the rows of one batch. Duck-types the parts of Chain that generate() uses."""
 
@@ -160,17 +174,7 @@ class MixedChains:
         top_logprobs: int = 0,
     ) -> SampleOutput:
         """Chain.sample, group by group (logprobs_at: one value, or one per row naming an entry of its own chain)."""
-        if not isinstance(logits, torch.Tensor) or logits.ndim != 2:
-            raise RequestError("logits must be a (batch, vocab) tensor")
-        if isinstance(request_ids, str):  # a string is a sequence of one-character ids
-            raise RequestError(f"request_ids = {request_ids!r}: a list of ids, one per row (e.g. [{request_ids!r}])")
-        if not isinstance(logprobs_at, (str, list, tuple)):
-            raise ConfigError(
-                f"logprobs_at = {logprobs_at!r}: one stage for the batch (for example 'raw', 'processed' or an entry's "
-                "id) or a list of one per row"
-            )
-        if len(request_ids) != logits.shape[0]:
-            raise RequestError(f"logits have {logits.shape[0]} rows but {len(request_ids)} request ids were given")
+        _check_batch(logits, request_ids, logprobs_at)
         groups: dict[str, list[int]] = {}
         for row, rid in enumerate(request_ids):
             groups.setdefault(store.chain_of(rid), []).append(row)

@@ -1011,7 +1011,9 @@ def test_per_request_aliases_and_bad_values(fallback):
     with pytest.raises(RequestError, match="reasoning_budgett"):
         store.add("d", {"reasoning_budgett": 3})
     store.add("e", {"reasoning_budget_max_wait": -1, "reasoning_budget.max_wait": -1})
-    with pytest.raises(RequestError, match=r"max_wait = -2: must be in \[-1, inf\)"):
+    with pytest.raises(
+        RequestError, match=r"max_wait \(given as 'reasoning_budget_max_wait'\) = -2: must be in \[-1, inf"
+    ):
         store.add("f", {"reasoning_budget_max_wait": -2})
     with pytest.raises(RequestError, match="warn_at = .*the chain's, not per request"):
         store.add("g", {"reasoning_budget.warn_at": [0.5]})
