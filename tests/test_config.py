@@ -163,6 +163,31 @@ def test_missing_file_is_a_config_error(tmp_path):
         Chain.load(tmp_path / "nope.toml")
 
 
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (3, r"chain source = 3: expected a chain file's path, .* got int"),
+        (None, r"chain source = None: .* got NoneType"),
+        (b"[chain]", r"chain source = b'\[chain\]': .* got bytes"),
+        ("", r"chain source = '': expected a chain file's path, a TOML string"),
+        ('samplers = [{ use = "greedy" }]', r"chain file not found; a string is read as TOML text only when it has a"),
+        ("greedy", r"greedy: chain file not found; for the preset of that name give 'preset:greedy'"),
+    ],
+)
+def test_a_source_that_is_no_chain_is_one_config_error_saying_what_was_meant(source, message):
+    with pytest.raises(ConfigError, match=message):
+        Chain.load(source)
+
+
+def test_an_unreadable_chain_file_is_a_config_error_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match=r"cannot read the chain file: Is a directory"):
+        Chain.load(tmp_path)
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b"# caf\xe9\n[chain]\n")
+    with pytest.raises(ConfigError, match=r"latin1.toml: not a TOML file \(not UTF-8 text: invalid"):
+        Chain.load(path)
+
+
 def test_a_valid_toml_file_builds_the_declared_chain_in_order(tmp_path):
     path = tmp_path / "chain.toml"
     path.write_text(

@@ -231,6 +231,11 @@ def _(t: Trial) -> None:
     )
 
 
+@case("config_source_not_found")
+def _(t: Trial) -> None:
+    Chain.load("greedy")
+
+
 @case("config_unknown_sampler")
 def _(t: Trial) -> None:
     _load_toml(

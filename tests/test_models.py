@@ -105,6 +105,9 @@ def test_load_model_refuses_unknown_engines_and_missing_folders(tmp_path):
         load_model(tiny_model_path(), engine="mlx")
     with pytest.raises(ConfigError, match=r"no such folder"):
         load_model(tmp_path / "missing")
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(ConfigError, match=r"the folder has no config.json \(it holds notes.txt\); give a folder saved"):
+        load_model(tmp_path)
     with pytest.raises(ConfigError, match=r"runs \.gguf"):
         load_model(tiny_model_path(), engine="llama.cpp")
 

@@ -14,6 +14,7 @@ import collections.abc
 import difflib
 import math
 import numbers
+import os
 import sys
 import typing
 import warnings
@@ -317,20 +318,42 @@ def _pitfalls(samplers: list[EntrySpec], source: str) -> list[str]:
     return out
 
 
-def _read_source(source: str | Path | Mapping[str, Any], name: str | None) -> tuple[dict[str, Any], str]:
+def _read_source(
+    source: str | Path | Mapping[str, Any], name: str | None, host: PluginHost
+) -> tuple[dict[str, Any], str]:
     """The settings of a dict, a TOML string (one with a newline) or a TOML file, and the label errors name."""
     if isinstance(source, Mapping):
         return dict(source), name or "<dict>"
+    if not isinstance(source, (str, os.PathLike)) or not str(source).strip():
+        raise ConfigError(
+            f"chain source = {source!r}: expected a chain file's path, a TOML string, a dict of the chain's tables "
+            f"or 'preset:NAME'" + ("" if isinstance(source, str) else f", got {type(source).__name__}")
+        )
     text_given = isinstance(source, str) and "\n" in source
     label = name or ("<string>" if text_given else str(source))
     try:
         text = source if text_given else Path(source).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"{label}: chain file not found") from None
+        raise ConfigError(f"{label}: chain file not found{_not_found_hint(str(source), host)}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{label}: not a TOML file (not UTF-8 text: {exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{label}: cannot read the chain file: {exc.strerror or exc}") from None
     try:
         return tomllib.loads(text), label
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{label}: not valid TOML: {exc}") from None
+
+
+def _not_found_hint(source: str, host: PluginHost) -> str:
+    """Why a string that names no file may have been meant otherwise: a preset's name, or one line of TOML."""
+    if source in host.registry.presets:
+        return f"; for the preset of that name give 'preset:{source}'"
+    try:
+        tomllib.loads(source)
+    except tomllib.TOMLDecodeError:
+        return ""
+    return "; a string is read as TOML text only when it has a newline (one line is a file's name): add one"
 
 
 def _check_chain_keys(chain: Mapping[str, Any], label: str, prefix: str) -> list[str]:
@@ -471,7 +494,7 @@ def load_config(
 ) -> ChainConfig:
     """Parse a chain from a TOML file path, a TOML string (if it has a newline) or a dict."""
     host = host or get_host()
-    raw, label = _read_source(source, name)
+    raw, label = _read_source(source, name, host)
     chain, prefix, draft_raw, draft_path, problems = _tables(raw, label)
     if not isinstance(chain, Mapping):
         raise ConfigError(f"{label}: chain: expected a table [chain] with samplers = [...]")

@@ -158,6 +158,13 @@ def load_model(
             f"model {str(folder)!r}: no such folder or file; give a folder saved with save_pretrained "
             "(config.json, model.safetensors, tokenizer files) or a .gguf file"
         )
+    if not (folder / "config.json").is_file():
+        names = sorted(p.name for p in folder.iterdir())
+        found = f"it holds {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}" if names else "it is empty"
+        raise ConfigError(
+            f"model {str(folder)!r}: the folder has no config.json ({found}); give a folder saved with "
+            "save_pretrained (config.json, model.safetensors, tokenizer files) or a .gguf file"
+        )
     return _load_transformers(folder, **engine_kwargs)
 
 

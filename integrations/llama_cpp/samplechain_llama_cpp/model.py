@@ -9,6 +9,8 @@ calls (`model.llama.create_completion(...)`).
 from __future__ import annotations
 
 import contextlib
+import difflib
+import inspect
 import os
 import weakref
 from collections.abc import Iterator
@@ -225,6 +227,40 @@ def _extra_buffers(lib: Any, enabled: bool) -> Iterator[None]:
         low.llama_model_default_params = default
 
 
+_COUNTS = {"n_ctx": 0, "n_batch": 1, "n_ubatch": 1, "n_threads": 1, "n_threads_batch": 1}  # the least of each
+
+
+def _check_llama_kwargs(lib: Any, kwargs: dict[str, Any]) -> None:
+    """Refuse what `llama_cpp.Llama` would take and ignore (it has **kwargs: a misspelt `n_ctxx=` sets nothing)
+    or turn into an unrelated failure later (a negative context size)."""
+    params = inspect.signature(lib.Llama.__init__).parameters
+    known = [
+        n
+        for n, p in params.items()
+        if n not in ("self", "model_path") and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    for key, value in kwargs.items():
+        if key == "model_path":
+            raise ConfigError(
+                f"llama.cpp engine: model_path={value!r}: the model file is the loader's first argument "
+                "(load_model(path), load_gguf(path)), not a keyword"
+            )
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            raise ConfigError(
+                f"llama.cpp engine: {key}={value!r} is not an argument of llama_cpp.Llama"
+                + (f"; did you mean {close[0]!r}?" if close else f" (its arguments: {', '.join(known)})")
+            )
+        least = _COUNTS.get(key)
+        if (
+            least is not None
+            and value is not None
+            and (isinstance(value, bool) or not isinstance(value, int) or value < least)
+        ):
+            zero = " (0: the model's training context)" if key == "n_ctx" else ""
+            raise ConfigError(f"llama.cpp engine: {key}={value!r}: expected an integer >= {least}{zero}")
+
+
 def load_gguf(
     path: str | os.PathLike[str], *, extra_buffer_types: bool = False, tokenizer: Any = None, **llama_kwargs: Any
 ) -> tuple[LlamaCppModel, Any]:
@@ -238,6 +274,7 @@ def load_gguf(
     it. The tokenizer is the transformers one converted from the file (`gguf_tokenizer_path`), unless given."""
     file = check_gguf(path)
     lib = _llama_cpp()
+    _check_llama_kwargs(lib, llama_kwargs)
     kwargs: dict[str, Any] = {"n_threads": os.cpu_count() or 1, "verbose": False, "flash_attn": True} | llama_kwargs
     try:
         with _extra_buffers(lib, extra_buffer_types):
@@ -246,7 +283,14 @@ def load_gguf(
             if "n_ctx" not in kwargs and 0 < train < DEFAULT_N_CTX:  # positions past training are not the model's
                 llama.close()
                 llama = lib.Llama(str(file), **kwargs, n_ctx=train)
+    except TypeError as exc:
+        raise ConfigError(f"llama.cpp engine: llama_cpp.Llama refused the arguments {llama_kwargs}: {exc}") from None
     except (ValueError, RuntimeError) as exc:
+        if "context" in str(exc):  # the weights loaded; the context's settings did not work
+            raise ConfigError(
+                f"llama.cpp loaded {str(file)!r} but could not make a context with {llama_kwargs} ({exc}): check "
+                "n_ctx, n_batch and the other context settings (and the memory they need)"
+            ) from None
         raise ConfigError(
             f"llama.cpp could not load {str(file)!r} ({exc}): is it a complete GGUF file of an architecture this "
             "llama-cpp-python build supports? (upgrade llama-cpp-python for newer architectures)"

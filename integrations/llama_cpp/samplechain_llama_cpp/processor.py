@@ -21,7 +21,8 @@ last request. Concurrent requests need one processor each.
 Not with `logit_bias=`: llama-cpp-python then replaces the processor list by `list.extend`'s None and never calls
 it (a `logit_bias` sampler in the chain does the same); llama.cpp's `grammar=` may refuse the chain's token.
 
-Errors: llama-cpp-python calls the processor from a ctypes callback, which prints an exception and samples the
+Errors: the constructor checks the chain, the parameters, the seed and `logprobs_at`, and raises there.
+llama-cpp-python calls the processor from a ctypes callback, which prints an exception and samples the
 unchanged logits. The processor keeps it in `.error` and, when it knows the end-of-sequence token (`llama=`),
 ends the request with it; check `.error` after the call.
 """
@@ -75,10 +76,20 @@ class SamplechainLogitsProcessor:
         tokenizer: Any = None,
     ) -> None:
         self.chain = _load(chain)
+        if params is not None and not isinstance(params, Mapping):
+            raise TypeError(
+                f"SamplechainLogitsProcessor: params = {params!r}: expected a mapping of parameter names to values, "
+                'such as {"temperature": 0.7, "top_p": 0.9}'
+            )
         self.params = dict(params or {})
         if seed is not None and "seed" not in self.params and "seed" in self.chain.layout.aliases:
             self.params["seed"] = seed
+        self.chain.logprobs_stage(logprobs_at)  # an unknown stage is refused here, not inside llama.cpp's callback
         self.logprobs_at = logprobs_at
+        if llama is not None and not callable(getattr(llama, "token_eos", None)):
+            raise TypeError(
+                f"SamplechainLogitsProcessor: llama = {llama!r}: expected the llama_cpp.Llama the processor serves"
+            )
         self.eos = None if llama is None else int(llama.token_eos())
         if llama is not None or tokenizer is not None:
             self.chain.prepare(
@@ -152,6 +163,11 @@ class SamplechainLogitsProcessor:
 
     def _choose(self, input_ids: np.ndarray, scores: np.ndarray) -> int:
         history = self._history(input_ids)
+        if np.ndim(scores) != 1:
+            raise ValueError(
+                f"SamplechainLogitsProcessor: scores of shape {np.shape(scores)}: expected one row of logits, one per "
+                "vocabulary token (one processor serves one sequence)"
+            )
         row = np.array(scores, dtype=np.float32, copy=True).reshape(1, -1)  # llama-cpp-python passes a strided view
         kwargs: dict[str, Any] = {}
         if self.chain.reads_history(self.store, [_REQUEST]):

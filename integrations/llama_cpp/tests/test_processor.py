@@ -187,3 +187,29 @@ def test_logit_bias_drops_the_processor(llm: Any) -> None:
     proc = SamplechainLogitsProcessor("preset:greedy")
     llm.create_completion(PROMPT, max_tokens=2, logits_processor=[proc], logit_bias={42: 1.0})
     assert proc.tokens == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"chain": 3}, "ConfigError", r"chain source = 3: expected a chain file's path"),
+        ({"params": [("top_k", 5)]}, "TypeError", r"params = \[\('top_k', 5\)\]: expected a mapping"),
+        ({"params": {"top_kk": 5}}, "RequestError", r"unknown parameter 'top_kk'"),
+        ({"seed": -1}, "RequestError", r"\(given as 'seed'\) = -1: must be an integer in \[0, 2\*\*63\)"),
+        ({"logprobs_at": "tmep"}, "ConfigError", r"logprobs_at = 'tmep': the chain has no entry of that name"),
+        ({"llama": "model.gguf"}, "TypeError", r"llama = 'model.gguf': expected the llama_cpp.Llama"),
+    ],
+)
+def test_bad_arguments_are_refused_when_the_processor_is_made(kwargs: Any, error: str, message: str) -> None:
+    """Inside llama.cpp's callback an error only ends the request, so whatever can be checked before is checked
+    by the constructor, with the culprit named."""
+    with pytest.raises(Exception, match=message) as info:
+        SamplechainLogitsProcessor(**kwargs)
+    assert type(info.value).__name__ == error
+
+
+def test_scores_of_more_than_one_row_are_refused() -> None:
+    proc = SamplechainLogitsProcessor("preset:greedy")
+    with pytest.raises(ValueError, match=r"scores of shape \(2, 8\): expected one row of logits"):
+        proc(np.arange(3), np.zeros((2, 8), dtype=np.float32))
+    assert proc.tokens == []

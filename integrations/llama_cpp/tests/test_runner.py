@@ -173,6 +173,24 @@ def test_a_truncated_gguf_file_is_one_config_error(tmp_path):
         load_gguf(bad)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"n_ctxx": 512}, r"n_ctxx=512 is not an argument of llama_cpp.Llama; did you mean 'n_ctx'\?"),
+        ({"n_ctx": -5}, r"n_ctx=-5: expected an integer >= 0 \(0: the model's training context\)"),
+        ({"n_threads": "2"}, r"n_threads='2': expected an integer >= 1"),
+        ({"model_path": "other.gguf"}, r"model_path='other.gguf': the model file is the loader's first argument"),
+    ],
+)
+def test_loader_arguments_llama_cpp_would_ignore_or_fail_on_later_are_refused(kwargs, message):
+    """llama_cpp.Llama takes **kwargs and drops what it does not know: a misspelt argument would set nothing."""
+    pytest.importorskip("llama_cpp")
+    from samplechain.models import default_gguf_path, load_model
+
+    with pytest.raises(ConfigError, match=message):
+        load_model(default_gguf_path(), engine="llama.cpp", **kwargs)
+
+
 def test_the_sampling_step_runs_on_one_thread_and_the_count_comes_back(llama_model):
     from samplechain.generation import Generation
 
