@@ -122,9 +122,13 @@ def test_errors_are_one_clear_line(folder, capsys):
     assert code == 1 and "unknown parameter 'top_q'" in err and "did you mean" in err
     code, _, err = run(capsys, "generate", "x", "--model", str(folder), "--set", "oops")
     assert code == 1 and "expected KEY=VALUE" in err
-    # found as the stream starts, after the prompt was written: the prompt's line ends first
+    # refused before the model loads, or by stream()'s call before the prompt is echoed: nothing on stdout
     code, out, err = run(capsys, "generate", "x", "--model", str(folder), "--seed", "-5")
-    assert code == 1 and out == "x\n" and "seed = -5: an integer in [0, 2**63)" in err
+    assert code == 1 and out == "" and "--seed = -5: an integer in [0, 2**63)" in err
+    code, out, err = run(capsys, "generate", "x", "--model", str(folder), "--max-new-tokens", "0")
+    assert code == 1 and out == "" and "--max-new-tokens 0: must be an integer >= 1" in err
+    code, out, err = run(capsys, "generate", "x", "--model", str(folder), "--stop-regex", "(")
+    assert code == 1 and out == "" and "pattern 0 ('(') is not a valid regular expression" in err
     code, _, err = run(capsys, "generate", "x", "--model", str(folder), "--top-logprobs", "-1")
     assert code == 1 and "--top-logprobs -1: must be an integer >= 0" in err
 

@@ -331,13 +331,17 @@ def test_a_bad_argument_is_one_error_naming_it_before_the_model_runs(model, give
             r"num_beams = 2: stream\(\) yields each token as it is drawn.*use generate\(\.\.\., num_beams=N\)",
         ),
         ({"progress": "bar"}, r"progress = 'bar': a callable"),
+        ({"max_new_tokens": 0}, r"max_new_tokens.n = 0: must be in \[1, inf\)"),
+        ({"seed": -1}, r"seed = -1: an integer in \[0, 2\*\*63\)"),
     ],
-    ids=["result", "num_beams", "progress"],
+    ids=["result", "num_beams", "progress", "max_new_tokens", "seed"],
 )
-def test_stream_refuses_what_it_cannot_do_before_the_model_runs(tok, given, message):
+def test_stream_refuses_what_it_cannot_do_when_called_before_the_model_runs(tok, given, message):
+    """The call raises, not the first next(): a caller that shows something before the first event (the CLI echoes
+    the prompt) shows nothing for a request that cannot run."""
     model = tiny_gpt2(len(tok), seed=0)
     with pytest.raises(ConfigError, match=message):
-        next(stream(model, tok, "a b", max_new_tokens=2, **given))
+        stream(model, tok, "a b", **{"max_new_tokens": 2, **given})
     assert len(list(stream(model, tok, "a b", max_new_tokens=2, num_beams=1))) == 2  # num_beams=1 is no beam search
 
 

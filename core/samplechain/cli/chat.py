@@ -28,6 +28,7 @@ from .generate import (
     add_draft_argument,
     add_run_arguments,
     add_system_argument,
+    check_run_arguments,
     load_cli_model,
     parse_bans,
     parse_draft,
@@ -241,7 +242,8 @@ def add_parser(sub: Any) -> None:
 def cmd_chat(args: argparse.Namespace, console: Console) -> int:
     err = Console(stderr=True)
     chain = _chain(args)
-    draft = parse_draft(args.draft)  # checked before the model loads
+    check_run_arguments(args)  # these, as the draft and the bans, are checked before the model loads
+    draft = parse_draft(args.draft)
     guards = parse_bans(args)
     model, tokenizer, name = load_cli_model(args.model, args.engine)
     require_chat_template(tokenizer, name, "samplechain chat")

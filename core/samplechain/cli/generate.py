@@ -301,9 +301,20 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     return [DEFAULT_PROMPT]
 
 
+def check_run_arguments(args: argparse.Namespace) -> None:
+    """--max-new-tokens and --seed, refused before the model loads (and before a streamed prompt is echoed)."""
+    from ..params import sequence_seed
+
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens {args.max_new_tokens}: must be an integer >= 1")
+    if args.seed is not None:
+        sequence_seed(args.seed, 0, "--seed")
+
+
 def run_kwargs(args: argparse.Namespace, chain: Any, params: dict[str, Any], default_new: int) -> dict[str, Any]:
-    """generate()'s keyword arguments from the run arguments: a chain whose stop list has a length limit gets no
-    default max_new_tokens."""
+    """generate()'s keyword arguments from the run arguments (checked): a chain whose stop list has a length limit
+    gets no default max_new_tokens."""
+    check_run_arguments(args)
     has_limit = any(spec.cls.is_length_limit for spec in chain.config.stop)
     max_new = args.max_new_tokens if args.max_new_tokens is not None else (None if has_limit else default_new)
     kwargs = dict(
@@ -406,14 +417,15 @@ def _stream_one(
     with bar as b:
         if b.enabled:
             kwargs["progress"] = lambda step, total: b.update(completed=step, total=total)
+        events = stream(model, tokenizer, inputs, result=result, **kwargs)  # checks the arguments, runs nothing
         sys.stdout.write(f"\033[1m{shown}\033[0m" if shown and sys.stdout.isatty() else shown)
         sys.stdout.flush()
         try:
-            for event in stream(model, tokenizer, inputs, result=result, **kwargs):
+            for event in events:
                 if event.text:
                     sys.stdout.write(event.text)
                     sys.stdout.flush()
-        finally:  # an error (a bad argument is found when the stream starts) gets a line of its own
+        finally:  # an error while the answer streams gets a line of its own
             sys.stdout.write("\n")
             sys.stdout.flush()
     elapsed = time.perf_counter() - start

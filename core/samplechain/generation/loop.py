@@ -148,7 +148,10 @@ def stream(
     `Stopping.hold_back()` characters of each request whose include_stop_str_in_output is False wait (vLLM's
     stop_buffer_length: the longest stop string less one; stop_regex's look-back); its last event carries the rest,
     cut before the match. A request that includes the stop string holds nothing back: its match ends in the newest
-    token, whose text goes out only after the criteria have seen it."""
+    token, whose text goes out only after the criteria have seen it.
+
+    The arguments are checked by the call itself, before the first event is asked for (a bad one raises there,
+    before anything was shown); the model runs as the events are taken."""
     if tokenizer is None:
         raise ConfigError("streaming text needs a tokenizer: stream(model, tokenizer, prompts)")
     if result is not None and not isinstance(result, list):
@@ -161,6 +164,13 @@ def stream(
     kwargs.pop("num_beams", None)
     _check_progress(progress)
     gen = Generation(model, tokenizer, prompts, **kwargs)
+    return _events(gen, tokenizer, result, progress)
+
+
+def _events(
+    gen: Generation, tokenizer: Any, result: list[GenerationOutput] | None, progress: ProgressCallback | None
+) -> Iterator[StreamEvent]:
+    """stream()'s events of a checked generation."""
     decoders = [IncrementalDecoder(tokenizer) for _ in gen.request_ids]
     most = gen.stopping.hold_back()
     holds = [0 if include else most for include in gen.include_stop_str_in_output]  # per request (vLLM too)
