@@ -6,6 +6,7 @@ history, mirostat mu, adaptive-p EMA, RNG positions, grammar matchers). And a cl
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import textwrap
@@ -14,8 +15,9 @@ import warnings
 import pytest
 import torch
 
-from samplechain import Chain, ConfigError
+from samplechain import Chain, ConfigError, RequestError
 from samplechain.generation import CHECKPOINT_FORMAT, Generation, generate, stream
+from samplechain.generation.checkpoints import CHECKPOINT_KEYS
 from samplechain.models import tiny_model_path
 
 PROMPTS = ["The function", "A list is a", "In Python,"]
@@ -278,6 +280,79 @@ def test_resume_refuses_prompts_params_and_foreign_data(model, tok, tmp_path):
         Generation(model, tok, resume=bad, chain=CASES["dist"]["chain"])
     with pytest.raises(ConfigError, match="beam search"):
         generate(model, tok, resume=ckpt, num_beams=2)
+
+
+def test_the_checkpoint_holds_exactly_the_keys_resume_requires(model, tok):
+    gen = prepared(model, tok, CASES["dist"]["chain"], seed=1)
+    run_to(gen, 2)
+    assert tuple(gen.checkpoint()) == CHECKPOINT_KEYS
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        (("step",), None, r"checkpoint\['step'\] = None: expected the number of steps run"),
+        (("elapsed",), -1, r"checkpoint\['elapsed'\] = -1: expected the seconds run so far"),
+        (("input_ids", 1, 0), "x", r"checkpoint\['input_ids'\]\[1\]\[0\] = 'x': expected token ids"),
+        (("attention_mask", 0, 0), 2, r"checkpoint\['attention_mask'\]\[0\]\[0\] = 2: expected 0 or 1"),
+        (("generated", 2), [1], r"checkpoint\['generated'\]\[2\] = \[1\]: expected a list of 2 token ids"),
+        (("logprobs", 0, 1), None, r"checkpoint\['logprobs'\]\[0\]\[1\] = None: expected logprobs"),
+        (("num_generated", 1), 9, r"checkpoint\['num_generated'\]\[1\] = 9: expected a token count in \[0, 2\]"),
+        (("stop_matches", 0), ["stop_strings"], r"expected null or \[reason, text, trailing characters\]"),
+        (("eos_token_id",), 10**20, r"checkpoint\['eos_token_id'\] = 100000000000000000000: expected a token id"),
+        (("store", "1", "position"), "x", r"request '1': position = 'x': expected the request's RNG position"),
+        (("store", "0", "state"), 3, r"request '0': state = 3: expected a table of states"),
+    ],
+)
+def test_a_damaged_checkpoint_is_one_error_naming_the_damaged_place(model, tok, where, value, message):
+    chain = CASES["dist"]["chain"]
+    gen = prepared(model, tok, chain, seed=1)
+    run_to(gen, 2)
+    ckpt = json.loads(json.dumps(gen.checkpoint()))
+    place = ckpt
+    for key in where[:-1]:
+        place = place[key]
+    place[where[-1]] = value
+    with pytest.raises((ConfigError, RequestError), match=message):
+        resume(model, tok, ckpt, chain)
+    missing = {k: v for k, v in ckpt.items() if k != "finished"}
+    with pytest.raises(ConfigError, match=r"the checkpoint has no finished; the checkpoint is damaged"):
+        resume(model, tok, missing, chain)
+
+
+def test_randomly_damaged_checkpoints_resume_or_raise_one_samplechain_error(model, tok):
+    """Any one value of a speculative, guarded checkpoint replaced by junk (or a key dropped): the resume either
+    runs or raises ConfigError / RequestError, never an exception from deep inside the restore or the first step."""
+    chain = "preset:llama.cpp"
+    kwargs = {"draft": "prompt_lookup", "guards": [{"use": "banned_strings", "phrases": ["zzz"]}]}
+    gen = prepared(model, tok, chain, seed=3, **kwargs)
+    run_to(gen, 3)
+    ckpt = json.loads(json.dumps(gen.checkpoint()))
+    places: list[tuple] = []
+
+    def walk(x, path):
+        places.append(path)
+        items = x.items() if isinstance(x, dict) else enumerate(x[:3]) if isinstance(x, list) else ()
+        for k, v in items:
+            walk(v, (*path, k))
+
+    walk(ckpt, ())
+    rng = random.Random(0)
+    junk = [None, -1, "x", [1, 2], 10**20, 1.5, {}]
+    for _ in range(150):
+        damaged = json.loads(json.dumps(ckpt))
+        path = rng.choice(places[1:])
+        place = damaged
+        for key in path[:-1]:
+            place = place[key]
+        if isinstance(place, dict) and rng.random() < 0.2:
+            del place[path[-1]]
+        else:
+            place[path[-1]] = rng.choice(junk)
+        try:
+            resume(model, tok, damaged, chain, **kwargs)
+        except (ConfigError, RequestError):
+            pass
 
 
 def test_resume_reads_a_json_file(model, tok, tmp_path):

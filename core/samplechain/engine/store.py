@@ -426,11 +426,19 @@ class RequestStore:
                     raise RequestError(
                         f"restore(): request {rid!r}: expected a row of snapshot() (params, position, state), got {got}"
                     )
+                position, state = row["position"], row["state"]
+                if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < 2**63:
+                    raise RequestError(
+                        f"restore(): request {rid!r}: position = {position!r}: expected the request's RNG position "
+                        "(an integer >= 0)"
+                    )
+                if not isinstance(state, Mapping):
+                    raise RequestError(f"restore(): request {rid!r}: state = {state!r}: expected a table of states")
                 self.add(rid, row["params"])
                 added.append(rid)
                 slot = self._slots[rid]
-                self._positions[slot] = int(row["position"])
-                for key, value in row["state"].items():
+                self._positions[slot] = position
+                for key, value in state.items():
                     entry_id, _, name = key.rpartition(".")
                     t = self._state.get((ids.get(entry_id, -1), name))
                     if t is None:
@@ -439,7 +447,13 @@ class RequestStore:
                             f"restore(): request {rid!r}: {key!r} is not a state of this chain (its states: {names});"
                             " restore a snapshot of the same chain"
                         )
-                    t[slot] = torch.tensor(value, dtype=t.dtype, device=t.device)
+                    try:
+                        t[slot] = torch.tensor(value, dtype=t.dtype, device=t.device)
+                    except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+                        raise RequestError(
+                            f"restore(): request {rid!r}: state {key!r} = {value!r}: not a value of that state "
+                            f"(shape {tuple(t.shape[1:])}, {t.dtype}): {exc}"
+                        ) from None
         except BaseException:
             for rid in added:
                 self.remove(rid)

@@ -16,9 +16,31 @@ from ..engine.chain import Chain
 from ..engine.mixed import MixedChains
 from ..errors import ConfigError
 
-__all__ = ["CHECKPOINT_FORMAT", "Checkpoints", "chain_fingerprint", "load_checkpoint"]
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_KEYS", "Checkpoints", "chain_fingerprint", "load_checkpoint"]
 
 CHECKPOINT_FORMAT = "samplechain.generation.checkpoint/1"
+# what Generation.checkpoint() writes: a checkpoint without one of them is damaged
+CHECKPOINT_KEYS = (
+    "format",
+    "chain",
+    "request_ids",
+    "num_return_sequences",
+    "input_ids",
+    "attention_mask",
+    "generated",
+    "logprobs",
+    "step",
+    "finished",
+    "finish_reasons",
+    "stop_matches",
+    "num_generated",
+    "pad_token_id",
+    "eos_token_id",
+    "elapsed",
+    "unconditional",
+    "store",
+    "speculation",
+)
 
 
 def load_checkpoint(source: Mapping[str, Any] | str | Path) -> dict[str, Any]:
@@ -37,7 +59,88 @@ def load_checkpoint(source: Mapping[str, Any] | str | Path) -> dict[str, Any]:
             f"resume: format {data.get('format')!r} is not {CHECKPOINT_FORMAT!r}; pass what "
             "Generation.checkpoint() returned (this version reads only its own format)"
         )
+    missing = [key for key in CHECKPOINT_KEYS if key not in data]
+    if missing:
+        raise ConfigError(
+            f"resume: the checkpoint has no {', '.join(missing)}; the checkpoint is damaged (pass what "
+            "Generation.checkpoint() returned, or its JSON file, unchanged)"
+        )
+    _check_layout(data)
     return data
+
+
+def _is_int(x: Any, least: int = 0) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and least <= x < 2**63
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _rows(data: Mapping[str, Any], key: str, batch: int, width: int | None, item: Any, expected: str) -> None:
+    """checkpoint[key] is `batch` lists (of `width` items each, when given, else of one length) whose items pass
+    `item`; else one ConfigError naming the first wrong place."""
+    rows = data[key]
+    if not isinstance(rows, list) or len(rows) != batch:
+        raise _damaged(f"[{key!r}]", rows, f"a list of {batch} rows")
+    for b, row in enumerate(rows):
+        want = width if width is not None else len(rows[0]) if isinstance(rows[0], list) else 0
+        _items(f"[{key!r}][{b}]", row, want, item, expected)
+
+
+def _items(where: str, values: Any, count: int, item: Any, expected: str) -> None:
+    if not isinstance(values, list) or len(values) != count:
+        raise _damaged(where, values, f"a list of {count} {expected}")
+    for j, x in enumerate(values):
+        if not item(x):
+            raise _damaged(f"{where}[{j}]", x, expected)
+
+
+def _damaged(where: str, value: Any, expected: str) -> ConfigError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return ConfigError(f"resume: checkpoint{where} = {shown}: expected {expected}; the checkpoint is damaged")
+
+
+def _check_layout(data: Mapping[str, Any]) -> None:
+    """The types and shapes of what Generation.checkpoint() writes, each wrong one named by its key path: the
+    restore then never meets a value it cannot take (the store's and the speculation's parts check themselves)."""
+    ids = data["request_ids"]
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise _damaged("['request_ids']", ids, "a list of request ids (strings)")
+    batch = len(ids)
+    step = data["step"]
+    if not _is_int(step):
+        raise _damaged("['step']", step, "the number of steps run (an integer >= 0)")
+    _rows(data, "input_ids", batch, None, _is_int, "token ids (integers >= 0)")
+    _rows(data, "attention_mask", batch, len(data["input_ids"][0]) if batch else 0, lambda x: x in (0, 1), "0 or 1")
+    _rows(data, "generated", batch, step, _is_int, "token ids (integers >= 0)")
+    _rows(data, "logprobs", batch, step, _is_real, "logprobs (numbers)")
+    for key, ok, expected in (
+        ("finished", lambda x: isinstance(x, bool), "true or false"),
+        ("finish_reasons", lambda x: x is None or isinstance(x, str), "a finish reason (a string) or null"),
+        ("num_generated", lambda x: _is_int(x) and x <= step, f"a token count in [0, {step}]"),
+        ("stop_matches", _is_stop_match, "null or [reason, text, trailing characters]"),
+    ):
+        _items(f"[{key!r}]", data[key], batch, ok, expected)
+    for key in ("pad_token_id", "eos_token_id", "elapsed"):
+        value = data[key]
+        eos_ok = isinstance(value, list) and all(_is_int(t) for t in value)
+        if key == "elapsed" and not (_is_real(value) and value >= 0):
+            raise _damaged("['elapsed']", value, "the seconds run so far (a number >= 0)")
+        if (key == "pad_token_id" and not _is_int(value)) or (key == "eos_token_id" and not eos_ok):
+            raise _damaged(
+                f"[{key!r}]", value, "a token id (an integer >= 0)" + (", in a list" if key[0] == "e" else "")
+            )
+    for key in ("unconditional", "store", "speculation"):
+        if not (isinstance(data[key], dict) or (data[key] is None and key != "store")):
+            raise _damaged(f"[{key!r}]", data[key], "a table" + (" or null" if key != "store" else ""))
+
+
+def _is_stop_match(x: Any) -> bool:
+    return x is None or (
+        isinstance(x, list) and len(x) == 3 and isinstance(x[0], str) and isinstance(x[1], str) and _is_int(x[2])
+    )
 
 
 def chain_fingerprint(chain: Chain | MixedChains) -> Any:
@@ -114,7 +217,13 @@ class Checkpoints:
 
     @staticmethod
     def _checkpoint_tensor(ckpt: Mapping[str, Any], key: str, device: Any) -> torch.Tensor:
-        t = torch.tensor(ckpt[key], dtype=torch.int64)
+        try:
+            t = torch.tensor(ckpt[key], dtype=torch.int64)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+            raise ConfigError(
+                f"resume: checkpoint[{key!r}] is not a (batch, length) list of lists of integers ({exc}); the "
+                "checkpoint is damaged"
+            ) from None
         if t.ndim != 2:
             raise ConfigError(
                 f"resume: checkpoint[{key!r}] must be a (batch, length) list of lists, got shape "
@@ -238,3 +347,6 @@ def _check_speculation(saved: Any, rows: int, vocab: Any) -> None:
             raise damaged(f"row {b}'s drawn tokens and their logprobs differ in number")
         if any(not isinstance(t, int) or t < 0 or (isinstance(vocab, int) and t >= vocab) for t in tokens):
             raise damaged(f"row {b} holds drawn tokens {tokens} that are not token ids of the model")
+    for key in ("drafted", "kept", "model_calls"):
+        if not all(_is_int(n) for n in saved[key]):
+            raise damaged(f"{key!r} = {saved[key]} is not a count (an integer >= 0) per row")

@@ -109,14 +109,27 @@ class DraftLengths:
         for key in ("keeps", "trials", "streak", "pause", "idle", "probing", "kinds"):
             if key in saved and len(saved[key]) != rows:
                 raise ValueError(f"lengths[{key!r}] holds {len(saved[key])} rows, not {rows}")
-        for key in ("keeps", "trials"):
-            setattr(self, key, [[float(x) for x in pair] for pair in saved.get(key, getattr(self, key))])
+        counts = {
+            key: [[float(x) for x in pair] for pair in saved.get(key, getattr(self, key))]
+            for key in ("keeps", "trials")
+        }
+        whole = {key: [int(x) for x in saved.get(key, getattr(self, key))] for key in ("pause", "idle")}
+        kinds = [{str(k): [float(x) for x in v] for k, v in row.items()} for row in saved.get("kinds", self.kinds)]
+        for key, rows_of in (*counts.items(), ("kinds", [v for row in kinds for v in row.values()])):
+            bad = [pair for pair in rows_of if len(pair) != (3 if key == "kinds" else 2) or not _counts(pair)]
+            if bad:  # the acceptance estimates divide by these
+                raise ValueError(f"lengths[{key!r}] holds {bad[0]}, not counts (numbers >= 0)")
+        if any(x < 0 for row in whole.values() for x in row):
+            raise ValueError(f"lengths['pause'] / lengths['idle'] hold a negative count: {whole}")
+        self.keeps, self.trials, self.pause, self.idle = (
+            counts["keeps"],
+            counts["trials"],
+            whole["pause"],
+            whole["idle"],
+        )
         self.streak = [bool(x) for x in saved.get("streak", self.streak)]
-        for key in ("pause", "idle"):
-            setattr(self, key, [int(x) for x in saved.get(key, getattr(self, key))])
         self.probing = [bool(x) for x in saved.get("probing", self.probing)]
-        kinds = saved.get("kinds", self.kinds)
-        self.kinds = [{str(k): [float(x) for x in v] for k, v in row.items()} for row in kinds]
+        self.kinds = kinds
 
     def acceptance(self, row: int) -> tuple[float, float]:
         """(the chance that the next draft's first token is kept, that a token after a kept one is)."""
@@ -403,3 +416,7 @@ def _common(
         if gained / work > best:
             best, best_m = gained / work, m
     return [min(best_m, top) for top in ceilings]
+
+
+def _counts(values: list[float]) -> bool:
+    return all(math.isfinite(x) and x >= 0 for x in values)
