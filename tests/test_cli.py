@@ -95,3 +95,26 @@ def test_python_m_samplechain_is_the_samplechain_command(args, code, begins):
     assert (module.returncode, module.stdout, module.stderr) == (command.returncode, command.stdout, command.stderr)
     assert module.returncode == code, module.stderr
     assert (module.stdout + module.stderr).startswith(begins)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["demo", "--max-new-tokens", "0"], "error: --max-new-tokens 0: must be an integer >= 1"),
+        (["demo", "--seed", "-1"], "error: --seed = -1: an integer in [0, 2**63)"),
+        (["trace", "x", "--max-new-tokens", "0"], "error: --max-new-tokens 0: must be an integer >= 1"),
+        (["trace", "x", "--max-rows", "-1"], "error: --max-rows -1: must be an integer >= 0"),
+        (["validate", "greedy"], "error: greedy: chain file not found; for the preset of that name give 'preset:greedy'"),
+    ],
+    ids=["demo-tokens", "demo-seed", "trace-tokens", "trace-rows", "validate-preset-name"],
+)
+def test_run_arguments_are_refused_before_any_model_loads(argv, message, capsys, monkeypatch):
+    from samplechain.cli import main
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded for arguments that cannot run")
+
+    monkeypatch.setattr("samplechain.cli.generate.load_cli_model", no_model)
+    monkeypatch.setattr("samplechain.tools.demo.tiny_model", no_model)
+    assert main(argv) == 1
+    assert message in capsys.readouterr().err

@@ -22,5 +22,7 @@ def add_parser(sub: Any) -> None:
 
 def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from ..tools.demo import run_demo
+    from .generate import check_run_arguments
 
+    check_run_arguments(args)
     return run_demo(args, console)

@@ -52,7 +52,7 @@ def _stem(out: str) -> Path:
 def cmd_trace(args: argparse.Namespace, console: Console) -> int:
     from ..generation import GenerationWarning
     from ..tools.trace import trace_generation
-    from .generate import _chain, _prompts, load_cli_model, parse_sets, unescape
+    from .generate import _chain, _prompts, check_run_arguments, load_cli_model, parse_sets, unescape
 
     err = Console(stderr=True)
     chain = _chain(args)
@@ -60,8 +60,9 @@ def cmd_trace(args: argparse.Namespace, console: Console) -> int:
     prompts = _prompts(args)
     if len(prompts) != 1:  # pragma: no cover - the parser takes one prompt
         raise ConfigError("trace follows one prompt: give a single prompt")
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        raise ConfigError(f"--max-new-tokens {args.max_new_tokens}: must be at least 1")
+    check_run_arguments(args)
+    if args.max_rows is not None and args.max_rows < 0:
+        raise ConfigError(f"--max-rows {args.max_rows}: must be an integer >= 0 (the most steps the table shows)")
     model, tokenizer, _name = load_cli_model(args.model, args.engine)
     has_limit = any(spec.cls.is_length_limit for spec in chain.config.stop)
     max_new = args.max_new_tokens if args.max_new_tokens is not None else (None if has_limit else 32)
