@@ -104,7 +104,10 @@ def test_python_m_samplechain_is_the_samplechain_command(args, code, begins):
         (["demo", "--seed", "-1"], "error: --seed = -1: an integer in [0, 2**63)"),
         (["trace", "x", "--max-new-tokens", "0"], "error: --max-new-tokens 0: must be an integer >= 1"),
         (["trace", "x", "--max-rows", "-1"], "error: --max-rows -1: must be an integer >= 0"),
-        (["validate", "greedy"], "error: greedy: chain file not found; for the preset of that name give 'preset:greedy'"),
+        (
+            ["validate", "greedy"],
+            "error: greedy: chain file not found; for the preset of that name give 'preset:greedy'",
+        ),
     ],
     ids=["demo-tokens", "demo-seed", "trace-tokens", "trace-rows", "validate-preset-name"],
 )
