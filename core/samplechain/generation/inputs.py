@@ -30,6 +30,7 @@ __all__ = [
     "checked_processor",
     "checked_stop",
     "checked_token_ids",
+    "is_flag",
     "prompt_texts",
     "strings_of",
 ]
@@ -43,9 +44,17 @@ def checked_flags(**flags: Any) -> None:
     """generate()'s on/off arguments are bools (0 / 1 and None, the default, pass): `ignore_eos="no"` would otherwise
     read as true."""
     for name, value in flags.items():
-        if value is None or (not isinstance(value, (str, float)) and any(value is v or value == v for v in (0, 1))):
+        if value is None or is_flag(value):
             continue
         raise ConfigError(f"{name} = {value!r}: True or False")
+
+
+def is_flag(value: Any) -> bool:
+    """True, False, or what equals one of them (0, 1, numpy's bools; not "no" or 0.0)."""
+    try:  # a tensor of several values has no truth value: no flag
+        return not isinstance(value, (str, float)) and any(value is v or bool(value == v) for v in (0, 1))
+    except (TypeError, ValueError, RuntimeError):
+        return False
 
 
 def checked_stop(stop: Any) -> list[Any]:
@@ -119,13 +128,14 @@ def checked_token_ids(name: str, value: Any, vocab: Any = None, *, one: bool = F
         items = items[0]
     listed = isinstance(items, (list, tuple))
     items = items if listed else [items]
+    if one and not items:
+        raise ConfigError(f"{name} = {value!r}: a token id of the model, not an empty list")
     for v in items:
         if (
             (one and listed)
             or isinstance(v, bool)
             or not isinstance(v, numbers.Integral)
-            or int(v) < 0
-            or (isinstance(vocab, int) and int(v) >= vocab)
+            or not 0 <= int(v) < (vocab if isinstance(vocab, int) else 2**63)
         ):
             where = f"in [0, {vocab})" if isinstance(vocab, int) else ">= 0"
             what = "a token id of the model" if one else "a token id of the model or a list of them"
@@ -209,28 +219,7 @@ class PromptInputs:
                 for t, chat in prompt_texts(prompts, self.tokenizer)
             ]
         else:
-            ids = torch.as_tensor(input_ids)
-            if ids.ndim == 1:
-                ids = ids[None]
-            if ids.ndim != 2 or ids.dtype not in (torch.int64, torch.int32):
-                raise ConfigError(
-                    f"input_ids must be a (batch, length) integer tensor, got {tuple(ids.shape)} {ids.dtype}"
-                )
-            if attention_mask is None:
-                mask = self._mask_from_padding(ids)
-            else:
-                mask = torch.as_tensor(attention_mask)
-            if mask.shape != ids.shape:
-                raise ConfigError(
-                    f"attention_mask shape {tuple(mask.shape)} differs from input_ids shape {tuple(ids.shape)}"
-                )
-            if ids.shape[0] > 1 and bool((mask[:, -1] == 0).any()):
-                raise ConfigError(
-                    "input_ids are right-padded (attention_mask ends in 0 for some rows); decoder-only "
-                    "generation needs left padding: tokenizer.padding_side = 'left'"
-                )
-            rows = [[int(t) for t, m in zip(r, mr) if m] for r, mr in zip(ids.tolist(), mask.tolist())]
-            given = ids, mask
+            rows, given = _given_rows(input_ids, attention_mask, self._mask_from_padding)
         bos = getattr(self.tokenizer, "bos_token_id", None)
         if bos is None:
             bos = getattr(self.generation_config, "bos_token_id", None)
@@ -350,12 +339,48 @@ class PromptInputs:
         """include_stop_str_in_output per row: one bool for every prompt, or one per prompt (vLLM sets it per
         request), repeated over the prompt's num_return_sequences."""
         flags = list(value) if isinstance(value, Sequence) else [value] * self.num_prompts
-        if isinstance(value, str) or len(flags) != self.num_prompts or any(f not in (True, False) for f in flags):
+        if isinstance(value, str) or len(flags) != self.num_prompts or not all(map(is_flag, flags)):
             raise ConfigError(
                 f"include_stop_str_in_output = {value!r}: give one bool, or a list of "
                 f"{self.num_prompts} bools (one per prompt)"
             )
         return [bool(f) for f in flags for _ in range(self.n)]
+
+
+def _given_rows(
+    input_ids: Any, attention_mask: Any, mask_from_padding: Any
+) -> tuple[list[list[int]], tuple[torch.Tensor, torch.Tensor]]:
+    """The rows of given input_ids (their unmasked tokens) and the (ids, mask) pair, checked: a (batch, length)
+    integer tensor, a mask of its shape (from the padding when not given), left padding."""
+    try:
+        ids = torch.as_tensor(input_ids)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise ConfigError(
+            f"input_ids = {input_ids!r:.60}: a (batch, length) integer tensor or list of lists of token ids"
+        ) from None
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2 or ids.dtype not in (torch.int64, torch.int32):
+        raise ConfigError(f"input_ids must be a (batch, length) integer tensor, got {tuple(ids.shape)} {ids.dtype}")
+    if attention_mask is None:
+        mask = mask_from_padding(ids)
+    else:
+        try:
+            mask = torch.as_tensor(attention_mask)
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            raise ConfigError(
+                f"attention_mask = {attention_mask!r:.60}: a tensor of input_ids' shape, 1 for a token and 0 "
+                "for padding"
+            ) from None
+    if mask.shape != ids.shape:
+        raise ConfigError(f"attention_mask shape {tuple(mask.shape)} differs from input_ids shape {tuple(ids.shape)}")
+    if ids.shape[0] > 1 and bool((mask[:, -1] == 0).any()):
+        raise ConfigError(
+            "input_ids are right-padded (attention_mask ends in 0 for some rows); decoder-only "
+            "generation needs left padding: tokenizer.padding_side = 'left'"
+        )
+    rows = [[int(t) for t, m in zip(r, mr) if m] for r, mr in zip(ids.tolist(), mask.tolist())]
+    return rows, (ids, mask)
 
 
 def _left_padded(rows: Sequence[Sequence[int]], pad_id: int, width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
