@@ -17,7 +17,7 @@ from transformers import (
 )
 
 from samplechain import Chain
-from samplechain.errors import ConfigError
+from samplechain.errors import ConfigError, RequestError
 from samplechain.generation import generate
 from samplechain.integrations import as_custom_generate, as_logits_processor, as_stopping_criteria
 from samplechain.tools.testing import byte_bpe_tokenizer, tiny_gpt2
@@ -139,14 +139,35 @@ def test_num_return_sequences_gives_each_copy_the_seed_of_our_loop(model, batch)
     assert not torch.equal(got[0], got[1])  # the two copies of prompt 0 drew different streams
 
 
-def test_a_seed_that_is_not_an_integer_is_refused_as_in_our_loop(model, batch):
-    """At once for the processor's own seed; a prompt's seed in params= when model.generate makes its requests."""
+def test_a_seed_that_is_not_an_integer_is_refused_as_in_our_loop():
+    """When the processor is made, for its own seed and for a prompt's seed in params=."""
     with pytest.raises(ConfigError, match=r"seed = 1.5: an integer in \[0, 2\*\*63\)"):
         as_logits_processor(SAMPLING, seed=1.5)
-    ids, mask = batch
-    processor = as_logits_processor(SAMPLING, params=[{"seed": 1}, {"seed": "2"}, {}])
-    with pytest.raises(ConfigError, match=r"params\[1\]\['seed'\] = '2': an integer"):
-        hf(model, ids, mask, logits_processor=processor, max_new_tokens=2)
+    with pytest.raises(RequestError, match=r"request 'params\[1\]': dist.seed \(given as 'seed'\) = '2': expected an"):
+        as_logits_processor(SAMPLING, params=[{"seed": 1}, {"seed": "2"}, {}])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"params": 5}, ConfigError, r"params = 5: one mapping for every prompt"),
+        ({"params": {"top_kk": 3}}, RequestError, r"request 'params': unknown parameter 'top_kk'"),
+        ({"select": "no"}, ConfigError, r"select = 'no': True or False"),
+        ({"host": "default"}, ConfigError, r"host = 'default': a samplechain PluginHost"),
+    ],
+    ids=["params-type", "params-key", "select", "host"],
+)
+def test_the_processor_refuses_bad_arguments_when_made_not_inside_model_generate(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        as_logits_processor(SAMPLING, **kwargs)
+
+
+def test_criteria_and_inputs_that_are_no_such_thing_are_one_config_error():
+    with pytest.raises(ConfigError, match=r"criteria = 3: a Stopping, a criterion's name \('eos'\)"):
+        as_stopping_criteria(3)
+    processor = as_logits_processor(SAMPLING, seed=1)[0]
+    with pytest.raises(ConfigError, match=r"input_ids = tensor\(\[1, 2\]\): a \(batch, length\) tensor"):
+        processor(torch.tensor([1, 2]), torch.zeros(1, 8))
 
 
 def test_the_processor_starts_fresh_requests_for_a_new_generation(model, batch):

@@ -27,6 +27,7 @@ from ..engine.discovery import PluginHost
 from ..engine.stopping import Stopping
 from ..engine.store import RequestStore
 from ..errors import ConfigError
+from ..generation.inputs import checked_flags, checked_params
 from ..params import params_label, sequence_seed
 
 __all__ = [
@@ -39,6 +40,8 @@ __all__ = [
 
 
 def _chain(chain: Any, host: PluginHost | None) -> Chain:
+    if host is not None and not isinstance(host, PluginHost):
+        raise ConfigError(f"host = {host!r}: a samplechain PluginHost (or leave it out for the installed plugins)")
     if isinstance(chain, Chain):
         return chain
     if isinstance(chain, (str, Path, Mapping)):
@@ -129,6 +132,10 @@ class ChainLogitsProcessor(LogitsProcessor):
                 "take text back, which a logits processor inside model.generate cannot; generate with "
                 "samplechain.generation.generate(model, tokenizer, prompts, chain=...), which runs them"
             )
+        rows = checked_params(params) or [dict(params or {})]
+        for i, row in enumerate(rows):  # the parameters' own check, here rather than inside model.generate
+            self.chain.layout.resolve("params" if len(rows) == 1 else f"params[{i}]", row, draw_seeds=False)
+        checked_flags(select=select)
         self.params = params
         self.seed = seed if seed is None else sequence_seed(seed, 0, "seed")
         if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
@@ -171,6 +178,11 @@ class ChainLogitsProcessor(LogitsProcessor):
         return {"history": input_ids} if self.chain.needs_history else {}
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
+            raise ConfigError(
+                f"ChainLogitsProcessor: input_ids = {input_ids!r:.60}: a (batch, length) tensor, as model.generate "
+                "passes it"
+            )
         batch, length = input_ids.shape
         fresh = self.store is None or self._shape is None or batch != self._shape[0] or length <= self._shape[1]
         if fresh or self._refusing:
@@ -224,7 +236,17 @@ def as_logits_processor(
 def _criteria(spec: Any, host: PluginHost | None) -> Stopping:
     if isinstance(spec, Stopping):
         return spec
-    items = [spec] if isinstance(spec, (str, Mapping, StoppingCriterion)) or callable(spec) else list(spec)
+    if host is not None and not isinstance(host, PluginHost):
+        raise ConfigError(f"host = {host!r}: a samplechain PluginHost (or leave it out for the installed plugins)")
+    if isinstance(spec, (str, Mapping, StoppingCriterion)) or callable(spec):
+        items = [spec]
+    elif isinstance(spec, (list, tuple)):
+        items = list(spec)
+    else:
+        raise ConfigError(
+            f"criteria = {spec!r}: a Stopping, a criterion's name ('eos'), a table ({{'use': 'stop_strings', "
+            "'strings': ['\\n']}), a StoppingCriterion, a callable fn(ctx) -> (B,) bool, or a list of them"
+        )
     out = Stopping(require_length_limit=False)
     for item in items:
         if isinstance(item, str):
