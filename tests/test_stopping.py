@@ -7,6 +7,7 @@ import torch
 from transformers import EosTokenCriteria, MaxLengthCriteria, StoppingCriteria
 
 from samplechain import ConfigError, SamplingError, StopContext, Stopping, StopSetup, load_config
+from samplechain.errors import UnknownPluginError
 
 
 def crit(name, **params):
@@ -173,3 +174,17 @@ def test_wrong_shapes_from_callables_are_sampling_errors(answer, shape):
 def test_a_list_of_bools_is_one_answer_per_row():
     stopping = Stopping([lambda c: [False, True], crit("max_new_tokens", n=3)])
     assert stopping.check(ctx(torch.zeros((2, 2), dtype=torch.int64))).done.tolist() == [False, True]
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "error", "message"),
+    [
+        (3, None, UnknownPluginError, r"stopping_criterion name = 3: expected a name as a string"),
+        (None, {}, UnknownPluginError, r"stopping_criterion name = None: expected a name as a string"),
+        ("max_new_tokens", 5, ConfigError, r"max_new_tokens = 5: expected a table of max_new_tokens's parameters"),
+        ("stop_strings", "x", ConfigError, r"stop_strings = 'x': expected a table of stop_strings's parameters"),
+    ],
+)
+def test_a_criterion_named_or_parameterised_with_no_such_thing_is_one_error(name, params, error, message):
+    with pytest.raises(error, match=message):
+        Stopping.criterion(name, params)

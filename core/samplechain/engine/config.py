@@ -184,6 +184,10 @@ def _check_storable(kind: Any, value: Any) -> None:
 
 def parse_params(cls: type[Any], raw: Mapping[str, Any], *, source: str, path: str) -> Any:
     """Validate raw parameters against cls.Params: types, ranges, unknown keys. Raises one ConfigError."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            f"{source}: {path} = {raw!r}: expected a table of {path}'s parameters (a dict such as {{'n': 10}})"
+        )
     params_cls = cls.Params
     attrs.resolve_types(params_cls)
     fields = {f.name: f for f in attrs.fields(params_cls)}

@@ -305,6 +305,11 @@ class PluginHost:
     # ----------------------------------------------------------------- lookup
     def get(self, kind: str, name: str) -> type[Any]:
         """The class registered as `name` (`top_p` = newest version, `top_p.v1` = pinned), loading lazily."""
+        if not isinstance(name, str) or not name:
+            raise UnknownPluginError(
+                f"{kind} name = {name!r}: expected a name as a string, such as 'eos' or 'top_p.v1' (`samplechain "
+                "plugins` lists them)"
+            )
         base, version = split_versioned(name, kind)
         found = self._lookup(kind, base, version)
         if found is None:
