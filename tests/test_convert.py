@@ -541,3 +541,38 @@ def test_guards_survive_toml_and_are_refused_by_engine_targets():
     for export in (to_transformers, to_llama_cpp, to_vllm):
         with pytest.raises(ConfigError, match=r"guards \(banned_strings\) take text back, which .* cannot express"):
             export(chain)
+
+
+@pytest.mark.parametrize(
+    ("convert_", "source", "message"),
+    [
+        (from_vllm, {"min_tokens": "2"}, r"vLLM params: min_tokens = '2': expected an integer >= 0"),
+        (from_vllm, {"stop": 3}, r"vLLM params: stop = 3: expected a string or a list of strings"),
+        (from_vllm, {"stop_token_ids": 2}, r"vLLM params: stop_token_ids = 2: expected a list of token ids"),
+        (from_vllm, {"allowed_token_ids": 1.5}, r"allowed_token_ids = 1.5: expected a list of token ids"),
+        (from_vllm, {"logit_bias": {"5": "up"}}, r"vLLM params: logit_bias\['5'\] = 'up': expected a number"),
+        (from_vllm, None, r"None: expected a dict of vLLM sampling parameters or the path of a JSON file"),
+        (from_transformers, {"max_new_tokens": math.inf}, r"stop\[0\]\.n = inf: expected an integer"),
+        (from_transformers, {"stop_strings": 3}, r"stop_strings = 3: expected a string or a list of strings"),
+        (
+            from_transformers,
+            {"do_sample": True, "top_k": math.inf},
+            r"GenerationConfig: top_k = inf \(expected int, e.g. 50\)",
+        ),
+        (from_llama_cpp, None, r"llama.cpp flags = None: expected the flags as one string"),
+        (from_llama_cpp, "--top-k '20", r"llama.cpp flags: \"--top-k '20\": No closing quotation"),
+    ],
+)
+def test_settings_of_the_wrong_kind_are_one_config_error_naming_the_setting(convert_, source, message):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ConfigError, match=message):
+            convert_(source)
+
+
+def test_a_settings_file_that_cannot_be_read_is_one_config_error_naming_it(tmp_path):
+    (tmp_path / "latin1.json").write_bytes(b'{"temperature": 0.5, "x": "caf\xe9"}')
+    with pytest.raises(ConfigError, match=r"latin1.json: not a JSON file \(not UTF-8 text"):
+        from_vllm(tmp_path / "latin1.json")
+    with pytest.raises(ConfigError, match=r"cannot read the file: Is a directory"):
+        from_vllm(tmp_path)

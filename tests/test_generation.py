@@ -428,6 +428,24 @@ def test_chain_defaults_follow_the_generation_config(model):
     assert [s["name"] for s in chain.describe()] == ["temperature.v1", "top_k.v1", "top_p.v1", "min_p.v1", "dist.v1"]
 
 
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("top_k", float("inf"), r"generation_config.top_k = inf: expected an integer, as transformers takes it"),
+        ("temperature", "hot", r"generation_config.temperature = 'hot': expected a number"),
+        ("bad_words_ids", 3, r"the generation config's list settings \(bad_words_ids, .*'int' object is not"),
+    ],
+)
+def test_a_generation_config_setting_of_the_wrong_kind_is_one_error_naming_it(setting, value, message):
+    from transformers import GenerationConfig
+
+    cfg = GenerationConfig(do_sample=True, top_k=40.0)  # a whole float is an integer setting
+    assert [s.name for s in samplechain.generation.chain_from_generation_config(cfg).samplers] == ["top_k", "dist"]
+    setattr(cfg, setting, value)
+    with pytest.raises(ConfigError, match=message):
+        samplechain.generation.chain_from_generation_config(cfg)
+
+
 def test_length_limit_defaults_to_the_generation_config(model):
     ids = torch.tensor([[1, 2, 3]])
     model.generation_config.max_length = 9

@@ -16,6 +16,8 @@ from __future__ import annotations
 import copy
 import difflib
 import inspect
+import math
+import numbers
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -111,36 +113,36 @@ def _processors(config: Any) -> list[dict[str, Any]]:
     eos = token_id_list(g("eos_token_id")) if g("eos_token_id") is not None else []
     out: list[dict[str, Any]] = []
     if g("guidance_scale") is not None and g("guidance_scale") != 1:
-        out.append({"use": "cfg", "scale": float(g("guidance_scale"))})
+        out.append({"use": "cfg", "scale": _real(g("guidance_scale"))})
     if g("sequence_bias"):
         out.append({"use": "sequence_bias", "bias": _sequence_bias(g("sequence_bias"))})
     if g("repetition_penalty") is not None and g("repetition_penalty") != 1.0:
-        out.append({"use": "penalties", "repeat": float(g("repetition_penalty")), "scope": "transformers"})
+        out.append({"use": "penalties", "repeat": _real(g("repetition_penalty")), "scope": "transformers"})
     if g("no_repeat_ngram_size"):
-        out.append({"use": "no_repeat_ngram", "n": int(g("no_repeat_ngram_size"))})
+        out.append({"use": "no_repeat_ngram", "n": _whole(g("no_repeat_ngram_size"))})
     if g("bad_words_ids"):
         out.append({"use": "bad_words", "ids": [list(s) for s in g("bad_words_ids")], "eos_ids": eos})
     if g("min_new_tokens"):
-        out.append({"use": "min_new_tokens", "n": int(g("min_new_tokens")), "eos_ids": eos})
+        out.append({"use": "min_new_tokens", "n": _whole(g("min_new_tokens")), "eos_ids": eos})
     if g("forced_bos_token_id") is not None:
-        out.append({"use": "forced_bos", "bos_id": int(g("forced_bos_token_id"))})
+        out.append({"use": "forced_bos", "bos_id": _whole(g("forced_bos_token_id"))})
     if g("forced_eos_token_id") is not None and g("max_length"):
         out.append(
             {
                 "use": "forced_eos",
                 "eos_ids": token_id_list(g("forced_eos_token_id")),
-                "max_length": int(g("max_length")),
+                "max_length": _whole(g("max_length")),
             }
         )
     if g("remove_invalid_values"):
         out.append({"use": "inf_nan_remove"})
     if g("exponential_decay_length_penalty") is not None:
         start, factor = g("exponential_decay_length_penalty")
-        out.append({"use": "length_decay", "start": int(start), "factor": float(factor), "eos_ids": eos})
+        out.append({"use": "length_decay", "start": _whole(start), "factor": _real(factor), "eos_ids": eos})
     if g("suppress_tokens"):
-        out.append({"use": "suppress_tokens", "ids": [int(t) for t in g("suppress_tokens")]})
+        out.append({"use": "suppress_tokens", "ids": [_whole(t) for t in g("suppress_tokens")]})
     if g("begin_suppress_tokens"):
-        out.append({"use": "begin_suppress_tokens", "ids": [int(t) for t in g("begin_suppress_tokens")]})
+        out.append({"use": "begin_suppress_tokens", "ids": [_whole(t) for t in g("begin_suppress_tokens")]})
     return out
 
 
@@ -148,21 +150,21 @@ def _warpers(config: Any) -> list[dict[str, Any]]:
     g = _getter(config)
     out: list[dict[str, Any]] = []
     if g("temperature") is not None and g("temperature") != 1.0:
-        out.append({"use": "temperature", "t": float(g("temperature"))})
+        out.append({"use": "temperature", "t": _real(g("temperature"))})
     if g("top_h") is not None:
-        out.append({"use": "top_h", "top_h": float(g("top_h"))})
+        out.append({"use": "top_h", "top_h": _real(g("top_h"))})
     if g("top_k"):
-        out.append({"use": "top_k", "k": int(g("top_k"))})
+        out.append({"use": "top_k", "k": _whole(g("top_k"))})
     if g("top_p") is not None and g("top_p") < 1.0:
-        out.append({"use": "top_p", "p": float(g("top_p"))})
+        out.append({"use": "top_p", "p": _real(g("top_p"))})
     if g("min_p") is not None:
-        out.append({"use": "min_p", "p": float(g("min_p"))})
+        out.append({"use": "min_p", "p": _real(g("min_p"))})
     if g("typical_p") is not None and g("typical_p") < 1.0:
-        out.append({"use": "typical", "p": float(g("typical_p")), "semantics": "transformers"})
+        out.append({"use": "typical", "p": _real(g("typical_p")), "semantics": "transformers"})
     if g("epsilon_cutoff") is not None and 0.0 < g("epsilon_cutoff") < 1.0:
-        out.append({"use": "epsilon", "epsilon": float(g("epsilon_cutoff"))})
+        out.append({"use": "epsilon", "epsilon": _real(g("epsilon_cutoff"))})
     if g("eta_cutoff") is not None and 0.0 < g("eta_cutoff") < 1.0:
-        out.append({"use": "eta", "epsilon": float(g("eta_cutoff"))})
+        out.append({"use": "eta", "epsilon": _real(g("eta_cutoff"))})
     return out
 
 
@@ -181,6 +183,47 @@ def _finishers(config: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _whole(value: Any) -> Any:
+    """An integer setting as an int (50.0 too); anything else as it is, for the chain's check to name."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+        return int(value) if float(value).is_integer() else value
+    return value
+
+
+def _real(value: Any) -> Any:
+    """A number setting as a float; anything else as it is, for the chain's check to name."""
+    return float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else value
+
+
+def _check_kinds(config: Any) -> None:
+    """A sampling setting whose value is not the kind transformers' processors take is one ConfigError naming the
+    setting (an integer setting may be a whole float: top_k = 50.0)."""
+    for key, kind in _KINDS.items():
+        value = getattr(config, key, None)
+        if value is None:
+            continue
+        whole = isinstance(_whole(value), int) and not isinstance(value, bool)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or (kind is int and not whole):
+            expected = "an integer" if kind is int else "a number"
+            raise ConfigError(f"generation_config.{key} = {value!r}: expected {expected}, as transformers takes it")
+
+
+_KINDS: dict[str, type] = {  # the sampling settings of one number each
+    "temperature": float,
+    "top_k": int,
+    "top_p": float,
+    "min_p": float,
+    "typical_p": float,
+    "epsilon_cutoff": float,
+    "eta_cutoff": float,
+    "top_h": float,
+    "repetition_penalty": float,
+    "no_repeat_ngram_size": int,
+    "min_new_tokens": int,
+    "guidance_scale": float,
+}
+
+
 def chain_from_generation_config(config: Any, *, host: PluginHost | None = None) -> Chain:
     """The chain transformers would run for a GenerationConfig (see the module docstring for the order)."""
     unmapped = unmapped_settings(config) if config is not None else []
@@ -194,7 +237,14 @@ def chain_from_generation_config(config: Any, *, host: PluginHost | None = None)
     if config is None:
         return Chain.load({"name": "greedy (generation config)", "samplers": [{"use": "greedy"}]}, host=host)
     sampling = bool(getattr(config, "do_sample", False))
-    samplers = _processors(config) + (_warpers(config) if sampling else []) + _finishers(config)
+    _check_kinds(config)
+    try:
+        samplers = _processors(config) + (_warpers(config) if sampling else []) + _finishers(config)
+    except (TypeError, ValueError, OverflowError) as exc:  # a list setting of the wrong kind
+        raise ConfigError(
+            "the generation config's list settings (bad_words_ids, suppress_tokens, sequence_bias, "
+            f"exponential_decay_length_penalty, ...) are not of the kinds transformers takes: {exc}"
+        ) from None
     samplers.append({"use": "dist" if sampling else "greedy"})
     name = "sampling (generation config)" if sampling else "greedy (generation config)"
     # errors name the config as their source (a bad value given as a generate() keyword lands there)

@@ -4,10 +4,13 @@ TOML, and the checks of disabled values and of order that each target applies.""
 from __future__ import annotations
 
 import difflib
+import json
 import math
+import os
 import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -132,6 +135,29 @@ def normalized(chain: Any) -> dict[str, Any]:
         "samplers": [_entry_dict(e, compact=False) for e in samplers],
         "stop": [_entry_dict(e, compact=False) for e in stop],
     }
+
+
+def read_json_object(source: Any, what: str, label: str | None = None) -> dict[str, Any]:
+    """The JSON object in the file `source`, or one ConfigError naming the file: not a path, missing, unreadable,
+    not JSON, or JSON of another kind than an object of `what`."""
+    if not isinstance(source, (str, os.PathLike)) or not str(source).strip():
+        raise ConfigError(f"{source!r}: expected a dict of {what} or the path of a JSON file of them")
+    label = label or str(source)
+    try:
+        text = Path(source).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{label}: file not found (expected a JSON object of {what})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{label}: not a JSON file (not UTF-8 text: {exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{label}: cannot read the file: {exc.strerror or exc}") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{label}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{label}: expected a JSON object of {what}, got {type(raw).__name__}")
+    return raw
 
 
 def _checked(chain: dict[str, Any], source: str) -> dict[str, Any]:

@@ -180,7 +180,18 @@ def _lc_logit_bias(flag: str, value: str) -> tuple[int, float]:
 
 
 def _lc_parse(args: Sequence[str] | str) -> dict[str, Any]:
-    tokens = shlex.split(args) if isinstance(args, str) else list(args)
+    if isinstance(args, str):
+        try:
+            tokens = shlex.split(args)
+        except ValueError as exc:  # an unclosed quote
+            raise ConfigError(f"llama.cpp flags: {args!r}: {exc}") from None
+    elif isinstance(args, (list, tuple)) and all(isinstance(a, str) for a in args):
+        tokens = list(args)
+    else:
+        raise ConfigError(
+            f'llama.cpp flags = {args!r}: expected the flags as one string ("--top-k 20 --temp 0.7") or a list of '
+            'strings (["--top-k", "20"])'
+        )
     s = copy.deepcopy(_LC_DEFAULTS)
     breakers: list[str] | None = None
     i = 0

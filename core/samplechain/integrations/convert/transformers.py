@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-import json
+import os
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -22,6 +22,7 @@ from .common import (
     _plain,
     _temperature,
     chain_to_dict,
+    read_json_object,
 )
 
 # ------------------------------------------------------------------------------------------ transformers
@@ -60,20 +61,11 @@ def _load_generation_config(source: Any) -> tuple[Any, str]:
     if isinstance(source, Mapping):
         raw, label = dict(source), "<dict>"
     else:
-        path = Path(source)
-        if path.is_dir():
+        path = Path(source) if isinstance(source, (str, os.PathLike)) and str(source).strip() else source
+        if isinstance(path, Path) and path.is_dir():
             path = path / "generation_config.json"
         label = str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"{label}: file not found (expected a generation_config.json or its folder)") from None
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{label}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{label}: expected a JSON object of generation settings, got {type(raw).__name__}")
+        raw = read_json_object(path, "generation settings (a generation_config.json or its folder)")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -120,6 +112,9 @@ def from_transformers(source: Any) -> dict[str, Any]:
     for key, value in defaults.items():
         if getattr(config, key, None) is None and value is not None:
             setattr(config, key, value)
+    wrong = _wrong_kinds(diff)
+    if wrong:  # named by the settings' own keys, before the chain would name its entries
+        raise ConfigError(f"{label}: not a valid GenerationConfig: {wrong[:-2]}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -133,14 +128,17 @@ def from_transformers(source: Any) -> dict[str, Any]:
     out = chain_to_dict(chain)
     out["name"] = f"transformers ({Path(label).name})" if label[0] != "<" else "transformers"
     stop: list[dict[str, Any]] = []
+    # the values as they are: the chain's check names one of the wrong kind (max_new_tokens = inf, ...)
     if config.max_new_tokens is not None:
-        stop.append({"use": "max_new_tokens", "n": int(config.max_new_tokens)})
+        stop.append({"use": "max_new_tokens", "n": config.max_new_tokens})
     elif "max_length" in diff and config.max_length is not None:
-        stop.append({"use": "max_length", "n": int(config.max_length)})
+        stop.append({"use": "max_length", "n": config.max_length})
     if getattr(config, "max_time", None) is not None:
-        stop.append({"use": "max_time", "seconds": float(config.max_time)})
+        stop.append({"use": "max_time", "seconds": config.max_time})
     strings = getattr(config, "stop_strings", None)
     if strings:
+        if not isinstance(strings, (str, list, tuple)):
+            raise ConfigError(f"{label}: stop_strings = {strings!r}: expected a string or a list of strings")
         stop.append({"use": "stop_strings", "strings": [strings] if isinstance(strings, str) else list(strings)})
     if stop:
         out["stop"] = stop

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
@@ -21,6 +19,7 @@ from .common import (
     _order,
     _plain,
     _temperature,
+    read_json_object,
 )
 
 # --------------------------------------------------------------------------------------------------- vLLM
@@ -83,18 +82,7 @@ _VLLM_REQUEST = {
 def _load_json(source: Any, what: str) -> tuple[dict[str, Any], str]:
     if isinstance(source, Mapping):
         return dict(source), "<dict>"
-    label = str(source)
-    try:
-        text = Path(source).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{label}: file not found (expected a JSON object of {what})") from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{label}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{label}: expected a JSON object of {what}, got {type(raw).__name__}")
-    return raw, label
+    return read_json_object(source, what), str(source)
 
 
 def _vllm_known_keys(raw: Mapping[str, Any], where: str) -> None:
@@ -140,12 +128,17 @@ def _vllm_samplers(raw: Mapping[str, Any], where: str) -> tuple[list[dict[str, A
     bias = _get(raw, "logit_bias", {})
     if not isinstance(bias, Mapping):
         raise ConfigError(f"{where}: logit_bias = {bias!r}: expected an object {{token_id: bias}}")
-    bad = _get(raw, "bad_words", [])
-    bad = [bad] if isinstance(bad, str) else list(bad)
+    for token, value in bias.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: logit_bias[{token!r}] = {value!r}: expected a number (the bias)")
+    bad = _list(raw, where, "bad_words", "a string or a list of strings")
+    min_tokens = _get(raw, "min_tokens", 0)
+    if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
+        raise ConfigError(f"{where}: min_tokens = {min_tokens!r}: expected an integer >= 0")
     samplers: list[dict[str, Any]] = [
-        {"use": "allowed_tokens", "ids": list(_get(raw, "allowed_token_ids", []))},
+        {"use": "allowed_tokens", "ids": _list(raw, where, "allowed_token_ids", "a list of token ids")},
         {"use": "bad_words", "words": bad} if bad else {"use": "bad_words", "ids": []},
-        {"use": "min_new_tokens", "n": int(_get(raw, "min_tokens", 0))},
+        {"use": "min_new_tokens", "n": min_tokens},
         {"use": "logit_bias", "bias": {str(k): float(v) for k, v in bias.items()}},
         {
             "use": "penalties",
@@ -167,19 +160,30 @@ def _vllm_samplers(raw: Mapping[str, Any], where: str) -> tuple[list[dict[str, A
     ], "vllm"
 
 
-def _vllm_stop_criteria(raw: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _vllm_stop_criteria(raw: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
     """max_tokens (or max_completion_tokens), stop strings and stop_token_ids as stop criteria."""
     stop: list[dict[str, Any]] = []
     max_tokens = raw.get("max_tokens", raw.get("max_completion_tokens"))
     if max_tokens is not None:
         stop.append({"use": "max_new_tokens", "n": max_tokens})
-    strings = _get(raw, "stop", [])
-    strings = [strings] if isinstance(strings, str) else list(strings)
+    strings = _list(raw, where, "stop", "a string or a list of strings")
     if strings:
         stop.append({"use": "stop_strings", "strings": strings})
-    if _get(raw, "stop_token_ids", []):
-        stop.append({"use": "stop_sequences", "sequences": [[t] for t in raw["stop_token_ids"]]})
+    ids = _list(raw, where, "stop_token_ids", "a list of token ids")
+    if ids:
+        stop.append({"use": "stop_sequences", "sequences": [[t] for t in ids]})
     return stop
+
+
+def _list(raw: Mapping[str, Any], where: str, key: str, expected: str) -> list[Any]:
+    """A list setting (one string stands for a list of it where strings are expected); its items are checked by the
+    chain entry it becomes."""
+    value = _get(raw, key, [])
+    if isinstance(value, str) and "string" in expected:
+        return [value]
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{where}: {key} = {value!r}: expected {expected}")
+    return list(value)
 
 
 def from_vllm(source: Any) -> dict[str, Any]:
@@ -192,7 +196,7 @@ def from_vllm(source: Any) -> dict[str, Any]:
     where = f"{label}: vLLM params"
     _vllm_known_keys(raw, where)
     samplers, name = _vllm_samplers(raw, where)
-    stop = _vllm_stop_criteria(raw)
+    stop = _vllm_stop_criteria(raw, where)
     if raw.get("ignore_eos"):
         warnings.warn(
             f"{where}: ignore_eos = true is a generate() setting (generate(..., ignore_eos=True)), not "
