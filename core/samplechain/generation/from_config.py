@@ -185,6 +185,8 @@ def _finishers(config: Any) -> list[dict[str, Any]]:
 
 def _whole(value: Any) -> Any:
     """An integer setting as an int (50.0 too); anything else as it is, for the chain's check to name."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
     if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
         return int(float(value)) if float(value).is_integer() else value
     return value
