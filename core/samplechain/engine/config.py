@@ -335,18 +335,28 @@ def _read_source(
         )
     text_given = isinstance(source, str) and "\n" in source
     label = name or ("<string>" if text_given else str(source))
-    try:
-        text = source if text_given else Path(source).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{label}: chain file not found{_not_found_hint(str(source), host)}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{label}: not a TOML file (not UTF-8 text: {exc.reason} at byte {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"{label}: cannot read the chain file: {exc.strerror or exc}") from None
+    if text_given:
+        text = str(source)
+    else:
+        text = read_text_file(
+            source, label, "TOML", f"chain file not found{_not_found_hint(str(source), host)}", "the chain file"
+        )
     try:
         return tomllib.loads(text), label
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{label}: not valid TOML: {exc}") from None
+
+
+def read_text_file(path: str | os.PathLike[str], label: str, kind: str, not_found: str, what: str) -> str:
+    """A settings file's UTF-8 text, or one ConfigError naming it (`label: not_found`, not text, cannot be read)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{label}: {not_found}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{label}: not a {kind} file (not UTF-8 text: {exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{label}: cannot read {what}: {exc.strerror or exc}") from None
 
 
 def _not_found_hint(source: str, host: PluginHost) -> str:

@@ -10,12 +10,11 @@ import os
 import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import attrs
 
-from ...engine.config import ChainConfig, EntrySpec, load_config
+from ...engine.config import ChainConfig, EntrySpec, load_config, read_text_file
 from ...engine.discovery import split_versioned
 from ...errors import ChainWarning, ConfigError
 
@@ -143,14 +142,7 @@ def read_json_object(source: Any, what: str, label: str | None = None) -> dict[s
     if not isinstance(source, (str, os.PathLike)) or not str(source).strip():
         raise ConfigError(f"{source!r}: expected a dict of {what} or the path of a JSON file of them")
     label = label or str(source)
-    try:
-        text = Path(source).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{label}: file not found (expected a JSON object of {what})") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{label}: not a JSON file (not UTF-8 text: {exc.reason} at byte {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"{label}: cannot read the file: {exc.strerror or exc}") from None
+    text = read_text_file(source, label, "JSON", f"file not found (expected a JSON object of {what})", "the file")
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
