@@ -41,6 +41,7 @@ CHECKPOINT_KEYS = (
     "store",
     "speculation",
 )
+_OPTIONAL: dict[str, Any] = {"stop_matches": None, "elapsed": 0.0, "unconditional": None, "speculation": None}
 
 
 def load_checkpoint(source: Mapping[str, Any] | str | Path) -> dict[str, Any]:
@@ -59,12 +60,16 @@ def load_checkpoint(source: Mapping[str, Any] | str | Path) -> dict[str, Any]:
             f"resume: format {data.get('format')!r} is not {CHECKPOINT_FORMAT!r}; pass what "
             "Generation.checkpoint() returned (this version reads only its own format)"
         )
-    missing = [key for key in CHECKPOINT_KEYS if key not in data]
+    missing = [key for key in CHECKPOINT_KEYS if key not in data and key not in _OPTIONAL]
     if missing:
         raise ConfigError(
             f"resume: the checkpoint has no {', '.join(missing)}; the checkpoint is damaged (pass what "
             "Generation.checkpoint() returned, or its JSON file, unchanged)"
         )
+    for key, default in _OPTIONAL.items():  # what checkpoints of this format did not always hold
+        data.setdefault(key, default)
+    if data["stop_matches"] is None and isinstance(data["request_ids"], list):
+        data["stop_matches"] = [None] * len(data["request_ids"])
     _check_layout(data)
     return data
 
