@@ -132,9 +132,10 @@ class ChainLogitsProcessor(LogitsProcessor):
                 "take text back, which a logits processor inside model.generate cannot; generate with "
                 "samplechain.generation.generate(model, tokenizer, prompts, chain=...), which runs them"
             )
-        rows = checked_params(params) or [dict(params or {})]
-        for i, row in enumerate(rows):  # the parameters' own check, here rather than inside model.generate
-            self.chain.layout.resolve("params" if len(rows) == 1 else f"params[{i}]", row, draw_seeds=False)
+        listed = checked_params(params)  # one mapping per prompt, or None for one mapping for all
+        for i, row in enumerate(listed if listed is not None else [dict(params or {})]):
+            # the parameters' own check, here rather than inside model.generate
+            self.chain.layout.resolve("params" if listed is None else f"params[{i}]", row, draw_seeds=False)
         checked_flags(select=select)
         self.params = params
         self.seed = seed if seed is None else sequence_seed(seed, 0, "seed")
