@@ -303,6 +303,10 @@ def test_a_seed_that_is_not_an_integer_is_one_error_naming_where_it_was_given(mo
         ({"pad_token_id": -1}, r"pad_token_id = -1: a token id of the model"),
         ({"pad_token_id": []}, r"pad_token_id = \[\]: a token id of the model, not an empty list"),
         ({"eos_token_id": 10**20}, r"eos_token_id = 100000000000000000000: a token id of the model"),
+        (
+            {"eos_token_id": [2, 300]},
+            r"eos_token_id = \[2, 300\]: a token id of the model or a list of them \(in \[0, 300\)\)",
+        ),
         ({"output_logits": torch.zeros(2, 3)}, r"(?s)output_logits = tensor\(.*\): True or False"),
         ({"include_stop_str_in_output": torch.zeros(2)}, r"include_stop_str_in_output = tensor\(.*\): give one bool"),
         ({"input_ids": {"ids": [1, 2]}}, r"input_ids = \{'ids': \[1, 2\]\}: a \(batch, length\) integer tensor"),

@@ -220,7 +220,7 @@ class Generation(PromptInputs, Checkpoints):
 
     def _token_ids(self, eos_token_id: Any, pad_token_id: int | None) -> None:
         self.eos_ids = (
-            checked_token_ids("eos_token_id", eos_token_id)
+            checked_token_ids("eos_token_id", eos_token_id, getattr(self.model.config, "vocab_size", None))
             if eos_token_id is not None
             else eos_token_ids(self.tokenizer, self.generation_config, self.model.config)
         )
