@@ -245,6 +245,17 @@ def test_a_path_target_reads_its_pyproject(tmp_path):
         plugin_tools.resolve_target(str(tmp_path / "not-a-project"))
 
 
+def test_an_empty_target_or_a_broken_pyproject_is_refused_before_pip_runs(tmp_path):
+    for empty in ("", "  "):  # Path("") is the working folder: it would install whatever project is there
+        with pytest.raises(PluginToolError, match="the plugin to install is empty"):
+            plugin_tools.resolve_target(empty)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "pyproject.toml").write_text("[project\nname = 'x'\n")
+    with pytest.raises(PluginToolError, match=r"broken/pyproject.toml: not valid TOML: .*fix it before installing"):
+        plugin_tools.resolve_target(str(broken))
+
+
 # ===================================================================== install records and pip failures
 
 FAKE_PYTHON = """\

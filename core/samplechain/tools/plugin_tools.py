@@ -235,7 +235,9 @@ def _project_table(folder: Path) -> Mapping[str, Any]:
     pyproject = folder / "pyproject.toml"
     try:
         return tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
-    except (OSError, tomllib.TOMLDecodeError):
+    except tomllib.TOMLDecodeError as exc:  # pip would stop on it too, with a traceback of its own
+        raise PluginToolError(f"{pyproject}: not valid TOML: {exc}; fix it before installing") from None
+    except OSError:
         return {}
 
 
@@ -298,6 +300,11 @@ def _did_you_mean(name: str, registry: Registry) -> str:
 def resolve_target(target: str, registry: Registry | None = None) -> InstallTarget:
     """A path (folder, wheel) is installed as is; a bare name must be a plugin of registry.toml (by plugin name or
     distribution): from its folder `plugins/...` when that exists next to registry.toml, else by distribution."""
+    if not target.strip():  # Path("") is the working folder: an empty argument must not install it
+        raise PluginToolError(
+            "the plugin to install is empty: give a registry plugin name (min_p), a folder (./samplechain-mine; "
+            "'.' for the working folder) or a wheel"
+        )
     if _looks_like_path(target):
         return _path_target(target)
     if registry is None:
