@@ -729,6 +729,19 @@ def _(t: Trial) -> None:
     _generate(max_new_tokens=4, ignore_eos="no")
 
 
+@case("resume_damaged_checkpoint")
+def _(t: Trial) -> None:
+    from samplechain.generation import Generation, generate
+
+    model, tokenizer = embedded_model()
+    gen = Generation(model, tokenizer, "Hello", chain="preset:llama.cpp", seed=1, max_new_tokens=4)
+    steps = gen.steps()
+    next(steps), next(steps)
+    checkpoint = gen.checkpoint()
+    checkpoint["generated"][0] = checkpoint["generated"][0][:1]
+    generate(model, tokenizer, resume=checkpoint, chain="preset:llama.cpp", max_new_tokens=4)
+
+
 @case("stop_no_length_limit")
 def _(t: Trial) -> None:
     Stopping([Stopping.criterion("eos")])
