@@ -59,8 +59,8 @@ def _opened(path: str, device: str, load_model: Any) -> tuple[Any, Any]:
     drafter's draws do not depend on how its cache was fed."""
     try:
         model, tokenizer = load_model(path)
-    except ConfigError:
-        raise
+    except ConfigError as exc:  # the loader's own account (no config.json, not a GGUF file ...), named as a drafter's
+        raise ConfigError(f"draft[draft_model].model = {path!r}: cannot be opened as a model: {exc}") from None
     except Exception as exc:  # transformers' or llama.cpp's own errors on a path that holds no model they open
         raise ConfigError(
             f"draft[draft_model].model = {path!r}: cannot be opened as a model ({type(exc).__name__}: {exc}); give a "
