@@ -128,15 +128,13 @@ def _check_layout(data: Mapping[str, Any]) -> None:
         ("stop_matches", _is_stop_match, "null or [reason, text, trailing characters]"),
     ):
         _items(f"[{key!r}]", data[key], batch, ok, expected)
-    for key in ("pad_token_id", "eos_token_id", "elapsed"):
-        value = data[key]
-        eos_ok = isinstance(value, list) and all(_is_int(t) for t in value)
-        if key == "elapsed" and not (_is_real(value) and value >= 0):
-            raise _damaged("['elapsed']", value, "the seconds run so far (a number >= 0)")
-        if (key == "pad_token_id" and not _is_int(value)) or (key == "eos_token_id" and not eos_ok):
-            raise _damaged(
-                f"[{key!r}]", value, "a token id (an integer >= 0)" + (", in a list" if key[0] == "e" else "")
-            )
+    if not _is_int(data["pad_token_id"]):
+        raise _damaged("['pad_token_id']", data["pad_token_id"], "a token id (an integer >= 0)")
+    eos = data["eos_token_id"]
+    if not (isinstance(eos, list) and all(_is_int(t) for t in eos)):
+        raise _damaged("['eos_token_id']", eos, "a token id (an integer >= 0), in a list")
+    if not (_is_real(data["elapsed"]) and data["elapsed"] >= 0):
+        raise _damaged("['elapsed']", data["elapsed"], "the seconds run so far (a number >= 0)")
     for key in ("unconditional", "store", "speculation"):
         if not (isinstance(data[key], dict) or (data[key] is None and key != "store")):
             raise _damaged(f"[{key!r}]", data[key], "a table" + (" or null" if key != "store" else ""))

@@ -15,6 +15,7 @@ from typing import Any, TypeAlias
 import torch
 
 from ..contracts import max_positions, token_id_list
+from ..engine.discovery import PluginHost, get_host
 from ..engine.stopping import Stopping
 from ..errors import ConfigError, GenerationWarning
 from ..tokens import left_pad
@@ -26,6 +27,7 @@ __all__ = [
     "Prompts",
     "chat_template_of",
     "checked_flags",
+    "checked_host",
     "checked_params",
     "checked_processor",
     "checked_stop",
@@ -55,6 +57,13 @@ def is_flag(value: Any) -> bool:
         return not isinstance(value, (str, float)) and any(value is v or bool(value == v) for v in (0, 1))
     except (TypeError, ValueError, RuntimeError):
         return False
+
+
+def checked_host(host: Any) -> PluginHost:
+    """`host=`: a PluginHost, or None for the installed plugins' host."""
+    if host is not None and not isinstance(host, PluginHost):
+        raise ConfigError(f"host = {host!r}: a samplechain PluginHost (or leave it out for the installed plugins)")
+    return host or get_host()
 
 
 def checked_stop(stop: Any) -> list[Any]:

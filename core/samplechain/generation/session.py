@@ -30,7 +30,7 @@ import torch
 from ..contracts import StopContext, StopMatch, StopSetup
 from ..engine import graphs
 from ..engine.chain import Chain
-from ..engine.discovery import PluginHost, get_host
+from ..engine.discovery import PluginHost
 from ..engine.mixed import MixedChains
 from ..engine.stopping import Stopping, cut_text, min_new_tokens_of
 from ..errors import ConfigError, GenerationWarning, SamplingError
@@ -43,6 +43,7 @@ from .inputs import (
     PromptInputs,
     Prompts,
     checked_flags,
+    checked_host,
     checked_params,
     checked_processor,
     checked_stop,
@@ -195,9 +196,7 @@ class Generation(PromptInputs, Checkpoints):
         # a transformers LogitsProcessorList (or any fn(input_ids, scores) -> scores) run before the chain
         self.logits_processor = checked_processor(logits_processor)
         self.tokenizer = tokenizer
-        if host is not None and not isinstance(host, PluginHost):
-            raise ConfigError(f"host = {host!r}: a samplechain PluginHost (or leave it out for the installed plugins)")
-        self.host = host or get_host()
+        self.host = checked_host(host)
         if generation_config is not None and not hasattr(generation_config, "do_sample"):
             raise ConfigError(
                 f"generation_config = {generation_config!r}: a transformers GenerationConfig (or leave it out for the "

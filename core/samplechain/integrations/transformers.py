@@ -27,7 +27,7 @@ from ..engine.discovery import PluginHost
 from ..engine.stopping import Stopping
 from ..engine.store import RequestStore
 from ..errors import ConfigError
-from ..generation.inputs import checked_flags, checked_params
+from ..generation.inputs import checked_flags, checked_host, checked_params
 from ..params import params_label, sequence_seed
 
 __all__ = [
@@ -40,8 +40,7 @@ __all__ = [
 
 
 def _chain(chain: Any, host: PluginHost | None) -> Chain:
-    if host is not None and not isinstance(host, PluginHost):
-        raise ConfigError(f"host = {host!r}: a samplechain PluginHost (or leave it out for the installed plugins)")
+    checked_host(host)
     if isinstance(chain, Chain):
         return chain
     if isinstance(chain, (str, Path, Mapping)):
@@ -237,8 +236,7 @@ def as_logits_processor(
 def _criteria(spec: Any, host: PluginHost | None) -> Stopping:
     if isinstance(spec, Stopping):
         return spec
-    if host is not None and not isinstance(host, PluginHost):
-        raise ConfigError(f"host = {host!r}: a samplechain PluginHost (or leave it out for the installed plugins)")
+    checked_host(host)
     if isinstance(spec, (str, Mapping, StoppingCriterion)) or callable(spec):
         items = [spec]
     elif isinstance(spec, (list, tuple)):
