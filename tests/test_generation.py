@@ -513,6 +513,21 @@ def test_stream_deltas_concatenate_to_the_final_text(model, tok):
     assert {e.index for e in events} == {0}
 
 
+def test_a_stream_read_step_by_step_leaves_its_reader_outside_inference_mode(model, tok):
+    """The model runs under inference mode only while the stream computes a step: between steps, and after a reader
+    stops early, the reader's own tensors can be changed in place."""
+    events = stream(model, tok, "The quick brown", chain=TEMP_TOPK_TOPP, seed=2, max_new_tokens=8, ignore_eos=True)
+    for _ in range(3):
+        next(events)
+        assert not torch.is_inference_mode_enabled()
+        torch.zeros(2).add_(1)  # an inference tensor made here would refuse this
+    events.close()
+    assert not torch.is_inference_mode_enabled()
+    with torch.inference_mode():  # a reader inside inference mode stays in it
+        assert len(list(stream(model, tok, "The quick", max_new_tokens=3, ignore_eos=True))) == 3
+        assert torch.is_inference_mode_enabled()
+
+
 def test_stream_yields_one_event_per_token_also_within_a_character(tok):
     """A byte-level tokenizer spells 日 and 🎉 over several tokens: each token gets its event, the first ones with
     an empty delta, so the events' token ids are the generated tokens (vLLM streams every token too)."""

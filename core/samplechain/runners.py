@@ -32,15 +32,17 @@ model no plugin claims; the llama.cpp runner (samplechain-llama-cpp) takes `Llam
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
 from .candidates import NoParams
 from .errors import ConfigError
 
-__all__ = ["ModelRunner"]
+__all__ = ["ModelRunner", "running", "running_each_step"]
+
+T = TypeVar("T")
 
 
 class ModelRunner:
@@ -122,3 +124,36 @@ class ModelRunner:
                 f"the {self.name} runner cuts every row of its cache to the same length; got {sorted(lengths)}"
             )
         return lengths.pop()
+
+
+@contextlib.contextmanager
+def running(runner_cls: type[ModelRunner]) -> Iterator[None]:
+    """What a runner's calls run under: torch's inference mode, and torch's threads as the runner asks for
+    (`ModelRunner.sampling_threads`); the caller's mode and threads come back after it."""
+    threads, wanted = torch.get_num_threads(), runner_cls.sampling_threads
+    if wanted and wanted != threads:
+        torch.set_num_threads(wanted)
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        if wanted and wanted != threads:
+            torch.set_num_threads(threads)
+
+
+def running_each_step(runner_cls: type[ModelRunner], steps: Iterator[T]) -> Iterator[T]:
+    """`steps` with each resumption inside `running(runner_cls)` and the caller's own mode and threads between them.
+    A context held across a yield would reach into the consumer's code: a stream read step by step would leave its
+    reader in inference mode (its tensors could not be changed in place) until the stream ended or was collected."""
+    while True:
+        with running(runner_cls):
+            try:
+                item = next(steps)
+            except StopIteration:
+                return
+        try:
+            yield item
+        except GeneratorExit:  # the consumer stopped early: the steps' own clean-up runs as their steps did
+            with running(runner_cls):
+                steps.close()
+            raise

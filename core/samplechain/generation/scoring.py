@@ -29,7 +29,6 @@ generation's own forward passes).
 
 from __future__ import annotations
 
-import contextlib
 import numbers
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -45,6 +44,7 @@ from ..engine.discovery import PluginHost
 from ..engine.mixed import MixedChains
 from ..engine.stopping import CallableCriterion
 from ..errors import ConfigError
+from ..runners import running
 from ..tokens import left_pad
 from .inputs import Prompts, checked_stop
 from .model import runner_for
@@ -371,7 +371,7 @@ class _Scoring:
                 f"these rows are scored in {len(groups)} groups (together they exceed the model's positions), which "
                 "would call it on each group's positions again: score the groups apart, or pass its chain as chain="
             )
-        with _threads(runner_cls.sampling_threads), torch.inference_mode():
+        with running(runner_cls):
             for group in groups:  # the request store keeps each row's state apart
                 index = torch.tensor(group, dtype=torch.int64)
                 on = index.to(gen.input_ids.device)
@@ -495,17 +495,3 @@ def _sample(
         for whole, values in zip((drawn, logprobs, ranks), got):
             whole.index_copy_(0, index, values)
     return drawn, logprobs, ranks
-
-
-@contextlib.contextmanager
-def _threads(wanted: int | None) -> Iterator[None]:
-    """torch's threads as the runner asks for while it runs (`ModelRunner.sampling_threads`)."""
-    threads = torch.get_num_threads()
-    if not wanted or wanted == threads:
-        yield
-        return
-    torch.set_num_threads(wanted)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)

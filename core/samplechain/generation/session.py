@@ -35,6 +35,7 @@ from ..engine.mixed import MixedChains
 from ..engine.stopping import Stopping, cut_text, min_new_tokens_of
 from ..errors import ConfigError, GenerationWarning, SamplingError
 from ..params import params_label, sequence_seed
+from ..runners import running_each_step
 from ..tokens import eos_token_ids
 from .checkpoints import Checkpoints, load_checkpoint
 from .drawing import step_going
@@ -400,16 +401,7 @@ class Generation(PromptInputs, Checkpoints):
         width = self.input_ids.shape[1] - self._replay
         uwidth = 0 if self.uncond_ids is None else self.uncond_ids.shape[1] - self._replay
         runner_cls = runner_for(self.model, self.host)
-        threads = torch.get_num_threads()
-        wanted = runner_cls.sampling_threads
-        if not wanted or wanted == threads:
-            yield from self._run(runner_cls, width, uwidth)
-            return
-        torch.set_num_threads(wanted)
-        try:
-            yield from self._run(runner_cls, width, uwidth)
-        finally:
-            torch.set_num_threads(threads)
+        yield from running_each_step(runner_cls, self._run(runner_cls, width, uwidth))
 
     def _run(
         self, runner_cls: type[ModelRunner], width: int, uwidth: int
@@ -420,32 +412,31 @@ class Generation(PromptInputs, Checkpoints):
         )
         self.setup.start_time = time.monotonic() - self._elapsed
         self.stopping.prepare(self.setup)
-        with torch.inference_mode():
-            logits = runner.prefill()
-            uncond = guidance.prefill() if guidance is not None else None
-            if self.speculation is not None and callable(keep := getattr(runner, "keep_past", None)):
-                keep()  # a resume's replay may be cut back (a sliding window's cache keeps what it needs)
-            for j in range(1, self._replay + 1):  # resume: the forward passes of the steps before the checkpoint
-                logits = runner.step(self.input_ids[:, : width + j])
-                if guidance is not None:
-                    assert self.uncond_ids is not None  # guidance runs on it
-                    uncond = guidance.step(self.uncond_ids[:, : uwidth + j])
-            self._replay = 0
-            if self.speculation is not None:
-                yield from self.speculation.run(self, runner, logits, self._steps)
-                return
-            step = self._steps
-            while True:
-                step += 1
-                token_ids, active = self._one_step(logits, step, uncond)
-                yield token_ids, active
-                if self._all_finished:
-                    break
-                logits = self.step_model(runner)
-                if guidance is not None:  # the unconditional context continues with the same tokens
-                    assert self.uncond_ids is not None  # guidance runs on it
-                    self.uncond_ids = torch.cat([self.uncond_ids, token_ids[:, None]], dim=-1)
-                    uncond = guidance.step(self.uncond_ids)
+        logits = runner.prefill()
+        uncond = guidance.prefill() if guidance is not None else None
+        if self.speculation is not None and callable(keep := getattr(runner, "keep_past", None)):
+            keep()  # a resume's replay may be cut back (a sliding window's cache keeps what it needs)
+        for j in range(1, self._replay + 1):  # resume: the forward passes of the steps before the checkpoint
+            logits = runner.step(self.input_ids[:, : width + j])
+            if guidance is not None:
+                assert self.uncond_ids is not None  # guidance runs on it
+                uncond = guidance.step(self.uncond_ids[:, : uwidth + j])
+        self._replay = 0
+        if self.speculation is not None:
+            yield from self.speculation.run(self, runner, logits, self._steps)
+            return
+        step = self._steps
+        while True:
+            step += 1
+            token_ids, active = self._one_step(logits, step, uncond)
+            yield token_ids, active
+            if self._all_finished:
+                break
+            logits = self.step_model(runner)
+            if guidance is not None:  # the unconditional context continues with the same tokens
+                assert self.uncond_ids is not None  # guidance runs on it
+                self.uncond_ids = torch.cat([self.uncond_ids, token_ids[:, None]], dim=-1)
+                uncond = guidance.step(self.uncond_ids)
 
     def step_model(self, runner: ModelRunner) -> torch.Tensor:
         """The model's logits after the last step's tokens: every row, or on a runner that skips them, the rows still

@@ -196,8 +196,13 @@ def test_the_sampling_step_runs_on_one_thread_and_the_count_comes_back(llama_mod
 
     model, tok = llama_model
     before = torch.get_num_threads()
-    seen = []
     gen = Generation(model, tok, "Hello", chain="preset:greedy", max_new_tokens=3)
-    for _ in gen.steps():
-        seen.append(torch.get_num_threads())
-    assert seen == [1, 1, 1] and torch.get_num_threads() == before
+    inside, one_step = [], gen._one_step
+
+    def counted(*args):
+        inside.append(torch.get_num_threads())
+        return one_step(*args)
+
+    gen._one_step = counted  # type: ignore[method-assign]
+    between = [torch.get_num_threads() for _ in gen.steps()]  # the reader's code between steps keeps its threads
+    assert inside == [1, 1, 1] and between == [before] * 3 and torch.get_num_threads() == before
