@@ -32,7 +32,7 @@ model no plugin claims; the llama.cpp runner (samplechain-llama-cpp) takes `Llam
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -141,7 +141,7 @@ def running(runner_cls: type[ModelRunner]) -> Iterator[None]:
             torch.set_num_threads(threads)
 
 
-def running_each_step(runner_cls: type[ModelRunner], steps: Iterator[T]) -> Iterator[T]:
+def running_each_step(runner_cls: type[ModelRunner], steps: Generator[T, None, None]) -> Iterator[T]:
     """`steps` with each resumption inside `running(runner_cls)` and the caller's own mode and threads between them.
     A context held across a yield would reach into the consumer's code: a stream read step by step would leave its
     reader in inference mode (its tensors could not be changed in place) until the stream ended or was collected."""

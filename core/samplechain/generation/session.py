@@ -21,7 +21,7 @@ from __future__ import annotations
 import numbers
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -405,7 +405,7 @@ class Generation(PromptInputs, Checkpoints):
 
     def _run(
         self, runner_cls: type[ModelRunner], width: int, uwidth: int
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    ) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
         runner = runner_cls(self.model, self.input_ids[:, :width], self.attention_mask)
         guidance = (
             None if self.uncond_ids is None else runner_cls(self.model, self.uncond_ids[:, :uwidth], self.uncond_mask)
