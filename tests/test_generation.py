@@ -437,13 +437,21 @@ def test_chain_defaults_follow_the_generation_config(model):
     [
         ("top_k", float("inf"), r"generation_config.top_k = inf: expected an integer, as transformers takes it"),
         ("temperature", "hot", r"generation_config.temperature = 'hot': expected a number"),
-        ("bad_words_ids", 3, r"the generation config's list settings \(bad_words_ids, .*'int' object is not"),
+        ("bad_words_ids", 3, r"generation_config.bad_words_ids = 3: expected a list of token-id lists"),
+        ("bad_words_ids", [[5], []], r"bad_words_ids = \[\[5\], \[\]\]: .*each of at least one id"),
+        ("suppress_tokens", "ab", r"generation_config.suppress_tokens = 'ab': expected a list of token ids"),
+        ("begin_suppress_tokens", [1.5], r"begin_suppress_tokens = \[1.5\]: expected a list of token ids"),
+        ("sequence_bias", {(1,): "x"}, r"sequence_bias = \{\(1,\): 'x'\}: expected .*each bias a number"),
+        ("sequence_bias", [[1, 0.5]], r"sequence_bias = \[\[1, 0.5\]\]: expected \{\(token ids\): bias\}"),
+        ("exponential_decay_length_penalty", (4,), r"length_penalty = \(4,\): expected \(start, factor\)"),
+        ("forced_eos_token_id", [2.5], r"forced_eos_token_id = \[2.5\]: expected a token id or a list"),
+        ("eos_token_id", "2", r"generation_config.eos_token_id = '2': expected a token id"),
     ],
 )
 def test_a_generation_config_setting_of_the_wrong_kind_is_one_error_naming_it(setting, value, message):
     from transformers import GenerationConfig
 
-    cfg = GenerationConfig(do_sample=True, top_k=40.0)  # a whole float is an integer setting
+    cfg = GenerationConfig(do_sample=True, top_k=40.0, max_length=20)  # a whole float is an integer setting
     assert [s.name for s in samplechain.generation.chain_from_generation_config(cfg).samplers] == ["top_k", "dist"]
     setattr(cfg, setting, value)
     with pytest.raises(ConfigError, match=message):

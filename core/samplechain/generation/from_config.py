@@ -18,10 +18,13 @@ import difflib
 import inspect
 import math
 import numbers
+import reprlib
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ..contracts import token_id_list
 from ..engine.chain import Chain
@@ -210,6 +213,57 @@ def _check_kinds(config: Any) -> None:
             raise ConfigError(f"generation_config.{key} = {value!r}: expected {expected}, as transformers takes it")
 
 
+def _check_lists(config: Any) -> None:
+    """A list setting that is not of the shape transformers' processors take is one ConfigError naming the setting
+    (a string would otherwise be read as a list of its characters, a float id cut to an int)."""
+    for key, (fits, expected) in _SHAPES.items():
+        value = getattr(config, key, None)
+        if isinstance(value, torch.Tensor):
+            value = value.tolist() if not value.is_floating_point() else value
+        if value is not None and not fits(value):
+            raise ConfigError(
+                f"generation_config.{key} = {reprlib.repr(value)}: expected {expected}, as transformers takes it"
+            )
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
+
+
+def _are_ids(value: Any, at_least: int = 0) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) >= at_least and all(_is_id(t) for t in value)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _fits_bias(value: Any) -> bool:
+    pairs = list(value.items()) if isinstance(value, dict) else value
+    return isinstance(pairs, (list, tuple)) and all(
+        isinstance(pair, (list, tuple)) and len(pair) == 2 and _are_ids(pair[0], 1) and _is_real(pair[1])
+        for pair in pairs
+    )
+
+
+_IDS = "a list of token ids (non-negative integers)"
+_SHAPES = {  # the list settings, each with a test of its shape
+    "bad_words_ids": (
+        lambda v: isinstance(v, (list, tuple)) and all(_are_ids(words, 1) for words in v),
+        "a list of token-id lists, each of at least one id",
+    ),
+    "suppress_tokens": (_are_ids, _IDS),
+    "begin_suppress_tokens": (_are_ids, _IDS),
+    "sequence_bias": (_fits_bias, "{(token ids): bias} or [[token ids, bias], ...], each bias a number"),
+    "exponential_decay_length_penalty": (
+        lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and _is_id(v[0]) and _is_real(v[1]),
+        "(start, factor): a token count and a number",
+    ),
+    "forced_eos_token_id": (lambda v: _is_id(v) or _are_ids(v, 1), "a token id or " + _IDS),
+    "eos_token_id": (lambda v: _is_id(v) or _are_ids(v), "a token id or " + _IDS),
+}
+
+
 _KINDS: dict[str, type] = {  # the sampling settings of one number each
     "temperature": float,
     "top_k": int,
@@ -240,6 +294,7 @@ def chain_from_generation_config(config: Any, *, host: PluginHost | None = None)
         return Chain.load({"name": "greedy (generation config)", "samplers": [{"use": "greedy"}]}, host=host)
     sampling = bool(getattr(config, "do_sample", False))
     _check_kinds(config)
+    _check_lists(config)
     try:
         samplers = _processors(config) + (_warpers(config) if sampling else []) + _finishers(config)
     except (TypeError, ValueError, OverflowError) as exc:  # a list setting of the wrong kind
