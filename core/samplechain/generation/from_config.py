@@ -227,7 +227,7 @@ def _check_lists(config: Any) -> None:
 
 
 def _is_id(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0
 
 
 def _are_ids(value: Any, at_least: int = 0) -> bool:
