@@ -410,3 +410,27 @@ def test_custom_generate_refuses_model_inputs_it_cannot_feed(model, batch):
             max_new_tokens=2,
             token_type_ids=torch.zeros_like(ids),
         )
+
+
+@pytest.mark.parametrize(
+    ("defaults", "message"),
+    [
+        ({"tokenzer": None}, r"tokenzer=\.\.\.\): not an argument .*did you mean tokenizer="),
+        ({"temperature": 0.7}, r"temperature=\.\.\.\): not an argument .*decoding settings belong in the chain"),
+        ({"max_time": 3.0}, r"max_time=\.\.\.\): model.generate sets it from its own arguments"),
+        ({"input_ids": torch.tensor([[1]])}, r"input_ids=\.\.\.\): model.generate sets it"),
+    ],
+)
+def test_custom_generate_defaults_are_checked_when_it_is_made(defaults, message):
+    with pytest.raises(ConfigError, match=message):
+        as_custom_generate(GREEDY, **defaults)
+
+
+def test_custom_generate_default_max_new_tokens_and_seed_apply():
+    model = tiny_gpt2()
+    ids = torch.tensor([[1, 2, 3]])
+    decode = as_custom_generate(SAMPLING, max_new_tokens=4, seed=5)
+    got = [model.generate(ids, attention_mask=torch.ones_like(ids), custom_generate=decode, pad_token_id=0)]
+    got.append(model.generate(ids, attention_mask=torch.ones_like(ids), custom_generate=decode, pad_token_id=0))
+    want = generate(model, input_ids=ids, chain=SAMPLING, max_new_tokens=4, seed=5, pad_token_id=0)
+    assert got[0].shape == (1, 7) and torch.equal(got[0], got[1]) and torch.equal(got[0], want.sequences)

@@ -9,6 +9,8 @@ criteria as a `custom_generate` callable for `model.generate(custom_generate=...
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import sys
 import time
 import warnings
@@ -557,6 +559,7 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
     from ..generation import generate as sc_generate
 
     resolved = _chain(chain, host)
+    _check_defaults(defaults)
 
     def custom_generate(
         model: Any,
@@ -607,3 +610,31 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
         return out if gc.return_dict_in_generate else out.sequences
 
     return custom_generate
+
+
+# what model.generate's inputs and generation config give custom_generate, so a default for them would be overridden
+_SET_BY_MODEL_GENERATE = {
+    *("input_ids", "attention_mask", "generation_config", "logits_processor", "stop", "eos_token_id", "pad_token_id"),
+    *("max_length", "max_time", "output_scores", "output_logits", "num_return_sequences", "ignore_eos", "chain"),
+    *("num_beams", "length_penalty", "early_stopping", "prompts", "settings", "model"),
+}
+
+
+def _check_defaults(defaults: Mapping[str, Any]) -> None:
+    """as_custom_generate's defaults, checked when it is made: each must be an argument of samplechain's generate()
+    that model.generate does not set itself."""
+    from ..generation.session import Generation
+
+    known = {*inspect.signature(Generation).parameters, "progress"} - _SET_BY_MODEL_GENERATE
+    for key in defaults:
+        given = f"as_custom_generate(..., {key}=...)"
+        if key in _SET_BY_MODEL_GENERATE:
+            raise ConfigError(f"{given}: model.generate sets it from its own arguments; give it to model.generate")
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known))
+            hint = (
+                f"did you mean {close[0]}=?"
+                if close
+                else "decoding settings belong in the chain (docs/transformers.md)"
+            )
+            raise ConfigError(f"{given}: not an argument of samplechain's generate(); {hint}")
