@@ -552,9 +552,8 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
     them out of the generation config): `seed`, `params` (per-prompt chain parameters), `stop_strings`, `stop_regex`
     and `include_stop_str_in_output` (one bool or one per prompt), as samplechain's generate() takes them; with
     return_dict_in_generate=True the texts are cut at the stop match and `stop_texts` names it.
-    `defaults` are passed to the loop; `tokenizer=` belongs there (transformers does not hand model.generate's
-    tokenizer to a custom_generate callable). Returns the sequences (B, L), or samplechain's GenerationOutput
-    with return_dict_in_generate=True.
+    `defaults` go to the loop (checked here); `tokenizer=` belongs there (transformers does not hand model.generate's
+    tokenizer to a callable). Returns the sequences (B, L), or GenerationOutput with return_dict_in_generate=True.
     """
     from ..generation import generate as sc_generate
 
