@@ -521,10 +521,12 @@ def test_stream_deltas_concatenate_to_the_final_text(model, tok):
     assert {e.index for e in events} == {0}
 
 
-def test_a_stream_read_step_by_step_leaves_its_reader_outside_inference_mode(model, tok):
+@pytest.mark.parametrize("draft", [None, "prompt_lookup"])
+def test_a_stream_read_step_by_step_leaves_its_reader_outside_inference_mode(model, tok, draft):
     """The model runs under inference mode only while the stream computes a step: between steps, and after a reader
     stops early, the reader's own tensors can be changed in place."""
-    events = stream(model, tok, "The quick brown", chain=TEMP_TOPK_TOPP, seed=2, max_new_tokens=8, ignore_eos=True)
+    kw = {"chain": TEMP_TOPK_TOPP, "seed": 2, "max_new_tokens": 8, "ignore_eos": True, "draft": draft}
+    events = stream(model, tok, "The quick brown The quick brown The", **kw)
     for _ in range(3):
         next(events)
         assert not torch.is_inference_mode_enabled()
