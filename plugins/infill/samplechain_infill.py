@@ -82,7 +82,8 @@ class InfillRow:
 def infill_row(logits: np.ndarray, ids: np.ndarray, is_eog: np.ndarray, succ: dict[int, np.ndarray]) -> InfillRow:
     """llama_sampler_infill_apply on one row of live candidates already sorted by descending logit (float32)."""
     n = logits.shape[0]
-    p = np.exp(logits - logits[0]).astype(F32)
+    with np.errstate(over="ignore"):  # logits float32 cannot subtract come out -inf, p = 0, as in C
+        p = np.exp(logits - logits[0]).astype(F32)
     p = (p / np.cumsum(p, dtype=F32)[-1]).astype(F32)
     eog = is_eog[ids]
     p_eog = np.cumsum(np.where(eog, p, F32(0)), dtype=F32)[-1]
@@ -208,7 +209,8 @@ class Infill(Sampler):
                 continue
             positions = torch.from_numpy(order[row.kept])
             if probs_out:
-                out[b, positions] = torch.from_numpy(np.log(row.probs))
+                with np.errstate(divide="ignore"):  # a probability that underflowed to 0 is log 0 = -inf, as in C
+                    out[b, positions] = torch.from_numpy(np.log(row.probs))
             else:
                 out[b, positions] = x[b].cpu()[positions]
         if not changed:

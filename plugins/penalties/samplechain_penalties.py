@@ -207,13 +207,14 @@ def _changes_np(
     first = first.reshape(batch, length) & targets
     x = logits.numpy()[rows, ids]
     r = rep.numpy()[:, None]
-    new = np.where(seen, np.where(x <= 0, x * r, x / r), x)
     present = (counts > 0).astype(np.float32)
-    if scope == "vllm":
-        new = new - counts * freq.numpy()[:, None]
-        new = new - present * pres.numpy()[:, None]
-    else:
-        new = new - (counts * freq.numpy()[:, None] + present * pres.numpy()[:, None])
+    with np.errstate(over="ignore"):  # a logit near float32's limit pushed past it is +-inf, as torch and C give it
+        new = np.where(seen, np.where(x <= 0, x * r, x / r), x)
+        if scope == "vllm":
+            new = new - counts * freq.numpy()[:, None]
+            new = new - present * pres.numpy()[:, None]
+        else:
+            new = new - (counts * freq.numpy()[:, None] + present * pres.numpy()[:, None])
     return (
         torch.from_numpy(ids),
         torch.from_numpy(new.astype(np.float32, copy=False)),
