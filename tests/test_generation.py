@@ -538,6 +538,29 @@ def test_a_stream_read_step_by_step_leaves_its_reader_outside_inference_mode(mod
         assert torch.is_inference_mode_enabled()
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"draft": "prompt_lookup"},
+        {"num_beams": 2},
+        {"output_scores": True, "output_logits": True, "top_logprobs": 2},
+    ],
+)
+def test_the_output_tensors_are_ordinary_tensors_as_model_generate_returns(model, tok, kwargs):
+    """The model runs under inference mode, whose tensors refuse in-place changes and autograd outside it: what
+    generate() returns works as model.generate's output does (a trainer takes gradients through the sequences)."""
+    out = generate(model, tok, ["The quick brown The quick", "A"], max_new_tokens=5, pad_token_id=0, **kwargs)
+    tensors = [v for v in out.values() if isinstance(v, torch.Tensor)]
+    for steps in (out.scores, out.logits, out.top_logprobs):
+        for item in steps or ():
+            tensors.extend(item if isinstance(item, tuple) else [item])
+    assert len(tensors) >= 3 and not any(t.is_inference() for t in tensors)
+    model(out.sequences).logits.logsumexp(-1).mean().backward()
+    out.sequences[:, -1] = 0
+    model.zero_grad()
+
+
 def test_stream_yields_one_event_per_token_also_within_a_character(tok):
     """A byte-level tokenizer spells 日 and 🎉 over several tokens: each token gets its event, the first ones with
     an empty delta, so the events' token ids are the generated tokens (vLLM streams every token too)."""

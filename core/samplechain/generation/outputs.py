@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers.utils import ModelOutput
@@ -60,3 +62,23 @@ class GenerationOutput(ModelOutput):
     kept: torch.Tensor | None = None
     model_calls: torch.Tensor | None = None
     rewinds: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        # the loop runs the model under torch.inference_mode, whose tensors refuse in-place changes and autograd
+        # outside it: returned as ordinary tensors, as model.generate returns them (a trainer computes gradients
+        # through the sequences, a caller edits them)
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, _ordinary(getattr(self, field.name)))
+        super().__post_init__()
+
+
+def _ordinary(value: Any) -> Any:
+    """`value` with every inference tensor in it (tuples and pairs of them too) copied to an ordinary tensor."""
+    if isinstance(value, torch.Tensor):
+        if not value.is_inference():
+            return value
+        with torch.inference_mode(False):
+            return value.clone()
+    if isinstance(value, tuple):
+        return tuple(_ordinary(v) for v in value)
+    return value
