@@ -383,6 +383,27 @@ def test_a_deferred_step_changes_the_store_only_when_committed():
     assert deferred.snapshot() == eager.snapshot()
 
 
+@pytest.mark.parametrize("made_in_inference_mode", [True, False])
+def test_a_store_steps_in_and_outside_inference_mode_wherever_it_was_made(made_in_inference_mode):
+    """A store made (and grown) under torch.inference_mode and stepped outside it, or the other way round, gives
+    the tokens of a store that never saw the mode: its tensors, changed in place each step, are ordinary ones."""
+    chain = Chain.load({"samplers": [{"use": "top_k", "k": 20}, {"use": "mirostat"}]})
+    ids = [f"r{i}" for i in range(10)]  # more than the store's first capacity: it grows
+    plain = chain.new_store()
+    with torch.inference_mode(made_in_inference_mode):
+        store = chain.new_store()
+        for i, rid in enumerate(ids):
+            store.add(rid, {"seed": i})
+            plain.add(rid, {"seed": i})
+    x = logits_for(len(ids))
+    for step in range(3):
+        with torch.inference_mode(not made_in_inference_mode and step % 2 == 0):
+            got = chain.sample(x, store, ids)
+        want = chain.sample(x, plain, ids)
+        assert torch.equal(got.token_ids, want.token_ids)
+    assert store.snapshot() == plain.snapshot()
+
+
 def test_accept_takes_a_bool_and_points_to_sample_deferred():
     chain = Chain.load({"samplers": [{"use": "dist"}]})
     store = chain.new_store()

@@ -192,9 +192,12 @@ class RequestStore:
             return
 
         def extend(t: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, fill: Any, dev) -> torch.Tensor:
-            new = torch.full((capacity, *shape), fill, dtype=dtype, device=dev)
-            if t is not None and old:
-                new[:old] = t
+            # ordinary tensors also where the store grows under torch.inference_mode: each step changes them in
+            # place, which an inference tensor refuses outside that mode
+            with torch.inference_mode(False):
+                new = torch.full((capacity, *shape), fill, dtype=dtype, device=dev)
+                if t is not None and old:
+                    new[:old] = t
             return new
 
         for col in self.layout.columns:
