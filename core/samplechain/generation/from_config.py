@@ -219,7 +219,7 @@ def _check_lists(config: Any) -> None:
     for key, (fits, expected) in _SHAPES.items():
         value = getattr(config, key, None)
         if isinstance(value, torch.Tensor):
-            value = value.tolist() if not value.is_floating_point() else value
+            value = value.tolist()
         if value is not None and not fits(value):
             raise ConfigError(
                 f"generation_config.{key} = {reprlib.repr(value)}: expected {expected}, as transformers takes it"

@@ -613,8 +613,8 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
 
 # what model.generate's inputs and generation config give custom_generate, so a default for them would be overridden
 _SET_BY_MODEL_GENERATE = {
-    *("input_ids", "attention_mask", "generation_config", "logits_processor", "stop", "eos_token_id", "pad_token_id"),
-    *("max_length", "max_time", "output_scores", "output_logits", "num_return_sequences", "ignore_eos", "chain"),
+    *("input_ids", "attention_mask", "generation_config", "logits_processor", "eos_token_id", "pad_token_id"),
+    *("max_length", "max_time", "output_scores", "output_logits", "num_return_sequences", "ignore_eos"),
     *("num_beams", "length_penalty", "early_stopping", "prompts", "settings", "model"),
 }
 
