@@ -45,7 +45,7 @@ from ..guards import Guard
 from .beam_guards import BeamGuards
 from .guarding import load_guards
 from .model import runner_for
-from .outputs import GenerationOutput
+from .outputs import GenerationOutput, ordinary
 from .session import Generation
 
 __all__ = ["beam_generate"]
@@ -251,7 +251,7 @@ class _BeamSearch:
         """The beams' log-probabilities after the logits processor and the chain's processing."""
         g = self.gen
         if g.output_logits:
-            self.logits_out.append(logits.clone())
+            self.logits_out.append(ordinary(logits, copy=True))
         if g.vocab_limit is not None:
             logits[:, g.vocab_limit :] = float("-inf")
         log_probs = torch.nn.functional.log_softmax(logits, dim=-1)
@@ -261,7 +261,7 @@ class _BeamSearch:
         if self.processes:
             log_probs = g.chain.process(log_probs, g.store, self.beam_rids, **g.history_args(flat))
         if g.output_scores:
-            self.scores_out.append(log_probs.clone())
+            self.scores_out.append(ordinary(log_probs, copy=True))
         return log_probs
 
     def _step(self, log_probs: torch.Tensor, step: int) -> None:

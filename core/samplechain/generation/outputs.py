@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from transformers.utils import ModelOutput
 
-__all__ = ["GenerationOutput"]
+__all__ = ["GenerationOutput", "ordinary"]
 
 
 @dataclass
@@ -72,13 +72,19 @@ class GenerationOutput(ModelOutput):
         super().__post_init__()
 
 
+def ordinary(tensor: torch.Tensor, copy: bool = False) -> torch.Tensor:
+    """`tensor` as an ordinary tensor (a copy where it is an inference tensor, or always with `copy`). The loop
+    records per-step outputs through it, so that the output needs no second copy of them at the end."""
+    if not copy and not tensor.is_inference():
+        return tensor
+    with torch.inference_mode(False):
+        return tensor.clone()
+
+
 def _ordinary(value: Any) -> Any:
     """`value` with every inference tensor in it (tuples and pairs of them too) copied to an ordinary tensor."""
     if isinstance(value, torch.Tensor):
-        if not value.is_inference():
-            return value
-        with torch.inference_mode(False):
-            return value.clone()
+        return ordinary(value)
     if isinstance(value, tuple):
         return tuple(_ordinary(v) for v in value)
     return value

@@ -52,7 +52,7 @@ from .inputs import (
     strings_of,
 )
 from .model import ModelRunner, runner_for
-from .outputs import GenerationOutput
+from .outputs import GenerationOutput, ordinary
 from .speculative import Speculation
 
 __all__ = ["Generation"]
@@ -449,7 +449,7 @@ class Generation(PromptInputs, Checkpoints):
         self, logits: torch.Tensor, step: int, uncond: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.output_logits:
-            self.raw_logits.append(logits.clone())
+            self.raw_logits.append(ordinary(logits, copy=True))
         if self.vocab_limit is not None:
             logits[:, self.vocab_limit :] = float("-inf")
             if uncond is not None:
@@ -536,10 +536,10 @@ class Generation(PromptInputs, Checkpoints):
         self.logprobs.append(logprobs)
         if self.output_scores:
             assert scores is not None  # asked for with return_scores
-            self.scores.append(scores)
+            self.scores.append(ordinary(scores))
         if self.top_logprobs:
             assert tops is not None  # asked for with top_logprobs
-            self.tops.append(tops)
+            self.tops.append((ordinary(tops[0]), ordinary(tops[1])))
         ctx = StopContext(self.input_ids, step, tokens, self.setup, drawn, scores)
         result = self.stopping.check(ctx)
         if result.any:

@@ -44,7 +44,7 @@ from .drafting import (
 from .drawing import Drawing, Drawn
 from .guarding import Guarding
 from .model import runner_for
-from .outputs import GenerationOutput
+from .outputs import GenerationOutput, ordinary
 from .rejection import rejection_draw
 
 if TYPE_CHECKING:
@@ -384,7 +384,9 @@ class Speculation(Drawing):
             values = _stacked([None if t is None else t[0] for t in top], gen.top_logprobs)
             tops = (values, _stacked([None if t is None else t[1] for t in top], gen.top_logprobs, 0).long())
         if gen.output_logits:  # a resume's drawn tokens carry none: -inf rows, as for finished rows
-            gen.raw_logits.append(_stacked([None if c is None else c.raw for c in column], vocab_of(gen.model)))
+            gen.raw_logits.append(
+                ordinary(_stacked([None if c is None else c.raw for c in column], vocab_of(gen.model)))
+            )
         out = gen.commit(tokens, logprobs, step, scores, tops)
         if self.guarding is not None:
             for b, c in enumerate(column):
