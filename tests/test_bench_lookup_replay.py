@@ -1,0 +1,84 @@
+"""benchmarks/bench_lookup_replay.py replays the loop at a fixed draft length: on the tiny model its counts are the
+ones generate() reports with the same drafter (never how fast anything is)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from samplechain import rng
+from samplechain.generation import generate
+
+pytest.importorskip("transformers")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_lookup_replay.py"
+PROMPT = "The list is: apple, pear, plum, fig. Again: apple, pear, plum, fig. Again: apple,"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_lookup_replay", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through it
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+        sys.modules.pop("bench_speculative", None)
+
+
+@pytest.mark.parametrize("setting", ["greedy", "sampling"])
+@pytest.mark.parametrize("occurrence", ["first", "last", "switch"])
+@pytest.mark.parametrize("num_tokens", [2, 10])
+def test_the_replay_counts_what_generate_counts(bench, tiny_lm, setting, occurrence, num_tokens):
+    model, tok = tiny_lm
+    ids = torch.tensor([tok.encode(PROMPT)])
+    chain = bench.bs._chain(setting)
+    kw = {"max_new_tokens": 40, "chain": chain, "seed": 3, "pad_token_id": 0}
+    plain = generate(model, tok, input_ids=ids, **kw)
+    draft = {"use": "prompt_lookup", "num_tokens": num_tokens, "occurrence": occurrence, "adaptive": False}
+    out = generate(model, tok, input_ids=ids, draft=draft, **kw)
+    assert out.sequences.tolist() == plain.sequences.tolist()
+    text = bench.Text(ids[0].tolist(), plain.sequences[0, ids.shape[1] :].tolist(), 3, len(chain["samplers"]) - 1)
+    counts = bench.replay(text, bench.lookup(occurrence, num_tokens), num_tokens, 40)
+    assert (counts.calls, counts.drafted, counts.kept) == (
+        int(out.model_calls[0]),
+        int(out.drafted[0]),
+        int(out.kept[0]),
+    )
+    assert counts.drafted > 0 and (counts.kept > 0 or setting == "sampling")  # greedy, the tiny model repeats
+
+
+def test_every_occurrence_keeps_the_best_branch_and_counts_the_trees_tokens(bench):
+    # after "1 2" the earlier occurrences go on "3 4" and "5 6"; the text goes on "5 6 9"
+    text = bench.Text([1, 2, 3, 4, 1, 2, 5, 6, 7, 1], [2, 5, 6, 9], seed=0, stream=0)
+    propose = bench.every_occurrence(text)
+    tokens = torch.tensor(text.prompt + text.generated[:1])
+    draft, fed = propose(tokens, 3)
+    assert draft.tolist() == [5, 6, 7]  # the branch the text follows longest
+    assert fed == 6  # "3 4 1" and "5 6 7": six distinct tokens of the tree
+    # the copying bound copies from anywhere: "5 6" occurs earlier, "5 6 9" does not
+    assert bench.copying_bound(text)(tokens, 3)[0].tolist() == [5, 6]
+
+
+def test_the_noise_is_the_draws_and_its_buckets_count_checked_tokens(bench):
+    # a text drawn with known noise: at each position the token of highest noise among 0..9 (uniform logits)
+    seed, stream = 11, 4
+    ids = torch.arange(10)[None, :].expand(30, -1)
+    noise = rng.gumbel(torch.full((30,), seed), torch.arange(30), ids, stream)
+    generated = noise.argmax(dim=1).tolist()
+    text = bench.Text([0, 1, 2], generated, seed, stream)
+    assert bench.drawn_noise([text]) > 1.5  # the largest of ten Gumbels: mean about 2.9
+    assert bench._noise(text, 0, generated) == pytest.approx(noise.max(dim=1).values.tolist())
+    counts = bench.replay(text, bench.lookup("first", 4), 4, 30, noise=True)
+    checked = sum(c for _, c in counts.by_noise.values())
+    kept = sum(k for k, _ in counts.by_noise.values())
+    assert kept == counts.kept and counts.kept <= checked <= counts.drafted
+    assert bench._bucket(-3.0) == -1 and bench._bucket(0.49) == 0 and bench._bucket(math.inf) == 3
