@@ -3,10 +3,7 @@ ones generate() reports with the same drafter (never how fast anything is)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,22 +13,8 @@ from samplechain.generation import generate
 
 pytest.importorskip("transformers")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_lookup_replay.py"
+BENCH = "bench_lookup_replay"  # the `bench` fixture loads benchmarks/bench_lookup_replay.py
 PROMPT = "The list is: apple, pear, plum, fig. Again: apple, pear, plum, fig. Again: apple,"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_lookup_replay", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through it
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
-        sys.modules.pop("bench_speculative", None)
 
 
 @pytest.mark.parametrize("setting", ["greedy", "sampling"])

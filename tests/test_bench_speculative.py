@@ -3,10 +3,6 @@ what it claims, on the tiny model (never how fast anything is)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -14,20 +10,7 @@ from samplechain.generation import generate
 
 pytest.importorskip("transformers")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_speculative.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_speculative", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through it
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
+BENCH = "bench_speculative"  # the `bench` fixture loads benchmarks/bench_speculative.py
 
 
 def test_the_copying_bound_proposes_the_longest_next_run_that_occurs_earlier(bench):
