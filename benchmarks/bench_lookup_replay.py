@@ -7,7 +7,7 @@ text goes on with and draws one token more, and the next call starts after it. T
 (the prefill included), drafted and kept tokens, as `generate(..., draft={"use": ..., "adaptive": False})` counts
 them, for bench_speculative.py's tasks, prompts and chains (B = 1, the first --prompts prompts of each task):
 
-- `prompt_lookup` as it ships, with each `occurrence` ("first", "last", "switch");
+- `prompt_lookup` as it ships, with each `occurrence` ("switch", "first", "last", "follow");
 - `every occurrence`: the best of the continuations of every earlier occurrence of the longest matching n-gram,
   which a tree of drafts checked in one call would keep; its "drafted" counts the tree's distinct tokens;
 - `copying bound` (bench_speculative.Knows): the longest run of the row's next tokens that occurs earlier in its
@@ -43,7 +43,7 @@ import bench_speculative as bs  # noqa: E402 - the tasks, prompts, chains and mo
 
 from samplechain import rng  # noqa: E402
 from samplechain.generation import generate  # noqa: E402
-from samplechain_prompt_lookup import PromptLookup, PromptLookupParams  # noqa: E402
+from samplechain_prompt_lookup import OCCURRENCES, PromptLookup, PromptLookupParams  # noqa: E402
 
 BUCKETS = (-1, 0, 1, 2, 3)  # noise buckets: g < -0.5, [-0.5, 0.5), ..., >= 2.5
 
@@ -187,7 +187,7 @@ def texts_of(model: Any, tok: Any, task: str, setting: str, n: int, prompts: int
 
 def policies(text: Text, num_tokens: int) -> dict[str, Policy]:
     return {
-        **{f"prompt_lookup ({o})": lookup(o, num_tokens) for o in ("first", "last", "switch")},
+        **{f"prompt_lookup ({o})": lookup(o, num_tokens) for o in OCCURRENCES},
         "every occurrence": every_occurrence(text),
         "copying bound": copying_bound(text),
     }

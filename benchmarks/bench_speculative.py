@@ -16,7 +16,8 @@ reason there, and the other rows go on.
    dequantized model), greedy and seeded sampling (temperature 0.8 -> top_k 40 -> top_p 0.95 -> min_p 0.05 -> dist,
    as bench_engines.py): generate() without a drafter against draft="prompt_lookup". Printed: both speeds, the
    ratio (median of the per-repetition ratios, and their range), the target (>= 2x at B = 1 and >= 1.5x at B = 8 on
-   the quote / edit tasks, >= 0.95x on chat) with met / MISSED, kept / drafted and tokens per model call.
+   the quote / edit tasks, >= 0.95x on chat) with met / MISSED, kept / drafted and tokens per model call. With
+   --occurrence (say switch,follow), prompt lookup with each of those `occurrence`s, side by side.
 2. transformers' own speculative generation, B = 1, transformers engine, greedy and sampling with the same values:
    model.generate(prompt_lookup_num_tokens=10, max_matching_ngram_size=3), model.generate(assistant_early_exit=N)
    (where transformers refuses it: assistant_model = the first N layers) and model.generate(assistant_model=<the
@@ -497,10 +498,11 @@ S4_HEADER = (
 def _against_none(
     table: Table, engines: dict[str, tuple[Any, Any]], tasks: list[str], batches: list[int], plan: Plan,
     drafters: dict[str, Any] | Callable[[Any, Any, list[Batch], str, int], dict[str, Any]], targeted: bool,
+    named: bool = False,
 ) -> Table:  # fmt: skip
     """Each drafter against generate() without one, per engine, task, batch size and setting, interleaved; with
-    `targeted`, the prompt-lookup targets' columns instead of the drafter's name. `drafters` may be a function of
-    (model, tokenizer, runs, setting, max_new_tokens) giving them per cell."""
+    `targeted`, the prompt-lookup targets' columns instead of the drafter's name (and the name too with `named`).
+    `drafters` may be a function of (model, tokenizer, runs, setting, max_new_tokens) giving them per cell."""
     for engine, (model, tok) in engines.items():
         for task in tasks:
             for b in batches:
@@ -517,7 +519,7 @@ def _against_none(
                         accept, per_call = _acceptance(spec)
                         same = _same(spec, base, True, f"{engine} {task} B={b} {setting} {name}")
                         speed = _fmt(_speed(spec)) if spec.first else f"n/a: {spec.reason}"
-                        cells = [engine, task, str(b), setting] + ([] if targeted else [name])
+                        cells = [engine, task, str(b), setting] + ([name] if named or not targeted else [])
                         cells += [_fmt(_speed(base)), speed, _fmt(ratio, "x")]
                         if targeted:
                             met = "n/a" if ratio is None else "met" if ratio[0] >= target else "MISSED"
@@ -526,10 +528,18 @@ def _against_none(
     return table
 
 
-def section1(engines: dict[str, tuple[Any, Any]], tasks: list[str], batches: list[int], plan: Plan) -> Table:
-    """Prompt lookup against no drafter, per engine, task, batch size and setting."""
-    table = Table("Prompt lookup against no drafter", S1_HEADER, [])
-    return _against_none(table, engines, tasks, batches, plan, {"prompt_lookup": "prompt_lookup"}, True)
+def section1(
+    engines: dict[str, tuple[Any, Any]], tasks: list[str], batches: list[int], plan: Plan, occurrences: list[str]
+) -> Table:
+    """Prompt lookup against no drafter, per engine, task, batch size and setting; with `occurrences`, prompt lookup
+    with each of them (its `occurrence`), side by side, a column naming it."""
+    if not occurrences:
+        table = Table("Prompt lookup against no drafter", S1_HEADER, [])
+        return _against_none(table, engines, tasks, batches, plan, {"prompt_lookup": "prompt_lookup"}, True)
+    header = [*S1_HEADER[:4], "occurrence", *S1_HEADER[4:]]
+    table = Table("Prompt lookup against no drafter, by occurrence", header, [])
+    drafters = {o: {"use": "prompt_lookup", "occurrence": o} for o in occurrences}
+    return _against_none(table, engines, tasks, batches, plan, drafters, True, named=True)
 
 
 def section4(model: Any, tok: Any, tasks: list[str], batches: list[int], plan: Plan, layers: int) -> Table:
@@ -763,6 +773,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the transformers runner's steps in its own products (TransformersRunner.fast_steps), with and "
         "without a drafter",
     )
+    ap.add_argument(
+        "--occurrence",
+        default="",
+        help="section 1: prompt lookup with each of these `occurrence`s side by side (comma-separated; default: the "
+        "drafter's default alone)",
+    )
     ap.add_argument("--markdown", action="store_true", help="print markdown tables (default: JSON)")
     ap.add_argument("--json", default=None, help="also write the tables, the environment and the command here")
     args = ap.parse_args(argv)
@@ -775,6 +791,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--tasks: unknown {', '.join(unknown)} (known: {', '.join(TASKS)})")
     if not 1 <= args.prompts <= 8:
         ap.error(f"--prompts {args.prompts}: each task has 8 prompts; give 1-8")
+    occurrences = [o for o in args.occurrence.split(",") if o]
+    if occurrences:
+        from samplechain_prompt_lookup import OCCURRENCES
+
+        if unknown := [o for o in occurrences if o not in OCCURRENCES]:
+            ap.error(f"--occurrence: unknown {', '.join(unknown)} (known: {', '.join(OCCURRENCES)})")
     names = args.engines.split(",") if sections & {1, 3, 5} else []
     if sections & {2, 4} and "transformers" not in names:
         names.append("transformers")
@@ -784,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     tables: list[Table] = []
     if 1 in sections:
         picked = {e: engines[e] for e in args.engines.split(",")}
-        tables.append(section1(picked, tasks, batches, plan))
+        tables.append(section1(picked, tasks, batches, plan, occurrences))
     if 2 in sections:
         tables.append(section2(*engines["transformers"], tasks, plan, args.layers))
     if 3 in sections:

@@ -18,7 +18,7 @@ PROMPT = "The list is: apple, pear, plum, fig. Again: apple, pear, plum, fig. Ag
 
 
 @pytest.mark.parametrize("setting", ["greedy", "sampling"])
-@pytest.mark.parametrize("occurrence", ["first", "last", "switch"])
+@pytest.mark.parametrize("occurrence", ["first", "last", "switch", "follow"])
 @pytest.mark.parametrize("num_tokens", [2, 10])
 def test_the_replay_counts_what_generate_counts(bench, tiny_lm, setting, occurrence, num_tokens):
     model, tok = tiny_lm

@@ -36,3 +36,25 @@ def test_always_right_proposes_the_text_and_every_draft_is_kept(bench, tiny_lm):
         assert int(out.kept[0]) == int(out.drafted[0])  # a draft of the text itself is kept whole
         if not copying:
             assert int(out.drafted[0]) > 0
+
+
+def test_section_one_runs_prompt_lookup_with_each_occurrence_side_by_side(bench, tiny_lm):
+    import copy
+
+    model, tok = tiny_lm
+    tok = copy.deepcopy(tok)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    tok.pad_token_id = 0
+    plan = bench.Plan(max_new_tokens=6, reps=1, prompts=1)
+    table = bench.section1({"transformers": (model, tok)}, ["list"], [1], plan, ["switch", "follow"])
+    assert table.header[4] == "occurrence"
+    assert [(r[3], r[4]) for r in table.rows] == [
+        (setting, o) for setting in ("greedy", "sampling") for o in ("switch", "follow")
+    ]
+    assert all(r[-1].startswith("yes") for r in table.rows)  # mode `match`: the tokens of the run without a drafter
+
+
+def test_an_unknown_occurrence_is_refused_before_any_model_loads(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--sections", "1", "--occurrence", "switch,latest"])
+    assert "--occurrence: unknown latest (known: switch, first, last, follow)" in capsys.readouterr().err

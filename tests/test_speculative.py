@@ -17,6 +17,7 @@ from samplechain.errors import GenerationWarning
 from samplechain.generation import Generation, generate, stream
 from samplechain.models import tiny_model_path
 from samplechain.tools.tiny_models import tiny_llama
+from samplechain_prompt_lookup import OCCURRENCES
 
 transformers = pytest.importorskip("transformers")
 
@@ -132,7 +133,7 @@ def test_drafts_never_change_the_tokens_of_random_chains(tiny, case):
     prompts = rng.choices(PROMPTS, k=1 + case)
     kwargs = {"chain": chain, "max_new_tokens": 24, "seed": 100 + case}
     builtin = [
-        {"use": "prompt_lookup", "num_tokens": rng.randint(1, 8)},
+        {"use": "prompt_lookup", "num_tokens": rng.randint(1, 8), "occurrence": OCCURRENCES[case % len(OCCURRENCES)]},
         {"use": "draft_model", "model": str(tiny_model_path()), "num_tokens": rng.randint(1, 6)},
         {"use": "early_exit", "layers": rng.randint(1, model.config.num_hidden_layers - 1)},
     ]
@@ -998,7 +999,12 @@ def test_drafts_keep_the_outputs_of_random_generations(tiny, case):
         warnings.simplefilter("ignore")  # chain pitfalls a random chain may have
         reference, gen = run(model, tok, prompts, **kwargs)
         drafts = [
-            {"use": "prompt_lookup", "num_tokens": rng.randint(1, 10), "adaptive": rng.random() < 0.5},
+            {
+                "use": "prompt_lookup",
+                "num_tokens": rng.randint(1, 10),
+                "adaptive": rng.random() < 0.5,
+                "occurrence": OCCURRENCES[case % len(OCCURRENCES)],
+            },
             {"use": "draft_model", "model": str(tiny_model_path()), "num_tokens": rng.randint(1, 6)},
             {"use": "early_exit", "layers": rng.randint(1, model.config.num_hidden_layers - 1)},
             {"use": Scripted(reference_rows(reference, gen), model.config.vocab_size, seed=case, wrong_rate=0.4)},

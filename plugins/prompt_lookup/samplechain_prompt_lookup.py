@@ -4,11 +4,13 @@ transformers' `PromptLookupCandidateGenerator` (`prompt_lookup_num_tokens`): for
 `min_ngram`, take the row's last n tokens, find an earlier occurrence of them in the prompt and the text so far, and
 propose up to `num_tokens` of the tokens that followed it; the largest n with a match wins, no match is no draft.
 Quoting, editing and summarising a given text repeat long runs of it, which this finds for free. `occurrence` picks
-which earlier occurrence: "first" (transformers, vLLM), "last" (llama.cpp's ngram-simple) or "switch" (the default:
+which earlier occurrence: "first" (transformers, vLLM), "last" (llama.cpp's ngram-simple), "switch" (the default:
 the first until the token it guessed next is not the token that came, then the last until that one misses, and so
-on, per row). Differences from transformers: each row of a batch looks up its own tokens (transformers' works on
-one sequence), and a draft is not cut at an eos token (the chain decides whether the eos is kept; a stop ends the
-row there).
+on, per row) or "follow" ("switch", and a cursor in the passage the row copies: where the row writes a word or an
+item of its own in place of the passage's, no n-gram of its last tokens leads back, but the passage goes on one
+token later; each row drafts from the lookup or the cursor, whichever guessed what came better of late).
+Differences from transformers: each row of a batch looks up its own tokens (transformers' works on one sequence),
+and a draft is not cut at an eos token (the chain decides whether the eos is kept; a stop ends the row there).
 
 A longer match is a better guess: on SmolLM2-135M-Instruct over chat, code, list and quoting requests the first
 token of a draft from a one-token match was kept 16% of the time (7-74% by task), from a two-token match 52%
@@ -26,7 +28,7 @@ import torch
 from samplechain import ConfigError, hookimpl, in_range, one_of
 from samplechain.drafters import DraftContext, Drafter
 
-OCCURRENCES = ("switch", "first", "last")
+OCCURRENCES = ("switch", "first", "last", "follow")
 
 
 @attrs.frozen
@@ -40,6 +42,24 @@ class PromptLookupParams:
 # the share of drafts from an n-token match whose first token is kept, before a row has its own record
 _KEPT = {1: 0.15, 2: 0.5}
 _KEPT_LONGER = 0.85
+# "follow": a draft from the cursor, its first token's prior; the weight of a guess's record per newer guess; what a
+# guess that missed (before it or what came ended) counts against it, in kept tokens
+CURSOR = -1
+_KEPT_CURSOR = 0.5
+_FOLLOW_DECAY = 0.8
+_MISS = 0.5
+
+
+@attrs.define
+class _Follow:
+    """A row's cursor and its record under "follow"."""
+
+    # (a position in the row, the row's length then): the row copies from position + (its length now - length then)
+    cursor: tuple[int, int] | None = None
+    # the last guesses, judged by what came after them: (the row's length then, the lookup's guess, the position it
+    # copied from, the cursor's guess)
+    guess: tuple[int, list[int], int | None, list[int]] | None = None
+    scores: list[float] = attrs.field(factory=lambda: [0.0, 0.0])  # the lookup's, the cursor's
 
 
 class PromptLookup(Drafter):
@@ -58,21 +78,40 @@ class PromptLookup(Drafter):
         self._last: dict[int, tuple[torch.Tensor, tuple[int, int]]] = {}  # row -> its last lookup
         # row -> (takes the last occurrence, (the row's length at its last match, the token that match guessed next))
         self._side: dict[int, tuple[bool, tuple[int, int] | None]] = {}
+        self._follow: dict[int, _Follow] = {}
 
     def start(self, rows: int, context: DraftContext) -> None:
         self._last.clear()
         self._side.clear()
+        self._follow.clear()
 
     def checkpoint(self) -> dict[str, Any]:
-        """Each row's choice of occurrence and the guess it is judged by."""
-        return {"side": [[row, last, guess] for row, (last, guess) in sorted(self._side.items())]}
+        """Each row's choice of occurrence and the guess it is judged by; under "follow", its cursor and record."""
+        side = [[row, last, guess] for row, (last, guess) in sorted(self._side.items())]
+        follow = [[row, f.cursor, f.guess, f.scores] for row, f in sorted(self._follow.items())]
+        return {"side": side, "follow": follow}
 
     def restore(self, state: Any) -> None:
         for row, last, guess in (state or {}).get("side", []):
             self._side[int(row)] = (bool(last), None if guess is None else (int(guess[0]), int(guess[1])))
+        for row, cursor, guess, scores in (state or {}).get("follow", []):
+            self._follow[int(row)] = _Follow(
+                None if cursor is None else (int(cursor[0]), int(cursor[1])),
+                None
+                if guess is None
+                else (
+                    int(guess[0]),
+                    [int(t) for t in guess[1]],
+                    None if guess[2] is None else int(guess[2]),
+                    [int(t) for t in guess[3]],
+                ),
+                [float(x) for x in scores],
+            )
 
     def expect(self, row: int, tokens: torch.Tensor) -> tuple[str, float] | None:
         n, _ = self._match(row, tokens)
+        if n == CURSOR:
+            return ("cursor", _KEPT_CURSOR)
         return None if not n else (f"ngram{n}", _KEPT.get(n, _KEPT_LONGER))
 
     def propose(self, row: int, tokens: torch.Tensor, limit: int) -> torch.Tensor:
@@ -81,7 +120,8 @@ class PromptLookup(Drafter):
 
     def _match(self, row: int, tokens: torch.Tensor) -> tuple[int, int]:
         """(n, the position after the n-gram's chosen earlier occurrence) for the largest n that matches; (0, 0)
-        where none does. Each row's last lookup is kept: the loop hands `expect` and `propose` the same tensor."""
+        where none does; under "follow" (CURSOR, the cursor's position) where the row drafts from its cursor. Each
+        row's last lookup is kept: the loop hands `expect` and `propose` the same tensor."""
         last = self._last.get(row)
         if last is not None and last[0] is tokens:
             return last[1]
@@ -96,20 +136,56 @@ class PromptLookup(Drafter):
             if len(hits):
                 found = (n, int(hits[-1 if use_last else 0]) + n)
                 break
-        self._last[row] = (tokens, found)
-        if p.occurrence == "switch":
+        if p.occurrence in ("switch", "follow"):
             # every match is judged by the token that came after it, drafted or not
             self._side[row] = (use_last, (n_tokens, int(tokens[found[1]])) if found[0] else None)
+        if p.occurrence == "follow":
+            found = self._followed(row, tokens, found)
+        self._last[row] = (tokens, found)
+        return found
+
+    def _followed(self, row: int, tokens: torch.Tensor, found: tuple[int, int]) -> tuple[int, int]:
+        """Under "follow": the lookup's match `found`, or (CURSOR, the cursor's position) where the cursor has guessed
+        what came better of late. Each guess is judged by what came after it, drafted or not; the cursor moves to the
+        lookup's passage wherever the lookup's guess was followed."""
+        state = self._follow.setdefault(row, _Follow())
+        n_tokens, longest = tokens.shape[0], self.params.num_tokens
+        if state.guess is not None:
+            at, lookup_guess, source, cursor_guess = state.guess
+            came = tokens[at : at + longest + 1].tolist()
+            for i, guess in enumerate((lookup_guess, cursor_guess)):
+                kept = _kept(guess, came)
+                missed = bool(guess) and kept < min(len(guess), len(came))
+                state.scores[i] = _FOLLOW_DECAY * state.scores[i] + kept - _MISS * missed
+            if source is not None and _kept(lookup_guess, came):
+                state.cursor = (source, at)
+        cursor = None if state.cursor is None else state.cursor[0] + n_tokens - state.cursor[1]
+        source = found[1] if found[0] else None
+        lookup_guess = [] if source is None else tokens[source : source + longest].tolist()
+        cursor_guess = [] if cursor is None else tokens[cursor : cursor + longest].tolist()
+        state.guess = (n_tokens, lookup_guess, source, cursor_guess)
+        if state.cursor is None and source is not None:
+            state.cursor = (source, n_tokens)
+        if cursor is not None and cursor_guess and state.scores[1] > state.scores[0]:
+            return (CURSOR, cursor)
         return found
 
     def _use_last(self, row: int, tokens: torch.Tensor) -> bool:
         occurrence = self.params.occurrence
-        if occurrence != "switch":
+        if occurrence not in ("switch", "follow"):
             return occurrence == "last"
         use_last, guess = self._side.get(row, (False, None))
         if guess is not None and tokens.shape[0] > guess[0] and int(tokens[guess[0]]) != guess[1]:
             return not use_last
         return use_last
+
+
+def _kept(guess: list[int], came: list[int]) -> int:
+    """How many of `guess`'s first tokens are the tokens that came."""
+    k = 0
+    while k < len(guess) and k < len(came) and guess[k] == came[k]:
+        k += 1
+    return k
 
 
 @hookimpl

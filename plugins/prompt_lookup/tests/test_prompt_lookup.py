@@ -1,5 +1,6 @@
 """prompt_lookup proposes what transformers' PromptLookupCandidateGenerator proposes (the first occurrence), row by
-row; or the last occurrence; or switches between the two where one misses."""
+row; or the last occurrence; or switches between the two where one misses; or follows the passage a row copies past
+tokens of its own."""
 
 from __future__ import annotations
 
@@ -97,6 +98,49 @@ def test_a_checkpoint_keeps_each_rows_choice_of_occurrence():
     assert again.propose(0, torch.tensor(text), 3).tolist() == [4, 7, 9]
 
 
+PASSAGE = list(range(20, 36))
+EDITED = [*PASSAGE[:3], 60, *PASSAGE[4:7], 61, *PASSAGE[8:11], 62, *PASSAGE[12:]]  # three tokens of its own
+TEXT = [*PASSAGE, 99, *EDITED]  # a passage, then the row's copy of it with three tokens changed
+
+
+def _drafts(d, text: list[int], lengths: range) -> dict[int, tuple]:
+    """{n: (expect, propose)} after the first n tokens of `text`, asked in order as the loop asks them."""
+    return {n: (d.expect(0, torch.tensor(text[:n])), d.propose(0, torch.tensor(text[:n]), 4).tolist()) for n in lengths}
+
+
+def test_follow_drafts_the_passage_on_past_a_token_of_the_rows_own():
+    lengths = range(len(PASSAGE) + 2, len(TEXT))
+    switch = _drafts(drafter(num_tokens=4), TEXT, lengths)
+    follow = _drafts(drafter(num_tokens=4, occurrence="follow"), TEXT, lengths)
+    after = {token: TEXT.index(token) + 1 for token in (60, 61, 62)}  # the row's length just after its own token
+    for n in after.values():
+        assert switch[n] == (None, [])  # no n-gram ending in a token of the row's own occurs earlier
+    # the cursor guessed better than the lookup past the first change, so past the next two it drafts the passage
+    # one token on, as it does between them
+    assert follow[after[60]] == (None, [])
+    assert follow[after[61]] == (("cursor", 0.5), [28, 29, 30, 31])
+    assert follow[after[62]] == (("cursor", 0.5), [32, 33, 34, 35])
+    assert all(proposal == switch[n][1] for n, (_, proposal) in follow.items() if n < after[60])
+    # where the lookup and the cursor both guess, they guess the same text here
+    assert all(follow[n][1] == switch[n][1] for n in lengths if switch[n][1] and n not in after.values())
+
+
+def test_a_checkpoint_keeps_each_rows_cursor_and_record():
+    import json
+
+    d = drafter(num_tokens=4, occurrence="follow")
+    middle = TEXT.index(61) + 1
+    _drafts(d, TEXT, range(len(PASSAGE) + 2, middle))
+    saved = json.loads(json.dumps(d.checkpoint()))
+    again = drafter(num_tokens=4, occurrence="follow")
+    again.start(1, None)
+    again.restore(saved)
+    rest = range(middle, len(TEXT))
+    assert _drafts(again, TEXT, rest) == _drafts(d, TEXT, rest)
+    fresh = drafter(num_tokens=4, occurrence="follow")  # without the record, the lookup drafts past the change
+    assert _drafts(fresh, TEXT, rest)[middle] == (None, [])
+
+
 def test_the_longest_ngram_wins_and_the_limit_caps_the_draft():
     tokens = torch.tensor([1, 2, 3, 4, 5, 9, 3, 7, 8, 2, 3])
     # the bigram (2, 3) matched at the start beats the unigram 3's first match
@@ -127,7 +171,7 @@ def test_expect_names_the_match_a_proposal_comes_from():
         ({"num_tokens": 0}, r"draft\.num_tokens = 0: must be in \[1, inf\) \(the longest draft\)"),
         ({"max_ngram": 0}, r"draft\.max_ngram = 0: must be in \[1, inf\)"),
         ({"min_ngram": 3, "max_ngram": 2}, r"min_ngram \(= 3\) is larger than max_ngram \(= 2\)"),
-        ({"occurrence": "latest"}, r"draft\.occurrence = 'latest': must be one of 'switch', 'first', 'last'"),
+        ({"occurrence": "latest"}, r"draft\.occurrence = 'latest': must be one of 'switch', 'first', 'last', 'follow'"),
     ],
 )
 def test_bad_parameters_name_the_culprit(params, message):
