@@ -7,7 +7,7 @@ text goes on with and draws one token more, and the next call starts after it. T
 (the prefill included), drafted and kept tokens, as `generate(..., draft={"use": ..., "adaptive": False})` counts
 them, for bench_speculative.py's tasks, prompts and chains (B = 1, the first --prompts prompts of each task):
 
-- `prompt_lookup` as it ships, with each `occurrence` ("switch", "first", "last", "follow");
+- `prompt_lookup` as it ships, with each `occurrence` ("follow", "switch", "first", "last");
 - `every occurrence`: the best of the continuations of every earlier occurrence of the longest matching n-gram,
   which a tree of drafts checked in one call would keep; its "drafted" counts the tree's distinct tokens;
 - `copying bound` (bench_speculative.Knows): the longest run of the row's next tokens that occurs earlier in its

@@ -57,4 +57,4 @@ def test_section_one_runs_prompt_lookup_with_each_occurrence_side_by_side(bench,
 def test_an_unknown_occurrence_is_refused_before_any_model_loads(bench, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--sections", "1", "--occurrence", "switch,latest"])
-    assert "--occurrence: unknown latest (known: switch, first, last, follow)" in capsys.readouterr().err
+    assert "--occurrence: unknown latest (known: follow, switch, first, last)" in capsys.readouterr().err

@@ -4,10 +4,10 @@ transformers' `PromptLookupCandidateGenerator` (`prompt_lookup_num_tokens`): for
 `min_ngram`, take the row's last n tokens, find an earlier occurrence of them in the prompt and the text so far, and
 propose up to `num_tokens` of the tokens that followed it; the largest n with a match wins, no match is no draft.
 Quoting, editing and summarising a given text repeat long runs of it, which this finds for free. `occurrence` picks
-which earlier occurrence: "first" (transformers, vLLM), "last" (llama.cpp's ngram-simple), "switch" (the default:
-the first until the token it guessed next is not the token that came, then the last until that one misses, and so
-on, per row) or "follow" ("switch", and a cursor in the passage the row copies: where the row writes a word or an
-item of its own in place of the passage's, no n-gram of its last tokens leads back, but the passage goes on one
+which earlier occurrence: "first" (transformers, vLLM), "last" (llama.cpp's ngram-simple), "switch" (the first
+until the token it guessed next is not the token that came, then the last until that one misses, and so on, per
+row) or "follow" (the default: "switch", and a cursor in the passage the row copies; where the row writes a word or
+an item of its own in place of the passage's, no n-gram of its last tokens leads back, but the passage goes on one
 token later; each row drafts from the lookup or the cursor, whichever guessed what came better of late).
 Differences from transformers: each row of a batch looks up its own tokens (transformers' works on one sequence),
 and a draft is not cut at an eos token (the chain decides whether the eos is kept; a stop ends the row there).
@@ -28,7 +28,7 @@ import torch
 from samplechain import ConfigError, hookimpl, in_range, one_of
 from samplechain.drafters import DraftContext, Drafter
 
-OCCURRENCES = ("switch", "first", "last", "follow")
+OCCURRENCES = ("follow", "switch", "first", "last")
 
 
 @attrs.frozen
@@ -36,7 +36,7 @@ class PromptLookupParams:
     num_tokens: int = attrs.field(default=10, validator=in_range(1, None, hint="the longest draft"))
     max_ngram: int = attrs.field(default=3, validator=in_range(1, None))
     min_ngram: int = attrs.field(default=1, validator=in_range(1, None))
-    occurrence: str = attrs.field(default="switch", validator=one_of(*OCCURRENCES))
+    occurrence: str = attrs.field(default="follow", validator=one_of(*OCCURRENCES))
 
 
 # the share of drafts from an n-token match whose first token is kept, before a row has its own record

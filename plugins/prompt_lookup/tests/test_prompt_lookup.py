@@ -45,7 +45,7 @@ def test_proposals_are_transformers_candidates(seed):
         0, torch.tensor(tokens), 10**6
     )
     assert ours.tolist() == theirs(tokens, num_tokens, max_ngram)
-    # a row's first lookup under "switch" is the first occurrence too
+    # a row's first lookup under the default ("follow") is the first occurrence too
     assert drafter(num_tokens=num_tokens, max_ngram=max_ngram).propose(0, torch.tensor(tokens), 10**6).equal(ours)
 
 
@@ -66,7 +66,7 @@ def test_the_last_occurrence_is_the_first_of_the_reversed_text(seed):
 
 def test_switch_takes_the_other_occurrence_after_a_miss_and_back():
     # a numbered list that repeats one item: "1 x 9", "2 x 9", ... (number, item, newline)
-    d = drafter(num_tokens=3, max_ngram=2)
+    d = drafter(num_tokens=3, max_ngram=2, occurrence="switch")
     text = [1, 7, 9, 2, 8, 9, 3, 7, 9]  # items 7, 8, then 7 again
     assert d.propose(0, torch.tensor(text), 3).tolist() == [2, 8, 9]  # the first occurrence of (7, 9)
     text += [4, 7, 9]  # 4 came, not the guessed 2: the next lookup takes the last occurrence
@@ -84,13 +84,13 @@ def test_switch_takes_the_other_occurrence_after_a_miss_and_back():
 def test_a_checkpoint_keeps_each_rows_choice_of_occurrence():
     import json
 
-    d = drafter(num_tokens=3, max_ngram=2)
+    d = drafter(num_tokens=3, max_ngram=2, occurrence="switch")
     text = [1, 7, 9, 2, 8, 9, 3, 7, 9]
     d.propose(0, torch.tensor(text), 3)
     text += [4, 7, 9]  # a miss: row 0 now takes the last occurrence
     assert d.propose(0, torch.tensor(text), 3).tolist() == [4, 7, 9]
     saved = json.loads(json.dumps(d.checkpoint()))
-    again = drafter(num_tokens=3, max_ngram=2)
+    again = drafter(num_tokens=3, max_ngram=2, occurrence="switch")
     again.start(1, None)
     again.restore(saved)
     text += [4, 7, 9]  # the guess was right: the row stays on the last occurrence, as in the uninterrupted drafter
@@ -110,8 +110,8 @@ def _drafts(d, text: list[int], lengths: range) -> dict[int, tuple]:
 
 def test_follow_drafts_the_passage_on_past_a_token_of_the_rows_own():
     lengths = range(len(PASSAGE) + 2, len(TEXT))
-    switch = _drafts(drafter(num_tokens=4), TEXT, lengths)
-    follow = _drafts(drafter(num_tokens=4, occurrence="follow"), TEXT, lengths)
+    switch = _drafts(drafter(num_tokens=4, occurrence="switch"), TEXT, lengths)
+    follow = _drafts(drafter(num_tokens=4), TEXT, lengths)  # the default
     after = {token: TEXT.index(token) + 1 for token in (60, 61, 62)}  # the row's length just after its own token
     for n in after.values():
         assert switch[n] == (None, [])  # no n-gram ending in a token of the row's own occurs earlier
@@ -171,7 +171,7 @@ def test_expect_names_the_match_a_proposal_comes_from():
         ({"num_tokens": 0}, r"draft\.num_tokens = 0: must be in \[1, inf\) \(the longest draft\)"),
         ({"max_ngram": 0}, r"draft\.max_ngram = 0: must be in \[1, inf\)"),
         ({"min_ngram": 3, "max_ngram": 2}, r"min_ngram \(= 3\) is larger than max_ngram \(= 2\)"),
-        ({"occurrence": "latest"}, r"draft\.occurrence = 'latest': must be one of 'switch', 'first', 'last', 'follow'"),
+        ({"occurrence": "latest"}, r"draft\.occurrence = 'latest': must be one of 'follow', 'switch', 'first', 'last'"),
     ],
 )
 def test_bad_parameters_name_the_culprit(params, message):
