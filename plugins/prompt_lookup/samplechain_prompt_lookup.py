@@ -88,7 +88,7 @@ class PromptLookup(Drafter):
     def checkpoint(self) -> dict[str, Any]:
         """Each row's choice of occurrence and the guess it is judged by; under "follow", its cursor and record."""
         side = [[row, last, guess] for row, (last, guess) in sorted(self._side.items())]
-        follow = [[row, f.cursor, f.guess, f.scores] for row, f in sorted(self._follow.items())]
+        follow = [[row, f.cursor, f.guess, list(f.scores)] for row, f in sorted(self._follow.items())]
         return {"side": side, "follow": follow}
 
     def restore(self, state: Any) -> None:
@@ -150,7 +150,7 @@ class PromptLookup(Drafter):
         lookup's passage wherever the lookup's guess was followed."""
         state = self._follow.setdefault(row, _Follow())
         n_tokens, longest = tokens.shape[0], self.params.num_tokens
-        if state.guess is not None:
+        if state.guess is not None and n_tokens > state.guess[0]:  # judged once, by at least one token that came
             at, lookup_guess, source, cursor_guess = state.guess
             came = tokens[at : at + longest + 1].tolist()
             for i, guess in enumerate((lookup_guess, cursor_guess)):

@@ -177,3 +177,14 @@ def test_expect_names_the_match_a_proposal_comes_from():
 def test_bad_parameters_name_the_culprit(params, message):
     with pytest.raises(ConfigError, match=message):
         drafter(**params)
+
+
+def test_asking_again_at_the_same_length_changes_nothing():
+    d = drafter(num_tokens=4)
+    middle = TEXT.index(61) + 1
+    _drafts(d, TEXT, range(len(PASSAGE) + 2, middle))
+    before = d.checkpoint()
+    first = d.propose(0, torch.tensor(TEXT[:middle]), 4).tolist()
+    after_first = d.checkpoint()
+    assert d.propose(0, torch.tensor(TEXT[:middle]), 4).tolist() == first  # another tensor of the same tokens
+    assert d.checkpoint() == after_first != before
