@@ -29,6 +29,7 @@ from samplechain import ConfigError, hookimpl, in_range, one_of
 from samplechain.drafters import DraftContext, Drafter
 
 OCCURRENCES = ("follow", "switch", "first", "last")
+_SWITCHING = ("follow", "switch")  # the occurrences that turn between the first and the last
 
 
 @attrs.frozen
@@ -95,18 +96,13 @@ class PromptLookup(Drafter):
         for row, last, guess in (state or {}).get("side", []):
             self._side[int(row)] = (bool(last), None if guess is None else (int(guess[0]), int(guess[1])))
         for row, cursor, guess, scores in (state or {}).get("follow", []):
-            self._follow[int(row)] = _Follow(
-                None if cursor is None else (int(cursor[0]), int(cursor[1])),
-                None
-                if guess is None
-                else (
-                    int(guess[0]),
-                    [int(t) for t in guess[1]],
-                    None if guess[2] is None else int(guess[2]),
-                    [int(t) for t in guess[3]],
-                ),
-                [float(x) for x in scores],
-            )
+            if cursor is not None:
+                cursor = (int(cursor[0]), int(cursor[1]))
+            if guess is not None:
+                at, lookup_guess, source, cursor_guess = guess
+                source = None if source is None else int(source)
+                guess = (int(at), [int(t) for t in lookup_guess], source, [int(t) for t in cursor_guess])
+            self._follow[int(row)] = _Follow(cursor, guess, [float(x) for x in scores])
 
     def expect(self, row: int, tokens: torch.Tensor) -> tuple[str, float] | None:
         n, _ = self._match(row, tokens)
@@ -136,7 +132,7 @@ class PromptLookup(Drafter):
             if len(hits):
                 found = (n, int(hits[-1 if use_last else 0]) + n)
                 break
-        if p.occurrence in ("switch", "follow"):
+        if p.occurrence in _SWITCHING:
             # every match is judged by the token that came after it, drafted or not
             self._side[row] = (use_last, (n_tokens, int(tokens[found[1]])) if found[0] else None)
         if p.occurrence == "follow":
@@ -172,7 +168,7 @@ class PromptLookup(Drafter):
 
     def _use_last(self, row: int, tokens: torch.Tensor) -> bool:
         occurrence = self.params.occurrence
-        if occurrence not in ("switch", "follow"):
+        if occurrence not in _SWITCHING:
             return occurrence == "last"
         use_last, guess = self._side.get(row, (False, None))
         if guess is not None and tokens.shape[0] > guess[0] and int(tokens[guess[0]]) != guess[1]:
