@@ -59,7 +59,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import attrs
@@ -365,7 +365,7 @@ def _interleave(configs: dict[str, Callable[[], Sample]], reps: int) -> dict[str
                 result[name] = Measured(None, [], reason.splitlines()[0][:140])
                 continue
         notes = [str(w.message) for w in caught if issubclass(w.category, GenerationWarning)]
-        result[name].note = notes[0].splitlines()[0][:140] if notes else ""
+        result[name].note = notes[0].splitlines()[0] if notes else ""
     live = [name for name, m in result.items() if m.first is not None]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -434,18 +434,29 @@ class Table:
     title: str
     header: list[str]
     rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)  # the warnings its configurations raised, each once
 
     def add(self, row: list[str]) -> None:
         """A row, printed on stderr as it comes."""
         self.rows.append(row)
         print("| " + " | ".join(row) + " |", file=sys.stderr, flush=True)
 
+    def noted(self, m: Measured) -> str:
+        """A mark for a cell of `m`'s row that points to the warning its warm-up raised, listed under the table."""
+        if not m.note:
+            return ""
+        if m.note not in self.notes:
+            self.notes.append(m.note)
+        return f" [{self.notes.index(m.note) + 1}]"
+
     def markdown(self) -> str:
         lines = [f"### {self.title}", "", "| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
-        return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in self.rows)])
+        lines += ["| " + " | ".join(r) + " |" for r in self.rows]
+        notes = [f"[{i}] warning: {note}" for i, note in enumerate(self.notes, 1)]
+        return "\n".join(lines + ([""] + notes if notes else []))
 
-    def records(self) -> list[dict[str, str]]:
-        return [dict(zip(self.header, r)) for r in self.rows]
+    def records(self) -> dict[str, Any]:
+        return {"rows": [dict(zip(self.header, r)) for r in self.rows], "warnings": self.notes}
 
 
 # ----------------------------------------------------------------- models
@@ -524,7 +535,7 @@ def _against_none(
                         if targeted:
                             met = "n/a" if ratio is None else "met" if ratio[0] >= target else "MISSED"
                             cells += [f">= {target:g}x", met]
-                        table.add([*cells, accept, per_call, same + _noted(spec)])
+                        table.add([*cells, accept, per_call, same + table.noted(spec)])
     return table
 
 
@@ -631,10 +642,6 @@ def section5(engines: dict[str, tuple[Any, Any]], tasks: list[str], batches: lis
     return _against_none(table, engines, tasks, batches, plan, drafters, False)
 
 
-def _noted(m: Measured) -> str:
-    return f" (warning: {m.note})" if m.note else ""
-
-
 S2_HEADER = (
     "setting|task|method|samplechain tok/s|transformers tok/s|samplechain / transformers|kept/drafted (ours)|"
     "same tokens (ours, theirs)"
@@ -695,7 +702,7 @@ def section2(model: Any, tok: Any, tasks: list[str], plan: Plan, layers: int) ->
                 speed = _fmt(_speed(ours)) if ours.first else f"n/a: {ours.reason}"
                 theirs_speed = _fmt(_speed(theirs)) if theirs.first else f"n/a: {theirs.reason}"
                 cells = [setting, task, f"{name} / {label}", speed, theirs_speed, _fmt(_ratio(ours, theirs), "x")]
-                cells += [accept, f"{same_ours}, {same_theirs}" + _noted(ours)]
+                cells += [accept, f"{same_ours}, {same_theirs}" + table.noted(ours)]
                 table.add(cells)
     return table
 
@@ -730,7 +737,7 @@ def section3(engines: dict[str, tuple[Any, Any]], small: Any, tasks: list[str], 
                     got = m[f"{drafter}: {config}"]
                     accept, per_call = _acceptance(got)
                     label = f"{engine} {task} {drafter} {config}"
-                    same = _same(got, m["none"], mode is None, label) + _noted(got)
+                    same = _same(got, m["none"], mode is None, label) + table.noted(got)
                     kept = accept if got.first else f"n/a: {got.reason}"
                     table.add([engine, task, drafter, config, kept, per_call, _fmt(_speed(got)), same])
     return table

@@ -58,3 +58,13 @@ def test_an_unknown_occurrence_is_refused_before_any_model_loads(bench, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--sections", "1", "--occurrence", "switch,latest"])
     assert "--occurrence: unknown latest (known: follow, switch, first, last)" in capsys.readouterr().err
+
+
+def test_a_warning_is_listed_once_under_the_table_and_marked_in_its_rows(bench):
+    table = bench.Table("t", ["a", "same tokens"], [])
+    warned = bench.Measured(None, [], note="llama.cpp decodes the file on 2 threads with a float KV cache: past 256")
+    for m in (warned, bench.Measured(None, []), warned):
+        table.add(["x", "yes" + table.noted(m)])
+    assert [r[1] for r in table.rows] == ["yes [1]", "yes", "yes [1]"]
+    assert table.markdown().endswith("\n\n[1] warning: " + warned.note)
+    assert table.records()["warnings"] == [warned.note]
