@@ -8,7 +8,9 @@ which earlier occurrence: "first" (transformers, vLLM), "last" (llama.cpp's ngra
 until the token it guessed next is not the token that came, then the last until that one misses, and so on, per
 row) or "follow" (the default: "switch", and a cursor in the passage the row copies; where the row writes a word or
 an item of its own in place of the passage's, no n-gram of its last tokens leads back, but the passage goes on one
-token later; each row drafts from the lookup or the cursor, whichever guessed what came better of late).
+token later; each row drafts from the lookup or the cursor, whichever guessed what came better of late). Where the
+n-gram occurs several times, "follow" drafts what most of its occurrences go on with, token by token: a
+continuation the text has taken more often is the likelier one.
 Differences from transformers: each row of a batch looks up its own tokens (transformers' works on one sequence),
 and a draft is not cut at an eos token (the chain decides whether the eos is kept; a stop ends the row there).
 
@@ -20,6 +22,7 @@ with those shares as priors, so that a row keeps a record per kind (a one-token 
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import attrs
@@ -76,7 +79,8 @@ class PromptLookup(Drafter):
                 f"drafter prompt_lookup: min_ngram (= {p.min_ngram}) is larger than max_ngram (= {p.max_ngram}); "
                 "give min_ngram <= max_ngram"
             )
-        self._last: dict[int, tuple[torch.Tensor, tuple[int, int]]] = {}  # row -> its last lookup
+        # row -> its last lookup: (the tokens, (n, the position it drafts from), its draft)
+        self._last: dict[int, tuple[torch.Tensor, tuple[int, int], torch.Tensor]] = {}
         # row -> (takes the last occurrence, (the row's length at its last match, the token that match guessed next))
         self._side: dict[int, tuple[bool, tuple[int, int] | None]] = {}
         self._follow: dict[int, _Follow] = {}
@@ -111,55 +115,65 @@ class PromptLookup(Drafter):
         return None if not n else (f"ngram{n}", _KEPT.get(n, _KEPT_LONGER))
 
     def propose(self, row: int, tokens: torch.Tensor, limit: int) -> torch.Tensor:
-        n, start = self._match(row, tokens)
-        return tokens[start : start + min(self.params.num_tokens, limit)] if n else tokens[:0]
+        self._match(row, tokens)
+        return self._last[row][2][:limit]
 
     def _match(self, row: int, tokens: torch.Tensor) -> tuple[int, int]:
-        """(n, the position after the n-gram's chosen earlier occurrence) for the largest n that matches; (0, 0)
-        where none does; under "follow" (CURSOR, the cursor's position) where the row drafts from its cursor. Each
-        row's last lookup is kept: the loop hands `expect` and `propose` the same tensor."""
+        """(n, the position after the earlier occurrence of the n-gram that the draft copies) for the largest n that
+        matches; (0, 0) where none does; under "follow" (CURSOR, the cursor's position) where the row drafts from its
+        cursor. Each row's last lookup and its draft are kept: the loop hands `expect` and `propose` the same
+        tensor."""
         last = self._last.get(row)
         if last is not None and last[0] is tokens:
             return last[1]
-        n_tokens = tokens.shape[0]
+        n_tokens, p = tokens.shape[0], self.params
         use_last = self._use_last(row, tokens)
-        found = (0, 0)
-        p = self.params
+        found, hits = (0, 0), tokens[:0]
         for n in range(min(p.max_ngram, n_tokens - 1), p.min_ngram - 1, -1):
             # windows: (n_tokens - n + 1, n); the last one is the n-gram itself, never its own match
             windows = tokens.unfold(0, n, 1)[:-1]
-            hits = (windows == tokens[-n:]).all(dim=1).nonzero().flatten()
+            hits = (windows == tokens[-n:]).all(dim=1).nonzero().flatten() + n
             if len(hits):
-                found = (n, int(hits[-1 if use_last else 0]) + n)
+                found = (n, int(hits[-1 if use_last else 0]))
                 break
         if p.occurrence in _SWITCHING:
             # every match is judged by the token that came after it, drafted or not
             self._side[row] = (use_last, (n_tokens, int(tokens[found[1]])) if found[0] else None)
+        draft = tokens[found[1] : found[1] + p.num_tokens] if found[0] else tokens[:0]
         if p.occurrence == "follow":
-            found = self._followed(row, tokens, found)
-        self._last[row] = (tokens, found)
+            if len(hits) > 1:
+                # each occurrence's continuation: up to num_tokens tokens, fewer near the end of the text
+                width = min(p.num_tokens, n_tokens - int(hits[0]))
+                rows = tokens[(hits[:, None] + torch.arange(width)).clamp_(max=n_tokens - 1)].tolist()
+                starts = hits.tolist()
+                continuations = {s: row[: n_tokens - s] for s, row in zip(starts, rows, strict=True)}
+                path, source = _majority(continuations, found[1], p.num_tokens)
+                found, draft = (found[0], source), torch.tensor(path, dtype=tokens.dtype)
+            found = self._followed(row, tokens, found, draft.tolist())
+            if found[0] == CURSOR:
+                draft = tokens[found[1] : found[1] + p.num_tokens]
+        self._last[row] = (tokens, found, draft)
         return found
 
-    def _followed(self, row: int, tokens: torch.Tensor, found: tuple[int, int]) -> tuple[int, int]:
-        """Under "follow": the lookup's match `found`, or (CURSOR, the cursor's position) where the cursor has guessed
-        what came better of late. Each guess is judged by what came after it, drafted or not; the cursor moves to the
-        lookup's passage wherever the lookup's guess was followed."""
+    def _followed(self, row: int, tokens: torch.Tensor, found: tuple[int, int], guess: list[int]) -> tuple[int, int]:
+        """Under "follow": the lookup's match `found` (its draft: `guess`), or (CURSOR, the cursor's position) where
+        the cursor has guessed what came better of late. Each guess is judged by what came after it, drafted or not;
+        the cursor moves to the lookup's passage wherever the lookup's guess was followed."""
         state = self._follow.setdefault(row, _Follow())
         n_tokens, longest = tokens.shape[0], self.params.num_tokens
         if state.guess is not None and n_tokens > state.guess[0]:  # judged once, by at least one token that came
             at, lookup_guess, source, cursor_guess = state.guess
             came = tokens[at : at + longest + 1].tolist()
-            for i, guess in enumerate((lookup_guess, cursor_guess)):
-                kept = _kept(guess, came)
-                missed = bool(guess) and kept < min(len(guess), len(came))
+            for i, judged in enumerate((lookup_guess, cursor_guess)):
+                kept = _kept(judged, came)
+                missed = bool(judged) and kept < min(len(judged), len(came))
                 state.scores[i] = _FOLLOW_DECAY * state.scores[i] + kept - _MISS * missed
             if source is not None and _kept(lookup_guess, came):
                 state.cursor = (source, at)
         cursor = None if state.cursor is None else state.cursor[0] + n_tokens - state.cursor[1]
         source = found[1] if found[0] else None
-        lookup_guess = [] if source is None else tokens[source : source + longest].tolist()
         cursor_guess = [] if cursor is None else tokens[cursor : cursor + longest].tolist()
-        state.guess = (n_tokens, lookup_guess, source, cursor_guess)
+        state.guess = (n_tokens, guess, source, cursor_guess)
         if state.cursor is None and source is not None:
             state.cursor = (source, n_tokens)
         if cursor is not None and cursor_guess and state.scores[1] > state.scores[0]:
@@ -174,6 +188,28 @@ class PromptLookup(Drafter):
         if guess is not None and tokens.shape[0] > guess[0] and int(tokens[guess[0]]) != guess[1]:
             return not use_last
         return use_last
+
+
+def _majority(continuations: dict[int, list[int]], chosen: int, longest: int) -> tuple[list[int], int]:
+    """The continuation most of the occurrences share (their positions: `continuations`' keys), token by token: at
+    each step the token that goes on the most of the occurrences that agree with the draft so far and have a token
+    there; the draft ends where none of them goes on (the end of the text). A tie goes to the token of the
+    occurrence it copies: `chosen` while that agrees, else the latest that does, which it returns too."""
+    draft: list[int] = []
+    live, source = list(continuations), chosen
+    for j in range(longest):
+        live = [s for s in live if j < len(continuations[s])]
+        if len(live) <= 1:  # one occurrence left: its continuation
+            return (draft + continuations[live[0]][j:], live[0]) if live else (draft, source)
+        counts = Counter(continuations[s][j] for s in live)
+        top, most = counts.most_common(1)[0]
+        if source in live and counts[continuations[source][j]] == most:
+            top = continuations[source][j]
+        draft.append(top)
+        live = [s for s in live if continuations[s][j] == top]
+        if source not in live:
+            source = live[-1]
+    return draft, source
 
 
 def _kept(guess: list[int], came: list[int]) -> int:

@@ -45,8 +45,49 @@ def test_proposals_are_transformers_candidates(seed):
         0, torch.tensor(tokens), 10**6
     )
     assert ours.tolist() == theirs(tokens, num_tokens, max_ngram)
-    # a row's first lookup under the default ("follow") is the first occurrence too
-    assert drafter(num_tokens=num_tokens, max_ngram=max_ngram).propose(0, torch.tensor(tokens), 10**6).equal(ours)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_follow_drafts_what_most_occurrences_go_on_with(seed):
+    rng = random.Random(seed)
+    tokens = [rng.randrange(rng.choice([2, 3, 5])) for _ in range(rng.randint(1, 60))]
+    num_tokens, max_ngram = rng.randint(1, 8), rng.randint(1, 4)
+    first = drafter(num_tokens=num_tokens, max_ngram=max_ngram, occurrence="first").propose(0, torch.tensor(tokens), 99)
+    ours = drafter(num_tokens=num_tokens, max_ngram=max_ngram).propose(0, torch.tensor(tokens), 99).tolist()
+    n = next((n for n in range(min(max_ngram, len(tokens) - 1), 0, -1) if tokens[-n:] in _windows(tokens[:-1], n)), 0)
+    starts = [i + n for i in range(len(tokens) - n) if n and tokens[i : i + n] == tokens[-n:]]
+    assert bool(ours) == bool(starts) and len(ours) <= num_tokens
+    for j in range(len(ours) + 1):
+        # the occurrences that agree with the draft so far and go on: most of them go on with its next token, and
+        # the draft ends at num_tokens or where none goes on
+        live = [s for s in starts if tokens[s : s + j] == ours[:j] and s + j < len(tokens)]
+        if j == len(ours):
+            assert j == num_tokens or not live
+            break
+        counts = {t: sum(tokens[s + j] == t for s in live) for t in set(tokens)}
+        assert counts[ours[j]] == max(counts.values())
+    assert any(tokens[s : s + len(ours)] == ours for s in starts) or not ours  # one occurrence's continuation
+    if len(starts) == 1:  # one occurrence: its continuation, as transformers drafts it
+        assert ours == first.tolist()
+
+
+def test_follow_takes_the_majority_and_breaks_a_tie_for_the_occurrence_switch_takes():
+    def lookup(text: list[int], occurrence: str) -> list[int]:
+        return drafter(num_tokens=3, max_ngram=2, occurrence=occurrence).propose(0, torch.tensor(text), 3).tolist()
+
+    # (5, 6) goes on twice with 1 and once with 3; after 1, with 2 once and 9 once: a tie, kept for the first's
+    text = [5, 6, 1, 2, 0, 5, 6, 3, 4, 0, 5, 6, 1, 9, 0, 5, 6]
+    assert lookup(text, "follow") == lookup(text, "first") == [1, 2, 0]
+    assert lookup(text, "last") == [1, 9, 0]
+    # the first occurrence goes on with 3, the two later ones with 1 2 (then 0 and 7, a tie): the majority wins
+    # over the first, and the tie goes to the latest of the occurrences it copies
+    text = [5, 6, 3, 4, 0, 5, 6, 1, 2, 0, 5, 6, 1, 2, 7, 5, 6]
+    assert lookup(text, "first") == [3, 4, 0]
+    assert lookup(text, "follow") == [1, 2, 7]
+
+
+def _windows(tokens: list[int], n: int) -> list[list[int]]:
+    return [tokens[i : i + n] for i in range(len(tokens) - n + 1)]
 
 
 @pytest.mark.parametrize("seed", range(20))
