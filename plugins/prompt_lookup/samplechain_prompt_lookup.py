@@ -116,7 +116,7 @@ class PromptLookup(Drafter):
 
     def propose(self, row: int, tokens: torch.Tensor, limit: int) -> torch.Tensor:
         self._match(row, tokens)
-        return self._last[row][2][:limit]
+        return self._last[row][2][: max(limit, 0)]
 
     def _match(self, row: int, tokens: torch.Tensor) -> tuple[int, int]:
         """(n, the position after the earlier occurrence of the n-gram that the draft copies) for the largest n that
