@@ -201,15 +201,15 @@ def _majority(continuations: dict[int, list[int]], chosen: int, longest: int) ->
         live = [s for s in live if j < len(continuations[s])]
         if len(live) <= 1:  # one occurrence left: its continuation
             return (draft + continuations[live[0]][j:], live[0]) if live else (draft, source)
+        if source not in live:
+            source = live[-1]
         counts = Counter(continuations[s][j] for s in live)
         top, most = counts.most_common(1)[0]
-        if source in live and counts[continuations[source][j]] == most:
+        if counts[continuations[source][j]] == most:
             top = continuations[source][j]
         draft.append(top)
         live = [s for s in live if continuations[s][j] == top]
-        if source not in live:
-            source = live[-1]
-    return draft, source
+    return draft, source if source in live else live[-1]
 
 
 def _kept(guess: list[int], came: list[int]) -> int:
