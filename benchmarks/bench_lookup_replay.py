@@ -10,6 +10,8 @@ them, for bench_speculative.py's tasks, prompts and chains (B = 1, the first --p
 - `prompt_lookup` as it ships, with each `occurrence` ("follow", "switch", "first", "last");
 - `every occurrence`: the best of the continuations of every earlier occurrence of the longest matching n-gram,
   which a tree of drafts checked in one call would keep; its "drafted" counts the tree's distinct tokens;
+- `every n-gram`: the same over the occurrences of every matching n-gram (1 to 3 tokens), what any lookup of the
+  row's last tokens could keep;
 - `copying bound` (bench_speculative.Knows): the longest run of the row's next tokens that occurs earlier in its
   prompt and text so far, whichever occurrence that is.
 
@@ -132,29 +134,31 @@ def lookup(occurrence: str, num_tokens: int) -> Policy:
     return propose
 
 
-def every_occurrence(text: Text, max_ngram: int = 3) -> Policy:
-    """The continuation of an earlier occurrence of the longest matching n-gram that the text goes on with longest;
-    "fed": the distinct tokens of all the continuations (a tree's nodes)."""
+def every_occurrence(text: Text, max_ngram: int = 3, every_n: bool = False) -> Policy:
+    """The continuation of an earlier occurrence of the longest matching n-gram that the text goes on with longest
+    (`every_n`: of every matching n-gram, 1 to max_ngram tokens, what any lookup of the row's last tokens could
+    draft); "fed": the distinct tokens of all the continuations (a tree's nodes)."""
     gen = text.generated
+
+    def reach(branch: tuple[int, ...], t: int) -> int:
+        k = 0
+        while k < len(branch) and t + k < len(gen) and branch[k] == gen[t + k]:
+            k += 1
+        return k
 
     def propose(tokens: torch.Tensor, limit: int) -> tuple[torch.Tensor, int]:
         t = len(tokens) - len(text.prompt)
+        branches: set[tuple[int, ...]] = set()
         for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
             hits = (tokens.unfold(0, n, 1)[:-1] == tokens[-n:]).all(dim=1).nonzero().flatten().tolist()
-            if not hits:
-                continue
-            branches = {tuple(tokens[h + n : h + n + limit].tolist()) for h in hits} - {()}
-            nodes = {branch[: j + 1] for branch in branches for j in range(len(branch))}
-
-            def reach(branch: tuple[int, ...]) -> int:
-                k = 0
-                while k < len(branch) and t + k < len(gen) and branch[k] == gen[t + k]:
-                    k += 1
-                return k
-
-            best = max(sorted(branches), key=reach)
-            return torch.tensor(best, dtype=torch.int64), len(nodes)
-        return tokens[:0], 0
+            branches |= {tuple(tokens[h + n : h + n + limit].tolist()) for h in hits} - {()}
+            if branches and not every_n:
+                break
+        if not branches:
+            return tokens[:0], 0
+        nodes = {branch[: j + 1] for branch in branches for j in range(len(branch))}
+        best = max(sorted(branches), key=lambda branch: reach(branch, t))
+        return torch.tensor(best, dtype=torch.int64), len(nodes)
 
     return propose
 
@@ -189,6 +193,7 @@ def policies(text: Text, num_tokens: int) -> dict[str, Policy]:
     return {
         **{f"prompt_lookup ({o})": lookup(o, num_tokens) for o in OCCURRENCES},
         "every occurrence": every_occurrence(text),
+        "every n-gram": every_occurrence(text, every_n=True),
         "copying bound": copying_bound(text),
     }
 
@@ -225,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             texts = texts_of(model, tok, task, setting, args.max_new_tokens, args.prompts)
             sampled = setting != "greedy"
             for name, c in measure(texts, args.num_tokens, args.max_new_tokens, sampled).items():
-                tree = " (tree)" if name == "every occurrence" else ""
+                tree = " (tree)" if name.startswith("every") else ""
                 rows.append([task, setting, name, f"{c.tokens / c.calls:.2f}", str(c.kept), f"{c.drafted}{tree}"])
                 for part in ("first", "later") if c.by_noise else ():
                     cells = [_share(*c.by_noise.get((part, b), [0, 0])) for b in BUCKETS]

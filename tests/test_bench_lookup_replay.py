@@ -51,6 +51,15 @@ def test_every_occurrence_keeps_the_best_branch_and_counts_the_trees_tokens(benc
     assert bench.copying_bound(text)(tokens, 3)[0].tolist() == [5, 6]
 
 
+def test_every_ngram_also_takes_the_branches_of_shorter_matches(bench):
+    # "1 2" occurs once earlier, going on "3 4 1"; "2" also occurs after 7, going on "8 8 1"; the text goes on "8 8 5"
+    text = bench.Text([7, 2, 8, 8, 1, 2, 3, 4, 1], [2, 8, 8, 5], seed=0, stream=0)
+    tokens = torch.tensor(text.prompt + text.generated[:1])
+    assert bench.every_occurrence(text)(tokens, 3)[0].tolist() == [3, 4, 1]  # the longest match's only branch
+    draft, fed = bench.every_occurrence(text, every_n=True)(tokens, 3)
+    assert draft.tolist() == [8, 8, 1] and fed == 6
+
+
 def test_the_noise_is_the_draws_and_its_buckets_count_checked_tokens(bench):
     # a text drawn with known noise: at each position the token of highest noise among 0..9 (uniform logits)
     seed, stream = 11, 4
