@@ -88,9 +88,7 @@ def replay(text: Text, policy: Policy, num_tokens: int, max_new: int, noise: boo
         tokens = torch.cat([prompt, torch.tensor(gen[:t], dtype=torch.int64)])
         draft, fed = policy(tokens, limit) if limit > 0 else (tokens[:0], 0)
         draft = draft.tolist()
-        k = 0
-        while k < len(draft) and t + k < len(gen) and draft[k] == gen[t + k]:
-            k += 1
+        k = _reach(draft, gen, t)
         counts.calls, counts.drafted, counts.kept = counts.calls + 1, counts.drafted + fed, counts.kept + k
         if noise and draft:
             checked = draft[: min(k + 1, len(draft))]
@@ -99,6 +97,14 @@ def replay(text: Text, policy: Policy, num_tokens: int, max_new: int, noise: boo
                 record[0], record[1] = record[0] + (j < k), record[1] + 1
         t += k + 1
     return counts
+
+
+def _reach(draft: Sequence[int], gen: list[int], t: int) -> int:
+    """How many of the draft's first tokens the text goes on with from generated position t."""
+    k = 0
+    while k < len(draft) and t + k < len(gen) and draft[k] == gen[t + k]:
+        k += 1
+    return k
 
 
 def _noise(text: Text, start: int, ids: Sequence[int]) -> list[float]:
@@ -140,12 +146,6 @@ def every_occurrence(text: Text, max_ngram: int = 3, every_n: bool = False) -> P
     draft); "fed": the distinct tokens of all the continuations (a tree's nodes)."""
     gen = text.generated
 
-    def reach(branch: tuple[int, ...], t: int) -> int:
-        k = 0
-        while k < len(branch) and t + k < len(gen) and branch[k] == gen[t + k]:
-            k += 1
-        return k
-
     def propose(tokens: torch.Tensor, limit: int) -> tuple[torch.Tensor, int]:
         t = len(tokens) - len(text.prompt)
         branches: set[tuple[int, ...]] = set()
@@ -157,7 +157,7 @@ def every_occurrence(text: Text, max_ngram: int = 3, every_n: bool = False) -> P
         if not branches:
             return tokens[:0], 0
         nodes = {branch[: j + 1] for branch in branches for j in range(len(branch))}
-        best = max(sorted(branches), key=lambda branch: reach(branch, t))
+        best = max(sorted(branches), key=lambda branch: _reach(branch, gen, t))
         return torch.tensor(best, dtype=torch.int64), len(nodes)
 
     return propose
