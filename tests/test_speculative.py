@@ -7,7 +7,9 @@ import math
 import random
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -383,6 +385,47 @@ def test_bad_drafter_parameters_are_one_error_naming_them(tiny, draft, message):
         Generation(model, tok, "Hi", draft=draft, pad_token_id=0)
 
 
+@pytest.mark.parametrize("n", [0, -3, 2.5, True])
+def test_a_drafter_whose_params_do_not_check_num_tokens_is_refused_for_a_bad_one(tiny, n):
+    """A third party's Params may not check num_tokens: the generation does, before it starts."""
+    model, tok = tiny
+
+    @attrs.frozen
+    class Loose:
+        num_tokens: Any = 4
+
+    class Repeats(Drafter):
+        name = "repeats"
+        Params = Loose
+
+        def propose(self, row, tokens, limit):
+            return [int(tokens[-1])] * limit
+
+    with pytest.raises(ConfigError, match=rf"drafter repeats\.v1: num_tokens = {n!r}; give the longest draft"):
+        Generation(model, tok, "Hi", draft=Repeats(Loose(n)), pad_token_id=0)
+
+
+class Scribbles(Scripted):
+    """Scripted, but it writes into the tokens it is given before it proposes."""
+
+    name = "scribbles"
+
+    def propose(self, row, tokens, limit):
+        draft = super().propose(row, tokens, limit)
+        tokens[-1] = 7
+        return draft
+
+
+def test_a_drafter_that_writes_into_its_tokens_leaves_the_generation_s_tokens_alone(tiny):
+    model, tok = tiny
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 16}
+    reference, gen = run(model, tok, PROMPTS[:2], **kwargs)
+    drafter = Scribbles(reference_rows(reference, gen), model.config.vocab_size, longest=4)
+    ours, _ = run(model, tok, PROMPTS[:2], draft={"use": drafter, "adaptive": False}, **kwargs)
+    assert_same_tokens(ours, reference)
+    assert int(ours.kept.sum()) > 0
+
+
 def test_draft_with_beam_search_or_guidance_is_refused(tiny):
     model, tok = tiny
     with pytest.raises(ConfigError, match=r"beam search .* does not draft"):
@@ -515,6 +558,70 @@ def test_drafts_stay_within_the_models_positions(tiny):
         ours, _ = run(model, tok, None, draft=draft, **kwargs)
         assert_same_tokens(ours, reference)
         assert int(ours.drafted[0]) > 0
+
+
+class Proposes(Drafter):
+    """Proposes each row's `drafts[row]` at its first call, nothing after."""
+
+    name = "proposes"
+
+    def __init__(self, drafts):
+        super().__init__()
+        self.drafts, self.asked = drafts, set()
+
+    def propose(self, row, tokens, limit):
+        if row in self.asked:
+            return []
+        self.asked.add(row)
+        return self.drafts[row][:limit]
+
+
+def _dead_end(allowed):
+    """A greedy chain over `allowed` that never repeats a token: its draw after len(allowed) tokens masks every
+    token, a SamplingError."""
+    return {"samplers": [{"use": "allowed_tokens", "ids": allowed}, {"use": "no_repeat_ngram", "n": 1},
+                         {"use": "greedy"}]}  # fmt: skip
+
+
+@pytest.mark.parametrize("stop", ["string", "eos"])
+def test_a_stop_inside_a_drawn_run_ends_the_row_there_and_nothing_past_it_can_fail(tiny, stop):
+    """Positions past a stop that a draft reaches are never the plain loop's: where the chain fails there (a chain
+    that masks every token after three), the generation ends at the stop as without a drafter."""
+    model, tok = tiny
+    allowed = [3000, 3001, 3002]
+    order = generate(model, tok, PROMPTS[2], chain=_dead_end(allowed), max_new_tokens=3, pad_token_id=0)
+    t1, t2, t3 = order.sequences[0, -3:].tolist()
+    kwargs = {"max_new_tokens": 10, "pad_token_id": 0}
+    chain = _dead_end(allowed)
+    if stop == "string":
+        kwargs["stop_strings"] = [tok.decode([t2])]
+    else:
+        chain["stop"] = [{"use": "eos", "ids": [t2]}]
+    reference = generate(model, tok, PROMPTS[2], chain=chain, **kwargs)
+    assert reference.sequences[0, -2:].tolist() == [t1, t2]
+    for draft in ({"use": Proposes({0: [t2, t3, t1]}), "adaptive": False}, "prompt_lookup"):
+        assert_same_tokens(generate(model, tok, PROMPTS[2], chain=chain, draft=draft, **kwargs), reference)
+
+
+def test_a_row_drawn_past_its_stop_waits_while_the_batch_goes_on(tiny):
+    """Row 0 draws past its stop string ahead of row 1 (which does not draft), into positions where its chain
+    fails: it waits for its stop to be committed, and row 1 goes on to its own length limit."""
+    model, tok = tiny
+    allowed = [3000, 3001, 3002, 3003]
+    order = generate(model, tok, PROMPTS[2], chain=_dead_end(allowed), max_new_tokens=4, pad_token_id=0)
+    t1, t2, t3, t4 = order.sequences[0, -4:].tolist()
+    kwargs = {"chain": [_dead_end(allowed), "preset:greedy"], "max_new_tokens": 12, "pad_token_id": 0}
+    kwargs["stop_strings"] = [tok.decode([t3])]
+    reference = generate(model, tok, PROMPTS[2:4], **kwargs)
+    assert reference.finish_reasons == ["stop_strings", "max_new_tokens"]
+    assert reference.num_generated.tolist() == [3, 12]
+    # row 0 draws t2 and t3 and then t4 past the draft in one call, while row 1 draws one token a call: its next
+    # call's first position, past t3, is where its chain fails
+    ours = generate(
+        model, tok, PROMPTS[2:4], draft=[{"use": Proposes({0: [t2, t3]}), "adaptive": False}, None], **kwargs
+    )
+    assert_same_tokens(ours, reference)
+    assert ours.kept.tolist() == [2, 0]
 
 
 def test_a_drafter_proposing_what_is_no_token_is_switched_off(tiny):

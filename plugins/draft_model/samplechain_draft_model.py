@@ -97,6 +97,11 @@ class DraftModel(ModelDrafter):
         try:
             drafter = cls(DraftModelParams(model=model, **params))
         except (TypeError, ValueError) as exc:
+            for name, value in params.items():  # the parameter at fault, where one alone is
+                try:
+                    DraftModelParams(model=model, **{name: value})
+                except (TypeError, ValueError):
+                    raise ConfigError(f"DraftModel.from_model: {name} = {value!r}: {exc}") from None
             raise ConfigError(f"DraftModel.from_model: {exc}") from None
         drafter.tokenizer = tokenizer
         return drafter

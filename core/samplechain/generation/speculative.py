@@ -17,6 +17,7 @@ flips is the only way the tokens can differ from a generation without a drafter.
 from __future__ import annotations
 
 import functools
+import numbers
 import time
 import warnings
 import weakref
@@ -78,7 +79,7 @@ class Speculation(Drawing):
         self.off = [d is None for d in drafters]  # rows without drafts (none asked, or their drafter failed)
         # each row's draft length: chosen per call up to its drafter's longest (num_tokens), or fixed at it
         self.lengths = DraftLengths(
-            [int(getattr(d.params, "num_tokens", _LONGEST)) if d is not None else 0 for d in drafters],
+            [_longest(d) if d is not None else 0 for d in drafters],
             [not adaptive] * rows if isinstance(adaptive, bool) else [not a for a in adaptive],
             [None] * rows if cost is None else list(cost),
             "rows",
@@ -90,6 +91,8 @@ class Speculation(Drawing):
         # the generation's runner while `run` runs it (weak: the cache goes when the generation's loop ends)
         self._runner: weakref.ref[ModelRunner] | None = None
         self.told = [False] * rows  # rows whose drafter heard they are done (`Drafter.finish`)
+        # rows whose draw ahead of their committed tokens failed: they draw again once those are committed (_draw_along)
+        self.waiting = [False] * rows
         self.stop_ids: set[int] = set()  # the ids that end a row (past min_new_tokens), once the run begins
         self._prompts: list[int] = []  # each row's prompt length, once the run begins
         self._positions: list[int] | None = None  # each row's positions past its prompt (None: the model states none)
@@ -414,12 +417,14 @@ class Speculation(Drawing):
         if not ragged:
             return rows
         eos, padded = self.stop_ids, self.lengths.shape == "padded"
+        for b in rows:
+            self.waiting[b] = self.waiting[b] and bool(self.pending[b])
         return [
             b
             for b in rows
             if not self.pending[b]
             or (guarding is not None and guarding.drawing(gen, self, b))
-            or ((len(self.pending[b]) < _AHEAD or padded) and not self._drawn_all(gen, b, eos))
+            or ((len(self.pending[b]) < _AHEAD or padded) and not self.waiting[b] and not self._drawn_all(gen, b, eos))
         ]
 
     def _drawn_all(self, gen: Generation, row: int, eos: set[int]) -> bool:
@@ -471,8 +476,8 @@ class Speculation(Drawing):
         tokens: dict[int, torch.Tensor] = {}  # each row's, once: a drafter may keep what it found for the tensor
 
         def row_tokens(b: int) -> torch.Tensor:
-            if b not in tokens:
-                tokens[b] = self._tokens(gen, b)
+            if b not in tokens:  # a copy: what a drafter does to it cannot reach the generation's tokens
+                tokens[b] = self._tokens(gen, b).clone()
             return tokens[b]
 
         # a draft fits under the length limits (the chain's draw past it is one more token) and in the model's
@@ -609,9 +614,12 @@ class Speculation(Drawing):
         going, drawn = list(rows), dict.fromkeys(rows, 0)
         for b in rows:
             self.drafted[b] += len(drafts[b])
+        eos = self.stop_ids if not together else set()
         j = 0
         while going:
-            tokens = self._draw_position(gen, going, drafts, logits, j)
+            going, tokens = self._draw_or_wait(gen, going, drafts, logits, j)
+            if not going:
+                break
             if j == 0:
                 self.lengths.timed(timing[0], time.perf_counter() - timing[1], any(len(d) for d in drafts.values()))
             same = [j < len(drafts[b]) and tokens[i] == int(drafts[b][j]) for i, b in enumerate(going)]
@@ -629,9 +637,48 @@ class Speculation(Drawing):
                     self.lengths.checked(b, same[i])
                 elif j == 0:
                     self.lengths.undrafted(b)
+            # a row goes on past a kept token, not past one that ends it (an id the criteria stop on)
             going = [b for i, b in enumerate(going) if same[i]] if not together or all(same) else []
+            going = [b for b in going if not self._drawn_all(gen, b, eos)] if eos else going
             j += 1
         return drawn
+
+    def _draw_or_wait(
+        self, gen: Generation, rows: list[int], drafts: dict[int, torch.Tensor], logits: dict[int, torch.Tensor], j: int
+    ) -> tuple[list[int], list[int]]:
+        """The draws of `rows` at position j -> (the rows drawn, their tokens). A row whose position lies past tokens
+        it drew before (waiting in `pending`) may lie past a stop its commit will find (a stop string), where the
+        plain loop never draws: where its draw fails it waits until those tokens are committed and then draws that
+        position again, where a failure is the plain loop's. A failure is raised where it cannot come from such a
+        row, and with guards (a guard may need the tokens past that position to decide)."""
+        before = [len(self.pending[b]) for b in rows]
+        try:
+            return rows, self._draw_position(gen, rows, drafts, logits, j)
+        except Exception:
+            # rows drawn before the failure (mode rejection tests its rows first) keep their draws
+            done = {b: self.pending[b][-1].token for b, n in zip(rows, before) if len(self.pending[b]) > n}
+            now = [b for b, n in zip(rows, before) if b not in done and not n]
+            ahead = [b for b, n in zip(rows, before) if b not in done and n]
+            if self.guarding is not None or not ahead:
+                raise
+        if now:
+            done.update(zip(now, self._draw_position(gen, now, drafts, logits, j)))
+        for b in ahead:
+            self.waiting[b] = True
+        drawn = [b for b in rows if b in done]
+        return drawn, [done[b] for b in drawn]
+
+
+def _longest(drafter: Drafter) -> int:
+    """A drafter's longest draft (its num_tokens): a whole number >= 1, checked here for every drafter, a third
+    party's too (its Params may not check it)."""
+    n = getattr(drafter.params, "num_tokens", _LONGEST)
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ConfigError(
+            f"drafter {drafter.qualified_name()}: num_tokens = {n!r}; give the longest draft as a whole number of "
+            "tokens >= 1"
+        )
+    return int(n)
 
 
 def _stacked(rows: list[torch.Tensor | None], width: int, fill: float = float("-inf")) -> torch.Tensor:

@@ -328,6 +328,12 @@ def test_bad_parameters_name_the_culprit(params, message):
         drafter(**params)
 
 
+def test_from_model_names_the_bad_parameter(tiny):
+    model, tok = tiny
+    with pytest.raises(ConfigError, match=r"DraftModel\.from_model: num_tokens = 0: must be in \[1, inf\)"):
+        DraftModel.from_model(model, tok, num_tokens=0)
+
+
 # ----------------------------------------------------------------- llama.cpp
 @pytest.mark.llama_cpp
 @pytest.mark.slow
