@@ -13,7 +13,7 @@ import pytest
 import regex
 import torch
 
-from samplechain import ConfigError, UnknownPluginError
+from samplechain import ConfigError, SamplingError, UnknownPluginError
 from samplechain.errors import GenerationWarning
 from samplechain.generation import generate, stream
 from samplechain.guards import Guard
@@ -180,6 +180,27 @@ def test_a_stream_ends_a_row_out_of_rewinds_with_its_held_text(tiny, draft):
         assert out.finish_reasons[b] == "guard:banned_strings:a"
         assert "".join(e.text for e in events if e.index == b) == out.texts[b]
         assert [e.finish_reason for e in events if e.index == b and e.finish_reason] == [out.finish_reasons[b]]
+
+
+@pytest.mark.parametrize("draft", [None, "prompt_lookup"])
+def test_a_stop_inside_held_text_ends_the_row_where_the_chain_fails_past_it(tiny, draft):
+    """A guard holds text that could begin a banned phrase; a stop string inside it ends the row, even where the
+    chain fails at the position past the held text (a chain that masks every token after three): the row ends as
+    without guards. Without the stop, the failure is raised as without guards."""
+    model, tok = tiny
+    chain = {"samplers": [{"use": "allowed_tokens", "ids": [3000, 3001, 3002]}, {"use": "no_repeat_ngram", "n": 1},
+                          {"use": "greedy"}]}  # fmt: skip
+    order = run(model, tok, PROMPTS[1], chain=chain, max_new_tokens=3)
+    t1, t2, t3 = order.sequences[0, -3:].tolist()
+    guards = [{"use": "banned_strings", "phrases": [tok.decode([t2, t3]) + "qqq"]}]  # held from t2 on, never banned
+    kwargs = {"chain": chain, "max_new_tokens": 10, "draft": draft}
+    reference = run(model, tok, PROMPTS[1], stop_strings=[tok.decode([t2])], **kwargs)
+    assert reference.finish_reasons == ["stop_strings"]
+    ours = run(model, tok, PROMPTS[1], stop_strings=[tok.decode([t2])], guards=guards, **kwargs)
+    assert ours.sequences.tolist() == reference.sequences.tolist()
+    assert ours.finish_reasons == ["stop_strings"]
+    with pytest.raises(SamplingError, match=r"every token is masked"):
+        run(model, tok, PROMPTS[1], guards=guards, **kwargs)
 
 
 def test_banned_regex_takes_matches_back(tiny):

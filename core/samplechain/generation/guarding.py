@@ -266,8 +266,9 @@ class Guarding:
 
     def final(self, gen: Generation, spec: Any, b: int) -> bool:
         """Whether row b draws no more: a drawn token that stops it (an end-of-sequence token past its
-        min_new_tokens), or the length limit reached."""
-        return spec._drawn_all(gen, b, spec.stop_ids)
+        min_new_tokens), the length limit reached, or a draw past its drawn tokens that failed (`waiting`: a stop
+        among them ends the row, or the generation fails at that position as without guards)."""
+        return spec.waiting[b] or spec._drawn_all(gen, b, spec.stop_ids)
 
     def guard(self, gen: Generation, spec: Any, rows: Sequence[int]) -> set[int]:
         """Every guard of `rows` after a draw; the drawn tokens a rewind takes back are cut. -> the rows cut."""

@@ -648,9 +648,9 @@ class Speculation(Drawing):
     ) -> tuple[list[int], list[int]]:
         """The draws of `rows` at position j -> (the rows drawn, their tokens). A row whose position lies past tokens
         it drew before (waiting in `pending`) may lie past a stop its commit will find (a stop string), where the
-        plain loop never draws: where its draw fails it waits until those tokens are committed and then draws that
-        position again, where a failure is the plain loop's. A failure is raised where it cannot come from such a
-        row, and with guards (a guard may need the tokens past that position to decide)."""
+        plain loop never draws: where its draw fails it waits until those tokens are committed (its guards take
+        them as its final text) and then draws that position again, where a failure is the plain loop's. A failure
+        is raised where it cannot come from such a row."""
         before = [len(self.pending[b]) for b in rows]
         try:
             return rows, self._draw_position(gen, rows, drafts, logits, j)
@@ -659,7 +659,7 @@ class Speculation(Drawing):
             done = {b: self.pending[b][-1].token for b, n in zip(rows, before) if len(self.pending[b]) > n}
             now = [b for b, n in zip(rows, before) if b not in done and not n]
             ahead = [b for b, n in zip(rows, before) if b not in done and n]
-            if self.guarding is not None or not ahead:
+            if not ahead:
                 raise
         if now:
             done.update(zip(now, self._draw_position(gen, now, drafts, logits, j)))
