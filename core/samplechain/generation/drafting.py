@@ -27,11 +27,14 @@ __all__ = [
     "expected_kind",
     "load_drafter",
     "load_spec",
+    "longest_draft",
     "params_key",
     "proposal_tensors",
     "stop_ids",
     "vocab_of",
 ]
+
+_LONGEST = 64  # the longest draft of a drafter without num_tokens
 
 
 def load_spec(spec: Any, host: PluginHost, kind: str, base: type, settings: Sequence[str], example: str) -> Any:
@@ -218,3 +221,15 @@ def drafter_state(drafter: Drafter) -> Any:
             "generate without it where checkpoints are needed"
         ) from exc
     return state
+
+
+def longest_draft(drafter: Drafter) -> int:
+    """A drafter's longest draft (its num_tokens): a whole number >= 1, checked here for every drafter, a third
+    party's too (its Params may not check it)."""
+    n = getattr(drafter.params, "num_tokens", _LONGEST)
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ConfigError(
+            f"drafter {drafter.qualified_name()}: num_tokens = {n!r}; give the longest draft as a whole number of "
+            "tokens >= 1"
+        )
+    return int(n)

@@ -6,6 +6,7 @@ drawn), `logits_processor=` the batch as the plain loop shows it, the store at t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ import torch
 from .rejection import noise_of, rejection_draw
 
 if TYPE_CHECKING:
+    from .draft_length import DraftLengths
     from .guarding import Guarding
     from .session import Generation
 
@@ -34,13 +36,24 @@ class Drawn:
 
 
 class Drawing:
-    """Speculation's draws (a mixin): each row's drawn tokens wait in `pending`; `q` holds each row's current
-    draft's probabilities (rejection mode), `rejection` which rows are in that mode."""
+    """Speculation's draws (a mixin): the positions of a model call drawn in order while the rows keep their drafts
+    (`_draw_along`); each row's drawn tokens wait in `pending`; `q` holds each row's current draft's probabilities
+    (rejection mode), `rejection` which rows are in that mode."""
 
     pending: list[list[Drawn]]
     q: list[torch.Tensor | None]
     rejection: list[bool]
     guarding: Guarding | None
+    waiting: list[bool]  # rows whose draw past their drawn tokens failed (_draw_or_wait)
+    drafted: list[int]
+    kept: list[int]
+    lengths: DraftLengths
+    stop_ids: set[int]
+    _guard_cut: set[int]
+
+    def _drawn_all(self, gen: Generation, row: int, eos: set[int]) -> bool:
+        """Whether the row's drawn tokens reach the length limit or an id in `eos` that stops it (Speculation's)."""
+        raise NotImplementedError
 
     def _tokens(self, gen: Generation, row: int) -> torch.Tensor:
         """Row `row`'s prompt (without padding), its committed and its drawn tokens, on the CPU."""
@@ -49,6 +62,76 @@ class Drawing:
         if not self.pending[row]:
             return done
         return torch.cat([done, torch.tensor([c.token for c in self.pending[row]], dtype=done.dtype)])
+
+    def _draw_along(
+        self,
+        gen: Generation,
+        rows: list[int],
+        drafts: dict[int, torch.Tensor],
+        logits: dict[int, torch.Tensor],
+        together: bool,
+        timing: tuple[int, float],
+    ) -> dict[int, int]:
+        """Draw position j = 0, 1, ... of the rows still going (row b's logits[b][j]); a row goes on to j + 1 while
+        its draw equals its draft's token j (together: while every row's does). -> tokens drawn per row. `timing`:
+        the tokens the model call ran and when it started; the call's time is taken once its first position is
+        drawn (on an accelerator, when its logits have arrived)."""
+        going, drawn = list(rows), dict.fromkeys(rows, 0)
+        for b in rows:
+            self.drafted[b] += len(drafts[b])
+        eos = self.stop_ids if not together else set()
+        j = 0
+        while going:
+            going, tokens = self._draw_or_wait(gen, going, drafts, logits, j)
+            if not going:
+                break
+            if j == 0:
+                self.lengths.timed(timing[0], time.perf_counter() - timing[1], any(len(d) for d in drafts.values()))
+            same = [j < len(drafts[b]) and tokens[i] == int(drafts[b][j]) for i, b in enumerate(going)]
+            if self.guarding is not None:  # a row a guard took back goes no further
+                cut = self.guarding.guard(gen, self, going)
+                self._guard_cut |= cut
+                same = [s and b not in cut for s, b in zip(same, going)]
+            for i, b in enumerate(going):
+                drawn[b] += 1
+                if same[i]:  # the token just drawn (a row a guard cut is not `same`)
+                    self.kept[b] += 1
+                    self.pending[b][-1].kept = True
+            for i, b in enumerate(going):
+                if j < len(drafts[b]):
+                    self.lengths.checked(b, same[i])
+                elif j == 0:
+                    self.lengths.undrafted(b)
+            # a row goes on past a kept token, not past one that ends it (an id the criteria stop on)
+            going = [b for i, b in enumerate(going) if same[i]] if not together or all(same) else []
+            going = [b for b in going if not self._drawn_all(gen, b, eos)] if eos else going
+            j += 1
+        return drawn
+
+    def _draw_or_wait(
+        self, gen: Generation, rows: list[int], drafts: dict[int, torch.Tensor], logits: dict[int, torch.Tensor], j: int
+    ) -> tuple[list[int], list[int]]:
+        """The draws of `rows` at position j -> (the rows drawn, their tokens). A row whose position lies past tokens
+        it drew before (waiting in `pending`) may lie past a stop its commit will find (a stop string), where the
+        plain loop never draws: where its draw fails it waits until those tokens are committed (its guards take
+        them as its final text) and then draws that position again, where a failure is the plain loop's. A failure
+        is raised where it cannot come from such a row."""
+        before = [len(self.pending[b]) for b in rows]
+        try:
+            return rows, self._draw_position(gen, rows, drafts, logits, j)
+        except Exception:
+            # rows drawn before the failure (mode rejection tests its rows first) keep their draws
+            done = {b: self.pending[b][-1].token for b, n in zip(rows, before) if len(self.pending[b]) > n}
+            now = [b for b, n in zip(rows, before) if b not in done and not n]
+            ahead = [b for b, n in zip(rows, before) if b not in done and n]
+            if not ahead:
+                raise
+        if now:
+            done.update(zip(now, self._draw_position(gen, now, drafts, logits, j)))
+        for b in ahead:
+            self.waiting[b] = True
+        drawn = [b for b in rows if b in done]
+        return drawn, [done[b] for b in drawn]
 
     def _draw_position(
         self, gen: Generation, rows: list[int], drafts: dict[int, torch.Tensor], logits: dict[int, torch.Tensor], j: int

@@ -17,7 +17,6 @@ flips is the only way the tokens can differ from a generation without a drafter.
 from __future__ import annotations
 
 import functools
-import numbers
 import time
 import warnings
 import weakref
@@ -37,6 +36,7 @@ from .drafting import (
     drafter_state,
     expected_kind,
     load_drafter,
+    longest_draft,
     params_key,
     proposal_tensors,
     stop_ids,
@@ -79,7 +79,7 @@ class Speculation(Drawing):
         self.off = [d is None for d in drafters]  # rows without drafts (none asked, or their drafter failed)
         # each row's draft length: chosen per call up to its drafter's longest (num_tokens), or fixed at it
         self.lengths = DraftLengths(
-            [_longest(d) if d is not None else 0 for d in drafters],
+            [longest_draft(d) if d is not None else 0 for d in drafters],
             [not adaptive] * rows if isinstance(adaptive, bool) else [not a for a in adaptive],
             [None] * rows if cost is None else list(cost),
             "rows",
@@ -91,7 +91,7 @@ class Speculation(Drawing):
         # the generation's runner while `run` runs it (weak: the cache goes when the generation's loop ends)
         self._runner: weakref.ref[ModelRunner] | None = None
         self.told = [False] * rows  # rows whose drafter heard they are done (`Drafter.finish`)
-        # rows whose draw ahead of their committed tokens failed: they draw again once those are committed (_draw_along)
+        # rows whose draw ahead of their committed tokens failed: they draw again once those are committed (drawing.py)
         self.waiting = [False] * rows
         self.stop_ids: set[int] = set()  # the ids that end a row (past min_new_tokens), once the run begins
         self._prompts: list[int] = []  # each row's prompt length, once the run begins
@@ -598,88 +598,6 @@ class Speculation(Drawing):
         if n - 1 < k:
             runner.truncate(gen.input_ids.shape[1] + n - 1)
 
-    def _draw_along(
-        self,
-        gen: Generation,
-        rows: list[int],
-        drafts: dict[int, torch.Tensor],
-        logits: dict[int, torch.Tensor],
-        together: bool,
-        timing: tuple[int, float],
-    ) -> dict[int, int]:
-        """Draw position j = 0, 1, ... of the rows still going (row b's logits[b][j]); a row goes on to j + 1 while
-        its draw equals its draft's token j (together: while every row's does). -> tokens drawn per row. `timing`:
-        the tokens the model call ran and when it started; the call's time is taken once its first position is
-        drawn (on an accelerator, when its logits have arrived)."""
-        going, drawn = list(rows), dict.fromkeys(rows, 0)
-        for b in rows:
-            self.drafted[b] += len(drafts[b])
-        eos = self.stop_ids if not together else set()
-        j = 0
-        while going:
-            going, tokens = self._draw_or_wait(gen, going, drafts, logits, j)
-            if not going:
-                break
-            if j == 0:
-                self.lengths.timed(timing[0], time.perf_counter() - timing[1], any(len(d) for d in drafts.values()))
-            same = [j < len(drafts[b]) and tokens[i] == int(drafts[b][j]) for i, b in enumerate(going)]
-            if self.guarding is not None:  # a row a guard took back goes no further
-                cut = self.guarding.guard(gen, self, going)
-                self._guard_cut |= cut
-                same = [s and b not in cut for s, b in zip(same, going)]
-            for i, b in enumerate(going):
-                drawn[b] += 1
-                if same[i]:  # the token just drawn (a row a guard cut is not `same`)
-                    self.kept[b] += 1
-                    self.pending[b][-1].kept = True
-            for i, b in enumerate(going):
-                if j < len(drafts[b]):
-                    self.lengths.checked(b, same[i])
-                elif j == 0:
-                    self.lengths.undrafted(b)
-            # a row goes on past a kept token, not past one that ends it (an id the criteria stop on)
-            going = [b for i, b in enumerate(going) if same[i]] if not together or all(same) else []
-            going = [b for b in going if not self._drawn_all(gen, b, eos)] if eos else going
-            j += 1
-        return drawn
-
-    def _draw_or_wait(
-        self, gen: Generation, rows: list[int], drafts: dict[int, torch.Tensor], logits: dict[int, torch.Tensor], j: int
-    ) -> tuple[list[int], list[int]]:
-        """The draws of `rows` at position j -> (the rows drawn, their tokens). A row whose position lies past tokens
-        it drew before (waiting in `pending`) may lie past a stop its commit will find (a stop string), where the
-        plain loop never draws: where its draw fails it waits until those tokens are committed (its guards take
-        them as its final text) and then draws that position again, where a failure is the plain loop's. A failure
-        is raised where it cannot come from such a row."""
-        before = [len(self.pending[b]) for b in rows]
-        try:
-            return rows, self._draw_position(gen, rows, drafts, logits, j)
-        except Exception:
-            # rows drawn before the failure (mode rejection tests its rows first) keep their draws
-            done = {b: self.pending[b][-1].token for b, n in zip(rows, before) if len(self.pending[b]) > n}
-            now = [b for b, n in zip(rows, before) if b not in done and not n]
-            ahead = [b for b, n in zip(rows, before) if b not in done and n]
-            if not ahead:
-                raise
-        if now:
-            done.update(zip(now, self._draw_position(gen, now, drafts, logits, j)))
-        for b in ahead:
-            self.waiting[b] = True
-        drawn = [b for b in rows if b in done]
-        return drawn, [done[b] for b in drawn]
-
-
-def _longest(drafter: Drafter) -> int:
-    """A drafter's longest draft (its num_tokens): a whole number >= 1, checked here for every drafter, a third
-    party's too (its Params may not check it)."""
-    n = getattr(drafter.params, "num_tokens", _LONGEST)
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise ConfigError(
-            f"drafter {drafter.qualified_name()}: num_tokens = {n!r}; give the longest draft as a whole number of "
-            "tokens >= 1"
-        )
-    return int(n)
-
 
 def _stacked(rows: list[torch.Tensor | None], width: int, fill: float = float("-inf")) -> torch.Tensor:
     """(B, V) of per-row vectors; rows without one (finished, or restored from a checkpoint) filled."""
@@ -690,4 +608,3 @@ def _stacked(rows: list[torch.Tensor | None], width: int, fill: float = float("-
 
 _EMPTY = torch.zeros(0, dtype=torch.int64)
 _AHEAD = 64  # drawn tokens a row may have waiting before it skips model calls (where it costs its own tokens)
-_LONGEST = 64  # the longest draft of a drafter without num_tokens
