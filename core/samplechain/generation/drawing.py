@@ -52,8 +52,18 @@ class Drawing:
     _guard_cut: set[int]
 
     def _drawn_all(self, gen: Generation, row: int, eos: set[int]) -> bool:
-        """Whether the row's drawn tokens reach the length limit or an id in `eos` that stops it (Speculation's)."""
-        raise NotImplementedError
+        """Whether row `row`'s drawn tokens reach the length limit or an end-of-sequence token that stops it (`eos`:
+        the ids the stopping criteria stop on, from the row's min_new_tokens on)."""
+        if self._room(gen, row) <= 0:
+            return True
+        least = gen.setup.min_new_tokens
+        first = 1 if least is None else int(least[row]) - gen._steps  # the first drawn token eos may stop at
+        return any(c.token in eos for c in self.pending[row][max(first, 1) - 1 :])
+
+    def _room(self, gen: Generation, row: int) -> int:
+        """New tokens the length limits still allow row `row` past the tokens it has drawn."""
+        bound = gen.stopping.max_new_tokens(gen.setup)
+        return (1 << 30 if bound is None else bound) - gen._steps - len(self.pending[row])
 
     def _tokens(self, gen: Generation, row: int) -> torch.Tensor:
         """Row `row`'s prompt (without padding), its committed and its drawn tokens, on the CPU."""

@@ -427,15 +427,6 @@ class Speculation(Drawing):
             or ((len(self.pending[b]) < _AHEAD or padded) and not self.waiting[b] and not self._drawn_all(gen, b, eos))
         ]
 
-    def _drawn_all(self, gen: Generation, row: int, eos: set[int]) -> bool:
-        """Whether row `row`'s drawn tokens reach the length limit or an end-of-sequence token that stops it (`eos`:
-        the ids the stopping criteria stop on, from the row's min_new_tokens on)."""
-        if self._room(gen, row) <= 0:
-            return True
-        least = gen.setup.min_new_tokens
-        first = 1 if least is None else int(least[row]) - gen._steps  # the first drawn token eos may stop at
-        return any(c.token in eos for c in self.pending[row][max(first, 1) - 1 :])
-
     def _release(self, gen: Generation, runner: ModelRunner) -> None:
         """Rows the model will not run again leave the runner's batch: finished rows and, without guards (which may
         take drawn tokens back), rows whose drawn tokens reach an end-of-sequence token or the length limit."""
@@ -459,11 +450,6 @@ class Speculation(Drawing):
                 drafter.finish([b for b in done if self.drafters[b] is drafter])
             except Exception as exc:  # noqa: BLE001 - a drafter's failure costs speed, never tokens
                 self._switch_off([b for b, d in enumerate(self.drafters) if d is drafter], drafter, exc)
-
-    def _room(self, gen: Generation, row: int) -> int:
-        """New tokens the length limits still allow row `row` past the tokens it has drawn."""
-        bound = gen.stopping.max_new_tokens(gen.setup)
-        return (1 << 30 if bound is None else bound) - gen._steps - len(self.pending[row])
 
     # ----------------------------------------------------------------- drafting
     def _propose(self, gen: Generation, rows: list[int], ragged: bool) -> dict[int, torch.Tensor]:
