@@ -1039,16 +1039,17 @@ def test_drafts_never_change_the_tokens_under_a_grammar_or_a_thinking_budget(tin
 
 
 def random_generation(rng: random.Random, tok, batch: int) -> dict:
-    """generate()'s settings drawn at random around a random chain: per-row seeds and temperatures, stop strings
-    and a stop pattern, ignore_eos, several return sequences, top logprobs (half the time) and scores, another
-    logprobs stage, a phrase ban."""
+    """generate()'s settings drawn at random around a random chain: per-row seeds (and temperatures where the chain
+    has a temperature stage), stop strings and a stop pattern, ignore_eos, several return sequences, top logprobs
+    (half the time) and scores, another logprobs stage, a phrase ban."""
     chain = random_chain(rng) if rng.random() < 0.7 else rng.choice(constrained_chains(tok))
     sampling = chain["samplers"][-1]["use"] == "dist"
     kwargs = {"chain": chain, "max_new_tokens": rng.randint(4, 32)}
     if sampling and rng.random() < 0.5:
-        kwargs["params"] = [
-            {"seed": rng.randint(0, 999), "temperature": rng.choice([0.0, 0.6, 1.2])} for _ in range(batch)
-        ]
+        rows = [{"seed": rng.randint(0, 999), "temperature": rng.choice([0.0, 0.6, 1.2])} for _ in range(batch)]
+        if not any(s["use"] == "temperature" for s in chain["samplers"]):  # a request sets what its chain has
+            rows = [{"seed": row["seed"]} for row in rows]
+        kwargs["params"] = rows
     else:
         kwargs["seed"] = rng.randint(0, 999)
     if rng.random() < 0.4:
