@@ -1094,19 +1094,35 @@ def assert_same_outputs(ours, reference, resumed_at: int = 0):
                 assert ids is None or ids[b][live].tolist() == expected_ids[b][live].tolist(), (field, step, b)
 
 
+def keeps_outputs_of_random_generations(model, tok, case: int, seed: int, drafts) -> None:
+    """A random generation (random_generation) of 1-5 prompts, without a drafter and with drafts(rng, reference,
+    gen)[case % len], a quarter of them checkpointed and resumed: the same outputs (assert_same_outputs)."""
+    rng = random.Random(seed)
+    prompts = rng.choices(PROMPTS, k=rng.randint(1, 5))
+    kwargs = random_generation(rng, tok, len(prompts))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # chain pitfalls a random chain may have
+        reference, gen = run(model, tok, prompts, **kwargs)
+        choices = drafts(rng, reference, gen)
+        draft = choices[case % len(choices)]
+        if case % 4 == 3:
+            stop_after = rng.randint(1, 6)
+            ours, _ = resumed(model, tok, prompts, stop_after, draft=draft, **kwargs)
+            assert_same_outputs(ours, reference, min(stop_after, len(reference.logprobs[0])))
+        else:
+            ours, _ = run(model, tok, prompts, draft=draft, **kwargs)
+            assert_same_outputs(ours, reference)
+
+
 @pytest.mark.parametrize("case", range(12))
 def test_drafts_keep_the_outputs_of_random_generations(tiny, case):
     """Random chains in random settings (random_generation), B = 1-5, each built-in drafter or a scripted one, a
     quarter of them checkpointed and resumed: the tokens, finish reasons, logprobs, top logprobs and scores of
     generation without a drafter."""
     model, tok = tiny
-    rng = random.Random(1000 + case)
-    prompts = rng.choices(PROMPTS, k=rng.randint(1, 5))
-    kwargs = random_generation(rng, tok, len(prompts))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # chain pitfalls a random chain may have
-        reference, gen = run(model, tok, prompts, **kwargs)
-        drafts = [
+
+    def drafts(rng, reference, gen):
+        return [
             {
                 "use": "prompt_lookup",
                 "num_tokens": rng.randint(1, 10),
@@ -1117,14 +1133,28 @@ def test_drafts_keep_the_outputs_of_random_generations(tiny, case):
             {"use": "early_exit", "layers": rng.randint(1, model.config.num_hidden_layers - 1)},
             {"use": Scripted(reference_rows(reference, gen), model.config.vocab_size, seed=case, wrong_rate=0.4)},
         ]
-        draft = drafts[case % len(drafts)]
-        if case % 4 == 3:
-            stop_after = rng.randint(1, 6)
-            ours, _ = resumed(model, tok, prompts, stop_after, draft=draft, **kwargs)
-            assert_same_outputs(ours, reference, min(stop_after, len(reference.logprobs[0])))
-        else:
-            ours, _ = run(model, tok, prompts, draft=draft, **kwargs)
-            assert_same_outputs(ours, reference)
+
+    keeps_outputs_of_random_generations(model, tok, case, 1000 + case, drafts)
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.slow
+@pytest.mark.parametrize("case", range(8))
+def test_on_llama_cpp_drafts_keep_the_outputs_of_random_generations(smollm, case):
+    """As on transformers, on the llama.cpp runner (each row its own sequence): prompt lookup and a scripted
+    drafter, cheap enough to draft at most positions."""
+    model, tok = smollm
+
+    def drafts(rng, reference, gen):
+        lookup = {"use": "prompt_lookup", "num_tokens": rng.randint(1, 10), "adaptive": rng.random() < 0.5}
+        rows = reference_rows(reference, gen)
+        scripted = Scripted(rows, model.config.vocab_size, seed=case, wrong_rate=0.4)
+        return [
+            lookup | {"occurrence": OCCURRENCES[case % len(OCCURRENCES)], "cost": 0.05},
+            {"use": scripted, "cost": 0.05},
+        ]
+
+    keeps_outputs_of_random_generations(model, tok, case, 7000 + case, drafts)
 
 
 @pytest.mark.llama_cpp
