@@ -16,7 +16,7 @@ import torch
 from samplechain import Chain, ConfigError, UnknownPluginError
 from samplechain.drafters import Drafter
 from samplechain.errors import GenerationWarning
-from samplechain.generation import Generation, generate, stream
+from samplechain.generation import Generation, generate, score, stream
 from samplechain.models import tiny_model_path
 from samplechain.tools.tiny_models import tiny_llama
 from samplechain_prompt_lookup import OCCURRENCES
@@ -1155,6 +1155,44 @@ def test_on_llama_cpp_drafts_keep_the_outputs_of_random_generations(smollm, case
         ]
 
     keeps_outputs_of_random_generations(model, tok, case, 7000 + case, drafts)
+
+
+@pytest.mark.parametrize("case", range(16))
+def test_scoring_a_random_generations_tokens_keeps_each_with_its_logprob(tiny, case):
+    """score() of what a random chain (a grammar, a thinking budget, penalties, mirostat ...) generated, with the
+    same seeds, in one pass, in chunks or in one-token steps: every token kept, with the generation's logprob at
+    the same stage (bit for bit in steps)."""
+    model, tok = tiny
+    rng = random.Random(9000 + case)
+    chain = random_chain(rng) if rng.random() < 0.6 else rng.choice(constrained_chains(tok))
+    prompts = rng.choices(PROMPTS, k=rng.randint(1, 4))
+    kwargs: dict[str, Any] = {"chain": chain, "pad_token_id": 0}
+    sampling = chain["samplers"][-1]["use"] == "dist"
+    if rng.random() < 0.5 and chain["samplers"][-1]["use"] != "greedy":
+        kwargs["params"] = [{"seed": rng.randint(0, 999)} for _ in prompts]
+    else:
+        kwargs["seed"] = rng.randint(0, 999)
+    mode = rng.choice(["processed", "raw", "processed_logits"])
+    n = 2 if sampling and rng.random() < 0.3 else 1
+    chunk = [1, None, 3][case % 3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # chain pitfalls a random chain may have
+        out = generate(
+            model, tok, prompts, max_new_tokens=rng.randint(3, 20), logprobs_mode=mode, num_return_sequences=n, **kwargs
+        )
+        rows = [
+            out.sequences[b, out.prompt_length : out.prompt_length + int(k)].tolist()
+            for b, k in enumerate(out.num_generated)
+        ]
+        got = score(model, tok, prompts, rows, logprobs_at=mode, chunk_size=chunk, num_return_sequences=n, **kwargs)
+    for b, row in enumerate(rows):
+        want = out.logprobs[b, : len(row)]
+        assert got.token_ids[b].tolist() == row
+        assert bool(got.kept[b].all()), (b, got.kept[b], chain)
+        if chunk == 1:
+            assert torch.equal(got.logprobs[b], want), (b, chain)
+        else:
+            torch.testing.assert_close(got.logprobs[b], want, atol=1e-4, rtol=0)
 
 
 @pytest.mark.llama_cpp
