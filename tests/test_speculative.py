@@ -3,6 +3,7 @@ whatever the chain, the batch, the drafter and its draft lengths; the counts say
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import warnings
@@ -1094,12 +1095,15 @@ def assert_same_outputs(ours, reference, resumed_at: int = 0):
                 assert ids is None or ids[b][live].tolist() == expected_ids[b][live].tolist(), (field, step, b)
 
 
-def keeps_outputs_of_random_generations(model, tok, case: int, seed: int, drafts) -> None:
-    """A random generation (random_generation) of 1-5 prompts, without a drafter and with drafts(rng, reference,
-    gen)[case % len], a quarter of them checkpointed and resumed: the same outputs (assert_same_outputs)."""
+def keeps_outputs_of_random_generations(model, tok, case: int, seed: int, drafts, drop: tuple[str, ...] = ()) -> None:
+    """A random generation (random_generation, less the settings in `drop`) of 1-5 prompts, without a drafter and
+    with drafts(rng, reference, gen)[case % len], a quarter of them checkpointed and resumed: the same outputs
+    (assert_same_outputs)."""
     rng = random.Random(seed)
     prompts = rng.choices(PROMPTS, k=rng.randint(1, 5))
     kwargs = random_generation(rng, tok, len(prompts))
+    for key in drop:
+        kwargs.pop(key, None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # chain pitfalls a random chain may have
         reference, gen = run(model, tok, prompts, **kwargs)
@@ -1155,6 +1159,30 @@ def test_on_llama_cpp_drafts_keep_the_outputs_of_random_generations(smollm, case
         ]
 
     keeps_outputs_of_random_generations(model, tok, case, 7000 + case, drafts)
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_on_a_sliding_window_model_drafts_keep_the_outputs_of_random_generations(tiny, case):
+    """As above where the rows advance together (a sliding window: the runner cuts every row to one length, so a
+    call ends where any row's draw differs), without guards, which need rows cut on their own."""
+    _, tok = tiny
+    model = windowed_llama()
+
+    def drafts(rng, reference, gen):
+        rows = reference_rows(reference, gen)
+        return [
+            {"use": "prompt_lookup", "num_tokens": rng.randint(1, 10), "adaptive": rng.random() < 0.5, "cost": 0.02},
+            {"use": Scripted(rows, model.config.vocab_size, seed=case, wrong_rate=0.4), "cost": 0.02},
+            {"use": "early_exit", "layers": 1, "num_tokens": 3, "cost": 0.0},
+        ]
+
+    keeps_outputs_of_random_generations(model, tok, case, 20000 + case, drafts, drop=("guards",))
+
+
+@functools.cache
+def windowed_llama():
+    """The tiny llama with a sliding window of 16 tokens, built once."""
+    return tiny_llama(sliding_window=16)
 
 
 @pytest.mark.parametrize("case", range(16))

@@ -271,13 +271,14 @@ class Speculation(Drawing):
     def _step(
         self, gen: Generation, runner: ModelRunner, rows: list[int], step: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The plain loop's step (Generation._one_step): one token a row, drawn and committed; once rows left the
-        runner's batch, the rows still going only."""
+        """The plain loop's step (Generation._one_step): one token a row, drawn and committed; once a row has
+        finished, the rows still going only."""
         started = time.perf_counter()
         logits = gen.step_model(runner)
-        if any(self.released):
+        if any(self.released) or bool(gen.finished.any()):
             # a released row's logits are zeros, which the chain must not sample (its samplers could mask every
-            # token there): the rows still going are drawn as a check's positions are, the others get the pad
+            # token there), and a finished row reports -inf as it does from a check: the rows still going are drawn
+            # as a check's positions are, the others get the pad
             self._draw(gen, rows, logits[rows])
             out = self._commit(gen, step)
         else:
