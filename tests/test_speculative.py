@@ -3,7 +3,6 @@ whatever the chain, the batch, the drafter and its draft lengths; the counts say
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 import warnings
@@ -1161,12 +1160,18 @@ def test_on_llama_cpp_drafts_keep_the_outputs_of_random_generations(smollm, case
     keeps_outputs_of_random_generations(model, tok, case, 7000 + case, drafts)
 
 
+@pytest.fixture(scope="module")
+def windowed():
+    """The tiny llama with a sliding window of 16 tokens."""
+    return tiny_llama(sliding_window=16)
+
+
 @pytest.mark.parametrize("case", range(12))
-def test_on_a_sliding_window_model_drafts_keep_the_outputs_of_random_generations(tiny, case):
+def test_on_a_sliding_window_model_drafts_keep_the_outputs_of_random_generations(tiny, windowed, case):
     """As above where the rows advance together (a sliding window: the runner cuts every row to one length, so a
     call ends where any row's draw differs), without guards, which need rows cut on their own."""
     _, tok = tiny
-    model = windowed_llama()
+    model = windowed
 
     def drafts(rng, reference, gen):
         rows = reference_rows(reference, gen)
@@ -1177,12 +1182,6 @@ def test_on_a_sliding_window_model_drafts_keep_the_outputs_of_random_generations
         ]
 
     keeps_outputs_of_random_generations(model, tok, case, 20000 + case, drafts, drop=("guards",))
-
-
-@functools.cache
-def windowed_llama():
-    """The tiny llama with a sliding window of 16 tokens, built once."""
-    return tiny_llama(sliding_window=16)
 
 
 @pytest.mark.parametrize("case", range(16))

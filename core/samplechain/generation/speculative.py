@@ -275,7 +275,7 @@ class Speculation(Drawing):
         finished, the rows still going only."""
         started = time.perf_counter()
         logits = gen.step_model(runner)
-        if any(self.released) or bool(gen.finished.any()):
+        if len(rows) < len(self.pending):  # a row has finished (released rows among them)
             # a released row's logits are zeros, which the chain must not sample (its samplers could mask every
             # token there), and a finished row reports -inf as it does from a check: the rows still going are drawn
             # as a check's positions are, the others get the pad
