@@ -94,6 +94,33 @@ def test_input_ids_keep_their_width_where_every_row_is_padded(model, pads, pad_t
     assert torch.equal(out.sequences[:, : ids.shape[1]], ids)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_input_ids_on_the_device_generate_as_on_the_host():
+    """input_ids and an attention mask on the model's GPU, as a transformers user passes them: model.generate's
+    greedy tokens, and with a seeded chain the tokens of the same rows given on the host."""
+    gpu = tiny_gpt2(300, seed=0).to("cuda")
+    ids, mask = left_padded([[3, 4, 5], [9], [7, 7]])
+    ids, mask = ids.cuda(), mask.cuda()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GenerationWarning)
+        greedy = generate(gpu, input_ids=ids, attention_mask=mask, max_new_tokens=8, pad_token_id=0)
+        sampled = {
+            device: generate(
+                gpu,
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                chain=TEMP_TOPK_TOPP,
+                seed=3,
+                max_new_tokens=8,
+                pad_token_id=0,
+            )
+            for device in ("cuda", "cpu")
+        }
+    assert torch.equal(greedy.sequences, hf_generate(gpu, ids, mask, max_new_tokens=8, pad_token_id=0))
+    assert torch.equal(sampled["cuda"].sequences, sampled["cpu"].sequences)
+
+
 def test_greedy_scores_and_logits_equal_transformers(model):
     ids, mask = left_padded([[3, 4, 5], [9]])
     with warnings.catch_warnings():

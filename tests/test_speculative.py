@@ -3,6 +3,7 @@ whatever the chain, the batch, the drafter and its draft lengths; the counts say
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import warnings
@@ -1117,12 +1118,9 @@ def keeps_outputs_of_random_generations(model, tok, case: int, seed: int, drafts
             assert_same_outputs(ours, reference)
 
 
-@pytest.mark.parametrize("case", range(12))
-def test_drafts_keep_the_outputs_of_random_generations(tiny, case):
-    """Random chains in random settings (random_generation), B = 1-5, each built-in drafter or a scripted one, a
-    quarter of them checkpointed and resumed: the tokens, finish reasons, logprobs, top logprobs and scores of
-    generation without a drafter."""
-    model, tok = tiny
+def every_drafter(model, case: int):
+    """drafts(rng, reference, gen) for keeps_outputs_of_random_generations: each built-in drafter with random
+    settings, and a scripted one that knows the reference's tokens and gets 40% of its drafts wrong."""
 
     def drafts(rng, reference, gen):
         return [
@@ -1137,7 +1135,33 @@ def test_drafts_keep_the_outputs_of_random_generations(tiny, case):
             {"use": Scripted(reference_rows(reference, gen), model.config.vocab_size, seed=case, wrong_rate=0.4)},
         ]
 
-    keeps_outputs_of_random_generations(model, tok, case, 1000 + case, drafts)
+    return drafts
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_drafts_keep_the_outputs_of_random_generations(tiny, case):
+    """Random chains in random settings (random_generation), B = 1-5, each built-in drafter or a scripted one, a
+    quarter of them checkpointed and resumed: the tokens, finish reasons, logprobs, top logprobs and scores of
+    generation without a drafter."""
+    model, tok = tiny
+    keeps_outputs_of_random_generations(model, tok, case, 1000 + case, every_drafter(model, case))
+
+
+@pytest.fixture(scope="module")
+def tiny_on_gpu(tiny):
+    """The tiny model in float32 on the GPU (a copy: the session's model stays on the CPU for the other tests)."""
+    model, tok = tiny
+    return copy.deepcopy(model).to("cuda"), tok
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", range(8))
+def test_on_a_gpu_drafts_keep_the_outputs_of_random_generations(tiny_on_gpu, case):
+    """As on the CPU, on CUDA tensors in float32: the chains on the cuda backend (its Triton kernels), the plain
+    loop's steps replayed from a CUDA graph where the chain allows one, the checks drawing each position eagerly."""
+    model, tok = tiny_on_gpu
+    keeps_outputs_of_random_generations(model, tok, case, 30000 + case, every_drafter(model, case))
 
 
 @pytest.mark.llama_cpp

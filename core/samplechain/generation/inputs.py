@@ -389,7 +389,7 @@ def _given_rows(
             "generation needs left padding: tokenizer.padding_side = 'left'"
         )
     rows = [[int(t) for t, m in zip(r, mr) if m] for r, mr in zip(ids.tolist(), mask.tolist())]
-    return rows, (ids, mask)
+    return rows, (ids.cpu(), mask.cpu())  # on the host with the prompts built from them; the generation moves both
 
 
 def _left_padded(rows: Sequence[Sequence[int]], pad_id: int, width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

@@ -163,9 +163,14 @@ def test_the_cuda_backends_logic_draws_the_cpu_backends_tokens(case, bf16):
     _compare(case, 3000, bf16, "cpu", None, swap_cpu=True)
 
 
+# watermark draws its green lists with torch's generator on the history's device, as transformers does: on CUDA they
+# are other lists than on the CPU (plugins/watermark/tests: the same as transformers' on CUDA)
+DEVICE_BOUND = frozenset({"watermark"})
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bf16"])
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [case for case in CASES if case not in DEVICE_BOUND])
 def test_gpu_every_preset_and_sampler_draws_the_cpu_backends_tokens(case, bf16):
     _compare(case, 32000, bf16, "cuda", "cuda", swap_cpu=False)

@@ -67,15 +67,22 @@ def _chain(config, backend=None) -> Chain:
     return chain
 
 
-def _steps(chain: Chain, logits: torch.Tensor, steps: int, guard: bool) -> list[torch.Tensor]:
-    batch = logits.shape[0]
-    store = chain.new_store(capacity=batch)
+def _seeded_rows(store, batch: int) -> list[str]:
+    """Adds `batch` requests to the store and returns their ids: seeded where the chain draws at random (the presets'
+    dist and xtc's coin are unseeded otherwise, and two stores would draw apart)."""
     ids = [f"r{i}" for i in range(batch)]
-    if "seed" in store.layout.aliases:  # the presets' dist is unseeded: the same seeds on both sides
+    if "seed" in store.layout.aliases:
         for i, rid in enumerate(ids):
             store.add(rid, {"seed": 1000 + i})
     else:
         store.add_many(ids)
+    return ids
+
+
+def _steps(chain: Chain, logits: torch.Tensor, steps: int, guard: bool) -> list[torch.Tensor]:
+    batch = logits.shape[0]
+    store = chain.new_store(capacity=batch)
+    ids = _seeded_rows(store, batch)
     g = torch.Generator().manual_seed(5)
     history = torch.randint(0, VOCAB, (batch, 24), generator=g)
     out = []
@@ -157,8 +164,7 @@ def test_on_a_gpu_no_step_synchronises(name):
     chain = Chain.load(SYNC_FREE_CHAINS[name])
     logits = (torch.randn(8, VOCAB) * 3).cuda()
     store = chain.new_store(device="cuda", capacity=8)
-    ids = [f"r{i}" for i in range(8)]
-    store.add_many(ids)
+    ids = _seeded_rows(store, 8)
     kwargs = {"history": torch.randint(0, VOCAB, (8, 24), device="cuda")} if chain.needs_history else {}
     chain.sample(logits, store, ids, **kwargs).check()  # warm-up: lazy initialisation may synchronise
     torch.cuda.synchronize()
@@ -169,7 +175,7 @@ def test_on_a_gpu_no_step_synchronises(name):
         torch.cuda.set_sync_debug_mode("default")
     ref = Chain.load(SYNC_FREE_CHAINS[name])
     ref_store = ref.new_store(capacity=8)
-    ref_store.add_many(ids)
+    _seeded_rows(ref_store, 8)
     ref_kwargs = {k: v.cpu() for k, v in kwargs.items()}
     ref.sample(logits.cpu(), ref_store, ids, **ref_kwargs)
     assert torch.equal(out.check().token_ids.cpu(), ref.sample(logits.cpu(), ref_store, ids, **ref_kwargs).token_ids)

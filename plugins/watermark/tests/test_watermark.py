@@ -425,6 +425,7 @@ def test_detects_watermarked_generations(model_and_tokenizer, scheme):
             assert not bool(ours.prediction.any())
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_cuda_green_lists_equal_transformers_on_cuda(scheme):
