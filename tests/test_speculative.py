@@ -1214,7 +1214,23 @@ def test_scoring_a_random_generations_tokens_keeps_each_with_its_logprob(tiny, c
     same seeds, in one pass, in chunks or in one-token steps: every token kept, with the generation's logprob at
     the same stage (bit for bit in steps)."""
     model, tok = tiny
-    rng = random.Random(9000 + case)
+    scoring_keeps_a_random_generation(model, tok, case, 9000 + case)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", range(6))
+def test_on_a_gpu_scoring_a_random_generations_tokens_keeps_each_with_its_logprob(tiny_on_gpu, case):
+    """As on the CPU, the model and its chains on CUDA tensors in float32."""
+    model, tok = tiny_on_gpu
+    scoring_keeps_a_random_generation(model, tok, case, 40000 + case)
+
+
+def scoring_keeps_a_random_generation(model, tok, case: int, seed: int) -> None:
+    """A random chain's generation of 1-4 prompts (per-row or one seed, a random logprobs stage, several return
+    sequences), then score() of its tokens with chunks of 1, all or 3 (by case): each token kept, with the
+    generation's logprob."""
+    rng = random.Random(seed)
     chain = random_chain(rng) if rng.random() < 0.6 else rng.choice(constrained_chains(tok))
     prompts = rng.choices(PROMPTS, k=rng.randint(1, 4))
     kwargs: dict[str, Any] = {"chain": chain, "pad_token_id": 0}
@@ -1237,13 +1253,13 @@ def test_scoring_a_random_generations_tokens_keeps_each_with_its_logprob(tiny, c
         ]
         got = score(model, tok, prompts, rows, logprobs_at=mode, chunk_size=chunk, num_return_sequences=n, **kwargs)
     for b, row in enumerate(rows):
-        want = out.logprobs[b, : len(row)]
+        want = out.logprobs[b, : len(row)].cpu()
         assert got.token_ids[b].tolist() == row
         assert bool(got.kept[b].all()), (b, got.kept[b], chain)
         if chunk == 1:
-            assert torch.equal(got.logprobs[b], want), (b, chain)
+            assert torch.equal(got.logprobs[b].cpu(), want), (b, chain)
         else:
-            torch.testing.assert_close(got.logprobs[b], want, atol=1e-4, rtol=0)
+            torch.testing.assert_close(got.logprobs[b].cpu(), want, atol=1e-4, rtol=0)
 
 
 @pytest.mark.llama_cpp
