@@ -73,7 +73,7 @@ test-vllm: vllm
 
 # The GPU check (scripts/gpu_check.py, docs/backends.md "On your own GPU"): on a CUDA machine whose python3 has the
 # project installed, the gpu tests, the step benchmark against FlashInfer and generate() against model.generate in
-# 5 minutes; reports in $(OUT). ONLY=kernels (or tests, e2e) reruns one part; on a CPU add GPU_CHECK_ARGS=--dry-run.
+# 9 minutes; reports in $(OUT). ONLY=kernels (or tests, e2e) reruns one part; on a CPU add GPU_CHECK_ARGS=--dry-run.
 OUT ?= gpu-report
 GPU_PYTHON ?= python3
 gpu-check:

@@ -1,4 +1,4 @@
-"""The project's GPU check: on a CUDA machine, in one command and a fixed time budget (5 minutes by default), in order
+"""The project's GPU check: on a CUDA machine, in one command and a fixed time budget (9 minutes by default), in order
 
     tests     the `gpu`-marked tests (sync debug mode "error", CUDA-graph capture and replay, the cuda backend's tokens
               against the cpu backend's for every preset and sampler on float32 and bf16-tied logits, the Triton
@@ -40,7 +40,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "bench_gpu.py"
 PARTS = ("tests", "kernels", "e2e")
-SHARE = {"tests": 0.45, "kernels": 0.35, "e2e": 0.20}  # of the budget; time a part leaves goes to the next ones
+# of the budget; time a part leaves goes to the next ones. On a fresh machine the tests first compile the Triton
+# kernels, which takes minutes, so they take the largest share.
+SHARE = {"tests": 0.55, "kernels": 0.28, "e2e": 0.17}
 TEST_DIRS = ("tests", "plugins", "integrations", "contrib")
 GPU_MARK = re.compile(r"pytest\.mark\.gpu\b|\bgpu_test\b")
 # bench_gpu.py's sizes: on a GPU sized to fit the budget, in a dry run its tiny sizes
@@ -311,7 +313,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--out", required=True, help="folder for report.md, report.json and each part's log")
     ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts to run (default all: {PARTS})")
-    ap.add_argument("--budget", type=float, default=300.0, help="seconds for all parts together (default 300)")
+    ap.add_argument("--budget", type=float, default=540.0, help="seconds for all parts together (default 540)")
     ap.add_argument("--dry-run", action="store_true", help="on a CPU: every part on tiny sizes (what a test runs)")
     ap.add_argument("--python", default=sys.executable, help="the interpreter that runs the parts (default: this one)")
     args = ap.parse_args(argv)
