@@ -1349,6 +1349,33 @@ def test_on_llama_cpp_drafts_warn_once_where_a_check_is_not_a_step(open_gguf):
     assert "without flash attention" in no_flash and "flash_attn=True" in no_flash
 
 
+def half_precision_warnings(call) -> list[str]:
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        call()
+    return [str(w.message) for w in seen if "rounds its products" in str(w.message)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_model_that_checks_several_tokens_warns_once(tiny, dtype):
+    """A model in bfloat16 or float16 rounds a pass of several tokens otherwise than one-token steps: its first
+    generation that checks drafts (and its first scoring) says the tokens can change and names float32, once a
+    model; a float32 model and a half-precision drafting model say nothing."""
+    model, tok = tiny
+    half, other, drafter = (copy.deepcopy(model).to(dtype) for _ in range(3))
+    lookup = {"use": "prompt_lookup", "num_tokens": 4, "adaptive": False}
+
+    def drafting(m, draft=lookup):
+        return lambda: generate(m, tok, PROMPTS[:2], max_new_tokens=12, pad_token_id=0, draft=draft)
+
+    (message,) = half_precision_warnings(drafting(half))
+    assert str(dtype) in message and "dtype=torch.float32" in message
+    assert half_precision_warnings(drafting(half)) == []  # once a model
+    assert len(half_precision_warnings(lambda: score(other, tok, PROMPTS[:1], [[5, 6, 7]]))) == 1
+    assert half_precision_warnings(drafting(model)) == []
+    assert half_precision_warnings(drafting(model, {"use": "draft_model", "model": drafter, "adaptive": False})) == []
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_a_sliding_window_model_speculates_past_its_window(tiny, batch):
     """Drafts taken back after the sequence passed a sliding window: the cache was cut back past states the
