@@ -1149,7 +1149,7 @@ def test_drafts_keep_the_outputs_of_random_generations(tiny, case):
 
 @pytest.fixture(scope="module")
 def tiny_on_gpu(tiny):
-    """The tiny model in float32 on the GPU (a copy: the session's model stays on the CPU for the other tests)."""
+    """The tiny model in float32 on the GPU (a copy: the shared tiny model stays on the CPU for the other tests)."""
     model, tok = tiny
     return copy.deepcopy(model).to("cuda"), tok
 
