@@ -32,17 +32,22 @@ model no plugin claims; the llama.cpp runner (samplechain-llama-cpp) takes `Llam
 from __future__ import annotations
 
 import contextlib
+import warnings
+import weakref
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import torch
 
 from .candidates import NoParams
-from .errors import ConfigError
+from .errors import ConfigError, GenerationWarning
 
 __all__ = ["ModelRunner", "running", "running_each_step"]
 
 T = TypeVar("T")
+
+# per model, the reasons ModelRunner.warn_numerics has already given
+_NUMERICS_WARNED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
 class ModelRunner:
@@ -67,6 +72,9 @@ class ModelRunner:
     # thread pool of its own on the same cores (llama.cpp) sets 1: two pools polling for work on few cores make
     # each other wait, and one row's sampling step is too small to gain from a second thread.
     sampling_threads: ClassVar[int | None] = None
+    # a drafter's own runner (draft_model) sets it: its logits choose drafts, which the generation's model checks,
+    # so its numerics cannot change the tokens and a warning about them would be about the wrong model
+    drafting: bool = False
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
@@ -82,6 +90,17 @@ class ModelRunner:
         self.model = model
         self.input_ids = input_ids
         self.attention_mask = attention_mask
+
+    def warn_numerics(self, why: str, text: str, stacklevel: int) -> None:
+        """A GenerationWarning that this model's passes of several tokens can compute other logits than its
+        one-token steps (so drafts can change the tokens, and scores the logprobs): once per model and `why`, and
+        never from a drafter's own runner. `stacklevel` is warnings.warn's, as seen from the caller of this method."""
+        if self.drafting:
+            return
+        given = _NUMERICS_WARNED.setdefault(self.model, set())
+        if why not in given:
+            given.add(why)
+            warnings.warn(GenerationWarning(text), stacklevel=stacklevel + 1)
 
     def prefill(self) -> torch.Tensor:
         raise NotImplementedError

@@ -190,11 +190,10 @@ def _device(model: Any) -> Any:
 
 
 def drafting_runner(runner_cls: type, model: Any, ids: torch.Tensor, mask: torch.Tensor | None) -> Any:
-    """A runner of the drafting model, told so where it asks (`drafting`: the llama.cpp runner then keeps its
-    warnings about numerics that could change the tokens for the generation's own model)."""
+    """A runner of the drafting model, told so (`ModelRunner.drafting`: its warnings about numerics that could change
+    the tokens are kept for the generation's own model)."""
     runner = runner_cls(model, ids, mask)
-    if hasattr(runner, "drafting"):
-        runner.drafting = True
+    runner.drafting = True
     return runner
 
 

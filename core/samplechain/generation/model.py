@@ -13,7 +13,6 @@ import contextlib
 import functools
 import inspect
 import threading
-import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -23,7 +22,7 @@ import torch.nn.functional as F
 
 from ..contracts import max_positions
 from ..engine.discovery import PluginHost, get_host
-from ..errors import ConfigError, GenerationWarning
+from ..errors import ConfigError
 from ..runners import ModelRunner
 
 __all__ = ["ModelRunner", "TransformersRunner", "max_positions", "runner_for"]
@@ -38,8 +37,6 @@ _CACHE_NAMES = ("cache", "past_key_values", "cache_params", "state", "mems", "pa
 # at 12 rows (about the same there; docs/performance.md, "Few-row products"; benchmarks/bench_verify.py --sections 4)
 _FEW_ROWS = range(1, 5)
 _MKL = torch.backends.mkl.is_available()
-# the models already warned about half precision under several-token passes (TransformersRunner._several_tokens)
-_WARNED_HALF: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 _few_rows = threading.local()  # .inside: passes of this thread run few-row products
@@ -243,9 +240,6 @@ class TransformersRunner(ModelRunner):
     # products"); the logits then differ from model.generate's by summation order, so it is off by default and
     # generation keeps model.generate's logits bit for bit; True (on the class: every runner) where speed matters more
     fast_steps = False
-    # a drafter's own runner (draft_model) sets it: its logits choose drafts, which the generation's model checks,
-    # so its numerics cannot change the tokens and a warning about them would be about the wrong model
-    drafting = False
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
@@ -300,19 +294,16 @@ class TransformersRunner(ModelRunner):
         precision, whose products over several tokens round otherwise than over one (drafts and scoring rely on
         equal logits)."""
         dtype = getattr(self.model, "dtype", None)
-        if self.drafting or dtype not in (torch.bfloat16, torch.float16) or self.model in _WARNED_HALF:
+        if dtype not in (torch.bfloat16, torch.float16):
             return
-        _WARNED_HALF.add(self.model)
         name = getattr(self.model.config, "name_or_path", "") or type(self.model).__name__
-        warnings.warn(
-            GenerationWarning(
-                f"{name!r} runs in {dtype}: a pass of several tokens a row (a check of drafted tokens, scoring) "
-                "rounds its products otherwise than one-token steps (SmolLM2-135M's logits up to about "
-                f"{0.5 if dtype == torch.bfloat16 else 0.1} apart), so drafts can change the tokens and scores "
-                "differ from the generation's logprobs; for the exact tokens load the model in float32 "
-                "(dtype=torch.float32)"
-            ),
-            stacklevel=5,  # past torch.no_grad and extend: the caller of extend
+        self.warn_numerics(
+            "half",
+            f"{name!r} runs in {dtype}: a pass of several tokens a row (a check of drafted tokens, scoring) "
+            "rounds its products otherwise than one-token steps (SmolLM2-135M's logits up to about "
+            f"{0.5 if dtype == torch.bfloat16 else 0.1} apart), so drafts can change the tokens and scores differ "
+            "from the generation's logprobs; for the exact tokens load the model in float32 (dtype=torch.float32)",
+            stacklevel=5,  # past _forward, extend and torch.no_grad: the caller of extend
         )
 
     def _forward(self, ids: torch.Tensor, next_len: int | None, keep: int = 1) -> torch.Tensor:

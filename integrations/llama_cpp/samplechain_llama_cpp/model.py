@@ -177,7 +177,6 @@ class LlamaCppModel:
             pad_token_id=int(pad) if pad is not None else (eos[0] if eos else None),
         )
         self._contexts: list[LlamaCppContext] = []
-        self.warned: set[str] = set()  # the runner's warnings about this model, each given once
 
     def __repr__(self) -> str:
         return f"LlamaCppModel({str(self.path)!r}, n_ctx={self.config.max_position_embeddings})"

@@ -16,14 +16,13 @@ cleared context). On the CPU builds measured, a row's logits in a batch equal it
 from __future__ import annotations
 
 import ctypes
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from samplechain.errors import ConfigError, GenerationWarning, SamplechainError
+from samplechain.errors import ConfigError, SamplechainError
 from samplechain.runners import ModelRunner
 
 from .model import LlamaCppModel, _llama_cpp, load_gguf
@@ -44,9 +43,6 @@ class LlamaCppRunner(ModelRunner):
     file_suffixes = (".gguf",)
     sampling_threads = 1  # llama.cpp's own thread pool has the cores
     skips_inactive = True  # each row is a sequence of its own: a finished row is simply not decoded
-    # a drafter's own runner (draft_model) sets it: its logits choose drafts, which the generation's model checks,
-    # so its numerics cannot change the tokens and a warning about them would be about the wrong model
-    drafting = False
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
@@ -111,8 +107,6 @@ class LlamaCppRunner(ModelRunner):
     def _several_tokens(self, longest: int) -> None:
         """Before a decode of several tokens a row, up to a sequence of `longest` tokens: a warning, once a model,
         where it computes other logits than one-token decodes would, which drafts and scoring rely on."""
-        if self.drafting:
-            return
         ctx, name = self.ctx, self.model.config.name_or_path
         if not ctx.flash_attn:
             why = "no-flash"
@@ -132,9 +126,7 @@ class LlamaCppRunner(ModelRunner):
             )
         else:
             return
-        if why not in self.model.warned:
-            self.model.warned.add(why)
-            warnings.warn(GenerationWarning(text), stacklevel=4)  # past torch.no_grad: the caller of extend
+        self.warn_numerics(why, text, stacklevel=4)  # past extend and torch.no_grad: the caller of extend
 
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -68,8 +68,8 @@ def _chain(config, backend=None) -> Chain:
 
 
 def _seeded_rows(store, batch: int) -> list[str]:
-    """Adds `batch` requests to the store and returns their ids: seeded where the chain draws at random (the presets'
-    dist and xtc's coin are unseeded otherwise, and two stores would draw apart)."""
+    """Adds `batch` requests to the store and returns their ids: seeded where the chain takes a seed (the presets'
+    dist is unseeded otherwise, and two stores would draw apart)."""
     ids = [f"r{i}" for i in range(batch)]
     if "seed" in store.layout.aliases:
         for i, rid in enumerate(ids):
