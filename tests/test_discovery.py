@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import types
 import uuid
 import warnings
 
@@ -15,7 +16,9 @@ import pytest
 
 import samplechain
 from samplechain import PluginHost, PluginLoadError, PluginWarning, UnknownPluginError
-from samplechain.engine.discovery import metadata
+from samplechain.contracts import PluginClass
+from samplechain.engine.discovery import KIND_BASES, metadata
+from samplechain.errors import PluginError
 
 GOOD = """
 import attrs
@@ -158,6 +161,26 @@ def test_registering_something_that_is_not_a_sampler_names_the_plugin(site):
         info = host.load("notasampler")
     assert info.status == "broken"
     assert "plugin 'notasampler'" in info.error and "subclass of Sampler" in info.error
+
+
+@pytest.mark.parametrize("kind", sorted(KIND_BASES))
+def test_a_class_of_any_kind_without_a_name_is_refused_naming_it(kind):
+    """Every kind's base class is a PluginClass, whose `name` is empty: a subclass that sets none goes by its class's
+    name in messages, and registering it is one error naming the plugin and the class."""
+    base = KIND_BASES[kind]
+    unnamed = type("Unnamed", (base,), {"stage": samplechain.Stage.TRANSFORM} if kind == "sampler" else {})
+    assert issubclass(base, PluginClass) and unnamed.qualified_name() == "Unnamed.v1"
+
+    def register_them(register):
+        register(unnamed)
+
+    hook = {"sampler": "samplers", "stopping_criterion": "stopping_criteria"}.get(kind, f"{kind}s")
+    plugin = types.ModuleType("unnamed_plugin")
+    setattr(plugin, f"register_{hook}", samplechain.hookimpl(register_them))
+    host = PluginHost(use_env=False)
+    with pytest.raises(PluginError, match=r"plugin 'unnamed-test': Unnamed\.name = '': must be a lowercase identifier"):
+        host.register_plugin(plugin, name="unnamed-test")
+    assert host.pm.get_plugin("unnamed-test") is None  # nothing of it stays registered
 
 
 def test_two_plugins_registering_the_same_name_conflict_loudly(site):

@@ -23,6 +23,7 @@ __all__ = [
     "Candidates",
     "StepContext",
     "NoParams",
+    "PluginClass",
     "compact_kept",
     "lowest_equal",
     "ranked_keys",
@@ -185,6 +186,26 @@ _COMPACT_WIDTH = 16384  # full-vocabulary masks this wide are compacted when the
 @attrs.frozen
 class NoParams:
     """Params class of a sampler that takes none."""
+
+
+class PluginClass:
+    """What every class a plugin registers has (sampler, stopping criterion, backend, runner, drafter, guard):
+    `name` (a lowercase identifier), `version` (an integer >= 1: a chain may ask for `name.vN`), `Params` (an attrs
+    class whose fields are its parameters, validated where a chain or a table gives them; an instance gets them as
+    `self.params`) and a one-line `summary` (`samplechain plugins`)."""
+
+    name: ClassVar[str] = ""
+    version: ClassVar[int] = 1
+    Params: ClassVar[type] = NoParams
+    summary: ClassVar[str] = ""
+
+    def __init__(self, params: Any = None) -> None:
+        self.params = params if params is not None else self.Params()
+
+    @classmethod
+    def qualified_name(cls) -> str:
+        """`name.vN`; a class without a name (an object given to generate() directly) goes by its class's name."""
+        return f"{cls.name or cls.__name__}.v{cls.version}"
 
 
 @attrs.define(slots=True)
@@ -500,16 +521,13 @@ class StepContext:
         return self.backend.gumbel(seed, self.positions, cand.token_ids(), self.stream)
 
 
-class Backend:
+class Backend(PluginClass):
     """The hot primitives for one device type. `cpu` is the reference; others state their equivalence to it.
 
     `kernels` maps a qualified sampler name (e.g. "top_p.v1") to a fast path a sampler may use instead of its
     reference code; samplers call `backend.kernel(name)` and fall back to their own torch code on None.
     """
 
-    name: ClassVar[str]
-    version: ClassVar[int] = 1
-    Params: ClassVar[type] = NoParams
     device_type: ClassVar[str]
     equivalence: ClassVar[str] = "bitwise"  # bitwise | allclose | statistical, relative to the cpu backend
     kernels: ClassVar[Mapping[str, Callable[..., Any]]] = {}

@@ -18,6 +18,7 @@ from .candidates import (
     Backend,
     Candidates,
     NoParams,
+    PluginClass,
     StepContext,
     compact_kept,
     in_sync_free_step,
@@ -61,6 +62,7 @@ __all__ = [
     "max_positions",
     "token_id_list",
     "NoParams",
+    "PluginClass",
     "ALL_DEVICES",
     # the candidate set and its tie rule, defined in .candidates (these names stay importable from here)
     "compact_kept",
@@ -207,7 +209,7 @@ class FusedPart:
     min_keep: Any = 1
 
 
-class Sampler:
+class Sampler(PluginClass):
     """One step of a chain, applied to a whole batch at once.
 
     What every sampler implements (a new sampler needs nothing else):
@@ -225,11 +227,7 @@ class Sampler:
     """
 
     # ----------------------------------------------------------------- what every sampler implements
-    name: ClassVar[str]
-    version: ClassVar[int] = 1
     stage: ClassVar[Stage]
-    Params: ClassVar[type] = NoParams
-    summary: ClassVar[str] = ""
     # Flat per-request parameter names (as vLLM's SamplingParams / MindIE's SamplingParam) -> Params field.
     request_aliases: ClassVar[Mapping[str, str]] = {}
     # What the sampler does, for chain validation: "truncation" (removes tokens by probability: top-k, top-p ...),
@@ -252,13 +250,6 @@ class Sampler:
     # clock). Speculative decoding draws position after position on a row's state and a draft model draws on a
     # copy of it, so a generation with a drafter refuses a chain holding such a sampler before it starts.
     forkable: ClassVar[bool] = True
-
-    def __init__(self, params: Any) -> None:
-        self.params = params  # the chain's validated defaults (an instance of Params)
-
-    @classmethod
-    def qualified_name(cls) -> str:
-        return f"{cls.name}.v{cls.version}"
 
     @classmethod
     def effective_role(cls) -> str:
@@ -484,7 +475,7 @@ class StopMatch:
     trailing: int = 0
 
 
-class StoppingCriterion:
+class StoppingCriterion(PluginClass):
     """Decides per row whether generation is finished. Criteria combine by OR; a finished row stops alone.
 
     `prepare(setup)` runs once per generation (resolve ids from the tokenizer, cached precomputes, timers);
@@ -501,19 +492,8 @@ class StoppingCriterion:
     limits, timers, callables).
     """
 
-    name: ClassVar[str]
-    version: ClassVar[int] = 1
-    Params: ClassVar[type] = NoParams
-    summary: ClassVar[str] = ""
     is_length_limit: ClassVar[bool] = False
     min_new_tokens_gate: ClassVar[str | None] = None
-
-    def __init__(self, params: Any) -> None:
-        self.params = params
-
-    @classmethod
-    def qualified_name(cls) -> str:
-        return f"{cls.name}.v{cls.version}"
 
     @property
     def reason(self) -> str:

@@ -29,12 +29,12 @@ while generating; samplechain.generation.draft_length).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 import torch
 
-from .candidates import NoParams
+from .candidates import PluginClass
 from .errors import ConfigError
 
 __all__ = ["SETTINGS", "Draft", "DraftContext", "Drafter", "Proposal", "draft_settings"]
@@ -79,21 +79,8 @@ class DraftContext:
     generation_runner: Any = None
 
 
-class Drafter:
+class Drafter(PluginClass):
     """Base class of drafters. Subclasses set `name` and implement `propose` (or `propose_rows`)."""
-
-    name: ClassVar[str] = ""
-    version: ClassVar[int] = 1
-    Params: ClassVar[type] = NoParams
-    summary: ClassVar[str] = ""
-
-    def __init__(self, params: Any = None) -> None:
-        self.params = params if params is not None else self.Params()
-
-    @classmethod
-    def qualified_name(cls) -> str:
-        """`name.vN`; a drafter object made without a name (given to draft= directly) goes by its class's name."""
-        return f"{cls.name or cls.__name__}.v{cls.version}"
 
     def start(self, rows: int, context: DraftContext) -> None:
         """A generation of `rows` rows begins (row indices 0..rows-1 in `propose`); optional."""

@@ -25,11 +25,11 @@ past them the request ends with finish reason "guard", keeping every token befor
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 
-from .candidates import NoParams
+from .candidates import PluginClass
 from .errors import ConfigError
 
 __all__ = ["MAX_REWINDS", "SETTINGS", "Guard", "GuardContext", "Rewind", "guard_settings"]
@@ -58,20 +58,8 @@ class GuardContext:
     rows: tuple[int, ...]  # the rows this guard object watches
 
 
-class Guard:
+class Guard(PluginClass):
     """Base class of guards. Subclasses set `name` and implement `check` and `hold`."""
-
-    name: ClassVar[str] = ""
-    version: ClassVar[int] = 1
-    Params: ClassVar[type] = NoParams
-    summary: ClassVar[str] = ""
-
-    def __init__(self, params: Any = None) -> None:
-        self.params = params if params is not None else self.Params()
-
-    @classmethod
-    def qualified_name(cls) -> str:
-        return f"{cls.name}.v{cls.version}"
 
     def start(self, rows: int, context: GuardContext) -> None:
         """A generation of `rows` rows begins (row indices 0..rows-1 below); optional."""

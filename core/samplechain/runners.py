@@ -39,7 +39,7 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 
-from .candidates import NoParams
+from .candidates import PluginClass
 from .errors import ConfigError, GenerationWarning
 
 __all__ = ["ModelRunner", "running", "running_each_step"]
@@ -50,14 +50,11 @@ T = TypeVar("T")
 _NUMERICS_WARNED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
-class ModelRunner:
+class ModelRunner(PluginClass):
     """Base class of runners. Subclasses set `name` (a lowercase identifier), implement `accepts`, `prefill`,
     `step`, `extend` and `truncate`, and set `per_row_truncate` (and implement `extend_rows`) when rows can hold
     different numbers of tokens."""
 
-    name: ClassVar[str] = ""
-    version: ClassVar[int] = 1
-    Params: ClassVar[type] = NoParams
     per_row_truncate: bool = False  # a runner may decide per model (an instance attribute set in __init__)
     # step(input_ids, active=...) runs only the active rows: an engine whose rows are separate sequences saves the
     # finished rows' compute; one that runs the padded batch as a whole (transformers) keeps it, so that a batch's
