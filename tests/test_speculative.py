@@ -1147,6 +1147,27 @@ def test_drafts_keep_the_outputs_of_random_generations(tiny, case):
     keeps_outputs_of_random_generations(model, tok, case, 1000 + case, every_drafter(model, case))
 
 
+@pytest.mark.parametrize("case", range(8))
+def test_a_stream_with_drafts_emits_the_events_of_one_without_over_random_generations(tiny, case):
+    """stream() of a random generation (random_generation: stop strings and patterns, guards, several return
+    sequences ...) with each drafter emits event for event what it emits without one: no token taken back is
+    shown, no text held back differently; its final output is the generate() one's."""
+    model, tok = tiny
+    rng = random.Random(60000 + case)
+    prompts = rng.choices(PROMPTS, k=rng.randint(1, 4))
+    kwargs = random_generation(rng, tok, len(prompts)) | {"pad_token_id": 0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # chain pitfalls a random chain may have
+        plain_out: list = []
+        plain = list(stream(model, tok, prompts, result=plain_out, **kwargs))
+        reference, gen = run(model, tok, prompts, **{k: v for k, v in kwargs.items() if k != "pad_token_id"})
+        choices = every_drafter(model, case)(rng, reference, gen)
+        out: list = []
+        drafted = list(stream(model, tok, prompts, draft=choices[case % len(choices)], result=out, **kwargs))
+    assert drafted == plain
+    assert_same_outputs(out[0], plain_out[0])
+
+
 @pytest.fixture(scope="module")
 def tiny_on_gpu(tiny):
     """The tiny model in float32 on the GPU (a copy: the shared tiny model stays on the CPU for the other tests)."""
