@@ -141,6 +141,69 @@ def test_rejection_mode_is_match_on_a_greedy_chain_and_batch_invariant(tiny):
     assert both.texts[1] == alone.texts[0]
 
 
+def test_rejection_mode_samples_each_rows_chain_in_a_mixed_batch(tiny):
+    """One chain per prompt: each prompt's first two tokens over 1500 seeded rows follow its own chain's
+    distribution (a two-sample chi-square against generation without a drafter), the test drawing each row's
+    p through its chain and its noise from its chain's seed."""
+    from samplechain.generation import Generation
+    from samplechain.generation.speculative import Speculation
+
+    model, tok = tiny
+    chains = [
+        {"samplers": [{"use": "top_k", "k": 3}, {"use": "dist"}]},
+        {"samplers": [{"use": "temperature", "t": 0.6}, {"use": "top_k", "k": 5}, {"use": "dist"}]},
+    ]
+    n = 1500
+    kwargs = {"chain": chains, "max_new_tokens": 3, "num_return_sequences": n, "pad_token_id": 0}
+    reference = generate(model, tok, ["The", "The"], seed=1, **kwargs)
+    gen = Generation(model, tok, ["The", "The"], seed=100_000, **kwargs)
+    seconds = torch.tensor([b for _, b in first_two(reference)])
+    common = torch.bincount(seconds).topk(3).indices.tolist()
+    gen.speculation = Speculation([Guess([*common, 5])] * (2 * n), gen, mode="rejection")
+    for _ in gen.steps():
+        pass
+    ours = gen.output()
+    for prompt in range(2):
+        rows = slice(prompt * n, (prompt + 1) * n)
+        theirs, mine = first_two(reference)[rows], first_two(ours)[rows]
+        pairs = sorted(set(theirs) | set(mine))
+        table = [[part.count(p) for p in pairs] for part in (theirs, mine)]
+        assert stats.chi2_contingency(table).pvalue > 1e-3, (prompt, table)
+        assert 0 < int(ours.kept[rows].sum()) < n
+    # the two chains' second tokens differ (temperature 0.6 sharpens): the test tells them apart
+    split = [[first_two(ours)[i * n : (i + 1) * n].count(p) for p in sorted(set(first_two(ours)))] for i in range(2)]
+    assert stats.chi2_contingency(split).pvalue < 1e-6
+
+
+def test_rejection_mode_in_a_mixed_batch_gives_each_prompt_what_it_gives_alone(tiny):
+    """Seeded rejection draws are batch-invariant in a mixed batch too (fixed draft lengths: the same drafts); a
+    greedy chain's rows take the match, and a row whose chain ends in a selector of its own is refused, naming its
+    prompt."""
+    model, tok = tiny
+    sampled = {"samplers": [{"use": "top_k", "k": 30}, {"use": "temperature", "t": 0.9}, {"use": "dist"}]}
+    penalised = {"samplers": [{"use": "penalties", "repeat": 1.2}, {"use": "min_p", "p": 0.05}, {"use": "dist"}]}
+    chains = [sampled, "preset:greedy", penalised]
+    prompts = [
+        "def add(a, b):\n    return a + b\n\ndef add(a, b):",
+        "The list is: apple, pear, plum. Again: apple,",
+        "A list is a list is a",
+    ]
+    draft = {"use": Next(), "mode": "rejection", "adaptive": False}
+    params = [{"seed": 11}, {}, {"seed": 33}]
+    kwargs = {"max_new_tokens": 12, "draft": draft, "pad_token_id": 0}
+    both = generate(model, tok, prompts, chain=chains, params=params, **kwargs)
+    greedy = generate(model, tok, prompts[1], chain="preset:greedy", max_new_tokens=12, pad_token_id=0)
+    assert both.texts[1] == greedy.texts[0]
+    for i, chain in enumerate(chains):
+        alone = generate(model, tok, prompts[i], chain=chain, params=[params[i]], **kwargs)
+        assert both.texts[i] == alone.texts[0], i
+        assert (int(both.drafted[i]), int(both.kept[i])) == (int(alone.drafted[0]), int(alone.kept[0])), i
+    assert all(both.drafted > 0)
+    mirostat = {"samplers": [{"use": "mirostat", "tau": 5.0}]}
+    with pytest.raises(ConfigError, match=r"rejection.*prompt 1's chain's selector mirostat.*end the chain in dist"):
+        generate(model, tok, prompts[:2], chain=[sampled, mirostat], **kwargs)
+
+
 def test_rejection_mode_refuses_other_logprobs(tiny):
     model, tok = tiny
     with pytest.raises(ConfigError, match="rejection.*processed"):

@@ -99,25 +99,27 @@ def check_forkable(chain: Any, processor: Any = None) -> None:
             )
 
 
-def checked_mode(mode: Any, gen: Generation) -> str:
-    """`mode` once checked: "match", or "rejection" where the chain and the outputs allow it."""
+def checked_mode(mode: Any, gen: Generation, row: int) -> str:
+    """`mode` of row `row` once checked: "match", or "rejection" where the row's chain and the outputs allow it."""
     if mode not in ("match", "rejection"):
         raise ConfigError(f"draft mode = {mode!r}: {MODES}")
     if mode == "rejection":
-        if isinstance(gen.chain, MixedChains):
-            raise ConfigError("draft mode 'rejection' with one chain per prompt: use mode 'match' for a mixed batch")
         stages = [gen._logprobs_at] if isinstance(gen._logprobs_at, str) else list(gen._logprobs_at)
         if any(stage != "processed" for stage in stages):
             raise ConfigError(
                 f"draft mode 'rejection' with logprobs_mode = {gen.logprobs_mode!r}: it reports the processed "
                 "logprobs only; use mode 'match' for logprobs at other stages"
             )
-        if gen.chain.is_greedy:
+        chain, which = gen.chain, "the chain's"
+        if isinstance(chain, MixedChains):  # a mixed batch: the test draws through the row's own chain
+            key = gen.store.chain_of(gen.request_ids[row])
+            chain, which = chain.chains[key], f"prompt {row // gen.n}'s chain's"
+        if chain.is_greedy:
             return "match"  # a greedy chain's distribution is its argmax: the test is the match
-        selector = gen.chain.samplers[-1]
+        selector = chain.samplers[-1]
         if selector.name != "dist":
             raise ConfigError(
-                f"draft mode 'rejection' with the chain's selector {selector.qualified_name()}: the test draws from "
+                f"draft mode 'rejection' with {which} selector {selector.qualified_name()}: the test draws from "
                 "the softmax of the processed logits, which only dist samples from (a selector such as mirostat "
                 "chooses from a distribution of its own); end the chain in dist or use mode 'match'"
             )

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..engine.mixed import MixedStore
 from ..rng import SEED_MAX, gumbel, uniform
 
 __all__ = ["noise_of", "rejection_draw"]
@@ -38,7 +39,20 @@ def rejection_draw(
 
 
 def noise_of(store: Any, request_ids: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The requests' seeds (the chain's `seed`; a fresh one per call where it has none) and RNG positions."""
+    """The requests' seeds (their chain's `seed`; a fresh one per call where it has none) and RNG positions; in a
+    mixed batch (a MixedStore) each request's from its own chain's store."""
+    if isinstance(store, MixedStore):
+        groups: dict[str, list[int]] = {}
+        for i, rid in enumerate(request_ids):
+            groups.setdefault(store.chain_of(rid), []).append(i)
+        seed = torch.empty(len(request_ids), dtype=torch.int64)
+        position = torch.empty(len(request_ids), dtype=torch.int64)
+        for key, rows in groups.items():
+            index = torch.tensor(rows, dtype=torch.int64)
+            part = noise_of(store.stores[key], [request_ids[i] for i in rows])
+            seed.index_copy_(0, index, part[0])
+            position.index_copy_(0, index, part[1].to(torch.int64))
+        return seed, position
     view = store.batch(request_ids)
     position = store.positions(view).cpu()
     targets = store.layout.aliases.get("seed")

@@ -70,7 +70,8 @@ class Speculation(Drawing):
     ) -> None:
         rows = len(drafters)
         modes = [mode] * rows if isinstance(mode, str) else list(mode)
-        self.rejection = [checked_mode(m, gen) == "rejection" for m in modes]  # per row: the mode's test
+        # per row: the mode's test
+        self.rejection = [checked_mode(m, gen, b) == "rejection" for b, m in enumerate(modes)]
         self.drafters = list(drafters)
         self.guarding = guarding  # guards that take text back (guarding.py); None: none
         self._guard_cut: set[int] = set()  # rows a guard took back in the current call
