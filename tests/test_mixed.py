@@ -54,6 +54,34 @@ def test_rows_on_different_chains_equal_their_chain_alone_over_several_steps():
     assert store.stores["c"].snapshot(["r1"])["r1"] == alone["r1"][1].snapshot(["r1"])["r1"]
 
 
+def test_teacher_forcing_a_mixed_batch_gives_each_row_what_its_chain_gives_it_alone():
+    """accept=token_ids on a mixed batch: each row's given token's logprob and rank under its own chain, and its
+    chain's state (mirostat's mu) moved by the given token, as Chain.sample(accept=...) alone."""
+    chains = {"a": Chain.load(A), "c": Chain.load(C)}
+    mixed = MixedChains(chains)
+    store = mixed.new_store()
+    rows = [("r0", "a", 1), ("r1", "c", 2), ("r2", "a", 3)]
+    alone = {}
+    for rid, key, seed in rows:
+        store.add(rid, {"seed": seed}, chain=key)
+        c = Chain.load({"a": A, "c": C}[key])
+        alone[rid] = (c, c.new_store())
+        alone[rid][1].add(rid, {"seed": seed})
+    ids = [r[0] for r in rows]
+    for step in range(4):
+        logits = logits_for(step, batch=3)
+        given = logits.topk(3, dim=-1).indices[:, step % 3]  # likely tokens, not always the draw
+        out = mixed.sample(logits, store, ids, accept=given, logprobs_at="raw")
+        for b, rid in enumerate(ids):
+            c, s = alone[rid]
+            ref = c.sample(logits[b : b + 1], s, [rid], accept=given[b : b + 1], logprobs_at="raw")
+            assert int(out.token_ids[b]) == int(ref.token_ids[0]), (step, rid)
+            assert torch.equal(out.logprobs[b], ref.logprobs[0]) and int(out.ranks[b]) == int(ref.ranks[0])
+    assert store.stores["c"].snapshot(["r1"])["r1"] == alone["r1"][1].snapshot(["r1"])["r1"]
+    with pytest.raises(SamplingError, match=r"accept= token ids must be a \(B=3,\)"):
+        mixed.sample(logits_for(9, batch=3), store, ids, accept=torch.tensor([1, 2]))
+
+
 def test_a_failing_group_changes_no_request_of_any_group():
     mixed = MixedChains({"a": Chain.load(A), "bad": Chain.load(G), "c": Chain.load(C)})
     store = mixed.new_store()

@@ -204,18 +204,29 @@ def test_rejection_mode_in_a_mixed_batch_gives_each_prompt_what_it_gives_alone(t
         generate(model, tok, prompts[:2], chain=[sampled, mirostat], **kwargs)
 
 
-def test_rejection_mode_refuses_other_logprobs(tiny):
+@pytest.mark.parametrize("stage", ["raw", "top_k", ["penalties", "raw:logits"]])
+def test_rejection_mode_reports_logprobs_at_any_stage(tiny, stage):
+    """logprobs_mode other than the processed distribution the test draws from: the same tokens (the stage never
+    changes them), each token's logprob at that stage as score() gives it for the same tokens through the same
+    chain; one stage for the batch, or one per prompt, in a mixed batch too."""
+    from samplechain.generation import score
+
     model, tok = tiny
-    with pytest.raises(ConfigError, match="rejection.*processed"):
-        generate(
-            model,
-            tok,
-            ["Hi"],
-            chain="preset:llama.cpp",
-            max_new_tokens=2,
-            logprobs_mode="raw",
-            draft={"use": "prompt_lookup", "mode": "rejection"},
-        )
+    prompts = ["def add(a, b):\n    return a + b\n\ndef add(a, b):", "A list is a list is a"]
+    sampled = {"samplers": [{"use": "penalties", "repeat": 1.3}, {"use": "top_k", "k": 8}, {"use": "dist"}]}
+    chain = sampled if isinstance(stage, str) else [sampled, {"samplers": [sampled["samplers"][0], {"use": "dist"}]}]
+    draft = {"use": "prompt_lookup", "num_tokens": 3, "mode": "rejection", "adaptive": False}
+    kwargs = {"chain": chain, "params": [{"seed": 7}, {"seed": 8}], "max_new_tokens": 16, "pad_token_id": 0}
+    processed = generate(model, tok, prompts, draft=draft, **kwargs)
+    out = generate(model, tok, prompts, draft=draft, logprobs_mode=stage, **kwargs)
+    assert out.sequences.tolist() == processed.sequences.tolist()
+    assert int(out.drafted.sum()) > 0
+    lengths = out.num_generated.tolist()
+    new = [row[-out.logprobs.shape[1] :][:n].tolist() for row, n in zip(out.sequences, lengths)]
+    scored = score(model, tok, prompts, new, logprobs_at=stage, chain=chain, params=kwargs["params"], pad_token_id=0)
+    for i, n in enumerate(lengths):
+        torch.testing.assert_close(out.logprobs[i, :n], scored.logprobs[i], rtol=1e-5, atol=1e-5)
+    assert not torch.equal(out.logprobs, processed.logprobs)
 
 
 def test_rejection_mode_refuses_a_selector_with_a_distribution_of_its_own(tiny):

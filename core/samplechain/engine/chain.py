@@ -293,15 +293,17 @@ class Chain(StepStages):
         unconditional_logits: torch.Tensor | None = None,
         logprobs_at: str | Sequence[str] = "processed",
         top_logprobs: int = 0,
+        given: torch.Tensor | None = None,
     ) -> DeferredSample:
         """`sample` whose acceptance waits: the stateful samplers' new state is computed (a failure there raises,
         changing nothing) but written, with every row's RNG position moved, only by the result's `commit()`.
-        MixedChains computes every group's first, so a failure in any group of a mixed batch changes no request."""
+        MixedChains computes every group's first, so a failure in any group of a mixed batch changes no request.
+        given: (B,) token ids to accept instead of the draw, as `sample(accept=token_ids)` (teacher forcing)."""
         args = (logits, store, request_ids, return_scores, history, prompt_lengths, unconditional_logits)
         if not self._sync_free(logits):
-            return self._sample_deferred(*args, logprobs_at, top_logprobs)
+            return self._sample_deferred(*args, logprobs_at, top_logprobs, given=given)
         with sync_free_step():
-            return self._sample_deferred(*args, logprobs_at, top_logprobs)
+            return self._sample_deferred(*args, logprobs_at, top_logprobs, given=given)
 
     def _sample(self, accept: bool | torch.Tensor, *args: Any) -> SampleOutput:
         given = accept if isinstance(accept, torch.Tensor) else None
@@ -311,11 +313,12 @@ class Chain(StepStages):
             step.store.advance(step.view, self._updates(step, accepted), step.failed)
         return out
 
-    def _sample_deferred(self, *args: Any) -> DeferredSample:
-        step, out = self._step(*args)
+    def _sample_deferred(self, *args: Any, given: torch.Tensor | None = None) -> DeferredSample:
+        step, out = self._step(*args, given=given)
         if not step.batch:
             return DeferredSample(out)
-        return DeferredSample(out, step.store, step.view, self._updates(step, out.token_ids), step.failed)
+        accepted = out.token_ids if step.given_tokens is None else step.given_tokens
+        return DeferredSample(out, step.store, step.view, self._updates(step, accepted), step.failed)
 
     def _step(
         self,

@@ -21,6 +21,7 @@ import torch
 
 from ..errors import ConfigError, RequestError
 from .chain import Chain, SampleOutput
+from .checks import check_given_tokens
 from .store import RequestStore
 
 __all__ = ["MixedChains", "MixedStore"]
@@ -165,7 +166,7 @@ class MixedChains:
         store: MixedStore,
         request_ids: Sequence[str],
         *,
-        accept: bool = True,
+        accept: bool | torch.Tensor = True,
         return_scores: bool = False,
         history: torch.Tensor | None = None,
         prompt_lengths: torch.Tensor | None = None,
@@ -173,8 +174,10 @@ class MixedChains:
         logprobs_at: str | Sequence[str] = "processed",
         top_logprobs: int = 0,
     ) -> SampleOutput:
-        """Chain.sample, group by group (logprobs_at: one value, or one per row naming an entry of its own chain)."""
+        """Chain.sample, group by group (logprobs_at: one value, or one per row naming an entry of its own chain;
+        accept=token_ids: teacher forcing, each group's rows given their tokens)."""
         _check_batch(logits, request_ids, logprobs_at)
+        given = check_given_tokens(accept, logits) if isinstance(accept, torch.Tensor) else None
         groups: dict[str, list[int]] = {}
         for row, rid in enumerate(request_ids):
             groups.setdefault(store.chain_of(rid), []).append(row)
@@ -204,6 +207,7 @@ class MixedChains:
                 return_scores=return_scores,
                 top_logprobs=top_logprobs,
                 logprobs_at=[logprobs_at[r] for r in rows] if per_row else logprobs_at,
+                given=None if given is None else given.index_select(0, index),
                 **extra,
             )
             out = drawn.output
@@ -226,7 +230,7 @@ class MixedChains:
             if out.deferred is not None:
                 checks.append(out.deferred)
                 failed = out.deferred[0] if failed is None else failed | out.deferred[0]
-        if accept:
+        if given is not None or accept:
             for held in commits:  # nothing can fail here: every update was computed above
                 held.commit(failed)  # a deferred failure in any group: no group commits (decided on the device)
         deferred = None if failed is None else (failed, lambda: next(error() for flag, error in checks if bool(flag)))

@@ -104,12 +104,6 @@ def checked_mode(mode: Any, gen: Generation, row: int) -> str:
     if mode not in ("match", "rejection"):
         raise ConfigError(f"draft mode = {mode!r}: {MODES}")
     if mode == "rejection":
-        stages = [gen._logprobs_at] if isinstance(gen._logprobs_at, str) else list(gen._logprobs_at)
-        if any(stage != "processed" for stage in stages):
-            raise ConfigError(
-                f"draft mode 'rejection' with logprobs_mode = {gen.logprobs_mode!r}: it reports the processed "
-                "logprobs only; use mode 'match' for logprobs at other stages"
-            )
         chain, which = gen.chain, "the chain's"
         if isinstance(chain, MixedChains):  # a mixed batch: the test draws through the row's own chain
             key = gen.store.chain_of(gen.request_ids[row])

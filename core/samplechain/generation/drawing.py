@@ -164,7 +164,8 @@ class Drawing:
         probability min(1, p / q), else a draw from the residual max(p - q, 0); the store accepts the result."""
         logits, raw, history = self._inputs(gen, rows, logits)
         rids = [gen.request_ids[b] for b in rows]
-        out = gen.sample_rows(logits, rids, history, "processed", accept=False, scores=True)
+        at = _stages(gen, rows)
+        out = gen.sample_rows(logits, rids, history, at, accept=False, scores=True)
         logp = torch.log_softmax(out.scores.to("cpu", torch.float64), dim=-1)
         draft = torch.tensor([int(drafts[b][j]) for b in rows])
         q = torch.zeros_like(logp).scatter_(1, draft[:, None], 1.0)
@@ -176,16 +177,20 @@ class Drawing:
                 q[i, :width] = probs[j, :width]
         seed, position = noise_of(gen.store, rids)
         tokens = rejection_draw(logp, q, draft, seed, position)
-        gen.chain.accept(gen.store, rids, tokens.to(out.token_ids.device))
-        logprobs = logp.gather(1, tokens[:, None])[:, 0].to(out.logprobs.dtype)
-        self._queue(rows, tokens.tolist(), logprobs.to(out.logprobs.device), out, raw, gen.output_scores)
+        given = tokens.to(out.token_ids.device)
+        if all(stage == "processed" for stage in ([at] if isinstance(at, str) else at)):
+            gen.chain.accept(gen.store, rids, given)
+            logprobs = logp.gather(1, tokens[:, None])[:, 0].to(out.logprobs.dtype).to(out.logprobs.device)
+        else:  # the tokens' logprobs at the stages asked for: a teacher-forced step, which accepts them
+            logprobs = gen.sample_rows(logits, rids, history, at, accept=given).logprobs
+        self._queue(rows, tokens.tolist(), logprobs, out, raw, gen.output_scores)
         return tokens.tolist()
 
     def _draw(self, gen: Generation, rows: list[int], logits: torch.Tensor) -> list[int]:
         """The chain's draw for `rows` at their next position (logits (len(rows), V)), queued as pending tokens;
         the store advances for these rows only."""
         logits, raw, history = self._inputs(gen, rows, logits)
-        at = gen._logprobs_at if isinstance(gen._logprobs_at, str) else [gen._logprobs_at[b] for b in rows]
+        at = _stages(gen, rows)
         out = gen.sample_rows(logits, [gen.request_ids[b] for b in rows], history, at)
         tokens = out.token_ids.tolist()
         self._queue(rows, tokens, out.logprobs, out, raw, out.scores is not None)
@@ -295,3 +300,8 @@ def step_going(
         )
         tops[0][index], tops[1][index] = values, ids
     return gen.commit(tokens, logprobs, step, scores, tops)
+
+
+def _stages(gen: Generation, rows: list[int]) -> str | list[str]:
+    """The logprobs stage of `rows`' draws: the generation's one, or each row's."""
+    return gen._logprobs_at if isinstance(gen._logprobs_at, str) else [gen._logprobs_at[b] for b in rows]

@@ -465,33 +465,15 @@ def _sample(
     logprobs_at: str | list[str],
     history: dict[str, torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(draws, the given tokens' logprobs, their ranks) of one teacher-forced step; a mixed batch group by group."""
-    if isinstance(chain, Chain):
-        out = chain.sample(
-            logits,
-            store,
-            ids,
-            accept=given,
-            logprobs_at=logprobs_at,
-            history=history.get("history"),
-            prompt_lengths=history.get("prompt_lengths"),
-        ).check()
-        assert out.ranks is not None  # accept=token_ids reports ranks
-        return out.token_ids, out.logprobs, out.ranks
-    drawn = torch.empty(len(ids), dtype=torch.int64, device=logits.device)
-    logprobs = torch.empty(len(ids), dtype=torch.float32, device=logits.device)
-    ranks = torch.empty(len(ids), dtype=torch.int64, device=logits.device)
-    groups: dict[str, list[int]] = {}
-    for row, rid in enumerate(ids):
-        groups.setdefault(store.chain_of(rid), []).append(row)
-    for key, rows in groups.items():
-        index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
-        part = {k: v.index_select(0, index.to(v.device)) for k, v in history.items()}
-        at = logprobs_at if isinstance(logprobs_at, str) else [logprobs_at[r] for r in rows]
-        sub = chain.chains[key]
-        got = _sample(
-            sub, logits.index_select(0, index), store.stores[key], [ids[r] for r in rows], given[index], at, part
-        )
-        for whole, values in zip((drawn, logprobs, ranks), got):
-            whole.index_copy_(0, index, values)
-    return drawn, logprobs, ranks
+    """(draws, the given tokens' logprobs, their ranks) of one teacher-forced step."""
+    out = chain.sample(
+        logits,
+        store,
+        ids,
+        accept=given,
+        logprobs_at=logprobs_at,
+        history=history.get("history"),
+        prompt_lengths=history.get("prompt_lengths"),
+    ).check()
+    assert out.ranks is not None  # accept=token_ids reports ranks
+    return out.token_ids, out.logprobs, out.ranks

@@ -495,12 +495,12 @@ class Generation(PromptInputs, Checkpoints):
         logprobs_at: str | list[str],
         uncond: torch.Tensor | None = None,
         *,
-        accept: bool = True,
+        accept: bool | torch.Tensor = True,
         scores: bool = False,
     ) -> Any:
         """One eager chain step for `request_ids` (all rows, or the rows a speculative call samples), checked;
-        accept=False leaves the store for `chain.accept`, scores=True returns the processed logits whatever
-        output_scores says."""
+        accept=False leaves the store for `chain.accept`, accept=token ids accepts those (teacher forcing: their
+        logprobs), scores=True returns the processed logits whatever output_scores says."""
         out = self.chain.sample(
             logits,
             self.store,
