@@ -1039,18 +1039,39 @@ def test_drafts_never_change_the_tokens_under_a_grammar_or_a_thinking_budget(tin
     assert int(ours.kept.sum()) > 0
 
 
+def random_chains(rng: random.Random, tok, batch: int, constrained: float) -> tuple[Any, list[dict]]:
+    """A random chain (a grammar or a thinking budget with chance `constrained`) for `batch` prompts, or, a quarter
+    of the time where there are several, one per prompt (a mixed batch) -> (generate()'s chain=, each prompt's)."""
+
+    def pick() -> dict:
+        return random_chain(rng) if rng.random() >= constrained else rng.choice(constrained_chains(tok))
+
+    chain = pick()
+    if batch > 1 and rng.random() < 0.25:
+        chains = [chain] + [pick() for _ in range(batch - 1)]
+        return chains, chains
+    return chain, [chain] * batch
+
+
+def random_row_params(rng: random.Random, chain: dict, temperatures: bool) -> dict:
+    """One request's parameters on `chain`: a seed where it draws at random, and (temperatures=True) a temperature
+    where it has a temperature stage: a request sets only what its chain has."""
+    selector = chain["samplers"][-1]["use"]
+    params: dict[str, Any] = {} if selector == "greedy" else {"seed": rng.randint(0, 999)}
+    if temperatures and selector == "dist" and any(s["use"] == "temperature" for s in chain["samplers"]):
+        params["temperature"] = rng.choice([0.0, 0.6, 1.2])
+    return params
+
+
 def random_generation(rng: random.Random, tok, batch: int) -> dict:
-    """generate()'s settings drawn at random around a random chain: per-row seeds (and temperatures where the chain
-    has a temperature stage), stop strings and a stop pattern, ignore_eos, several return sequences, top logprobs
-    (half the time) and scores, another logprobs stage, a phrase ban."""
-    chain = random_chain(rng) if rng.random() < 0.7 else rng.choice(constrained_chains(tok))
-    sampling = chain["samplers"][-1]["use"] == "dist"
+    """generate()'s settings drawn at random around a random chain, or one per prompt: per-row seeds (and
+    temperatures where the chain has a temperature stage), stop strings and a stop pattern, ignore_eos, several
+    return sequences, top logprobs (half the time) and scores, another logprobs stage, a phrase ban."""
+    chain, per_prompt = random_chains(rng, tok, batch, constrained=0.3)
+    sampling = any(c["samplers"][-1]["use"] == "dist" for c in per_prompt)
     kwargs = {"chain": chain, "max_new_tokens": rng.randint(4, 32)}
     if sampling and rng.random() < 0.5:
-        rows = [{"seed": rng.randint(0, 999), "temperature": rng.choice([0.0, 0.6, 1.2])} for _ in range(batch)]
-        if not any(s["use"] == "temperature" for s in chain["samplers"]):  # a request sets what its chain has
-            rows = [{"seed": row["seed"]} for row in rows]
-        kwargs["params"] = rows
+        kwargs["params"] = [random_row_params(rng, c, temperatures=True) for c in per_prompt]
     else:
         kwargs["seed"] = rng.randint(0, 999)
     if rng.random() < 0.4:
@@ -1247,16 +1268,16 @@ def test_on_a_gpu_scoring_a_random_generations_tokens_keeps_each_with_its_logpro
 
 
 def scoring_keeps_a_random_generation(model, tok, case: int, seed: int) -> None:
-    """A random chain's generation of 1-4 prompts (per-row or one seed, a random logprobs stage, several return
+    """A random chain's generation (or one chain per prompt's) of 1-4 prompts (per-row or one seed, a random logprobs stage, several return
     sequences), then score() of its tokens with chunks of 1, all or 3 (by case): each token kept, with the
     generation's logprob."""
     rng = random.Random(seed)
-    chain = random_chain(rng) if rng.random() < 0.6 else rng.choice(constrained_chains(tok))
     prompts = rng.choices(PROMPTS, k=rng.randint(1, 4))
+    chain, per_prompt = random_chains(rng, tok, len(prompts), constrained=0.4)
     kwargs: dict[str, Any] = {"chain": chain, "pad_token_id": 0}
-    sampling = chain["samplers"][-1]["use"] == "dist"
-    if rng.random() < 0.5 and chain["samplers"][-1]["use"] != "greedy":
-        kwargs["params"] = [{"seed": rng.randint(0, 999)} for _ in prompts]
+    sampling = any(c["samplers"][-1]["use"] == "dist" for c in per_prompt)
+    if rng.random() < 0.5 and any(c["samplers"][-1]["use"] != "greedy" for c in per_prompt):
+        kwargs["params"] = [random_row_params(rng, c, temperatures=False) for c in per_prompt]
     else:
         kwargs["seed"] = rng.randint(0, 999)
     mode = rng.choice(["processed", "raw", "processed_logits"])
