@@ -4,6 +4,7 @@ and transformers' assisted generation around samplechain's logits processor and 
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import re
@@ -346,6 +347,26 @@ def test_custom_generate_speculates_where_model_generate_asks_for_assisted_gener
         if hasattr(transformers.GenerationConfig(), "use_mtp"):  # transformers before 5.x has no use_mtp
             with pytest.raises(ConfigError, match=r"use_mtp=True\): samplechain has no multi-token-prediction drafter"):
                 model.generate(**enc, use_mtp=True, **kwargs)
+
+
+@pytest.mark.transformers_parity
+def test_custom_generate_ends_an_assistants_drafts_at_its_confidence_threshold(tiny):
+    """transformers' assistant_confidence_threshold (the assistant's generation config, 0.4 where unset; the call's
+    for assistant_early_exit) is the drafter's p_min, which ends a draft after a token drafted with less."""
+    from samplechain.integrations.transformers import _draft_of
+
+    model, _ = tiny
+    gc = transformers.GenerationConfig(assistant_early_exit=2, assistant_confidence_threshold=0.7)
+    assert _draft_of(gc, {}) == {"use": "early_exit", "layers": 2, "p_min": 0.7}
+
+    def generate(assistant_model):  # where the adapter finds model.generate's assistant_model
+        return _draft_of(transformers.GenerationConfig(), {})
+
+    assistant = copy.deepcopy(model)
+    assistant.generation_config.assistant_confidence_threshold = None
+    assert generate(assistant) == {"use": "draft_model", "model": assistant, "p_min": 0.4}
+    assistant.generation_config.assistant_confidence_threshold = 0.25
+    assert generate(assistant)["p_min"] == 0.25
 
 
 def test_a_table_around_a_drafter_object_takes_only_the_loops_settings(tiny):

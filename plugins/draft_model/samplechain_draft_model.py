@@ -26,7 +26,14 @@ import attrs
 
 from samplechain import ConfigError, hookimpl
 from samplechain.drafters import DraftContext
-from samplechain_draft_model_base import ModelDrafter, logit_columns, noise_field, num_tokens_field, tokenizer_size
+from samplechain_draft_model_base import (
+    ModelDrafter,
+    logit_columns,
+    noise_field,
+    num_tokens_field,
+    p_min_field,
+    tokenizer_size,
+)
 
 __all__ = ["DraftModel", "DraftModelParams"]
 
@@ -47,6 +54,7 @@ class DraftModelParams:
     model: Any = attrs.field(default=None, validator=_model_ok)  # a path, or a model object from Python
     num_tokens: int = num_tokens_field()
     noise: str = noise_field()
+    p_min: float = p_min_field()
 
 
 _CLOSABLE: weakref.WeakSet[Any] = weakref.WeakSet()  # opened models with a close() (llama.cpp's), closed at exit
@@ -93,7 +101,7 @@ class DraftModel(ModelDrafter):
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any = None, **params: Any) -> DraftModel:
         """A drafter of a loaded model (and its tokenizer, to check that it is the generation's vocabulary);
-        `params`: num_tokens, noise."""
+        `params`: num_tokens, noise, p_min."""
         try:
             drafter = cls(DraftModelParams(model=model, **params))
         except (TypeError, ValueError) as exc:

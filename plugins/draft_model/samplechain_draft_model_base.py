@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 import torch
 
-from samplechain import in_range, max_positions, one_of
+from samplechain import finite, in_range, max_positions, one_of
 from samplechain.drafters import Draft, DraftContext, Drafter, Proposal
 from samplechain.tokens import left_pad
 
@@ -44,6 +44,7 @@ __all__ = [
     "logit_columns",
     "noise_field",
     "num_tokens_field",
+    "p_min_field",
     "swapped",
     "tokenizer_size",
 ]
@@ -59,6 +60,11 @@ def num_tokens_field(default: int = 5) -> Any:
 
 def noise_field() -> Any:
     return attrs.field(default="coupled", validator=one_of(*NOISES))
+
+
+def p_min_field() -> Any:
+    """A draft ends after a token the drafting chain gave less than this probability (0: never)."""
+    return attrs.field(default=0.0, validator=[finite, in_range(0.0, 1.0, hint="0 disables")])
 
 
 class ChainDraw:
@@ -97,9 +103,10 @@ class ChainDraw:
             store.restore(snapshot)
             self.history[row] = t.tolist()
 
-    def draw(self, rows: Sequence[int], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One drafted token for each of `rows` from their drafting logits (n, V): the tokens (n,) on the CPU and
-        the drafting chain's processed distribution (n, V) they were drawn from (None for noise = "greedy")."""
+    def draw(self, rows: Sequence[int], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """One drafted token for each of `rows` from their drafting logits (n, V): the tokens (n,) on the CPU, the
+        drafting chain's processed distribution (n, V) they were drawn from (None for noise = "greedy") and each
+        token's probability under it (n,) float32 on the CPU."""
         if 0 < self.columns != logits.shape[1]:  # a draft model padded to another width (its tokens are the same)
             logits = _fit(logits, self.columns)
         if self.vocab_limit is not None and self.vocab_limit < logits.shape[1]:
@@ -108,6 +115,7 @@ class ChainDraw:
         for i, row in enumerate(rows):
             groups.setdefault(self.key_of[row], []).append(i)
         tokens = torch.empty(len(rows), dtype=torch.int64)
+        chance = torch.empty(len(rows), dtype=torch.float32)
         probs = None if self.noise == "greedy" else torch.empty(logits.shape, dtype=torch.float32)
         for key, members in groups.items():
             chain, store = self.chains[key], self.stores[key]
@@ -124,11 +132,13 @@ class ChainDraw:
                 chain.accept(store, ids, chosen)
             index = torch.tensor(members, dtype=torch.int64)
             tokens[index] = chosen.cpu()
+            dist = torch.softmax(scores.float(), dim=-1)
+            chance[index] = dist.gather(1, chosen[:, None].to(dist.device))[:, 0].cpu()
             if probs is not None:
-                probs[index] = torch.softmax(scores.float(), dim=-1).cpu()
+                probs[index] = dist.cpu()
         for row, token in zip(rows, tokens.tolist()):
             self.history[row].append(token)
-        return tokens, probs
+        return tokens, probs, chance
 
     def _history(self, rows: Sequence[int], device: torch.device) -> torch.Tensor:
         """The rows' tokens so far, drafts included, left-padded with -1: (n, L). The chain takes each row's
@@ -302,8 +312,9 @@ class BatchCache:
 
 class ModelDrafter(Drafter):
     """A drafter that runs a causal LM of the generation's vocabulary and draws through the chain. Subclasses set
-    `name`, `Params` (with `num_tokens` and `noise`) and `drafting_model(context)` (the model, refusing what they
-    cannot run: one ConfigError), and may wrap the model's calls in `running()`."""
+    `name`, `Params` (with `num_tokens`, `noise` and, to end drafts at unsure tokens, `p_min`) and
+    `drafting_model(context)` (the model, refusing what they cannot run: one ConfigError), and may wrap the model's
+    calls in `running()`."""
 
     def __init__(self, params: Any = None) -> None:
         super().__init__(params)
@@ -351,13 +362,17 @@ class ModelDrafter(Drafter):
         self._draw.begin([rows[i] for i in live], [tokens[i] for i in live])
         drafted: list[list[int]] = [[] for _ in rows]
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
+        p_min = float(getattr(self.params, "p_min", 0.0))
         while live:
-            chosen, dist = self._draw.draw([rows[i] for i in live], torch.stack([logits[i] for i in live]))
+            chosen, dist, chance = self._draw.draw([rows[i] for i in live], torch.stack([logits[i] for i in live]))
+            unsure = set()  # rows whose token the drafting chain gave less than p_min: their draft ends with it
             for j, i in enumerate(live):
                 drafted[i].append(int(chosen[j]))
                 if dist is not None:
                     probs[i].append(dist[j])
-            live = [i for i in live if len(drafted[i]) < wants[i]]
+                if float(chance[j]) < p_min:
+                    unsure.add(i)
+            live = [i for i in live if len(drafted[i]) < wants[i] and i not in unsure]
             with self.running():
                 fed = self._feed([rows[i] for i in live], [drafted[i][-1] for i in live])
             for i, out in zip(live, fed):

@@ -28,7 +28,7 @@ import torch
 
 from samplechain import ConfigError, hookimpl
 from samplechain.drafters import DraftContext, Proposal
-from samplechain_draft_model_base import ModelDrafter, noise_field, num_tokens_field, swapped
+from samplechain_draft_model_base import ModelDrafter, noise_field, num_tokens_field, p_min_field, swapped
 
 __all__ = ["EarlyExit", "EarlyExitParams", "decoder_layers"]
 
@@ -50,6 +50,7 @@ class EarlyExitParams:
     layers: int | None = attrs.field(default=None, validator=_layers_ok)
     num_tokens: int = num_tokens_field()
     noise: str = noise_field()
+    p_min: float = p_min_field()
 
 
 def decoder_layers(model: Any) -> tuple[Any, str, torch.nn.ModuleList] | None:

@@ -504,11 +504,19 @@ def _assistant_model() -> Any:
     return None
 
 
+def _confidence_threshold(config: Any) -> float:
+    """transformers' assistant_confidence_threshold of a generation config (its default 0.4 where unset): the
+    assistant's draft ends after a token it gives less than that probability, as the model drafters' p_min."""
+    value = getattr(config, "assistant_confidence_threshold", None)
+    return 0.4 if value is None else float(value)
+
+
 def _draft_of(gc: Any, defaults: Mapping[str, Any]) -> Any:
     """The loop's draft= from transformers' assisted-generation settings, each with the drafter that keeps the
     chain's tokens: prompt_lookup_num_tokens (max_matching_ngram_size) -> prompt_lookup, assistant_model ->
-    draft_model, assistant_early_exit -> early_exit. A draft= given to as_custom_generate wins; beam search drafts
-    nothing, as in transformers; use_mtp (no such drafter) is refused."""
+    draft_model, assistant_early_exit -> early_exit (assistant_confidence_threshold -> p_min). A draft= given to
+    as_custom_generate wins; beam search drafts nothing, as in transformers; use_mtp (no such drafter) is
+    refused."""
     if getattr(gc, "use_mtp", False):
         raise ConfigError(
             "model.generate(custom_generate=as_custom_generate(...), use_mtp=True): samplechain has no "
@@ -520,9 +528,10 @@ def _draft_of(gc: Any, defaults: Mapping[str, Any]) -> Any:
     if "draft" in defaults or int(gc.num_beams or 1) > 1:
         return defaults.get("draft")
     if assistant is not None:
-        return {"use": "draft_model", "model": assistant}
+        config = getattr(assistant, "generation_config", None)  # transformers reads the assistant's own
+        return {"use": "draft_model", "model": assistant, "p_min": _confidence_threshold(config)}
     if early_exit is not None:
-        return {"use": "early_exit", "layers": int(early_exit)}
+        return {"use": "early_exit", "layers": int(early_exit), "p_min": _confidence_threshold(gc)}
     if n is not None:
         ngram = getattr(gc, "max_matching_ngram_size", None) or 2  # transformers' default
         return {"use": "prompt_lookup", "num_tokens": int(n), "max_ngram": int(ngram)}

@@ -128,6 +128,39 @@ def test_the_draft_is_the_chains_draw_and_its_probabilities_the_processed_distri
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("p_min", [0.05, 0.3, 0.7])
+def test_a_draft_ends_after_its_first_token_below_p_min(tiny, p_min):
+    """p_min (transformers' assistant_confidence_threshold, llama.cpp's --draft-p-min): every drafted token but the
+    last has at least p_min under the drafting chain; a draft shorter than asked ends with one below it."""
+    model, tok = tiny
+    ended = 0
+    for i, prompt in enumerate(PROMPTS):
+        context = context_for(model, tok, SAMPLING)
+        drafter = DraftModel.from_model(model, tok, num_tokens=8, p_min=p_min)
+        drafter.start(1, context)
+        draft = drafter.propose_rows([0], [torch.tensor(tok(prompt)["input_ids"])], [8])[0]
+        chances = draft.probs[torch.arange(len(draft.tokens)), draft.tokens].tolist()
+        assert all(c >= p_min for c in chances[:-1]), (i, chances)
+        if len(draft.tokens) < 8:
+            assert chances[-1] < p_min, (i, chances)
+            ended += 1
+    assert ended, "some draft ended early"
+
+
+def test_p_min_drafts_fewer_tokens_and_keeps_the_tokens(tiny):
+    model, tok = tiny
+    kwargs = {"chain": PLAIN, "seed": 3, "max_new_tokens": 40}
+    reference = run(model, tok, PROMPTS[:2], **kwargs)
+    counts = []
+    for p_min in (0.0, 0.5):
+        draft = {"use": "draft_model", "model": str(tiny_model_path()), "num_tokens": 6, "p_min": p_min}
+        out = run(model, tok, PROMPTS[:2], draft={**draft, "noise": "independent", "adaptive": False}, **kwargs)
+        assert out.sequences.tolist() == reference.sequences.tolist()
+        counts.append(int(out.drafted.sum()))
+    assert counts[1] < counts[0], counts
+
+
+@torch.no_grad()
 def test_greedy_noise_drafts_the_processed_argmax_without_probabilities(tiny):
     model, tok = tiny
     context = context_for(model, tok, SAMPLING, position=3)
@@ -321,6 +354,7 @@ def drafter(**params):
         ({"model": "/no/such/model"}, r"\.model = '/no/such/model': no such folder or file"),
         ({"model": str(tiny_model_path()), "num_tokens": 0}, r"\.num_tokens = 0: must be in \[1, inf\)"),
         ({"model": str(tiny_model_path()), "noise": "shared"}, r"\.noise = 'shared': must be one of 'coupled'"),
+        ({"model": str(tiny_model_path()), "p_min": 1.5}, r"\.p_min = 1\.5: must be in \[0, 1\] \(0 disables\)"),
     ],
 )
 def test_bad_parameters_name_the_culprit(params, message):

@@ -197,6 +197,16 @@ def test_coupled_noise_keeps_more_drafts_than_independent_noise(tiny):
     )
 
 
+def test_p_min_ends_drafts_at_unsure_tokens_and_keeps_the_tokens(tiny):
+    model, tok = tiny
+    kwargs = {"chain": PLAIN, "seed": 2, "max_new_tokens": 40, "ignore_eos": True}
+    draft = {"use": "early_exit", "layers": 3, "noise": "independent", "num_tokens": 6, "adaptive": False}
+    every = run(model, tok, PROMPTS[:2], draft=draft, **kwargs)
+    sure = run(model, tok, PROMPTS[:2], draft={**draft, "p_min": 0.5}, **kwargs)
+    assert sure.sequences.tolist() == every.sequences.tolist()
+    assert int(sure.drafted.sum()) < int(every.drafted.sum())
+
+
 def context_for(model, tok, chain=PLAIN):
     chain = Chain.load(chain)
     chain.prepare(tokenizer=tok, model_config=model.config)
@@ -261,6 +271,7 @@ def drafter(**params):
         ({"layers": 0}, r"\.layers = 0: must be in \[1, inf\)"),
         ({"layers": 2, "num_tokens": 0}, r"\.num_tokens = 0: must be in \[1, inf\)"),
         ({"layers": 2, "noise": "none"}, r"\.noise = 'none': must be one of 'coupled', 'independent', 'greedy'"),
+        ({"layers": 2, "p_min": -0.1}, r"\.p_min = -0\.1: must be in \[0, 1\] \(0 disables\)"),
     ],
 )
 def test_bad_parameters_name_the_culprit(params, message):
