@@ -1141,7 +1141,7 @@ def keeps_outputs_of_random_generations(model, tok, case: int, seed: int, drafts
 
 def every_drafter(model, case: int):
     """drafts(rng, reference, gen) for keeps_outputs_of_random_generations: each built-in drafter with random
-    settings, and a scripted one that knows the reference's tokens and gets 40% of its drafts wrong."""
+    settings (the model drafters' p_min among them), and a scripted one that knows the reference's tokens and gets 40% of its drafts wrong."""
 
     def drafts(rng, reference, gen):
         return [
@@ -1151,8 +1151,17 @@ def every_drafter(model, case: int):
                 "adaptive": rng.random() < 0.5,
                 "occurrence": OCCURRENCES[case % len(OCCURRENCES)],
             },
-            {"use": "draft_model", "model": str(tiny_model_path()), "num_tokens": rng.randint(1, 6)},
-            {"use": "early_exit", "layers": rng.randint(1, model.config.num_hidden_layers - 1)},
+            {
+                "use": "draft_model",
+                "model": str(tiny_model_path()),
+                "num_tokens": rng.randint(1, 6),
+                "p_min": rng.choice([0.0, 0.3]),
+            },
+            {
+                "use": "early_exit",
+                "layers": rng.randint(1, model.config.num_hidden_layers - 1),
+                "p_min": rng.choice([0.0, 0.3]),
+            },
             {"use": Scripted(reference_rows(reference, gen), model.config.vocab_size, seed=case, wrong_rate=0.4)},
         ]
 
