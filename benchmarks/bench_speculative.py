@@ -28,7 +28,8 @@ reason there, and the other rows go on.
    coupled noise, the `rejection` mode (independent noise) and `match` with independent noise.
 4. The model-running drafters at B = 1 and 8 (--batch), transformers engine, greedy and sampling: generate() with
    early_exit (on the generation's cache, and on a cache of its own as on a sliding-window model) and with
-   draft_model (the first N layers) against generate() without a drafter, interleaved.
+   draft_model (the first N layers) against generate() without a drafter, interleaved; --p-min adds both drafters
+   ending their drafts at each of those confidence thresholds.
 
 5. What drafting can give on the same texts (--sections 5, not run by default), per engine, task, B and setting:
    prompt lookup against a drafter that knows each row's text (from the run without a drafter) and proposes the
@@ -58,7 +59,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -553,8 +554,11 @@ def section1(
     return _against_none(table, engines, tasks, batches, plan, drafters, True, named=True)
 
 
-def section4(model: Any, tok: Any, tasks: list[str], batches: list[int], plan: Plan, layers: int) -> Table:
-    """The model-running drafters against no drafter on the transformers engine, B = 1 and 8."""
+def section4(
+    model: Any, tok: Any, tasks: list[str], batches: list[int], plan: Plan, layers: int, p_mins: Sequence[float] = ()
+) -> Table:
+    """The model-running drafters against no drafter on the transformers engine, B = 1 and 8; with `p_mins`, also
+    early_exit and draft_model ending their drafts at each of those confidence thresholds (`p_min`)."""
     table = Table(f"early_exit and draft_model ({layers} layers) against no drafter", S4_HEADER, [])
     from samplechain_early_exit import EarlyExit, EarlyExitParams
 
@@ -569,6 +573,9 @@ def section4(model: Any, tok: Any, tasks: list[str], batches: list[int], plan: P
         "early_exit, own cache": {"use": OwnCache(EarlyExitParams(layers=layers))},
         "draft_model": {"use": "draft_model", "model": _first_layers(model, layers)},
     }
+    for p in p_mins:
+        drafters[f"early_exit, p_min {p:g}"] = {"use": "early_exit", "layers": layers, "p_min": p}
+        drafters[f"draft_model, p_min {p:g}"] = {**drafters["draft_model"], "p_min": p}
     return _against_none(table, {"transformers": (model, tok)}, tasks, batches, plan, drafters, False)
 
 
@@ -786,6 +793,11 @@ def main(argv: list[str] | None = None) -> int:
         help="section 1: prompt lookup with each of these `occurrence`s side by side (comma-separated; default: the "
         "drafter's default alone)",
     )
+    ap.add_argument(
+        "--p-min",
+        default="",
+        help="section 4: also early_exit and draft_model with each of these p_min (comma-separated), side by side",
+    )
     ap.add_argument("--markdown", action="store_true", help="print markdown tables (default: JSON)")
     ap.add_argument("--json", default=None, help="also write the tables, the environment and the command here")
     args = ap.parse_args(argv)
@@ -821,7 +833,8 @@ def main(argv: list[str] | None = None) -> int:
         picked = {e: engines[e] for e in args.engines.split(",")}
         tables.append(section3(picked, _first_layers(hf, args.layers), tasks, plan, args.layers))
     if 4 in sections:
-        tables.append(section4(*engines["transformers"], tasks, batches, plan, args.layers))
+        p_mins = [float(p) for p in args.p_min.split(",") if p]
+        tables.append(section4(*engines["transformers"], tasks, batches, plan, args.layers, p_mins))
     if 5 in sections:
         picked = {e: engines[e] for e in args.engines.split(",")}
         tables.append(section5(picked, tasks, batches, plan))

@@ -68,3 +68,25 @@ def test_a_warning_is_listed_once_under_the_table_and_marked_in_its_rows(bench):
     assert [r[1] for r in table.rows] == ["yes [1]", "yes", "yes [1]"]
     assert table.markdown().endswith("\n\n[1] warning: " + warned.note)
     assert table.records()["warnings"] == [warned.note]
+
+
+def test_section_four_runs_the_model_drafters_with_each_p_min_side_by_side(bench, tiny_lm):
+    import copy
+
+    from samplechain.tools.tiny_models import tiny_llama
+
+    _, tok = tiny_lm
+    tok = copy.deepcopy(tok)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    tok.pad_token_id = 0
+    plan = bench.Plan(max_new_tokens=6, reps=1, prompts=1)
+    table = bench.section4(tiny_llama(), tok, ["list"], [1], plan, 1, [0.5])
+    drafters = [r[4] for r in table.rows if r[3] == "greedy"]
+    assert drafters == [
+        "early_exit",
+        "early_exit, own cache",
+        "draft_model",
+        "early_exit, p_min 0.5",
+        "draft_model, p_min 0.5",
+    ]
+    assert all(r[-1].startswith("yes") for r in table.rows)  # mode `match`: the tokens of the run without a drafter
