@@ -38,13 +38,19 @@ def test_always_right_proposes_the_text_and_every_draft_is_kept(bench, tiny_lm):
             assert int(out.drafted[0]) > 0
 
 
-def test_section_one_runs_prompt_lookup_with_each_occurrence_side_by_side(bench, tiny_lm):
+@pytest.fixture
+def chat_tok(tiny_lm):
+    """The tiny model's tokenizer with a chat template that joins the messages' texts, and a pad id."""
     import copy
 
-    model, tok = tiny_lm
-    tok = copy.deepcopy(tok)
+    tok = copy.deepcopy(tiny_lm[1])
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     tok.pad_token_id = 0
+    return tok
+
+
+def test_section_one_runs_prompt_lookup_with_each_occurrence_side_by_side(bench, tiny_lm, chat_tok):
+    model, tok = tiny_lm[0], chat_tok
     plan = bench.Plan(max_new_tokens=6, reps=1, prompts=1)
     table = bench.section1({"transformers": (model, tok)}, ["list"], [1], plan, ["switch", "follow"])
     assert table.header[4] == "occurrence"
@@ -70,17 +76,11 @@ def test_a_warning_is_listed_once_under_the_table_and_marked_in_its_rows(bench):
     assert table.records()["warnings"] == [warned.note]
 
 
-def test_section_four_runs_the_model_drafters_with_each_p_min_side_by_side(bench, tiny_lm):
-    import copy
-
+def test_section_four_runs_the_model_drafters_with_each_p_min_side_by_side(bench, chat_tok):
     from samplechain.tools.tiny_models import tiny_llama
 
-    _, tok = tiny_lm
-    tok = copy.deepcopy(tok)
-    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    tok.pad_token_id = 0
     plan = bench.Plan(max_new_tokens=6, reps=1, prompts=1)
-    table = bench.section4(tiny_llama(), tok, ["list"], [1], plan, 1, [0.5])
+    table = bench.section4(tiny_llama(), chat_tok, ["list"], [1], plan, 1, [0.5])
     drafters = [r[4] for r in table.rows if r[3] == "greedy"]
     assert drafters == [
         "early_exit",
