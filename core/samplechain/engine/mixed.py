@@ -77,6 +77,13 @@ class MixedStore:
     def load_row(self, request_id: str, saved: Any) -> None:
         self.stores[self.chain_of(request_id)].load_row(request_id, saved)
 
+    def groups(self, request_ids: Sequence[str]) -> dict[str, list[int]]:
+        """The rows of `request_ids` by chain: chain key -> the row indices of its requests, in row order."""
+        out: dict[str, list[int]] = {}
+        for row, rid in enumerate(request_ids):
+            out.setdefault(self.chain_of(rid), []).append(row)
+        return out
+
     def seeded(self, chain: str) -> bool:
         return "seed" in self.stores[chain].layout.aliases
 
@@ -178,9 +185,7 @@ class MixedChains:
         accept=token_ids: teacher forcing, each group's rows given their tokens)."""
         _check_batch(logits, request_ids, logprobs_at)
         given = check_given_tokens(accept, logits) if isinstance(accept, torch.Tensor) else None
-        groups: dict[str, list[int]] = {}
-        for row, rid in enumerate(request_ids):
-            groups.setdefault(store.chain_of(rid), []).append(row)
+        groups = store.groups(request_ids)
         batch, vocab = logits.shape
         device = logits.device
         token_ids = torch.empty(batch, dtype=torch.int64, device=device)
@@ -238,10 +243,7 @@ class MixedChains:
 
     def accept(self, store: MixedStore, request_ids: Sequence[str], token_ids: torch.Tensor) -> None:
         """Record chosen tokens after a sample(accept=False), group by group."""
-        groups: dict[str, list[int]] = {}
-        for row, rid in enumerate(request_ids):
-            groups.setdefault(store.chain_of(rid), []).append(row)
-        for key, rows in groups.items():
+        for key, rows in store.groups(request_ids).items():
             self.chains[key].accept(store.stores[key], [request_ids[r] for r in rows], token_ids[rows])
 
     def __repr__(self) -> str:

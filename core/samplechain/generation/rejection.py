@@ -42,12 +42,9 @@ def noise_of(store: Any, request_ids: list[str]) -> tuple[torch.Tensor, torch.Te
     """The requests' seeds (their chain's `seed`; a fresh one per call where it has none) and RNG positions; in a
     mixed batch (a MixedStore) each request's from its own chain's store."""
     if isinstance(store, MixedStore):
-        groups: dict[str, list[int]] = {}
-        for i, rid in enumerate(request_ids):
-            groups.setdefault(store.chain_of(rid), []).append(i)
         seed = torch.empty(len(request_ids), dtype=torch.int64)
         position = torch.empty(len(request_ids), dtype=torch.int64)
-        for key, rows in groups.items():
+        for key, rows in store.groups(request_ids).items():
             index = torch.tensor(rows, dtype=torch.int64)
             part = noise_of(store.stores[key], [request_ids[i] for i in rows])
             seed.index_copy_(0, index, part[0])
