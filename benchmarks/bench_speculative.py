@@ -37,6 +37,9 @@ reason there, and the other rows go on.
    drafter that copies from them keeps more, whichever earlier occurrence it picks) and one that proposes the text
    itself (every draft kept: no drafter keeps more), each against generate() without a drafter, interleaved.
 
+--guidance SCALE runs sections 1, 4 and 5 under classifier-free guidance: cfg at that scale first in every chain and
+a negative prompt for every row (NEGATIVE_PROMPT), with and without the drafters alike.
+
 "same tokens": every run of a configuration whose mode promises the tokens of the run without a drafter (`match`,
 greedy or seeded) is compared with that run; "NO" (also on stderr) says how many runs differed and where. Rows
 where nothing is promised (rejection; transformers' sampling) say what they got in brackets.
@@ -74,6 +77,8 @@ from samplechain.tools.bench import write_json
 
 SEED = 1234
 VALUES = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8}
+# --guidance: classifier-free guidance (cfg first in every chain of sections 1, 4 and 5) against this negative prompt
+NEGATIVE_PROMPT = "Answer in your own words."
 EDIT_TASKS = ("code", "list", "quote")
 TASKS = (*EDIT_TASKS, "chat")
 
@@ -214,6 +219,7 @@ class Plan:
     max_new_tokens: int
     reps: int
     prompts: int  # B = 1 runs this many prompts of a task, one after another
+    guidance: float | None = None  # sections 1, 4 and 5: classifier-free guidance at this scale (_settings)
 
 
 @dataclass
@@ -284,9 +290,21 @@ def _chain(setting: str) -> dict[str, Any]:
     }
 
 
-def _ours(model: Any, tok: Any, batches: list[Batch], setting: str, n: int, draft: Any = None) -> Callable[[], Sample]:
-    """A run of samplechain's generate() over `batches`, one after another, seeded; with `draft` only where given."""
+def _settings(setting: str, n: int, guidance: float | None) -> dict[str, Any]:
+    """generate()'s chain, seed and length for `setting`; with `guidance`, cfg at that scale first in the chain and
+    NEGATIVE_PROMPT for every row."""
     kw: dict[str, Any] = {"max_new_tokens": n, "chain": _chain(setting), "seed": SEED}
+    if guidance is not None:
+        kw["chain"]["samplers"].insert(0, {"use": "cfg", "scale": guidance})
+        kw["negative_prompt"] = NEGATIVE_PROMPT
+    return kw
+
+
+def _ours(
+    model: Any, tok: Any, batches: list[Batch], setting: str, n: int, draft: Any = None, guidance: float | None = None
+) -> Callable[[], Sample]:
+    """A run of samplechain's generate() over `batches`, one after another, seeded; with `draft` only where given."""
+    kw = _settings(setting, n, guidance)
     if draft is not None:
         kw["draft"] = draft
 
@@ -521,8 +539,9 @@ def _against_none(
                 runs, n = _runs(tok, task, b, plan.prompts), plan.max_new_tokens
                 for setting in ("greedy", "sampling"):
                     cell = drafters(model, tok, runs, setting, n) if callable(drafters) else drafters
-                    configs = {"none": _ours(model, tok, runs, setting, n)}
-                    configs |= {name: _ours(model, tok, runs, setting, n, draft=d) for name, d in cell.items()}
+                    g = plan.guidance
+                    configs = {"none": _ours(model, tok, runs, setting, n, guidance=g)}
+                    configs |= {name: _ours(model, tok, runs, setting, n, d, g) for name, d in cell.items()}
                     m = _interleave(configs, plan.reps)
                     base = m["none"]
                     for name in cell:
@@ -619,12 +638,12 @@ class Knows(Drafter):
         return ahead[:k]
 
 
-def _texts(model: Any, tok: Any, runs: list[Batch], setting: str, n: int) -> list[torch.Tensor]:
+def _texts(model: Any, tok: Any, runs: list[Batch], setting: str, n: int, guidance: float | None) -> list[torch.Tensor]:
     """Each row's prompt (without padding) and generated tokens, in the run without a drafter."""
     texts = []
     for batch in runs:
-        out = generate(model, tok, input_ids=batch.ids, attention_mask=batch.mask, max_new_tokens=n,
-                       chain=_chain(setting), seed=SEED)  # fmt: skip
+        kw = _settings(setting, n, guidance)
+        out = generate(model, tok, input_ids=batch.ids, attention_mask=batch.mask, **kw)
         assert out.sequences is not None and out.num_generated is not None
         width = batch.ids.shape[1]
         for j in range(batch.ids.shape[0]):
@@ -639,7 +658,7 @@ def section5(engines: dict[str, tuple[Any, Any]], tasks: list[str], batches: lis
     table = Table("Prompt lookup against the copying bound and a drafter always right", S4_HEADER, [])
 
     def drafters(model: Any, tok: Any, runs: list[Batch], setting: str, n: int) -> dict[str, Any]:
-        texts = _texts(model, tok, runs, setting, n)
+        texts = _texts(model, tok, runs, setting, n, plan.guidance)
         return {
             "prompt_lookup": "prompt_lookup",
             "copying bound": {"use": Knows(texts, copying=True)},
@@ -798,6 +817,13 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="section 4: also early_exit and draft_model with each of these p_min (comma-separated), side by side",
     )
+    ap.add_argument(
+        "--guidance",
+        type=float,
+        default=None,
+        help="sections 1, 4 and 5: classifier-free guidance at this scale (cfg first in the chain, a negative prompt "
+        "for every row) with and without the drafters",
+    )
     ap.add_argument("--markdown", action="store_true", help="print markdown tables (default: JSON)")
     ap.add_argument("--json", default=None, help="also write the tables, the environment and the command here")
     args = ap.parse_args(argv)
@@ -820,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
     if sections & {2, 4} and "transformers" not in names:
         names.append("transformers")
     engines = {name: _load(name, args.threads, args.gguf, args.kv_cache) for name in names}
-    plan = Plan(args.max_new_tokens, args.reps, args.prompts)
+    plan = Plan(args.max_new_tokens, args.reps, args.prompts, args.guidance)
     batches = [int(b) for b in args.batch.split(",")]
     tables: list[Table] = []
     if 1 in sections:

@@ -60,6 +60,16 @@ def test_section_one_runs_prompt_lookup_with_each_occurrence_side_by_side(bench,
     assert all(r[-1].startswith("yes") for r in table.rows)  # mode `match`: the tokens of the run without a drafter
 
 
+def test_section_one_under_guidance_runs_cfg_with_and_without_the_drafter(bench, tiny_lm, chat_tok):
+    model, tok = tiny_lm[0], chat_tok
+    plan = bench.Plan(max_new_tokens=6, reps=1, prompts=1, guidance=2.0)
+    kw = bench._settings("greedy", 6, plan.guidance)
+    assert kw["chain"]["samplers"][0] == {"use": "cfg", "scale": 2.0} and kw["negative_prompt"]
+    table = bench.section1({"transformers": (model, tok)}, ["list"], [1], plan, [])
+    assert [r[3] for r in table.rows] == ["greedy", "sampling"]
+    assert all(r[-1].startswith("yes") for r in table.rows)  # mode `match`: the tokens of the run without a drafter
+
+
 def test_an_unknown_occurrence_is_refused_before_any_model_loads(bench, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--sections", "1", "--occurrence", "switch,latest"])

@@ -155,14 +155,16 @@ def test_a_bad_draft_list_names_the_prompt(tiny):
         Generation(model, tok, [QUOTING, CODE], draft=[None, "prompt_lookpu"], pad_token_id=0)
 
 
-def test_the_chain_table_is_left_unused_by_beam_search_and_guidance(tiny):
+def test_the_chain_table_is_left_unused_by_beam_search_and_drafts_under_guidance(tiny):
     model, tok = tiny
     greedy = Chain.load({"samplers": [{"use": "greedy"}], "draft": "prompt_lookup"})
     beams = generate(model, tok, QUOTING, chain=greedy, num_beams=2, max_new_tokens=6, pad_token_id=0)
     assert beams.drafted is None
-    guided = {"samplers": [{"use": "cfg", "scale": 1.5}, {"use": "greedy"}], "draft": "prompt_lookup"}
-    gen = Generation(model, tok, QUOTING, chain=guided, negative_prompt="Bye", pad_token_id=0)
-    assert gen.speculation is None
+    guided = {"samplers": [{"use": "cfg", "scale": 1.5}, {"use": "greedy"}]}
+    kwargs = {"negative_prompt": "Bye", "max_new_tokens": 16, "pad_token_id": 0}
+    plain = generate(model, tok, QUOTING, chain=guided, **kwargs)
+    table = generate(model, tok, QUOTING, chain=guided | {"draft": "prompt_lookup"}, **kwargs)
+    assert table.drafted is not None and table.sequences.tolist() == plain.sequences.tolist()
 
 
 def test_the_chain_table_and_draft_lists_keep_the_tokens(tiny):

@@ -114,6 +114,61 @@ def test_a_row_gives_the_same_text_alone_in_a_batch_and_with_a_drafter(tiny):
         )
 
 
+def test_bans_hold_under_classifier_free_guidance(tiny):
+    """A negative prompt per row: a row drawn again after a rewind is drawn with its unconditional context cut back
+    with the model's, so it gives the text it gives alone, with or without a drafter."""
+    model, tok = tiny
+    chain = {"samplers": [{"use": "cfg", "scale": 2.0}, {"use": "top_k", "k": 40}, {"use": "dist"}]}
+    negative = ["Bye.", "A list of fruit", "x = 1"]
+    kwargs = {"chain": chain, "max_new_tokens": 32}
+    params = [{"seed": 5}, {"seed": 6}, {"seed": 7}]
+    plain = run(model, tok, PROMPTS[:3], params=params, negative_prompt=negative, **kwargs)
+    phrases = ban_list(random.Random(4), plain.texts)
+    guards = [{"use": "banned_strings", "phrases": phrases}]
+    batch = run(model, tok, PROMPTS[:3], params=params, negative_prompt=negative, guards=guards, **kwargs)
+    drafted = run(
+        model, tok, PROMPTS[:3], params=params, negative_prompt=negative, guards=guards, draft="prompt_lookup", **kwargs
+    )
+    assert int(batch.rewinds.sum()) > 0
+    assert drafted.texts == batch.texts
+    for text in batch.texts:
+        assert not any(occurs(p, text, False, False) for p in phrases), text
+    for i in range(3):
+        alone = run(
+            model, tok, PROMPTS[i], params=params[i : i + 1], negative_prompt=negative[i], guards=guards, **kwargs
+        )
+        assert alone.texts[0] == batch.texts[i]
+    unguided = run(model, tok, PROMPTS[:3], params=params, guards=guards, **kwargs)
+    assert unguided.texts != batch.texts, "the negative prompts change the text"
+
+
+def test_a_rewind_to_the_first_token_under_guidance_draws_it_as_a_bias_would(tiny):
+    """A ban on each row's first word (greedy, a negative prompt per row): the row's first token is taken back and
+    drawn again from the prompt's position, where the unconditional context must be fed its own prompt's last token;
+    it is the token the same guided step gives with the banned token biased away."""
+    model, tok = tiny
+    guided = {"use": "cfg", "scale": 3.0}
+    negative = ["x = 1", "A list of fruit"]
+    prompts = PROMPTS[:2]
+    plain = run(model, tok, prompts, chain={"samplers": [guided, {"use": "greedy"}]}, negative_prompt=negative)
+    firsts = [int(plain.sequences[b, plain.prompt_length]) for b in range(2)]
+    for b, first in enumerate(firsts):
+        phrase = tok.decode([first]).strip()
+        out = run(
+            model,
+            tok,
+            prompts[b],
+            chain={"samplers": [guided, {"use": "greedy"}]},
+            negative_prompt=negative[b],
+            guards=[{"use": "banned_strings", "phrases": [phrase], "whole_words": True}],
+            max_new_tokens=1,
+        )
+        biased = {"samplers": [guided, {"use": "logit_bias", "bias": {str(first): -1000.0}}, {"use": "greedy"}]}
+        expected = run(model, tok, prompts[b], chain=biased, negative_prompt=negative[b], max_new_tokens=1)
+        assert int(out.rewinds[0]) == 1, phrase
+        assert out.sequences[0, -1].item() == expected.sequences[0, -1].item() != first
+
+
 def test_a_stream_shows_the_final_text_and_nothing_taken_back(tiny):
     model, tok = tiny
     plain = run(model, tok, PROMPTS[2:3], chain="preset:greedy", max_new_tokens=40)

@@ -427,13 +427,10 @@ def test_a_drafter_that_writes_into_its_tokens_leaves_the_generation_s_tokens_al
     assert int(ours.kept.sum()) > 0
 
 
-def test_draft_with_beam_search_or_guidance_is_refused(tiny):
+def test_draft_with_beam_search_is_refused(tiny):
     model, tok = tiny
     with pytest.raises(ConfigError, match=r"beam search .* does not draft"):
         generate(model, tok, "Hi", num_beams=2, draft="prompt_lookup", pad_token_id=0)
-    with pytest.raises(ConfigError, match=r"draft= with negative_prompt"):
-        guided = {"samplers": [{"use": "cfg", "scale": 1.5}, {"use": "greedy"}]}
-        Generation(model, tok, "Hi", chain=guided, draft="prompt_lookup", negative_prompt="Bye", pad_token_id=0)
 
 
 class Failing(Scripted):
@@ -883,7 +880,7 @@ def resumed(model, tok, prompts, stop_after, **kwargs):
         if i == stop_after:
             break
     saved = json.loads(json.dumps(gen.checkpoint()))
-    for key in ("prompts", "seed", "params"):
+    for key in ("prompts", "seed", "params", "negative_prompt"):
         kwargs.pop(key, None)
     again = Generation(model, tok, resume=saved, pad_token_id=0, **kwargs)
     for _ in again.steps():
@@ -1039,6 +1036,50 @@ def test_drafts_never_change_the_tokens_under_a_grammar_or_a_thinking_budget(tin
     assert int(ours.kept.sum()) > 0
 
 
+# ----------------------------------------------------------------- classifier-free guidance
+GUIDED = [
+    {"samplers": [{"use": "cfg", "scale": 1.5}, {"use": "greedy"}]},
+    {"samplers": [{"use": "cfg"}, {"use": "penalties", "repeat": 1.2}, {"use": "top_k", "k": 40}, {"use": "dist"}]},
+    {"samplers": [{"use": "cfg", "scale": 0.5}, {"use": "temperature", "t": 0.9}, {"use": "mirostat", "tau": 5.0}]},
+]
+NEGATIVE = ["Bye.", "A list of fruit", "x = 1"]
+
+
+@pytest.mark.parametrize("which", range(len(GUIDED)))
+@pytest.mark.parametrize("window", [False, True], ids=["rows", "together"])
+def test_drafts_keep_the_outputs_under_classifier_free_guidance(tiny, windowed, which, window):
+    """A negative prompt per row, whose unconditional context is fed and cut with the model's own (rows cut on
+    their own, and together on a sliding-window model), B = 3 with a guidance scale per row: a drafter that knows the
+    reference's tokens (40% of its drafts wrong) and each built-in drafter give the tokens, logprobs, top logprobs
+    and scores of generation without a drafter, and a checkpoint resumes to them."""
+    model = windowed if window else tiny[0]
+    tok = tiny[1]
+    chain = GUIDED[which]
+    scales = [{"guidance_scale": s} for s in (1.5, 3.0, 1.0)] if which == 1 else None
+    kwargs = {"chain": chain, "max_new_tokens": 24, "seed": 7 + which, "negative_prompt": NEGATIVE, "params": scales}
+    kwargs |= {"output_scores": True, "top_logprobs": 2}
+    prompts = PROMPTS[:3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # chain pitfalls (cfg before mirostat)
+        reference, gen = run(model, tok, prompts, **kwargs)
+        drafter = Scripted(reference_rows(reference, gen), model.config.vocab_size, seed=which, wrong_rate=0.4)
+        drafts = [
+            {"use": drafter, "adaptive": False},
+            {"use": "prompt_lookup", "num_tokens": 4, "adaptive": False},
+            {"use": "early_exit", "layers": 1, "num_tokens": 3, "adaptive": False},
+        ]
+        if not window:
+            drafts.append({"use": "draft_model", "model": str(tiny_model_path()), "num_tokens": 4})
+        outputs = [run(model, tok, prompts, draft=draft, **kwargs)[0] for draft in drafts]
+        again, _ = resumed(model, tok, prompts, 5, draft={"use": "prompt_lookup", "num_tokens": 4}, **kwargs)
+        unguided, _ = run(model, tok, prompts, **(kwargs | {"negative_prompt": None, "params": None}))
+    for ours in outputs:
+        assert_same_outputs(ours, reference)
+    assert_same_outputs(again, reference, 5)
+    assert int(outputs[0].kept.sum()) > 0 and bool((outputs[0].model_calls < reference.num_generated).any())
+    assert unguided.sequences.tolist() != reference.sequences.tolist(), "the negative prompts change the text"
+
+
 def random_chains(rng: random.Random, tok, batch: int, constrained: float) -> tuple[Any, list[dict]]:
     """A random chain (a grammar or a thinking budget with chance `constrained`) for `batch` prompts, or, a quarter
     of the time where there are several, one per prompt (a mixed batch) -> (generate()'s chain=, each prompt's)."""
@@ -1066,7 +1107,8 @@ def random_row_params(rng: random.Random, chain: dict, temperatures: bool) -> di
 def random_generation(rng: random.Random, tok, batch: int) -> dict:
     """generate()'s settings drawn at random around a random chain, or one per prompt: per-row seeds (and
     temperatures where the chain has a temperature stage), stop strings and a stop pattern, ignore_eos, several
-    return sequences, top logprobs (half the time) and scores, another logprobs stage, a phrase ban."""
+    return sequences, top logprobs (half the time) and scores, another logprobs stage, a phrase ban, and a fifth of the
+    time classifier-free guidance with a negative prompt per prompt."""
     chain, per_prompt = random_chains(rng, tok, batch, constrained=0.3)
     sampling = any(c["samplers"][-1]["use"] == "dist" for c in per_prompt)
     kwargs = {"chain": chain, "max_new_tokens": rng.randint(4, 32)}
@@ -1089,7 +1131,22 @@ def random_generation(rng: random.Random, tok, batch: int) -> dict:
     }
     if rng.random() < 0.5:
         kwargs["top_logprobs"] = rng.randint(1, 3)
-    return kwargs | {key: value for key, value in options.items() if rng.random() < 0.25}
+    kwargs |= {key: value for key, value in options.items() if rng.random() < 0.25}
+    if rng.random() < 0.2:
+        kwargs |= guided(rng, kwargs["chain"], batch)
+    return kwargs
+
+
+def guided(rng: random.Random, chain: Any, batch: int) -> dict:
+    """Classifier-free guidance for random_generation's chain (each chain of a mixed batch): cfg first with a random
+    scale, and a negative prompt per prompt."""
+    scale = rng.choice([0.5, 1.5, 3.0])
+
+    def with_cfg(c: dict) -> dict:
+        return c | {"samplers": [{"use": "cfg", "scale": scale}, *c["samplers"]]}
+
+    chain = [with_cfg(c) for c in chain] if isinstance(chain, list) else with_cfg(chain)
+    return {"chain": chain, "negative_prompt": rng.choices(NEGATIVE, k=batch)}
 
 
 def assert_same_outputs(ours, reference, resumed_at: int = 0):

@@ -93,17 +93,21 @@ def first_two(out) -> list[tuple[int, int]]:
     return [tuple(r) for r in new[:, :2].tolist()]
 
 
-@pytest.mark.parametrize("extra", [0, 64])
-def test_rejection_mode_samples_the_chain_through_generate(tiny, extra):
+@pytest.mark.parametrize(("extra", "guided"), [(0, False), (64, False), (0, True)], ids=["plain", "padded", "cfg"])
+def test_rejection_mode_samples_the_chain_through_generate(tiny, extra, guided):
     """The second token (the first drafted position) of 3000 seeded rows: the joint distribution of the first two
     tokens equals generation without a drafter's (a two-sample chi-square), also where the drafter's
-    probabilities have more columns than the model's logits (a padded vocabulary)."""
+    probabilities have more columns than the model's logits (a padded vocabulary), and under classifier-free
+    guidance (p: the guided distribution)."""
     from samplechain.generation import Generation
     from samplechain.generation.speculative import Speculation
 
     model, tok = tiny
     chain = {"samplers": [{"use": "top_k", "k": 3}, {"use": "dist"}]}
     kwargs = {"chain": chain, "max_new_tokens": 3, "num_return_sequences": 3000, "pad_token_id": 0}
+    if guided:
+        chain["samplers"].insert(0, {"use": "cfg", "scale": 3.0})
+        kwargs["negative_prompt"] = "A list"
     reference = generate(model, tok, ["The"], seed=1, **kwargs)
     gen = Generation(model, tok, ["The"], seed=100_000, **kwargs)
     seconds = torch.tensor([b for _, b in first_two(reference)])

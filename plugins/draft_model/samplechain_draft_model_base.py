@@ -123,7 +123,12 @@ class ChainDraw:
             part = logits[members].to(store.device)
             history = self._history([rows[i] for i in members], store.device) if chain.needs_history else None
             greedy = self.noise == "greedy"
-            out = chain.sample(part, store, ids, accept=not greedy, return_scores=True, history=history).check()
+            # under classifier-free guidance the draft runs without a negative prompt: its own logits as the
+            # unconditional ones leave them as they are (the guided draws of the model decide what is kept)
+            uncond = part if chain.needs_unconditional_logits else None
+            out = chain.sample(
+                part, store, ids, accept=not greedy, return_scores=True, history=history, unconditional_logits=uncond
+            ).check()
             scores = out.scores
             assert scores is not None  # asked for with return_scores
             chosen = out.token_ids

@@ -81,18 +81,20 @@ class Drawing:
         logits: dict[int, torch.Tensor],
         together: bool,
         timing: tuple[int, float],
+        uncond: Mapping[int, torch.Tensor] | None = None,
     ) -> dict[int, int]:
-        """Draw position j = 0, 1, ... of the rows still going (row b's logits[b][j]); a row goes on to j + 1 while
-        its draw equals its draft's token j (together: while every row's does). -> tokens drawn per row. `timing`:
-        the tokens the model call ran and when it started; the call's time is taken once its first position is
-        drawn (on an accelerator, when its logits have arrived)."""
+        """Draw position j = 0, 1, ... of the rows still going (row b's logits[b][j]; with classifier-free
+        guidance, its unconditional logits uncond[b][j]); a row goes on to j + 1 while its draw equals its draft's
+        token j (together: while every row's does). -> tokens drawn per row. `timing`: the tokens the model call ran
+        and when it started; the call's time is taken once its first position is drawn (on an accelerator, when its
+        logits have arrived)."""
         going, drawn = list(rows), dict.fromkeys(rows, 0)
         for b in rows:
             self.drafted[b] += len(drafts[b])
         eos = self.stop_ids if not together else set()
         j = 0
         while going:
-            going, tokens = self._draw_or_wait(gen, going, drafts, logits, j)
+            going, tokens = self._draw_or_wait(gen, going, drafts, logits, j, uncond)
             if not going:
                 break
             if j == 0:
@@ -119,7 +121,13 @@ class Drawing:
         return drawn
 
     def _draw_or_wait(
-        self, gen: Generation, rows: list[int], drafts: dict[int, torch.Tensor], logits: dict[int, torch.Tensor], j: int
+        self,
+        gen: Generation,
+        rows: list[int],
+        drafts: dict[int, torch.Tensor],
+        logits: dict[int, torch.Tensor],
+        j: int,
+        uncond: Mapping[int, torch.Tensor] | None,
     ) -> tuple[list[int], list[int]]:
         """The draws of `rows` at position j -> (the rows drawn, their tokens). A row whose position lies past tokens
         it drew before (waiting in `pending`) may lie past a stop its commit will find (a stop string), where the
@@ -128,7 +136,7 @@ class Drawing:
         is raised where it cannot come from such a row."""
         before = [len(self.pending[b]) for b in rows]
         try:
-            return rows, self._draw_position(gen, rows, drafts, logits, j)
+            return rows, self._draw_position(gen, rows, drafts, logits, j, uncond)
         except Exception:
             # rows drawn before the failure (mode rejection tests its rows first) keep their draws
             done = {b: self.pending[b][-1].token for b, n in zip(rows, before) if len(self.pending[b]) > n}
@@ -137,35 +145,54 @@ class Drawing:
             if not ahead:
                 raise
         if now:
-            done.update(zip(now, self._draw_position(gen, now, drafts, logits, j)))
+            done.update(zip(now, self._draw_position(gen, now, drafts, logits, j, uncond)))
         for b in ahead:
             self.waiting[b] = True
         drawn = [b for b in rows if b in done]
         return drawn, [done[b] for b in drawn]
 
     def _draw_position(
-        self, gen: Generation, rows: list[int], drafts: dict[int, torch.Tensor], logits: dict[int, torch.Tensor], j: int
+        self,
+        gen: Generation,
+        rows: list[int],
+        drafts: dict[int, torch.Tensor],
+        logits: dict[int, torch.Tensor],
+        j: int,
+        uncond: Mapping[int, torch.Tensor] | None,
     ) -> list[int]:
         """The draws of `rows` at position j of their drafts: the chain's own (mode match, and after a whole draft),
         or the rejection test of the drafted token (mode rejection)."""
+
+        def at(these: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return torch.stack([logits[b][j] for b in these]), (
+                None if uncond is None else torch.stack([uncond[b][j] for b in these])
+            )
+
         tested = [b for b in rows if j < len(drafts[b]) and self.rejection[b]]
         if not tested:
-            return self._draw(gen, rows, torch.stack([logits[b][j] for b in rows]))
+            return self._draw(gen, rows, *at(rows))
         plain = [b for b in rows if b not in tested]  # past their drafts, or in mode match
-        drawn = dict(zip(tested, self._test(gen, tested, torch.stack([logits[b][j] for b in tested]), drafts, j)))
+        drawn = dict(zip(tested, self._test(gen, tested, *at(tested), drafts, j)))
         if plain:
-            drawn.update(zip(plain, self._draw(gen, plain, torch.stack([logits[b][j] for b in plain]))))
+            drawn.update(zip(plain, self._draw(gen, plain, *at(plain))))
         return [drawn[b] for b in rows]
 
     def _test(
-        self, gen: Generation, rows: list[int], logits: torch.Tensor, drafts: dict[int, torch.Tensor], j: int
+        self,
+        gen: Generation,
+        rows: list[int],
+        logits: torch.Tensor,
+        uncond: torch.Tensor | None,
+        drafts: dict[int, torch.Tensor],
+        j: int,
     ) -> list[int]:
         """Mode rejection at position j: the chain's processed distribution p, the drafted token kept with
         probability min(1, p / q), else a draw from the residual max(p - q, 0); the store accepts the result."""
         logits, raw, history = self._inputs(gen, rows, logits)
+        uncond = _limited(gen, uncond)
         rids = [gen.request_ids[b] for b in rows]
         at = _stages(gen, rows)
-        out = gen.sample_rows(logits, rids, history, at, accept=False, scores=True)
+        out = gen.sample_rows(logits, rids, history, at, uncond, accept=False, scores=True)
         logp = torch.log_softmax(out.scores.to("cpu", torch.float64), dim=-1)
         draft = torch.tensor([int(drafts[b][j]) for b in rows])
         q = torch.zeros_like(logp).scatter_(1, draft[:, None], 1.0)
@@ -182,16 +209,18 @@ class Drawing:
             gen.chain.accept(gen.store, rids, given)
             logprobs = logp.gather(1, tokens[:, None])[:, 0].to(out.logprobs.dtype).to(out.logprobs.device)
         else:  # the tokens' logprobs at the stages asked for: a teacher-forced step, which accepts them
-            logprobs = gen.sample_rows(logits, rids, history, at, accept=given).logprobs
+            logprobs = gen.sample_rows(logits, rids, history, at, uncond, accept=given).logprobs
         self._queue(rows, tokens.tolist(), logprobs, out, raw, gen.output_scores)
         return tokens.tolist()
 
-    def _draw(self, gen: Generation, rows: list[int], logits: torch.Tensor) -> list[int]:
-        """The chain's draw for `rows` at their next position (logits (len(rows), V)), queued as pending tokens;
-        the store advances for these rows only."""
+    def _draw(
+        self, gen: Generation, rows: list[int], logits: torch.Tensor, uncond: torch.Tensor | None = None
+    ) -> list[int]:
+        """The chain's draw for `rows` at their next position (logits (len(rows), V); `uncond`: their unconditional
+        logits under classifier-free guidance), queued as pending tokens; the store advances for these rows only."""
         logits, raw, history = self._inputs(gen, rows, logits)
         at = _stages(gen, rows)
-        out = gen.sample_rows(logits, [gen.request_ids[b] for b in rows], history, at)
+        out = gen.sample_rows(logits, [gen.request_ids[b] for b in rows], history, at, _limited(gen, uncond))
         tokens = out.token_ids.tolist()
         self._queue(rows, tokens, out.logprobs, out, raw, out.scores is not None)
         return tokens
@@ -300,6 +329,14 @@ def step_going(
         )
         tops[0][index], tops[1][index] = values, ids
     return gen.commit(tokens, logprobs, step, scores, tops)
+
+
+def _limited(gen: Generation, uncond: torch.Tensor | None) -> torch.Tensor | None:
+    """Unconditional logits with the tokens past the tokenizer's vocabulary masked, as the plain loop's step
+    masks them."""
+    if uncond is not None and gen.vocab_limit is not None:
+        uncond[:, gen.vocab_limit :] = float("-inf")
+    return uncond
 
 
 def _stages(gen: Generation, rows: list[int]) -> str | list[str]:

@@ -89,8 +89,6 @@ def load_guards(guards: Any, gen: Generation) -> list[list[tuple[Guard, int]]] |
         raise ConfigError(
             "guards= read the decoded text, which needs the tokenizer: pass tokenizer= to generate(), or drop guards="
         )
-    if gen.uncond_ids is not None:
-        raise ConfigError("guards= with negative_prompt (classifier-free guidance): drop one of them")
     loaded: dict[Any, Guard] = {}
     per_prompt: list[list[tuple[Guard, int]]] = []
     for i, row in enumerate(specs):

@@ -40,6 +40,7 @@ from ..tokens import eos_token_ids
 from .checkpoints import Checkpoints, load_checkpoint
 from .drawing import step_going
 from .from_config import fit_to_generation, resolve_chain, with_settings
+from .guided import guided
 from .inputs import (
     PromptInputs,
     Prompts,
@@ -414,8 +415,10 @@ class Generation(PromptInputs, Checkpoints):
         self.stopping.prepare(self.setup)
         logits = runner.prefill()
         uncond = guidance.prefill() if guidance is not None else None
-        if self.speculation is not None and callable(keep := getattr(runner, "keep_past", None)):
-            keep()  # a resume's replay may be cut back (a sliding window's cache keeps what it needs)
+        if self.speculation is not None:  # a resume's replay may be cut back (a sliding window keeps what it needs)
+            for each in (runner, guidance):
+                if callable(keep := getattr(each, "keep_past", None)):
+                    keep()
         for j in range(1, self._replay + 1):  # resume: the forward passes of the steps before the checkpoint
             logits = runner.step(self.input_ids[:, : width + j])
             if guidance is not None:
@@ -423,7 +426,12 @@ class Generation(PromptInputs, Checkpoints):
                 uncond = guidance.step(self.uncond_ids[:, : uwidth + j])
         self._replay = 0
         if self.speculation is not None:
-            yield from self.speculation.run(self, runner, logits, self._steps)
+            if guidance is not None:  # one runner for both contexts: speculation feeds and cuts them alike
+                assert self.uncond_ids is not None  # guidance runs on it
+                runner = guided(
+                    runner, guidance, self.uncond_ids[:, : self._uncond_width], self.attention_mask.shape[1]
+                )
+            yield from self.speculation.run(self, runner, logits, self._steps, uncond)
             return
         step = self._steps
         while True:

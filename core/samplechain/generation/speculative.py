@@ -44,6 +44,7 @@ from .drafting import (
 )
 from .drawing import Drawing, Drawn
 from .guarding import Guarding
+from .guided import GuidedRunner
 from .model import runner_for
 from .outputs import GenerationOutput, ordinary
 from .rejection import rejection_draw
@@ -125,10 +126,10 @@ class Speculation(Drawing):
 
         `draft`: one drafter for every prompt, a list with one per prompt (None: that prompt does not draft), False
         for none; None takes each prompt's chain's `[draft]` table (`ChainConfig.draft`; a mixed batch: each
-        prompt's own chain), which a generation with a negative prompt leaves unused. A prompt's drafter serves its
-        num_return_sequences rows; rows whose drafters are the same (the same object, or the same drafter and
-        parameters) share one Drafter object, which drafts them together. With guards (guarding.py) the loop runs
-        even where no row drafts: it draws a guarded row's tokens ahead of what it commits."""
+        prompt's own chain). A prompt's drafter serves its num_return_sequences rows; rows whose drafters are the
+        same (the same object, or the same drafter and parameters) share one Drafter object, which drafts them
+        together. With guards (guarding.py) the loop runs even where no row drafts: it draws a guarded row's tokens
+        ahead of what it commits."""
         guarding = Guarding.prepare(guards, gen)
         alone = None if guarding is None else cls([None] * len(gen.request_ids), gen, guarding=guarding)
         if draft is False:
@@ -141,8 +142,6 @@ class Speculation(Drawing):
             mixed = isinstance(chain, MixedChains)  # prompt i follows chain.chains[chain.row_chains[i]]
             configs = [chain.chains[k].config for k in chain.row_chains] if mixed else [chain.config] * gen.num_prompts
             specs = [c.draft for c in configs]
-            if gen.uncond_ids is not None:  # a chain's table drafts where speculation runs
-                return alone
         elif per_prompt:
             if len(draft) != gen.num_prompts:
                 raise ConfigError(
@@ -154,11 +153,6 @@ class Speculation(Drawing):
             specs = [draft] * gen.num_prompts
         if all(spec is None for spec in specs):
             return alone
-        if gen.uncond_ids is not None:
-            raise ConfigError(
-                "draft= with negative_prompt (classifier-free guidance): speculation does not run the "
-                "unconditional context; drop one of them"
-            )
         check_forkable(gen.chain, gen.logits_processor)
         loaded: dict[int, Drafter] = {}  # id of a spec (specs holds them all) -> its drafter
         shared: dict[Any, Drafter] = {}  # (class, parameters) -> the one drafter of every spec that asks for it
@@ -200,11 +194,12 @@ class Speculation(Drawing):
 
     # ----------------------------------------------------------------- the loop
     def run(
-        self, gen: Generation, runner: ModelRunner, logits: torch.Tensor, step: int
+        self, gen: Generation, runner: ModelRunner, logits: torch.Tensor, step: int, uncond: torch.Tensor | None = None
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Generation's steps from `logits` (the next position's, the cache holding every token so far) to the end,
-        each step yielded as the plain loop yields it."""
-        self._runner = weakref.ref(runner)
+        each step yielded as the plain loop yields it. With classifier-free guidance `runner` is a GuidedRunner and
+        `uncond` the unconditional logits beside `logits`."""
+        self._runner = weakref.ref(runner.conditional if isinstance(runner, GuidedRunner) else runner)
         ragged = runner.per_row_truncate
         self.lengths.shape = "together" if not ragged else "padded" if runner.pads_rows else "rows"
         if self.guarding is not None and not ragged:
@@ -234,7 +229,7 @@ class Speculation(Drawing):
             cut = [width - prompts[b] + self._fed[b] for b in range(len(self._fed))]
             runner.truncate(cut if ragged else gen.input_ids.shape[1] - 1)
         elif fresh:
-            self._draw(gen, fresh, logits[fresh])
+            self._draw(gen, fresh, logits[fresh], None if uncond is None else uncond[fresh])
             if self.guarding is not None and self.guarding.guard(gen, self, fresh):
                 self._cut(gen, runner)
         while True:
@@ -276,14 +271,15 @@ class Speculation(Drawing):
         finished, the rows still going only."""
         started = time.perf_counter()
         logits = gen.step_model(runner)
+        uncond = _unconditional(runner)
         if len(rows) < len(self.pending):  # a row has finished (released rows among them)
             # a released row's logits are zeros, which the chain must not sample (its samplers could mask every
             # token there), and a finished row reports -inf as it does from a check: the rows still going are drawn
             # as a check's positions are, the others get the pad
-            self._draw(gen, rows, logits[rows])
+            self._draw(gen, rows, logits[rows], None if uncond is None else uncond[rows])
             out = self._commit(gen, step)
         else:
-            out = gen._one_step(logits, step)
+            out = gen._one_step(logits, step, uncond)
         fed = self.lengths.work([1] * len(rows), self.released.count(False))
         self.lengths.timed(fed, time.perf_counter() - started)
         for b in rows:
@@ -553,11 +549,13 @@ class Speculation(Drawing):
         feeds = [torch.cat([t, drafts[b]]) if len(drafts[b]) else t for t, b in zip(newest, rows)]
         started = time.perf_counter()
         logits = dict(zip(rows, runner.extend_rows(rows, feeds)))
+        uncond = _unconditional(runner)
         for b in rows:
             self.model_calls[b] += 1
         self._guard_cut = set()
         fed = self.lengths.work([len(f) for f in feeds], self.released.count(False))
-        drawn = self._draw_along(gen, rows, drafts, logits, together=False, timing=(fed, started))
+        guided = None if uncond is None else dict(zip(rows, uncond))
+        drawn = self._draw_along(gen, rows, drafts, logits, False, (fed, started), guided)
         if self._guard_cut:
             self._cut(gen, runner)
             return
@@ -578,13 +576,20 @@ class Speculation(Drawing):
         for b, d in drafts.items():
             block[b] = d
         columns = runner.extend(torch.cat([gen.input_ids[:, -1:], block.to(gen.input_ids.device)], dim=1))
+        uncond = _unconditional(runner)
         for b in rows:
             self.model_calls[b] += 1
         timing = (self.lengths.work([k + 1] * len(rows), gen.input_ids.shape[0]), started)
-        drawn = self._draw_along(gen, rows, drafts, {b: columns[b] for b in rows}, together=True, timing=timing)
+        guided = None if uncond is None else {b: uncond[b] for b in rows}
+        drawn = self._draw_along(gen, rows, drafts, {b: columns[b] for b in rows}, True, timing, guided)
         n = drawn[rows[0]]
         if n - 1 < k:
             runner.truncate(gen.input_ids.shape[1] + n - 1)
+
+
+def _unconditional(runner: ModelRunner) -> Any:
+    """The unconditional logits of the runner's last call (classifier-free guidance); None without guidance."""
+    return runner.unconditional if isinstance(runner, GuidedRunner) else None
 
 
 def _stacked(rows: list[torch.Tensor | None], width: int, fill: float = float("-inf")) -> torch.Tensor:
