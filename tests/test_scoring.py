@@ -106,6 +106,37 @@ def test_a_generation_scores_kept_everywhere_with_its_own_logprobs(tiny, chain, 
         assert steps.finish_reasons[b] == ("eos" if eos is not None else None)
 
 
+@pytest.mark.parametrize("chunk_size", [1, None], ids=["steps", "one-pass"])
+def test_under_classifier_free_guidance_a_generation_scores_kept_with_its_logprobs(tiny, chunk_size):
+    """cfg with a negative prompt and a guidance scale per row: the generation's tokens score kept, with its
+    processed logprobs (the unconditional context continuing with the given tokens, as in generate(); one-token
+    steps: bit for bit; one pass: within 1e-4, the guidance scale of 3 tripling the two passes' summation-order
+    difference); without the negative prompts the same tokens score otherwise."""
+    model, tok = tiny
+    chain = {"samplers": [{"use": "cfg"}, *SAMPLING["samplers"]]}
+    kwargs = {
+        "chain": chain,
+        "params": [{"seed": 7 + b, "guidance_scale": scale} for b, scale in enumerate((1.5, 3.0, 0.5))],
+        "negative_prompt": ["Bye.", "A list of fruit", "x = 1"],
+        "pad_token_id": 0,
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = generate(model, tok, PROMPTS, max_new_tokens=12, **kwargs)
+        rows = generated(out)
+        scored = score(model, tok, PROMPTS, rows, chunk_size=chunk_size, **kwargs)
+        unguided = score(model, tok, PROMPTS, rows, chunk_size=chunk_size, **(kwargs | {"negative_prompt": None}))
+    for b, row in enumerate(rows):
+        assert scored.token_ids[b].tolist() == row
+        assert bool(scored.kept[b].all()), (b, scored.kept[b])
+        want = out.logprobs[b, : len(row)]
+        if chunk_size == 1:
+            assert torch.equal(scored.logprobs[b], want)
+        else:
+            torch.testing.assert_close(scored.logprobs[b], want, atol=1e-4, rtol=0)
+    assert any(not torch.allclose(u, s, atol=1e-3) for u, s in zip(unguided.logprobs, scored.logprobs))
+
+
 # ----------------------------------------------------------------- a changed token
 def test_a_changed_token_is_not_kept_and_every_position_scores_the_given_text(tiny):
     """One token of a seeded generation replaced by the next most likely one: kept up to it, not there, and at every
@@ -524,14 +555,21 @@ def smollm(open_gguf):
 
 @pytest.mark.llama_cpp
 @pytest.mark.slow
-def test_on_llama_cpp_a_generation_scores_kept_with_its_logprobs(smollm):
+@pytest.mark.parametrize("guided", [False, True], ids=["plain", "cfg"])
+def test_on_llama_cpp_a_generation_scores_kept_with_its_logprobs(smollm, guided):
+    """Also under classifier-free guidance (a negative prompt per row: a second llama.cpp context beside the
+    prompts')."""
     model, tok = smollm
     prompts = ["The capital of France is", "def add(a, b):"]
+    kwargs: dict = {"chain": SAMPLING, "seed": 5}
+    if guided:
+        kwargs = {"chain": {"samplers": [{"use": "cfg", "scale": 2.0}, *SAMPLING["samplers"]]}, "seed": 5}
+        kwargs["negative_prompt"] = ["The capital of Spain is", "x = 1"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = generate(model, tok, prompts, chain=SAMPLING, seed=5, max_new_tokens=10)
+        out = generate(model, tok, prompts, max_new_tokens=10, **kwargs)
         rows = generated(out)
-        got = score(model, tok, prompts, rows, chain=SAMPLING, seed=5)
+        got = score(model, tok, prompts, rows, **kwargs)
     for b, row in enumerate(rows):
         assert bool(got.kept[b].all()), got.kept[b]
         assert torch.equal(got.logprobs[b], out.logprobs[b, : len(row)])

@@ -1334,9 +1334,9 @@ def test_on_a_gpu_scoring_a_random_generations_tokens_keeps_each_with_its_logpro
 
 
 def scoring_keeps_a_random_generation(model, tok, case: int, seed: int) -> None:
-    """A random chain's generation (or one chain per prompt's) of 1-4 prompts (per-row or one seed, a random logprobs stage, several return
-    sequences), then score() of its tokens with chunks of 1, all or 3 (by case): each token kept, with the
-    generation's logprob."""
+    """A random chain's generation (or one chain per prompt's) of 1-4 prompts (per-row or one seed, a random logprobs
+    stage, several return sequences, a fifth of the time classifier-free guidance), then score() of its tokens with
+    chunks of 1, all or 3 (by case): each token kept, with the generation's logprob."""
     rng = random.Random(seed)
     prompts = rng.choices(PROMPTS, k=rng.randint(1, 4))
     chain, per_prompt = random_chains(rng, tok, len(prompts), constrained=0.4)
@@ -1349,6 +1349,8 @@ def scoring_keeps_a_random_generation(model, tok, case: int, seed: int) -> None:
     mode = rng.choice(["processed", "raw", "processed_logits"])
     n = 2 if sampling and rng.random() < 0.3 else 1
     chunk = [1, None, 3][case % 3]
+    if rng.random() < 0.2:
+        kwargs |= guided(rng, chain, len(prompts))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # chain pitfalls a random chain may have
         out = generate(
@@ -1359,14 +1361,26 @@ def scoring_keeps_a_random_generation(model, tok, case: int, seed: int) -> None:
             for b, k in enumerate(out.num_generated)
         ]
         got = score(model, tok, prompts, rows, logprobs_at=mode, chunk_size=chunk, num_return_sequences=n, **kwargs)
+    steps = None
     for b, row in enumerate(rows):
         want = out.logprobs[b, : len(row)].cpu()
         assert got.token_ids[b].tolist() == row
-        assert bool(got.kept[b].all()), (b, got.kept[b], chain)
         if chunk == 1:
+            assert bool(got.kept[b].all()), (b, got.kept[b], chain)
             assert torch.equal(got.logprobs[b].cpu(), want), (b, chain)
-        else:
-            torch.testing.assert_close(got.logprobs[b].cpu(), want, atol=1e-4, rtol=0)
+            continue
+        torch.testing.assert_close(got.logprobs[b].cpu(), want, atol=1e-4, rtol=0)
+        if not bool(got.kept[b].all()):
+            # a near tie that a pass's summation order flipped (about 1e-5 on the logprobs; guidance scales it): at
+            # most one in a row, and one-token steps, the generation's own passes, keep it
+            assert int((~got.kept[b]).sum()) == 1, (b, got.kept[b], chain)
+            if steps is None:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    steps = score(
+                        model, tok, prompts, rows, logprobs_at=mode, chunk_size=1, num_return_sequences=n, **kwargs
+                    )
+            assert bool(steps.kept[b].all()), (b, steps.kept[b], chain)
 
 
 @pytest.mark.llama_cpp

@@ -46,6 +46,7 @@ from ..engine.stopping import CallableCriterion
 from ..errors import ConfigError
 from ..runners import running
 from ..tokens import left_pad
+from .guided import GuidedRunner, guided
 from .inputs import Prompts, checked_stop
 from .model import runner_for
 from .session import Generation
@@ -115,6 +116,9 @@ def score(
     max_new_tokens: int | None = None,
     max_length: int | None = None,
     ignore_eos: bool = False,
+    negative_prompt: str | Sequence[str] | None = None,
+    negative_prompt_ids: torch.Tensor | None = None,
+    negative_prompt_attention_mask: torch.Tensor | None = None,
     generation_config: Any = None,
     host: PluginHost | None = None,
 ) -> ScoreOutput:
@@ -133,10 +137,12 @@ def score(
     generate()'s, called at each position on the whole batch's tokens so far (a row whose continuation ended shows
     pad ids, as a finished row of generate() does). eos_token_id, pad_token_id, stop, stop_strings, stop_regex,
     max_new_tokens, max_length, ignore_eos: the stopping criteria `stop_index` reports, as generate() takes them
-    (none of them cuts a continuation: every given token is scored).
+    (none of them cuts a continuation: every given token is scored). negative_prompt, negative_prompt_ids,
+    negative_prompt_attention_mask: a chain with classifier-free guidance (cfg) reads the unconditional context they
+    give, as generate() does; it continues with the given tokens.
 
     Bad input (prompts and continuations of different counts, an empty continuation, a token id outside the
-    vocabulary, an unknown logprobs_at stage, a chain with classifier-free guidance) is one ConfigError naming it."""
+    vocabulary, an unknown logprobs_at stage) is one ConfigError naming it."""
     rows = _continuation_rows(continuations, tokenizer)
     n = num_return_sequences
     _check_args(model, prompts, rows, n, chunk_size, logprobs_at)
@@ -158,6 +164,9 @@ def score(
         ignore_eos=ignore_eos,
         num_return_sequences=n,
         logits_processor=logits_processor,
+        negative_prompt=negative_prompt,
+        negative_prompt_ids=negative_prompt_ids,
+        negative_prompt_attention_mask=negative_prompt_attention_mask,
         generation_config=generation_config,
         host=host,
         draft=False,  # scoring checks given tokens: the chain's [draft] table and guards have nothing to do
@@ -323,14 +332,9 @@ def _prompt_args(prompts: Any, attention_mask: torch.Tensor | None = None) -> di
 
 
 def _check_rows(gen: Generation, rows: list[list[int]]) -> None:
-    """The rows match the prompts, fit the model's positions, and the chain needs no second context."""
+    """The rows match the prompts and fit the model's positions."""
     if gen.num_prompts * gen.n != len(rows):
         raise ConfigError(_count_error(gen.num_prompts, len(rows), gen.n))
-    if gen.chain.needs_unconditional_logits:
-        raise ConfigError(
-            "the chain has a guidance sampler (cfg), which reads a second, unconditional forward pass that score() "
-            "does not run: score with a chain without it"
-        )
     limit = max_positions(gen.model.config)
     for i, row in enumerate(rows):
         total = int(gen.prompt_lengths[i]) + len(row)
@@ -376,8 +380,12 @@ class _Scoring:
                 index = torch.tensor(group, dtype=torch.int64)
                 on = index.to(gen.input_ids.device)
                 runner = runner_cls(gen.model, gen.input_ids[on], gen.attention_mask[on])
-                for t, logits in enumerate(self._columns(runner, index, chunk_size)):
-                    self._position(t, logits, index)
+                if gen.uncond_ids is not None:  # classifier-free guidance: its context takes the same tokens
+                    assert gen.uncond_mask is not None  # set with uncond_ids
+                    uncond = runner_cls(gen.model, gen.uncond_ids[on], gen.uncond_mask[on])
+                    runner = guided(runner, uncond, gen.uncond_ids[on], gen.input_ids.shape[1])
+                for t, (logits, unconditional) in enumerate(self._columns(runner, index, chunk_size)):
+                    self._position(t, logits, index, unconditional)
             for t in range(self.cont.shape[1]):  # the criteria see the whole batch, position by position
                 self._stops(t)
         cut = [int(n) for n in self.lengths]
@@ -392,24 +400,31 @@ class _Scoring:
             finish_reasons=self.reasons,
         )
 
-    def _columns(self, runner: Any, index: torch.Tensor, chunk_size: int | None) -> Iterator[torch.Tensor]:
+    def _columns(
+        self, runner: Any, index: torch.Tensor, chunk_size: int | None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
         """(n, V) logits of the rows `index` before each continuation position: the prefill's, then those of
-        `extend` over their continuations but the last token, `chunk_size` tokens a pass."""
-        yield runner.prefill()
+        `extend` over their continuations but the last token, `chunk_size` tokens a pass; with each, the
+        unconditional logits of the same position (classifier-free guidance: a GuidedRunner), else None."""
+        guided = isinstance(runner, GuidedRunner)
+        logits = runner.prefill()
+        yield logits, runner.unconditional if guided else None
         cont = self.cont[index.to(self.cont.device)]
         width = int(self.lengths[index].max()) - 1
         step = chunk_size or max(width, 1)
         for start in range(0, width, step):
             block = runner.extend(cont[:, start : min(start + step, width)])
             for j in range(block.shape[1]):
-                yield block[:, j].contiguous()
+                yield block[:, j].contiguous(), runner.unconditional[:, j].contiguous() if guided else None
 
-    def _position(self, t: int, logits: torch.Tensor, index: torch.Tensor) -> None:
-        """Position t of the rows `index` (logits (n, V)): the chain samples those that reach it, accepting the
-        given tokens."""
+    def _position(self, t: int, logits: torch.Tensor, index: torch.Tensor, uncond: torch.Tensor | None) -> None:
+        """Position t of the rows `index` (logits (n, V), and their unconditional logits under classifier-free
+        guidance): the chain samples those that reach it, accepting the given tokens."""
         gen = self.gen
         if gen.vocab_limit is not None:
             logits[:, gen.vocab_limit :] = float("-inf")
+            if uncond is not None:
+                uncond[:, gen.vocab_limit :] = float("-inf")
         reach = (self.lengths[index] > t).nonzero().flatten()
         active = index[reach]
         tokens = torch.cat([gen.input_ids, self.cont[:, :t]], dim=1)
@@ -417,13 +432,14 @@ class _Scoring:
             logits = _processed(gen.logits_processor, tokens, logits, index)
         if len(reach) < len(index):
             logits = logits.index_select(0, reach.to(logits.device))
+            uncond = None if uncond is None else uncond.index_select(0, reach.to(uncond.device))
         history = gen.history_args(tokens)
         if len(active) < len(self.rows):
             history = {k: v.index_select(0, active.to(v.device)) for k, v in history.items()}
         ids = [gen.request_ids[i] for i in active.tolist()]
         at = self.logprobs_at if isinstance(self.logprobs_at, str) else [self.logprobs_at[i] for i in active.tolist()]
         given = self.cont[active.to(self.cont.device), t]
-        drawn, logprobs, ranks = _sample(gen.chain, logits, gen.store, ids, given, at, history)
+        drawn, logprobs, ranks = _sample(gen.chain, logits, gen.store, ids, given, at, history, uncond)
         self.drawn[active, t] = drawn.cpu()
         self.logprobs[active, t] = logprobs.cpu()
         self.ranks[active, t] = ranks.cpu()
@@ -464,6 +480,7 @@ def _sample(
     given: torch.Tensor,
     logprobs_at: str | list[str],
     history: dict[str, torch.Tensor],
+    uncond: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(draws, the given tokens' logprobs, their ranks) of one teacher-forced step."""
     out = chain.sample(
@@ -471,6 +488,7 @@ def _sample(
         store,
         ids,
         accept=given,
+        unconditional_logits=uncond,
         logprobs_at=logprobs_at,
         history=history.get("history"),
         prompt_lengths=history.get("prompt_lengths"),
