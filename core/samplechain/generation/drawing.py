@@ -20,7 +20,23 @@ if TYPE_CHECKING:
     from .guarding import Guarding
     from .session import Generation
 
-__all__ = ["Drawing", "Drawn", "step_going"]
+__all__ = ["Checked", "Drawing", "Drawn", "step_going"]
+
+
+@attrs.frozen
+class Checked:
+    """What one model call gives its rows' draws: row b's draft `drafts[b]` and the logits after its fed tokens
+    `logits[b]` (k_b + 1, V); under classifier-free guidance the unconditional logits of the same positions."""
+
+    drafts: dict[int, torch.Tensor]
+    logits: Mapping[int, torch.Tensor]
+    uncond: Mapping[int, torch.Tensor] | None = None
+
+    def at(self, rows: list[int], j: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Position j of `rows`: their logits (len(rows), V), and their unconditional logits or None."""
+        uncond = self.uncond
+        logits = torch.stack([self.logits[b][j] for b in rows])
+        return logits, None if uncond is None else torch.stack([uncond[b][j] for b in rows])
 
 
 @attrs.define
@@ -74,27 +90,20 @@ class Drawing:
         return torch.cat([done, torch.tensor([c.token for c in self.pending[row]], dtype=done.dtype)])
 
     def _draw_along(
-        self,
-        gen: Generation,
-        rows: list[int],
-        drafts: dict[int, torch.Tensor],
-        logits: dict[int, torch.Tensor],
-        together: bool,
-        timing: tuple[int, float],
-        uncond: Mapping[int, torch.Tensor] | None = None,
+        self, gen: Generation, rows: list[int], call: Checked, together: bool, timing: tuple[int, float]
     ) -> dict[int, int]:
-        """Draw position j = 0, 1, ... of the rows still going (row b's logits[b][j]; with classifier-free
-        guidance, its unconditional logits uncond[b][j]); a row goes on to j + 1 while its draw equals its draft's
-        token j (together: while every row's does). -> tokens drawn per row. `timing`: the tokens the model call ran
-        and when it started; the call's time is taken once its first position is drawn (on an accelerator, when its
-        logits have arrived)."""
+        """Draw position j = 0, 1, ... of the rows still going (`call.at`); a row goes on to j + 1 while its draw
+        equals its draft's token j (together: while every row's does). -> tokens drawn per row. `timing`: the tokens
+        the model call ran and when it started; the call's time is taken once its first position is drawn (on an
+        accelerator, when its logits have arrived)."""
+        drafts = call.drafts
         going, drawn = list(rows), dict.fromkeys(rows, 0)
         for b in rows:
             self.drafted[b] += len(drafts[b])
         eos = self.stop_ids if not together else set()
         j = 0
         while going:
-            going, tokens = self._draw_or_wait(gen, going, drafts, logits, j, uncond)
+            going, tokens = self._draw_or_wait(gen, going, call, j)
             if not going:
                 break
             if j == 0:
@@ -120,15 +129,7 @@ class Drawing:
             j += 1
         return drawn
 
-    def _draw_or_wait(
-        self,
-        gen: Generation,
-        rows: list[int],
-        drafts: dict[int, torch.Tensor],
-        logits: dict[int, torch.Tensor],
-        j: int,
-        uncond: Mapping[int, torch.Tensor] | None,
-    ) -> tuple[list[int], list[int]]:
+    def _draw_or_wait(self, gen: Generation, rows: list[int], call: Checked, j: int) -> tuple[list[int], list[int]]:
         """The draws of `rows` at position j -> (the rows drawn, their tokens). A row whose position lies past tokens
         it drew before (waiting in `pending`) may lie past a stop its commit will find (a stop string), where the
         plain loop never draws: where its draw fails it waits until those tokens are committed (its guards take
@@ -136,7 +137,7 @@ class Drawing:
         is raised where it cannot come from such a row."""
         before = [len(self.pending[b]) for b in rows]
         try:
-            return rows, self._draw_position(gen, rows, drafts, logits, j, uncond)
+            return rows, self._draw_position(gen, rows, call, j)
         except Exception:
             # rows drawn before the failure (mode rejection tests its rows first) keep their draws
             done = {b: self.pending[b][-1].token for b, n in zip(rows, before) if len(self.pending[b]) > n}
@@ -145,36 +146,22 @@ class Drawing:
             if not ahead:
                 raise
         if now:
-            done.update(zip(now, self._draw_position(gen, now, drafts, logits, j, uncond)))
+            done.update(zip(now, self._draw_position(gen, now, call, j)))
         for b in ahead:
             self.waiting[b] = True
         drawn = [b for b in rows if b in done]
         return drawn, [done[b] for b in drawn]
 
-    def _draw_position(
-        self,
-        gen: Generation,
-        rows: list[int],
-        drafts: dict[int, torch.Tensor],
-        logits: dict[int, torch.Tensor],
-        j: int,
-        uncond: Mapping[int, torch.Tensor] | None,
-    ) -> list[int]:
+    def _draw_position(self, gen: Generation, rows: list[int], call: Checked, j: int) -> list[int]:
         """The draws of `rows` at position j of their drafts: the chain's own (mode match, and after a whole draft),
         or the rejection test of the drafted token (mode rejection)."""
-
-        def at(these: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-            return torch.stack([logits[b][j] for b in these]), (
-                None if uncond is None else torch.stack([uncond[b][j] for b in these])
-            )
-
-        tested = [b for b in rows if j < len(drafts[b]) and self.rejection[b]]
+        tested = [b for b in rows if j < len(call.drafts[b]) and self.rejection[b]]
         if not tested:
-            return self._draw(gen, rows, *at(rows))
+            return self._draw(gen, rows, *call.at(rows, j))
         plain = [b for b in rows if b not in tested]  # past their drafts, or in mode match
-        drawn = dict(zip(tested, self._test(gen, tested, *at(tested), drafts, j)))
+        drawn = dict(zip(tested, self._test(gen, tested, *call.at(tested, j), call.drafts, j)))
         if plain:
-            drawn.update(zip(plain, self._draw(gen, plain, *at(plain))))
+            drawn.update(zip(plain, self._draw(gen, plain, *call.at(plain, j))))
         return [drawn[b] for b in rows]
 
     def _test(

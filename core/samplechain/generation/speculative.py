@@ -42,7 +42,7 @@ from .drafting import (
     stop_ids,
     vocab_of,
 )
-from .drawing import Drawing, Drawn
+from .drawing import Checked, Drawing, Drawn
 from .guarding import Guarding
 from .guided import GuidedRunner
 from .model import runner_for
@@ -554,8 +554,8 @@ class Speculation(Drawing):
             self.model_calls[b] += 1
         self._guard_cut = set()
         fed = self.lengths.work([len(f) for f in feeds], self.released.count(False))
-        guided = None if uncond is None else dict(zip(rows, uncond))
-        drawn = self._draw_along(gen, rows, drafts, logits, False, (fed, started), guided)
+        call = Checked(drafts, logits, None if uncond is None else dict(zip(rows, uncond)))
+        drawn = self._draw_along(gen, rows, call, together=False, timing=(fed, started))
         if self._guard_cut:
             self._cut(gen, runner)
             return
@@ -580,8 +580,8 @@ class Speculation(Drawing):
         for b in rows:
             self.model_calls[b] += 1
         timing = (self.lengths.work([k + 1] * len(rows), gen.input_ids.shape[0]), started)
-        guided = None if uncond is None else {b: uncond[b] for b in rows}
-        drawn = self._draw_along(gen, rows, drafts, {b: columns[b] for b in rows}, True, timing, guided)
+        call = Checked(drafts, {b: columns[b] for b in rows}, None if uncond is None else {b: uncond[b] for b in rows})
+        drawn = self._draw_along(gen, rows, call, together=True, timing=timing)
         n = drawn[rows[0]]
         if n - 1 < k:
             runner.truncate(gen.input_ids.shape[1] + n - 1)
