@@ -352,6 +352,47 @@ def test_custom_generate_speculates_where_model_generate_asks_for_assisted_gener
 
 
 @pytest.mark.transformers_parity
+@pytest.mark.parametrize("negative", [None, "Bye."], ids=["last-prompt-token", "negative-prompt-ids"])
+def test_custom_generate_guides_as_model_generate_and_speculates_under_guidance(tiny, negative):
+    """model.generate(guidance_scale=...) adds a processor that runs the unconditional context with a cache of its
+    own, which speculation's cuts and a batch's rows drawing ahead would leave behind: the adapter runs it as cfg
+    first in the chain and the loop's second context. At B = 1 the tokens are transformers' own; a batch gives the
+    same tokens with prompt lookup as without."""
+    from samplechain.integrations import as_custom_generate
+
+    model, tok = tiny
+    tok = copy.deepcopy(tok)
+    tok.pad_token_id, tok.padding_side = 0, "left"
+    guided: dict = {"guidance_scale": 1.5, "max_new_tokens": 16, "pad_token_id": 0, "do_sample": False}
+    if negative is not None:
+        guided["negative_prompt_ids"] = tok([negative], return_tensors="pt")["input_ids"]
+    decode = as_custom_generate("preset:greedy", tokenizer=tok)
+    one = tok([CODE], return_tensors="pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' deprecation notes
+        theirs = model.generate(**one, **guided)
+        ours = model.generate(**one, custom_generate=decode, **guided)
+        looked_up = model.generate(**one, custom_generate=decode, prompt_lookup_num_tokens=4, **guided)
+        assert torch.equal(ours, theirs) and torch.equal(looked_up, theirs)
+        if negative is not None:
+            return  # one negative prompt: a batch of one
+        batch = tok([QUOTING, CODE, "A list is a list is a"], return_tensors="pt", padding=True)
+        kwargs = guided | {"return_dict_in_generate": True, "max_new_tokens": 24}
+        plain = model.generate(**batch, custom_generate=decode, **kwargs)
+        for n in (2, 4, 8):  # fixed draft lengths (the adapter's draft=): the same drafts on every machine
+            fixed = as_custom_generate(
+                "preset:greedy", tokenizer=tok, draft={"use": "prompt_lookup", "num_tokens": n, "adaptive": False}
+            )
+            out = model.generate(**batch, custom_generate=fixed, **kwargs)
+            assert torch.equal(out.sequences, plain.sequences), n
+            assert int(out.kept.sum()) > 0, n  # rows kept drafts: their unconditional context was cut back with them
+        with pytest.raises(ConfigError, match=r"guidance_scale=1.5\) with a chain that has cfg: guidance would run"):
+            model.generate(
+                **one, **guided, custom_generate=as_custom_generate({"samplers": [{"use": "cfg"}, {"use": "greedy"}]})
+            )
+
+
+@pytest.mark.transformers_parity
 def test_custom_generate_ends_an_assistants_drafts_at_its_confidence_threshold(tiny):
     """transformers' assistant_confidence_threshold (the assistant's generation config, 0.4 where unset; the call's
     for assistant_early_exit) is the drafter's p_min, which ends a draft after a token drafted with less."""

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+import attrs
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation import logits_process as _lp
@@ -449,6 +450,34 @@ def _processors_without_warpers(logits_processor: Any, gc: Any) -> list[Any]:
     return processors
 
 
+def _guidance(processors: list[Any], chain: Chain) -> tuple[list[Any], Chain, dict[str, Any]]:
+    """transformers' classifier-free guidance (guidance_scale, negative_prompt_ids), which model.generate adds as a
+    processor that runs the model on the unconditional context with a cache of its own, as samplechain's cfg first
+    in the chain and the negative prompt for the loop's second context: the loop feeds and cuts that context with
+    the model's (speculation takes tokens back, rows of a batch draw ahead), which the processor's cache cannot follow.
+    -> (the other processors, the chain, the loop's negative-prompt keywords)."""
+    guiding = [p for p in processors if isinstance(p, _lp.UnbatchedClassifierFreeGuidanceLogitsProcessor)]
+    if not guiding:
+        return processors, chain, {}
+    if chain.needs_unconditional_logits:
+        raise ConfigError(
+            f"model.generate(guidance_scale={guiding[0].guidance_scale}) with a chain that has cfg: guidance would "
+            "run twice; drop guidance_scale, or cfg from the chain"
+        )
+    from ..engine.config import load_config
+
+    context = guiding[0].unconditional_context
+    scale = float(guiding[0].guidance_scale)
+    cfg = load_config({"samplers": [{"use": "cfg", "scale": scale}, {"use": "greedy"}]}, host=chain.host).samplers[0]
+    config = attrs.evolve(chain.config, samplers=(cfg, *chain.config.samplers))
+    negative = {
+        "negative_prompt_ids": context["input_ids"],
+        "negative_prompt_attention_mask": context["attention_mask"],
+    }
+    others = [p for p in processors if p not in guiding]
+    return others, Chain(config, host=chain.host, backend=chain.backend_name), negative
+
+
 def _extra_criteria(stop: Sequence[Any], stopping_criteria: Any) -> list[Any]:
     """`stop` and transformers' stopping criteria, less its length, time and eos criteria (the loop has its own)."""
     extra: list[Any] = list(stop)
@@ -586,6 +615,7 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
         gc = generation_config or model.generation_config
         _check_model_inputs(model_kwargs)
         processors, extra = _processors_without_warpers(logits_processor, gc), _extra_criteria(stop, stopping_criteria)
+        processors, chain_of_call, negative = _guidance(processors, resolved)
         beams = int(gc.num_beams or 1)
         copies = int(gc.num_return_sequences or 1)
         prompts, mask = _fold_repeats(input_ids, model_kwargs.get("attention_mask"), max(beams, copies))
@@ -597,7 +627,8 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
         kwargs.update(
             input_ids=prompts,
             attention_mask=mask,
-            chain=resolved,
+            chain=chain_of_call,
+            **negative,
             stop=extra,
             max_length=int(gc.max_length) if gc.max_length else None,
             max_time=gc.max_time,
