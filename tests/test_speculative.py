@@ -1138,14 +1138,17 @@ def random_generation(rng: random.Random, tok, batch: int) -> dict:
 
 
 def guided(rng: random.Random, chain: Any, batch: int) -> dict:
-    """Classifier-free guidance for random_generation's chain (each chain of a mixed batch): cfg first with a random
-    scale, and a negative prompt per prompt."""
+    """Classifier-free guidance for random_generation's chain (in a mixed batch the first prompt's chain and each
+    other's with chance 2/3): cfg first with a random scale, and a negative prompt per prompt."""
     scale = rng.choice([0.5, 1.5, 3.0])
 
     def with_cfg(c: dict) -> dict:
         return c | {"samplers": [{"use": "cfg", "scale": scale}, *c["samplers"]]}
 
-    chain = [with_cfg(c) for c in chain] if isinstance(chain, list) else with_cfg(chain)
+    if isinstance(chain, list):
+        chain = [with_cfg(c) if i == 0 or rng.random() < 2 / 3 else c for i, c in enumerate(chain)]
+    else:
+        chain = with_cfg(chain)
     return {"chain": chain, "negative_prompt": rng.choices(NEGATIVE, k=batch)}
 
 
