@@ -19,7 +19,7 @@ import torch
 
 from ..runners import ModelRunner
 
-__all__ = ["GuidedRunner", "guided"]
+__all__ = ["GuidedRunner", "guided", "unconditional_of"]
 
 
 class GuidedRunner(ModelRunner):
@@ -91,6 +91,11 @@ class GuidedRunner(ModelRunner):
 
     def holds(self, row: int) -> torch.Tensor:
         return self.conditional.holds(row)
+
+
+def unconditional_of(runner: ModelRunner) -> Any:
+    """The unconditional logits of the runner's last call where it is a GuidedRunner; None without guidance."""
+    return runner.unconditional if isinstance(runner, GuidedRunner) else None
 
 
 # per runner class, GuidedRunner with that class's class-level traits (its name, whether it pads rows and skips

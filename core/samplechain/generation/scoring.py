@@ -46,7 +46,7 @@ from ..engine.stopping import CallableCriterion
 from ..errors import ConfigError
 from ..runners import running
 from ..tokens import left_pad
-from .guided import GuidedRunner, guided
+from .guided import guided, unconditional_of
 from .inputs import Prompts, checked_stop
 from .model import runner_for
 from .session import Generation
@@ -406,16 +406,16 @@ class _Scoring:
         """(n, V) logits of the rows `index` before each continuation position: the prefill's, then those of
         `extend` over their continuations but the last token, `chunk_size` tokens a pass; with each, the
         unconditional logits of the same position (classifier-free guidance: a GuidedRunner), else None."""
-        guided = isinstance(runner, GuidedRunner)
         logits = runner.prefill()
-        yield logits, runner.unconditional if guided else None
+        yield logits, unconditional_of(runner)
         cont = self.cont[index.to(self.cont.device)]
         width = int(self.lengths[index].max()) - 1
         step = chunk_size or max(width, 1)
         for start in range(0, width, step):
             block = runner.extend(cont[:, start : min(start + step, width)])
             for j in range(block.shape[1]):
-                yield block[:, j].contiguous(), runner.unconditional[:, j].contiguous() if guided else None
+                uncond = unconditional_of(runner)
+                yield block[:, j].contiguous(), None if uncond is None else uncond[:, j].contiguous()
 
     def _position(self, t: int, logits: torch.Tensor, index: torch.Tensor, uncond: torch.Tensor | None) -> None:
         """Position t of the rows `index` (logits (n, V), and their unconditional logits under classifier-free

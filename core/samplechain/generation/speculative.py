@@ -44,7 +44,7 @@ from .drafting import (
 )
 from .drawing import Checked, Drawing, Drawn
 from .guarding import Guarding
-from .guided import GuidedRunner
+from .guided import GuidedRunner, unconditional_of
 from .model import runner_for
 from .outputs import GenerationOutput, ordinary
 from .rejection import rejection_draw
@@ -271,7 +271,7 @@ class Speculation(Drawing):
         finished, the rows still going only."""
         started = time.perf_counter()
         logits = gen.step_model(runner)
-        uncond = _unconditional(runner)
+        uncond = unconditional_of(runner)
         if len(rows) < len(self.pending):  # a row has finished (released rows among them)
             # a released row's logits are zeros, which the chain must not sample (its samplers could mask every
             # token there), and a finished row reports -inf as it does from a check: the rows still going are drawn
@@ -549,7 +549,7 @@ class Speculation(Drawing):
         feeds = [torch.cat([t, drafts[b]]) if len(drafts[b]) else t for t, b in zip(newest, rows)]
         started = time.perf_counter()
         logits = dict(zip(rows, runner.extend_rows(rows, feeds)))
-        uncond = _unconditional(runner)
+        uncond = unconditional_of(runner)
         for b in rows:
             self.model_calls[b] += 1
         self._guard_cut = set()
@@ -576,7 +576,7 @@ class Speculation(Drawing):
         for b, d in drafts.items():
             block[b] = d
         columns = runner.extend(torch.cat([gen.input_ids[:, -1:], block.to(gen.input_ids.device)], dim=1))
-        uncond = _unconditional(runner)
+        uncond = unconditional_of(runner)
         for b in rows:
             self.model_calls[b] += 1
         timing = (self.lengths.work([k + 1] * len(rows), gen.input_ids.shape[0]), started)
@@ -585,11 +585,6 @@ class Speculation(Drawing):
         n = drawn[rows[0]]
         if n - 1 < k:
             runner.truncate(gen.input_ids.shape[1] + n - 1)
-
-
-def _unconditional(runner: ModelRunner) -> Any:
-    """The unconditional logits of the runner's last call (classifier-free guidance); None without guidance."""
-    return runner.unconditional if isinstance(runner, GuidedRunner) else None
 
 
 def _stacked(rows: list[torch.Tensor | None], width: int, fill: float = float("-inf")) -> torch.Tensor:

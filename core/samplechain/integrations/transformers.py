@@ -26,6 +26,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 from ..contracts import StopContext, StoppingCriterion, StopSetup
 from ..engine.chain import Chain
+from ..engine.config import load_config
 from ..engine.discovery import PluginHost
 from ..engine.stopping import Stopping
 from ..engine.store import RequestStore
@@ -464,10 +465,9 @@ def _guidance(processors: list[Any], chain: Chain) -> tuple[list[Any], Chain, di
             f"model.generate(guidance_scale={guiding[0].guidance_scale}) with a chain that has cfg: guidance would "
             "run twice; drop guidance_scale, or cfg from the chain"
         )
-    from ..engine.config import load_config
-
     context = guiding[0].unconditional_context
     scale = float(guiding[0].guidance_scale)
+    # the cfg entry as a chain of its own resolves it (load_config checks a whole chain: it needs a selector)
     cfg = load_config({"samplers": [{"use": "cfg", "scale": scale}, {"use": "greedy"}]}, host=chain.host).samplers[0]
     config = attrs.evolve(chain.config, samplers=(cfg, *chain.config.samplers))
     negative = {
