@@ -396,7 +396,7 @@ def test_custom_generate_guides_as_model_generate_and_speculates_under_guidance(
 def test_custom_generate_ends_an_assistants_drafts_at_its_confidence_threshold(tiny):
     """transformers' assistant_confidence_threshold (the assistant's generation config, 0.4 where unset; the call's
     for assistant_early_exit) is the drafter's p_min, which ends a draft after a token drafted with less."""
-    from samplechain.integrations.transformers import _draft_of
+    from samplechain.integrations.custom_generate import _draft_of
 
     model, _ = tiny
     gc = transformers.GenerationConfig(assistant_early_exit=2, assistant_confidence_threshold=0.7)

@@ -4,13 +4,8 @@ MindIE facade) and the converters of other engines' settings (`convert`). Layer 
 
 from __future__ import annotations
 
-from .transformers import (
-    ChainLogitsProcessor,
-    ChainStoppingCriteria,
-    as_custom_generate,
-    as_logits_processor,
-    as_stopping_criteria,
-)
+from .custom_generate import as_custom_generate
+from .transformers import ChainLogitsProcessor, ChainStoppingCriteria, as_logits_processor, as_stopping_criteria
 
 __all__ = [
     "ChainLogitsProcessor",
