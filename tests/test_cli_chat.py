@@ -131,6 +131,18 @@ def test_chain_loads_a_file_or_a_preset(lm, tmp_path):
     assert "dist" in repr(chat.chain)
 
 
+def test_cfg_scale_guides_every_chain_the_session_loads(lm):
+    model, tok = lm
+    chat = session(lm, cfg_scale=2.5, negative_prompt="A list")
+    assert "cfg" not in repr(chat.chain)  # the first chain is guided where the command line loads it
+    assert "cfg.v1 -> greedy" in chat.command("/chain preset:greedy")
+    answer = "".join(chat.reply("The module"))
+    conversation = [[{"role": "user", "content": "The module"}]]
+    guided = [{"use": "cfg", "scale": 2.5}, {"use": "greedy"}]
+    want = generate(model, tok, conversation, chain={"samplers": guided}, negative_prompt="A list", max_new_tokens=8)
+    assert answer == want.texts[0]
+
+
 def test_reset_history_help_quit_and_unknown_commands(lm):
     chat = session(lm)
     assert chat.command("/history") == "(no messages yet)"

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from samplechain.cli import main
 from samplechain.cli.generate import parse_sets, unescape
+from samplechain.generation import generate
 from samplechain.tools.testing import byte_bpe_tokenizer, tiny_gpt2
 
 
@@ -115,6 +117,30 @@ def test_beam_search_from_the_command_line(folder, capsys):
     assert code == 0 and "sequence_score" in json.loads(out)["outputs"][0]
 
 
+def test_cfg_scale_and_negative_prompt_guide_as_generate_does(folder, capsys):
+    model, tok = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+
+    def expected(samplers, **kw):
+        out = generate(model, tok, ["The quick"], chain={"samplers": samplers}, max_new_tokens=10, **kw)
+        return out.sequences[0, -10:].tolist()
+
+    guided = [{"use": "cfg", "scale": 2.5}, {"use": "greedy"}]
+    want, other = expected(guided, negative_prompt="A list"), expected(guided, negative_prompt="Keys")
+    assert want != expected(guided[1:]) and want != other  # guidance, and which negative prompt, change this text
+
+    def tokens(*extra):
+        code, out, _ = run(
+            capsys, "generate", "The quick", "--model", str(folder), "--preset", "greedy", "--cfg-scale", "2.5",
+            "--max-new-tokens", "10", "--json", *extra,
+        )  # fmt: skip
+        assert code == 0
+        return json.loads(out)["outputs"][0]["token_ids"]
+
+    assert tokens("--negative-prompt", "A list") == want
+    assert tokens("--negative-prompt", "A list", "--draft", '{"use": "prompt_lookup", "num_tokens": 3}') == want
+    assert tokens("--negative-prompt", "Keys") == other
+
+
 def test_errors_are_one_clear_line(folder, capsys):
     code, _, err = run(capsys, "generate", "x", "--model", str(folder / "nope"))
     assert code == 1 and "no such folder" in err
@@ -131,6 +157,20 @@ def test_errors_are_one_clear_line(folder, capsys):
     assert code == 1 and out == "" and "pattern 0 ('(') is not a valid regular expression" in err
     code, _, err = run(capsys, "generate", "x", "--model", str(folder), "--top-logprobs", "-1")
     assert code == 1 and "--top-logprobs -1: must be an integer >= 0" in err
+    code, out, err = run(capsys, "generate", "x", "--model", str(folder), "--negative-prompt", "y")
+    assert code == 1 and out == "" and "--negative-prompt: the chain has no guidance sampler" in err
+    assert "--cfg-scale 1.5" in err
+    code, out, err = run(capsys, "generate", "x", "--model", str(folder), "--cfg-scale", "-1")
+    assert (
+        code == 1 and out == "" and "--cfg-scale -1:" in err and "samplers[0].scale = -1.0: must be in [0, inf)" in err
+    )
+    code, out, err = run(capsys, "generate", "x", "--model", str(folder), "--preset", "greedy", "--cfg-scale", "2")
+    assert code == 0
+    guided = folder.parent / "guided.toml"
+    guided.write_text('[chain]\nsamplers = [{ use = "cfg", scale = 2.0 }, { use = "greedy" }]\n')
+    code, out, err = run(capsys, "generate", "x", "--model", str(folder), "--chain", str(guided), "--cfg-scale", "2")
+    assert code == 1 and out == "" and "--cfg-scale 2: the chain already has a guidance sampler" in err
+    assert "--set cfg.scale=2" in err
 
 
 def test_set_values_are_toml_and_stop_strings_unescape():

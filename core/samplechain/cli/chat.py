@@ -26,9 +26,11 @@ from .generate import (
     _chain,
     add_ban_arguments,
     add_draft_argument,
+    add_guidance_arguments,
     add_run_arguments,
     add_system_argument,
     check_run_arguments,
+    guided,
     load_cli_model,
     parse_bans,
     parse_draft,
@@ -63,7 +65,8 @@ class ChatSession:
     an answer cut short (an error, Ctrl-C) leaves the history as it was. With a seed, answer i of the session is
     drawn with seed + i: a session replays exactly, and the same question asked twice may be answered differently.
     `draft` is generate()'s draft= (a drafter speculates: the same answers in fewer model calls), `guards` its
-    guards= (--ban: phrases taken back and drawn again)."""
+    guards= (--ban: phrases taken back and drawn again), `negative_prompt` its negative_prompt= (classifier-free
+    guidance); `cfg_scale` puts guidance into a chain /chain loads, as --cfg-scale did into the first."""
 
     def __init__(
         self,
@@ -79,9 +82,12 @@ class ChatSession:
         backend: str | None = None,
         draft: Any = None,
         guards: Any = None,
+        cfg_scale: float | None = None,
+        negative_prompt: str | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.draft, self.guards = draft, guards
+        self.cfg_scale, self.negative_prompt = cfg_scale, negative_prompt
         self.chain = chain
         self.params: dict[str, Any] = {}
         self.seed, self.max_new_tokens, self.system = seed, max_new_tokens, system
@@ -121,6 +127,8 @@ class ChatSession:
             kwargs["draft"] = self.draft
         if self.guards:
             kwargs["guards"] = self.guards
+        if self.negative_prompt is not None:
+            kwargs["negative_prompt"] = self.negative_prompt
         for event in stream(self.model, self.tokenizer, [self.messages(text)], result=result, **kwargs):
             if event.text:
                 yield event.text
@@ -193,7 +201,7 @@ class ChatSession:
         source: str | Path = rest if rest.startswith("preset:") else Path(rest).expanduser()
         if isinstance(source, Path) and not source.is_file():
             raise ConfigError(f"/chain {rest}: no such file; give a chain TOML file or preset:NAME")
-        chain = Chain.load(source, backend=self.backend)
+        chain = guided(Chain.load(source, backend=self.backend), self.cfg_scale, self.negative_prompt)
         self._check_params(chain, self.params)
         self.chain = chain
         return f"chain: {chain!r}"
@@ -235,6 +243,7 @@ def add_parser(sub: Any) -> None:
     add_run_arguments(p, new_tokens=DEFAULT_NEW_TOKENS)
     add_draft_argument(p)
     add_ban_arguments(p)
+    add_guidance_arguments(p)
     add_system_argument(p)
     p.set_defaults(func=cmd_chat)
 
@@ -259,6 +268,8 @@ def cmd_chat(args: argparse.Namespace, console: Console) -> int:
         backend=args.backend,
         draft=draft,
         guards=guards,
+        cfg_scale=args.cfg_scale,
+        negative_prompt=None if args.negative_prompt is None else unescape(args.negative_prompt),
     )
     if sys.stdin.isatty():
         try:  # line editing and history for input()

@@ -25,7 +25,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["add_parser", "cmd_generate", "load_cli_model", "parse_bans", "parse_draft", "parse_sets"]
+__all__ = ["add_parser", "cmd_generate", "guided", "load_cli_model", "parse_bans", "parse_draft", "parse_sets"]
 
 DEFAULT_PROMPT = "The"
 
@@ -83,6 +83,7 @@ def add_parser(sub: Any) -> None:
     add_run_arguments(p, new_tokens=96)
     add_draft_argument(p)
     add_ban_arguments(p)
+    add_guidance_arguments(p)
     p.add_argument(
         "--chat",
         action="store_true",
@@ -205,6 +206,47 @@ def add_ban_arguments(p: Any) -> None:
     p.add_argument("--ban-whole-words", action="store_true", help="--ban / --ban-regex only as whole words")
 
 
+def add_guidance_arguments(p: Any) -> None:
+    """--cfg-scale SCALE, --negative-prompt TEXT (classifier-free guidance)."""
+    p.add_argument(
+        "--cfg-scale",
+        type=float,
+        default=None,
+        metavar="SCALE",
+        help="classifier-free guidance: cfg first in the chain at this scale (transformers' guidance_scale; 1: off, "
+        "> 1: away from the negative prompt)",
+    )
+    p.add_argument(
+        "--negative-prompt",
+        default=None,
+        metavar="TEXT",
+        help="the text guidance steers away from (with --cfg-scale or a chain with cfg; default: the chain's "
+        "cfg.negative_prompt, else each prompt's last token)",
+    )
+
+
+def guided(chain: Any, scale: float | None, negative_prompt: str | None) -> Any:
+    """The chain with --cfg-scale's guidance first, checked with --negative-prompt before any model loads."""
+    from ..generation.guided import with_guidance
+
+    if scale is not None:
+        if chain.needs_unconditional_logits:
+            raise ConfigError(
+                f"--cfg-scale {scale:g}: the chain already has a guidance sampler; set its scale with --set "
+                f"cfg.scale={scale:g}, or drop --cfg-scale"
+            )
+        try:
+            chain = with_guidance(chain, scale)
+        except ConfigError as exc:
+            raise type(exc)(f"--cfg-scale {scale:g}: {exc}") from None
+    if negative_prompt is not None and not chain.needs_unconditional_logits:
+        raise ConfigError(
+            "--negative-prompt: the chain has no guidance sampler to use it; add --cfg-scale 1.5 (cfg first in the "
+            "chain), or load a chain with cfg"
+        )
+    return chain
+
+
 def parse_bans(args: argparse.Namespace) -> list[dict[str, Any]] | None:
     """The guards= of --ban / --ban-regex, checked now (before any model loads): a bad pattern is one error."""
     from ..engine.discovery import get_host
@@ -283,11 +325,14 @@ def require_chat_template(tokenizer: Any, name: str, what: str) -> None:
 
 
 def _chain(args: argparse.Namespace) -> Any:
+    """The chain of --chain or --preset, with --cfg-scale's guidance."""
     from ..engine.chain import Chain
 
     if args.chain:
-        return Chain.load(Path(args.chain), backend=args.backend)
-    return Chain.load(f"preset:{args.preset or 'llama.cpp'}", backend=args.backend)
+        chain = Chain.load(Path(args.chain), backend=args.backend)
+    else:
+        chain = Chain.load(f"preset:{args.preset or 'llama.cpp'}", backend=args.backend)
+    return guided(chain, getattr(args, "cfg_scale", None), getattr(args, "negative_prompt", None))
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:
@@ -330,6 +375,8 @@ def run_kwargs(args: argparse.Namespace, chain: Any, params: dict[str, Any], def
     guards = parse_bans(args) if hasattr(args, "ban") else None
     if guards:
         kwargs["guards"] = guards
+    if getattr(args, "negative_prompt", None) is not None:
+        kwargs["negative_prompt"] = unescape(args.negative_prompt)
     return kwargs
 
 

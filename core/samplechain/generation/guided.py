@@ -7,6 +7,8 @@ tokens in both. The two contexts have prompts of their own widths (each left-pad
 moved by the difference of those widths, and where a cut reaches into the prompts (a guard taking a row's first token
 back) the prompt tokens fed again come from each context's own prompt. A drafter that runs part of the model on the generation's cache (early
 exit) drafts on the conditional runner (`conditional`): its drafts are guesses, and the chain's guided draws decide.
+
+`with_guidance` puts guidance into a chain that has none, as transformers' `guidance_scale` does.
 """
 
 from __future__ import annotations
@@ -15,11 +17,23 @@ import contextlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import attrs
 import torch
 
+from ..engine.chain import Chain
+from ..engine.config import load_config
 from ..runners import ModelRunner
 
-__all__ = ["GuidedRunner", "guided", "unconditional_of"]
+__all__ = ["GuidedRunner", "guided", "unconditional_of", "with_guidance"]
+
+
+def with_guidance(chain: Chain, scale: float) -> Chain:
+    """`chain` with `{ use = "cfg", scale = scale }` first: guidance before every other sampler, as transformers runs
+    its guidance processor before the others. Its ConfigErrors name `samplers[0].scale`."""
+    # load_config checks whole chains (one needs a selector): the cfg entry is resolved in a chain of two
+    entry = load_config({"samplers": [{"use": "cfg", "scale": scale}, {"use": "greedy"}]}, host=chain.host).samplers[0]
+    config = attrs.evolve(chain.config, samplers=(entry, *chain.config.samplers))
+    return Chain(config, host=chain.host, backend=chain.backend_name)
 
 
 class GuidedRunner(ModelRunner):

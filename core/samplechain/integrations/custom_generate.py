@@ -14,16 +14,15 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import attrs
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation import logits_process as _lp
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
 from ..engine.chain import Chain
-from ..engine.config import load_config
 from ..engine.discovery import PluginHost
 from ..errors import ConfigError
+from ..generation.guided import with_guidance
 from .transformers import _SPECULATE_HERE, _chain
 
 __all__ = ["as_custom_generate"]
@@ -124,16 +123,12 @@ def _guidance(processors: list[Any], chain: Chain) -> tuple[list[Any], Chain, di
             "run twice; drop guidance_scale, or cfg from the chain"
         )
     context = guiding[0].unconditional_context
-    scale = float(guiding[0].guidance_scale)
-    # the cfg entry as a chain of its own resolves it (load_config checks a whole chain: it needs a selector)
-    cfg = load_config({"samplers": [{"use": "cfg", "scale": scale}, {"use": "greedy"}]}, host=chain.host).samplers[0]
-    config = attrs.evolve(chain.config, samplers=(cfg, *chain.config.samplers))
     negative = {
         "negative_prompt_ids": context["input_ids"],
         "negative_prompt_attention_mask": context["attention_mask"],
     }
     others = [p for p in processors if p not in guiding]
-    return others, Chain(config, host=chain.host, backend=chain.backend_name), negative
+    return others, with_guidance(chain, float(guiding[0].guidance_scale)), negative
 
 
 def _extra_criteria(stop: Sequence[Any], stopping_criteria: Any) -> list[Any]:
