@@ -16,6 +16,7 @@ import torch
 
 from ..contracts import max_positions, token_id_list
 from ..engine.discovery import PluginHost, get_host
+from ..engine.mixed import MixedChains
 from ..engine.stopping import Stopping
 from ..errors import ConfigError, GenerationWarning
 from ..tokens import left_pad
@@ -153,7 +154,8 @@ def checked_token_ids(name: str, value: Any, vocab: Any = None, *, one: bool = F
 
 
 class PromptInputs:
-    """Generation's pad token, input rows and the positions they may grow to (the attributes are Generation's)."""
+    """Generation's pad token, input rows, the positions they may grow to and its stopping criteria (the attributes
+    are Generation's)."""
 
     model: Any
     tokenizer: Any
@@ -354,6 +356,49 @@ class PromptInputs:
                 f"{self.num_prompts} bools (one per prompt)"
             )
         return [bool(f) for f in flags for _ in range(self.n)]
+
+    def _criterion(self, name: str, params: dict[str, Any]) -> Any:
+        return Stopping.criterion(name, params, host=self.host)
+
+    def _stopping(
+        self, extra, max_new_tokens, max_length, max_time, stop_strings, ignore_eos, stop_regex=None
+    ) -> Stopping:
+        """The stopping criteria of generate()'s arguments, the chain's stop entries and the model's defaults."""
+        entries = self.chain.stop_entries if isinstance(self.chain, MixedChains) else self.chain.config.stop
+        stopping = Stopping.from_entries(entries, extra, require_length_limit=False)
+        checked_flags(ignore_eos=ignore_eos)
+        strings, patterns = strings_of("stop_strings", stop_strings), strings_of("stop_regex", stop_regex)
+        if stop_strings:
+            stopping.add(self._criterion("stop_strings", {"strings": strings}))
+        if stop_regex:
+            stopping.add(self._criterion("stop_regex", {"patterns": patterns}))
+        if not ignore_eos and not stopping.has("eos"):
+            if self.eos_ids:
+                stopping.add(self._criterion("eos", {"ids": self.eos_ids}))
+            else:
+                warnings.warn(
+                    "no eos token in the tokenizer, generation config or model config: rows stop only at "
+                    "the length limit or another criterion",
+                    GenerationWarning,
+                    stacklevel=4,
+                )
+        if max_time is not None:
+            if isinstance(max_time, bool) or not isinstance(max_time, numbers.Real):
+                raise ConfigError(f"max_time = {max_time!r}: seconds, a number > 0")
+            stopping.add(self._criterion("max_time", {"seconds": float(max_time)}))
+        if max_new_tokens is not None:
+            stopping.add(self._criterion("max_new_tokens", {"n": max_new_tokens}))
+        if max_length is not None:
+            stopping.add(self._criterion("max_length", {"n": max_length}))
+        if not stopping.has_length_limit:  # transformers' defaults: generation config max_new_tokens / max_length
+            gc = self.generation_config
+            if getattr(gc, "max_new_tokens", None):
+                stopping.add(self._criterion("max_new_tokens", {"n": int(gc.max_new_tokens)}))
+            elif getattr(gc, "max_length", None):
+                stopping.add(self._criterion("max_length", {"n": int(gc.max_length)}))
+            else:  # transformers 5: 20 new tokens (within the model's positions: end_at_positions)
+                stopping.add(self._criterion("max_new_tokens", {"n": 20}))
+        return stopping
 
 
 def _given_rows(

@@ -18,7 +18,6 @@ numerically close, not equal).
 
 from __future__ import annotations
 
-import numbers
 import time
 import warnings
 from collections.abc import Generator, Iterator, Mapping, Sequence
@@ -32,7 +31,7 @@ from ..engine import graphs
 from ..engine.chain import Chain
 from ..engine.discovery import PluginHost
 from ..engine.mixed import MixedChains
-from ..engine.stopping import Stopping, cut_text, min_new_tokens_of
+from ..engine.stopping import cut_text, min_new_tokens_of
 from ..errors import ConfigError, GenerationWarning, SamplingError
 from ..params import params_label, sequence_seed
 from ..runners import running_each_step
@@ -50,7 +49,6 @@ from .inputs import (
     checked_processor,
     checked_stop,
     checked_token_ids,
-    strings_of,
 )
 from .model import ModelRunner, runner_for
 from .outputs import GenerationOutput, ordinary
@@ -351,48 +349,6 @@ class Generation(PromptInputs, Checkpoints):
                     self.store.add(rid, q, chain=key)
                 else:
                     self.store.add(rid, q)
-
-    def _criterion(self, name: str, params: dict[str, Any]) -> Any:
-        return Stopping.criterion(name, params, host=self.host)
-
-    def _stopping(
-        self, extra, max_new_tokens, max_length, max_time, stop_strings, ignore_eos, stop_regex=None
-    ) -> Stopping:
-        entries = self.chain.stop_entries if isinstance(self.chain, MixedChains) else self.chain.config.stop
-        stopping = Stopping.from_entries(entries, extra, require_length_limit=False)
-        checked_flags(ignore_eos=ignore_eos)
-        strings, patterns = strings_of("stop_strings", stop_strings), strings_of("stop_regex", stop_regex)
-        if stop_strings:
-            stopping.add(self._criterion("stop_strings", {"strings": strings}))
-        if stop_regex:
-            stopping.add(self._criterion("stop_regex", {"patterns": patterns}))
-        if not ignore_eos and not stopping.has("eos"):
-            if self.eos_ids:
-                stopping.add(self._criterion("eos", {"ids": self.eos_ids}))
-            else:
-                warnings.warn(
-                    "no eos token in the tokenizer, generation config or model config: rows stop only at "
-                    "the length limit or another criterion",
-                    GenerationWarning,
-                    stacklevel=4,
-                )
-        if max_time is not None:
-            if isinstance(max_time, bool) or not isinstance(max_time, numbers.Real):
-                raise ConfigError(f"max_time = {max_time!r}: seconds, a number > 0")
-            stopping.add(self._criterion("max_time", {"seconds": float(max_time)}))
-        if max_new_tokens is not None:
-            stopping.add(self._criterion("max_new_tokens", {"n": max_new_tokens}))
-        if max_length is not None:
-            stopping.add(self._criterion("max_length", {"n": max_length}))
-        if not stopping.has_length_limit:  # transformers' defaults: generation config max_new_tokens / max_length
-            gc = self.generation_config
-            if getattr(gc, "max_new_tokens", None):
-                stopping.add(self._criterion("max_new_tokens", {"n": int(gc.max_new_tokens)}))
-            elif getattr(gc, "max_length", None):
-                stopping.add(self._criterion("max_length", {"n": int(gc.max_length)}))
-            else:  # transformers 5: 20 new tokens (within the model's positions: end_at_positions)
-                stopping.add(self._criterion("max_new_tokens", {"n": 20}))
-        return stopping
 
     def steps(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Run to the end, yielding (token_ids (B,), active (B,) bool: rows that produced a real token)."""
