@@ -31,7 +31,8 @@ def with_guidance(chain: Chain, scale: float) -> Chain:
     """`chain` with `{ use = "cfg", scale = scale }` first: guidance before every other sampler, as transformers runs
     its guidance processor before the others. Its ConfigErrors name `samplers[0].scale`."""
     # load_config checks whole chains (one needs a selector): the cfg entry is resolved in a chain of two
-    entry = load_config({"samplers": [{"use": "cfg", "scale": scale}, {"use": "greedy"}]}, host=chain.host).samplers[0]
+    spec = {"samplers": [{"use": "cfg", "scale": scale}, {"use": "greedy"}]}
+    entry = load_config(spec, host=chain.host, name="guidance").samplers[0]
     config = attrs.evolve(chain.config, samplers=(entry, *chain.config.samplers))
     return Chain(config, host=chain.host, backend=chain.backend_name)
 
