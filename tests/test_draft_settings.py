@@ -318,14 +318,55 @@ def test_the_stopping_criteria_refuse_transformers_assisted_generation(tiny):
     assert out.shape[1] == enc["input_ids"].shape[1] + 6
 
 
+def synthid(model):
+    """transformers' SynthID watermark processor: it keeps the contexts it has seen from call to call."""
+    config = transformers.SynthIDTextWatermarkingConfig(keys=[654, 400, 836, 123, 340, 443, 597, 160], ngram_len=3)
+    return config.construct_processor(model.config.vocab_size, torch.device("cpu"))
+
+
 @pytest.mark.transformers_parity
-def test_a_stateful_logits_processor_is_refused_with_a_drafter(tiny):
+@pytest.mark.parametrize("given", ["draft", "guards"])
+@pytest.mark.parametrize("stateful", ["chain", "synthid"])
+def test_a_stateful_logits_processor_is_refused_with_a_drafter_or_guards(tiny, given, stateful):
     from samplechain.integrations import as_logits_processor
 
     model, tok = tiny
-    processor = as_logits_processor("preset:llama.cpp", seed=1)
-    with pytest.raises(ConfigError, match="draft= with logits_processor=ChainLogitsProcessor: it keeps its own state"):
-        generate(model, tok, [QUOTING, CODE], logits_processor=processor, draft="prompt_lookup", pad_token_id=0)
+    # as_logits_processor gives a LogitsProcessorList holding one ChainLogitsProcessor
+    processor = as_logits_processor("preset:llama.cpp", seed=1)[0] if stateful == "chain" else synthid(model)
+    name = type(processor).__name__
+    taking_back = {"draft": "prompt_lookup", "guards": [{"use": "banned_strings", "phrases": ["pear"]}]}[given]
+    message = f"{given}= with logits_processor={name}: it keeps its own state from call to call"
+    with pytest.raises(ConfigError, match=message):
+        generate(model, tok, [QUOTING, CODE], logits_processor=processor, pad_token_id=0, **{given: taking_back})
+    processors = transformers.LogitsProcessorList([transformers.TemperatureLogitsWarper(0.5), processor])
+    with pytest.raises(ConfigError, match=f"{given}= with logits_processor={name}"):  # found in a list too
+        generate(model, tok, [QUOTING], logits_processor=processors, pad_token_id=0, **{given: taking_back})
+
+
+@pytest.mark.transformers_parity
+def test_custom_generate_watermarks_as_model_generate_and_refuses_it_with_assisted_generation(tiny):
+    """transformers' SynthID watermark keeps the contexts it has seen, which drafted positions taken back would
+    move on (measured: other tokens with prompt lookup than without): it runs in the loop without speculation, and
+    with assisted generation it is one error in model.generate's terms."""
+    from samplechain.integrations import as_custom_generate
+
+    model, tok = tiny
+    tok = copy.deepcopy(tok)
+    tok.pad_token_id, tok.padding_side = 0, "left"
+    batch = tok([QUOTING, CODE], return_tensors="pt", padding=True)
+    config = transformers.SynthIDTextWatermarkingConfig(keys=[654, 400, 836, 123, 340, 443, 597, 160], ngram_len=3)
+    kwargs = {"max_new_tokens": 16, "do_sample": False, "pad_token_id": 0}
+    decode = as_custom_generate("preset:greedy", tokenizer=tok)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' deprecation notes
+        theirs = model.generate(**batch, watermarking_config=config, **kwargs)
+        ours = model.generate(**batch, custom_generate=decode, watermarking_config=config, **kwargs)
+        unmarked = model.generate(**batch, custom_generate=decode, **kwargs)
+        assert torch.equal(ours, theirs) and not torch.equal(ours, unmarked)
+        with pytest.raises(ConfigError, match=r"assisted generation and transformers' SynthIDTextWatermarkLogitsProc"):
+            model.generate(
+                **batch, custom_generate=decode, watermarking_config=config, prompt_lookup_num_tokens=4, **kwargs
+            )
 
 
 @pytest.mark.transformers_parity

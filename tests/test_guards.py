@@ -465,6 +465,19 @@ def test_a_chains_bad_guards_name_their_key_path(line, message):
         Chain.load('[chain]\nsamplers = [{use = "greedy"}]\n' + line + "\n")
 
 
+def test_a_sampler_that_cannot_fork_its_state_is_refused_with_guards(tiny, monkeypatch):
+    from samplechain import Chain
+
+    model, tok = tiny
+    chain = Chain.load({"samplers": [{"use": "top_k", "k": 5}, {"use": "dist"}]})
+    monkeypatch.setattr(type(chain.samplers[0]), "forkable", False)
+    ban = [{"use": "banned_strings", "phrases": ["the"]}]
+    with pytest.raises(
+        ConfigError, match=r"guards=: the chain's sampler top_k\.v1 cannot fork its state.*guards=False"
+    ):
+        generate(model, tok, ["Hi"], chain=chain, guards=ban, max_new_tokens=2, pad_token_id=0)
+
+
 def test_as_a_logits_processor_a_chain_with_guards_is_refused(tiny):
     from samplechain import Chain
     from samplechain.integrations.transformers import as_logits_processor

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_forkable",
+    "keeps_state",
     "checked_mode",
     "drafter_state",
     "expected_kind",
@@ -77,25 +78,50 @@ def load_drafter(draft: Any, host: PluginHost) -> Drafter:
     )
 
 
-def check_forkable(chain: Any, processor: Any = None) -> None:
-    """A drafter needs every sampler's state to be copied and set back; a sampler that declares it cannot be
-    (`Sampler.forkable = False`) is refused here, naming it, and so is a `logits_processor=` that keeps state from
-    call to call (`keeps_state = True`: samplechain's own ChainLogitsProcessor), which the drafted positions and
-    the ones taken back would move on."""
+# transformers' logits processors that keep state from call to call: SynthID's watermark (the contexts it has seen),
+# the unbatched guidance processor (a cache of the unconditional context)
+_STATEFUL_PROCESSORS = {"SynthIDTextWatermarkLogitsProcessor", "UnbatchedClassifierFreeGuidanceLogitsProcessor"}
+# who calls a processor at positions it then takes back: what it is given, what it does, how to go without it
+_TAKING_BACK = {
+    "draft=": ("a drafted generation", "a drafter (draft=False)"),
+    "guards=": ("a guarded generation", "guards (guards=False)"),
+}
+
+
+def keeps_state(processor: Any) -> bool:
+    """Whether a `logits_processor=` (or one of a list's) keeps state from call to call: it says so (`keeps_state =
+    True`, as samplechain's ChainLogitsProcessor does), or it is one of transformers' processors that do."""
+    if isinstance(processor, (list, tuple)):
+        return any(keeps_state(p) for p in processor)
+    return bool(getattr(processor, "keeps_state", False)) or any(
+        c.__name__ in _STATEFUL_PROCESSORS for c in type(processor).__mro__
+    )
+
+
+def check_forkable(chain: Any, processor: Any = None, given: str = "draft=") -> None:
+    """A drafter or a guard (`given`: "draft=" or "guards=") needs every sampler's state to be copied and set back;
+    a sampler that declares it cannot be (`Sampler.forkable = False`) is refused here, naming it, and so is a
+    `logits_processor=` that keeps state from call to call (`keeps_state`), which the positions taken back would
+    move on."""
+    doing, without = _TAKING_BACK[given]
     processors = [] if processor is None else list(processor) if isinstance(processor, (list, tuple)) else [processor]
     for p in processors:
-        if getattr(p, "keeps_state", False):
+        if keeps_state(p):
+            chain_instead = (
+                "pass its chain as chain= (and its params= and seed=) instead, or "
+                if getattr(p, "keeps_state", False)
+                else ""
+            )
             raise ConfigError(
-                f"draft= with logits_processor={type(p).__name__}: it keeps its own state from call to call, and a "
-                "drafted generation calls it at positions it then takes back; pass its chain as chain= (and its "
-                "params= and seed=) instead, or generate without a drafter (draft=False)"
+                f"{given} with logits_processor={type(p).__name__}: it keeps its own state from call to call, and "
+                f"{doing} calls it at positions it then takes back; {chain_instead}generate without {without}"
             )
     for sampler in chain.samplers:  # a MixedChains' samplers are every chain's
         if not sampler.forkable:
             raise ConfigError(
-                f"draft=: the chain's sampler {sampler.qualified_name()} cannot fork its state (forkable = False), "
-                "which speculative decoding needs to check drafted tokens position by position; generate without "
-                "a drafter (draft=False) or drop the sampler from the chain"
+                f"{given}: the chain's sampler {sampler.qualified_name()} cannot fork its state (forkable = False), "
+                f"which {doing} needs to take positions back; generate without {without} or drop the sampler "
+                "from the chain"
             )
 
 

@@ -46,6 +46,7 @@ from ..engine.stopping import CallableCriterion
 from ..errors import ConfigError
 from ..runners import running
 from ..tokens import left_pad
+from .drafting import keeps_state
 from .guided import guided, unconditional_of
 from .inputs import Prompts, checked_stop
 from .model import runner_for
@@ -369,7 +370,7 @@ class _Scoring:
         gen.setup.start_time = time.monotonic()  # max_time, as generate() starts its clock
         gen.stopping.prepare(gen.setup)
         groups = _groups(gen, self.rows)
-        if len(groups) > 1 and getattr(gen.logits_processor, "keeps_state", False):
+        if len(groups) > 1 and keeps_state(gen.logits_processor):
             raise ConfigError(
                 f"logits_processor={type(gen.logits_processor).__name__} keeps its own state from call to call, and "
                 f"these rows are scored in {len(groups)} groups (together they exceed the model's positions), which "

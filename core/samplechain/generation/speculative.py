@@ -131,6 +131,8 @@ class Speculation(Drawing):
         together. With guards (guarding.py) the loop runs even where no row drafts: it draws a guarded row's tokens
         ahead of what it commits."""
         guarding = Guarding.prepare(guards, gen)
+        if guarding is not None:
+            check_forkable(gen.chain, gen.logits_processor, "guards=")
         alone = None if guarding is None else cls([None] * len(gen.request_ids), gen, guarding=guarding)
         if draft is False:
             return alone

@@ -22,6 +22,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from ..engine.chain import Chain
 from ..engine.discovery import PluginHost
 from ..errors import ConfigError
+from ..generation.drafting import keeps_state
 from ..generation.guided import with_guidance
 from .transformers import _SPECULATE_HERE, _chain
 
@@ -220,6 +221,22 @@ def _draft_of(gc: Any, defaults: Mapping[str, Any]) -> Any:
     return None
 
 
+def _check_stateful(processors: Sequence[Any], draft: Any) -> None:
+    """Assisted generation with one of transformers' processors that keep state from call to call (SynthID's
+    watermark): one error in model.generate's terms, where the loop's would speak of draft=."""
+    stateful = [p for p in processors if keeps_state(p)]
+    if draft is None or not stateful:
+        return
+    name = type(stateful[0]).__name__
+    given = " (watermarking_config=)" if "SynthID" in name else ""
+    raise ConfigError(
+        f"model.generate(custom_generate=as_custom_generate(...)) with assisted generation and transformers' "
+        f"{name}{given}: it keeps its own state from call to call, and speculation calls it at drafted positions it "
+        "then takes back; drop prompt_lookup_num_tokens / assistant_model / assistant_early_exit (or draft=), or "
+        "the processor"
+    )
+
+
 def _config_keywords(gc: Any, defaults: Mapping[str, Any]) -> dict[str, Any]:
     """The loop's keywords that transformers' prepared generation config gives: length and time limits, eos and
     pad ids, the outputs asked for, copies and beams, and the draft of its assisted-generation settings."""
@@ -308,6 +325,7 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
             logits_processor=LogitsProcessorList(processors) if processors else None,
             **_config_keywords(gc, defaults),
         )
+        _check_stateful(processors, kwargs["draft"])
         out = sc_generate(model, tokenizer, None, **kwargs)
         return out if gc.return_dict_in_generate else out.sequences
 
