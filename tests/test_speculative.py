@@ -1107,8 +1107,8 @@ def random_row_params(rng: random.Random, chain: dict, temperatures: bool) -> di
 def random_generation(rng: random.Random, tok, batch: int) -> dict:
     """generate()'s settings drawn at random around a random chain, or one per prompt: per-row seeds (and
     temperatures where the chain has a temperature stage), stop strings and a stop pattern, ignore_eos, several
-    return sequences, top logprobs (half the time) and scores, another logprobs stage, a phrase ban, and a fifth of the
-    time classifier-free guidance with a negative prompt per prompt."""
+    return sequences, top logprobs (half the time) and scores, another logprobs stage, a phrase ban, a fifth of the
+    time classifier-free guidance with a negative prompt per prompt, and a fifth transformers' logits processors."""
     chain, per_prompt = random_chains(rng, tok, batch, constrained=0.3)
     sampling = any(c["samplers"][-1]["use"] == "dist" for c in per_prompt)
     kwargs = {"chain": chain, "max_new_tokens": rng.randint(4, 32)}
@@ -1134,7 +1134,21 @@ def random_generation(rng: random.Random, tok, batch: int) -> dict:
     kwargs |= {key: value for key, value in options.items() if rng.random() < 0.25}
     if rng.random() < 0.2:
         kwargs |= guided(rng, kwargs["chain"], batch)
+    if rng.random() < 0.2:
+        forcing = {"grammar", "reasoning_budget"}  # their forced tokens an n-gram ban could mask
+        masks = not any(s["use"] in forcing for c in per_prompt for s in c["samplers"])
+        kwargs["logits_processor"] = transformers_processors(rng, masks)
     return kwargs
+
+
+def transformers_processors(rng: random.Random, masks: bool) -> Any:
+    """logits_processor=: transformers' repetition penalty, Nudge and (`masks`) transformers' n-gram ban, some of
+    them, which read what input_ids the loop shows them at each position."""
+    from transformers import LogitsProcessorList, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
+
+    pool = [RepetitionPenaltyLogitsProcessor(rng.choice([0.8, 1.3])), Nudge()]
+    pool += [NoRepeatNGramLogitsProcessor(3)] if masks else []
+    return LogitsProcessorList(rng.sample(pool, rng.randint(1, len(pool))))
 
 
 def guided(rng: random.Random, chain: Any, batch: int) -> dict:
@@ -1338,7 +1352,8 @@ def test_on_a_gpu_scoring_a_random_generations_tokens_keeps_each_with_its_logpro
 
 def scoring_keeps_a_random_generation(model, tok, case: int, seed: int) -> None:
     """A random chain's generation (or one chain per prompt's) of 1-4 prompts (per-row or one seed, a random logprobs
-    stage, several return sequences, a fifth of the time classifier-free guidance), then score() of its tokens with
+    stage, several return sequences, a fifth of the time classifier-free guidance and a fifth transformers' logits
+    processors), then score() of its tokens with
     chunks of 1, all or 3 (by case): each token kept, with the generation's logprob."""
     rng = random.Random(seed)
     prompts = rng.choices(PROMPTS, k=rng.randint(1, 4))
@@ -1354,6 +1369,9 @@ def scoring_keeps_a_random_generation(model, tok, case: int, seed: int) -> None:
     chunk = [1, None, 3][case % 3]
     if rng.random() < 0.2:
         kwargs |= guided(rng, chain, len(prompts))
+    if rng.random() < 0.2:
+        masks = not any(s["use"] in ("grammar", "reasoning_budget") for c in per_prompt for s in c["samplers"])
+        kwargs["logits_processor"] = transformers_processors(rng, masks)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # chain pitfalls a random chain may have
         out = generate(
