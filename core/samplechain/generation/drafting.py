@@ -22,10 +22,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_forkable",
-    "keeps_state",
     "checked_mode",
     "drafter_state",
     "expected_kind",
+    "keeps_state",
     "load_drafter",
     "load_spec",
     "longest_draft",
@@ -81,7 +81,7 @@ def load_drafter(draft: Any, host: PluginHost) -> Drafter:
 # transformers' logits processors that keep state from call to call: SynthID's watermark (the contexts it has seen),
 # the unbatched guidance processor (a cache of the unconditional context)
 _STATEFUL_PROCESSORS = {"SynthIDTextWatermarkLogitsProcessor", "UnbatchedClassifierFreeGuidanceLogitsProcessor"}
-# who calls a processor at positions it then takes back: what it is given, what it does, how to go without it
+# the arguments that take positions back: who then calls a processor there, and how to generate without them
 _TAKING_BACK = {
     "draft=": ("a drafted generation", "a drafter (draft=False)"),
     "guards=": ("a guarded generation", "guards (guards=False)"),
