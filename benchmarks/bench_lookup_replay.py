@@ -15,6 +15,10 @@ them, for bench_speculative.py's tasks, prompts and chains (B = 1, the first --p
 - `copying bound` (bench_speculative.Knows): the longest run of the row's next tokens that occurs earlier in its
   prompt and text so far, whichever occurrence that is.
 
+It also sorts the copying bound's kept tokens by where each kept run occurs earlier (`bound_sources`): where the
+passage the row copied last goes on, near it, after an occurrence of the row's last token, or elsewhere, where
+nothing a lookup sees leads.
+
 With sampling it also counts how often a drafted token is kept against the Gumbel noise g that the chain's draw adds
 to it at its position (a pure function of the request's seed, the position and the token id, which a drafter can
 read before the model runs): a token the processed distribution gives the chance p is drawn with probability
@@ -173,6 +177,45 @@ def copying_bound(text: Text) -> Policy:
     return propose
 
 
+# ----------------------------------------------------------------- where the copying bound's tokens come from
+SOURCES = ("goes on", "near", "after its last token", "elsewhere")
+
+
+def bound_sources(text: Text, num_tokens: int, max_new: int, near: int = 3) -> dict[str, list[int]]:
+    """The copying bound's calls as `replay` makes them, by where the run each call keeps occurs earlier: where the
+    passage of the row's last kept run goes on (counting one passage token per token drawn since: "goes on"),
+    within `near` tokens of that ("near": words of the row's own in place of the passage's, longer or shorter),
+    after an occurrence of the row's last token ("after its last token": what a lookup of one token finds) or
+    elsewhere (nothing in the row's last tokens or its passage leads there). Of several occurrences, the first of
+    those kinds that one is. Source -> [calls, kept tokens]."""
+    prompt, gen = text.prompt, text.generated
+    out = {source: [0, 0] for source in SOURCES}
+    t, cursor = 1, None  # cursor: where in prompt + text the row's passage goes on
+    while t < len(gen):
+        tokens = torch.tensor(prompt + gen[:t], dtype=torch.int64)
+        ahead = torch.tensor(gen[t : t + max(min(num_tokens, max_new - t - 1), 0)], dtype=torch.int64)
+        k, starts = 0, []
+        while k < len(ahead) and k < len(tokens):
+            hits = (tokens.unfold(0, k + 1, 1) == ahead[: k + 1]).all(dim=1).nonzero().flatten().tolist()
+            if not hits:
+                break
+            k, starts = k + 1, hits
+        if not k:
+            t, cursor = t + 1, None if cursor is None else cursor + 1
+            continue
+        kinds = {
+            "goes on": [s for s in starts if s == cursor],
+            "near": [s for s in starts if cursor is not None and abs(s - cursor) <= near],
+            "after its last token": [s for s in starts if s and tokens[s - 1] == tokens[-1]],
+            "elsewhere": starts,
+        }
+        source = next(name for name in SOURCES if kinds[name])
+        out[source][0] += 1
+        out[source][1] += k
+        t, cursor = t + k + 1, kinds[source][0] + k + 1
+    return out
+
+
 # ----------------------------------------------------------------- texts
 def texts_of(model: Any, tok: Any, task: str, setting: str, n: int, prompts: int) -> list[Text]:
     """Each of the task's first `prompts` prompts and what generate() writes for it without a drafter (B = 1)."""
@@ -207,6 +250,11 @@ def measure(texts: list[Text], num_tokens: int, max_new: int, noise: bool) -> di
     return totals
 
 
+def _from(calls: int, kept: int, total: int) -> str:
+    """A source's share of the copying bound's kept tokens, its kept tokens and the tokens a call of it kept."""
+    return f"{kept / max(total, 1):.2f} ({kept} in {calls} calls, {kept / calls if calls else 0:.1f} a call)"
+
+
 def _share(kept: int, checked: int) -> str:
     return f"{kept / checked:.2f} ({kept}/{checked})" if checked else "-"
 
@@ -224,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, tok = bs._load(args.engine, args.threads)
-    rows, noise_rows, checks = [], [], []
+    rows, noise_rows, source_rows, checks = [], [], [], []
     for task in args.tasks.split(","):
         for setting in args.settings.split(","):
             texts = texts_of(model, tok, task, setting, args.max_new_tokens, args.prompts)
@@ -235,16 +283,24 @@ def main(argv: list[str] | None = None) -> int:
                 for part in ("first", "later") if c.by_noise else ():
                     cells = [_share(*c.by_noise.get((part, b), [0, 0])) for b in BUCKETS]
                     noise_rows.append([task, part, *cells])
+            sources = {name: [0, 0] for name in SOURCES}
+            for text in texts:
+                for name, (calls, kept) in bound_sources(text, args.num_tokens, args.max_new_tokens).items():
+                    sources[name][0], sources[name][1] = sources[name][0] + calls, sources[name][1] + kept
+            total = sum(kept for _, kept in sources.values())
+            source_rows.append([task, setting, *(_from(calls, kept, total) for calls, kept in sources.values())])
             if sampled:
                 checks.append(f"{task}: the drawn tokens' mean noise {drawn_noise(texts):.2f} (a Gumbel's: 0.58)")
     header = ["task", "setting", "drafter", "tokens per call", "kept", "drafted"]
     noise_header = ["task", "drafted token", *(f"g ~ {b}" for b in BUCKETS)]
     noise_header[2], noise_header[-1] = f"g < {BUCKETS[0] + 0.5}", f"g >= {BUCKETS[-1] - 0.5}"
+    source_header = ["task", "setting", *(f"copying bound: {name}" for name in SOURCES)]
     if not args.markdown:
         print(json.dumps({"replay": [dict(zip(header, r)) for r in rows],
-                          "noise": [dict(zip(noise_header, r)) for r in noise_rows], "checks": checks}, indent=2))  # fmt: skip
+                          "noise": [dict(zip(noise_header, r)) for r in noise_rows],
+                          "sources": [dict(zip(source_header, r)) for r in source_rows], "checks": checks}, indent=2))  # fmt: skip
         return 0
-    for head, body in ((header, rows), (noise_header, noise_rows)):
+    for head, body in ((header, rows), (noise_header, noise_rows), (source_header, source_rows)):
         print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         print("\n".join("| " + " | ".join(r) + " |" for r in body) + "\n")
     print("\n".join(checks))

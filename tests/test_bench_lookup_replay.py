@@ -74,3 +74,16 @@ def test_the_noise_is_the_draws_and_its_buckets_count_checked_tokens(bench):
     kept = sum(k for k, _ in counts.by_noise.values())
     assert kept == counts.kept and counts.kept <= checked <= counts.drafted
     assert bench._bucket(-3.0) == -1 and bench._bucket(0.49) == 0 and bench._bucket(math.inf) == 3
+
+
+def test_the_copying_bounds_tokens_are_sorted_by_where_their_run_occurs(bench):
+    # the row copies "2 3 4" (after its last token, 1), goes on "6 7 8" and "60 61" in the passage, writes "42 43"
+    # of its own in place of "70", copies "71 72" a token later than the passage's cursor (near), writes "99" and
+    # copies "5 6", which nothing it just wrote leads to (elsewhere)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 50, 60, 61, 70, 71, 72]
+    text = bench.Text(prompt, [1, 2, 3, 4, 9, 6, 7, 8, 9, 60, 61, 42, 43, 71, 72, 99, 5, 6, 0], seed=0, stream=0)
+    sources = bench.bound_sources(text, 10, 100)
+    assert sources == {"goes on": [2, 5], "near": [1, 2], "after its last token": [1, 3], "elsewhere": [1, 2]}
+    bound = bench.replay(text, bench.copying_bound(text), 10, 100)
+    assert bound.kept == sum(kept for _, kept in sources.values())
+    assert bound.calls == 1 + sum(calls for calls, _ in sources.values()) + 1  # the prefill, and a call keeping none
