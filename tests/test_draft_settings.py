@@ -453,6 +453,52 @@ def test_custom_generate_ends_an_assistants_drafts_at_its_confidence_threshold(t
     assert generate(assistant)["p_min"] == 0.25
 
 
+@pytest.mark.transformers_parity
+def test_custom_generate_drafts_as_many_tokens_as_the_assistants_num_assistant_tokens(tiny):
+    """transformers' num_assistant_tokens is the longest draft and its "constant" schedule a fixed draft length (20
+    where the number is unset), read where transformers reads them: the assistant's generation config, the model's
+    own for assistant_early_exit. Unset, the loop's adaptive lengths stand."""
+    from samplechain.integrations import as_custom_generate
+    from samplechain.integrations.custom_generate import _draft_of
+
+    model, tok = tiny
+    assistant = copy.deepcopy(model)
+    config = assistant.generation_config
+
+    def generate(assistant_model):  # where the adapter finds model.generate's assistant_model
+        return _draft_of(transformers.GenerationConfig(), {})
+
+    for n, schedule, expected in [
+        (None, None, {}),
+        (3, "heuristic", {"num_tokens": 3}),
+        (2, "constant", {"num_tokens": 2, "adaptive": False}),
+        (None, "constant", {"num_tokens": 20, "adaptive": False}),
+    ]:
+        config.num_assistant_tokens, config.num_assistant_tokens_schedule = n, schedule
+        assert generate(assistant) == {"use": "draft_model", "model": assistant, "p_min": 0.4} | expected
+        early_exit = _draft_of(transformers.GenerationConfig(assistant_early_exit=2), {}, assistant)
+        assert early_exit == {"use": "early_exit", "layers": 2, "p_min": 0.4} | expected
+    config.num_assistant_tokens = 0
+    with pytest.raises(ConfigError, match=r"num_assistant_tokens = 0: .* must be a whole number >= 1"):
+        generate(assistant)
+
+    # end to end: the assistant is the model itself, greedy, so each draft is kept whole, two tokens a call
+    tok = copy.deepcopy(tok)
+    tok.pad_token_id, tok.padding_side = 0, "left"
+    batch = tok([QUOTING, CODE], return_tensors="pt", padding=True)
+    config.num_assistant_tokens, config.num_assistant_tokens_schedule = 2, "constant"
+    config.assistant_confidence_threshold = 0.0
+    kwargs = {"max_new_tokens": 20, "pad_token_id": 0, "return_dict_in_generate": True}
+    decode = as_custom_generate("preset:greedy", tokenizer=tok)
+    plain = model.generate(**batch, custom_generate=decode, **kwargs)
+    out = model.generate(**batch, custom_generate=decode, assistant_model=assistant, **kwargs)
+    assert torch.equal(out.sequences, plain.sequences)
+    assert out.kept.tolist() == out.drafted.tolist() and bool((out.drafted > 0).all())
+    # a call drafts at most two tokens and keeps them with one drawn: at most 3 tokens a call after the prefill
+    assert bool((out.drafted <= 2 * (out.model_calls - 1)).all())
+    assert out.num_generated.tolist() == (out.model_calls + out.kept).tolist()
+
+
 def test_a_table_around_a_drafter_object_takes_only_the_loops_settings(tiny):
     from samplechain_prompt_lookup import PromptLookup
 

@@ -194,12 +194,28 @@ def _confidence_threshold(config: Any) -> float:
     return 0.4 if value is None else float(value)
 
 
-def _draft_of(gc: Any, defaults: Mapping[str, Any]) -> Any:
+def _draft_length(config: Any) -> dict[str, Any]:
+    """transformers' num_assistant_tokens and num_assistant_tokens_schedule of a generation config, where set, as a
+    draft table's keys: the longest draft (num_tokens), and "constant" as a fixed draft length (adaptive = False;
+    transformers drafts 20 where the number is unset). Unset, the drafter's own longest draft and the loop's
+    adaptive lengths (the "heuristic" schedules' counterpart) stand."""
+    n = getattr(config, "num_assistant_tokens", None)
+    constant = getattr(config, "num_assistant_tokens_schedule", None) == "constant"
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ConfigError(
+            f"num_assistant_tokens = {n!r}: the number of tokens the assistant drafts must be a whole number >= 1"
+        )
+    n = 20 if n is None and constant else n
+    return ({} if n is None else {"num_tokens": n}) | ({"adaptive": False} if constant else {})
+
+
+def _draft_of(gc: Any, defaults: Mapping[str, Any], model: Any = None) -> Any:
     """The loop's draft= from transformers' assisted-generation settings, each with the drafter that keeps the
     chain's tokens: prompt_lookup_num_tokens (max_matching_ngram_size) -> prompt_lookup, assistant_model ->
-    draft_model, assistant_early_exit -> early_exit (assistant_confidence_threshold -> p_min). A draft= given to
-    as_custom_generate wins; beam search drafts nothing, as in transformers; use_mtp (no such drafter) is
-    refused."""
+    draft_model, assistant_early_exit -> early_exit (assistant_confidence_threshold -> p_min,
+    num_assistant_tokens and its schedule -> the draft length, read where transformers reads them: the assistant's
+    generation config, for assistant_early_exit `model`'s own). A draft= given to as_custom_generate wins; beam
+    search drafts nothing, as in transformers; use_mtp (no such drafter) is refused."""
     if getattr(gc, "use_mtp", False):
         raise ConfigError(
             "model.generate(custom_generate=as_custom_generate(...), use_mtp=True): samplechain has no "
@@ -212,9 +228,11 @@ def _draft_of(gc: Any, defaults: Mapping[str, Any]) -> Any:
         return defaults.get("draft")
     if assistant is not None:
         config = getattr(assistant, "generation_config", None)  # transformers reads the assistant's own
-        return {"use": "draft_model", "model": assistant, "p_min": _confidence_threshold(config)}
+        drafter = {"use": "draft_model", "model": assistant, "p_min": _confidence_threshold(config)}
+        return drafter | _draft_length(config)
     if early_exit is not None:
-        return {"use": "early_exit", "layers": int(early_exit), "p_min": _confidence_threshold(gc)}
+        drafter = {"use": "early_exit", "layers": int(early_exit), "p_min": _confidence_threshold(gc)}
+        return drafter | _draft_length(getattr(model, "generation_config", None))
     if n is not None:
         ngram = getattr(gc, "max_matching_ngram_size", None) or 2  # transformers' default
         return {"use": "prompt_lookup", "num_tokens": int(n), "max_ngram": int(ngram)}
@@ -237,7 +255,7 @@ def _check_stateful(processors: Sequence[Any], draft: Any) -> None:
     )
 
 
-def _config_keywords(gc: Any, defaults: Mapping[str, Any]) -> dict[str, Any]:
+def _config_keywords(gc: Any, defaults: Mapping[str, Any], model: Any = None) -> dict[str, Any]:
     """The loop's keywords that transformers' prepared generation config gives: length and time limits, eos and
     pad ids, the outputs asked for, copies and beams, and the draft of its assisted-generation settings."""
     eos, pad = _eos_and_pad(gc)
@@ -252,7 +270,7 @@ def _config_keywords(gc: Any, defaults: Mapping[str, Any]) -> dict[str, Any]:
         "output_logits": bool(gc.output_logits),
         "generation_config": gc,
         "num_return_sequences": int(gc.num_return_sequences or 1),
-        "draft": _draft_of(gc, defaults),
+        "draft": _draft_of(gc, defaults, model),
     }
     if beams > 1:
         penalty = 1.0 if gc.length_penalty is None else float(gc.length_penalty)
@@ -323,7 +341,7 @@ def as_custom_generate(chain: Any, *, stop: Sequence[Any] = (), host: PluginHost
             stop=extra,
             **_own_keywords(kwargs, seed, params, stop_strings, stop_regex, include_stop_str_in_output),
             logits_processor=LogitsProcessorList(processors) if processors else None,
-            **_config_keywords(gc, defaults),
+            **_config_keywords(gc, defaults, model),
         )
         _check_stateful(processors, kwargs["draft"])
         out = sc_generate(model, tokenizer, None, **kwargs)
