@@ -479,7 +479,7 @@ def test_custom_generate_drafts_as_many_tokens_as_the_assistants_num_assistant_t
         early_exit = _draft_of(transformers.GenerationConfig(assistant_early_exit=2), {}, assistant)
         assert early_exit == {"use": "early_exit", "layers": 2, "p_min": 0.4} | expected
     config.num_assistant_tokens = 0
-    with pytest.raises(ConfigError, match=r"num_assistant_tokens = 0: .* must be a whole number >= 1"):
+    with pytest.raises(ConfigError, match=r"assistant_model.generation_config.num_assistant_tokens = 0: "):
         generate(assistant)
 
     # end to end: the assistant is the model itself, greedy, so each draft is kept whole, two tokens a call

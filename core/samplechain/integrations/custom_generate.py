@@ -194,7 +194,7 @@ def _confidence_threshold(config: Any) -> float:
     return 0.4 if value is None else float(value)
 
 
-def _draft_length(config: Any) -> dict[str, Any]:
+def _draft_length(config: Any, whose: str) -> dict[str, Any]:
     """transformers' num_assistant_tokens and num_assistant_tokens_schedule of a generation config, where set, as a
     draft table's keys: the longest draft (num_tokens), and "constant" as a fixed draft length (adaptive = False;
     transformers drafts 20 where the number is unset). Unset, the drafter's own longest draft and the loop's
@@ -203,7 +203,8 @@ def _draft_length(config: Any) -> dict[str, Any]:
     constant = getattr(config, "num_assistant_tokens_schedule", None) == "constant"
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ConfigError(
-            f"num_assistant_tokens = {n!r}: the number of tokens the assistant drafts must be a whole number >= 1"
+            f"{whose}.generation_config.num_assistant_tokens = {n!r}: the number of tokens the assistant drafts must "
+            "be a whole number >= 1"
         )
     n = 20 if n is None and constant else n
     return ({} if n is None else {"num_tokens": n}) | ({"adaptive": False} if constant else {})
@@ -229,10 +230,10 @@ def _draft_of(gc: Any, defaults: Mapping[str, Any], model: Any = None) -> Any:
     if assistant is not None:
         config = getattr(assistant, "generation_config", None)  # transformers reads the assistant's own
         drafter = {"use": "draft_model", "model": assistant, "p_min": _confidence_threshold(config)}
-        return drafter | _draft_length(config)
+        return drafter | _draft_length(config, "assistant_model")
     if early_exit is not None:
         drafter = {"use": "early_exit", "layers": int(early_exit), "p_min": _confidence_threshold(gc)}
-        return drafter | _draft_length(getattr(model, "generation_config", None))
+        return drafter | _draft_length(getattr(model, "generation_config", None), "model")
     if n is not None:
         ngram = getattr(gc, "max_matching_ngram_size", None) or 2  # transformers' default
         return {"use": "prompt_lookup", "num_tokens": int(n), "max_ngram": int(ngram)}
