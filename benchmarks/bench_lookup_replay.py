@@ -194,12 +194,7 @@ def bound_sources(text: Text, num_tokens: int, max_new: int, near: int = 3) -> d
     while t < len(gen):
         tokens = torch.tensor(prompt + gen[:t], dtype=torch.int64)
         ahead = torch.tensor(gen[t : t + max(min(num_tokens, max_new - t - 1), 0)], dtype=torch.int64)
-        k, starts = 0, []
-        while k < len(ahead) and k < len(tokens):
-            hits = (tokens.unfold(0, k + 1, 1) == ahead[: k + 1]).all(dim=1).nonzero().flatten().tolist()
-            if not hits:
-                break
-            k, starts = k + 1, hits
+        k, starts = bs.occurring(tokens, ahead)
         if not k:
             t, cursor = t + 1, None if cursor is None else cursor + 1
             continue

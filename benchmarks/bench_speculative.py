@@ -632,10 +632,19 @@ class Knows(Drafter):
         ahead = text[n : n + limit]
         if not self.copying:
             return ahead
-        k = 0
-        while k < len(ahead) and k < n and bool((tokens.unfold(0, k + 1, 1) == ahead[: k + 1]).all(1).any()):
-            k += 1
-        return ahead[:k]
+        return ahead[: occurring(tokens, ahead)[0]]
+
+
+def occurring(tokens: torch.Tensor, ahead: torch.Tensor) -> tuple[int, list[int]]:
+    """(k, starts): the longest prefix of `ahead` that occurs in `tokens` (k tokens) and the positions in `tokens`
+    where it does (none where k is 0)."""
+    k, starts = 0, []
+    while k < len(ahead) and k < len(tokens):
+        hits = (tokens.unfold(0, k + 1, 1) == ahead[: k + 1]).all(dim=1).nonzero().flatten().tolist()
+        if not hits:
+            break
+        k, starts = k + 1, hits
+    return k, starts
 
 
 def _texts(model: Any, tok: Any, runs: list[Batch], setting: str, n: int, guidance: float | None) -> list[torch.Tensor]:
