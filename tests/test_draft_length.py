@@ -7,10 +7,12 @@ import itertools
 import random
 
 import pytest
+import torch
 
 from samplechain.drafters import Drafter
-from samplechain.generation import Generation
+from samplechain.generation import Generation, generate
 from samplechain.generation.draft_length import _OVERHEAD, DraftLengths
+from samplechain.generation.model import TransformersRunner
 
 
 def tokens_per_work(rates, costs, lengths, width):
@@ -24,8 +26,9 @@ def padded_tokens_per_work(rates, cost, ceilings, m, width):
     return (width + kept) / (width + (cost * m + _OVERHEAD) * width if m else width)
 
 
-def gate(rows, *, cost=None, longest=16, shape="rows", acceptance=None):
+def gate(rows, *, cost=None, longest=16, shape="rows", acceptance=None, per_width=False):
     lengths = DraftLengths([longest] * rows, [False] * rows, [cost] * rows, shape)
+    lengths.per_width = per_width
     for b, a in enumerate(acceptance or []):
         at_rate(lengths, b, a)
     return lengths
@@ -212,6 +215,52 @@ def test_the_timed_cost_is_the_fitted_cost_of_a_drafted_token_and_of_drafting_at
     fitted(padded._unit(4, 4), (0.008 + 0.001 * 4) / 0.018, 0.006 * 4 / 0.018)
 
 
+@pytest.mark.parametrize(("a", "short", "stepped"), [(0.7, 4, 3), (0.97, 10, 10)])
+def test_one_row_drafts_short_of_the_width_where_its_calls_were_timed_to_step_up(a, short, stepped):
+    """Calls of up to four tokens taking one token's time and longer ones half as much again (a runner that
+    multiplies a few rows as fast as one): a row whose drafts are kept 70% of the time drafts three tokens, where
+    calls growing evenly with their tokens have it draft more; at 97% a long draft pays even past the step."""
+
+    def drafts_at(seconds):
+        lengths = gate(1, longest=10, acceptance=[a], per_width=True)
+        for k in [0, 3, 1, 8, 0, 5, 2, 7, 10, 4, 6, 9] * 4:
+            lengths.timed(1 + k, seconds(1 + k), k > 0)
+        return lengths.limits([0], [10], 1, 1)[0]
+
+    even = drafts_at(lambda f: 0.010 + 0.001 * (f - 1))
+    assert even >= short
+    assert drafts_at(lambda f: 0.010 if f <= 4 else 0.015 + 0.0005 * f) == stepped
+
+
+def test_a_width_never_timed_is_tried_at_the_price_of_the_narrower_ones():
+    """One-token calls timed at 10 ms and one call of eleven tokens at 18 ms (a first draft as long as it could be):
+    a row keeping 30% of its drafts drafts one token where every width is priced on the line through those calls.
+    Priced as the narrower ones (a runner with `stepped_widths`), the widths in between are tried; once each was
+    timed at what it takes (one token's time up to four tokens, then a step), the row settles on three tokens, the
+    widest at one token's price."""
+
+    def seconds(f):
+        return 0.010 if f <= 4 else 0.016 + 0.0002 * f
+
+    lengths = gate(1, longest=10, acceptance=[0.3], per_width=True)
+    for _ in range(20):
+        lengths.timed(1, 0.010)
+    lengths.timed(11, 0.018, True)
+    chosen = []
+    for _ in range(16):
+        k = lengths.limits([0], [10], 1, 1)[0]
+        chosen.append(k)
+        lengths.timed(1 + k, seconds(1 + k), k > 0)
+    assert chosen[0] > 3  # an untimed width, priced as one token's call
+    assert sorted(set(chosen[:8])) == list(range(3, chosen[0] + 1))  # each wider width tried, once, down to the step
+    assert chosen[8:] == [3] * 8
+    linear = gate(1, longest=10, acceptance=[0.3])
+    for _ in range(20):
+        linear.timed(1, 0.010)
+    linear.timed(11, 0.018, True)
+    assert linear.limits([0], [10], 1, 1)[0] == 1
+
+
 def test_what_a_draft_costs_outlasts_the_plain_calls_of_a_rest():
     """A row that rests runs one-token calls only; the fit keeps what the calls with drafts before it cost, so the
     probe after the rest is priced as timed (not at the prior's c = 0.25 and no step)."""
@@ -391,3 +440,22 @@ def test_calls_timed_at_no_time_give_finite_costs(shape):
         lengths.timed(2 * (1 + k), 0.0, k > 0)
     c, step = lengths._unit(2, 2)
     assert c >= 0 and step >= 0 and c < float("inf") and step < float("inf")
+
+
+@pytest.mark.parametrize("products", [True, False])
+def test_the_loop_prices_per_width_on_a_runner_whose_calls_step_up(tiny_lm, monkeypatch, products):
+    """The transformers runner on a CPU with MKL runs checks of a few tokens in its few-row products, so its calls'
+    time steps up (`stepped_widths`), and the loop prices one row's drafts per width; with the model's own products,
+    on the fitted line."""
+    seen = []
+    limits = DraftLengths.limits
+
+    def spy(self, *args, **kwargs):
+        seen.append(self.per_width)
+        return limits(self, *args, **kwargs)
+
+    monkeypatch.setattr(DraftLengths, "limits", spy)
+    monkeypatch.setattr(TransformersRunner, "few_row_products", products)
+    model, tok = tiny_lm
+    generate(model, tok, ["one two three one two three one two"], draft="prompt_lookup", max_new_tokens=8)
+    assert seen and set(seen) == {products and torch.backends.mkl.is_available()}

@@ -63,6 +63,10 @@ class ModelRunner(PluginClass):
     # extend_rows runs every row the runner holds as wide as the widest feed (a padded batch), so a call's work grows
     # with its longest draft times its rows; False: with the tokens it feeds. Speculation picks draft lengths by it.
     pads_rows: ClassVar[bool] = False
+    # a call's time is not linear in the tokens it runs: a few cost about what one does, then it steps up (the
+    # transformers runner's few-row products on a CPU). Speculation then prices a call of one row per width, as timed,
+    # instead of on a line fitted to every call (which would price the few as dearly as the step).
+    stepped_widths: bool = False
     # model files this runner's engine opens (`samplechain.models.load_model` picks the runner by them)
     file_suffixes: ClassVar[tuple[str, ...]] = ()
     # torch (and numba) threads for the sampling step while this runner generates; None leaves them. An engine with a

@@ -21,7 +21,13 @@ tokens per unit of work over all its rows (Dinkelbach's iteration for a ratio of
   runs apart for calls with drafts and without (each group's weight falls with its own newer calls, slowly with the
   other group's), so that the calls of a long rest do not wash out what a draft was timed to cost. A drafter's own
   time per drafted token (a draft model's passes) adds to c. A draft table's `cost` fixes c, and no step, instead
-  (the same drafts on every machine).
+  (the same drafts on every machine). On a runner whose calls' time steps up (`ModelRunner.stepped_widths`), each
+  length of a call of one row is priced instead at what the calls of its width (F) were timed to take
+  (recency-weighted), drawn toward the price of the next narrower width where a width was timed seldom, never or long
+  ago: where the time is not linear in F (the transformers runner on a CPU multiplies up to four tokens about as fast
+  as one, and five take a third more), a row drafts the tokens that come at one token's price even at a low
+  acceptance, and stops short of the step unless acceptance pays for it. A width not yet timed is priced as the
+  narrower ones, so it is tried once.
 
 Drafting at all costs a little more than its tokens (the drafter's call, a pass over several tokens): a draft must
 gain 5% of a row's call more than its tokens cost. Where no draft pays, a row rests, then drafts again (a probe) to
@@ -58,6 +64,9 @@ _FIRST_SHARE = 0.05  # a row's first rest is long enough that a probe after it c
 # several tokens instead of one; a draft must gain more than this
 _OVERHEAD = 0.05
 _LONGEST_PAUSE = 64  # the most calls a row whose probes miss rests
+_WIDTH_DECAY = 0.8  # weight of a timed call of one width (F) per newer call of that width
+_WIDTH_FORGET = 0.99  # ... and per newer call of another width: a width not run for ~70 calls counts half
+_WIDTH_PRIOR = 1.0  # the next narrower width's price weighs in a width's as this many calls of it
 
 
 class DraftLengths:
@@ -89,6 +98,10 @@ class DraftLengths:
         self._xx = [[[0.0] * 3 for _ in range(3)] for _ in range(2)]
         self._xt = [[0.0] * 3 for _ in range(2)]
         self._drafting = 0.0  # seconds a drafter takes per drafted token (recency-weighted)
+        # F -> [recency-weighted seconds, weight] of the calls that ran F tokens: what a width costs where the time
+        # is not linear in F (a runner that multiplies up to a few tokens as fast as one, then steps up)
+        self._widths: dict[int, list[float]] = {}
+        self.per_width = False  # price a call of one row per width (ModelRunner.stepped_widths)
         self._first_pause = 1  # a row's first rest: longer where a probe costs more
         self._longest_pause = 4  # the longest rest
 
@@ -181,6 +194,12 @@ class DraftLengths:
                 xt[i] *= decay
                 for j in range(3):
                     xx[i][j] *= decay
+        # what was timed long ago counts less, a width's own newer calls the most
+        for width, record in self._widths.items():
+            decay = _WIDTH_DECAY if width == tokens else _WIDTH_FORGET
+            record[0], record[1] = decay * record[0], decay * record[1]
+        record = self._widths.setdefault(tokens, [0.0, 0.0])
+        record[0], record[1] = record[0] + seconds, record[1] + 1.0
         x = (1.0, float(tokens), float(drafts))
         xx, xt = self._xx[own], self._xt[own]
         for i in range(3):
@@ -240,6 +259,8 @@ class DraftLengths:
         self._first_pause = min(max(1, round(probe / _FIRST_SHARE)), self._longest_pause)
         rates = [self.acceptance(b) for b in free]
         lengths = self._best(rates, costs, ceilings, width, step)
+        if width == 1 and fixed == [None] and self.per_width:
+            lengths = [self._one_row(rates[0], ceilings[0], held, lengths[0])]
         for i, (b, k) in enumerate(zip(free, lengths)):
             if self._hopeful(b, width):
                 out[b], self.probing[b] = ceilings[i], True
@@ -266,6 +287,37 @@ class DraftLengths:
         for b, r in zip(rows, room):
             if not out[b] and r > 0 and self.longest[b]:
                 out[b], self.riding[b] = min(widest, r, self.longest[b]), True
+
+    def _one_row(self, rate: tuple[float, float], ceiling: int, held: int, linear: int) -> int:
+        """A call of one row: the draft length that gives the most tokens per second, each length priced at what
+        calls of its width take (`_priced`), so that on a runner whose time is flat for a few tokens and then steps up
+        a row drafts the flat width's tokens at little more than a one-token call's price; `linear`, the fit's choice,
+        before any call was timed."""
+        fit = self._fitted()
+        if fit is None:
+            return linear
+        widths = [self.work([1 + k], held) for k in range(ceiling + 1)]
+        priced = self._priced(widths[-1], fit[0] + fit[1] * widths[0])
+        best, best_k = 1.0, 0
+        plain = priced[widths[0]]
+        for k in range(1, ceiling + 1):
+            seconds = priced[widths[k]] + self._drafting * k
+            value = (1 + _kept(rate, k)) * plain / (seconds + _OVERHEAD * plain)
+            if value > best:
+                best, best_k = value, k
+        return best_k
+
+    def _priced(self, widest: int, plain: float) -> list[float]:
+        """What a call of F = 0 ... `widest` tokens takes: each width's timed calls, drawn toward the price of the next
+        narrower one (weighing _WIDTH_PRIOR calls; the narrowest toward `plain`, the fit's one-token call). A width
+        never timed, or not for long, is priced as the narrower ones, optimistically, so it is tried: a call of more
+        tokens rarely takes less time, and one slow call does not price a width out for good."""
+        out, price = [], max(plain, 1e-12)
+        for width in range(widest + 1):
+            seconds, weight = self._widths.get(width, (0.0, 0.0))
+            price = (_WIDTH_PRIOR * price + seconds) / (_WIDTH_PRIOR + weight)
+            out.append(price)
+        return out
 
     def _expected(self, row: int, expected: tuple[str, float] | None) -> None:
         """The kind of the row's next draft (a prior in [0, 1], drafting.expected_kind); a kind's record begins at

@@ -279,6 +279,7 @@ class TransformersRunner(ModelRunner):
         self.held: list[int] | None = None  # after `release`: the callers' rows the cache still holds, in its order
         self._held_index: torch.Tensor | None = None  # `held` as an index on the device
         self.few_row_products = self.few_row_products and _MKL and self.device.type == "cpu"
+        self.stepped_widths = self.few_row_products
         kv_heads = getattr(model.config, "num_key_value_heads", None)
         groups = kv_heads is not None and kv_heads != getattr(model.config, "num_attention_heads", kv_heads)
         self.grouped_attention = (

@@ -201,9 +201,11 @@ class Speculation(Drawing):
         """Generation's steps from `logits` (the next position's, the cache holding every token so far) to the end,
         each step yielded as the plain loop yields it. With classifier-free guidance `runner` is a GuidedRunner and
         `uncond` the unconditional logits beside `logits`."""
-        self._runner = weakref.ref(runner.conditional if isinstance(runner, GuidedRunner) else runner)
+        inner = runner.conditional if isinstance(runner, GuidedRunner) else runner
+        self._runner = weakref.ref(inner)
         ragged = runner.per_row_truncate
         self.lengths.shape = "together" if not ragged else "padded" if runner.pads_rows else "rows"
+        self.lengths.per_width = inner.stepped_widths
         if self.guarding is not None and not ragged:
             raise ConfigError(
                 f"guards= take a row's text back on its own, which the {runner.name} runner cannot (it cuts every "
