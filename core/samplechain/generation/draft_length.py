@@ -194,12 +194,12 @@ class DraftLengths:
                 xt[i] *= decay
                 for j in range(3):
                     xx[i][j] *= decay
-        # what was timed long ago counts less, a width's own newer calls the most
-        for width, record in self._widths.items():
-            decay = _WIDTH_DECAY if width == tokens else _WIDTH_FORGET
-            record[0], record[1] = decay * record[0], decay * record[1]
-        record = self._widths.setdefault(tokens, [0.0, 0.0])
-        record[0], record[1] = record[0] + seconds, record[1] + 1.0
+        if self.per_width:  # what was timed long ago counts less, a width's own newer calls the most
+            for width, record in self._widths.items():
+                decay = _WIDTH_DECAY if width == tokens else _WIDTH_FORGET
+                record[0], record[1] = decay * record[0], decay * record[1]
+            record = self._widths.setdefault(tokens, [0.0, 0.0])
+            record[0], record[1] = record[0] + seconds, record[1] + 1.0
         x = (1.0, float(tokens), float(drafts))
         xx, xt = self._xx[own], self._xt[own]
         for i in range(3):
