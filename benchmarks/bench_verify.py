@@ -11,10 +11,10 @@ many-token kernel for it):
 1. cost: one `runner.extend` of k tokens per row against one token (k = 1 ... 16, B = 1 and 8), ms per call
    (median), and the ratio to k = 1; at B > 1 also a call where only the first row takes k tokens and the others
    one (`runner.extend_rows`: one row's draft in a batch; llama.cpp runs it as two passes, the rows' first tokens
-   and then that row's others); on a CPU also the same calls in the model's own products (the runner computes
-   a check's linear layers of 2-4 rows, and its vocabulary head, as W x^T, `TransformersRunner.few_row_products`)
-   and with the key/value heads copied per query head as transformers' attention does
-   (`TransformersRunner.grouped_attention`);
+   and then that row's others); on a CPU also the same calls in each of the two layouts the runner times per pass
+   shape and picks from (`TransformersRunner.few_row_products`): its few-row products (a check's linear layers of
+   1-5 rows, and its vocabulary head, as W x^T) and the model's own; and with the key/value heads copied per query
+   head as transformers' attention does (`TransformersRunner.grouped_attention`);
 2. numerics: the largest difference between the logits of one k-token call and k one-token steps, k = 4 and 8
    (what `match`'s promise of the same tokens rests on);
 3. bounds: generate() tokens per second with an oracle drafter (it proposes the run without a drafter's next
@@ -22,12 +22,13 @@ many-token kernel for it):
    length backs off), against no drafter, greedy and seeded sampling; "same tokens" compares with the run without a
    drafter. Any real drafter lands between the two.
 4. layouts (transformers): ms of each of the model's linear-layer shapes over n rows, `x @ W.T` (torch's linear)
-   against `W @ x.T` (the layout the runner gives a check's products of 2-4 rows and its vocabulary head; one row
+   against `W @ x.T` (the few-row layout of a check's products of 1-5 rows and its vocabulary head; one row
    as two columns, `W @ [x 0].T`, as its fast steps do), on weights read from memory, interleaved, median of 7
    times --reps.
 5. released rows (transformers): ms of a one-token step of the largest --batch after all but n of its rows left
    the batch (`runner.release`, as the speculative loop releases rows that have drawn all their tokens), n = B ... 1,
-   against the same steps in the model's own products: once rows left, the runner's steps run its few-row products.
+   against the same steps in each layout: once rows left, the runner's steps run the faster of its few-row products
+   and the model's own.
 
     .venv/bin/python benchmarks/bench_verify.py                       # the default model, on the CPU
     .venv/bin/python benchmarks/bench_verify.py --engine llama.cpp --sections 1,3
@@ -125,15 +126,18 @@ def cost(
     model: Any, device: torch.device, batches: Sequence[int], ks: Sequence[int], reps: int, context: int
 ) -> list[dict]:
     """ms per runner.extend of k tokens per row after a `context`-token prompt, the cache cut back after each call
-    (its length stays put). Where the runner computes a check of 2-4 rows in all in its own layout
-    (`few_row_products`) or attends to shared key/value heads (`grouped_attention`), the same calls without each of
-    the two too, interleaved."""
+    (its length stays put). Where the runner picks a check's layout by timing both (`few_row_products`), the same
+    calls in each layout too; where it attends to shared key/value heads (`grouped_attention`), the same calls
+    without; interleaved."""
     rows = []
     for b in batches:
         ids = prompts(model, b, context, device)
         runs = {"ms": runner(model, ids)}
+        if getattr(runs["ms"], "few_row_products", False) is None:  # timed per shape: each layout on its own too
+            runs["few-row products ms"] = runner(model, ids)
+            runs["few-row products ms"].few_row_products = True
         for switch, name in (("few_row_products", "model's products ms"), ("grouped_attention", "copied heads ms")):
-            if getattr(runs["ms"], switch, False):
+            if getattr(runs["ms"], switch, False) is not False:
                 runs[name] = runner(model, ids)
                 setattr(runs[name], switch, False)
         for run in runs.values():
@@ -320,14 +324,16 @@ def layouts(model: Any, device: torch.device, counts: Sequence[int], reps: int) 
 @torch.inference_mode()
 def released(model: Any, device: torch.device, batch: int, reps: int, context: int) -> list[dict]:
     """ms per `runner.step` of a `batch`-row batch after `batch - n` of its rows were released (finished rows leave
-    the batch), n = batch ... 1, against the same steps in the model's own products (`few_row_products = False`),
-    interleaved; each step grows the rows' cache by one token."""
+    the batch), n = batch ... 1, against the same steps in the few-row products and in the model's own
+    (`few_row_products` True and False), interleaved; each step grows the rows' cache by one token."""
     ids = prompts(model, batch, context, device)
     out = []
     for n in range(batch, 0, -1):
-        runs = {"ms": runner(model, ids), "model's products ms": runner(model, ids)}
-        if not getattr(runs["ms"], "few_row_products", False):
+        names = ("ms", "few-row products ms", "model's products ms")
+        runs = {name: runner(model, ids) for name in names}
+        if getattr(runs["ms"], "few_row_products", False) is False:
             return out
+        runs["few-row products ms"].few_row_products = True
         runs["model's products ms"].few_row_products = False
         so_far = {}
         for name, run in runs.items():

@@ -8,6 +8,7 @@ import hashlib
 import random
 import threading
 import time
+import weakref
 from importlib import metadata
 from pathlib import Path
 
@@ -253,7 +254,7 @@ def test_few_row_products_are_the_linear_layer(rows):
         for name, layer in layers.items():
             expected = F.linear(x, layer.weight, layer.bias)
             torch.testing.assert_close(got[name], expected, atol=1e-5, rtol=1e-5)
-            transposed = rows in range(1, 5) or name == "head"
+            transposed = rows in model_module._FEW_ROWS or name == "head"
             columns = torch.cat([flat, torch.zeros_like(flat)]) if rows == 1 else flat  # one row: two columns
             product = (layer.weight @ columns.T)[:, :rows].T + (0 if layer.bias is None else layer.bias)
             layout = product if transposed else expected
@@ -266,8 +267,8 @@ def test_few_row_products_are_the_linear_layer(rows):
 
 
 def test_few_row_products_stay_in_their_thread_and_nest():
-    layer = torch.nn.Linear(40, 96, bias=False)
-    x = torch.randn(3, 40)
+    layer = torch.nn.Linear(100, 96, bias=False)  # 100 inputs: MKL sums 3 rows in another order in each layout
+    x = torch.randn(3, 100)
     own, transposed = F.linear(x, layer.weight).detach(), (layer.weight @ x.T).T.detach()
     assert not torch.equal(own, transposed)  # the two layouts round differently here, so the test tells them apart
     seen = []
@@ -355,6 +356,61 @@ def test_a_step_after_rows_were_released_runs_few_row_products(tiny, few_row_pas
         assert len(few_row_passes) - before == few
         torch.testing.assert_close(logits[[0, 2]], expected[[0, 2]], atol=1e-4, rtol=1e-4)
         assert not logits[1].any()
+
+
+def test_each_pass_shape_runs_the_layout_its_passes_were_timed_faster_in(tiny, few_row_passes, monkeypatch):
+    """By default (few_row_products None) the first passes of a shape run the two layouts in turn, and then the
+    one whose quickest pass was quicker; on a fake clock a pass takes 0.5, in the few-row products `extra` more."""
+    now, extra = [0.0], [0.0]
+
+    def clock():
+        now[0] += 0.5
+        return now[0]
+
+    monkeypatch.setattr(model_module._LayoutTimes, "clock", staticmethod(clock))
+    monkeypatch.setattr(model_module._LayoutTimes, "RECHECK", 5)
+    monkeypatch.setattr(model_module, "_layout_times", weakref.WeakKeyDictionary())
+    entered = few_row_passes
+    original = model_module._FewRowProducts.__enter__
+
+    def enter(self):
+        now[0] += extra[0]
+        return original(self)
+
+    monkeypatch.setattr(model_module._FewRowProducts, "__enter__", enter)
+    ids = torch.tensor([[11, 12, 13, 14]])
+
+    def checks(k, n):
+        """Which layout n checks of k tokens ran (True: few-row products), each on a fresh runner."""
+        ran, drafted = [], torch.arange(5, 5 + k).unsqueeze(0)
+        for _ in range(n):
+            runner = TransformersRunner(tiny, ids, None)
+            assert runner.few_row_products is None and runner.stepped_widths
+            runner.prefill()
+            before = len(entered)
+            extended = runner.extend(drafted)
+            ran.append(len(entered) > before)
+            torch.testing.assert_close(extended, _steps(tiny, ids, drafted)[:, 1:], atol=1e-4, rtol=1e-4)
+        return ran
+
+    extra[0] = 1.0  # the few-row products are the slower
+    # tried in turn (few-row first), then the model's own; the 5th pass of the shape runs the other once more
+    assert checks(3, 7) == [True, False, True, False, True, False, False]
+    assert checks(3, 1) == [False]  # the runners of a model share what its passes were timed at
+    extra[0] = -0.25  # another shape, where the few-row products are the faster
+    assert checks(2, 6) == [True, False, True, False, False, True]
+
+
+def test_layout_times_follow_a_change_of_the_faster_layout():
+    times = model_module._LayoutTimes()
+    shape = (1, 4, 4)
+    ran = []
+    for n in range(1, 81):  # own 1.0 and few 2.0 a pass, until the host makes few 0.5 from the 30th pass on
+        few = times.few(shape)
+        ran.append(few)
+        times.timed(shape, few, (0.5 if n >= 30 else 2.0) if few else 1.0)
+    assert ran[:4] == [True, False, True, False] and not any(ran[4:63])
+    assert ran[63] and all(ran[64:])  # the 64th pass rechecked the few-row products: they run since
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import inspect
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -28,14 +29,13 @@ from ..runners import ModelRunner
 __all__ = ["ModelRunner", "TransformersRunner", "max_positions", "runner_for"]
 
 _CACHE_NAMES = ("cache", "past_key_values", "cache_params", "state", "mems", "past_buckets_states")
-# MKL's float32 product input @ weight^T over 2 to 4 rows can read the weight at a third to a half of the speed
-# that weight @ input^T reaches; one row it multiplies as a matrix-vector product in either layout, which streams most
-# of SmolLM2's weights at a third to a half of the speed of the same product over two columns (W [x 0]^T) on an AMD
-# CPU (docs/performance.md, "Steps in the runner's products"); from 5 rows on neither is faster everywhere
-# (SmolLM2-135M's layers on an Intel and an AMD CPU); the vocabulary head (the model's output embeddings) is the
-# exception: over a 49152 x 576 head weight @ input^T takes an eighth to three quarters of the time from 2 rows on, but
-# at 12 rows (about the same there; docs/performance.md, "Few-row products"; benchmarks/bench_verify.py --sections 4)
-_FEW_ROWS = range(1, 5)
+# MKL's float32 product input @ weight^T over few rows reads the weight at a third to a half of the speed that
+# weight @ input^T reaches on an AMD CPU, and one row (a matrix-vector product in either layout) at a third to a half
+# of the speed of the same product over two columns (W [x 0]^T), most of all over the vocabulary head (the model's
+# output embeddings); on an Intel CPU input @ weight^T is the faster of the two up to 8 rows
+# (docs/performance.md, "Few-row products"): which layout a pass runs is therefore timed per pass shape
+# (_LayoutTimes), and the few-row layout is the weight's side for 1-5 rows of a linear layer and any rows of the head
+_FEW_ROWS = range(1, 6)
 _MKL = torch.backends.mkl.is_available()
 
 
@@ -48,9 +48,8 @@ _patching = threading.Lock()
 
 
 def _few_row_linear(module: torch.nn.Linear, head: bool, x: torch.Tensor) -> torch.Tensor:
-    """`module`'s forward while a model is inside _FewRowProducts: float32 rows of this thread as (W x^T)^T where
-    that layout is the faster (one row, as two columns with a zero one; 2-4 rows; 2 rows and more of the vocabulary
-    head, `head`)."""
+    """`module`'s forward while a model is inside _FewRowProducts: float32 rows of this thread as (W x^T)^T (one row
+    as two columns with a zero one; 2-5 rows; 2 rows and more of the vocabulary head, `head`)."""
     weight, bias = module.weight, module.bias
     rows = x.numel() // max(x.shape[-1], 1)
     few = rows in _FEW_ROWS or (head and rows > 1)
@@ -65,7 +64,7 @@ def _few_row_linear(module: torch.nn.Linear, head: bool, x: torch.Tensor) -> tor
 
 class _FewRowProducts:
     """While inside, `model`'s linear layers (`torch.nn.Linear` itself, where nothing else has replaced its forward)
-    compute 2-4 rows of this thread's passes, and 2 rows and more of its vocabulary head, as (W x^T)^T: the same
+    compute 1-5 rows of this thread's passes, and any rows of its vocabulary head, as (W x^T)^T: the same
     product, rounded as any other summation order.
 
     The layers' forward is swapped for the pass rather than every torch call intercepted (a TorchFunctionMode): a
@@ -111,6 +110,39 @@ def _linear_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Linear, Any]]:
         ]
         _layers[model] = found
     return found
+
+
+class _LayoutTimes:
+    """Which products a model's passes of one shape (rows, tokens a row, logits kept) run on this machine: the first
+    passes of a shape run the few-row products and the model's own in turn, `TRIES` each, and from then on the one
+    whose quickest pass was the quicker; every `RECHECK`-th pass of a shape runs the other once more, as a host's load
+    can change which is faster. One per model, shared by its runners: a generation starts from what earlier ones
+    timed."""
+
+    TRIES = 2  # the first pass of a shape in a layout can carry one-time work (MKL picks its kernels): the quickest
+    RECHECK = 64
+    clock = staticmethod(time.perf_counter)
+
+    def __init__(self) -> None:
+        # shape -> (the model's own products' latest times, the few-row products' latest), `TRIES` each at most
+        self.times: dict[tuple[int, int, int], tuple[list[float], list[float]]] = {}
+        self.passes: dict[tuple[int, int, int], int] = {}
+
+    def few(self, shape: tuple[int, int, int]) -> bool:
+        """Whether the next pass of `shape` runs the few-row products."""
+        own, few = self.times.setdefault(shape, ([], []))
+        passes = self.passes[shape] = self.passes.get(shape, 0) + 1
+        if len(own) < self.TRIES or len(few) < self.TRIES:
+            return len(few) <= len(own)
+        return (min(few) <= min(own)) != (passes % self.RECHECK == 0)
+
+    def timed(self, shape: tuple[int, int, int], few: bool, seconds: float) -> None:
+        kept = self.times[shape][few]
+        kept.append(seconds)
+        del kept[: -self.TRIES]
+
+
+_layout_times: weakref.WeakKeyDictionary[torch.nn.Module, _LayoutTimes] = weakref.WeakKeyDictionary()
 
 
 _GROUPED = "samplechain_grouped_sdpa"
@@ -227,10 +259,11 @@ class TransformersRunner(ModelRunner):
 
     name = "transformers"
     pads_rows = True  # extend_rows gives every row the longest feed's columns (holes where it has fewer)
-    # a pass of several tokens a row (a check: extend, extend_rows), and a step once rows were released, runs the
-    # linear layers of 2-4 rows and the vocabulary head as W x^T (_FewRowProducts) with MKL on a CPU; False (on the
-    # class: every runner) keeps the model's own products
-    few_row_products = True
+    # a pass of several tokens a row (a check: extend, extend_rows), and a step once rows were released, can run the
+    # linear layers of 1-5 rows and the vocabulary head as W x^T (_FewRowProducts) with MKL on a CPU: None times the
+    # two layouts on the first passes of each shape and runs the faster (which one depends on the CPU), True runs the
+    # few-row products at every such pass, False (on the class: every runner) never
+    few_row_products: bool | None = None
     # a pass of several tokens a row (a check) attends with the key/value heads shared (_grouped_sdpa) instead of
     # copied per query head, on a CPU for a model on transformers' sdpa attention with grouped key/value heads;
     # False keeps transformers' attention
@@ -278,8 +311,9 @@ class TransformersRunner(ModelRunner):
         self.rows = input_ids.shape[0]  # the batch as callers see it
         self.held: list[int] | None = None  # after `release`: the callers' rows the cache still holds, in its order
         self._held_index: torch.Tensor | None = None  # `held` as an index on the device
-        self.few_row_products = self.few_row_products and _MKL and self.device.type == "cpu"
-        self.stepped_widths = self.few_row_products
+        if not (_MKL and self.device.type == "cpu"):
+            self.few_row_products = False
+        self.stepped_widths = self.few_row_products is not False
         kv_heads = getattr(model.config, "num_key_value_heads", None)
         groups = kv_heads is not None and kv_heads != getattr(model.config, "num_attention_heads", kv_heads)
         self.grouped_attention = (
@@ -320,11 +354,20 @@ class TransformersRunner(ModelRunner):
         # rows than model.generate's, which MKL sums in another order anyway and in that layout, on some row counts,
         # more slowly than the whole batch's, so its steps run the few-row products too, as every step does with
         # `fast_steps`
-        few = (keep > 1 or self.held is not None or (self.fast_steps and not self._first)) and self.few_row_products
+        few = keep > 1 or self.held is not None or (self.fast_steps and not self._first)
+        few = few and self.few_row_products is not False
+        timing = None
+        if few and self.few_row_products is None:
+            timing = _layout_times.setdefault(self.model, _LayoutTimes())
+            shape = (ids.shape[0], next_len or ids.shape[1], keep)
+            few = timing.few(shape)
+            started = timing.clock()
         grouped = keep > 1 and self.grouped_attention and self.model.config._attn_implementation in ("sdpa", _GROUPED)
         with _FewRowProducts(self.model) if few else contextlib.nullcontext():
             with _grouped_attention(self.model.config) if grouped else contextlib.nullcontext():
                 out = self.model(**inputs, return_dict=True)
+        if timing is not None:
+            timing.timed(shape, few, timing.clock() - started)
         for name in _CACHE_NAMES:
             if name in out and out[name] is not None:
                 key = name if name in ("cache_params", "state") else self.cache_key
