@@ -32,7 +32,7 @@ _CACHE_NAMES = ("cache", "past_key_values", "cache_params", "state", "mems", "pa
 # MKL's float32 product input @ weight^T over few rows reads the weight at a third to a half of the speed that
 # weight @ input^T reaches on an AMD CPU, and one row (a matrix-vector product in either layout) at a third to a half
 # of the speed of the same product over two columns (W [x 0]^T), most of all over the vocabulary head (the model's
-# output embeddings); on an Intel CPU input @ weight^T is the faster of the two up to 8 rows
+# output embeddings); on an Intel CPU input @ weight^T was the faster over 1-5 rows, on some days of one host
 # (docs/performance.md, "Few-row products"): which layout a pass runs is therefore timed per pass shape
 # (_LayoutTimes), and the few-row layout is the weight's side for 1-5 rows of a linear layer and any rows of the head
 _FEW_ROWS = range(1, 6)
@@ -352,8 +352,8 @@ class TransformersRunner(ModelRunner):
         # a pass that keeps one position a row (the prefill, a step) runs the model's own products, bit for bit
         # model.generate's, while the batch holds every row; once rows left it (`release`) its products run on fewer
         # rows than model.generate's, which MKL sums in another order anyway and in that layout, on some row counts,
-        # more slowly than the whole batch's, so its steps run the few-row products too, as every step does with
-        # `fast_steps`
+        # more slowly than the whole batch's, so its steps may run the few-row products too (timed as checks are), as
+        # every step may with `fast_steps`
         few = keep > 1 or self.held is not None or (self.fast_steps and not self._first)
         few = few and self.few_row_products is not False
         timing = None
