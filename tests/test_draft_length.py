@@ -11,6 +11,8 @@ import torch
 
 from samplechain.drafters import Drafter
 from samplechain.generation import Generation, generate
+from samplechain.generation import drawing as drawing_module
+from samplechain.generation import speculative as speculative_module
 from samplechain.generation.draft_length import _OVERHEAD, DraftLengths
 from samplechain.generation.model import TransformersRunner
 
@@ -459,3 +461,36 @@ def test_the_loop_prices_per_width_on_a_runner_whose_calls_step_up(tiny_lm, monk
     model, tok = tiny_lm
     generate(model, tok, ["one two three one two three one two"], draft="prompt_lookup", max_new_tokens=8)
     assert seen and set(seen) == {products and torch.backends.mkl.is_available()}
+
+
+def test_the_loop_leaves_a_runners_one_time_work_out_of_the_calls_it_prices(tiny_lm, monkeypatch):
+    """A runner's first call of a kind can carry one-time work (the transformers runner timing its layouts); it
+    counts it in `ModelRunner.untimed`, and the draft lengths see each call's time without it: here every call of
+    several tokens takes 5 s more on the clock, all of it one-time work."""
+    now = [0.0]
+    clock = type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])})
+    monkeypatch.setattr(speculative_module, "time", clock)
+    monkeypatch.setattr(drawing_module, "time", clock)
+    forward = TransformersRunner._forward
+    checks = []
+
+    def slow(self, ids, next_len, keep=1):
+        if keep > 1:  # a check
+            checks.append(keep)
+            now[0] += 5.0 + 0.01
+            self.untimed += 5.0
+        return forward(self, ids, next_len, keep)
+
+    monkeypatch.setattr(TransformersRunner, "_forward", slow)
+    seen = []
+    timed = DraftLengths.timed
+
+    def spy(self, fed, seconds, *args):
+        seen.append(seconds)
+        return timed(self, fed, seconds, *args)
+
+    monkeypatch.setattr(DraftLengths, "timed", spy)
+    model, tok = tiny_lm
+    generate(model, tok, ["one two three"], draft=Wrong(), max_new_tokens=8, do_sample=False)
+    assert checks and len(seen) >= len(checks)
+    assert all(0 <= s < 1 for s in seen), seen

@@ -358,59 +358,54 @@ def test_a_step_after_rows_were_released_runs_few_row_products(tiny, few_row_pas
         assert not logits[1].any()
 
 
-def test_each_pass_shape_runs_the_layout_its_passes_were_timed_faster_in(tiny, few_row_passes, monkeypatch):
-    """By default (few_row_products None) the first passes of a shape run the two layouts in turn, and then the
-    one whose quickest pass was quicker; on a fake clock a pass takes 0.5, in the few-row products `extra` more."""
-    now, extra = [0.0], [0.0]
+def test_each_part_runs_in_the_layout_timed_faster_for_its_rows_and_a_check_rounds_alike_every_time(tiny, monkeypatch):
+    """By default (few_row_products None) the head's and the other layers' products of n rows are timed once in each
+    layout, before the first pass that needs them, and run in the faster from then on; here a fake clock makes W x^T
+    the slower for the layers and the faster for the head."""
+    now = [0.0]
+    monkeypatch.setattr(model_module._Layouts, "clock", staticmethod(lambda: now[0]))
+    monkeypatch.setattr(model_module, "_layouts", weakref.WeakKeyDictionary())
+    head = tiny.get_output_embeddings().weight
+    product = model_module._product
 
-    def clock():
-        now[0] += 0.5
-        return now[0]
+    def timed_product(weight, x, few):
+        now[0] += (0.5 if weight is head else 2.0) if few else 1.0
+        return product(weight, x, few)
 
-    monkeypatch.setattr(model_module._LayoutTimes, "clock", staticmethod(clock))
-    monkeypatch.setattr(model_module._LayoutTimes, "RECHECK", 5)
-    monkeypatch.setattr(model_module, "_layout_times", weakref.WeakKeyDictionary())
-    entered = few_row_passes
-    original = model_module._FewRowProducts.__enter__
+    monkeypatch.setattr(model_module, "_product", timed_product)
+    ran = []  # per layer call inside a pass: (is the head, rows, ran as W x^T)
+    linear = model_module._few_row_linear
 
-    def enter(self):
-        now[0] += extra[0]
-        return original(self)
+    def seen(module, is_head, x):
+        rows = x.numel() // x.shape[-1]
+        passes = getattr(model_module._few_rows, "passes", None)
+        layers, head_few = passes[-1] if passes else (False, False)
+        ran.append((is_head, rows, head_few if is_head else layers and rows in model_module._FEW_ROWS))
+        return linear(module, is_head, x)
 
-    monkeypatch.setattr(model_module._FewRowProducts, "__enter__", enter)
+    monkeypatch.setattr(model_module, "_few_row_linear", seen)
+    model_module._layers.pop(tiny, None)  # the layers' forwards are bound once a model
     ids = torch.tensor([[11, 12, 13, 14]])
-
-    def checks(k, n):
-        """Which layout n checks of k tokens ran (True: few-row products), each on a fresh runner."""
-        ran, drafted = [], torch.arange(5, 5 + k).unsqueeze(0)
-        for _ in range(n):
+    drafted = torch.tensor([[5, 6, 7]])
+    try:
+        checks = []
+        for _ in range(3):
             runner = TransformersRunner(tiny, ids, None)
             assert runner.few_row_products is None and runner.stepped_widths
             runner.prefill()
-            before = len(entered)
-            extended = runner.extend(drafted)
-            ran.append(len(entered) > before)
-            torch.testing.assert_close(extended, _steps(tiny, ids, drafted)[:, 1:], atol=1e-4, rtol=1e-4)
-        return ran
-
-    extra[0] = 1.0  # the few-row products are the slower
-    # tried in turn (few-row first), then the model's own; the 5th pass of the shape runs the other once more
-    assert checks(3, 7) == [True, False, True, False, True, False, False]
-    assert checks(3, 1) == [False]  # the runners of a model share what its passes were timed at
-    extra[0] = -0.25  # another shape, where the few-row products are the faster
-    assert checks(2, 6) == [True, False, True, False, False, True]
-
-
-def test_layout_times_follow_a_change_of_the_faster_layout():
-    times = model_module._LayoutTimes()
-    shape = (1, 4, 4)
-    ran = []
-    for n in range(1, 81):  # own 1.0 and few 2.0 a pass, until the host makes few 0.5 from the 30th pass on
-        few = times.few(shape)
-        ran.append(few)
-        times.timed(shape, few, (0.5 if n >= 30 else 2.0) if few else 1.0)
-    assert ran[:4] == [True, False, True, False] and not any(ran[4:63])
-    assert ran[63] and all(ran[64:])  # the 64th pass rechecked the few-row products: they run since
+            ran.clear()
+            checks.append(runner.extend(drafted))
+            assert ran and all(few == is_head for is_head, rows, few in ran)  # the head as W x^T, the layers own
+        layouts = model_module._layouts[tiny]
+        assert layouts.chosen == {(False, 3): False, (True, 3): True}  # timed once, for the 3 rows this check runs
+        assert torch.equal(checks[0], checks[1]) and torch.equal(checks[1], checks[2])
+        torch.testing.assert_close(checks[0], _steps(tiny, ids, drafted)[:, 1:], atol=1e-4, rtol=1e-4)
+        runner = TransformersRunner(tiny, ids, None)
+        runner.prefill()
+        runner.extend(torch.arange(5, 11).unsqueeze(0))  # 6 rows: past the layers' few rows, the head still timed
+        assert (False, 6) not in layouts.chosen and layouts.chosen[True, 6]
+    finally:
+        model_module._layers.pop(tiny, None)
 
 
 @pytest.fixture(scope="module")

@@ -67,6 +67,10 @@ class ModelRunner(PluginClass):
     # transformers runner's few-row products on a CPU). Speculation then prices a call of one row per width, as timed,
     # instead of on a line fitted to every call (which would price the few as dearly as the step).
     stepped_widths: bool = False
+    # seconds of one-time work that this runner's calls have included so far (the transformers runner timing its
+    # products' layouts on a CPU before the first pass of a row count): speculation leaves them out of the calls'
+    # times it prices draft lengths by, which would otherwise price a draft length out for one slow first call
+    untimed: float = 0.0
     # model files this runner's engine opens (`samplechain.models.load_model` picks the runner by them)
     file_suffixes: ClassVar[tuple[str, ...]] = ()
     # torch (and numba) threads for the sampling step while this runner generates; None leaves them. An engine with a

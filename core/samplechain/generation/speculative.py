@@ -273,8 +273,9 @@ class Speculation(Drawing):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The plain loop's step (Generation._one_step): one token a row, drawn and committed; once a row has
         finished, the rows still going only."""
-        started = time.perf_counter()
+        started, untimed = time.perf_counter(), _untimed(runner)
         logits = gen.step_model(runner)
+        started += _untimed(runner) - untimed
         uncond = unconditional_of(runner)
         if len(rows) < len(self.pending):  # a row has finished (released rows among them)
             # a released row's logits are zeros, which the chain must not sample (its samplers could mask every
@@ -551,8 +552,9 @@ class Speculation(Drawing):
         last = gen.input_ids[:, -1].tolist()
         newest = [torch.tensor([self.pending[b][-1].token if self.pending[b] else last[b]]) for b in rows]
         feeds = [torch.cat([t, drafts[b]]) if len(drafts[b]) else t for t, b in zip(newest, rows)]
-        started = time.perf_counter()
+        started, untimed = time.perf_counter(), _untimed(runner)
         logits = dict(zip(rows, runner.extend_rows(rows, feeds)))
+        started += _untimed(runner) - untimed
         uncond = unconditional_of(runner)
         for b in rows:
             self.model_calls[b] += 1
@@ -575,11 +577,12 @@ class Speculation(Drawing):
         """One call that feeds every row its newest token and the common-length drafts; the rows' draws go on
         together while every row draws its draft; the cache is cut back to the drawn tokens but the newest."""
         k = len(next(iter(drafts.values())))
-        started = time.perf_counter()
+        started, untimed = time.perf_counter(), _untimed(runner)
         block = torch.zeros((gen.input_ids.shape[0], k), dtype=torch.int64)  # k > 0: without drafts, `_step`
         for b, d in drafts.items():
             block[b] = d
         columns = runner.extend(torch.cat([gen.input_ids[:, -1:], block.to(gen.input_ids.device)], dim=1))
+        started += _untimed(runner) - untimed
         uncond = unconditional_of(runner)
         for b in rows:
             self.model_calls[b] += 1
@@ -589,6 +592,13 @@ class Speculation(Drawing):
         n = drawn[rows[0]]
         if n - 1 < k:
             runner.truncate(gen.input_ids.shape[1] + n - 1)
+
+
+def _untimed(runner: ModelRunner) -> float:
+    """The seconds of one-time work the runner's calls have included so far (`ModelRunner.untimed`), both contexts'
+    under classifier-free guidance."""
+    parts = (runner.conditional, runner.guidance) if isinstance(runner, GuidedRunner) else (runner,)
+    return sum(part.untimed for part in parts)
 
 
 def _stacked(rows: list[torch.Tensor | None], width: int, fill: float = float("-inf")) -> torch.Tensor:
