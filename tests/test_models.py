@@ -394,7 +394,9 @@ def test_each_part_runs_in_the_layout_timed_faster_for_its_rows_and_a_check_roun
             assert runner.few_row_products is None and runner.stepped_widths
             runner.prefill()
             ran.clear()
+            state = torch.get_rng_state()
             checks.append(runner.extend(drafted))
+            assert torch.equal(torch.get_rng_state(), state)  # timing the layouts draws from a generator of its own
             assert ran and all(few == is_head for is_head, rows, few in ran)  # the head as W x^T, the layers own
         layouts = model_module._layouts[tiny]
         assert layouts.chosen == {(False, 3): False, (True, 3): True}  # timed once, for the 3 rows this check runs
