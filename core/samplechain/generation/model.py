@@ -109,13 +109,18 @@ class _FewRowProducts:
                 del vars(layer)["forward"]
 
 
+def _head(model: torch.nn.Module) -> Any:
+    """The model's vocabulary head (its output embeddings, as transformers names them), or None."""
+    output = getattr(model, "get_output_embeddings", None)
+    return output() if callable(output) else None
+
+
 def _linear_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Linear, Any]]:
     """`model`'s `torch.nn.Linear` layers with the forward a check gives each, found at its first check: walking
     the model's modules at every check would add Python work to each one."""
     found = _layers.get(model)
     if found is None:
-        output = getattr(model, "get_output_embeddings", None)
-        head = output() if callable(output) else None
+        head = _head(model)
         found = [
             (m, functools.partial(_few_row_linear, m, m is head)) for m in model.modules() if type(m) is torch.nn.Linear
         ]
@@ -134,8 +139,7 @@ class _Layouts:
     clock = staticmethod(time.perf_counter)
 
     def __init__(self, model: torch.nn.Module) -> None:
-        output = getattr(model, "get_output_embeddings", None)
-        head = output() if callable(output) else None
+        head = _head(model)
         float32 = [m for m, _ in _linear_layers(model) if m.weight.dtype == torch.float32]
         self.weights = {
             True: [m.weight for m in float32 if m is head],
