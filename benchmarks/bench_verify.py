@@ -11,10 +11,11 @@ many-token kernel for it):
 1. cost: one `runner.extend` of k tokens per row against one token (k = 1 ... 16, B = 1 and 8), ms per call
    (median), and the ratio to k = 1; at B > 1 also a call where only the first row takes k tokens and the others
    one (`runner.extend_rows`: one row's draft in a batch; llama.cpp runs it as two passes, the rows' first tokens
-   and then that row's others); on a CPU also the same calls in each of the two layouts the runner times per pass
-   shape and picks from (`TransformersRunner.few_row_products`): its few-row products (a check's linear layers of
-   1-5 rows, and its vocabulary head, as W x^T) and the model's own; and with the key/value heads copied per query
-   head as transformers' attention does (`TransformersRunner.grouped_attention`);
+   and then that row's others); on a CPU also the same calls in each of the two W x^T / own layouts the runner
+   times per row count and picks from (`TransformersRunner.few_row_products`): its few-row products (a check's
+   linear layers of 1-5 rows, and its vocabulary head, as W x^T) and the model's own (the runner itself may also
+   run the head on oneDNN's packed copy of its weight); and with the key/value heads copied per query head as
+   transformers' attention does (`TransformersRunner.grouped_attention`);
 2. numerics: the largest difference between the logits of one k-token call and k one-token steps, k = 4 and 8
    (what `match`'s promise of the same tokens rests on);
 3. bounds: generate() tokens per second with an oracle drafter (it proposes the run without a drafter's next
@@ -23,8 +24,9 @@ many-token kernel for it):
    drafter. Any real drafter lands between the two.
 4. layouts (transformers): ms of each of the model's linear-layer shapes over n rows, `x @ W.T` (torch's linear)
    against `W @ x.T` (the few-row layout of a check's products of 1-5 rows and its vocabulary head; one row
-   as two columns, `W @ [x 0].T`, as its fast steps do), on weights read from memory, interleaved, median of 7
-   times --reps.
+   as two columns, `W @ [x 0].T`, as its fast steps do) and, where torch has oneDNN, oneDNN's product on a packed
+   copy of the weight (the runner's third layout for the head), on weights read from memory, interleaved, median of
+   7 times --reps.
 5. released rows (transformers): ms of a one-token step of the largest --batch after all but n of its rows left
    the batch (`runner.release`, as the speculative loop releases rows that have drawn all their tokens), n = B ... 1,
    against the same steps in each layout: once rows left, the runner's steps run the faster of its few-row products
@@ -50,7 +52,7 @@ from typing import Any
 import torch
 
 from samplechain.drafters import Drafter
-from samplechain.generation import generate
+from samplechain.generation import generate, products
 from samplechain.generation.model import runner_for
 from samplechain.runners import ModelRunner
 
@@ -283,9 +285,14 @@ def _transposed(x: torch.Tensor, weights: Sequence[torch.Tensor]) -> None:
         weight @ columns.T
 
 
+def _packed(x: torch.Tensor, weights: Sequence[torch.Tensor]) -> None:
+    for weight in weights:  # each weight packed for oneDNN at its first product (a warm-up round)
+        products.product(weight, x, products.PACKED)
+
+
 @torch.inference_mode()
 def layouts(model: Any, device: torch.device, counts: Sequence[int], reps: int) -> list[dict]:
-    """ms of each distinct linear-layer weight shape of `model` over n rows in the two layouts, interleaved. Each
+    """ms of each distinct linear-layer weight shape of `model` over n rows in the layouts, interleaved. Each
     product runs on copies of the weight that together outgrow the caches, as a model's pass reads its weights
     from memory (a product repeated on one weight would read it from a cache); one row runs as two columns in the
     runner's layout, as its steps do."""
@@ -302,6 +309,8 @@ def layouts(model: Any, device: torch.device, counts: Sequence[int], reps: int) 
         for n in counts:
             x = torch.randn(n, in_features, device=device, dtype=model.dtype)
             runs = {"x @ W.T ms": _own, "W @ x.T ms": _transposed}
+            if products._PACKED and device.type == "cpu" and model.dtype == torch.float32:
+                runs["packed ms"] = _packed
             times: dict[str, list[float]] = {name: [] for name in runs}
             for rep in range(7 * reps + 2):
                 for name, fn in runs.items():

@@ -4,6 +4,7 @@ errors; the transformers runner's extend / truncate / release against one-token 
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import random
 import threading
@@ -18,8 +19,9 @@ import torch.nn.functional as F
 
 from samplechain import models
 from samplechain.errors import ConfigError
-from samplechain.generation import TransformersRunner, generate, runner_for
+from samplechain.generation import TransformersRunner, generate, products, runner_for
 from samplechain.generation import model as model_module
+from samplechain.generation.products import COLUMNS, PACKED
 from samplechain.models import (
     DEFAULT_MODEL,
     check_gguf,
@@ -249,12 +251,12 @@ def test_few_row_products_are_the_linear_layer(rows):
     own = {name: layer.forward for name, layer in layers.items()}
     for x in (torch.randn(rows, 40), torch.randn(1, rows, 40)):
         flat = x.reshape(rows, 40)
-        with torch.no_grad(), model_module._FewRowProducts(layers):
+        with torch.no_grad(), products.FewRowProducts(layers):
             got = {name: layer(x) for name, layer in layers.items()}
         for name, layer in layers.items():
             expected = F.linear(x, layer.weight, layer.bias)
             torch.testing.assert_close(got[name], expected, atol=1e-5, rtol=1e-5)
-            transposed = rows in model_module._FEW_ROWS or name == "head"
+            transposed = rows in products.FEW_ROWS or name == "head"
             columns = torch.cat([flat, torch.zeros_like(flat)]) if rows == 1 else flat  # one row: two columns
             product = (layer.weight @ columns.T)[:, :rows].T + (0 if layer.bias is None else layer.bias)
             layout = product if transposed else expected
@@ -262,7 +264,7 @@ def test_few_row_products_are_the_linear_layer(rows):
     assert {name: layer.forward for name, layer in layers.items()} == own  # the layers' own forward is back
     wide = torch.randn(rows, 40, dtype=torch.float64)  # only float32 products change layout
     layers.double()
-    with torch.no_grad(), model_module._FewRowProducts(layers):
+    with torch.no_grad(), products.FewRowProducts(layers):
         assert torch.equal(layers["plain"](wide), wide @ layers["plain"].weight.T)
 
 
@@ -272,8 +274,8 @@ def test_few_row_products_stay_in_their_thread_and_nest():
     own, transposed = F.linear(x, layer.weight).detach(), (layer.weight @ x.T).T.detach()
     assert not torch.equal(own, transposed)  # the two layouts round differently here, so the test tells them apart
     seen = []
-    with torch.no_grad(), model_module._FewRowProducts(layer):
-        with model_module._FewRowProducts(layer):
+    with torch.no_grad(), products.FewRowProducts(layer):
+        with products.FewRowProducts(layer):
             assert torch.equal(layer(x), transposed)
         assert torch.equal(layer(x), transposed)  # the outer pass is still inside
         other = threading.Thread(target=lambda: seen.append(layer(x).detach()))
@@ -290,12 +292,12 @@ def few_row_passes(monkeypatch):
     """A list that grows by one at each pass run in few-row products."""
     entered = []
 
-    class Counted(model_module._FewRowProducts):
+    class Counted(products.FewRowProducts):
         def __enter__(self):
             entered.append(1)
             return super().__enter__()
 
-    monkeypatch.setattr(model_module, "_FewRowProducts", Counted)
+    monkeypatch.setattr(model_module, "FewRowProducts", Counted)
     return entered
 
 
@@ -358,35 +360,38 @@ def test_a_step_after_rows_were_released_runs_few_row_products(tiny, few_row_pas
         assert not logits[1].any()
 
 
-def test_each_part_runs_in_the_layout_timed_faster_for_its_rows_and_a_check_rounds_alike_every_time(tiny, monkeypatch):
+def test_each_part_runs_in_the_layout_timed_fastest_for_its_rows_and_a_check_rounds_alike_every_time(tiny, monkeypatch):
     """By default (few_row_products None) the head's and the other layers' products of n rows are timed once in each
-    layout, before the first pass that needs them, and run in the faster from then on; here a fake clock makes W x^T
-    the slower for the layers and the faster for the head."""
+    layout, before the first pass that needs them, and run in the fastest from then on; here a fake clock makes W x^T
+    the slower for the layers and, for the head, W x^T faster than its own and oneDNN's packed weight (where torch
+    has it) the fastest."""
     now = [0.0]
-    monkeypatch.setattr(model_module._Layouts, "clock", staticmethod(lambda: now[0]))
-    monkeypatch.setattr(model_module, "_layouts", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(products._Layouts, "clock", staticmethod(lambda: now[0]))
+    monkeypatch.setattr(products, "_layouts", weakref.WeakKeyDictionary())
     head = tiny.get_output_embeddings().weight
-    product = model_module._product
+    product = products.product
+    costs = {False: {None: 1.0, COLUMNS: 2.0}, True: {None: 1.0, COLUMNS: 0.5, PACKED: 0.25}}
 
-    def timed_product(weight, x, few):
-        now[0] += (0.5 if weight is head else 2.0) if few else 1.0
-        return product(weight, x, few)
+    def timed_product(weight, x, layout):
+        now[0] += costs[weight is head][layout]
+        return product(weight, x, layout)
 
-    monkeypatch.setattr(model_module, "_product", timed_product)
-    ran = []  # per layer call inside a pass: (is the head, rows, ran as W x^T)
-    linear = model_module._few_row_linear
+    monkeypatch.setattr(products, "product", timed_product)
+    ran = []  # per layer call inside a pass: (is the head, rows, its layout)
+    linear = products._few_row_linear
 
     def seen(module, is_head, x):
         rows = x.numel() // x.shape[-1]
-        passes = getattr(model_module._few_rows, "passes", None)
-        layers, head_few = passes[-1] if passes else (False, False)
-        ran.append((is_head, rows, head_few if is_head else layers and rows in model_module._FEW_ROWS))
+        passes = getattr(products._few_rows, "passes", None)
+        layers, head_layout = passes[-1] if passes else (None, None)
+        ran.append((is_head, rows, head_layout if is_head else layers if rows in products.FEW_ROWS else None))
         return linear(module, is_head, x)
 
-    monkeypatch.setattr(model_module, "_few_row_linear", seen)
-    model_module._layers.pop(tiny, None)  # the layers' forwards are bound once a model
+    monkeypatch.setattr(products, "_few_row_linear", seen)
+    products._layers.pop(tiny, None)  # the layers' forwards are bound once a model
     ids = torch.tensor([[11, 12, 13, 14]])
     drafted = torch.tensor([[5, 6, 7]])
+    fastest = PACKED if products._PACKED else COLUMNS
     try:
         checks = []
         for _ in range(3):
@@ -397,17 +402,47 @@ def test_each_part_runs_in_the_layout_timed_faster_for_its_rows_and_a_check_roun
             state = torch.get_rng_state()
             checks.append(runner.extend(drafted))
             assert torch.equal(torch.get_rng_state(), state)  # timing the layouts draws from a generator of its own
-            assert ran and all(few == is_head for is_head, rows, few in ran)  # the head as W x^T, the layers own
-        layouts = model_module._layouts[tiny]
-        assert layouts.chosen == {(False, 3): False, (True, 3): True}  # timed once, for the 3 rows this check runs
+            assert ran and all(layout == (fastest if is_head else None) for is_head, rows, layout in ran)
+        layouts = products._layouts[tiny]
+        assert layouts.chosen == {(False, 3): None, (True, 3): fastest}  # timed once, for this check's 3 rows
         assert torch.equal(checks[0], checks[1]) and torch.equal(checks[1], checks[2])
         torch.testing.assert_close(checks[0], _steps(tiny, ids, drafted)[:, 1:], atol=1e-4, rtol=1e-4)
+        assert (id(head) in products._packs) == (fastest == PACKED)  # the head's packed copy, while it runs so
+        costs[True][PACKED] = 3.0
         runner = TransformersRunner(tiny, ids, None)
         runner.prefill()
         runner.extend(torch.arange(5, 11).unsqueeze(0))  # 6 rows: past the layers' few rows, the head still timed
-        assert (False, 6) not in layouts.chosen and layouts.chosen[True, 6]
+        assert (False, 6) not in layouts.chosen and layouts.chosen[True, 6] == COLUMNS
+        assert (id(head) in products._packs) == (fastest == PACKED)  # 3 rows still run in the packed copy
+        layouts.chosen.pop((True, 3))
+        layouts.layout(True, 7)  # no row count left in the packed copy: it is dropped
+        assert id(head) not in products._packs
     finally:
-        model_module._layers.pop(tiny, None)
+        products._layers.pop(tiny, None)
+
+
+@pytest.mark.skipif(not products._PACKED, reason="torch without oneDNN's packed linear product")
+def test_the_packed_layout_is_the_linear_layer_and_packs_a_weight_again_once_it_changes():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(40, 300)
+    model = torch.nn.Sequential(layer)
+    for rows in (1, 4, 11):
+        x = torch.randn(1, rows, 40)
+        with torch.no_grad(), products.FewRowProducts(model, PACKED, PACKED):
+            got = layer(x)
+        torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias).detach(), atol=1e-5, rtol=1e-5)
+    packed = products._packs[id(layer.weight)][1]
+    x = torch.randn(3, 40)
+    with torch.no_grad():
+        layer.weight.mul_(2.0)  # a training step, load_state_dict: the same tensor, changed in place
+        with products.FewRowProducts(model, PACKED, PACKED):
+            got = layer(x)
+    torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+    assert products._packs[id(layer.weight)][1] is not packed
+    key = id(layer.weight)
+    del model, layer, packed
+    gc.collect()
+    assert key not in products._packs  # the packed copy goes with its weight
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import functools
 import inspect
 import threading
 import time
-import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -25,154 +24,12 @@ from ..contracts import max_positions
 from ..engine.discovery import PluginHost, get_host
 from ..errors import ConfigError
 from ..runners import ModelRunner
+from .products import COLUMNS, FEW_ROWS, FewRowProducts, layouts_of
 
 __all__ = ["ModelRunner", "TransformersRunner", "max_positions", "runner_for"]
 
 _CACHE_NAMES = ("cache", "past_key_values", "cache_params", "state", "mems", "past_buckets_states")
-# MKL's float32 product input @ weight^T over few rows reads the weight at a third to a half of the speed that
-# weight @ input^T reaches on an AMD CPU, and one row (a matrix-vector product in either layout) at a third to a half
-# of the speed of the same product over two columns (W [x 0]^T), most of all over the vocabulary head (the model's
-# output embeddings); on an Intel CPU input @ weight^T was the faster over 1-5 rows, on some days of one host
-# (docs/performance.md, "Few-row products"): which layout a pass runs is therefore timed per row count (_Layouts),
-# and the few-row layout is the weight's side for 1-5 rows of a linear layer and any rows of the head
-_FEW_ROWS = range(1, 6)
 _MKL = torch.backends.mkl.is_available()
-
-
-_few_rows = threading.local()  # .passes: (layers, head) of this thread's passes inside few-row products
-# id(model): (passes inside _FewRowProducts, of any thread; the layers whose forward they swapped)
-_patched: dict[int, tuple[int, list[torch.nn.Linear]]] = {}
-# model: its linear layers, each with the forward a pass inside _FewRowProducts gives it (found once a model)
-_layers: weakref.WeakKeyDictionary[torch.nn.Module, list[tuple[torch.nn.Linear, Any]]] = weakref.WeakKeyDictionary()
-_patching = threading.Lock()
-
-
-def _few_row_linear(module: torch.nn.Linear, head: bool, x: torch.Tensor) -> torch.Tensor:
-    """`module`'s forward while a model is inside _FewRowProducts: float32 rows of this thread as (W x^T)^T (one row
-    as two columns with a zero one), 1-5 rows of a layer and any rows of the vocabulary head (`head`), for the parts
-    the innermost pass of this thread runs so."""
-    weight = module.weight
-    rows = x.numel() // max(x.shape[-1], 1)
-    passes = getattr(_few_rows, "passes", None)
-    if passes and x.dtype == weight.dtype == torch.float32:
-        layers_few, head_few = passes[-1]
-        if head_few if head else layers_few and rows in _FEW_ROWS:
-            out = _product(weight, x.reshape(rows, x.shape[-1]), True).reshape(*x.shape[:-1], weight.shape[0])
-            return out if module.bias is None else out + module.bias
-    return F.linear(x, weight, module.bias)
-
-
-def _product(weight: torch.Tensor, x: torch.Tensor, few: bool) -> torch.Tensor:
-    """x W^T of the rows x, as (W x^T)^T where `few` (one row as two columns with a zero one: MKL multiplies one
-    column as a matrix-vector product, which streams the weight slowly)."""
-    if not few:
-        return F.linear(x, weight)
-    rows = x.shape[0]
-    columns = torch.cat([x, torch.zeros_like(x)]) if rows == 1 else x
-    return (weight @ columns.T)[:, :rows].T
-
-
-class _FewRowProducts:
-    """While inside, `model`'s linear layers (`torch.nn.Linear` itself, where nothing else has replaced its forward)
-    compute 1-5 rows of this thread's passes, and any rows of its vocabulary head, as (W x^T)^T: the same
-    product, rounded as any other summation order.
-
-    The layers' forward is swapped for the pass rather than every torch call intercepted (a TorchFunctionMode): a
-    model makes some 600 torch calls a pass, and sending each through Python cost a check 10-15% of its time. Other
-    threads' passes on the same model meanwhile keep the model's own products (the thread-local count), and the last
-    pass out of a model, of any thread, gives its layers their forward back."""
-
-    def __init__(self, model: torch.nn.Module, layers: bool = True, head: bool = True) -> None:
-        self.model = model
-        self.parts = (layers, head)  # which products run as W x^T: the layers' (of 1-5 rows), the head's
-
-    def __enter__(self) -> _FewRowProducts:
-        with _patching:
-            inside, layers = _patched.get(id(self.model), (0, []))
-            if not inside:
-                swaps = [(layer, fn) for layer, fn in _linear_layers(self.model) if "forward" not in vars(layer)]
-                for layer, fn in swaps:
-                    vars(layer)["forward"] = fn
-                layers = [layer for layer, _ in swaps]
-            _patched[id(self.model)] = (inside + 1, layers)
-        _few_rows.passes = [*getattr(_few_rows, "passes", []), self.parts]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        _few_rows.passes = _few_rows.passes[:-1]
-        with _patching:
-            inside, layers = _patched.pop(id(self.model))
-            if inside > 1:
-                _patched[id(self.model)] = (inside - 1, layers)
-                return
-            for layer in layers:
-                del vars(layer)["forward"]
-
-
-def _head(model: torch.nn.Module) -> Any:
-    """The model's vocabulary head (its output embeddings, as transformers names them), or None."""
-    output = getattr(model, "get_output_embeddings", None)
-    return output() if callable(output) else None
-
-
-def _linear_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Linear, Any]]:
-    """`model`'s `torch.nn.Linear` layers with the forward a check gives each, found at its first check: walking
-    the model's modules at every check would add Python work to each one."""
-    found = _layers.get(model)
-    if found is None:
-        head = _head(model)
-        found = [
-            (m, functools.partial(_few_row_linear, m, m is head)) for m in model.modules() if type(m) is torch.nn.Linear
-        ]
-        _layers[model] = found
-    return found
-
-
-class _Layouts:
-    """Whether a model's linear products of n rows run faster on this machine as W x^T (the few-row layout) than in
-    the model's own x W^T, for its vocabulary head and for its other layers apart: timed once per row count, before
-    the first pass that needs it, over every such weight of the model in each layout in turn (as a pass reads them,
-    from memory; the quicker of `ROUNDS` rounds after one that warms MKL up). The choice then holds for the model in
-    this process, so passes of one shape always round alike (the same tokens scored twice give the same logprobs)."""
-
-    ROUNDS = 2
-    clock = staticmethod(time.perf_counter)
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        head = _head(model)
-        float32 = [m for m, _ in _linear_layers(model) if m.weight.dtype == torch.float32]
-        self.weights = {
-            True: [m.weight for m in float32 if m is head],
-            False: [m.weight for m in float32 if m is not head],
-        }
-        self.chosen: dict[tuple[bool, int], bool] = {}  # (head, rows) -> W x^T is the faster
-        self._lock = threading.Lock()
-
-    def few(self, head: bool, rows: int) -> bool:
-        """Whether the head's (`head`) or the other layers' products of `rows` rows run as W x^T."""
-        with self._lock:
-            if (head, rows) not in self.chosen:
-                self.chosen[head, rows] = self._timed(self.weights[head], rows)
-            return self.chosen[head, rows]
-
-    @torch.no_grad()
-    def _timed(self, weights: list[torch.Tensor], rows: int) -> bool:
-        if not weights:
-            return False
-        draws = torch.Generator().manual_seed(rows)  # the caller's global random state stays as it was
-        inputs = {w.shape[1]: torch.randn(rows, w.shape[1], generator=draws) for w in weights}
-        quickest = {False: float("inf"), True: float("inf")}
-        for round in range(self.ROUNDS + 1):
-            for few in (False, True):
-                started = self.clock()
-                for weight in weights:
-                    _product(weight, inputs[weight.shape[1]], few)
-                if round:
-                    quickest[few] = min(quickest[few], self.clock() - started)
-        return quickest[True] < quickest[False]
-
-
-_layouts: weakref.WeakKeyDictionary[torch.nn.Module, _Layouts] = weakref.WeakKeyDictionary()
 
 
 _GROUPED = "samplechain_grouped_sdpa"
@@ -290,10 +147,10 @@ class TransformersRunner(ModelRunner):
     name = "transformers"
     pads_rows = True  # extend_rows gives every row the longest feed's columns (holes where it has fewer)
     # a pass of several tokens a row (a check: extend, extend_rows), and a step once rows were released, can run the
-    # linear layers of 1-5 rows and the vocabulary head as W x^T (_FewRowProducts) with MKL on a CPU: None times the
-    # two layouts once per row count, the head and the other layers apart, and runs each in the faster (which one
-    # depends on the CPU: _Layouts), True runs the few-row products at every such pass, False (on the class: every
-    # runner) never
+    # linear layers of 1-5 rows and the vocabulary head in another layout than the model's (FewRowProducts) with MKL
+    # on a CPU: None times the layouts once per row count, the head and the other layers apart, and runs each in the
+    # fastest (which one depends on the CPU: products.layouts_of), True runs both as W x^T at every such pass, False (on the
+    # class: every runner) never
     few_row_products: bool | None = None
     # a pass of several tokens a row (a check) attends with the key/value heads shared (_grouped_sdpa) instead of
     # copied per query head, on a CPU for a model on transformers' sdpa attention with grouped key/value heads;
@@ -386,16 +243,17 @@ class TransformersRunner(ModelRunner):
         # more slowly than the whole batch's, so its steps may run the few-row products too (timed as checks are), as
         # every step may with `fast_steps`
         few = (keep > 1 or self.held is not None or (self.fast_steps and not self._first)) and self.few_row_products
-        layers = head = few is not False
-        if few is None:  # timed: each part as it runs faster on this machine, for the rows it takes in this pass
+        layers = head = COLUMNS if few else None
+        if few is None:  # timed: each part as it runs fastest on this machine, for the rows it takes in this pass
             started = time.perf_counter()
-            layouts = _layouts.get(self.model) or _layouts.setdefault(self.model, _Layouts(self.model))
+            layouts = layouts_of(self.model)
             rows = ids.shape[0] * (next_len or ids.shape[1])
-            layers = rows in _FEW_ROWS and layouts.few(False, rows)
-            head = layouts.few(True, ids.shape[0] * keep)
+            layers = layouts.layout(False, rows) if rows in FEW_ROWS else None
+            head = layouts.layout(True, ids.shape[0] * keep)
             self.untimed += time.perf_counter() - started
         grouped = keep > 1 and self.grouped_attention and self.model.config._attn_implementation in ("sdpa", _GROUPED)
-        with _FewRowProducts(self.model, layers, head) if layers or head else contextlib.nullcontext():
+        inside = layers is not None or head is not None
+        with FewRowProducts(self.model, layers, head) if inside else contextlib.nullcontext():
             with _grouped_attention(self.model.config) if grouped else contextlib.nullcontext():
                 out = self.model(**inputs, return_dict=True)
         for name in _CACHE_NAMES:

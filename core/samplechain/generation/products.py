@@ -1,0 +1,212 @@
+"""The layouts of a pass's linear products on a CPU: the model's own x W^T, W x^T (COLUMNS) and oneDNN's product on
+a packed copy of the weight (PACKED), which of them runs a pass's 1-5 rows of a linear layer and any rows of the
+vocabulary head (`FewRowProducts`), and which is the fastest on this machine for a row count (`layouts_of`): the
+transformers runner's checks of drafted tokens run in them."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+import weakref
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+# MKL's float32 product input @ weight^T over few rows reads the weight at a third to a half of the speed that
+# weight @ input^T reaches on an AMD CPU, and one row (a matrix-vector product in either layout) at a third to a half
+# of the speed of the same product over two columns (W [x 0]^T), most of all over the vocabulary head (the model's
+# output embeddings); on an Intel CPU input @ weight^T was the faster over 1-5 rows, on some days of one host, and
+# over 4-11 rows of the vocabulary head, read from memory as a pass reads it, oneDNN's product on a copy of the
+# weight packed for it ran in half the time of either (docs/performance.md, "Few-row products"): which layout a pass
+# runs is therefore timed per row count (layouts_of); the other layouts than the model's own take 1-5 rows of a linear
+# layer and any rows of the head
+FEW_ROWS = range(1, 6)
+COLUMNS, PACKED = "columns", "packed"  # the layouts besides the model's own (None): W x^T, oneDNN's packed weight
+
+
+def _packs_weights() -> bool:
+    try:
+        return torch.backends.mkldnn.is_available() and callable(torch.ops.mkldnn._linear_pointwise)
+    except (AttributeError, RuntimeError):  # a torch built without oneDNN, or without that operator
+        return False
+
+
+_PACKED = _packs_weights()
+
+
+_few_rows = threading.local()  # .passes: (layers, head) of this thread's passes inside few-row products: each a layout
+# id(model): (passes inside FewRowProducts, of any thread; the layers whose forward they swapped)
+_patched: dict[int, tuple[int, list[torch.nn.Linear]]] = {}
+# model: its linear layers, each with the forward a pass inside FewRowProducts gives it (found once a model)
+_layers: weakref.WeakKeyDictionary[torch.nn.Module, list[tuple[torch.nn.Linear, Any]]] = weakref.WeakKeyDictionary()
+_patching = threading.Lock()
+# id(weight): (its storage and version when packed, the copy oneDNN multiplies, a reference that drops the entry with
+# the weight): a weight changed in place (a training step, load_state_dict) is packed again at its next product
+_packs: dict[int, tuple[tuple[int, int], torch.Tensor, weakref.ref[torch.Tensor]]] = {}
+
+
+def _few_row_linear(module: torch.nn.Linear, head: bool, x: torch.Tensor) -> torch.Tensor:
+    """`module`'s forward while a model is inside FewRowProducts: float32 rows of this thread in the layout the
+    innermost pass of this thread gives its part (the vocabulary head, `head`, or the other layers, of 1-5 rows)."""
+    weight = module.weight
+    rows = x.numel() // max(x.shape[-1], 1)
+    passes = getattr(_few_rows, "passes", None)
+    if passes and x.dtype == weight.dtype == torch.float32:
+        layers, head_layout = passes[-1]
+        layout = head_layout if head else layers if rows in FEW_ROWS else None
+        if layout is not None:
+            out = product(weight, x.reshape(rows, x.shape[-1]), layout).reshape(*x.shape[:-1], weight.shape[0])
+            return out if module.bias is None else out + module.bias
+    return F.linear(x, weight, module.bias)
+
+
+def product(weight: torch.Tensor, x: torch.Tensor, layout: str | None) -> torch.Tensor:
+    """x W^T of the rows x in `layout`: the model's own (None); COLUMNS, as (W x^T)^T (one row as two columns with a
+    zero one: MKL multiplies one column as a matrix-vector product, which streams the weight slowly); PACKED, by
+    oneDNN on a copy of W packed for it."""
+    if layout is None:
+        return F.linear(x, weight)
+    if layout == PACKED:
+        return torch.ops.mkldnn._linear_pointwise(x, _packed(weight), None, "none", [None], "")
+    rows = x.shape[0]
+    columns = torch.cat([x, torch.zeros_like(x)]) if rows == 1 else x
+    return (weight @ columns.T)[:, :rows].T
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` packed for oneDNN's product, packed once while the weight stays as it is."""
+    try:
+        state = (weight.data_ptr(), weight._version)
+    except RuntimeError:  # an inference tensor keeps no version (nor can it change in place)
+        state = (weight.data_ptr(), 0)
+    found = _packs.get(id(weight))
+    if found is None or found[0] != state:
+        gone = functools.partial(lambda key, _: _packs.pop(key, None), id(weight))
+        found = state, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16), weakref.ref(weight, gone)
+        _packs[id(weight)] = found
+    return found[1]
+
+
+class FewRowProducts:
+    """While inside, `model`'s linear layers (`torch.nn.Linear` itself, where nothing else has replaced its forward)
+    compute 1-5 rows of this thread's passes in the layout `layers`, and any rows of its vocabulary head in `head`
+    (None: the model's own; by default (W x^T)^T): the same product, rounded as any other summation order.
+
+    The layers' forward is swapped for the pass rather than every torch call intercepted (a TorchFunctionMode): a
+    model makes some 600 torch calls a pass, and sending each through Python cost a check 10-15% of its time. Other
+    threads' passes on the same model meanwhile keep the model's own products (the thread-local count), and the last
+    pass out of a model, of any thread, gives its layers their forward back."""
+
+    def __init__(self, model: torch.nn.Module, layers: str | None = COLUMNS, head: str | None = COLUMNS) -> None:
+        self.model = model
+        self.parts = (layers, head)  # the layouts of the layers' products (of 1-5 rows) and of the head's
+
+    def __enter__(self) -> FewRowProducts:
+        with _patching:
+            inside, layers = _patched.get(id(self.model), (0, []))
+            if not inside:
+                swaps = [(layer, fn) for layer, fn in _linear_layers(self.model) if "forward" not in vars(layer)]
+                for layer, fn in swaps:
+                    vars(layer)["forward"] = fn
+                layers = [layer for layer, _ in swaps]
+            _patched[id(self.model)] = (inside + 1, layers)
+        _few_rows.passes = [*getattr(_few_rows, "passes", []), self.parts]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _few_rows.passes = _few_rows.passes[:-1]
+        with _patching:
+            inside, layers = _patched.pop(id(self.model))
+            if inside > 1:
+                _patched[id(self.model)] = (inside - 1, layers)
+                return
+            for layer in layers:
+                del vars(layer)["forward"]
+
+
+def head_of(model: torch.nn.Module) -> Any:
+    """The model's vocabulary head (its output embeddings, as transformers names them), or None."""
+    output = getattr(model, "get_output_embeddings", None)
+    return output() if callable(output) else None
+
+
+def _linear_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Linear, Any]]:
+    """`model`'s `torch.nn.Linear` layers with the forward a check gives each, found at its first check: walking
+    the model's modules at every check would add Python work to each one."""
+    found = _layers.get(model)
+    if found is None:
+        head = head_of(model)
+        found = [
+            (m, functools.partial(_few_row_linear, m, m is head)) for m in model.modules() if type(m) is torch.nn.Linear
+        ]
+        _layers[model] = found
+    return found
+
+
+class _Layouts:
+    """Which layout runs a model's linear products of n rows fastest on this machine: the model's own x W^T (None),
+    W x^T (COLUMNS) or, for the vocabulary head, oneDNN's product on a packed copy (PACKED), for the head and for
+    the other layers apart. Timed once per row count, before the first pass that needs it, over every such weight of
+    the model in each layout in turn, each round after reading the other part's weights, as a pass streams them
+    from memory (the quicker of `ROUNDS` rounds after one that warms the libraries up). The choice then holds for
+    the model in this process, so passes of one shape always round alike (the same tokens scored twice give the
+    same logprobs). The head's packed copy is kept only while a row count runs in it."""
+
+    ROUNDS = 2
+    clock = staticmethod(time.perf_counter)
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        head = head_of(model)
+        float32 = [m for m, _ in _linear_layers(model) if m.weight.dtype == torch.float32]
+        self.weights = {
+            True: [m.weight for m in float32 if m is head],
+            False: [m.weight for m in float32 if m is not head],
+        }
+        self.chosen: dict[tuple[bool, int], str | None] = {}  # (head, rows) -> the fastest layout
+        self._lock = threading.Lock()
+
+    def layout(self, head: bool, rows: int) -> str | None:
+        """The layout of the head's (`head`) or the other layers' products of `rows` rows."""
+        with self._lock:
+            if (head, rows) not in self.chosen:
+                layouts = [None, COLUMNS, PACKED] if head and _PACKED else [None, COLUMNS]
+                self.chosen[head, rows] = self._timed(self.weights[head], self.weights[not head], rows, layouts)
+                if PACKED not in self.chosen.values():
+                    for weight in self.weights[True]:
+                        _packs.pop(id(weight), None)
+            return self.chosen[head, rows]
+
+    @torch.no_grad()
+    def _timed(
+        self, weights: list[torch.Tensor], others: list[torch.Tensor], rows: int, layouts: list[str | None]
+    ) -> str | None:
+        if not weights:
+            return None
+        draws = torch.Generator().manual_seed(rows)  # the caller's global random state stays as it was
+        inputs = {w.shape[1]: torch.randn(rows, w.shape[1], generator=draws) for w in weights}
+        quickest = dict.fromkeys(layouts, float("inf"))
+        for round in range(self.ROUNDS + 1):
+            for layout in list(quickest):
+                if round:
+                    for other in others:  # out of the caches, as a pass finds it
+                        other.sum()
+                started = self.clock()
+                try:
+                    for weight in weights:
+                        product(weight, inputs[weight.shape[1]], layout)
+                except RuntimeError:  # oneDNN refuses this weight: the others only
+                    del quickest[layout]
+                    continue
+                if round:
+                    quickest[layout] = min(quickest[layout], self.clock() - started)
+        return min(quickest, key=lambda layout: quickest[layout])
+
+
+_layouts: weakref.WeakKeyDictionary[torch.nn.Module, _Layouts] = weakref.WeakKeyDictionary()
+
+
+def layouts_of(model: torch.nn.Module) -> _Layouts:
+    """The layouts timed for `model` in this process."""
+    return _layouts.get(model) or _layouts.setdefault(model, _Layouts(model))
