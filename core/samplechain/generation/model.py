@@ -149,8 +149,8 @@ class TransformersRunner(ModelRunner):
     # a pass of several tokens a row (a check: extend, extend_rows), and a step once rows were released, can run the
     # linear layers of 1-5 rows and the vocabulary head in another layout than the model's (FewRowProducts) with MKL
     # on a CPU: None times the layouts once per row count, the head and the other layers apart, and runs each in the
-    # fastest (which one depends on the CPU: products.layouts_of), True runs both as W x^T at every such pass, False (on the
-    # class: every runner) never
+    # fastest (which one depends on the CPU: products.layouts_of), True runs both as W x^T at every such pass, False
+    # (on the class: every runner) never
     few_row_products: bool | None = None
     # a pass of several tokens a row (a check) attends with the key/value heads shared (_grouped_sdpa) instead of
     # copied per query head, on a CPU for a model on transformers' sdpa attention with grouped key/value heads;
