@@ -196,8 +196,10 @@ class _Layouts:
                 try:
                     for weight in weights:
                         product(weight, inputs[weight.shape[1]], layout)
-                except RuntimeError:  # oneDNN refuses this weight: the others only
-                    del quickest[layout]
+                except RuntimeError:
+                    if layout != PACKED:
+                        raise
+                    del quickest[layout]  # oneDNN refuses this weight: the other layouts only
                     continue
                 if round:
                     quickest[layout] = min(quickest[layout], self.clock() - started)
