@@ -417,6 +417,15 @@ def test_each_part_runs_in_the_layout_timed_fastest_for_its_rows_and_a_check_rou
         layouts.chosen.pop((True, 3))
         layouts.layout(True, 7)  # no row count left in the packed copy: it is dropped
         assert id(head) not in products._packs
+        # the head's row counts past 4 share the timing of the next of 6, 8, 12, 16, 24, ...: timed once for all
+        shared = [1, 2, 3, 4, 6, 6, 8, 8, *[12] * 4, *[16] * 4, *[24] * 8, *[32] * 8, 48]
+        assert [products.timed_rows(n) for n in range(1, 34)] == shared
+        assert (True, 7) not in layouts.chosen and layouts.chosen[True, 8] == COLUMNS
+        before = now[0]
+        for rows in (9, 10, 11, 12):
+            assert layouts.layout(True, rows) == COLUMNS
+        assert set(layouts.chosen) == {(False, 3), (True, 6), (True, 8), (True, 12)}
+        assert now[0] - before == (layouts.ROUNDS + 1) * sum(costs[True].values() if products._PACKED else (1.0, 0.5))
     finally:
         products._layers.pop(tiny, None)
 

@@ -150,9 +150,11 @@ class _Layouts:
     W x^T (COLUMNS) or, for the vocabulary head, oneDNN's product on a packed copy (PACKED), for the head and for
     the other layers apart. Timed once per row count, before the first pass that needs it, over every such weight of
     the model in each layout in turn, each round after reading the other part's weights, as a pass streams them
-    from memory (the quicker of `ROUNDS` rounds after one that warms the libraries up). The choice then holds for
-    the model in this process, so passes of one shape always round alike (the same tokens scored twice give the
-    same logprobs). The head's packed copy is kept only while a row count runs in it."""
+    from memory (the quicker of `ROUNDS` rounds after one that warms the libraries up). The head's row counts past 4
+    share the timing of the next of 6, 8, 12, 16, 24, ... (`timed_rows`): a batch's checks take many row counts (rows
+    x draft width), and each timing reads the model's weights six to nine times. The choice then holds for the model
+    in this process, so passes of one shape always round alike (the same tokens scored twice give the same
+    logprobs). The head's packed copy is kept only while a row count runs in it."""
 
     ROUNDS = 2
     clock = staticmethod(time.perf_counter)
@@ -164,19 +166,20 @@ class _Layouts:
             True: [m.weight for m in float32 if m is head],
             False: [m.weight for m in float32 if m is not head],
         }
-        self.chosen: dict[tuple[bool, int], str | None] = {}  # (head, rows) -> the fastest layout
+        self.chosen: dict[tuple[bool, int], str | None] = {}  # (head, timed rows) -> the fastest layout
         self._lock = threading.Lock()
 
     def layout(self, head: bool, rows: int) -> str | None:
         """The layout of the head's (`head`) or the other layers' products of `rows` rows."""
+        key = (head, timed_rows(rows) if head else rows)
         with self._lock:
-            if (head, rows) not in self.chosen:
+            if key not in self.chosen:
                 layouts = [None, COLUMNS, PACKED] if head and _PACKED else [None, COLUMNS]
-                self.chosen[head, rows] = self._timed(self.weights[head], self.weights[not head], rows, layouts)
+                self.chosen[key] = self._timed(self.weights[head], self.weights[not head], key[1], layouts)
                 if PACKED not in self.chosen.values():
                     for weight in self.weights[True]:
                         _packs.pop(id(weight), None)
-            return self.chosen[head, rows]
+            return self.chosen[key]
 
     @torch.no_grad()
     def _timed(
@@ -204,6 +207,15 @@ class _Layouts:
                 if round:
                     quickest[layout] = min(quickest[layout], self.clock() - started)
         return min(quickest, key=lambda layout: quickest[layout])
+
+
+def timed_rows(rows: int) -> int:
+    """The row count whose timing picks the head's layout for `rows` rows: 1-4 themselves, more the next of 6, 8,
+    12, 16, 24, ... (a power of two or three quarters of one)."""
+    if rows <= 4:
+        return rows
+    power = 1 << (rows - 1).bit_length()
+    return power * 3 // 4 if power * 3 // 4 >= rows else power
 
 
 _layouts: weakref.WeakKeyDictionary[torch.nn.Module, _Layouts] = weakref.WeakKeyDictionary()
