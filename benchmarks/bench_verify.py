@@ -32,6 +32,11 @@ many-token kernel for it):
    against the same steps in each layout: once rows left, the runner's steps run the faster of its few-row products
    and the model's own.
 
+6. appending (transformers): ms of a one-token step with the cache's layers appending in place, into room kept
+   past their tokens (the runner's, `TransformersRunner.room`), against transformers' own layers, which copy the
+   whole cache into a new tensor every pass: --max-new-tokens steps after a prompt of each --contexts length, at
+   each --batch, the two runners taking turns step by step.
+
     .venv/bin/python benchmarks/bench_verify.py                       # the default model, on the CPU
     .venv/bin/python benchmarks/bench_verify.py --engine llama.cpp --sections 1,3
     python3 benchmarks/bench_verify.py --random --device cuda --dtype bfloat16
@@ -361,6 +366,38 @@ def released(model: Any, device: torch.device, batch: int, reps: int, context: i
     return out
 
 
+@torch.inference_mode()
+def appending(model: Any, device: torch.device, batches: Sequence[int], contexts: Sequence[int], steps: int) -> list:
+    """ms per `runner.step` with the cache's layers appending in place (`TransformersRunner.room`) against the same
+    steps on transformers' own layers, which copy the cache into a new tensor every pass: two runners on one prompt
+    taking turns step by step (who goes first alternates), `steps` steps after a prompt of each context length;
+    medians, and the median of the step-by-step ratios."""
+    out = []
+    for batch in batches:
+        for context in contexts:
+            ids = prompts(model, batch, context, device)
+            runs = {True: runner(model, ids), False: runner(model, ids)}
+            if not hasattr(runs[True], "room"):
+                return out
+            runs[False].room = False
+            so_far = ids
+            for run in runs.values():
+                run.prefill()
+            times: dict[bool, list[float]] = {True: [], False: []}
+            for i in range(steps):
+                so_far = torch.cat([so_far, prompts(model, batch, 1, device)], dim=-1)
+                for room in (True, False) if i % 2 else (False, True):
+                    times[room].append(timed(device, runs[room].step, so_far)[0])
+            ratios = [b / a for a, b in zip(times[True], times[False])]
+            out.append(
+                {"B": batch, "context": f"{context}-{context + steps}"}
+                | {"in place ms": round(statistics.median(times[True]) * 1e3, 2)}
+                | {"concatenating ms": round(statistics.median(times[False]) * 1e3, 2)}
+                | {"concatenating / in place": round(statistics.median(ratios), 3)}
+            )
+    return out
+
+
 def table(rows: Sequence[dict]) -> str:
     head = list(dict.fromkeys(h for r in rows for h in r))  # every row's columns (B = 1 has no "one row")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -385,6 +422,7 @@ def main() -> None:
     )
     ap.add_argument("--context", type=int, default=64, help="the prompt's tokens (sections 1 and 3)")
     ap.add_argument("--rows", default="1,2,3,4,5,6,8,12,16,24,48,96", help="section 4's row counts")
+    ap.add_argument("--contexts", default="300,1000", help="section 6's prompt lengths")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -424,6 +462,10 @@ def main() -> None:
     if "5" in sections and args.engine == "transformers":
         report["released"] = released(model, device, max(batches), args.reps, args.context)
         print("\n### 5. a step after rows left the batch\n\n" + table(report["released"]))
+    if "6" in sections and args.engine == "transformers":
+        contexts = [int(n) for n in args.contexts.split(",")]
+        report["appending"] = appending(model, device, batches, contexts, args.max_new_tokens)
+        print("\n### 6. a step with the cache appending in place\n\n" + table(report["appending"]))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=1)

@@ -24,6 +24,7 @@ from ..contracts import max_positions
 from ..engine.discovery import PluginHost, get_host
 from ..errors import ConfigError
 from ..runners import ModelRunner
+from .cache_room import dynamic_layers, make_room
 from .products import COLUMNS, FEW_ROWS, FewRowProducts, layouts_of
 
 __all__ = ["ModelRunner", "TransformersRunner", "max_positions", "runner_for"]
@@ -113,16 +114,6 @@ def _provides_runner(host: PluginHost, name: str) -> bool:
     return entry is not None and entry.kind == "runner"
 
 
-@functools.cache
-def _dynamic_layer() -> type | None:
-    """transformers' DynamicLayer (a cache layer that grows by concatenation); None where transformers lacks it."""
-    try:
-        from transformers.cache_utils import DynamicLayer
-    except ImportError:
-        return None
-    return DynamicLayer
-
-
 def _crop(cache: Any, drop: int) -> None:
     """Cut `drop` positions off the end of a transformers cache. Layer by layer where it has layers: a layer no pass
     has filled (early_exit runs the first layers only) is left alone, which a sliding-window layer's own crop does
@@ -156,6 +147,9 @@ class TransformersRunner(ModelRunner):
     # copied per query head, on a CPU for a model on transformers' sdpa attention with grouped key/value heads;
     # False keeps transformers' attention
     grouped_attention = True
+    # the cache's layers append a pass's keys and values in place, into room kept past their tokens (cache_room),
+    # where transformers' DynamicLayer copies the whole cache into a new tensor every pass; False keeps its layers
+    room = True
     # a step (one token a row) runs the runner's products as a check does, one row as a product of two columns, which
     # spares a step at B = 1 MKL's slow matrix-vector products (docs/performance.md, "Steps in the runner's
     # products"); the logits then differ from model.generate's by summation order, so it is off by default and
@@ -261,6 +255,8 @@ class TransformersRunner(ModelRunner):
                 key = name if name in ("cache_params", "state") else self.cache_key
                 self.kwargs[key] = out[name]
                 break
+        if self.room:
+            make_room(self.kwargs.get(self.cache_key))
         self._first = False
         return out.logits[:, -keep:, :].to(copy=True, dtype=torch.float32, device=self.device)
 
@@ -394,26 +390,32 @@ class TransformersRunner(ModelRunner):
 
     def lookahead(self) -> contextlib.AbstractContextManager[None] | None:
         """A block whose passes are taken back when it ends: where every cache layer is a plain DynamicLayer, which
-        grows by concatenation and so leaves the tensors it held untouched, the runner keeps them and puts them back
-        (nothing copied); None for other caches (a sliding window, quantized or static layers) and on a runner whose
-        rows advance together."""
+        grows by concatenation and so leaves the tensors it held untouched, or one appending in place past a floor
+        kept for the block (cache_room), the runner keeps them and puts them back (nothing copied); None for other
+        caches (a sliding window, quantized or static layers) and on a runner whose rows advance together."""
         cache = self.kwargs.get(self.cache_key)
         layers = getattr(cache, "layers", None)
-        if not self.per_row_truncate or not layers or not all(type(layer) is _dynamic_layer() for layer in layers):
+        if not self.per_row_truncate or not layers or not all(type(layer) in dynamic_layers() for layer in layers):
             return None
         return self._taken_back(cache)
 
     @contextlib.contextmanager
     def _taken_back(self, cache: Any) -> Iterator[None]:
         layers = list(cache.layers)
-        states = [(layer.keys, layer.values, layer.is_initialized) for layer in layers]
+        kept = ("keys", "values", "is_initialized", "key_room", "value_room", "floor")
+        states = [{name: getattr(layer, name, None) for name in kept} for layer in layers]
+        for layer in layers:
+            if hasattr(layer, "floor"):  # the kept keys and values are not written over
+                layer.floor = max(layer.floor, layer.get_seq_length())
         saved = (self.input_ids, self.live, dict(self.kwargs), self._first, self._recording)
         try:
             yield
         finally:
             cache.layers[:] = layers
-            for layer, (keys, values, initialized) in zip(layers, states):
-                layer.keys, layer.values, layer.is_initialized = keys, values, initialized
+            for layer, state in zip(layers, states):
+                for name, value in state.items():
+                    if name in vars(layer) or value is not None:
+                        setattr(layer, name, value)
             self.input_ids, self.live, kwargs, self._first, self._recording = saved
             self.kwargs = dict(kwargs)
 
