@@ -118,3 +118,12 @@ def test_appending_writes_in_place_while_the_room_lasts_and_above_the_floor():
     assert torch.equal(room[..., :8, :], torch.cat([held, new, more], dim=-2))
     wider = torch.randn(3, 3, 1, 4)  # rows released or reordered: another batch, new room
     assert cache_room._appended(torch.randn(3, 3, 8, 4), wider, room, 0)[1] is not room
+
+
+def test_room_made_in_inference_mode_is_left_for_new_room_outside_it():
+    held = torch.randn(1, 2, 3, 4)
+    with torch.inference_mode():
+        keys, room = cache_room._appended(held, torch.randn(1, 2, 1, 4), None, 0)
+    new = torch.randn(1, 2, 1, 4)
+    after, other = cache_room._appended(keys, new, room, 0)  # outside: writing into `room` would raise
+    assert other is not room and not other.is_inference() and torch.equal(after, torch.cat([keys, new], dim=-2))

@@ -76,6 +76,8 @@ def _appended(
         and room.dtype == new.dtype
         and room.shape[:-2] == new.shape[:-2]
         and (t == 0 or (held.data_ptr() == room.data_ptr() and held.stride() == room.stride()))
+        # room made under torch.inference_mode cannot be written outside it (a stream consumed partly inside)
+        and (not room.is_inference() or torch.is_inference_mode_enabled())
     )
     if not fits:
         room = new.new_empty((*new.shape[:-2], t + n + max(ROOM, (t + n) // 4), new.shape[-1]))
