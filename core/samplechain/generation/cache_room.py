@@ -1,12 +1,11 @@
 """Key/value cache layers that append a pass's states in place, into room kept past their tokens.
 
 transformers' DynamicLayer appends by concatenation: every pass copies each layer's whole cache into a new tensor,
-work that grows with the context and, at a batch of eight rows of ~450 tokens on a 2-core CPU, took a sixth of a
-generation's time (docs/performance.md, "The cache appends in place"). `make_room` turns a cache's plain DynamicLayers
-into `RoomyLayer`s, which keep their keys and values as the front of a larger tensor and write a pass's states after
-them: a copy only when the room runs out (a quarter more than the tokens, at least `ROOM` positions), or when the
-layer's tensors were replaced (a released row, beam search's reordering). What a pass computes is unchanged: its
-attention reads the same keys and values, as a view.
+work that grows with the context and the batch (docs/performance.md, "The cache appends in place"). `make_room` turns
+a cache's plain DynamicLayers into `RoomyLayer`s, which keep their keys and values as the front of a larger tensor
+and write a pass's states after them: a copy only when the room runs out (a quarter more than the tokens, at least
+`ROOM` positions), or when the layer's tensors were replaced (a released row, beam search's reordering). What a pass
+computes is unchanged: its attention reads the same keys and values, as a view.
 
 A view the runner keeps to take passes back (`TransformersRunner.lookahead`) stays valid: while it is kept, `floor`
 holds its length and a write below it goes to new room instead.

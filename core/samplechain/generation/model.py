@@ -402,8 +402,7 @@ class TransformersRunner(ModelRunner):
     @contextlib.contextmanager
     def _taken_back(self, cache: Any) -> Iterator[None]:
         layers = list(cache.layers)
-        kept = ("keys", "values", "is_initialized", "key_room", "value_room", "floor")
-        states = [{name: getattr(layer, name, None) for name in kept} for layer in layers]
+        states = [dict(vars(layer)) for layer in layers]  # keys, values, and the room past them (cache_room)
         for layer in layers:
             if hasattr(layer, "floor"):  # the kept keys and values are not written over
                 layer.floor = max(layer.floor, layer.get_seq_length())
@@ -413,9 +412,8 @@ class TransformersRunner(ModelRunner):
         finally:
             cache.layers[:] = layers
             for layer, state in zip(layers, states):
-                for name, value in state.items():
-                    if name in vars(layer) or value is not None:
-                        setattr(layer, name, value)
+                vars(layer).clear()
+                vars(layer).update(state)
             self.input_ids, self.live, kwargs, self._first, self._recording = saved
             self.kwargs = dict(kwargs)
 
