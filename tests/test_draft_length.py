@@ -13,7 +13,7 @@ from samplechain.drafters import Drafter
 from samplechain.generation import Generation, generate
 from samplechain.generation import drawing as drawing_module
 from samplechain.generation import speculative as speculative_module
-from samplechain.generation.draft_length import _OVERHEAD, DraftLengths
+from samplechain.generation.draft_length import _OVERHEAD, DraftLengths, width_prices
 from samplechain.generation.model import TransformersRunner
 
 
@@ -239,23 +239,31 @@ def test_a_width_never_timed_is_tried_at_the_price_of_the_narrower_ones():
     a row keeping 30% of its drafts drafts one token where every width is priced on the line through those calls.
     Priced as the narrower ones (a runner with `stepped_widths`), the widths in between are tried; once each was
     timed at what it takes (one token's time up to four tokens, then a step), the row settles on three tokens, the
-    widest at one token's price."""
+    widest at one token's price. A next generation given the same record of width prices (the model's,
+    `width_prices`) drafts three tokens from its first call."""
 
     def seconds(f):
         return 0.010 if f <= 4 else 0.016 + 0.0002 * f
 
-    lengths = gate(1, longest=10, acceptance=[0.3], per_width=True)
-    for _ in range(20):
-        lengths.timed(1, 0.010)
-    lengths.timed(11, 0.018, True)
-    chosen = []
-    for _ in range(16):
-        k = lengths.limits([0], [10], 1, 1)[0]
-        chosen.append(k)
-        lengths.timed(1 + k, seconds(1 + k), k > 0)
+    def choices(widths):
+        lengths = gate(1, longest=10, acceptance=[0.3], per_width=True)
+        lengths.widths = widths
+        for _ in range(20):
+            lengths.timed(1, 0.010)
+        lengths.timed(11, 0.018, True)
+        chosen = []
+        for _ in range(16):
+            k = lengths.limits([0], [10], 1, 1)[0]
+            chosen.append(k)
+            lengths.timed(1 + k, seconds(1 + k), k > 0)
+        return chosen
+
+    shared: dict[int, list[float]] = {}
+    chosen = choices(shared)
     assert chosen[0] > 3  # an untimed width, priced as one token's call
     assert sorted(set(chosen[:8])) == list(range(3, chosen[0] + 1))  # each wider width tried, once, down to the step
     assert chosen[8:] == [3] * 8
+    assert choices(shared) == [3] * 16
     linear = gate(1, longest=10, acceptance=[0.3])
     for _ in range(20):
         linear.timed(1, 0.010)
@@ -447,20 +455,25 @@ def test_calls_timed_at_no_time_give_finite_costs(shape):
 @pytest.mark.parametrize("products", [True, False])
 def test_the_loop_prices_per_width_on_a_runner_whose_calls_step_up(tiny_lm, monkeypatch, products):
     """The transformers runner on a CPU with MKL runs checks of a few tokens in its few-row products, so its calls'
-    time steps up (`stepped_widths`), and the loop prices one row's drafts per width; with the model's own products,
-    on the fitted line."""
+    time steps up (`stepped_widths`), and the loop prices one row's drafts per width, in the model's record of width
+    prices, which its next generation starts from; with the model's own products, on the fitted line."""
     seen = []
     limits = DraftLengths.limits
 
     def spy(self, *args, **kwargs):
-        seen.append(self.per_width)
+        seen.append((self.per_width, self.widths))
         return limits(self, *args, **kwargs)
 
     monkeypatch.setattr(DraftLengths, "limits", spy)
     monkeypatch.setattr(TransformersRunner, "few_row_products", products)
     model, tok = tiny_lm
-    generate(model, tok, ["one two three one two three one two"], draft="prompt_lookup", max_new_tokens=8)
-    assert seen and set(seen) == {products and torch.backends.mkl.is_available()}
+    width_prices(model).clear()
+    for _ in range(2):
+        generate(model, tok, ["one two three one two three one two"], draft="prompt_lookup", max_new_tokens=8)
+    stepped = products and torch.backends.mkl.is_available()
+    assert seen and {per_width for per_width, _ in seen} == {stepped}
+    assert all((widths is width_prices(model)) == stepped for _, widths in seen)
+    assert bool(width_prices(model)) == stepped  # the widths timed, kept for the model's next generation
 
 
 def test_the_loop_leaves_a_runners_one_time_work_out_of_the_calls_it_prices(tiny_lm, monkeypatch):

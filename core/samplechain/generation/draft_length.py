@@ -27,7 +27,9 @@ tokens per unit of work over all its rows (Dinkelbach's iteration for a ratio of
   ago: where the time is not linear in F (the transformers runner on a CPU multiplies up to four tokens about as fast
   as one, and five take a third more), a row drafts the tokens that come at one token's price even at a low
   acceptance, and stops short of the step unless acceptance pays for it. A width not yet timed is priced as the
-  narrower ones, so it is tried once.
+  narrower ones, so it is tried once. What a width costs is the model's on this machine, not the text's: the
+  generations of one model in a process share these prices (`width_prices`), so that a generation does not try every
+  width anew, on drafts that mostly miss.
 
 Drafting at all costs a little more than its tokens (the drafter's call, a pass over several tokens): a draft must
 gain 5% of a row's call more than its tokens cost. Where no draft pays, a row rests, then drafts again (a probe) to
@@ -46,10 +48,11 @@ drafter expects kept at least half the time is as long as it can be (a probe), o
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["DraftLengths"]
+__all__ = ["DraftLengths", "width_prices"]
 
 _DECAY = 0.95  # weight of a trial per newer trial: about the last 20 checked positions count
 _PRIOR = 0.5  # acceptance before any trial, weighing as one trial
@@ -67,6 +70,19 @@ _LONGEST_PAUSE = 64  # the most calls a row whose probes miss rests
 _WIDTH_DECAY = 0.8  # weight of a timed call of one width (F) per newer call of that width
 _WIDTH_FORGET = 0.99  # ... and per newer call of another width: a width not run for ~70 calls counts half
 _WIDTH_PRIOR = 1.0  # the next narrower width's price weighs in a width's as this many calls of it
+
+
+# model -> F -> [recency-weighted seconds, weight] of its calls that ran F tokens, shared by its generations
+_prices: weakref.WeakKeyDictionary[Any, dict[int, list[float]]] = weakref.WeakKeyDictionary()
+
+
+def width_prices(model: Any) -> dict[int, list[float]]:
+    """The record of what `model`'s calls of each width (F tokens) were timed to take in this process, shared by its
+    generations (`DraftLengths.widths`); a record of its own for a model that cannot be weakly referenced."""
+    try:
+        return _prices.setdefault(model, {})
+    except TypeError:
+        return {}
 
 
 class DraftLengths:
@@ -99,8 +115,9 @@ class DraftLengths:
         self._xt = [[0.0] * 3 for _ in range(2)]
         self._drafting = 0.0  # seconds a drafter takes per drafted token (recency-weighted)
         # F -> [recency-weighted seconds, weight] of the calls that ran F tokens: what a width costs where the time
-        # is not linear in F (a runner that multiplies up to a few tokens as fast as one, then steps up)
-        self._widths: dict[int, list[float]] = {}
+        # is not linear in F (a runner that multiplies up to a few tokens as fast as one, then steps up); the
+        # model's record (width_prices) where the loop gives it
+        self.widths: dict[int, list[float]] = {}
         self.per_width = False  # price a call of one row per width (ModelRunner.stepped_widths)
         self._first_pause = 1  # a row's first rest: longer where a probe costs more
         self._longest_pause = 4  # the longest rest
@@ -195,10 +212,10 @@ class DraftLengths:
                 for j in range(3):
                     xx[i][j] *= decay
         if self.per_width:  # what was timed long ago counts less, a width's own newer calls the most
-            for width, record in self._widths.items():
+            for width, record in list(self.widths.items()):  # a copy: another thread's generation may add a width
                 decay = _WIDTH_DECAY if width == tokens else _WIDTH_FORGET
                 record[0], record[1] = decay * record[0], decay * record[1]
-            record = self._widths.setdefault(tokens, [0.0, 0.0])
+            record = self.widths.setdefault(tokens, [0.0, 0.0])
             record[0], record[1] = record[0] + seconds, record[1] + 1.0
         x = (1.0, float(tokens), float(drafts))
         xx, xt = self._xx[own], self._xt[own]
@@ -314,7 +331,7 @@ class DraftLengths:
         tokens rarely takes less time, and one slow call does not price a width out for good."""
         out, price = [], max(plain, 1e-12)
         for width in range(widest + 1):
-            seconds, weight = self._widths.get(width, (0.0, 0.0))
+            seconds, weight = self.widths.get(width, (0.0, 0.0))
             price = (_WIDTH_PRIOR * price + seconds) / (_WIDTH_PRIOR + weight)
             out.append(price)
         return out

@@ -29,7 +29,7 @@ from ..drafters import DraftContext, Drafter, draft_settings
 from ..errors import ConfigError, GenerationWarning
 from ..models import load_model
 from ..runners import ModelRunner
-from .draft_length import DraftLengths
+from .draft_length import DraftLengths, width_prices
 from .drafting import (
     check_forkable,
     checked_mode,
@@ -206,6 +206,8 @@ class Speculation(Drawing):
         ragged = runner.per_row_truncate
         self.lengths.shape = "together" if not ragged else "padded" if runner.pads_rows else "rows"
         self.lengths.per_width = inner.stepped_widths
+        if inner.stepped_widths:  # what a width costs is the model's: timed by its earlier generations too
+            self.lengths.widths = width_prices(inner.model)
         if self.guarding is not None and not ragged:
             raise ConfigError(
                 f"guards= take a row's text back on its own, which the {runner.name} runner cannot (it cuts every "
