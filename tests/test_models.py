@@ -425,9 +425,48 @@ def test_each_part_runs_in_the_layout_timed_fastest_for_its_rows_and_a_check_rou
         for rows in (9, 10, 11, 12):
             assert layouts.layout(True, rows) == COLUMNS
         assert set(layouts.chosen) == {(False, 3), (True, 6), (True, 8), (True, 12)}
-        assert now[0] - before == (layouts.ROUNDS + 1) * sum(costs[True].values() if products._PACKED else (1.0, 0.5))
+        # MKL's layouts, run by the earlier timings, skip the warm-up round; oneDNN's packed one does not
+        warm = layouts.ROUNDS * (1.0 + 0.5)
+        assert now[0] - before == warm + (layouts.ROUNDS + 1) * costs[True][PACKED] * products._PACKED
     finally:
         products._layers.pop(tiny, None)
+
+
+def test_a_row_count_of_both_parts_is_timed_in_alternation_and_warmed_up_where_it_needs_it(grouped, monkeypatch):
+    """A pass of 1-4 rows runs the layers and the head at that count: their layouts are timed together, a round of
+    the layers' products then the head's, each part's layouts in turn, so that each part's products read the other's
+    weights out of the caches instead of reads of their own; the warm-up round (untimed) runs only the layouts that
+    no earlier timing ran, and oneDNN's packed one every time (it prepares its kernel per shape)."""
+    now = [0.0]
+    monkeypatch.setattr(products._Layouts, "clock", staticmethod(lambda: now[0]))
+    head = grouped.get_output_embeddings().weight
+    costs = {False: {None: 2.0, COLUMNS: 1.0}, True: {None: 1.0, COLUMNS: 0.5, PACKED: 0.25}}
+    product = products.product
+    ran = []  # (is the head, layout) per product, each part's run of weights once
+
+    def timed_product(weight, x, layout):
+        if weight is head or not ran or ran[-1] != (False, layout):
+            ran.append((weight is head, layout))
+            now[0] += costs[weight is head][layout]
+        return product(weight, x, layout)
+
+    def apart(*args):
+        raise AssertionError("a part timed apart, after reads of the other's weights")
+
+    monkeypatch.setattr(products, "product", timed_product)
+    layouts = products._Layouts(grouped)
+    monkeypatch.setattr(layouts, "_timed", apart)
+    heads = [None, COLUMNS, PACKED] if products._PACKED else [None, COLUMNS]
+    turns = [((False, [None, COLUMNS][t % 2]), (True, heads[t])) for t in range(len(heads))]
+    one_round = [part for turn in turns for part in turn]
+    packed = [(True, PACKED)] if products._PACKED else []
+    warm_up = [(False, None), (True, None), (False, COLUMNS), (True, COLUMNS), *packed]  # each layout once
+    for rows, first in ((1, warm_up), (3, packed)):
+        ran.clear()
+        assert layouts.layout(False, rows) == COLUMNS
+        assert ran == first + one_round * layouts.ROUNDS
+        assert layouts.layout(True, rows) == heads[-1]  # timed with the layers: no timing of its own
+        assert set(layouts.chosen) >= {(False, rows), (True, rows)} and len(ran) == len(first) + len(one_round) * 2
 
 
 @pytest.mark.skipif(not products._PACKED, reason="torch without oneDNN's packed linear product")

@@ -150,7 +150,9 @@ class _Layouts:
     W x^T (COLUMNS) or, for the vocabulary head, oneDNN's product on a packed copy (PACKED), for the head and for
     the other layers apart. Timed once per row count, before the first pass that needs it, over every such weight of
     the model in each layout in turn, each round after reading the other part's weights, as a pass streams them
-    from memory (the quicker of `ROUNDS` rounds after one that warms the libraries up). The head's row counts past 4
+    from memory (the quicker of `ROUNDS` rounds after one that warms the libraries up); a row count of 1-4, which a
+    pass runs in both parts, times them together, the layers' products and the head's in alternation, so that each
+    part's products are what reads the other's weights out of the caches. The head's row counts past 4
     share the timing of the next of 6, 8, 12, 16, 24, ... (`timed_rows`): a batch's checks take many row counts (rows
     x draft width), and each timing reads the model's weights six to nine times. The choice then holds for the model
     in this process, so passes of one shape always round alike (the same tokens scored twice give the same
@@ -167,6 +169,9 @@ class _Layouts:
             False: [m.weight for m in float32 if m is not head],
         }
         self.chosen: dict[tuple[bool, int], str | None] = {}  # (head, timed rows) -> the fastest layout
+        # (head, layout) that a timing has run: MKL's products need no warm-up for a new row count after their
+        # first; oneDNN's packed product does (it prepares its kernel per shape)
+        self.warm: set[tuple[bool, str | None]] = set()
         self._lock = threading.Lock()
 
     def layout(self, head: bool, rows: int) -> str | None:
@@ -174,39 +179,84 @@ class _Layouts:
         key = (head, timed_rows(rows) if head else rows)
         with self._lock:
             if key not in self.chosen:
-                layouts = [None, COLUMNS, PACKED] if head and _PACKED else [None, COLUMNS]
-                self.chosen[key] = self._timed(self.weights[head], self.weights[not head], key[1], layouts)
+                if rows <= 4 and (not head, rows) not in self.chosen and all(self.weights.values()):
+                    # a pass of 1-4 rows runs both parts at that count: timed together, each part's products
+                    # reading the other's weights out of the caches, as a pass does, with no reads of their own
+                    self.chosen.update(self._timed_together(rows))
+                else:
+                    self.chosen[key] = self._timed(head, key[1])
                 if PACKED not in self.chosen.values():
                     for weight in self.weights[True]:
                         _packs.pop(id(weight), None)
             return self.chosen[key]
 
+    def _layouts(self, head: bool) -> list[str | None]:
+        return [None, COLUMNS, PACKED] if head and _PACKED else [None, COLUMNS]
+
     @torch.no_grad()
-    def _timed(
-        self, weights: list[torch.Tensor], others: list[torch.Tensor], rows: int, layouts: list[str | None]
-    ) -> str | None:
+    def _timed(self, head: bool, rows: int) -> str | None:
+        """The fastest layout of one part's products of `rows` rows, each round after reading the other part's
+        weights."""
+        weights, others = self.weights[head], self.weights[not head]
         if not weights:
             return None
-        draws = torch.Generator().manual_seed(rows)  # the caller's global random state stays as it was
-        inputs = {w.shape[1]: torch.randn(rows, w.shape[1], generator=draws) for w in weights}
-        quickest = dict.fromkeys(layouts, float("inf"))
+        inputs = _inputs(weights, rows)
+        quickest = dict.fromkeys(self._layouts(head), float("inf"))
         for round in range(self.ROUNDS + 1):
             for layout in list(quickest):
                 if round:
                     for other in others:  # out of the caches, as a pass finds it
                         other.sum()
-                started = self.clock()
-                try:
-                    for weight in weights:
-                        product(weight, inputs[weight.shape[1]], layout)
-                except RuntimeError:
-                    if layout != PACKED:
-                        raise
-                    del quickest[layout]  # oneDNN refuses this weight: the other layouts only
-                    continue
-                if round:
-                    quickest[layout] = min(quickest[layout], self.clock() - started)
+                self._time(head, weights, inputs, layout, quickest, round)
         return min(quickest, key=lambda layout: quickest[layout])
+
+    @torch.no_grad()
+    def _timed_together(self, rows: int) -> dict[tuple[bool, int], str | None]:
+        """The fastest layout of each part's products of `rows` rows: the layers' products and the head's in
+        alternation, each part's layouts in turn (a part with fewer layouts repeats its first ones)."""
+        inputs = _inputs(self.weights[False] + self.weights[True], rows)
+        quickest = {head: dict.fromkeys(self._layouts(head), float("inf")) for head in (False, True)}
+        turns = max(len(layouts) for layouts in quickest.values())
+        for round in range(self.ROUNDS + 1):
+            for turn in range(turns):
+                for head in (False, True):  # the layers, then the head, as a pass reads them
+                    layouts = list(quickest[head])
+                    layout = layouts[turn % len(layouts)]
+                    self._time(head, self.weights[head], inputs, layout, quickest[head], round)
+        return {(head, rows): min(times, key=lambda layout: times[layout]) for head, times in quickest.items()}
+
+    def _time(
+        self,
+        head: bool,
+        weights: list[torch.Tensor],
+        inputs: dict[int, torch.Tensor],
+        layout: str | None,
+        quickest: dict[str | None, float],
+        round: int,
+    ) -> None:
+        """The products of `weights` in `layout`, timed into `quickest` past the warm-up round (0); a layout oneDNN
+        refuses for a weight leaves `quickest`. The warm-up round skips a layout that needs none."""
+        if not round and layout != PACKED and (head, layout) in self.warm:
+            return
+        started = self.clock()
+        try:
+            for weight in weights:
+                product(weight, inputs[weight.shape[1]], layout)
+        except RuntimeError:
+            if layout != PACKED:
+                raise
+            del quickest[layout]  # oneDNN refuses this weight: the other layouts only
+            return
+        self.warm.add((head, layout))
+        if round:
+            quickest[layout] = min(quickest[layout], self.clock() - started)
+
+
+def _inputs(weights: list[torch.Tensor], rows: int) -> dict[int, torch.Tensor]:
+    """Random rows for products with `weights`, one per input width, from a generator of their own (the caller's
+    global random state stays as it was)."""
+    draws = torch.Generator().manual_seed(rows)
+    return {w.shape[1]: torch.randn(rows, w.shape[1], generator=draws) for w in weights}
 
 
 def timed_rows(rows: int) -> int:
