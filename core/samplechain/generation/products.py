@@ -150,7 +150,8 @@ class _Layouts:
     W x^T (COLUMNS) or, for the vocabulary head, oneDNN's product on a packed copy (PACKED), for the head and for
     the other layers apart. Timed once per row count, before the first pass that needs it, over every such weight of
     the model in each layout in turn, each round after reading the other part's weights, as a pass streams them
-    from memory (the quicker of `ROUNDS` rounds after one that warms the libraries up); a row count of 1-4, which a
+    from memory (the quicker of `ROUNDS` rounds after one that warms up the layouts no earlier timing ran, and
+    oneDNN's packed one, which prepares its kernel per shape, every time); a row count of 1-4, which a
     pass runs in both parts, times them together, the layers' products and the head's in alternation, so that each
     part's products are what reads the other's weights out of the caches. The head's row counts past 4
     share the timing of the next of 6, 8, 12, 16, 24, ... (`timed_rows`): a batch's checks take many row counts (rows
