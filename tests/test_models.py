@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import json
 import random
 import threading
 import time
@@ -467,6 +468,101 @@ def test_a_row_count_of_both_parts_is_timed_in_alternation_and_warmed_up_where_i
         assert ran == first + one_round * layouts.ROUNDS
         assert layouts.layout(True, rows) == heads[-1]  # timed with the layers: no timing of its own
         assert set(layouts.chosen) >= {(False, rows), (True, rows)} and len(ran) == len(first) + len(one_round) * 2
+
+
+def _timed_on_a_fake_clock(model, monkeypatch) -> list:
+    """The layouts' timings of `model` on a fake clock (the head: W x^T faster than its own, oneDNN's packed weight
+    the fastest; the layers: W x^T the faster) -> the layouts each product ran in, as they run."""
+    now = [0.0]
+    monkeypatch.setattr(products._Layouts, "clock", staticmethod(lambda: now[0]))
+    head = model.get_output_embeddings().weight
+    costs = {False: {None: 2.0, COLUMNS: 1.0}, True: {None: 1.0, COLUMNS: 0.5, PACKED: 0.25}}
+    product = products.product
+    ran: list = []
+
+    def timed_product(weight, x, layout):
+        ran.append(layout)
+        now[0] += costs[weight is head][layout]
+        return product(weight, x, layout)
+
+    monkeypatch.setattr(products, "product", timed_product)
+    return ran
+
+
+def test_the_timed_layouts_are_kept_on_disk_and_the_next_process_on_the_machine_times_none(
+    grouped, monkeypatch, tmp_path
+):
+    """The layouts a timing chooses go into the layouts file ($SAMPLECHAIN_LAYOUTS, by default layouts.json in the
+    cache folder), and a process on the same machine (a new _Layouts) runs them without timing; another thread count
+    (as another CPU, torch or model shape) is a record of its own, timed anew."""
+    file = tmp_path / "layouts.json"
+    monkeypatch.setenv("SAMPLECHAIN_LAYOUTS", str(file))
+    ran = _timed_on_a_fake_clock(grouped, monkeypatch)
+    fastest = PACKED if products._PACKED else COLUMNS
+    first = products._Layouts(grouped)
+    assert first.layout(False, 3) == COLUMNS and first.layout(True, 7) == fastest
+    (record,) = json.loads(file.read_text()).values()
+    assert record["chosen"] == {"layers 3": COLUMNS, "head 3": fastest, "head 8": fastest}
+    assert record["signature"]["threads"] == torch.get_num_threads()
+    ran.clear()
+    again = products._Layouts(grouped)  # as the next process builds it
+    assert again.chosen == first.chosen
+    assert again.layout(True, 8) == fastest and again.layout(True, 3) == fastest and again.layout(False, 3) == COLUMNS
+    assert not ran  # nothing timed
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        other = products._Layouts(grouped)
+    finally:
+        torch.set_num_threads(threads)
+    assert other.chosen == {}
+    assert other.layout(True, 2) == fastest and ran
+    assert len(json.loads(file.read_text())) == 2  # both records kept
+    assert products.kept_layouts_file() == file
+    monkeypatch.delenv("SAMPLECHAIN_LAYOUTS")
+    monkeypatch.setenv("SAMPLECHAIN_CACHE", str(tmp_path / "cache"))
+    assert products.kept_layouts_file() == tmp_path / "cache" / "layouts.json"
+    monkeypatch.setenv("SAMPLECHAIN_LAYOUTS", "off")
+    assert products.kept_layouts_file() is None and products._Layouts(grouped).kept is None
+
+
+@pytest.mark.parametrize("damage", ["not-json", "a-list", "entries"])
+def test_a_damaged_layouts_file_is_timed_again_and_written_anew_with_one_warning(
+    grouped, monkeypatch, tmp_path, damage
+):
+    file = tmp_path / "layouts.json"
+    monkeypatch.setenv("SAMPLECHAIN_LAYOUTS", str(file))
+    ran = _timed_on_a_fake_clock(grouped, monkeypatch)
+    fastest = PACKED if products._PACKED else COLUMNS
+    products._Layouts(grouped).layout(True, 3)
+    records = json.loads(file.read_text())
+    (key,) = records
+    wrong = {"head 5": COLUMNS, "layers 9": None, "head 3": "sideways", "middle 2": None, "head x": None}
+    text = {
+        "not-json": "{not json",
+        "a-list": "[1, 2]",
+        "entries": json.dumps({key: records[key] | {"chosen": {"layers 3": COLUMNS, **wrong}}}),
+    }[damage]
+    file.write_text(text)
+    ran.clear()
+    with pytest.warns(RuntimeWarning, match="layouts.json") as caught:
+        layouts = products._Layouts(grouped)
+        assert layouts.layout(True, 3) == fastest
+    assert len(caught) == 1 and "timed again" in str(caught[0].message)
+    assert ran  # timed again
+    assert layouts.chosen == {(False, 3): COLUMNS, (True, 3): fastest}
+    assert json.loads(file.read_text())[key]["chosen"] == {"layers 3": COLUMNS, "head 3": fastest}
+
+
+def test_a_layouts_file_that_cannot_be_written_warns_once_and_the_layouts_still_run(grouped, monkeypatch, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("SAMPLECHAIN_LAYOUTS", str(tmp_path / "a-file" / "layouts.json"))
+    _timed_on_a_fake_clock(grouped, monkeypatch)
+    layouts = products._Layouts(grouped)
+    with pytest.warns(RuntimeWarning, match="cannot be written") as caught:
+        assert layouts.layout(False, 2) == COLUMNS
+        assert layouts.layout(True, 6) == (PACKED if products._PACKED else COLUMNS)
+    assert len(caught) == 1
 
 
 @pytest.mark.skipif(not products._PACKED, reason="torch without oneDNN's packed linear product")

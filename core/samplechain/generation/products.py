@@ -1,18 +1,27 @@
 """The layouts of a pass's linear products on a CPU: the model's own x W^T, W x^T (COLUMNS) and oneDNN's product on
 a packed copy of the weight (PACKED), which of them runs a pass's 1-5 rows of a linear layer and any rows of the
-vocabulary head (`FewRowProducts`), and which is the fastest on this machine for a row count (`layouts_of`): the
-transformers runner's checks of drafted tokens run in them."""
+vocabulary head (`FewRowProducts`), and which is the fastest on this machine for a row count (`layouts_of`, kept on
+disk for later processes: `KeptLayouts`): the transformers runner's checks of drafted tokens run in them."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import os
+import platform
+import tempfile
 import threading
 import time
+import warnings
 import weakref
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from ..models import cache_dir
 
 # MKL's float32 product input @ weight^T over few rows reads the weight at a third to a half of the speed that
 # weight @ input^T reaches on an AMD CPU, and one row (a matrix-vector product in either layout) at a third to a half
@@ -157,7 +166,8 @@ class _Layouts:
     share the timing of the next of 6, 8, 12, 16, 24, ... (`timed_rows`): a batch's checks take many row counts (rows
     x draft width), and each timing reads the model's weights six to nine times. The choice then holds for the model
     in this process, so passes of one shape always round alike (the same tokens scored twice give the same
-    logprobs). The head's packed copy is kept only while a row count runs in it."""
+    logprobs), and is kept on disk for the next process on this machine (`KeptLayouts`). The head's packed copy is
+    kept only while a row count runs in it."""
 
     ROUNDS = 2
     clock = staticmethod(time.perf_counter)
@@ -174,6 +184,10 @@ class _Layouts:
         # first; oneDNN's packed product does (it prepares its kernel per shape)
         self.warm: set[tuple[bool, str | None]] = set()
         self._lock = threading.Lock()
+        path = kept_layouts_file()
+        self.kept = None if path is None else KeptLayouts(path, self.weights)
+        if self.kept is not None:
+            self.chosen.update(self.kept.load())
 
     def layout(self, head: bool, rows: int) -> str | None:
         """The layout of the head's (`head`) or the other layers' products of `rows` rows."""
@@ -186,13 +200,12 @@ class _Layouts:
                     self.chosen.update(self._timed_together(rows))
                 else:
                     self.chosen[key] = self._timed(head, key[1])
+                if self.kept is not None:
+                    self.kept.save(self.chosen)
                 if PACKED not in self.chosen.values():
                     for weight in self.weights[True]:
                         _packs.pop(id(weight), None)
             return self.chosen[key]
-
-    def _layouts(self, head: bool) -> list[str | None]:
-        return [None, COLUMNS, PACKED] if head and _PACKED else [None, COLUMNS]
 
     @torch.no_grad()
     def _timed(self, head: bool, rows: int) -> str | None:
@@ -202,7 +215,7 @@ class _Layouts:
         if not weights:
             return None
         inputs = _inputs(weights, rows)
-        quickest = dict.fromkeys(self._layouts(head), float("inf"))
+        quickest = dict.fromkeys(_layouts_of_part(head), float("inf"))
         for round in range(self.ROUNDS + 1):
             for layout in list(quickest):
                 if round:
@@ -216,7 +229,7 @@ class _Layouts:
         """The fastest layout of each part's products of `rows` rows: the layers' products and the head's in
         alternation, each part's layouts in turn (a part with fewer layouts repeats its first ones)."""
         inputs = _inputs(self.weights[False] + self.weights[True], rows)
-        quickest = {head: dict.fromkeys(self._layouts(head), float("inf")) for head in (False, True)}
+        quickest = {head: dict.fromkeys(_layouts_of_part(head), float("inf")) for head in (False, True)}
         turns = max(len(layouts) for layouts in quickest.values())
         for round in range(self.ROUNDS + 1):
             for turn in range(turns):
@@ -253,6 +266,11 @@ class _Layouts:
             quickest[layout] = min(quickest[layout], self.clock() - started)
 
 
+def _layouts_of_part(head: bool) -> list[str | None]:
+    """The layouts the vocabulary head's products (`head`) or the other layers' can run in."""
+    return [None, COLUMNS, PACKED] if head and _PACKED else [None, COLUMNS]
+
+
 def _inputs(weights: list[torch.Tensor], rows: int) -> dict[int, torch.Tensor]:
     """Random rows for products with `weights`, one per input width, from a generator of their own (the caller's
     global random state stays as it was)."""
@@ -270,6 +288,134 @@ def timed_rows(rows: int) -> int:
 
 
 _layouts: weakref.WeakKeyDictionary[torch.nn.Module, _Layouts] = weakref.WeakKeyDictionary()
+
+LAYOUTS_FILE = "SAMPLECHAIN_LAYOUTS"  # where the timed layouts are kept; "off": nowhere
+
+
+def kept_layouts_file() -> Path | None:
+    """Where the layouts timed on this machine are kept across processes: $SAMPLECHAIN_LAYOUTS (`off`: not kept),
+    else `layouts.json` in samplechain's cache folder (`samplechain.models.cache_dir()`)."""
+    where = os.environ.get(LAYOUTS_FILE)
+    if where is None:
+        return cache_dir() / "layouts.json"
+    return None if where.strip().lower() in ("off", "0", "") else Path(where).expanduser()
+
+
+class KeptLayouts:
+    """The layouts chosen for a model's weights on this machine, in a JSON file that the next process reads instead
+    of timing them again (a timing reads the model's weights six to nine times a row count: 1-2 s of a first
+    generation with drafts on a small model on two cores). A record holds for the same weight shapes, CPU, last-level
+    cache, torch build, oneDNN and thread count; the file keeps one record for each such set. A file that cannot be
+    read, or an entry that is not a layout, is timed again and written anew, with one warning."""
+
+    warned: set[str] = set()  # the files warned about in this process
+
+    def __init__(self, path: Path, weights: dict[bool, list[torch.Tensor]]) -> None:
+        self.path = path
+        shapes = {("head" if head else "layers"): [list(w.shape) for w in ws] for head, ws in weights.items()}
+        self.signature = {
+            "cpu": _cpu(),
+            "last_level_cache": _last_level_cache(),
+            "torch": torch.__version__,
+            "onednn": _PACKED,
+            "threads": torch.get_num_threads(),
+            "weights": hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:16],
+        }
+        self.key = hashlib.sha256(json.dumps(self.signature, sort_keys=True).encode()).hexdigest()[:16]
+
+    def load(self) -> dict[tuple[bool, int], str | None]:
+        """The layouts kept for this signature: (head, timed rows) -> layout."""
+        return self._chosen(self._records())
+
+    def save(self, chosen: dict[tuple[bool, int], str | None]) -> None:
+        """Merges `chosen` into the file (another process may have kept other row counts meanwhile), written whole
+        to a file beside it and moved into place, so that a reader never sees half of it."""
+        records = self._records()
+        merged = self._chosen(records) | chosen
+        entries = {f"{'head' if head else 'layers'} {rows}": layout for (head, rows), layout in sorted(merged.items())}
+        records[self.key] = {"signature": self.signature, "chosen": entries}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".layouts-", suffix=".json")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as out:
+                    json.dump(records, out, indent=1)
+                os.replace(temporary, self.path)
+            except BaseException:
+                os.unlink(temporary)
+                raise
+        except OSError as error:
+            self._warn(f"it cannot be written ({error})", reads=False)
+
+    def _chosen(self, records: dict[str, Any]) -> dict[tuple[bool, int], str | None]:
+        """This signature's valid entries of `records`: (head, timed rows) -> layout."""
+        record = records.get(self.key)
+        entries = record.get("chosen") if isinstance(record, dict) else None
+        chosen: dict[tuple[bool, int], str | None] = {}
+        for name, layout in (entries if isinstance(entries, dict) else {}).items():
+            part, _, count = str(name).partition(" ")
+            head = part == "head"
+            rows = int(count) if count.isdigit() else 0
+            valid_rows = rows >= 1 and (timed_rows(rows) == rows if head else rows in FEW_ROWS)
+            if part in ("head", "layers") and valid_rows and layout in _layouts_of_part(head):
+                chosen[(head, rows)] = layout
+            else:
+                self._warn(f"its entry {name!r}: {layout!r} is not a layout of this machine")
+        return chosen
+
+    def _records(self) -> dict[str, Any]:
+        try:
+            records = json.loads(self.path.read_text(encoding="utf-8"))
+        except (FileNotFoundError, NotADirectoryError):  # none kept yet (a folder that cannot hold it: save warns)
+            return {}
+        except (OSError, ValueError) as error:
+            self._warn(f"it cannot be read ({error})")
+            return {}
+        if not isinstance(records, dict):
+            self._warn("it holds no records")
+            return {}
+        return records
+
+    def _warn(self, why: str, reads: bool = True) -> None:
+        if str(self.path) in self.warned:
+            return
+        self.warned.add(str(self.path))
+        then = "the layouts are timed again and the file written anew" if reads else "each process times them anew"
+        warnings.warn(
+            f"the linear products' layouts kept in {str(self.path)!r}: {why}; {then} "
+            f"(${LAYOUTS_FILE} names another file, or 'off' keeps none)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+@functools.cache
+def _cpu() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo, else what platform knows)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.cache
+def _last_level_cache() -> str | None:
+    """The size of the first CPU's largest cache (Linux's sysfs), where known: a virtual machine's share of a CPU's
+    cache sets whether a product's weights stay in it."""
+    found: tuple[int, str] | None = None
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if found is None or level > found[0]:
+            found = (level, size)
+    return None if found is None else found[1]
 
 
 def layouts_of(model: torch.nn.Module) -> _Layouts:
