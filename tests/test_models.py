@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from samplechain import models
-from samplechain.errors import ConfigError
+from samplechain.errors import ConfigError, GenerationWarning
 from samplechain.generation import TransformersRunner, generate, products, runner_for
 from samplechain.generation import model as model_module
 from samplechain.generation.products import COLUMNS, PACKED
@@ -545,7 +545,7 @@ def test_a_damaged_layouts_file_is_timed_again_and_written_anew_with_one_warning
     }[damage]
     file.write_text(text)
     ran.clear()
-    with pytest.warns(RuntimeWarning, match="layouts.json") as caught:
+    with pytest.warns(GenerationWarning, match="layouts.json") as caught:
         layouts = products._Layouts(grouped)
         assert layouts.layout(True, 3) == fastest
     assert len(caught) == 1 and "timed again" in str(caught[0].message)
@@ -559,7 +559,7 @@ def test_a_layouts_file_that_cannot_be_written_warns_once_and_the_layouts_still_
     monkeypatch.setenv("SAMPLECHAIN_LAYOUTS", str(tmp_path / "a-file" / "layouts.json"))
     _timed_on_a_fake_clock(grouped, monkeypatch)
     layouts = products._Layouts(grouped)
-    with pytest.warns(RuntimeWarning, match="cannot be written") as caught:
+    with pytest.warns(GenerationWarning, match="cannot be written") as caught:
         assert layouts.layout(False, 2) == COLUMNS
         assert layouts.layout(True, 6) == (PACKED if products._PACKED else COLUMNS)
     assert len(caught) == 1

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..errors import GenerationWarning
 from ..models import cache_dir
 
 # MKL's float32 product input @ weight^T over few rows reads the weight at a third to a half of the speed that
@@ -384,7 +385,7 @@ class KeptLayouts:
         warnings.warn(
             f"the linear products' layouts kept in {str(self.path)!r}: {why}; {then} "
             f"(${LAYOUTS_FILE} names another file, or 'off' keeps none)",
-            RuntimeWarning,
+            GenerationWarning,
             stacklevel=4,
         )
 
