@@ -524,6 +524,13 @@ def test_the_timed_layouts_are_kept_on_disk_and_the_next_process_on_the_machine_
     assert products.kept_layouts_file() == tmp_path / "cache" / "layouts.json"
     monkeypatch.setenv("SAMPLECHAIN_LAYOUTS", "off")
     assert products.kept_layouts_file() is None and products._Layouts(grouped).kept is None
+    monkeypatch.delenv("SAMPLECHAIN_LAYOUTS")
+
+    def homeless():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(products, "cache_dir", homeless)
+    assert products.kept_layouts_file() is None  # nowhere to keep them: each process times them
 
 
 @pytest.mark.parametrize("damage", ["not-json", "a-list", "entries"])

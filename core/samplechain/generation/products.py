@@ -298,7 +298,10 @@ def kept_layouts_file() -> Path | None:
     else `layouts.json` in samplechain's cache folder (`samplechain.models.cache_dir()`)."""
     where = os.environ.get(LAYOUTS_FILE)
     if where is None:
-        return cache_dir() / "layouts.json"
+        try:
+            return cache_dir() / "layouts.json"
+        except (RuntimeError, KeyError):  # no home folder to be found (Path.home()): nothing is kept
+            return None
     return None if where.strip().lower() in ("off", "0", "") else Path(where).expanduser()
 
 
