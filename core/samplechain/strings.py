@@ -148,6 +148,9 @@ def token_bytes(tokenizer: Any) -> list[bytes]:
     special = set(getattr(tokenizer, "all_special_ids", None) or [])
     mode = matching_mode(tokenizer)
     byte_decoder = gpt2_byte_decoder() if mode == "byte_level" else None
+    if byte_decoder is not None:  # str.translate runs the per-character work in C: a piece's bytes as latin-1 text
+        to_bytes = str.maketrans({ch: chr(b) for ch, b in byte_decoder.items()})
+        unknown = str.maketrans(dict.fromkeys(byte_decoder))  # what is left of a piece past its byte characters
     # a bare vocabulary (no convert_tokens_to_string): SentencePiece when it writes spaces as "▁"
     bare = mode is None and not hasattr(tokenizer, "convert_tokens_to_string")
     sentencepiece = bare and any(isinstance(p, str) and p.startswith("▁") for p in pieces)
@@ -156,8 +159,8 @@ def token_bytes(tokenizer: Any) -> list[bytes]:
     for i, piece in enumerate(pieces):
         if i in special or piece is None:
             out.append(b"")
-        elif byte_decoder is not None and all(ch in byte_decoder for ch in piece):
-            out.append(bytes(byte_decoder[ch] for ch in piece))
+        elif byte_decoder is not None and not piece.translate(unknown):
+            out.append(piece.translate(to_bytes).encode("latin-1"))
         elif (mode == "byte_fallback" or sentencepiece) and _byte_token(piece):
             out.append(bytes([int(piece[3:5], 16)]))
         elif sentencepiece:
