@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
 import threading
 import time
 import warnings
@@ -22,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import GenerationWarning
-from ..models import cache_dir
+from ..models import cache_dir, write_json
 
 # MKL's float32 product input @ weight^T over few rows reads the weight at a third to a half of the speed that
 # weight @ input^T reaches on an AMD CPU, and one row (a matrix-vector product in either layout) at a third to a half
@@ -332,22 +331,13 @@ class KeptLayouts:
         return self._chosen(self._records())
 
     def save(self, chosen: dict[tuple[bool, int], str | None]) -> None:
-        """Merges `chosen` into the file (another process may have kept other row counts meanwhile), written whole
-        to a file beside it and moved into place, so that a reader never sees half of it."""
+        """Merges `chosen` into the file: another process may have kept other row counts meanwhile."""
         records = self._records()
         merged = self._chosen(records) | chosen
         entries = {f"{'head' if head else 'layers'} {rows}": layout for (head, rows), layout in sorted(merged.items())}
         records[self.key] = {"signature": self.signature, "chosen": entries}
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".layouts-", suffix=".json")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as out:
-                    json.dump(records, out, indent=1)
-                os.replace(temporary, self.path)
-            except BaseException:
-                os.unlink(temporary)
-                raise
+            write_json(self.path, records)
         except OSError as error:
             self._warn(f"it cannot be written ({error})", reads=False)
 

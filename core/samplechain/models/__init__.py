@@ -25,6 +25,7 @@ bos and eos and, like GPT-2, no pad token.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -107,6 +108,21 @@ def cache_dir() -> Path:
         return Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "samplechain"
+
+
+def write_json(path: Path, data: Any) -> None:
+    """`data` as JSON in `path` (its folder made), written whole to a file beside it and moved into place, so that
+    a reader never sees half of it; OSError where the folder cannot hold it (the file beside it removed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(data, out, indent=2)
+            out.write("\n")
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
 
 
 def check_gguf(path: str | os.PathLike[str]) -> Path:

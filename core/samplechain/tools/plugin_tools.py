@@ -20,7 +20,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import textwrap
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
@@ -41,6 +40,7 @@ except ImportError:  # pragma: no cover
 
 from ..engine.registry import PluginEntry, Registry, load_registry
 from ..errors import SamplechainError
+from ..models import write_json
 
 __all__ = [
     "PluginToolError",
@@ -469,13 +469,7 @@ def _save_record(record: dict[str, Any]) -> None:
         )
     ]
     records.append(record)
-    path = records_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".installed-", suffix=".json", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump({"format": 1, "records": records}, fh, indent=2)
-        fh.write("\n")
-    os.replace(tmp, path)
+    write_json(records_path(), {"format": 1, "records": records})
 
 
 def installed_records(all_environments: bool = False) -> list[dict[str, Any]]:
