@@ -4,13 +4,14 @@ brute-force search; rests and probes where no draft pays; the timed cost; and wh
 from __future__ import annotations
 
 import itertools
+import json
 import random
 
 import pytest
 import torch
 
 from samplechain.drafters import Drafter
-from samplechain.generation import Generation, generate
+from samplechain.generation import Generation, generate, products
 from samplechain.generation import drawing as drawing_module
 from samplechain.generation import speculative as speculative_module
 from samplechain.generation.draft_length import _OVERHEAD, DraftLengths, width_prices
@@ -240,7 +241,9 @@ def test_a_width_never_timed_is_tried_at_the_price_of_the_narrower_ones():
     Priced as the narrower ones (a runner with `stepped_widths`), the widths in between are tried; once each was
     timed at what it takes (one token's time up to four tokens, then a step), the row settles on three tokens, the
     widest at one token's price. A next generation given the same record of width prices (the model's,
-    `width_prices`) drafts three tokens from its first call."""
+    `width_prices`) drafts three tokens from its first call, and so does one in a next process given their ratios to
+    a one-token call (`kept`, as a runner keeps them: `ModelRunner.kept_widths`), on a host running at another
+    speed."""
 
     def seconds(f):
         return 0.010 if f <= 4 else 0.016 + 0.0002 * f
@@ -264,6 +267,17 @@ def test_a_width_never_timed_is_tried_at_the_price_of_the_narrower_ones():
     assert sorted(set(chosen[:8])) == list(range(3, chosen[0] + 1))  # each wider width tried, once, down to the step
     assert chosen[8:] == [3] * 8
     assert choices(shared) == [3] * 16
+    fresh = gate(1, longest=10, acceptance=[0.3], per_width=True)
+    fresh.widths = shared
+    ratios = fresh.width_ratios()
+    assert ratios[4] == pytest.approx(1.0, abs=0.01) and ratios[5] == pytest.approx(1.7, abs=0.05)
+    assert set(ratios) == {11, *range(4, chosen[0] + 2)}  # the widths timed, past one token
+    slower = gate(1, longest=10, acceptance=[0.3], per_width=True)
+    slower.kept = ratios
+    for _ in range(20):
+        slower.timed(1, 0.013)  # this process's one-token calls: 30% slower
+    slower.timed(11, 0.018 * 1.3, True)
+    assert slower.limits([0], [10], 1, 1)[0] == 3
     linear = gate(1, longest=10, acceptance=[0.3])
     for _ in range(20):
         linear.timed(1, 0.010)
@@ -474,6 +488,37 @@ def test_the_loop_prices_per_width_on_a_runner_whose_calls_step_up(tiny_lm, monk
     assert seen and {per_width for per_width, _ in seen} == {stepped}
     assert all((widths is width_prices(model)) == stepped for _, widths in seen)
     assert bool(width_prices(model)) == stepped  # the widths timed, kept for the model's next generation
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="the few-row products need MKL")
+def test_a_process_keeps_its_width_prices_and_the_next_one_starts_from_them(tiny_lm, monkeypatch, tmp_path):
+    """A speculative generation on a runner whose calls step up keeps its widths' prices, as ratios to a one-token
+    call, with the model's layouts on the machine (products.KeptLayouts); a next process (the model's layouts and
+    width prices not yet known to it) prices the widths it has not timed by them from its first call."""
+    file = tmp_path / "layouts.json"
+    monkeypatch.setenv("SAMPLECHAIN_LAYOUTS", str(file))
+    monkeypatch.setattr(TransformersRunner, "few_row_products", True)
+    seen = []
+    limits = DraftLengths.limits
+
+    def spy(self, *args, **kwargs):
+        seen.append(dict(self.kept))
+        return limits(self, *args, **kwargs)
+
+    monkeypatch.setattr(DraftLengths, "limits", spy)
+    model, tok = tiny_lm
+    prompt = ["one two three four one two three four one two three four one two"]
+    for process in range(2):
+        products._layouts.pop(model, None)
+        width_prices(model).clear()
+        seen.clear()
+        generate(model, tok, prompt, draft="prompt_lookup", max_new_tokens=12, seed=1)
+        if not process:
+            assert seen and seen[0] == {}
+            (record,) = json.loads(file.read_text()).values()
+            kept = {int(f): ratio for f, ratio in record["widths"].items()}
+    assert kept and all(f >= 2 and ratio > 0 for f, ratio in kept.items())
+    assert seen and seen[0] == kept
 
 
 def test_the_loop_leaves_a_runners_one_time_work_out_of_the_calls_it_prices(tiny_lm, monkeypatch):

@@ -561,6 +561,36 @@ def test_a_damaged_layouts_file_is_timed_again_and_written_anew_with_one_warning
     assert json.loads(file.read_text())[key]["chosen"] == {"layers 3": COLUMNS, "head 3": fastest}
 
 
+def test_width_prices_are_kept_beside_the_layouts_and_bad_ones_warn_once(grouped, monkeypatch, tmp_path):
+    """What calls of each width took against a one-token call (`save_widths`, from a speculative generation) goes
+    into the model's record beside its layouts and comes back to a next process; a saving of layouts keeps it,
+    prices within a tenth of the kept ones are not written again, and entries that are no such ratio are left out
+    with one warning."""
+    file = tmp_path / "layouts.json"
+    monkeypatch.setenv("SAMPLECHAIN_LAYOUTS", str(file))
+    _timed_on_a_fake_clock(grouped, monkeypatch)
+    first = products._Layouts(grouped)
+    first.layout(True, 3)
+    first.kept.save_widths({2: 1.02, 6: 1.5})
+    again = products._Layouts(grouped)
+    assert again.kept.widths == {2: 1.02, 6: 1.5} and again.chosen == first.chosen
+    again.layout(False, 4)  # a layout timed later: its record keeps the widths
+    assert products._Layouts(grouped).kept.widths == {2: 1.02, 6: 1.5}
+    text = file.read_text()
+    again.kept.save_widths({2: 1.08, 6: 1.4})
+    assert file.read_text() == text  # within a tenth: not written
+    again.kept.save_widths({2: 1.3, 9: 2.0})
+    assert products._Layouts(grouped).kept.widths == {2: 1.3, 6: 1.5, 9: 2.0}
+    records = json.loads(file.read_text())
+    (key,) = records
+    records[key]["widths"] = {"2": 1.1, "1": 1.0, "3": -1.0, "x": 2.0, "4": "a", "5": 1e9}
+    file.write_text(json.dumps(records))
+    with pytest.warns(GenerationWarning, match="width price") as caught:
+        layouts = products._Layouts(grouped)
+    assert len(caught) == 1 and layouts.kept.widths == {2: 1.1}
+    assert layouts.chosen == again.chosen  # the layouts kept still run
+
+
 def test_a_layouts_file_that_cannot_be_written_warns_once_and_the_layouts_still_run(grouped, monkeypatch, tmp_path):
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv("SAMPLECHAIN_LAYOUTS", str(tmp_path / "a-file" / "layouts.json"))

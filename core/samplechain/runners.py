@@ -130,6 +130,16 @@ class ModelRunner(PluginClass):
     def release(self, rows: Sequence[int]) -> None:
         """Rows that will not be fed again; a runner may drop them from its batch. The default keeps them."""
 
+    def kept_widths(self) -> dict[int, float]:
+        """What the model's calls of F tokens took against a one-token call (F -> that ratio), as an earlier process
+        on this machine timed and kept them (`keep_widths`): a `stepped_widths` runner's draft lengths price the
+        widths this process has not timed yet by them. The default keeps none."""
+        return {}
+
+    def keep_widths(self, ratios: dict[int, float]) -> None:
+        """Keeps `ratios` (F -> a call of F tokens' time against a one-token call's, timed in this process) for the
+        next process on this machine (`kept_widths`). The default keeps nothing."""
+
     def lookahead(self) -> contextlib.AbstractContextManager[None] | None:
         """A block whose calls are taken back when it ends (see the module's docstring); None: the runner cannot."""
         return None

@@ -29,7 +29,8 @@ tokens per unit of work over all its rows (Dinkelbach's iteration for a ratio of
   acceptance, and stops short of the step unless acceptance pays for it. A width not yet timed is priced as the
   narrower ones, so it is tried once. What a width costs is the model's on this machine, not the text's: the
   generations of one model in a process share these prices (`width_prices`), so that a generation does not try every
-  width anew, on drafts that mostly miss.
+  width anew, on drafts that mostly miss; and a runner may keep them, as ratios to a one-token call, for the next
+  process on the machine (`ModelRunner.keep_widths`), which prices a width it has not timed by its kept ratio.
 
 Drafting at all costs a little more than its tokens (the drafter's call, a pass over several tokens): a draft must
 gain 5% of a row's call more than its tokens cost. Where no draft pays, a row rests, then drafts again (a probe) to
@@ -118,6 +119,9 @@ class DraftLengths:
         # is not linear in F (a runner that multiplies up to a few tokens as fast as one, then steps up); the
         # model's record (width_prices) where the loop gives it
         self.widths: dict[int, list[float]] = {}
+        # F -> what a call of F tokens took against a one-token call, as an earlier process on the machine timed it
+        # (ModelRunner.kept_widths): the price of a width this process has not timed yet
+        self.kept: dict[int, float] = {}
         self.per_width = False  # price a call of one row per width (ModelRunner.stepped_widths)
         self._first_pause = 1  # a row's first rest: longer where a probe costs more
         self._longest_pause = 4  # the longest rest
@@ -326,14 +330,36 @@ class DraftLengths:
 
     def _priced(self, widest: int, plain: float) -> list[float]:
         """What a call of F = 0 ... `widest` tokens takes: each width's timed calls, drawn toward the price of the next
-        narrower one (weighing _WIDTH_PRIOR calls; the narrowest toward `plain`, the fit's one-token call). A width
-        never timed, or not for long, is priced as the narrower ones, optimistically, so it is tried: a call of more
-        tokens rarely takes less time, and one slow call does not price a width out for good."""
-        out, price = [], max(plain, 1e-12)
+        narrower one (weighing _WIDTH_PRIOR calls; the narrowest toward `plain`, the fit's one-token call), or toward
+        its kept ratio to a one-token call (`kept`) where an earlier process timed it. A width never timed, or not for
+        long, is priced as the narrower ones, optimistically, so it is tried: a call of more tokens rarely takes less
+        time, and one slow call does not price a width out for good."""
+        out: list[float] = []
+        price = max(plain, 1e-12)
         for width in range(widest + 1):
             seconds, weight = self.widths.get(width, (0.0, 0.0))
-            price = (_WIDTH_PRIOR * price + seconds) / (_WIDTH_PRIOR + weight)
+            prior = self.kept[width] * out[1] if width in self.kept and width > 1 else price
+            price = (_WIDTH_PRIOR * prior + seconds) / (_WIDTH_PRIOR + weight)
             out.append(price)
+        return out
+
+    def width_ratios(self) -> dict[int, float]:
+        """What the calls of each width of two tokens or more take against a one-token call, for the widths timed
+        lately enough to count (weighing half a call or more), drawn toward their kept ratio as `_priced` draws
+        them (one process's few calls of a width, on a noisy host, move it part of the way): what a next process
+        keeps."""
+        seconds, weight = self.widths.get(1, (0.0, 0.0))
+        if weight < 1 or seconds <= 0:
+            return {}
+        one = seconds / weight
+        out: dict[int, float] = {}
+        for f, (s, w) in sorted(self.widths.items()):
+            if f > 1 and w >= 0.5 and s > 0:
+                out[f] = (
+                    (_WIDTH_PRIOR * self.kept[f] * one + s) / (_WIDTH_PRIOR + w) / one
+                    if f in self.kept
+                    else s / w / one
+                )
         return out
 
     def _expected(self, row: int, expected: tuple[str, float] | None) -> None:

@@ -388,6 +388,17 @@ class TransformersRunner(ModelRunner):
         self.held = [held[i] for i in keep]
         self._held_index = torch.tensor(self.held, dtype=torch.int64, device=self.device)
 
+    def kept_widths(self) -> dict[int, float]:
+        """The width prices kept with the model's layouts on this machine (products.KeptLayouts), where its calls run
+        in the few-row products."""
+        kept = layouts_of(self.model).kept if self.stepped_widths else None
+        return {} if kept is None else dict(kept.widths)
+
+    def keep_widths(self, ratios: dict[int, float]) -> None:
+        kept = layouts_of(self.model).kept if self.stepped_widths else None
+        if kept is not None and ratios:
+            kept.save_widths(ratios)
+
     def lookahead(self) -> contextlib.AbstractContextManager[None] | None:
         """A block whose passes are taken back when it ends: where every cache layer is a plain DynamicLayer, which
         grows by concatenation and so leaves the tensors it held untouched, or one appending in place past a floor

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
 import threading
@@ -205,7 +206,11 @@ class _Layouts:
                 if PACKED not in self.chosen.values():
                     for weight in self.weights[True]:
                         _packs.pop(id(weight), None)
-            return self.chosen[key]
+            chosen = self.chosen[key]
+        if chosen == PACKED:  # the head's packed copy made here, where a runner counts it as one-time work
+            for weight in self.weights[True]:
+                _packed(weight)
+        return chosen
 
     @torch.no_grad()
     def _timed(self, head: bool, rows: int) -> str | None:
@@ -289,7 +294,9 @@ def timed_rows(rows: int) -> int:
 
 _layouts: weakref.WeakKeyDictionary[torch.nn.Module, _Layouts] = weakref.WeakKeyDictionary()
 
-LAYOUTS_FILE = "SAMPLECHAIN_LAYOUTS"  # where the timed layouts are kept; "off": nowhere
+LAYOUTS_FILE = "SAMPLECHAIN_LAYOUTS"
+_WIDTH_TOLERANCE = 0.1  # width prices this close to the kept ones are not written again
+_WIDTH_LARGEST = 1000.0  # a call of a few tokens taking more than this many one-token calls is no timing  # where the timed layouts are kept; "off": nowhere
 
 
 def kept_layouts_file() -> Path | None:
@@ -307,14 +314,17 @@ def kept_layouts_file() -> Path | None:
 class KeptLayouts:
     """The layouts chosen for a model's weights on this machine, in a JSON file that the next process reads instead
     of timing them again (a timing reads the model's weights six to nine times a row count: 1-2 s of a first
-    generation with drafts on a small model on two cores). A record holds for the same weight shapes, CPU, last-level
-    cache, torch build, oneDNN and thread count; the file keeps one record for each such set. A file that cannot be
-    read, or an entry that is not a layout, is timed again and written anew, with one warning."""
+    generation with drafts on a small model on two cores), with what the model's calls of each width took against a
+    one-token call in those layouts (`save_widths`), which the next process's draft lengths start from. A record holds
+    for the same weight shapes, CPU, last-level cache, torch build, oneDNN and thread count; the file keeps one record
+    for each such set. A file that cannot be read, or an entry that is not a layout or a width price, is timed again
+    and written anew, with one warning."""
 
     warned: set[str] = set()  # the files warned about in this process
 
     def __init__(self, path: Path, weights: dict[bool, list[torch.Tensor]]) -> None:
         self.path = path
+        self.widths: dict[int, float] = {}  # the width prices kept (`load`, `save_widths`)
         shapes = {("head" if head else "layers"): [list(w.shape) for w in ws] for head, ws in weights.items()}
         self.signature = {
             "cpu": _cpu(),
@@ -327,19 +337,54 @@ class KeptLayouts:
         self.key = hashlib.sha256(json.dumps(self.signature, sort_keys=True).encode()).hexdigest()[:16]
 
     def load(self) -> dict[tuple[bool, int], str | None]:
-        """The layouts kept for this signature: (head, timed rows) -> layout."""
-        return self._chosen(self._records())
+        """The layouts kept for this signature: (head, timed rows) -> layout; its width prices go to `widths`."""
+        records = self._records()
+        self.widths = self._widths(records)
+        return self._chosen(records)
 
     def save(self, chosen: dict[tuple[bool, int], str | None]) -> None:
         """Merges `chosen` into the file: another process may have kept other row counts meanwhile."""
         records = self._records()
         merged = self._chosen(records) | chosen
         entries = {f"{'head' if head else 'layers'} {rows}": layout for (head, rows), layout in sorted(merged.items())}
-        records[self.key] = {"signature": self.signature, "chosen": entries}
+        self._write(records, entries, self._widths(records))
+
+    def save_widths(self, ratios: dict[int, float]) -> None:
+        """Merges `ratios` (F -> what a call of F tokens took against a one-token call, as this process timed them)
+        into the file's, unless each is within a tenth of what it keeps already: the next process's draft lengths
+        start from them (`ModelRunner.kept_widths`) instead of trying every width once."""
+        if all(abs(r / self.widths.get(f, math.inf) - 1) < _WIDTH_TOLERANCE for f, r in ratios.items()):
+            return
+        records = self._records()
+        merged = self._widths(records) | ratios
+        chosen = self._chosen(records)
+        entries = {f"{'head' if head else 'layers'} {rows}": layout for (head, rows), layout in sorted(chosen.items())}
+        self._write(records, entries, merged)
+        self.widths = merged
+
+    def _write(self, records: dict[str, Any], entries: dict[str, str | None], widths: dict[int, float]) -> None:
+        record = {"signature": self.signature, "chosen": entries}
+        if widths:
+            record["widths"] = {str(f): round(r, 4) for f, r in sorted(widths.items())}
+        records[self.key] = record
         try:
             write_json(self.path, records)
         except OSError as error:
             self._warn(f"it cannot be written ({error})", reads=False)
+
+    def _widths(self, records: dict[str, Any]) -> dict[int, float]:
+        """This signature's valid width prices in `records`: F (tokens a call runs, 2 or more) -> its time against
+        a one-token call's."""
+        record = records.get(self.key)
+        entries = record.get("widths") if isinstance(record, dict) else None
+        widths: dict[int, float] = {}
+        for name, ratio in (entries if isinstance(entries, dict) else {}).items():
+            valid = str(name).isdigit() and int(name) >= 2 and isinstance(ratio, (int, float))
+            if valid and math.isfinite(ratio) and 0 < ratio <= _WIDTH_LARGEST:
+                widths[int(name)] = float(ratio)
+            else:
+                self._warn(f"its width price {name!r}: {ratio!r} is not a call's time against a one-token call's")
+        return widths
 
     def _chosen(self, records: dict[str, Any]) -> dict[tuple[bool, int], str | None]:
         """This signature's valid entries of `records`: (head, timed rows) -> layout."""

@@ -208,6 +208,17 @@ class Speculation(Drawing):
         self.lengths.per_width = inner.stepped_widths
         if inner.stepped_widths:  # what a width costs is the model's: timed by its earlier generations too
             self.lengths.widths = width_prices(inner.model)
+            self.lengths.kept = inner.kept_widths()  # ... and by earlier processes on the machine
+        try:
+            yield from self._run(gen, runner, logits, step, uncond)
+        finally:
+            if inner.stepped_widths:
+                inner.keep_widths(self.lengths.width_ratios())
+
+    def _run(
+        self, gen: Generation, runner: ModelRunner, logits: torch.Tensor, step: int, uncond: torch.Tensor | None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        ragged = runner.per_row_truncate
         if self.guarding is not None and not ragged:
             raise ConfigError(
                 f"guards= take a row's text back on its own, which the {runner.name} runner cannot (it cuts every "
