@@ -200,13 +200,11 @@ def _fingerprint(tokenizer: Any) -> tuple:
 def _build(pieces: list[bytes]) -> ByteTable:
     lengths = torch.tensor([len(p) for p in pieces], dtype=torch.int64)
     width = max(int(lengths.max()) if len(pieces) else 1, 1)
-    data = torch.zeros((len(pieces), width), dtype=torch.uint8)
-    flat = b"".join(pieces)
-    if flat:  # scatter every byte to (its token, its offset) in one go
-        values = torch.frombuffer(bytearray(flat), dtype=torch.uint8)
-        rows = torch.repeat_interleave(torch.arange(len(pieces)), lengths)
-        starts = torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
-        data[rows, torch.arange(values.numel()) - starts] = values
+    if not pieces:
+        return ByteTable(torch.zeros((0, width), dtype=torch.uint8), lengths, pieces)
+    # every piece padded with zero bytes to the table's width, joined and read as (V, width) in one go
+    padded = bytearray(b"".join(p.ljust(width, b"\0") for p in pieces))
+    data = torch.frombuffer(padded, dtype=torch.uint8).reshape(len(pieces), width)
     return ByteTable(data, lengths, pieces)
 
 
