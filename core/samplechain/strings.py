@@ -28,6 +28,8 @@ share it.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import weakref
 from collections import OrderedDict
@@ -329,16 +331,24 @@ def overlapping_sequences(tokenizer: Any, text: str, *, max_tail: int | None = N
 
     out: dict[tuple[int, ...], None] = {}
     first = target[:1]
-    for token, word in enumerate(words):
+    # every token the text can touch holds its first byte: found in the words joined, not word by word (the
+    # vocabulary's tens of thousands of words in a Python loop, per string)
+    flat = b"".join(words)
+    starts = list(itertools.accumulate((len(word) for word in words), initial=0))
+    at, token = flat.find(first), 0
+    while at != -1:
+        token = bisect.bisect_right(starts, at, lo=token) - 1
+        word = words[token]
         if target in word:
             out[(token,)] = None
-            continue
-        pos = word.find(first)
-        while pos != -1:  # the text starts at pos and runs past the word's end: it overhangs by the rest
-            if target.startswith(word[pos:]):
-                found_at = (token, *tail(len(word) - pos))
-                out[found_at] = None
-            pos = word.find(first, pos + 1)
+        else:
+            pos = word.find(first)
+            while pos != -1:  # the text starts at pos and runs past the word's end: it overhangs by the rest
+                if target.startswith(word[pos:]):
+                    found_at = (token, *tail(len(word) - pos))
+                    out[found_at] = None
+                pos = word.find(first, pos + 1)
+        at = flat.find(first, starts[token + 1])  # the next word that holds it
     found = tuple(out)
     table.derived[key] = found
     return found
