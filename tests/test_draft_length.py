@@ -285,6 +285,20 @@ def test_a_width_never_timed_is_tried_at_the_price_of_the_narrower_ones():
     assert linear.limits([0], [10], 1, 1)[0] == 1
 
 
+def test_a_kept_width_price_is_at_most_the_fitted_lines():
+    """A width an earlier process kept at 1.1 one-token calls is priced so; one kept at 40 (one slow call, on a busy
+    host) at most at the fitted line's price of a call with drafts, so that the width is still drafted where that
+    pays, and timed again."""
+    lengths = gate(1, longest=10, per_width=True)
+    for _ in range(20):
+        lengths.timed(1, 0.010)
+    alpha, beta, step = fit = lengths._fitted()
+    lengths.kept = {4: 1.1, 11: 40.0}
+    priced = lengths._priced(11, fit, 1)
+    assert priced[1] == pytest.approx(0.010) and priced[4] == pytest.approx(1.1 * priced[1])
+    assert priced[11] == pytest.approx(alpha + 11 * beta + step) and priced[11] < 5 * priced[1]
+
+
 def test_what_a_draft_costs_outlasts_the_plain_calls_of_a_rest():
     """A row that rests runs one-token calls only; the fit keeps what the calls with drafts before it cost, so the
     probe after the rest is priced as timed (not at the prior's c = 0.25 and no step)."""
@@ -509,7 +523,8 @@ def test_a_process_keeps_its_width_prices_and_the_next_one_starts_from_them(tiny
     model, tok = tiny_lm
     prompt = ["one two three four one two three four one two three four one two"]
     for process in range(2):
-        products._layouts.pop(model, None)
+        # a process that has not met the model yet (the session's record of its layouts comes back after the test)
+        monkeypatch.delitem(products._layouts, model, raising=False)
         width_prices(model).clear()
         seen.clear()
         generate(model, tok, prompt, draft="prompt_lookup", max_new_tokens=12, seed=1)

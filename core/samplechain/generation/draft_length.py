@@ -318,7 +318,7 @@ class DraftLengths:
         if fit is None:
             return linear
         widths = [self.work([1 + k], held) for k in range(ceiling + 1)]
-        priced = self._priced(widths[-1], fit[0] + fit[1] * widths[0])
+        priced = self._priced(widths[-1], fit, widths[0])
         best, best_k = 1.0, 0
         plain = priced[widths[0]]
         for k in range(1, ceiling + 1):
@@ -328,17 +328,23 @@ class DraftLengths:
                 best, best_k = value, k
         return best_k
 
-    def _priced(self, widest: int, plain: float) -> list[float]:
+    def _priced(self, widest: int, fit: tuple[float, float, float], plain: int) -> list[float]:
         """What a call of F = 0 ... `widest` tokens takes: each width's timed calls, drawn toward the price of the next
-        narrower one (weighing _WIDTH_PRIOR calls; the narrowest toward `plain`, the fit's one-token call), or toward
-        its kept ratio to a one-token call (`kept`) where an earlier process timed it. A width never timed, or not for
-        long, is priced as the narrower ones, optimistically, so it is tried: a call of more tokens rarely takes less
-        time, and one slow call does not price a width out for good."""
+        narrower one (weighing _WIDTH_PRIOR calls; the narrowest toward the fitted price of a call of `plain` tokens,
+        `fit` being (alpha, beta, step)), or toward its kept ratio to a one-token call (`kept`) where an earlier process timed it,
+        at most the fitted line's price of a call with drafts (a kept ratio that one slow call inflated would
+        otherwise keep its width from being tried, and so timed again, in every later process). A width never timed,
+        or not for long, is priced as the narrower ones, optimistically, so it is tried: a call of more tokens rarely
+        takes less time, and one slow call does not price a width out for good."""
+        alpha, beta, step = fit
         out: list[float] = []
-        price = max(plain, 1e-12)
+        price = max(alpha + beta * plain, 1e-12)
         for width in range(widest + 1):
             seconds, weight = self.widths.get(width, (0.0, 0.0))
-            prior = self.kept[width] * out[1] if width in self.kept and width > 1 else price
+            if width in self.kept and width > 1:
+                prior = min(self.kept[width] * out[1], alpha + beta * width + step)
+            else:
+                prior = price
             price = (_WIDTH_PRIOR * prior + seconds) / (_WIDTH_PRIOR + weight)
             out.append(price)
         return out
