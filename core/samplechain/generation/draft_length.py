@@ -331,11 +331,11 @@ class DraftLengths:
     def _priced(self, widest: int, fit: tuple[float, float, float], plain: int) -> list[float]:
         """What a call of F = 0 ... `widest` tokens takes: each width's timed calls, drawn toward the price of the next
         narrower one (weighing _WIDTH_PRIOR calls; the narrowest toward the fitted price of a call of `plain` tokens,
-        `fit` being (alpha, beta, step)), or toward its kept ratio to a one-token call (`kept`) where an earlier process timed it,
-        at most the fitted line's price of a call with drafts (a kept ratio that one slow call inflated would
-        otherwise keep its width from being tried, and so timed again, in every later process). A width never timed,
-        or not for long, is priced as the narrower ones, optimistically, so it is tried: a call of more tokens rarely
-        takes less time, and one slow call does not price a width out for good."""
+        `fit` being (alpha, beta, step)), or toward its kept ratio to a one-token call (`kept`) where an earlier
+        process timed it, at most the fitted line's price of a call with drafts (a kept ratio that one slow call
+        inflated would otherwise keep its width from being tried, and so timed again, in every later process). A
+        width never timed, or not for long, is priced as the narrower ones, optimistically, so it is tried: a call of
+        more tokens rarely takes less time, and one slow call does not price a width out for good."""
         alpha, beta, step = fit
         out: list[float] = []
         price = max(alpha + beta * plain, 1e-12)

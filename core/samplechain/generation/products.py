@@ -294,9 +294,9 @@ def timed_rows(rows: int) -> int:
 
 _layouts: weakref.WeakKeyDictionary[torch.nn.Module, _Layouts] = weakref.WeakKeyDictionary()
 
-LAYOUTS_FILE = "SAMPLECHAIN_LAYOUTS"
+LAYOUTS_FILE = "SAMPLECHAIN_LAYOUTS"  # where the timed layouts are kept; "off": nowhere
 _WIDTH_TOLERANCE = 0.1  # width prices this close to the kept ones are not written again
-_WIDTH_LARGEST = 1000.0  # a call of a few tokens taking more than this many one-token calls is no timing  # where the timed layouts are kept; "off": nowhere
+_WIDTH_LARGEST = 1000.0  # a call of a few tokens taking more than this many one-token calls is no timing
 
 
 def kept_layouts_file() -> Path | None:
