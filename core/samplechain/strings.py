@@ -312,10 +312,7 @@ def overlapping_sequences(tokenizer: Any, text: str, *, max_tail: int | None = N
     found = table.derived.get(key)
     if found is not None:
         return found
-    words = list(table.pieces)
-    for i in getattr(tokenizer, "all_special_ids", None) or []:
-        if 0 <= i < len(words):
-            words[i] = str(tokenizer.convert_ids_to_tokens(i)).encode("utf-8")
+    words, flat, starts = _detokenized(tokenizer, table)
     target = text.encode("utf-8")
     tails: dict[int, tuple[int, ...]] = {}  # i (bytes of text inside the head) -> the tail's ids
 
@@ -333,8 +330,6 @@ def overlapping_sequences(tokenizer: Any, text: str, *, max_tail: int | None = N
     first = target[:1]
     # every token the text can touch holds its first byte: found in the words joined, not word by word (the
     # vocabulary's tens of thousands of words in a Python loop, per string)
-    flat = b"".join(words)
-    starts = list(itertools.accumulate((len(word) for word in words), initial=0))
     at, token = flat.find(first), 0
     while at != -1:
         token = bisect.bisect_right(starts, at, lo=token) - 1
@@ -351,6 +346,22 @@ def overlapping_sequences(tokenizer: Any, text: str, *, max_tail: int | None = N
         at = flat.find(first, starts[token + 1])  # the next word that holds it
     found = tuple(out)
     table.derived[key] = found
+    return found
+
+
+def _detokenized(tokenizer: Any, table: ByteTable) -> tuple[list[bytes], bytes, list[int]]:
+    """Each token's text as llama.cpp's `detokenize({id}, special=true)` (the table's bytes, special tokens as their
+    literal text), those texts joined, and where each starts in the join (one past the last: the end); cached on the
+    table per set of special tokens, which every breaker string of a generation shares."""
+    specials = tuple(i for i in getattr(tokenizer, "all_special_ids", None) or [] if 0 <= i < len(table.pieces))
+    key = ("detokenized", specials)
+    found = table.derived.get(key)
+    if found is None:
+        words = list(table.pieces)
+        for i in specials:
+            words[i] = str(tokenizer.convert_ids_to_tokens(i)).encode("utf-8")
+        found = words, b"".join(words), list(itertools.accumulate(map(len, words), initial=0))
+        table.derived[key] = found
     return found
 
 

@@ -345,7 +345,7 @@ class DraftLengths:
                 prior = min(self.kept[width] * out[1], alpha + beta * width + step)
             else:
                 prior = price
-            price = (_WIDTH_PRIOR * prior + seconds) / (_WIDTH_PRIOR + weight)
+            price = _drawn(prior, seconds, weight)
             out.append(price)
         return out
 
@@ -361,11 +361,7 @@ class DraftLengths:
         out: dict[int, float] = {}
         for f, (s, w) in sorted(self.widths.items()):
             if f > 1 and w >= 0.5 and s > 0:
-                out[f] = (
-                    (_WIDTH_PRIOR * self.kept[f] * one + s) / (_WIDTH_PRIOR + w) / one
-                    if f in self.kept
-                    else s / w / one
-                )
+                out[f] = (_drawn(self.kept[f] * one, s, w) if f in self.kept else s / w) / one
         return out
 
     def _expected(self, row: int, expected: tuple[str, float] | None) -> None:
@@ -433,6 +429,12 @@ class DraftLengths:
             return max(mt - prior * xx[0][1] / w, 0.1 * mt), prior, 0.0
         alpha, beta, step = solved
         return max(alpha, 0.1 * mt), max(beta, 0.0), max(step, 0.0)
+
+
+def _drawn(prior: float, seconds: float, weight: float) -> float:
+    """A width's timed calls (`seconds` summed, recency-weighted to `weight` calls) drawn toward `prior`, which weighs
+    _WIDTH_PRIOR calls."""
+    return (_WIDTH_PRIOR * prior + seconds) / (_WIDTH_PRIOR + weight)
 
 
 def _solve3(a: list[list[float]], b: list[float]) -> tuple[float, float, float] | None:

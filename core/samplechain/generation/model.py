@@ -25,7 +25,7 @@ from ..engine.discovery import PluginHost, get_host
 from ..errors import ConfigError
 from ..runners import ModelRunner
 from .cache_room import dynamic_layers, make_room
-from .products import COLUMNS, FEW_ROWS, FewRowProducts, layouts_of
+from .products import COLUMNS, FEW_ROWS, FewRowProducts, KeptLayouts, layouts_of
 
 __all__ = ["ModelRunner", "TransformersRunner", "max_positions", "runner_for"]
 
@@ -391,13 +391,16 @@ class TransformersRunner(ModelRunner):
     def kept_widths(self) -> dict[int, float]:
         """The width prices kept with the model's layouts on this machine (products.KeptLayouts), where its calls run
         in the few-row products."""
-        kept = layouts_of(self.model).kept if self.stepped_widths else None
+        kept = self._kept_layouts()
         return {} if kept is None else dict(kept.widths)
 
     def keep_widths(self, ratios: dict[int, float]) -> None:
-        kept = layouts_of(self.model).kept if self.stepped_widths else None
-        if kept is not None and ratios:
+        kept = self._kept_layouts() if ratios else None
+        if kept is not None:
             kept.save_widths(ratios)
+
+    def _kept_layouts(self) -> KeptLayouts | None:
+        return layouts_of(self.model).kept if self.stepped_widths else None
 
     def lookahead(self) -> contextlib.AbstractContextManager[None] | None:
         """A block whose passes are taken back when it ends: where every cache layer is a plain DynamicLayer, which

@@ -345,9 +345,7 @@ class KeptLayouts:
     def save(self, chosen: dict[tuple[bool, int], str | None]) -> None:
         """Merges `chosen` into the file: another process may have kept other row counts meanwhile."""
         records = self._records()
-        merged = self._chosen(records) | chosen
-        entries = {f"{'head' if head else 'layers'} {rows}": layout for (head, rows), layout in sorted(merged.items())}
-        self._write(records, entries, self._widths(records))
+        self._write(records, self._chosen(records) | chosen, self._widths(records))
 
     def save_widths(self, ratios: dict[int, float]) -> None:
         """Merges `ratios` (F -> what a call of F tokens took against a one-token call, as this process timed them)
@@ -357,13 +355,15 @@ class KeptLayouts:
             return
         records = self._records()
         merged = self._widths(records) | ratios
-        chosen = self._chosen(records)
-        entries = {f"{'head' if head else 'layers'} {rows}": layout for (head, rows), layout in sorted(chosen.items())}
-        self._write(records, entries, merged)
+        self._write(records, self._chosen(records), merged)
         self.widths = merged
 
-    def _write(self, records: dict[str, Any], entries: dict[str, str | None], widths: dict[int, float]) -> None:
-        record = {"signature": self.signature, "chosen": entries}
+    def _write(
+        self, records: dict[str, Any], chosen: dict[tuple[bool, int], str | None], widths: dict[int, float]
+    ) -> None:
+        """`records` with this signature's record of `chosen` and `widths`, into the file."""
+        entries = {f"{'head' if head else 'layers'} {rows}": layout for (head, rows), layout in sorted(chosen.items())}
+        record: dict[str, Any] = {"signature": self.signature, "chosen": entries}
         if widths:
             record["widths"] = {str(f): round(r, 4) for f, r in sorted(widths.items())}
         records[self.key] = record

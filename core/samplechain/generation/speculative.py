@@ -211,9 +211,8 @@ class Speculation(Drawing):
             self.lengths.kept = inner.kept_widths()  # ... and by earlier processes on the machine
         try:
             yield from self._run(gen, runner, logits, step, uncond)
-        finally:
-            if inner.stepped_widths:
-                inner.keep_widths(self.lengths.width_ratios())
+        finally:  # none timed (a runner whose widths are not priced): nothing to keep
+            inner.keep_widths(self.lengths.width_ratios())
 
     def _run(
         self, gen: Generation, runner: ModelRunner, logits: torch.Tensor, step: int, uncond: torch.Tensor | None
