@@ -7,9 +7,9 @@ import contextlib
 import gc
 import hashlib
 import json
+import os
 import random
 import threading
-import time
 import weakref
 from importlib import metadata
 from pathlib import Path
@@ -88,9 +88,38 @@ def test_the_cache_folder_is_named_by_the_file_hash_and_reused(monkeypatch):
         raise AssertionError("a cached conversion must not run again")
 
     monkeypatch.setattr(models, "_dequantize", never)
-    start = time.monotonic()
+    monkeypatch.setattr(models.hashlib, "sha256", never)  # the digest kept beside the folders: the file is not read
     assert default_model_path() == folder
-    assert time.monotonic() - start < 5  # hashing 98 MB, no conversion
+
+
+def test_a_files_digest_is_kept_until_its_size_or_time_changes(tmp_path, monkeypatch):
+    file = tmp_path / "model.gguf"
+    file.write_bytes(b"GGUF" + bytes(range(200)))
+    cache = tmp_path / "cache"
+    assert models._file_hash(file, cache) == hashlib.sha256(file.read_bytes()).hexdigest()[:16]
+    assert (cache / "hashes.json").is_file()
+    real, reads = hashlib.sha256, []
+
+    def counted(*args):
+        reads.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(models.hashlib, "sha256", counted)
+    first = models._file_hash(file, cache)
+    assert reads == []
+    file.write_bytes(b"GGUF" + bytes(range(1, 201)))  # the same size, written again: another time
+    stat = file.stat()
+    os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert models._file_hash(file, cache) == real(file.read_bytes()).hexdigest()[:16] != first
+    assert reads == [1]
+    (cache / "hashes.json").write_text("[not a record")
+    assert models._file_hash(file, cache) == real(file.read_bytes()).hexdigest()[:16]
+    assert reads == [1, 1]
+    file.unlink()
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF")
+    models._file_hash(other, cache)
+    assert list(json.loads((cache / "hashes.json").read_text())) == [str(other.resolve())]  # a file gone is dropped
 
 
 def test_an_unfinished_conversion_leaves_no_folder(tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ bos and eos and, like GPT-2, no pad token.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -145,8 +146,9 @@ def gguf_tokenizer_path(path: str | os.PathLike[str], cache: str | os.PathLike[s
     chat template), converted once into the cache: the tokenizer the llama.cpp engine's generations decode with. The
     folder of a whole conversion (`convert_gguf`) serves when there is one."""
     file = check_gguf(path)
-    root = Path(cache or cache_dir()).expanduser() / "models"
-    name = f"{file.stem}-{_file_hash(file)}"
+    cache_root = Path(cache or cache_dir()).expanduser()
+    root = cache_root / "models"
+    name = f"{file.stem}-{_file_hash(file, cache_root)}"
     for folder in (root / name, root / f"{name}-tokenizer"):
         if (folder / "tokenizer.json").is_file():
             return folder
@@ -223,12 +225,31 @@ def _load_transformers(folder: Path, **kwargs: Any) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def _file_hash(path: Path) -> str:
+def _file_hash(path: Path, cache: Path) -> str:
+    """The SHA-256 prefix of `path`'s bytes. Reading a model of gigabytes at every load would cost seconds, so the
+    digest is kept in `cache`/hashes.json under the file's resolved path with its size and modification time, and
+    read again only when either changed; a missing, unreadable or unwritable record only means hashing again."""
+    stat = path.stat()
+    key, seen = str(path.resolve()), [stat.st_size, stat.st_mtime_ns]
+    record = cache / "hashes.json"
+    try:
+        known = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    entry = known.get(key)
+    if isinstance(entry, dict) and entry.get("stat") == seen and isinstance(entry.get("sha256"), str):
+        return entry["sha256"]
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
-    return digest.hexdigest()[:16]
+    known = {name: value for name, value in known.items() if Path(name).is_file()}  # files gone since
+    known[key] = {"stat": seen, "sha256": digest.hexdigest()[:16]}
+    with contextlib.suppress(OSError):
+        write_json(record, known)
+    return known[key]["sha256"]
 
 
 def convert_gguf(path: str | os.PathLike[str], cache: str | os.PathLike[str] | None = None) -> Path:
@@ -240,7 +261,8 @@ def convert_gguf(path: str | os.PathLike[str], cache: str | os.PathLike[str] | N
     Raises ConfigError naming the file when it is missing, not GGUF, or of an architecture transformers cannot
     load (then the llama.cpp engine runs it: `samplechain generate --model FILE.gguf`)."""
     file = check_gguf(path)
-    target = Path(cache or cache_dir()).expanduser() / "models" / f"{file.stem}-{_file_hash(file)}"
+    root = Path(cache or cache_dir()).expanduser()
+    target = root / "models" / f"{file.stem}-{_file_hash(file, root)}"
     return _write_once(target, lambda out: _dequantize(file, out), *_REQUIRED)
 
 
