@@ -122,6 +122,13 @@ def test_a_files_digest_is_kept_until_its_size_or_time_changes(tmp_path, monkeyp
     assert list(json.loads((cache / "hashes.json").read_text())) == [str(other.resolve())]  # a file gone is dropped
 
 
+def test_a_cache_folder_that_cannot_be_written_is_named_with_the_fix(tmp_path):
+    blocked = tmp_path / "a file"
+    blocked.write_text("")
+    with pytest.raises(ConfigError, match=r"a file/models.*SAMPLECHAIN_CACHE to a folder"):
+        convert_gguf(default_gguf_path(), cache=blocked)
+
+
 def test_an_unfinished_conversion_leaves_no_folder(tmp_path, monkeypatch):
     def broken(file, out):
         (out / "config.json").write_text("{}")

@@ -259,7 +259,8 @@ def convert_gguf(path: str | os.PathLike[str], cache: str | os.PathLike[str] | N
     beside it, then renamed), so concurrent first calls are safe.
 
     Raises ConfigError naming the file when it is missing, not GGUF, or of an architecture transformers cannot
-    load (then the llama.cpp engine runs it: `samplechain generate --model FILE.gguf`)."""
+    load (then the llama.cpp engine runs it: `samplechain generate --model FILE.gguf`), and naming the folder when
+    the cache cannot be written."""
     file = check_gguf(path)
     root = Path(cache or cache_dir()).expanduser()
     target = root / "models" / f"{file.stem}-{_file_hash(file, root)}"
@@ -270,8 +271,14 @@ def _write_once(target: Path, write: Callable[[Path], None], *required: str) -> 
     """`target` with its `required` files, written by `write(folder)` beside it and renamed when whole."""
     if all((target / name).is_file() for name in required):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write {str(target)!r} ({exc.strerror or exc}): samplechain's cache folder must be writable; "
+            "set SAMPLECHAIN_CACHE to a folder that is (the conversion is written there once)"
+        ) from None
     try:
         write(work)
         try:
