@@ -146,13 +146,15 @@ def gguf_tokenizer_path(path: str | os.PathLike[str], cache: str | os.PathLike[s
     chat template), converted once into the cache: the tokenizer the llama.cpp engine's generations decode with. The
     folder of a whole conversion (`convert_gguf`) serves when there is one."""
     file = check_gguf(path)
-    cache_root = Path(cache or cache_dir()).expanduser()
-    root = cache_root / "models"
-    name = f"{file.stem}-{_file_hash(file, cache_root)}"
-    for folder in (root / name, root / f"{name}-tokenizer"):
+    root = Path(cache or cache_dir()).expanduser()
+    folders = root / "models"
+    name = f"{file.stem}-{_file_hash(file, root)}"
+    for folder in (folders / name, folders / f"{name}-tokenizer"):
         if (folder / "tokenizer.json").is_file():
             return folder
-    return _write_once(root / f"{name}-tokenizer", lambda out: _tokenizer(file).save_pretrained(out), "tokenizer.json")
+    return _write_once(
+        folders / f"{name}-tokenizer", lambda out: _tokenizer(file).save_pretrained(out), "tokenizer.json"
+    )
 
 
 def load_model(
@@ -235,9 +237,8 @@ def _file_hash(path: Path, cache: Path) -> str:
     try:
         known = json.loads(record.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        known = {}
-    if not isinstance(known, dict):
-        known = {}
+        known = None
+    known = known if isinstance(known, dict) else {}
     entry = known.get(key)
     if isinstance(entry, dict) and entry.get("stat") == seen and isinstance(entry.get("sha256"), str):
         return entry["sha256"]
