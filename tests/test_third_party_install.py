@@ -2,8 +2,9 @@
 
 Nothing is mocked. Once per module:
 
-1. `pip wheel --no-deps --no-build-isolation` builds the core, the cpu backend, greedy, dist, the example plugin
-   `contrib/samplechain-example-softcap` and the deliberately broken `contrib/samplechain-broken-example`.
+1. `pip wheel --no-deps --no-build-isolation` builds the core, the cpu backend, greedy, dist, the eos and
+   max_new_tokens criteria, the example plugins `contrib/samplechain-example-softcap` (a sampler) and
+   `contrib/samplechain-example-suffix` (a drafter) and the deliberately broken `contrib/samplechain-broken-example`.
 2. `python -m venv` creates a fresh environment (no system site-packages).
 3. The heavy dependencies (torch, transformers, pluggy, attrs ...) are not downloaded again: a `.pth` file in the
    fresh environment points at a folder of links to this environment's site-packages, *minus* every samplechain
@@ -13,8 +14,9 @@ Nothing is mocked. Once per module:
    every samplechain distribution's requirements, `samplechain>=0.1,<0.2` included, are met.
 
 Then the fresh environment's own `samplechain` command and interpreter must show: the example plugin loaded, the
-broken one reported (name, distribution, version, error) while the others keep working, strict mode fatal, and a
-TOML chain naming `softcap` runs without any code change.
+broken one reported (name, distribution, version, error) while the others keep working, strict mode fatal, a
+TOML chain naming `softcap` runs without any code change, and `generate(..., draft="suffix")` drafts with the
+installed drafter.
 """
 
 from __future__ import annotations
@@ -36,10 +38,22 @@ SOURCES = {  # distribution -> source folder
     "samplechain-cpu": ROOT / "plugins" / "cpu",
     "samplechain-dist": ROOT / "plugins" / "dist",
     "samplechain-greedy": ROOT / "plugins" / "greedy",
+    "samplechain-eos": ROOT / "plugins" / "eos",  # generate()'s stopping criteria
+    "samplechain-max-new-tokens": ROOT / "plugins" / "max_new_tokens",
     "samplechain-example-softcap": ROOT / "contrib" / "samplechain-example-softcap",
+    "samplechain-example-suffix": ROOT / "contrib" / "samplechain-example-suffix",
     "samplechain-broken-example": ROOT / "contrib" / "samplechain-broken-example",
 }
-INSTALLED = {"cpu", "dist", "greedy", "example_softcap", "broken_example"}  # entry points the fresh env must show
+INSTALLED = {
+    "cpu",
+    "dist",
+    "greedy",
+    "eos",
+    "max_new_tokens",
+    "example_softcap",
+    "example_suffix",
+    "broken_example",
+}  # entry points the fresh env must show
 # What the fresh environment must not inherit from this one: our own distributions (editable or not), their
 # import hooks, and the packaging tools the venv brings itself.
 NOT_LINKED = (
@@ -171,6 +185,10 @@ def test_plugins_lists_the_example_loaded_and_the_broken_one_broken(fresh):
     assert softcap["kind"] == "sampler"
     assert softcap["provides"] == ["softcap.v1"]
 
+    suffix = rows["example_suffix"]
+    assert suffix["status"] == "loaded" and suffix["kind"] == "drafter"
+    assert (suffix["distribution"], suffix["provides"]) == ("samplechain-example-suffix", ["suffix.v1"])
+
     broken = rows["broken_example"]
     assert broken["status"] == "broken"
     assert (broken["distribution"], broken["version"]) == ("samplechain-broken-example", "0.1.0")
@@ -269,3 +287,47 @@ def test_a_broken_plugin_is_a_warning_naming_plugin_distribution_version_and_err
         "samplechain_missing_dependency",
     ):
         assert part in message
+
+
+DRAFTING = """\
+import json, sys, warnings
+
+import transformers
+
+import samplechain
+from samplechain.generation import generate
+from samplechain.models import tiny_model_path
+
+path = tiny_model_path()
+model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+settings = dict(chain={"samplers": [{"use": "greedy"}]}, max_new_tokens=32)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", samplechain.PluginWarning)  # the broken example, listed elsewhere
+    plain = generate(model, tok, ["a b c d a b c d a b"], **settings)
+    runs = [generate(model, tok, ["a b c d a b c d a b"], draft="suffix", **settings) for _ in range(2)]
+    try:
+        generate(model, tok, ["a b"], draft={"use": "suffix", "max_depth": 1}, **settings)
+        refused = None
+    except samplechain.ConfigError as exc:
+        refused = str(exc)
+print(json.dumps({
+    "same": [run.sequences.tolist() == plain.sequences.tolist() for run in runs],
+    "kept": [int(run.kept.sum()) for run in runs],
+    "drafter": sys.modules["samplechain_example_suffix"].__file__,
+    "refused": refused,
+}))
+"""
+
+
+def test_an_installed_drafter_drafts_by_name_and_leaves_the_tokens_alone(fresh, tmp_path):
+    """The example drafter (Suffix Decoding) found through its entry point in the fresh environment: `draft="suffix"`
+    gives the tokens of generation without a drafter, its second generation drafts from the first's answer, and a
+    bad parameter is one error naming it."""
+    (tmp_path / "draft.py").write_text(DRAFTING)
+    done = run([fresh.python, tmp_path / "draft.py"], env=clean_env(), cwd=tmp_path)
+    result = json.loads(done.stdout)
+    assert result["same"] == [True, True]
+    assert result["kept"][1] > result["kept"][0]
+    assert Path(result["drafter"]).resolve().is_relative_to(fresh.site.resolve())
+    assert "draft[suffix].max_depth = 1" in result["refused"]
