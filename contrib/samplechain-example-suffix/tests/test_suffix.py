@@ -194,12 +194,10 @@ def test_bad_parameters_are_one_error_naming_the_drafter_and_the_key(bad):
 
 @pytest.fixture(scope="module")
 def tiny():
-    transformers = pytest.importorskip("transformers")
-    from samplechain.models import tiny_model_path
+    pytest.importorskip("transformers")
+    from samplechain.models import load_model, tiny_model_path
 
-    path = tiny_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
-    return model, transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return load_model(tiny_model_path())
 
 
 @pytest.mark.parametrize("chain", ["preset:greedy", "preset:llama.cpp"])
