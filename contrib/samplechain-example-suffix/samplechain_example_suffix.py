@@ -2,9 +2,9 @@
 
 Suffix Decoding (Oliaro et al., "SuffixDecoding: Extreme Speculative Decoding for Emerging AI Applications",
 arXiv:2411.04975; vLLM's `method = "suffix"`, through Arctic Inference) drafts from two suffix trees of at most
-`max_depth` tokens per path: one over the row's own prompt and text so far, and one over the answers of earlier rows,
-in this generation and the ones before it in the process (at most `max_cached_requests` answers, the oldest dropped
-first). Agent loops, self-refinement, several samples of one prompt and RL rollouts write much of what an earlier
+`max_depth` tokens per path: one over the row's own prompt and text so far, and one over the answers rows have
+written, this generation's as they are written and those of the generations before it in the process (at most
+`max_cached_requests` answers, the oldest dropped first). Agent loops, self-refinement, several samples of one prompt and RL rollouts write much of what an earlier
 answer wrote; a lookup of the row's own text cannot see that.
 
 For each match length m = 1, 2, ... below the pattern's length (the pattern: the row's last `max_depth` tokens), while
@@ -13,8 +13,8 @@ child with the largest count (ties: the smallest token id), its estimated probab
 count(node) along the path; it stops at `min(limit, floor(m * max_spec_factor + max_spec_offset))` tokens or where
 the probability falls below `min_token_prob`. Each draft scores the sum of its tokens' probabilities; the best
 scoring one wins (a longer match on a tie), and an earlier answers' draft replaces the row's own only with a higher
-score. A node's count is the number of times its path occurs (paths of at most `max_depth` tokens): the counts of
-Arctic Inference's compressed tree, here held uncompressed, one node per token.
+score. A node's count is the number of times its path occurs (paths of at most `max_depth` tokens), as in Arctic
+Inference's trees.
 
 The drafter changes no token: the generation keeps a drafted token only where the chain draws it.
 """
@@ -47,40 +47,58 @@ class SuffixParams:
 
 
 class _Node:
-    __slots__ = ("children", "count")
+    """A run of tokens that every path through it takes whole, `count` the times its paths occur, `children` keyed
+    by their first token."""
 
-    def __init__(self) -> None:
-        self.count = 0
+    __slots__ = ("children", "count", "run")
+
+    def __init__(self, run: list[int], count: int) -> None:
+        self.run, self.count = run, count
         self.children: dict[int, _Node] = {}
 
 
 class SuffixTree:
-    """The paths of at most `depth` tokens of a set of token sequences, each node counting how often its path occurs.
-    Sequences grow token by token (`extend`) and leave whole (`remove`)."""
+    """The paths of at most `depth` tokens of a set of token sequences, each counting how often it occurs; a run
+    that one occurrence alone takes is one node (a suffix tree's compression, as Arctic Inference's), so the tree
+    holds about two nodes per token. Sequences grow token by token (`extend`) and leave whole (`remove`)."""
 
     def __init__(self, depth: int) -> None:
         self.depth = depth
-        self.root = _Node()
+        self.root = _Node([], 0)
         self.seqs: dict[int, list[int]] = {}
-        self._ends: dict[int, deque[_Node]] = {}  # per sequence: the nodes of its suffixes still below `depth`
+        self._ends: dict[int, deque[_Node]] = {}  # per sequence: the nodes its suffixes below `depth` end at
 
     def extend(self, seq: int, tokens: Sequence[int]) -> None:
         held = self.seqs.setdefault(seq, [])
         ends = self._ends.setdefault(seq, deque())
+        root = self.root
         for token in tokens:
             held.append(token)
-            ends.append(self.root)  # the suffix that starts at this token
-            self.root.count += 1
+            ends.append(root)  # the suffix that starts at this token
+            root.count += 1
             if len(ends) > self.depth:
                 ends.popleft()  # a path of `depth` tokens goes no deeper
             for i, node in enumerate(ends):
+                # every suffix ends at the last token of its node's run
                 child = node.children.get(token)
                 if child is None:
-                    child = node.children[token] = _Node()
-                child.count += 1
+                    if node.count == 1 and node is not root:  # only this suffix came here: its run grows
+                        node.run.append(token)
+                        continue
+                    child = node.children[token] = _Node([token], 1)
+                elif len(child.run) == 1:
+                    child.count += 1
+                else:  # the child's first token becomes a node of its own; the rest keeps its object
+                    upper = _Node([token], child.count + 1)
+                    del child.run[0]
+                    upper.children[child.run[0]] = child
+                    child = node.children[token] = upper
                 ends[i] = child
 
     def remove(self, seq: int) -> None:
+        """Every suffix of the sequence leaves the counts: a node no path takes any more leaves the tree, and a node
+        that every path through it leaves by its one child joins that child's run (the child keeps its object, which
+        other sequences' ends may hold)."""
         held = self.seqs.pop(seq, None)
         self._ends.pop(seq, None)
         if held is None:
@@ -88,26 +106,42 @@ class SuffixTree:
         for start in range(len(held)):
             node = self.root
             node.count -= 1
-            for token in held[start : start + self.depth]:
-                child = node.children[token]
+            passed: list[tuple[_Node, _Node]] = []  # (parent, node) along the suffix
+            at, stop = start, min(len(held), start + self.depth)
+            while at < stop:  # the suffix takes whole runs: it ended at one's last token
+                child = node.children[held[at]]
                 child.count -= 1
-                if child.count == 0:  # only this suffix passed here: its subtree goes with it
-                    del node.children[token]
+                if child.count == 0:
+                    del node.children[held[at]]
                     break
+                passed.append((node, child))
+                at += len(child.run)
                 node = child
+            for parent, node in reversed(passed):
+                if len(node.children) == 1:
+                    (only,) = node.children.values()
+                    if only.count == node.count:
+                        only.run[:0] = node.run
+                        parent.children[node.run[0]] = only
 
     def count(self, path: Sequence[int]) -> int:
-        node = self._find(path)
-        return 0 if node is None else node.count
+        found = self._find(path)
+        return 0 if found is None else found[0].count
 
-    def _find(self, path: Sequence[int]) -> _Node | None:
-        node = self.root
+    def _find(self, path: Sequence[int]) -> tuple[_Node, int] | None:
+        """The node `path` ends in and how many of its run's tokens it takes, or None where it does not occur."""
+        node, taken = self.root, 0
         for token in path:
+            if taken < len(node.run):
+                if node.run[taken] != token:
+                    return None
+                taken += 1
+                continue
             child = node.children.get(token)
             if child is None:
                 return None
-            node = child
-        return node
+            node, taken = child, 1
+        return node, taken
 
     def speculate(
         self, pattern: Sequence[int], limit: int, factor: float, offset: float, min_prob: float
@@ -116,57 +150,63 @@ class SuffixTree:
         best: list[int] = []
         best_score = 0.0
         for m in range(1, len(pattern)):
-            node = self._find(pattern[len(pattern) - m :])
-            if node is None:
+            found = self._find(pattern[len(pattern) - m :])
+            if found is None:
                 break  # a longer suffix of the pattern occurs nowhere either
-            draft, score = _path(node, min(limit, max(0, int(m * factor + offset + 1e-6))), min_prob)
+            cap = min(limit, max(0, int(m * factor + offset + 1e-6)))
+            draft, score = _path(*found, cap, min_prob)
             if score >= best_score:
                 best, best_score = draft, score
         return best, best_score
 
 
-def _path(node: _Node, limit: int, min_prob: float) -> tuple[list[int], float]:
-    """The most frequent continuation below `node`: at most `limit` tokens, each of estimated probability at least
-    `min_prob`; with the sum of their probabilities."""
+def _path(node: _Node, taken: int, limit: int, min_prob: float) -> tuple[list[int], float]:
+    """The most frequent continuation past `taken` tokens of `node`'s run: at most `limit` tokens, each of estimated
+    probability at least `min_prob`; with the sum of their probabilities."""
     draft: list[int] = []
     prob, score = 1.0, 0.0
-    while len(draft) < limit and node.children:
+    while len(draft) < limit:
+        if taken < len(node.run):
+            draft.append(node.run[taken])
+            score += prob
+            taken += 1
+            continue
+        if not node.children:
+            break
         token, child = max(node.children.items(), key=lambda item: (item[1].count, -item[0]))
         prob *= child.count / node.count
         if prob < min_prob:
             break
-        draft.append(token)
-        score += prob
-        node = child
+        node, taken = child, 0
     return draft, score
 
 
 class _Answers:
-    """Earlier rows' answers in one tree, the oldest dropped first beyond the most kept."""
+    """Earlier rows' answers in one tree, the oldest leaving first beyond the most kept."""
 
     def __init__(self, depth: int) -> None:
         self.tree = SuffixTree(depth)
-        self.order: OrderedDict[int, None] = OrderedDict()
+        self.kept: OrderedDict[int, None] = OrderedDict()
         self.next_id = 0
 
     def begin(self, keep: int) -> int | None:
+        """A new answer's sequence, or None where none are kept."""
         if keep == 0:
             return None
         seq, self.next_id = self.next_id, self.next_id + 1
-        self.order[seq] = None
-        while len(self.order) > keep:
-            old, _ = self.order.popitem(last=False)
-            self.tree.remove(old)
+        self.kept[seq] = None
+        while len(self.kept) > keep:
+            self.forget(next(iter(self.kept)))
         return seq
 
     def extend(self, seq: int | None, tokens: Sequence[int]) -> None:
-        if seq is not None and seq in self.order:  # an answer dropped while its row goes on gathers no more
+        if seq is not None and seq in self.kept:  # an answer dropped while its row goes on gathers no more
             self.tree.extend(seq, tokens)
 
-    def restart(self, seq: int | None, tokens: Sequence[int]) -> None:
-        if seq is not None and seq in self.order:
+    def forget(self, seq: int | None) -> None:
+        if seq is not None and seq in self.kept:
+            del self.kept[seq]
             self.tree.remove(seq)
-            self.tree.extend(seq, tokens)
 
 
 # per tokenizer, vocabulary width and depth: the answers of every generation of the process
@@ -210,7 +250,7 @@ class SuffixDecoding(Drafter):
         cap = min(p.num_tokens, limit)
         args = (cap, p.max_spec_factor, p.max_spec_offset, p.min_token_prob)
         draft, score = r.tree.speculate(pattern, *args)
-        if r.answer is not None:
+        if p.max_cached_requests:
             theirs, their_score = self._answers.tree.speculate(pattern, *args)
             if their_score > score:
                 draft = theirs
@@ -218,7 +258,7 @@ class SuffixDecoding(Drafter):
 
     def _follow(self, row: int, seen: list[int]) -> _Row:
         """Row `row`'s state brought up to its tokens `seen`: what came since is added to both trees; tokens taken
-        back (a guard's rewind) rebuild the row's tree and its answer."""
+        back (a guard's rewind) rebuild the row's tree and begin its answer again."""
         r = self._rows.get(row)
         if r is None:
             tree = SuffixTree(self.params.max_depth)
@@ -233,7 +273,9 @@ class SuffixDecoding(Drafter):
             r.tree = SuffixTree(self.params.max_depth)
             r.tree.extend(0, seen)
             r.start = min(r.start, len(seen))
-            self._answers.restart(r.answer, seen[r.start :])
+            self._answers.forget(r.answer)
+            r.answer = self._answers.begin(self.params.max_cached_requests)
+            self._answers.extend(r.answer, seen[r.start :])
             r.seen = seen
         return r
 

@@ -12,7 +12,7 @@ import samplechain_example_suffix
 from samplechain import ConfigError, PluginHost
 from samplechain.drafters import DraftContext
 from samplechain.generation.drafting import load_drafter
-from samplechain_example_suffix import SuffixDecoding, SuffixParams, SuffixTree, clear_answers
+from samplechain_example_suffix import SuffixDecoding, SuffixParams, SuffixTree, _Answers, clear_answers
 
 
 def count(seqs: list[list[int]], path: list[int], depth: int) -> int:
@@ -57,13 +57,15 @@ def random_seqs(rng: random.Random, n: int, alphabet: int = 4) -> list[list[int]
 
 
 def all_paths(tree: SuffixTree) -> dict[tuple[int, ...], int]:
+    """Every path the tree holds with its count (each token of a node's run ends one)."""
     out: dict[tuple[int, ...], int] = {}
     stack = [((), tree.root)]
     while stack:
         path, node = stack.pop()
-        for token, child in node.children.items():
-            out[path + (token,)] = child.count
-            stack.append((path + (token,), child))
+        for token in node.run:
+            path = path + (token,)
+            out[path] = node.count
+        stack += [(path, child) for child in node.children.values()]
     return out
 
 
@@ -77,23 +79,47 @@ def expected_paths(seqs: list[list[int]], depth: int) -> dict[tuple[int, ...], i
     return out
 
 
-@pytest.mark.parametrize("case", range(20))
-def test_the_tree_counts_every_path_its_sequences_hold_also_after_one_leaves(case):
+@pytest.mark.parametrize("case", range(40))
+def test_the_tree_counts_every_path_its_sequences_hold_as_they_grow_and_leave(case):
+    """Sequences grow in turns (as a batch's rows do) and some leave midway while the others go on growing."""
     rng = random.Random(case)
     depth = rng.randint(2, 6)
-    seqs = random_seqs(rng, rng.randint(1, 5))
+    seqs = dict(enumerate(random_seqs(rng, rng.randint(2, 6), alphabet=rng.choice([2, 3, 5]))))
     tree = SuffixTree(depth)
-    for i, s in enumerate(seqs):
-        cut = rng.randint(0, len(s))
-        tree.extend(i, s[:cut])  # grown in two pieces, as a row grows
-        tree.extend(i, s[cut:])
-    assert all_paths(tree) == expected_paths(seqs, depth)
-    assert tree.root.count == sum(map(len, seqs))
-    gone = rng.randrange(len(seqs))
-    tree.remove(gone)
-    rest = [s for i, s in enumerate(seqs) if i != gone]
-    assert all_paths(tree) == expected_paths(rest, depth)
-    assert tree.root.count == sum(map(len, rest))
+    grown = dict.fromkeys(seqs, 0)
+    while any(grown[i] < len(s) for i, s in seqs.items()):
+        i = rng.choice([i for i, s in seqs.items() if grown[i] < len(s)])
+        end = rng.randint(grown[i] + 1, len(seqs[i]))
+        tree.extend(i, seqs[i][grown[i] : end])
+        grown[i] = end
+        if rng.random() < 0.2:
+            gone = rng.choice(list(seqs))
+            tree.remove(gone)
+            del seqs[gone], grown[gone]
+        held = [s[: grown[i]] for i, s in seqs.items()]
+        assert all_paths(tree) == expected_paths(held, depth)
+        assert tree.root.count == sum(map(len, held))
+    assert sum(1 for _ in nodes(tree)) <= 2 * sum(map(len, seqs.values())) + 1  # runs are compressed
+
+
+def nodes(tree: SuffixTree):
+    stack = [tree.root]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack += list(node.children.values())
+
+
+def test_beyond_the_most_kept_the_oldest_answers_leave_the_tree():
+    answers = _Answers(depth=4)
+    rng = random.Random(0)
+    held = {}
+    for _ in range(11):
+        seq = answers.begin(keep=8)
+        held[seq] = [rng.randrange(3) for _ in range(rng.randint(1, 12))]
+        answers.extend(seq, held[seq])
+    assert list(answers.kept) == list(range(3, 11))  # the oldest first
+    assert all_paths(answers.tree) == expected_paths([held[s] for s in answers.kept], 4)
 
 
 @pytest.mark.parametrize("case", range(40))
@@ -170,7 +196,7 @@ def test_only_the_newest_answers_are_kept():
     clear_answers()
 
 
-def test_tokens_taken_back_leave_neither_tree_holding_them():
+def test_tokens_taken_back_leave_the_row_s_tree_and_its_answer():
     clear_answers()
     d = drafter(max_depth=6)
     d.propose(0, torch.tensor([1, 2]), 4)
@@ -178,7 +204,9 @@ def test_tokens_taken_back_leave_neither_tree_holding_them():
     d.propose(0, torch.tensor([1, 2, 3, 7]), 4)  # 4 5 taken back (a guard's rewind), 7 came instead
     row = d._rows[0]
     assert all_paths(row.tree) == expected_paths([[1, 2, 3, 7]], 6)
-    assert all_paths(d._answers.tree) == expected_paths([[3, 7]], 6)  # the answer: what came after its first draft
+    answers = d._answers
+    assert [answers.tree.seqs[s] for s in answers.kept] == [[3, 7]]  # the answer: what came after its first draft
+    assert all_paths(answers.tree) == expected_paths([[3, 7]], 6)
     clear_answers()
 
 
