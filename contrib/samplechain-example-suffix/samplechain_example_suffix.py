@@ -21,7 +21,7 @@ The drafter changes no token: the generation keeps a drafted token only where th
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -124,10 +124,6 @@ class SuffixTree:
                         only.run[:0] = node.run
                         parent.children[node.run[0]] = only
 
-    def count(self, path: Sequence[int]) -> int:
-        found = self._find(path)
-        return 0 if found is None else found[0].count
-
     def _find(self, path: Sequence[int]) -> tuple[_Node, int] | None:
         """The node `path` ends in and how many of its run's tokens it takes, or None where it does not occur."""
         node, taken = self.root, 0
@@ -182,30 +178,29 @@ def _path(node: _Node, taken: int, limit: int, min_prob: float) -> tuple[list[in
 
 
 class _Answers:
-    """Earlier rows' answers in one tree, the oldest leaving first beyond the most kept."""
+    """Earlier rows' answers in one tree (its sequences, oldest first), the oldest leaving first beyond the most
+    kept."""
 
     def __init__(self, depth: int) -> None:
         self.tree = SuffixTree(depth)
-        self.kept: OrderedDict[int, None] = OrderedDict()
         self.next_id = 0
 
-    def begin(self, keep: int) -> int | None:
-        """A new answer's sequence, or None where none are kept."""
+    def begin(self, keep: int, tokens: Sequence[int]) -> int | None:
+        """A new answer of `tokens` so far, or None where none are kept."""
         if keep == 0:
             return None
         seq, self.next_id = self.next_id, self.next_id + 1
-        self.kept[seq] = None
-        while len(self.kept) > keep:
-            self.forget(next(iter(self.kept)))
+        self.tree.extend(seq, tokens)
+        while len(self.tree.seqs) > keep:
+            self.tree.remove(next(iter(self.tree.seqs)))
         return seq
 
     def extend(self, seq: int | None, tokens: Sequence[int]) -> None:
-        if seq is not None and seq in self.kept:  # an answer dropped while its row goes on gathers no more
+        if seq is not None and seq in self.tree.seqs:  # an answer dropped while its row goes on gathers no more
             self.tree.extend(seq, tokens)
 
     def forget(self, seq: int | None) -> None:
-        if seq is not None and seq in self.kept:
-            del self.kept[seq]
+        if seq is not None:
             self.tree.remove(seq)
 
 
@@ -257,26 +252,22 @@ class SuffixDecoding(Drafter):
         return draft
 
     def _follow(self, row: int, seen: list[int]) -> _Row:
-        """Row `row`'s state brought up to its tokens `seen`: what came since is added to both trees; tokens taken
-        back (a guard's rewind) rebuild the row's tree and begin its answer again."""
+        """Row `row`'s state brought up to its tokens `seen`: what came since is added to both trees. At its first
+        draft, and where tokens were taken back (a guard's rewind), its tree is built and its answer begun again."""
         r = self._rows.get(row)
-        if r is None:
-            tree = SuffixTree(self.params.max_depth)
-            tree.extend(0, seen)
-            r = self._rows[row] = _Row(tree, seen, len(seen), self._answers.begin(self.params.max_cached_requests))
-        elif seen[: len(r.seen)] == r.seen:
+        if r is not None and seen[: len(r.seen)] == r.seen:
             new = seen[len(r.seen) :]
             r.tree.extend(0, new)
             self._answers.extend(r.answer, new)
             r.seen = seen
-        else:
-            r.tree = SuffixTree(self.params.max_depth)
-            r.tree.extend(0, seen)
-            r.start = min(r.start, len(seen))
+            return r
+        tree = SuffixTree(self.params.max_depth)
+        tree.extend(0, seen)
+        start = len(seen) if r is None else min(r.start, len(seen))
+        if r is not None:
             self._answers.forget(r.answer)
-            r.answer = self._answers.begin(self.params.max_cached_requests)
-            self._answers.extend(r.answer, seen[r.start :])
-            r.seen = seen
+        answer = self._answers.begin(self.params.max_cached_requests, seen[start:])
+        r = self._rows[row] = _Row(tree, seen, start, answer)
         return r
 
     def finish(self, rows: Sequence[int]) -> None:

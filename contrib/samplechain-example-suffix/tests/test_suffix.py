@@ -115,11 +115,11 @@ def test_beyond_the_most_kept_the_oldest_answers_leave_the_tree():
     rng = random.Random(0)
     held = {}
     for _ in range(11):
-        seq = answers.begin(keep=8)
+        seq = answers.begin(keep=8, tokens=[])
         held[seq] = [rng.randrange(3) for _ in range(rng.randint(1, 12))]
         answers.extend(seq, held[seq])
-    assert list(answers.kept) == list(range(3, 11))  # the oldest first
-    assert all_paths(answers.tree) == expected_paths([held[s] for s in answers.kept], 4)
+    assert list(answers.tree.seqs) == list(range(3, 11))  # the oldest first
+    assert all_paths(answers.tree) == expected_paths([held[s] for s in answers.tree.seqs], 4)
 
 
 @pytest.mark.parametrize("case", range(40))
@@ -205,7 +205,7 @@ def test_tokens_taken_back_leave_the_row_s_tree_and_its_answer():
     row = d._rows[0]
     assert all_paths(row.tree) == expected_paths([[1, 2, 3, 7]], 6)
     answers = d._answers
-    assert [answers.tree.seqs[s] for s in answers.kept] == [[3, 7]]  # the answer: what came after its first draft
+    assert list(answers.tree.seqs.values()) == [[3, 7]]  # the answer: what came after its first draft
     assert all_paths(answers.tree) == expected_paths([[3, 7]], 6)
     clear_answers()
 
