@@ -15,7 +15,7 @@ import sys
 
 from samplechain.cli import main
 
-ISSUE_SETTINGS = [
+TARGET_SETTINGS = [
     "--vocab",
     "128256",
     "--kinds",
@@ -33,4 +33,4 @@ ISSUE_SETTINGS = [
 ]
 
 if __name__ == "__main__":
-    sys.exit(main(["bench", *ISSUE_SETTINGS, *sys.argv[1:]]))
+    sys.exit(main(["bench", *TARGET_SETTINGS, *sys.argv[1:]]))
