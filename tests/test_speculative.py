@@ -1382,7 +1382,17 @@ def scoring_keeps_a_random_generation(model, tok, case: int, seed: int) -> None:
             for b, k in enumerate(out.num_generated)
         ]
         got = score(model, tok, prompts, rows, logprobs_at=mode, chunk_size=chunk, num_return_sequences=n, **kwargs)
-    steps = None
+    scored: dict[tuple[str, int | None], Any] = {}
+
+    def rescored(at: str, size: int | None) -> Any:
+        if (at, size) not in scored:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                scored[(at, size)] = score(
+                    model, tok, prompts, rows, logprobs_at=at, chunk_size=size, num_return_sequences=n, **kwargs
+                )
+        return scored[(at, size)]
+
     for b, row in enumerate(rows):
         want = out.logprobs[b, : len(row)].cpu()
         assert got.token_ids[b].tolist() == row
@@ -1390,18 +1400,18 @@ def scoring_keeps_a_random_generation(model, tok, case: int, seed: int) -> None:
             assert bool(got.kept[b].all()), (b, got.kept[b], chain)
             assert torch.equal(got.logprobs[b].cpu(), want), (b, chain)
             continue
-        torch.testing.assert_close(got.logprobs[b].cpu(), want, atol=1e-4, rtol=0)
+        if not torch.allclose(got.logprobs[b].cpu(), want, atol=1e-4, rtol=0):
+            # a filter's edge (a token at typical's or top-p's cut) that a pass's summation order moved: the processed
+            # logprobs of that position move by about that token's share of what the filter keeps, while the model's
+            # own agree as closely as elsewhere, and one-token steps, the generation's own passes, give its logprobs
+            raw, raw_steps = rescored("raw", chunk).logprobs[b].cpu(), rescored("raw", 1).logprobs[b].cpu()
+            torch.testing.assert_close(raw, raw_steps, atol=1e-4, rtol=0)
+            assert torch.equal(rescored(mode, 1).logprobs[b].cpu(), want), (b, chain)
         if not bool(got.kept[b].all()):
             # a near tie that a pass's summation order flipped (about 1e-5 on the logprobs; guidance scales it): at
             # most one in a row, and one-token steps, the generation's own passes, keep it
             assert int((~got.kept[b]).sum()) == 1, (b, got.kept[b], chain)
-            if steps is None:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    steps = score(
-                        model, tok, prompts, rows, logprobs_at=mode, chunk_size=1, num_return_sequences=n, **kwargs
-                    )
-            assert bool(steps.kept[b].all()), (b, steps.kept[b], chain)
+            assert bool(rescored(mode, 1).kept[b].all()), (b, rescored(mode, 1).kept[b], chain)
 
 
 @pytest.mark.llama_cpp
