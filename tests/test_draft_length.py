@@ -161,6 +161,63 @@ def test_a_probe_is_as_long_as_a_draft_would_pay_at_the_prior_acceptance(c, step
     assert lengths.probing[0]
 
 
+def batch_seconds(rates, left, m, fit):
+    """The seconds a padded batch's calls take until every row has its `left` tokens, each call drafting m tokens a
+    row (a row gains its own token and, in expectation, its kept ones), rows leaving once done: called out call by
+    call."""
+    alpha, beta, step = fit
+    gain = [1 + sum(a**j for j in range(1, m + 1)) for a in rates]
+    done, seconds = [0.0] * len(rates), 0.0
+    while True:
+        going = [i for i, n in enumerate(left) if done[i] < n - 1e-9]
+        if not going:
+            return seconds
+        # the last call of a row: the share of it the row still needs, as a row counts calls in fractions
+        share = min(1.0, min((left[i] - done[i]) / gain[i] for i in going))
+        call = alpha + beta * len(going) * (1 + m) + (step + _OVERHEAD * (alpha + beta * len(going)) if m else 0.0)
+        seconds += share * call
+        for i in going:
+            done[i] += share * gain[i]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_padded_batch_drafts_the_width_with_which_its_slowest_row_is_done_soonest(seed):
+    """Every row of a padded batch pays the widest draft's columns, and the batch calls until its slowest row is
+    done: the common width is the one with which the calls take the least time in all, not the one with the most
+    tokens a call."""
+    rng = random.Random(300 + seed)
+    rows = rng.randint(2, 6)
+    rates = [rng.choice([rng.uniform(0.05, 0.4), rng.uniform(0.8, 0.98)]) for _ in range(rows)]
+    left = [rng.randint(20, 200) for _ in range(rows)]
+    fit = (rng.uniform(0.03, 0.1), rng.uniform(0.0005, 0.005), rng.uniform(-0.01, 0.01))
+    lengths = gate(rows, longest=10, shape="padded", acceptance=rates)
+    lengths._fitted = lambda signed=False: fit if signed else (*fit[:2], max(fit[2], 0.0))  # type: ignore[method-assign]
+    got = lengths.limits(list(range(rows)), [n - 1 for n in left], rows, rows)
+    m = max(got.values())
+    times = [batch_seconds(rates, left, w, fit) for w in range(11)]
+    if m:
+        assert [got[b] for b in range(rows)] == [min(m, n - 1) for n in left]
+        fastest = min(range(11), key=times.__getitem__)
+        # a batch whose rows' records say draft drafts at least one token
+        assert m == max(fastest, 1) or times[m] == pytest.approx(times[fastest], rel=1e-6)
+    else:  # no draft pays on the rows' records: they rest
+        assert lengths.idle == [lengths.pause[0]] * rows
+
+
+def test_one_slow_row_keeps_a_padded_batch_to_short_drafts():
+    """Three rows that copy and one that mostly misses: the copying rows would make the most tokens a call with long
+    drafts, but the batch calls until the slow row is done, so each call drafts short; without the slow row, long."""
+    fit = (0.08, 0.002, 0.0)
+
+    def width(rates):
+        lengths = gate(len(rates), longest=10, shape="padded", acceptance=rates)
+        lengths._fitted = lambda signed=False: fit  # type: ignore[method-assign]
+        return max(lengths.limits(list(range(len(rates))), [127] * len(rates), len(rates), len(rates)).values())
+
+    assert width([0.9, 0.9, 0.9, 0.2]) <= 2
+    assert width([0.9, 0.9, 0.9, 0.9]) >= 6
+
+
 def test_on_a_padded_batch_a_resting_row_drafts_as_wide_as_the_call_for_free():
     lengths = gate(3, cost=0.1, shape="padded", acceptance=[0.95, 0.01, 0.01])
     lengths.timed(3, 0.03)  # a lookup's drafts: next to no time of the drafter's own

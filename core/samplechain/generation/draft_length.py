@@ -5,7 +5,8 @@ row's acceptance `a` (the chance that a drafted token is kept once the ones befo
 checking one more drafted token (a fraction of a model call's work per row), plus a step `s` that a call pays once
 for having drafts at all, a draft of k tokens gives (1 - a^(k+1)) / (1 - a) tokens for 1 + s + c k of a call. Each
 call picks the batch's draft lengths that maximise the
-tokens per unit of work over all its rows (Dinkelbach's iteration for a ratio of sums):
+tokens per unit of work over all its rows (Dinkelbach's iteration for a ratio of sums), but for the length of a padded
+batch's drafts (below):
 
 - `a`, per row, in two parts, since acceptance comes in runs (a copied passage, then the model's own text): the
   chance that a draft's first token is kept after a miss or a call without a draft (entering a run), and that a
@@ -31,6 +32,14 @@ tokens per unit of work over all its rows (Dinkelbach's iteration for a ratio of
   generations of one model in a process share these prices (`width_prices`), so that a generation does not try every
   width anew, on drafts that mostly miss; and a runner may keep them, as ratios to a one-token call, for the next
   process on the machine (`ModelRunner.keep_widths`), which prices a width it has not timed by its kept ratio.
+
+A padded batch (every row fed as many tokens as the widest) drafts one length for all its rows, and calls until its
+slowest row is done: a length that gives the most tokens a call may gain only rows that finish early anyway, while
+every call pays its columns. So where its rows draft, the length is the one with which the calls would take the least
+time until every row has its tokens, were each call to draft it (`_finishing`): each row needs its tokens left over
+what a call gives it calls, and a call costs the fit's time for the rows still going. The fit's step may be negative
+there: a call with drafts can cost less than the line through the plain steps (a few-row product that runs faster
+than the model's own).
 
 Drafting at all costs a little more than its tokens (the drafter's call, a pass over several tokens): a draft must
 gain 5% of a row's call more than its tokens cost. Where no draft pays, a row rests, then drafts again (a probe) to
@@ -280,6 +289,10 @@ class DraftLengths:
         self._first_pause = min(max(1, round(probe / _FIRST_SHARE)), self._longest_pause)
         rates = [self.acceptance(b) for b in free]
         lengths = self._best(rates, costs, ceilings, width, step)
+        if self.shape == "padded" and width > 1 and all(c is None for c in fixed):
+            common = self._finishing(free, rows, room, held)
+            if common is not None:  # whether a row drafts at all stays its record's call (rests, probes)
+                lengths = [min(max(common, 1), top) if k else 0 for k, top in zip(lengths, ceilings)]
         if width == 1 and fixed == [None] and self.per_width:
             lengths = [self._one_row(rates[0], ceilings[0], held, lengths[0])]
         for i, (b, k) in enumerate(zip(free, lengths)):
@@ -294,6 +307,38 @@ class DraftLengths:
         if self.shape != "rows":
             self._ride(out, rows, room, held)
         return out
+
+    def _finishing(self, free: Sequence[int], rows: Sequence[int], room: Sequence[int], held: int) -> int | None:
+        """A padded batch's common draft length: the M with which the calls take the least time until every row has
+        its tokens, were every call to draft M. A row needs its tokens left over what a call gives it (its own and
+        the kept ones, at its acceptance; a resting row its own) calls, and a call costs what the fit says of the
+        rows still going then, each padded to 1 + M tokens. The batch calls until its slowest row is done, so a
+        longer draft that gains only rows that finish early anyway costs every call its width, while drafts that
+        let most rows finish early leave the slow ones cheaper calls. None before any call was timed."""
+        fit = self._fitted(signed=True)
+        if fit is None:
+            return None
+        alpha, beta, step = fit
+        going = [(b, r + 1) for b, r in zip(rows, room) if r >= 0]
+        rates = {b: self.acceptance(b) for b in free}
+        others = held - len(going)  # held rows that do not call this time (waiting): padded all the same
+        tops = {b: min(self.longest[b], r) for b, r in zip(rows, room)}
+        best, best_m = math.inf, 0
+        for m in range(max((tops[b] for b in free), default=0) + 1):
+            calls = sorted(
+                n / (1.0 + _kept(rates[b], min(m, tops[b]))) if m and b in rates else float(n) for b, n in going
+            )
+            total, before = 0.0, 0.0
+            for i, needed in enumerate(calls):
+                rows_now = len(calls) - i + others  # the rows still going, each padded to 1 + m tokens
+                seconds = alpha + beta * rows_now * (1 + m)
+                if m:
+                    seconds += step + _OVERHEAD * (alpha + beta * rows_now) + self._drafting * rows_now * m
+                total += (needed - before) * max(seconds, 0.1 * alpha)
+                before = needed
+            if total < best * (1 - 1e-9):
+                best, best_m = total, m
+        return best_m
 
     def _ride(self, out: dict[int, int], rows: Sequence[int], room: Sequence[int], held: int) -> None:
         """Where every row is fed as many tokens as the widest (or the batch's shortest draft), a row that does not
@@ -407,7 +452,7 @@ class DraftLengths:
         call = max(alpha + beta * held, 1e-12)  # every held row is as wide as the widest
         return (beta * held + self._drafting * width) / call, step * width / call
 
-    def _fitted(self) -> tuple[float, float, float] | None:
+    def _fitted(self, signed: bool = False) -> tuple[float, float, float] | None:
         """(alpha, beta, step) of t = alpha + beta F + step [the call had drafts], recency-weighted least squares;
         beta drawn toward the prior (c = _COST) and the step toward none while the calls tell them little. None
         before any call was timed."""
@@ -428,7 +473,7 @@ class DraftLengths:
         if solved is None:
             return max(mt - prior * xx[0][1] / w, 0.1 * mt), prior, 0.0
         alpha, beta, step = solved
-        return max(alpha, 0.1 * mt), max(beta, 0.0), max(step, 0.0)
+        return max(alpha, 0.1 * mt), max(beta, 0.0), step if signed else max(step, 0.0)
 
 
 def _drawn(prior: float, seconds: float, weight: float) -> float:
