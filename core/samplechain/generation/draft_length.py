@@ -290,7 +290,7 @@ class DraftLengths:
         rates = [self.acceptance(b) for b in free]
         lengths = self._best(rates, costs, ceilings, width, step)
         if self.shape == "padded" and width > 1 and all(c is None for c in fixed):
-            common = self._finishing(free, rows, room, held)
+            common = self._finishing(dict(zip(free, zip(rates, ceilings))), rows, room, held)
             if common is not None:  # whether a row drafts at all stays its record's call (rests, probes)
                 lengths = [min(max(common, 1), top) if k else 0 for k, top in zip(lengths, ceilings)]
         if width == 1 and fixed == [None] and self.per_width:
@@ -308,25 +308,26 @@ class DraftLengths:
             self._ride(out, rows, room, held)
         return out
 
-    def _finishing(self, free: Sequence[int], rows: Sequence[int], room: Sequence[int], held: int) -> int | None:
+    def _finishing(
+        self, free: dict[int, tuple[tuple[float, float], int]], rows: Sequence[int], room: Sequence[int], held: int
+    ) -> int | None:
         """A padded batch's common draft length: the M with which the calls take the least time until every row has
         its tokens, were every call to draft M. A row needs its tokens left over what a call gives it (its own and
         the kept ones, at its acceptance; a resting row its own) calls, and a call costs what the fit says of the
         rows still going then, each padded to 1 + M tokens. The batch calls until its slowest row is done, so a
         longer draft that gains only rows that finish early anyway costs every call its width, while drafts that
-        let most rows finish early leave the slow ones cheaper calls. None before any call was timed."""
+        let most rows finish early leave the slow ones cheaper calls. `free`: each drafting row's acceptance and
+        longest draft. None before any call was timed."""
         fit = self._fitted(signed=True)
         if fit is None:
             return None
         alpha, beta, step = fit
         going = [(b, r + 1) for b, r in zip(rows, room) if r >= 0]
-        rates = {b: self.acceptance(b) for b in free}
         others = held - len(going)  # held rows that do not call this time (waiting): padded all the same
-        tops = {b: min(self.longest[b], r) for b, r in zip(rows, room)}
         best, best_m = math.inf, 0
-        for m in range(max((tops[b] for b in free), default=0) + 1):
+        for m in range(max((top for _, top in free.values()), default=0) + 1):
             calls = sorted(
-                n / (1.0 + _kept(rates[b], min(m, tops[b]))) if m and b in rates else float(n) for b, n in going
+                n / (1.0 + _kept(free[b][0], min(m, free[b][1]))) if m and b in free else float(n) for b, n in going
             )
             total, before = 0.0, 0.0
             for i, needed in enumerate(calls):
