@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import random
+import sys
 import threading
 import weakref
 from importlib import metadata
@@ -269,7 +270,7 @@ def test_rows_that_keep_their_own_tokens_equal_each_row_alone(tiny, seed):
     assert runner.input_ids.shape[1] <= width + 10 * 5
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 12])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 12, 128, 129])
 def test_few_row_products_are_the_linear_layer(rows):
     torch.manual_seed(rows)
 
@@ -293,7 +294,7 @@ def test_few_row_products_are_the_linear_layer(rows):
         for name, layer in layers.items():
             expected = F.linear(x, layer.weight, layer.bias)
             torch.testing.assert_close(got[name], expected, atol=1e-5, rtol=1e-5)
-            transposed = rows in products.FEW_ROWS or name == "head"
+            transposed = rows in products.LAYER_ROWS or name == "head"
             columns = torch.cat([flat, torch.zeros_like(flat)]) if rows == 1 else flat  # one row: two columns
             product = (layer.weight @ columns.T)[:, :rows].T + (0 if layer.bias is None else layer.bias)
             layout = product if transposed else expected
@@ -401,13 +402,13 @@ def test_each_part_runs_in_the_layout_timed_fastest_for_its_rows_and_a_check_rou
     """By default (few_row_products None) the head's and the other layers' products of n rows are timed once in each
     layout, before the first pass that needs them, and run in the fastest from then on; here a fake clock makes W x^T
     the slower for the layers and, for the head, W x^T faster than its own and oneDNN's packed weight (where torch
-    has it) the fastest."""
+    has it) the fastest, and oneDNN's packed weights the slowest for the layers."""
     now = [0.0]
     monkeypatch.setattr(products._Layouts, "clock", staticmethod(lambda: now[0]))
     monkeypatch.setattr(products, "_layouts", weakref.WeakKeyDictionary())
     head = tiny.get_output_embeddings().weight
     product = products.product
-    costs = {False: {None: 1.0, COLUMNS: 2.0}, True: {None: 1.0, COLUMNS: 0.5, PACKED: 0.25}}
+    costs = {False: {None: 1.0, COLUMNS: 2.0, PACKED: 3.0}, True: {None: 1.0, COLUMNS: 0.5, PACKED: 0.25}}
 
     def timed_product(weight, x, layout):
         now[0] += costs[weight is head][layout]
@@ -421,7 +422,7 @@ def test_each_part_runs_in_the_layout_timed_fastest_for_its_rows_and_a_check_rou
         rows = x.numel() // x.shape[-1]
         passes = getattr(products._few_rows, "passes", None)
         layers, head_layout = passes[-1] if passes else (None, None)
-        ran.append((is_head, rows, head_layout if is_head else layers if rows in products.FEW_ROWS else None))
+        ran.append((is_head, rows, head_layout if is_head else layers if rows in products.LAYER_ROWS else None))
         return linear(module, is_head, x)
 
     monkeypatch.setattr(products, "_few_row_linear", seen)
@@ -448,20 +449,20 @@ def test_each_part_runs_in_the_layout_timed_fastest_for_its_rows_and_a_check_rou
         costs[True][PACKED] = 3.0
         runner = TransformersRunner(tiny, ids, None)
         runner.prefill()
-        runner.extend(torch.arange(5, 11).unsqueeze(0))  # 6 rows: past the layers' few rows, the head still timed
-        assert (False, 6) not in layouts.chosen and layouts.chosen[True, 6] == COLUMNS
+        runner.extend(torch.arange(5, 11).unsqueeze(0))  # 6 rows: each part timed apart
+        assert layouts.chosen[False, 6] is None and layouts.chosen[True, 6] == COLUMNS
         assert (id(head) in products._packs) == (fastest == PACKED)  # 3 rows still run in the packed copy
         layouts.chosen.pop((True, 3))
         layouts.layout(True, 7)  # no row count left in the packed copy: it is dropped
         assert id(head) not in products._packs
-        # the head's row counts past 4 share the timing of the next of 6, 8, 12, 16, 24, ...: timed once for all
+        # row counts past 4 share the timing of the next of 6, 8, 12, 16, 24, ...: timed once for all
         shared = [1, 2, 3, 4, 6, 6, 8, 8, *[12] * 4, *[16] * 4, *[24] * 8, *[32] * 8, 48]
         assert [products.timed_rows(n) for n in range(1, 34)] == shared
         assert (True, 7) not in layouts.chosen and layouts.chosen[True, 8] == COLUMNS
         before = now[0]
         for rows in (9, 10, 11, 12):
             assert layouts.layout(True, rows) == COLUMNS
-        assert set(layouts.chosen) == {(False, 3), (True, 6), (True, 8), (True, 12)}
+        assert set(layouts.chosen) == {(False, 3), (False, 6), (True, 6), (True, 8), (True, 12)}
         # MKL's layouts, run by the earlier timings, skip the warm-up round; oneDNN's packed one does not
         warm = layouts.ROUNDS * (1.0 + 0.5)
         assert now[0] - before == warm + (layouts.ROUNDS + 1) * costs[True][PACKED] * products._PACKED
@@ -477,7 +478,7 @@ def test_a_row_count_of_both_parts_is_timed_in_alternation_and_warmed_up_where_i
     now = [0.0]
     monkeypatch.setattr(products._Layouts, "clock", staticmethod(lambda: now[0]))
     head = grouped.get_output_embeddings().weight
-    costs = {False: {None: 2.0, COLUMNS: 1.0}, True: {None: 1.0, COLUMNS: 0.5, PACKED: 0.25}}
+    costs = {False: {None: 2.0, COLUMNS: 1.0, PACKED: 1.5}, True: {None: 1.0, COLUMNS: 0.5, PACKED: 0.25}}
     product = products.product
     ran = []  # (is the head, layout) per product, each part's run of weights once
 
@@ -494,9 +495,10 @@ def test_a_row_count_of_both_parts_is_timed_in_alternation_and_warmed_up_where_i
     layouts = products._Layouts(grouped)
     monkeypatch.setattr(layouts, "_timed", apart)
     heads = [None, COLUMNS, PACKED] if products._PACKED else [None, COLUMNS]
-    turns = [((False, [None, COLUMNS][t % 2]), (True, heads[t])) for t in range(len(heads))]
+    assert layouts.parts == {False: heads, True: heads}  # the tiny model's packed layers fit in memory
+    turns = [((False, heads[t]), (True, heads[t])) for t in range(len(heads))]
     one_round = [part for turn in turns for part in turn]
-    packed = [(True, PACKED)] if products._PACKED else []
+    packed = [(False, PACKED), (True, PACKED)] if products._PACKED else []
     warm_up = [(False, None), (True, None), (False, COLUMNS), (True, COLUMNS), *packed]  # each layout once
     for rows, first in ((1, warm_up), (3, packed)):
         ran.clear()
@@ -506,13 +508,65 @@ def test_a_row_count_of_both_parts_is_timed_in_alternation_and_warmed_up_where_i
         assert set(layouts.chosen) >= {(False, rows), (True, rows)} and len(ran) == len(first) + len(one_round) * 2
 
 
+@pytest.mark.skipif(not products._PACKED, reason="torch without oneDNN's packed linear product")
+def test_the_layers_run_in_packed_copies_where_fastest_and_only_where_the_copies_fit_in_free_memory(
+    grouped, monkeypatch, tmp_path
+):
+    """Where oneDNN's product on packed copies of the layers' weights is the fastest for a row count, the layers run
+    in it, their copies made once and dropped when no row count runs in them any more; where the copies would take
+    more than a quarter of the memory free, or the machine does not say what is free, the layers are timed without
+    them, and the layouts file keeps that record apart."""
+    monkeypatch.setenv("SAMPLECHAIN_LAYOUTS", str(tmp_path / "layouts.json"))
+    now = [0.0]
+    monkeypatch.setattr(products._Layouts, "clock", staticmethod(lambda: now[0]))
+    head = grouped.get_output_embeddings().weight
+    costs = {False: {None: 2.0, COLUMNS: 1.0, PACKED: 0.5}, True: {None: 1.0, COLUMNS: 0.5, PACKED: 0.25}}
+    product = products.product
+
+    def timed_product(weight, x, layout):
+        now[0] += costs[weight is head][layout]
+        return product(weight, x, layout)
+
+    monkeypatch.setattr(products, "product", timed_product)
+    layouts = products._Layouts(grouped)
+    layers = layouts.weights[False]
+    try:
+        assert layouts.layout(False, 24) == PACKED and all(id(w) in products._packs for w in layers)
+        x = torch.randn(1, 24, layers[0].shape[1])
+        linear = next(m for m in grouped.modules() if isinstance(m, torch.nn.Linear) and m.weight is layers[0])
+        with torch.no_grad(), products.FewRowProducts(grouped, PACKED, None):
+            got = linear(x)
+        torch.testing.assert_close(got, F.linear(x, linear.weight, linear.bias).detach(), atol=1e-5, rtol=1e-5)
+        costs[False][PACKED] = 5.0
+        layouts.chosen.pop((False, 24))
+        assert layouts.layout(False, 30) == COLUMNS and (False, 32) in layouts.chosen  # 30 rows timed as 32
+        assert not any(id(w) in products._packs for w in layers)  # no row count runs the layers' copies now
+        size = sum(w.numel() * w.element_size() for w in layers)
+        monkeypatch.setattr(products, "_free_memory", lambda: 4 * size - 1)
+        short = products._Layouts(grouped)
+        assert short.parts == {False: [None, COLUMNS], True: [None, COLUMNS, PACKED]}
+        assert short.chosen == {}  # not the record timed with the packed layers among the layouts
+        costs[False][PACKED] = 0.5
+        assert short.layout(False, 24) == COLUMNS
+        monkeypatch.setattr(products, "_free_memory", lambda: None)
+        assert products._Layouts(grouped).parts[False] == [None, COLUMNS]
+        monkeypatch.setattr(products, "_free_memory", lambda: 4 * size)
+        assert products._Layouts(grouped).parts[False] == [None, COLUMNS, PACKED]
+    finally:
+        for weight in layers:
+            products._packs.pop(id(weight), None)
+    if sys.platform == "linux":
+        monkeypatch.undo()
+        assert products._free_memory() > 0
+
+
 def _timed_on_a_fake_clock(model, monkeypatch) -> list:
     """The layouts' timings of `model` on a fake clock (the head: W x^T faster than its own, oneDNN's packed weight
-    the fastest; the layers: W x^T the faster) -> the layouts each product ran in, as they run."""
+    the fastest; the layers: W x^T the fastest) -> the layouts each product ran in, as they run."""
     now = [0.0]
     monkeypatch.setattr(products._Layouts, "clock", staticmethod(lambda: now[0]))
     head = model.get_output_embeddings().weight
-    costs = {False: {None: 2.0, COLUMNS: 1.0}, True: {None: 1.0, COLUMNS: 0.5, PACKED: 0.25}}
+    costs = {False: {None: 2.0, COLUMNS: 1.0, PACKED: 1.5}, True: {None: 1.0, COLUMNS: 0.5, PACKED: 0.25}}
     product = products.product
     ran: list = []
 

@@ -25,7 +25,7 @@ from ..engine.discovery import PluginHost, get_host
 from ..errors import ConfigError
 from ..runners import ModelRunner
 from .cache_room import dynamic_layers, make_room
-from .products import COLUMNS, FEW_ROWS, FewRowProducts, KeptLayouts, layouts_of
+from .products import COLUMNS, FEW_ROWS, LAYER_ROWS, FewRowProducts, KeptLayouts, layouts_of
 
 __all__ = ["ModelRunner", "TransformersRunner", "max_positions", "runner_for"]
 
@@ -138,10 +138,10 @@ class TransformersRunner(ModelRunner):
     name = "transformers"
     pads_rows = True  # extend_rows gives every row the longest feed's columns (holes where it has fewer)
     # a pass of several tokens a row (a check: extend, extend_rows), and a step once rows were released, can run the
-    # linear layers of 1-5 rows and the vocabulary head in another layout than the model's (FewRowProducts) with MKL
-    # on a CPU: None times the layouts once per row count, the head and the other layers apart, and runs each in the
-    # fastest (which one depends on the CPU: products.layouts_of), True runs both as W x^T at every such pass, False
-    # (on the class: every runner) never
+    # linear layers and the vocabulary head in another layout than the model's (FewRowProducts) with MKL on a CPU:
+    # None times the layouts once per row count (the layers' up to 128 rows), the head and the other layers apart,
+    # and runs each in the fastest (which one depends on the CPU: products.layouts_of), True runs the head and the
+    # layers of 1-5 rows as W x^T at every such pass, False (on the class: every runner) never
     few_row_products: bool | None = None
     # a pass of several tokens a row (a check) attends with the key/value heads shared (_grouped_sdpa) instead of
     # copied per query head, on a CPU for a model on transformers' sdpa attention with grouped key/value heads;
@@ -237,12 +237,13 @@ class TransformersRunner(ModelRunner):
         # more slowly than the whole batch's, so its steps may run the few-row products too (timed as checks are), as
         # every step may with `fast_steps`
         few = (keep > 1 or self.held is not None or (self.fast_steps and not self._first)) and self.few_row_products
-        layers = head = COLUMNS if few else None
+        rows = ids.shape[0] * (next_len or ids.shape[1])
+        layers = COLUMNS if few and rows in FEW_ROWS else None
+        head = COLUMNS if few else None
         if few is None:  # timed: each part as it runs fastest on this machine, for the rows it takes in this pass
             started = time.perf_counter()
             layouts = layouts_of(self.model)
-            rows = ids.shape[0] * (next_len or ids.shape[1])
-            layers = layouts.layout(False, rows) if rows in FEW_ROWS else None
+            layers = layouts.layout(False, rows) if rows in LAYER_ROWS else None
             head = layouts.layout(True, ids.shape[0] * keep)
             self.untimed += time.perf_counter() - started
         grouped = keep > 1 and self.grouped_attention and self.model.config._attn_implementation in ("sdpa", _GROUPED)

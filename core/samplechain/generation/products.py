@@ -1,5 +1,5 @@
 """The layouts of a pass's linear products on a CPU: the model's own x W^T, W x^T (COLUMNS) and oneDNN's product on
-a packed copy of the weight (PACKED), which of them runs a pass's 1-5 rows of a linear layer and any rows of the
+a packed copy of the weight (PACKED), which of them runs a pass's 1-128 rows of a linear layer and any rows of the
 vocabulary head (`FewRowProducts`), and which is the fastest on this machine for a row count (`layouts_of`, kept on
 disk for later processes: `KeptLayouts`): the transformers runner's checks of drafted tokens run in them."""
 
@@ -27,12 +27,18 @@ from ..models import cache_dir, write_json
 # MKL's float32 product input @ weight^T over few rows reads the weight at a third to a half of the speed that
 # weight @ input^T reaches on an AMD CPU, and one row (a matrix-vector product in either layout) at a third to a half
 # of the speed of the same product over two columns (W [x 0]^T), most of all over the vocabulary head (the model's
-# output embeddings); on an Intel CPU input @ weight^T was the faster over 1-5 rows, on some days of one host, and
-# over 4-11 rows of the vocabulary head, read from memory as a pass reads it, oneDNN's product on a copy of the
-# weight packed for it ran in half the time of either (docs/performance.md, "Few-row products"): which layout a pass
-# runs is therefore timed per row count (layouts_of); the other layouts than the model's own take 1-5 rows of a linear
-# layer and any rows of the head
-FEW_ROWS = range(1, 6)
+# output embeddings); on an Intel CPU input @ weight^T was the faster over 1-5 rows, on some days of one host; and
+# over 4-11 rows of the vocabulary head, and over 6-88 rows of the other layers on an AMD CPU, read from memory as a
+# pass reads them, oneDNN's product on a copy of the weight packed for it ran in half the time of either
+# (docs/performance.md, "Few-row products"): which layout a pass runs is therefore timed per row count (layouts_of)
+FEW_ROWS = range(1, 6)  # the rows whose layers W x^T runs where the layouts are fixed (few_row_products True)
+# the rows of a pass whose layers may run in another layout than the model's own (timed): a check's rows times its
+# width at B <= 8 and more; past them a pass (a prefill, a long scoring) runs MKL's product at its speed, and a
+# timing would multiply the whole model by that many rows nine times
+LAYER_ROWS = range(1, 129)
+# the layers' packed copies take as much memory as their weights: made only where that is at most this share of the
+# memory the machine has free when the layouts are first timed
+_PACKED_SHARE = 0.25
 COLUMNS, PACKED = "columns", "packed"  # the layouts besides the model's own (None): W x^T, oneDNN's packed weight
 
 
@@ -59,13 +65,13 @@ _packs: dict[int, tuple[tuple[int, int], torch.Tensor, weakref.ref[torch.Tensor]
 
 def _few_row_linear(module: torch.nn.Linear, head: bool, x: torch.Tensor) -> torch.Tensor:
     """`module`'s forward while a model is inside FewRowProducts: float32 rows of this thread in the layout the
-    innermost pass of this thread gives its part (the vocabulary head, `head`, or the other layers, of 1-5 rows)."""
+    innermost pass of this thread gives its part (the vocabulary head, `head`, or the other layers, of 1-128 rows)."""
     weight = module.weight
     rows = x.numel() // max(x.shape[-1], 1)
     passes = getattr(_few_rows, "passes", None)
     if passes and x.dtype == weight.dtype == torch.float32:
         layers, head_layout = passes[-1]
-        layout = head_layout if head else layers if rows in FEW_ROWS else None
+        layout = head_layout if head else layers if rows in LAYER_ROWS else None
         if layout is not None:
             out = product(weight, x.reshape(rows, x.shape[-1]), layout).reshape(*x.shape[:-1], weight.shape[0])
             return out if module.bias is None else out + module.bias
@@ -101,7 +107,7 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
 
 class FewRowProducts:
     """While inside, `model`'s linear layers (`torch.nn.Linear` itself, where nothing else has replaced its forward)
-    compute 1-5 rows of this thread's passes in the layout `layers`, and any rows of its vocabulary head in `head`
+    compute 1-128 rows of this thread's passes in the layout `layers`, and any rows of its vocabulary head in `head`
     (None: the model's own; by default (W x^T)^T): the same product, rounded as any other summation order.
 
     The layers' forward is swapped for the pass rather than every torch call intercepted (a TorchFunctionMode): a
@@ -111,7 +117,7 @@ class FewRowProducts:
 
     def __init__(self, model: torch.nn.Module, layers: str | None = COLUMNS, head: str | None = COLUMNS) -> None:
         self.model = model
-        self.parts = (layers, head)  # the layouts of the layers' products (of 1-5 rows) and of the head's
+        self.parts = (layers, head)  # the layouts of the layers' products (of 1-128 rows) and of the head's
 
     def __enter__(self) -> FewRowProducts:
         with _patching:
@@ -157,18 +163,19 @@ def _linear_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Linear, Any]]:
 
 class _Layouts:
     """Which layout runs a model's linear products of n rows fastest on this machine: the model's own x W^T (None),
-    W x^T (COLUMNS) or, for the vocabulary head, oneDNN's product on a packed copy (PACKED), for the head and for
-    the other layers apart. Timed once per row count, before the first pass that needs it, over every such weight of
-    the model in each layout in turn, each round after reading the other part's weights, as a pass streams them
-    from memory (the quicker of `ROUNDS` rounds after one that warms up the layouts no earlier timing ran, and
-    oneDNN's packed one, which prepares its kernel per shape, every time); a row count of 1-4, which a
-    pass runs in both parts, times them together, the layers' products and the head's in alternation, so that each
-    part's products are what reads the other's weights out of the caches. The head's row counts past 4
-    share the timing of the next of 6, 8, 12, 16, 24, ... (`timed_rows`): a batch's checks take many row counts (rows
-    x draft width), and each timing reads the model's weights six to nine times. The choice then holds for the model
-    in this process, so passes of one shape always round alike (the same tokens scored twice give the same
-    logprobs), and is kept on disk for the next process on this machine (`KeptLayouts`). The head's packed copy is
-    kept only while a row count runs in it."""
+    W x^T (COLUMNS) or oneDNN's product on a packed copy of the weight (PACKED; for the other layers than the head
+    only where their copies fit in a quarter of the memory free when the model's layouts are first asked for), for the
+    head and for the other layers apart. Timed once per row count, before the first pass that needs it, over every
+    such weight of the model in each layout in turn, each round after reading the other part's weights, as a pass
+    streams them from memory (the quicker of `ROUNDS` rounds after one that warms up the layouts no earlier timing
+    ran, and oneDNN's packed one, which prepares its kernel per shape, every time); a row count of 1-4, which a pass
+    runs in both parts, times them together, the layers' products and the head's in alternation, so that each part's
+    products are what reads the other's weights out of the caches. Row counts past 4 share the timing of the
+    next of 6, 8, 12, 16, 24, ... (`timed_rows`): a batch's checks take many row counts (rows x draft width), and each
+    timing reads the model's weights six to nine times. The choice then holds for the model in this process, so
+    passes of one shape always round alike (the same tokens scored twice give the same logprobs), and is kept on disk
+    for the next process on this machine (`KeptLayouts`). A part's packed copies are kept only while a row count runs
+    in them."""
 
     ROUNDS = 2
     clock = staticmethod(time.perf_counter)
@@ -180,19 +187,22 @@ class _Layouts:
             True: [m.weight for m in float32 if m is head],
             False: [m.weight for m in float32 if m is not head],
         }
+        # the layouts each part is timed in: the head's and the layers' (PACKED for the layers only where their
+        # copies fit in the memory free now)
+        self.parts = {part: _layouts_of_part(part, weights) for part, weights in self.weights.items()}
         self.chosen: dict[tuple[bool, int], str | None] = {}  # (head, timed rows) -> the fastest layout
         # (head, layout) that a timing has run: MKL's products need no warm-up for a new row count after their
         # first; oneDNN's packed product does (it prepares its kernel per shape)
         self.warm: set[tuple[bool, str | None]] = set()
         self._lock = threading.Lock()
         path = kept_layouts_file()
-        self.kept = None if path is None else KeptLayouts(path, self.weights)
+        self.kept = None if path is None else KeptLayouts(path, self.weights, self.parts)
         if self.kept is not None:
             self.chosen.update(self.kept.load())
 
     def layout(self, head: bool, rows: int) -> str | None:
         """The layout of the head's (`head`) or the other layers' products of `rows` rows."""
-        key = (head, timed_rows(rows) if head else rows)
+        key = (head, timed_rows(rows))
         with self._lock:
             if key not in self.chosen:
                 if rows <= 4 and (not head, rows) not in self.chosen and all(self.weights.values()):
@@ -203,12 +213,13 @@ class _Layouts:
                     self.chosen[key] = self._timed(head, key[1])
                 if self.kept is not None:
                     self.kept.save(self.chosen)
-                if PACKED not in self.chosen.values():
-                    for weight in self.weights[True]:
-                        _packs.pop(id(weight), None)
+                for part, weights in self.weights.items():  # the packed copies of a part no row count runs in
+                    if PACKED not in (layout for (of, _), layout in self.chosen.items() if of == part):
+                        for weight in weights:
+                            _packs.pop(id(weight), None)
             chosen = self.chosen[key]
-        if chosen == PACKED:  # the head's packed copy made here, where a runner counts it as one-time work
-            for weight in self.weights[True]:
+        if chosen == PACKED:  # the part's packed copies made here, where a runner counts them as one-time work
+            for weight in self.weights[head]:
                 _packed(weight)
         return chosen
 
@@ -220,7 +231,7 @@ class _Layouts:
         if not weights:
             return None
         inputs = _inputs(weights, rows)
-        quickest = dict.fromkeys(_layouts_of_part(head), float("inf"))
+        quickest = dict.fromkeys(self.parts[head], float("inf"))
         for round in range(self.ROUNDS + 1):
             for layout in list(quickest):
                 if round:
@@ -234,7 +245,7 @@ class _Layouts:
         """The fastest layout of each part's products of `rows` rows: the layers' products and the head's in
         alternation, each part's layouts in turn (a part with fewer layouts repeats its first ones)."""
         inputs = _inputs(self.weights[False] + self.weights[True], rows)
-        quickest = {head: dict.fromkeys(_layouts_of_part(head), float("inf")) for head in (False, True)}
+        quickest = {head: dict.fromkeys(self.parts[head], float("inf")) for head in (False, True)}
         turns = max(len(layouts) for layouts in quickest.values())
         for round in range(self.ROUNDS + 1):
             for turn in range(turns):
@@ -271,9 +282,33 @@ class _Layouts:
             quickest[layout] = min(quickest[layout], self.clock() - started)
 
 
-def _layouts_of_part(head: bool) -> list[str | None]:
-    """The layouts the vocabulary head's products (`head`) or the other layers' can run in."""
-    return [None, COLUMNS, PACKED] if head and _PACKED else [None, COLUMNS]
+def _layouts_of_part(head: bool, weights: list[torch.Tensor]) -> list[str | None]:
+    """The layouts the vocabulary head's products (`head`) or the other layers' (`weights`) can run in: oneDNN's
+    packed copies where torch has oneDNN, the layers' only where they fit in _PACKED_SHARE of the memory free now (a
+    copy of every weight of the model but its head)."""
+    if not _PACKED:
+        return [None, COLUMNS]
+    if head:
+        return [None, COLUMNS, PACKED]
+    free = _free_memory()
+    size = sum(w.numel() * w.element_size() for w in weights)
+    return [None, COLUMNS, PACKED] if free is not None and size <= _PACKED_SHARE * free else [None, COLUMNS]
+
+
+def _free_memory() -> int | None:
+    """The bytes of memory the machine has free for a process to take (Linux's MemAvailable, else the free pages
+    the OS reports), or None where it says neither."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def _inputs(weights: list[torch.Tensor], rows: int) -> dict[int, torch.Tensor]:
@@ -284,7 +319,7 @@ def _inputs(weights: list[torch.Tensor], rows: int) -> dict[int, torch.Tensor]:
 
 
 def timed_rows(rows: int) -> int:
-    """The row count whose timing picks the head's layout for `rows` rows: 1-4 themselves, more the next of 6, 8,
+    """The row count whose timing picks a part's layout for `rows` rows: 1-4 themselves, more the next of 6, 8,
     12, 16, 24, ... (a power of two or three quarters of one)."""
     if rows <= 4:
         return rows
@@ -317,13 +352,17 @@ class KeptLayouts:
     generation with drafts on a small model on two cores), with what the model's calls of each width took against a
     one-token call in those layouts (`save_widths`), which the next process's draft lengths start from. A record holds
     for the same weight shapes, CPU, last-level cache, torch build, oneDNN and thread count; the file keeps one record
-    for each such set. A file that cannot be read, or an entry that is not a layout or a width price, is timed again
-    and written anew, with one warning."""
+    for each such set and set of layouts each part may run in (the layers' packed copies fit in memory or not). A
+    file that cannot be read, or an entry that is not a layout or a width price, is timed again and written anew,
+    with one warning."""
 
     warned: set[str] = set()  # the files warned about in this process
 
-    def __init__(self, path: Path, weights: dict[bool, list[torch.Tensor]]) -> None:
+    def __init__(
+        self, path: Path, weights: dict[bool, list[torch.Tensor]], parts: dict[bool, list[str | None]]
+    ) -> None:
         self.path = path
+        self.parts = parts
         self.widths: dict[int, float] = {}  # the width prices kept (`load`, `save_widths`)
         shapes = {("head" if head else "layers"): [list(w.shape) for w in ws] for head, ws in weights.items()}
         self.signature = {
@@ -333,6 +372,7 @@ class KeptLayouts:
             "onednn": _PACKED,
             "threads": torch.get_num_threads(),
             "weights": hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:16],
+            "layouts": {("head" if head else "layers"): [str(x) for x in ls] for head, ls in sorted(parts.items())},
         }
         self.key = hashlib.sha256(json.dumps(self.signature, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -395,8 +435,8 @@ class KeptLayouts:
             part, _, count = str(name).partition(" ")
             head = part == "head"
             rows = int(count) if count.isdigit() else 0
-            valid_rows = rows >= 1 and (timed_rows(rows) == rows if head else rows in FEW_ROWS)
-            if part in ("head", "layers") and valid_rows and layout in _layouts_of_part(head):
+            valid_rows = rows >= 1 and timed_rows(rows) == rows and (head or rows in LAYER_ROWS)
+            if part in ("head", "layers") and valid_rows and layout in self.parts[head]:
                 chosen[(head, rows)] = layout
             else:
                 self._warn(f"its entry {name!r}: {layout!r} is not a layout of this machine")
