@@ -14,8 +14,8 @@ many-token kernel for it):
    and then that row's others); on a CPU also the same calls in each of the two W x^T / own layouts the runner
    times per row count and picks from (`TransformersRunner.few_row_products`): its few-row products (a check's
    linear layers of 1-5 rows, and its vocabulary head, as W x^T) and the model's own (the runner itself may also
-   run the head on oneDNN's packed copy of its weight); and with the key/value heads copied per query head as
-   transformers' attention does (`TransformersRunner.grouped_attention`);
+   run the head and the layers on oneDNN's packed copies of their weights); and with the key/value heads copied per
+   query head as transformers' attention does (`TransformersRunner.grouped_attention`);
 2. numerics: the largest difference between the logits of one k-token call and k one-token steps, k = 4 and 8
    (what `match`'s promise of the same tokens rests on);
 3. bounds: generate() tokens per second with an oracle drafter (it proposes the run without a drafter's next
@@ -25,8 +25,8 @@ many-token kernel for it):
 4. layouts (transformers): ms of each of the model's linear-layer shapes over n rows, `x @ W.T` (torch's linear)
    against `W @ x.T` (the few-row layout of a check's products of 1-5 rows and its vocabulary head; one row
    as two columns, `W @ [x 0].T`, as its fast steps do) and, where torch has oneDNN, oneDNN's product on a packed
-   copy of the weight (the runner's third layout for the head), on weights read from memory, interleaved, median of
-   7 times --reps.
+   copy of the weight (the runner's third layout), on weights read from memory, interleaved, median of 7 times
+   --reps.
 5. released rows (transformers): ms of a one-token step of the largest --batch after all but n of its rows left
    the batch (`runner.release`, as the speculative loop releases rows that have drawn all their tokens), n = B ... 1,
    against the same steps in each layout: once rows left, the runner's steps run the faster of its few-row products
