@@ -286,13 +286,14 @@ def _layouts_of_part(head: bool, weights: list[torch.Tensor]) -> list[str | None
     """The layouts the vocabulary head's products (`head`) or the other layers' (`weights`) can run in: oneDNN's
     packed copies where torch has oneDNN, the layers' only where they fit in _PACKED_SHARE of the memory free now (a
     copy of every weight of the model but its head)."""
-    if not _PACKED:
-        return [None, COLUMNS]
-    if head:
-        return [None, COLUMNS, PACKED]
+    packs = _PACKED and (head or _fits_in_memory(sum(w.numel() * w.element_size() for w in weights)))
+    return [None, COLUMNS, PACKED] if packs else [None, COLUMNS]
+
+
+def _fits_in_memory(size: int) -> bool:
+    """Whether `size` bytes are at most _PACKED_SHARE of the memory free now (not where the machine does not say)."""
     free = _free_memory()
-    size = sum(w.numel() * w.element_size() for w in weights)
-    return [None, COLUMNS, PACKED] if free is not None and size <= _PACKED_SHARE * free else [None, COLUMNS]
+    return free is not None and size <= _PACKED_SHARE * free
 
 
 def _free_memory() -> int | None:
