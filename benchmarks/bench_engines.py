@@ -247,11 +247,18 @@ def main(argv: list[str] | None = None) -> int:
         help="the transformers runner's steps in its own products (TransformersRunner.fast_steps; model.generate's "
         "logits up to summation order)",
     )
+    ap.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="the transformers runner's batch-invariant passes (TransformersRunner.batch_invariant; model.generate's "
+        "logits up to summation order)",
+    )
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     TransformersRunner.fast_steps = args.fast_steps
+    TransformersRunner.batch_invariant = args.batch_invariant
     engines = args.engines.split(",")
     rows: list[dict[str, Any]] = []
     if "llama.cpp" in engines:

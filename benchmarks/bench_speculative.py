@@ -816,6 +816,12 @@ def main(argv: list[str] | None = None) -> int:
         "without a drafter",
     )
     ap.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="the transformers runner's batch-invariant passes (TransformersRunner.batch_invariant), with and "
+        "without a drafter",
+    )
+    ap.add_argument(
         "--occurrence",
         default="",
         help="section 1: prompt lookup with each of these `occurrence`s side by side (comma-separated; default: the "
@@ -838,6 +844,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     TransformersRunner.fast_steps = args.fast_steps
+    TransformersRunner.batch_invariant = args.batch_invariant
     sections = {int(s) for s in args.sections.split(",")}
     tasks = [t for t in args.tasks.split(",") if t]
     unknown = [t for t in tasks if t not in TASKS]

@@ -15,9 +15,10 @@ many-token kernel for it):
    times per row count and picks from (`TransformersRunner.few_row_products`): its few-row products (a check's
    linear layers of 1-5 rows, and its vocabulary head, as W x^T) and the model's own (the runner itself may also
    run the head and the layers on oneDNN's packed copies of their weights); and with the key/value heads copied per
-   query head as transformers' attention does (`TransformersRunner.grouped_attention`);
+   query head as transformers' attention does (`TransformersRunner.grouped_attention`), and in the runner's
+   batch-invariant passes (`TransformersRunner.batch_invariant`);
 2. numerics: the largest difference between the logits of one k-token call and k one-token steps, k = 4 and 8
-   (what `match`'s promise of the same tokens rests on);
+   (what `match`'s promise of the same tokens rests on), and in batch-invariant passes (0: the same bit for bit);
 3. bounds: generate() tokens per second with an oracle drafter (it proposes the run without a drafter's next
    tokens, so every draft is kept) and with a drafter that always misses (its drafts are never kept; the adaptive
    length backs off), against no drafter, greedy and seeded sampling; "same tokens" compares with the run without a
@@ -58,7 +59,7 @@ import torch
 
 from samplechain.drafters import Drafter
 from samplechain.generation import generate, products
-from samplechain.generation.model import runner_for
+from samplechain.generation.model import TransformersRunner, runner_for
 from samplechain.runners import ModelRunner
 
 # SmolLM2-135M-Instruct's shape (its GGUF's metadata)
@@ -119,8 +120,25 @@ def timed(device: torch.device, fn: Callable[..., Any], *args: Any) -> tuple[flo
     return time.perf_counter() - start, out
 
 
-def runner(model: Any, ids: torch.Tensor) -> ModelRunner:
-    return runner_for(model)(model, ids, torch.ones_like(ids))
+def runner(model: Any, ids: torch.Tensor, batch_invariant: bool = False) -> ModelRunner:
+    """The model's runner on `ids`; `batch_invariant`: a transformers runner's batch-invariant passes."""
+    if not batch_invariant:
+        return runner_for(model)(model, ids, torch.ones_like(ids))
+    TransformersRunner.batch_invariant = True
+    try:
+        return TransformersRunner(model, ids, torch.ones_like(ids))
+    finally:
+        TransformersRunner.batch_invariant = False
+
+
+def invariant_runs(model: Any, device: torch.device) -> bool:
+    """Whether batch-invariant passes can run here (transformers, float32, on a CPU with oneDNN)."""
+    return (
+        runner_for(model) is TransformersRunner
+        and device.type == "cpu"
+        and getattr(model, "dtype", None) == torch.float32
+        and products._PACKED
+    )
 
 
 def prompts(model: Any, batch: int, length: int, device: torch.device) -> torch.Tensor:
@@ -147,6 +165,8 @@ def cost(
             if getattr(runs["ms"], switch, False) is not False:
                 runs[name] = runner(model, ids)
                 setattr(runs[name], switch, False)
+        if invariant_runs(model, device):
+            runs["batch-invariant ms"] = runner(model, ids, batch_invariant=True)
         for run in runs.values():
             run.prefill()
         width = ids.shape[1]
@@ -181,16 +201,17 @@ def _check_one_row(run: ModelRunner, block: torch.Tensor, width: int) -> None:
 
 
 @torch.inference_mode()
-def numerics(model: Any, device: torch.device, k: int) -> dict[str, Any]:
-    """The largest |difference| of the logits of one k-token call and k one-token steps, B = 1 and 4."""
+def numerics(model: Any, device: torch.device, k: int, batch_invariant: bool = False) -> dict[str, Any]:
+    """The largest |difference| of the logits of one k-token call and k one-token steps, B = 1 and 4 (with
+    `batch_invariant`, both in the runner's batch-invariant passes)."""
     out = {}
     for b in (1, 4):
         ids = prompts(model, b, 48, device)
         block = prompts(model, b, k, device)
-        one = runner(model, ids)
+        one = runner(model, ids, batch_invariant)
         one.prefill()
         together = one.extend(block)
-        steps = runner(model, ids)
+        steps = runner(model, ids, batch_invariant)
         steps.prefill()
         seq, each = ids, []
         for j in range(k):
@@ -449,6 +470,8 @@ def main() -> None:
     if "2" in sections:
         # 4 tokens at B = 1: a check of few rows, which the transformers runner computes in its own layout on a CPU
         report["numerics"] = {f"k={k}": numerics(model, device, k) for k in (4, 8)}
+        if invariant_runs(model, device):
+            report["numerics"] |= {f"k={k}, batch-invariant": numerics(model, device, k, True) for k in (4, 8)}
         print("\n### 2. one k-token call against k one-token steps\n\n" + json.dumps(report["numerics"]), flush=True)
     if "3" in sections:
         n, length = args.max_new_tokens, args.draft_length

@@ -709,6 +709,22 @@ def _(t: Trial) -> None:
     _generate(max_new_tokens=4, temperature=0.7, do_sample=True)  # _generate gives chain=
 
 
+@case("generate_batch_invariant_half")
+def _(t: Trial) -> None:
+    import copy
+
+    from samplechain.generation import generate
+    from samplechain.generation.model import TransformersRunner
+
+    model, tokenizer = embedded_model()
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    TransformersRunner.batch_invariant = True
+    try:
+        generate(half, tokenizer, "Hello", chain="preset:llama.cpp", max_new_tokens=4)
+    finally:
+        TransformersRunner.batch_invariant = False
+
+
 @case("generate_unmapped_setting")
 def _(t: Trial) -> None:
     _generate(max_new_tokens=4, diversity_penalty=0.5)

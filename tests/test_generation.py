@@ -912,3 +912,34 @@ def test_a_generation_config_maps_to_transformers_processors_in_their_order(mode
         assert torch.equal(torch.isfinite(ours), torch.isfinite(ref)), step
         assert torch.allclose(torch.softmax(ours, -1), torch.softmax(ref, -1), atol=1e-5), step
         ids = torch.cat([ids, ref.argmax(-1, keepdim=True)], dim=-1)
+
+
+@pytest.mark.parametrize("architecture", ["gpt2", "llama"])
+def test_batch_invariant_passes_give_a_prompt_the_same_outputs_alone_and_in_any_batch(architecture, monkeypatch):
+    """TransformersRunner.batch_invariant: a prompt's tokens, logprobs and scores, seeded sampling, are the same bit for
+    bit alone and in batches of other prompts of other lengths (left padding), in any order; a GPT-2 (Conv1D layers,
+    one key/value head per query head) and a Llama (linear layers, shared key/value heads)."""
+    from samplechain.generation.model import TransformersRunner
+    from samplechain.tools.tiny_models import tiny_llama
+
+    transformers = pytest.importorskip("transformers")
+    path = samplechain.models.tiny_model_path()
+    tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if architecture == "gpt2":
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    else:
+        model = tiny_llama(vocab_size=len(tok))
+    monkeypatch.setattr(TransformersRunner, "batch_invariant", True)
+    prompts = ["In Python,", "The list is: apple, pear, plum. Again: apple,", "A", "def add(a, b):\n    return"]
+    kwargs = {"chain": "preset:llama.cpp", "seed": 11, "max_new_tokens": 12, "output_scores": True, "pad_token_id": 0}
+    alone = generate(model, tok, prompts[0], **kwargs)
+    for batch in (prompts, prompts[::-1], prompts[1:2] + prompts[:1]):
+        out = generate(model, tok, batch, params=[{"seed": 11}] * len(batch), **kwargs)
+        b = batch.index(prompts[0])
+        n = int(alone.num_generated[0])
+        assert int(out.num_generated[b]) == n
+        new = out.sequences[b, -len(out.scores) :][:n]
+        assert torch.equal(new, alone.sequences[0, -len(alone.scores) :][:n])
+        assert out.texts[b] == alone.texts[0]
+        assert torch.equal(out.logprobs[b, :n], alone.logprobs[0, :n])
+        assert all(torch.equal(out.scores[t][b], alone.scores[t][0]) for t in range(n))

@@ -421,7 +421,7 @@ def test_each_part_runs_in_the_layout_timed_fastest_for_its_rows_and_a_check_rou
     def seen(module, is_head, x):
         rows = x.numel() // x.shape[-1]
         passes = getattr(products._few_rows, "passes", None)
-        layers, head_layout = passes[-1] if passes else (None, None)
+        layers, head_layout, _ = passes[-1] if passes else (None, None, False)
         ran.append((is_head, rows, head_layout if is_head else layers if rows in products.LAYER_ROWS else None))
         return linear(module, is_head, x)
 
@@ -772,11 +772,71 @@ def test_checks_attend_to_shared_key_value_heads_with_the_same_logits(grouped, m
     assert copied_seen == ["sdpa"] * 4 and grouped.config._attn_implementation == "sdpa"
 
 
+def _invariant_passes(model):
+    """Logits of one prompt's tokens from one-token steps, from a two-token prompt and a check of the rest, and as the
+    second row of a padded batch whose first row has holes, all in batch-invariant passes."""
+    ids = torch.tensor([[11, 12, 13, 14, 15, 16]])
+    runner = TransformersRunner(model, ids[:, :1], None)
+    steps = [runner.prefill()[0]] + [runner.step(ids[:, :t])[0] for t in range(2, 7)]
+    runner = TransformersRunner(model, ids[:, :2], None)
+    check = torch.cat([runner.prefill(), runner.extend(ids[:, 2:])[0]])
+    batch = torch.tensor([[21, 22, 23, 24], [0, 0, 0, 11]])
+    runner = TransformersRunner(model, batch, torch.tensor([[1, 1, 1, 1], [0, 0, 0, 1]]))
+    first = runner.prefill()[1:]
+    padded = torch.cat([first, runner.extend_rows([0, 1], [torch.tensor([25]), ids[0, 1:]])[1]])
+    return torch.stack(steps), check, padded
+
+
+@pytest.mark.skipif(not products._PACKED, reason="torch without oneDNN's packed linear product")
+def test_batch_invariant_passes_give_one_token_steps_logits_bit_for_bit(tiny, grouped, monkeypatch):
+    """A check of several tokens and a row of a padded batch with holes give the logits of one-token steps exactly
+    (a GPT-2 on Conv1D layers, a Llama with shared key/value heads), within float32's rounding of model.generate's;
+    the model attends with its own implementation again after each pass."""
+    monkeypatch.setattr(TransformersRunner, "batch_invariant", True)
+    for model in (tiny, grouped):
+        own = model.config._attn_implementation
+        steps, check, padded = _invariant_passes(model)
+        assert torch.equal(check, steps[1:]) and torch.equal(padded, steps)
+        assert model.config._attn_implementation == own
+        ids = torch.tensor([[11, 12, 13, 14, 15, 16]])
+        with torch.no_grad():
+            expected = model(ids).logits[0].float()
+        torch.testing.assert_close(steps, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(not products._PACKED, reason="torch without oneDNN's packed linear product")
+def test_batch_invariant_is_refused_where_it_cannot_hold(grouped, monkeypatch):
+    """Half precision, and a machine whose products round a row by the pass's row count (here a product made so):
+    one ConfigError before the runner is made, naming the setting; the model's verdict is kept per thread count."""
+    import copy
+
+    from samplechain.generation import invariant
+
+    monkeypatch.setattr(TransformersRunner, "batch_invariant", True)
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ConfigError, match="batch_invariant needs a model that computes in float32"):
+        TransformersRunner(copy.deepcopy(grouped).to(torch.bfloat16), ids, None)
+    product = products.product
+
+    def by_row_count(weight, x, layout, transposed=False):
+        return product(weight, x, layout, transposed) * (1 + 1e-6 * (x.shape[0] > 2))
+
+    monkeypatch.setattr(products, "product", by_row_count)
+    model = copy.deepcopy(grouped)
+    with pytest.raises(ConfigError, match="a pass of 4 tokens: up to .* apart.*batch_invariant = False"):
+        TransformersRunner(model, ids, None)
+    assert list(invariant._checked[model]) == [torch.get_num_threads()]
+    with pytest.raises(ConfigError, match="batch_invariant"):  # the kept verdict
+        TransformersRunner(model, ids, None)
+    monkeypatch.setattr(TransformersRunner, "batch_invariant", False)
+    TransformersRunner(model, ids, None).prefill()
+
+
 def test_grouped_attention_nests_and_restores_the_models_own(grouped):
     config = grouped.config
-    with model_module._grouped_attention(config):
+    with model_module._attending(config, model_module._GROUPED):
         with pytest.raises(RuntimeError):
-            with model_module._grouped_attention(config):
+            with model_module._attending(config, model_module._GROUPED):
                 assert config._attn_implementation == model_module._GROUPED
                 raise RuntimeError("a pass that fails")
         assert config._attn_implementation == model_module._GROUPED  # the outer pass is still running

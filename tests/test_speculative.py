@@ -1166,10 +1166,13 @@ def guided(rng: random.Random, chain: Any, batch: int) -> dict:
     return {"chain": chain, "negative_prompt": rng.choices(NEGATIVE, k=batch)}
 
 
-def assert_same_outputs(ours, reference, resumed_at: int = 0):
+def assert_same_outputs(ours, reference, resumed_at: int = 0, exact: bool = False):
     """The tokens, and each step's top logprobs and scores while a row goes (after it: -inf, ids 0); a resumed run
-    has those of the steps since `resumed_at` (its tokens drawn before the checkpoint carry none: -inf)."""
+    has those of the steps since `resumed_at` (its tokens drawn before the checkpoint carry none: -inf). `exact`:
+    the logprobs, top logprobs and scores bit for bit."""
     assert_same_tokens(ours, reference)
+    if exact and not resumed_at:
+        assert torch.equal(ours.logprobs, reference.logprobs)
     for field in ("top_logprobs", "scores"):
         if getattr(reference, field) is None:
             continue
@@ -1186,14 +1189,18 @@ def assert_same_outputs(ours, reference, resumed_at: int = 0):
                 if resumed_at and bool(torch.isneginf(values[b]).all()):
                     continue  # drawn before the checkpoint
                 live = torch.isfinite(expected[b])
+                if exact:
+                    assert torch.equal(values[b], expected[b]), (field, step, b)
                 torch.testing.assert_close(values[b][live], expected[b][live], atol=1e-4, rtol=1e-4)
                 assert ids is None or ids[b][live].tolist() == expected_ids[b][live].tolist(), (field, step, b)
 
 
-def keeps_outputs_of_random_generations(model, tok, case: int, seed: int, drafts, drop: tuple[str, ...] = ()) -> None:
+def keeps_outputs_of_random_generations(
+    model, tok, case: int, seed: int, drafts, drop: tuple[str, ...] = (), exact: bool = False
+) -> None:
     """A random generation (random_generation, less the settings in `drop`) of 1-5 prompts, without a drafter and
     with drafts(rng, reference, gen)[case % len], a quarter of them checkpointed and resumed: the same outputs
-    (assert_same_outputs)."""
+    (assert_same_outputs; `exact`: bit for bit)."""
     rng = random.Random(seed)
     prompts = rng.choices(PROMPTS, k=rng.randint(1, 5))
     kwargs = random_generation(rng, tok, len(prompts))
@@ -1207,10 +1214,10 @@ def keeps_outputs_of_random_generations(model, tok, case: int, seed: int, drafts
         if case % 4 == 3:
             stop_after = rng.randint(1, 6)
             ours, _ = resumed(model, tok, prompts, stop_after, draft=draft, **kwargs)
-            assert_same_outputs(ours, reference, min(stop_after, len(reference.logprobs[0])))
+            assert_same_outputs(ours, reference, min(stop_after, len(reference.logprobs[0])), exact=exact)
         else:
             ours, _ = run(model, tok, prompts, draft=draft, **kwargs)
-            assert_same_outputs(ours, reference)
+            assert_same_outputs(ours, reference, exact=exact)
 
 
 def every_drafter(model, case: int):
@@ -1249,6 +1256,65 @@ def test_drafts_keep_the_outputs_of_random_generations(tiny, case):
     generation without a drafter."""
     model, tok = tiny
     keeps_outputs_of_random_generations(model, tok, case, 1000 + case, every_drafter(model, case))
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_with_batch_invariant_passes_drafts_keep_the_outputs_bit_for_bit(tiny, case, monkeypatch):
+    """TransformersRunner.batch_invariant: a check gives a one-token step's logits bit for bit, so over random chains
+    and settings and every drafter, the logprobs, top logprobs and scores are those of generation without a drafter
+    exactly, not only within float32's summation order."""
+    from samplechain.generation.model import TransformersRunner
+
+    monkeypatch.setattr(TransformersRunner, "batch_invariant", True)
+    model, tok = tiny
+    keeps_outputs_of_random_generations(model, tok, case, 4000 + case, every_drafter(model, case), exact=True)
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_with_batch_invariant_passes_drafts_keep_the_outputs_bit_for_bit_on_a_sliding_window(
+    tiny, windowed, case, monkeypatch
+):
+    """The same where the rows advance together (a sliding-window model), without guards."""
+    from samplechain.generation.model import TransformersRunner
+
+    monkeypatch.setattr(TransformersRunner, "batch_invariant", True)
+    _, tok = tiny
+
+    def drafts(rng, reference, gen):
+        rows = reference_rows(reference, gen)
+        return [
+            {"use": "prompt_lookup", "num_tokens": rng.randint(1, 10), "cost": 0.02},
+            {"use": Scripted(rows, windowed.config.vocab_size, seed=case, wrong_rate=0.4), "cost": 0.02},
+        ]
+
+    keeps_outputs_of_random_generations(windowed, tok, case, 4100 + case, drafts, drop=("guards",), exact=True)
+
+
+def test_with_batch_invariant_passes_a_drafting_model_in_half_precision_drafts(tiny, monkeypatch):
+    """Batch-invariant passes are the generation's model's: a drafting model needs none (its draws choose drafts,
+    which the model checks), so one in bfloat16 drafts, and the outputs are still those without a drafter."""
+    from samplechain.generation.model import TransformersRunner
+    from samplechain_draft_model import DraftModel
+
+    monkeypatch.setattr(TransformersRunner, "batch_invariant", True)
+    model, tok = tiny
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    kwargs = {"chain": "preset:llama.cpp", "seed": 3, "max_new_tokens": 16, "output_scores": True}
+    reference, _ = run(model, tok, PROMPTS[:2], **kwargs)
+    ours, _ = run(model, tok, PROMPTS[:2], draft=DraftModel.from_model(half, tok), **kwargs)
+    assert_same_outputs(ours, reference, exact=True)
+    assert int(ours.drafted.sum()) > 0
+
+
+@pytest.mark.parametrize("case", [1, 2, 4, 5])
+def test_with_batch_invariant_passes_scoring_gives_a_generations_logprobs_bit_for_bit(tiny, case, monkeypatch):
+    """score() of a random generation's tokens in chunks of several tokens, all or three (a pass of several tokens a
+    row): every token kept, with the generation's logprob bit for bit."""
+    from samplechain.generation.model import TransformersRunner
+
+    monkeypatch.setattr(TransformersRunner, "batch_invariant", True)
+    model, tok = tiny
+    scoring_keeps_a_random_generation(model, tok, case, 4200 + case, exact=True)
 
 
 @pytest.mark.parametrize("case", range(8))
@@ -1350,11 +1416,12 @@ def test_on_a_gpu_scoring_a_random_generations_tokens_keeps_each_with_its_logpro
     scoring_keeps_a_random_generation(model, tok, case, 40000 + case)
 
 
-def scoring_keeps_a_random_generation(model, tok, case: int, seed: int) -> None:
+def scoring_keeps_a_random_generation(model, tok, case: int, seed: int, exact: bool = False) -> None:
     """A random chain's generation (or one chain per prompt's) of 1-4 prompts (per-row or one seed, a random logprobs
     stage, several return sequences, a fifth of the time classifier-free guidance and a fifth transformers' logits
     processors), then score() of its tokens with
-    chunks of 1, all or 3 (by case): each token kept, with the generation's logprob."""
+    chunks of 1, all or 3 (by case): each token kept, with the generation's logprob (`exact`: bit for bit at every
+    chunk size)."""
     rng = random.Random(seed)
     prompts = rng.choices(PROMPTS, k=rng.randint(1, 4))
     chain, per_prompt = random_chains(rng, tok, len(prompts), constrained=0.4)
@@ -1396,7 +1463,7 @@ def scoring_keeps_a_random_generation(model, tok, case: int, seed: int) -> None:
     for b, row in enumerate(rows):
         want = out.logprobs[b, : len(row)].cpu()
         assert got.token_ids[b].tolist() == row
-        if chunk == 1:
+        if chunk == 1 or exact:
             assert bool(got.kept[b].all()), (b, got.kept[b], chain)
             assert torch.equal(got.logprobs[b].cpu(), want), (b, chain)
             continue
@@ -1450,6 +1517,36 @@ def long_code_asks(n: int = 2) -> list[list[dict]]:
     ask += f"function only.\n\n```python\ndef compute(values, factor, offset):\n{code}\n```"
     names = (("factor", "scale"), ("offset", "shift"), ("values", "items"), ("factor", "weight"))
     return [[{"role": "user", "content": ask.format(*pair)}] for pair in names[:n]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", range(2))
+def test_on_the_default_model_batch_invariant_passes_keep_every_bit_alone_in_a_batch_and_with_drafts(case, monkeypatch):
+    """SmolLM2-135M-Instruct on transformers with TransformersRunner.batch_invariant: a random chain's generation of
+    three ~370-token requests that copy their prompt gives, with prompt lookup and with a drafter that gets 30% of
+    its tokens wrong, the tokens, logprobs and scores of generation without a drafter bit for bit; and the first
+    request alone gives them too."""
+    from samplechain.generation.model import TransformersRunner
+    from samplechain.models import load_model
+
+    monkeypatch.setattr(TransformersRunner, "batch_invariant", True)
+    model, tok = load_model()
+    rng = random.Random(700 + case)
+    chain, prompts = random_chain(rng), long_code_asks(3)
+    kwargs = {"chain": chain, "max_new_tokens": 24, "seed": 70 + case, "output_scores": True}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # chain pitfalls a random chain may have
+        reference, gen = run(model, tok, prompts, **kwargs)
+        looked_up, _ = run(model, tok, prompts, draft={"use": "prompt_lookup", "cost": 0.02}, **kwargs)
+        drafter = Scripted(reference_rows(reference, gen), len(tok), seed=case, longest=8, wrong_rate=0.3)
+        scripted, _ = run(model, tok, prompts, draft={"use": drafter, "cost": 0.02}, **kwargs)
+        alone, _ = run(model, tok, prompts[:1], **kwargs)
+    assert_same_outputs(looked_up, reference, exact=True)
+    assert_same_outputs(scripted, reference, exact=True)
+    assert int(scripted.kept.sum()) > 0, chain
+    n = int(reference.num_generated[0])
+    assert int(alone.num_generated[0]) == n and alone.texts[0] == reference.texts[0]
+    assert torch.equal(alone.logprobs[0, :n], reference.logprobs[0, :n])
 
 
 @pytest.mark.llama_cpp

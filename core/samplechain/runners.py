@@ -77,8 +77,9 @@ class ModelRunner(PluginClass):
     # thread pool of its own on the same cores (llama.cpp) sets 1: two pools polling for work on few cores make
     # each other wait, and one row's sampling step is too small to gain from a second thread.
     sampling_threads: ClassVar[int | None] = None
-    # a drafter's own runner (draft_model) sets it: its logits choose drafts, which the generation's model checks,
-    # so its numerics cannot change the tokens and a warning about them would be about the wrong model
+    # a drafter's own runner (draft_model) sets it, before __init__: its logits choose drafts, which the generation's
+    # model checks, so its numerics cannot change the tokens, a warning about them would be about the wrong model,
+    # and it needs none of the numerics the generation's own passes may promise (batch-invariant passes)
     drafting: bool = False
 
     @classmethod

@@ -204,11 +204,13 @@ def _device(model: Any) -> Any:
     return getattr(model, "device", None) or torch.device("cpu")
 
 
-def drafting_runner(runner_cls: type, model: Any, ids: torch.Tensor, mask: torch.Tensor | None) -> Any:
-    """A runner of the drafting model, told so (`ModelRunner.drafting`: its warnings about numerics that could change
-    the tokens are kept for the generation's own model)."""
-    runner = runner_cls(model, ids, mask)
+def drafting_runner(runner_cls: Any, model: Any, ids: torch.Tensor, mask: torch.Tensor | None) -> Any:
+    """A runner of the drafting model, told so before it is made (`ModelRunner.drafting`: its warnings about numerics
+    that could change the tokens are kept for the generation's own model, and it takes on none of the generation's
+    guarantees of numerics, such as the transformers runner's batch-invariant passes)."""
+    runner = runner_cls.__new__(runner_cls)
     runner.drafting = True
+    runner.__init__(model, ids, mask)
     return runner
 
 

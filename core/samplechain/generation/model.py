@@ -24,8 +24,9 @@ from ..contracts import max_positions
 from ..engine.discovery import PluginHost, get_host
 from ..errors import ConfigError
 from ..runners import ModelRunner
+from . import invariant
 from .cache_room import dynamic_layers, make_room
-from .products import COLUMNS, FEW_ROWS, LAYER_ROWS, FewRowProducts, KeptLayouts, layouts_of
+from .products import _PACKED, COLUMNS, FEW_ROWS, LAYER_ROWS, PACKED, FewRowProducts, KeptLayouts, layouts_of
 
 __all__ = ["ModelRunner", "TransformersRunner", "max_positions", "runner_for"]
 
@@ -58,24 +59,17 @@ def _grouped_sdpa(
 
 @functools.cache
 def _register_grouped() -> bool:
-    try:
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-        from transformers.modeling_utils import AttentionInterface
-    except ImportError:
-        return False
-    AttentionInterface.register(_GROUPED, _grouped_sdpa)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(_GROUPED, sdpa_mask)
-    return True
+    return invariant.register_attention(_GROUPED, _grouped_sdpa)
 
 
 @contextlib.contextmanager
-def _grouped_attention(config: Any) -> Iterator[None]:
-    """The model attends with _grouped_sdpa while inside: passes of several threads or runners on one model nest
-    (counted per config), the last one out restores the model's own implementation."""
+def _attending(config: Any, implementation: str) -> Iterator[None]:
+    """The model attends with `implementation` (_grouped_sdpa, invariant.attention) while inside: passes of several
+    threads or runners on one model nest (counted per config), the last one out restores the model's own."""
     with _switching:
         inside, own = _switched.get(id(config), (0, config._attn_implementation))
         _switched[id(config)] = (inside + 1, own)
-        config._attn_implementation = _GROUPED
+        config._attn_implementation = implementation
     try:
         yield
     finally:
@@ -155,6 +149,12 @@ class TransformersRunner(ModelRunner):
     # products"); the logits then differ from model.generate's by summation order, so it is off by default and
     # generation keeps model.generate's logits bit for bit; True (on the class: every runner) where speed matters more
     fast_steps = False
+    # every pass (the prefill, steps, checks) gives each row's logits bit for bit whatever else it carries: its linear
+    # layers on oneDNN's packed weights, its attention in float64 (generation/invariant.py), so drafts never change
+    # a token and a prompt gives the same tokens alone or in any batch; needs a float32 model on a CPU with oneDNN,
+    # whose kernels a runner checks once per model before it generates. The logits then differ from model.generate's
+    # by summation order, so it is off by default; True (on the class: every runner) turns it on
+    batch_invariant = False
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
@@ -193,6 +193,10 @@ class TransformersRunner(ModelRunner):
         self.rows = input_ids.shape[0]  # the batch as callers see it
         self.held: list[int] | None = None  # after `release`: the callers' rows the cache still holds, in its order
         self._held_index: torch.Tensor | None = None  # `held` as an index on the device
+        # fixed for the runner's passes from here; a drafter's runner (draft_model) needs no such numerics
+        self.batch_invariant = self.batch_invariant and not self.drafting
+        if self.batch_invariant:
+            self._require_invariance()
         if not (_MKL and self.device.type == "cpu"):
             self.few_row_products = False
         self.stepped_widths = self.few_row_products is not False
@@ -205,6 +209,24 @@ class TransformersRunner(ModelRunner):
             and getattr(model.config, "_attn_implementation", None) == "sdpa"
             and _register_grouped()
         )
+
+    def _require_invariance(self) -> None:
+        """ConfigError where batch-invariant passes cannot run on this model and machine, or do not hold."""
+        dtype = getattr(self.model, "dtype", torch.float32)
+        needs = {
+            "runs on a CPU": self.device.type == "cpu",
+            "computes in float32": dtype == torch.float32,
+            "runs on a torch with oneDNN's packed linear product": _PACKED,
+            "attends through transformers' attention interface": invariant.register(),
+        }
+        why = next((need for need, met in needs.items() if not met), None)
+        if why is not None:
+            name = getattr(self.model.config, "name_or_path", "") or type(self.model).__name__
+            raise ConfigError(
+                f"TransformersRunner.batch_invariant needs a model that {why} ({name!r}: {self.device.type}, "
+                f"{dtype}); set TransformersRunner.batch_invariant = False, or load the model in float32 on the CPU"
+            )
+        invariant.check(self.model, type(self))
 
     def _several_tokens(self) -> None:
         """Before a pass of several tokens a row: a warning, once a model, where the model computes in half
@@ -240,16 +262,19 @@ class TransformersRunner(ModelRunner):
         rows = ids.shape[0] * (next_len or ids.shape[1])
         layers = COLUMNS if few and rows in FEW_ROWS else None
         head = COLUMNS if few else None
-        if few is None:  # timed: each part as it runs fastest on this machine, for the rows it takes in this pass
+        if self.batch_invariant:
+            layers = head = PACKED
+        elif few is None:  # timed: each part as it runs fastest on this machine, for the rows it takes in this pass
             started = time.perf_counter()
             layouts = layouts_of(self.model)
             layers = layouts.layout(False, rows) if rows in LAYER_ROWS else None
             head = layouts.layout(True, ids.shape[0] * keep)
             self.untimed += time.perf_counter() - started
         grouped = keep > 1 and self.grouped_attention and self.model.config._attn_implementation in ("sdpa", _GROUPED)
+        attending = invariant.NAME if self.batch_invariant else _GROUPED if grouped else None
         inside = layers is not None or head is not None
-        with FewRowProducts(self.model, layers, head) if inside else contextlib.nullcontext():
-            with _grouped_attention(self.model.config) if grouped else contextlib.nullcontext():
+        with FewRowProducts(self.model, layers, head, self.batch_invariant) if inside else contextlib.nullcontext():
+            with _attending(self.model.config, attending) if attending else contextlib.nullcontext():
                 out = self.model(**inputs, return_dict=True)
         for name in _CACHE_NAMES:
             if name in out and out[name] is not None:
@@ -401,7 +426,8 @@ class TransformersRunner(ModelRunner):
             kept.save_widths(ratios)
 
     def _kept_layouts(self) -> KeptLayouts | None:
-        return layouts_of(self.model).kept if self.stepped_widths else None
+        # batch-invariant passes run none of the timed layouts: their widths' prices are not those the file keeps
+        return layouts_of(self.model).kept if self.stepped_widths and not self.batch_invariant else None
 
     def lookahead(self) -> contextlib.AbstractContextManager[None] | None:
         """A block whose passes are taken back when it ends: where every cache layer is a plain DynamicLayer, which

@@ -1,7 +1,9 @@
 """The layouts of a pass's linear products on a CPU: the model's own x W^T, W x^T (COLUMNS) and oneDNN's product on
 a packed copy of the weight (PACKED), which of them runs a pass's 1-128 rows of a linear layer and any rows of the
 vocabulary head (`FewRowProducts`), and which is the fastest on this machine for a row count (`layouts_of`, kept on
-disk for later processes: `KeptLayouts`): the transformers runner's checks of drafted tokens run in them."""
+disk for later processes: `KeptLayouts`): the transformers runner's checks of drafted tokens run in them. Its
+batch-invariant passes run every row of every linear layer (transformers' Conv1D too) packed, where oneDNN sums a
+row's products in one order whatever the other rows."""
 
 from __future__ import annotations
 
@@ -52,11 +54,11 @@ def _packs_weights() -> bool:
 _PACKED = _packs_weights()
 
 
-_few_rows = threading.local()  # .passes: (layers, head) of this thread's passes inside few-row products: each a layout
+_few_rows = threading.local()  # .passes: (layers, head, every row) of this thread's passes inside few-row products
 # id(model): (passes inside FewRowProducts, of any thread; the layers whose forward they swapped)
-_patched: dict[int, tuple[int, list[torch.nn.Linear]]] = {}
+_patched: dict[int, tuple[int, list[torch.nn.Module]]] = {}
 # model: its linear layers, each with the forward a pass inside FewRowProducts gives it (found once a model)
-_layers: weakref.WeakKeyDictionary[torch.nn.Module, list[tuple[torch.nn.Linear, Any]]] = weakref.WeakKeyDictionary()
+_layers: weakref.WeakKeyDictionary[torch.nn.Module, list[tuple[torch.nn.Module, Any]]] = weakref.WeakKeyDictionary()
 _patching = threading.Lock()
 # id(weight): (its storage and version when packed, the copy oneDNN multiplies, a reference that drops the entry with
 # the weight): a weight changed in place (a training step, load_state_dict) is packed again at its next product
@@ -65,34 +67,51 @@ _packs: dict[int, tuple[tuple[int, int], torch.Tensor, weakref.ref[torch.Tensor]
 
 def _few_row_linear(module: torch.nn.Linear, head: bool, x: torch.Tensor) -> torch.Tensor:
     """`module`'s forward while a model is inside FewRowProducts: float32 rows of this thread in the layout the
-    innermost pass of this thread gives its part (the vocabulary head, `head`, or the other layers, of 1-128 rows)."""
+    innermost pass of this thread gives its part (the vocabulary head, `head`, or the other layers, of 1-128 rows or,
+    in a pass of every row, of any number)."""
     weight = module.weight
     rows = x.numel() // max(x.shape[-1], 1)
     passes = getattr(_few_rows, "passes", None)
     if passes and x.dtype == weight.dtype == torch.float32:
-        layers, head_layout = passes[-1]
-        layout = head_layout if head else layers if rows in LAYER_ROWS else None
+        layers, head_layout, every_row = passes[-1]
+        layout = head_layout if head else layers if every_row or rows in LAYER_ROWS else None
         if layout is not None:
             out = product(weight, x.reshape(rows, x.shape[-1]), layout).reshape(*x.shape[:-1], weight.shape[0])
             return out if module.bias is None else out + module.bias
     return F.linear(x, weight, module.bias)
 
 
-def product(weight: torch.Tensor, x: torch.Tensor, layout: str | None) -> torch.Tensor:
-    """x W^T of the rows x in `layout`: the model's own (None); COLUMNS, as (W x^T)^T (one row as two columns with a
-    zero one: MKL multiplies one column as a matrix-vector product, which streams the weight slowly); PACKED, by
-    oneDNN on a copy of W packed for it."""
+def _few_row_conv1d(module: Any, x: torch.Tensor) -> torch.Tensor:
+    """The forward of transformers' Conv1D (x W + b, its weight stored as inputs x outputs: GPT-2's layers) while a
+    model is inside FewRowProducts: its own, but in a pass of every row, whose layers' layout its float32 rows take."""
+    weight: torch.Tensor = module.weight
+    passes = getattr(_few_rows, "passes", None)
+    if passes and passes[-1][2] and passes[-1][0] is not None and x.dtype == weight.dtype == torch.float32:
+        rows = x.numel() // max(x.shape[-1], 1)
+        out = product(weight, x.reshape(rows, x.shape[-1]), passes[-1][0], transposed=True)
+        return (out + module.bias).reshape(*x.shape[:-1], weight.shape[1])
+    return type(module).forward(module, x)
+
+
+def product(weight: torch.Tensor, x: torch.Tensor, layout: str | None, transposed: bool = False) -> torch.Tensor:
+    """x W^T of the rows x in `layout` (x W where the weight is stored `transposed`, inputs x outputs): the model's
+    own (None); COLUMNS, as (W x^T)^T (one row as two columns with a zero one: MKL multiplies one column as a
+    matrix-vector product, which streams the weight slowly); PACKED, by oneDNN on a copy of W packed for it (one row
+    as two alike rows: oneDNN sums a row alone in another order than among others, and among any number of others in
+    one order)."""
+    matrix = weight.T if transposed else weight
     if layout is None:
-        return F.linear(x, weight)
-    if layout == PACKED:
-        return torch.ops.mkldnn._linear_pointwise(x, _packed(weight), None, "none", [None], "")
+        return x @ weight if transposed else F.linear(x, weight)
     rows = x.shape[0]
+    if layout == PACKED:
+        pair = torch.cat([x, x]) if rows == 1 else x
+        return torch.ops.mkldnn._linear_pointwise(pair, _packed(weight, transposed), None, "none", [None], "")[:rows]
     columns = torch.cat([x, torch.zeros_like(x)]) if rows == 1 else x
-    return (weight @ columns.T)[:, :rows].T
+    return (matrix @ columns.T)[:, :rows].T
 
 
-def _packed(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` packed for oneDNN's product, packed once while the weight stays as it is."""
+def _packed(weight: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+    """`weight` (or its transpose) packed for oneDNN's product, packed once while the weight stays as it is."""
     try:
         state = (weight.data_ptr(), weight._version)
     except RuntimeError:  # an inference tensor keeps no version (nor can it change in place)
@@ -100,7 +119,8 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
     found = _packs.get(id(weight))
     if found is None or found[0] != state:
         gone = functools.partial(lambda key, _: _packs.pop(key, None), id(weight))
-        found = state, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16), weakref.ref(weight, gone)
+        matrix = weight.detach().T.contiguous() if transposed else weight.detach()
+        found = state, torch.ops.mkldnn._reorder_linear_weight(matrix, 16), weakref.ref(weight, gone)
         _packs[id(weight)] = found
     return found[1]
 
@@ -108,16 +128,21 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
 class FewRowProducts:
     """While inside, `model`'s linear layers (`torch.nn.Linear` itself, where nothing else has replaced its forward)
     compute 1-128 rows of this thread's passes in the layout `layers`, and any rows of its vocabulary head in `head`
-    (None: the model's own; by default (W x^T)^T): the same product, rounded as any other summation order.
+    (None: the model's own; by default (W x^T)^T): the same product, rounded as any other summation order. With
+    `every_row`, the layers' products of any number of rows, and those of transformers' Conv1D layers, run in
+    `layers` too.
 
     The layers' forward is swapped for the pass rather than every torch call intercepted (a TorchFunctionMode): a
     model makes some 600 torch calls a pass, and sending each through Python cost a check 10-15% of its time. Other
     threads' passes on the same model meanwhile keep the model's own products (the thread-local count), and the last
     pass out of a model, of any thread, gives its layers their forward back."""
 
-    def __init__(self, model: torch.nn.Module, layers: str | None = COLUMNS, head: str | None = COLUMNS) -> None:
+    def __init__(
+        self, model: torch.nn.Module, layers: str | None = COLUMNS, head: str | None = COLUMNS, every_row: bool = False
+    ) -> None:
         self.model = model
-        self.parts = (layers, head)  # the layouts of the layers' products (of 1-128 rows) and of the head's
+        # the layouts of the layers' products (of 1-128 rows, or of any number) and of the head's
+        self.parts = (layers, head, every_row)
 
     def __enter__(self) -> FewRowProducts:
         with _patching:
@@ -148,17 +173,29 @@ def head_of(model: torch.nn.Module) -> Any:
     return output() if callable(output) else None
 
 
-def _linear_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Linear, Any]]:
-    """`model`'s `torch.nn.Linear` layers with the forward a check gives each, found at its first check: walking
-    the model's modules at every check would add Python work to each one."""
+def _linear_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, Any]]:
+    """`model`'s `torch.nn.Linear` and transformers' Conv1D layers with the forward a check gives each, found at its
+    first check: walking the model's modules at every check would add Python work to each one."""
     found = _layers.get(model)
     if found is None:
         head = head_of(model)
-        found = [
-            (m, functools.partial(_few_row_linear, m, m is head)) for m in model.modules() if type(m) is torch.nn.Linear
-        ]
+        conv1d = _conv1d()
+        found = []
+        for m in model.modules():
+            if type(m) is torch.nn.Linear:
+                found.append((m, functools.partial(_few_row_linear, m, m is head)))
+            elif conv1d is not None and type(m) is conv1d:
+                found.append((m, functools.partial(_few_row_conv1d, m)))
         _layers[model] = found
     return found
+
+
+def _conv1d() -> type | None:
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:
+        return None
+    return Conv1D
 
 
 class _Layouts:
@@ -182,7 +219,9 @@ class _Layouts:
 
     def __init__(self, model: torch.nn.Module) -> None:
         head = head_of(model)
-        float32 = [m for m, _ in _linear_layers(model) if m.weight.dtype == torch.float32]
+        float32 = [
+            m for m, _ in _linear_layers(model) if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32
+        ]
         self.weights = {
             True: [m.weight for m in float32 if m is head],
             False: [m.weight for m in float32 if m is not head],
