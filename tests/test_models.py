@@ -805,6 +805,21 @@ def test_batch_invariant_passes_give_one_token_steps_logits_bit_for_bit(tiny, gr
 
 
 @pytest.mark.skipif(not products._PACKED, reason="torch without oneDNN's packed linear product")
+def test_batch_invariant_passes_are_turned_on_by_the_environment_too(grouped, monkeypatch):
+    """SAMPLECHAIN_BATCH_INVARIANT=1 (the command line's way in) as TransformersRunner.batch_invariant = True; a
+    drafting model's runner (told so before it is made) takes on neither."""
+    from samplechain_draft_model_base import drafting_runner
+
+    ids = torch.tensor([[1, 2, 3]])
+    for value, expected in (("1", True), ("on", True), ("0", False), ("", False)):
+        monkeypatch.setenv(model_module.BATCH_INVARIANT_ENV, value)
+        assert TransformersRunner(grouped, ids, None).batch_invariant is expected
+        assert drafting_runner(TransformersRunner, grouped, ids, None).batch_invariant is False
+    monkeypatch.setattr(TransformersRunner, "batch_invariant", True)
+    assert drafting_runner(TransformersRunner, grouped, ids, None).batch_invariant is False
+
+
+@pytest.mark.skipif(not products._PACKED, reason="torch without oneDNN's packed linear product")
 def test_batch_invariant_is_refused_where_it_cannot_hold(grouped, monkeypatch):
     """Half precision, and a machine whose products round a row by the pass's row count (here a product made so):
     one ConfigError before the runner is made, naming the setting; the model's verdict is kept per thread count."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -30,6 +31,9 @@ from .products import _PACKED, COLUMNS, FEW_ROWS, LAYER_ROWS, PACKED, FewRowProd
 
 __all__ = ["ModelRunner", "TransformersRunner", "max_positions", "runner_for"]
 
+# "1" (or true, yes, on): every transformers runner's passes are batch-invariant (TransformersRunner.batch_invariant),
+# as for the command line's generations
+BATCH_INVARIANT_ENV = "SAMPLECHAIN_BATCH_INVARIANT"
 _CACHE_NAMES = ("cache", "past_key_values", "cache_params", "state", "mems", "past_buckets_states")
 _MKL = torch.backends.mkl.is_available()
 
@@ -194,7 +198,8 @@ class TransformersRunner(ModelRunner):
         self.held: list[int] | None = None  # after `release`: the callers' rows the cache still holds, in its order
         self._held_index: torch.Tensor | None = None  # `held` as an index on the device
         # fixed for the runner's passes from here; a drafter's runner (draft_model) needs no such numerics
-        self.batch_invariant = self.batch_invariant and not self.drafting
+        from_env = os.environ.get(BATCH_INVARIANT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+        self.batch_invariant = (self.batch_invariant or from_env) and not self.drafting
         if self.batch_invariant:
             self._require_invariance()
         if not (_MKL and self.device.type == "cpu"):
