@@ -846,6 +846,14 @@ def test_batch_invariant_is_refused_where_it_cannot_hold(grouped, monkeypatch):
     monkeypatch.setattr(TransformersRunner, "batch_invariant", False)
     TransformersRunner(model, ids, None).prefill()
 
+    def by_many_rows(weight, x, layout, transposed=False):  # only past the check's passes' own row counts
+        return product(weight, x, layout, transposed) * (1 + 1e-6 * (x.shape[0] > 100))
+
+    monkeypatch.setattr(products, "product", by_many_rows)
+    monkeypatch.setattr(TransformersRunner, "batch_invariant", True)
+    with pytest.raises(ConfigError, match=r"a product of the 32x32 weight over 150 rows: row 0 up to .* apart"):
+        TransformersRunner(copy.deepcopy(grouped), ids, None)
+
 
 def test_grouped_attention_nests_and_restores_the_models_own(grouped):
     config = grouped.config

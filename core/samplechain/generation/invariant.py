@@ -14,19 +14,20 @@ unless a result lies that close to the middle between two float32 numbers (a few
 ratio). The rest of a pass (norms, rotary embeddings, activations, residual sums) works row by row, each row alike.
 
 Whether a machine's kernels keep this is checked once per model and thread count (`check`), before a runner on it
-generates: a few one-token steps against passes of several tokens and a padded batch with holes, compared bit for
-bit."""
+generates: a few one-token steps against passes of several tokens and a padded batch with holes, and each weight's
+product over many rows (up to 700) against a step's, compared bit for bit."""
 
 from __future__ import annotations
 
 import functools
 import threading
 import weakref
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from ..errors import ConfigError
+from . import products
 
 NAME = "samplechain_invariant"  # the attention implementation's name in transformers' registries
 _checked: weakref.WeakKeyDictionary[torch.nn.Module, dict[int, str | None]] = weakref.WeakKeyDictionary()
@@ -94,8 +95,9 @@ def register() -> bool:
 def check(model: torch.nn.Module, runner: type) -> None:
     """Raises ConfigError unless `runner`'s batch-invariant passes on `model` give one-token steps' logits bit for bit
     on this machine: one prompt's tokens one at a time, against the same tokens after a two-token prompt in one
-    pass, and as the second row of a padded batch fed in one pass beside a row of another length (holes). Checked
-    once per model and thread count."""
+    pass, and as the second row of a padded batch fed in one pass beside a row of another length (holes); and each
+    weight's packed product over many rows against a step's (`_products_differ`). Checked once per model and thread
+    count."""
     threads = torch.get_num_threads()
     with _checking:
         verdicts = _checked.setdefault(model, {})
@@ -145,4 +147,35 @@ def _differs(model: torch.nn.Module, runner: type) -> str | None:
     got = torch.cat([first, fed])
     if not torch.equal(got, want):
         return f"a padded batch with holes: up to {(got - want).abs().max().item():.1e} apart"
+    return _products_differ(model)
+
+
+# row counts at which the packed products of the check's own passes are checked again: a long prompt's pass carries
+# many rows a layer, a batch's check of long drafts up to about 150 a head, where oneDNN may pick other kernels
+LAYER_COUNTS, HEAD_COUNTS = (3, 17, 150, 700), (3, 17, 150)
+
+
+def _products_differ(model: torch.nn.Module) -> str | None:
+    """Where one of the model's packed products gives a row other bits among many rows than as a pair of that row
+    (a step's product), at each of LAYER_COUNTS (HEAD_COUNTS for the vocabulary head) rows: the first, the middle and
+    the last; None where none does."""
+    head, seen = products.head_of(model), set()
+    for module, _ in products._linear_layers(model):
+        weight = cast(torch.Tensor, module.weight)  # a Linear's or a Conv1D's
+        transposed = type(module) is not torch.nn.Linear
+        shape = (tuple(weight.shape), transposed)
+        if shape in seen or weight.dtype != torch.float32:
+            continue
+        seen.add(shape)
+        counts = HEAD_COUNTS if module is head else LAYER_COUNTS
+        draws = torch.Generator().manual_seed(len(seen))
+        x = torch.randn(max(counts), weight.shape[0 if transposed else 1], generator=draws)
+        for rows in counts:
+            together = products.product(weight, x[:rows], products.PACKED, transposed)
+            for r in sorted({0, rows // 2, rows - 1}):
+                alone = products.product(weight, x[r : r + 1], products.PACKED, transposed)[0]
+                if not torch.equal(together[r], alone):
+                    apart = (together[r] - alone).abs().max().item()
+                    size = "x".join(str(n) for n in weight.shape)
+                    return f"a product of the {size} weight over {rows} rows: row {r} up to {apart:.1e} apart"
     return None
