@@ -63,11 +63,11 @@ def attention(
     if mask is None and n > 1:
         mask = torch.ones(n, length, dtype=torch.bool, device=query.device).tril(length - n)
     if mask is not None:
+        per_head = mask[:, :, None] if mask.dim() == 4 else mask  # (B, 1, n, L) over the heads' groups
         if mask.dtype == torch.bool:
-            seen = mask[:, :, None] if mask.dim() == 4 else mask
-            scores.masked_fill_(~seen, torch.finfo(torch.float64).min)
+            scores.masked_fill_(~per_head, torch.finfo(torch.float64).min)
         else:
-            scores += (mask[:, :, None] if mask.dim() == 4 else mask).to(torch.float64)
+            scores += per_head.to(torch.float64)
     weights = torch.softmax(scores, dim=-1).reshape(rows, kv_heads, groups * n, length)
     out = (weights @ value.to(torch.float64)).reshape(rows, heads, n, width).to(query.dtype)
     return out.transpose(1, 2).contiguous(), None

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -22,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..contracts import max_positions
-from ..engine.discovery import PluginHost, get_host
+from ..engine.discovery import PluginHost, _truthy, get_host
 from ..errors import ConfigError
 from ..runners import ModelRunner
 from . import invariant
@@ -198,8 +197,7 @@ class TransformersRunner(ModelRunner):
         self.held: list[int] | None = None  # after `release`: the callers' rows the cache still holds, in its order
         self._held_index: torch.Tensor | None = None  # `held` as an index on the device
         # fixed for the runner's passes from here; a drafter's runner (draft_model) needs no such numerics
-        from_env = os.environ.get(BATCH_INVARIANT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-        self.batch_invariant = (self.batch_invariant or from_env) and not self.drafting
+        self.batch_invariant = (self.batch_invariant or _truthy(BATCH_INVARIANT_ENV)) and not self.drafting
         if self.batch_invariant:
             self._require_invariance()
         if not (_MKL and self.device.type == "cpu"):

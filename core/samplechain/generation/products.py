@@ -99,7 +99,6 @@ def product(weight: torch.Tensor, x: torch.Tensor, layout: str | None, transpose
     matrix-vector product, which streams the weight slowly); PACKED, by oneDNN on a copy of W packed for it (one row
     as two alike rows: oneDNN sums a row alone in another order than among others, and among any number of others in
     one order)."""
-    matrix = weight.T if transposed else weight
     if layout is None:
         return x @ weight if transposed else F.linear(x, weight)
     rows = x.shape[0]
@@ -107,7 +106,7 @@ def product(weight: torch.Tensor, x: torch.Tensor, layout: str | None, transpose
         pair = torch.cat([x, x]) if rows == 1 else x
         return torch.ops.mkldnn._linear_pointwise(pair, _packed(weight, transposed), None, "none", [None], "")[:rows]
     columns = torch.cat([x, torch.zeros_like(x)]) if rows == 1 else x
-    return (matrix @ columns.T)[:, :rows].T
+    return ((weight.T if transposed else weight) @ columns.T)[:, :rows].T
 
 
 def _packed(weight: torch.Tensor, transposed: bool = False) -> torch.Tensor:
