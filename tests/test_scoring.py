@@ -575,6 +575,23 @@ def test_on_llama_cpp_a_generation_scores_kept_with_its_logprobs(smollm, guided)
         assert torch.equal(got.logprobs[b], out.logprobs[b, : len(row)])
 
 
+@pytest.mark.llama_cpp
+@pytest.mark.slow
+def test_on_llama_cpp_a_continuation_of_64_tokens_or_more_scores_in_one_pass_as_generated(smollm):
+    """A continuation past 64 tokens, scored in one pass, which llama.cpp's float16 KV cache would run through
+    another attention kernel than the generation's steps: the runner's passes keep the steps' logits."""
+    model, tok = smollm
+    prompts, kwargs = ["Tell me a long story."], {"chain": SAMPLING, "seed": 8, "ignore_eos": True}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = generate(model, tok, prompts, max_new_tokens=90, **kwargs)
+        rows = generated(out)
+        got = score(model, tok, prompts, rows, **kwargs)
+    assert len(rows[0]) == 90
+    assert bool(got.kept[0].all()), got.kept[0]
+    assert torch.equal(got.logprobs[0], out.logprobs[0, :90])
+
+
 def test_a_chains_draft_table_and_guards_do_not_touch_scoring(tiny):
     """score() checks given tokens: a chain's [draft] (mode rejection, which refuses raw logprobs in generation)
     and its guards (which read text, so need a tokenizer) are left unused."""

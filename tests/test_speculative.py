@@ -46,15 +46,25 @@ def run(model, tok, prompts, **kwargs):
 
 
 class Scripted(Drafter):
-    """Knows each row's reference tokens (prompt and continuation) and proposes them: `length(rng)` tokens, the
-    one at `wrong(rng, n)` (None: none) replaced by another token."""
+    """Knows each row's reference tokens (prompt and continuation) and proposes them: `shortest` to `longest` of
+    them (at most the limit), with chance `wrong_rate` one of them replaced by another token."""
 
     name = "scripted"
 
-    def __init__(self, rows: Sequence[list[int]], vocab: int, *, seed=0, longest=6, wrong_rate=0.0, always_wrong=False):
+    def __init__(
+        self,
+        rows: Sequence[list[int]],
+        vocab: int,
+        *,
+        seed=0,
+        shortest=1,
+        longest=6,
+        wrong_rate=0.0,
+        always_wrong=False,
+    ):
         super().__init__()
         self.rows, self.vocab, self.rng = rows, vocab, random.Random(seed)
-        self.longest, self.wrong_rate, self.always_wrong = longest, wrong_rate, always_wrong
+        self.shortest, self.longest, self.wrong_rate, self.always_wrong = shortest, longest, wrong_rate, always_wrong
         self.calls = 0
 
     def propose(self, row, tokens, limit):
@@ -62,7 +72,7 @@ class Scripted(Drafter):
         full = self.rows[row]
         n = len(tokens)
         assert tokens.tolist() == full[:n], "the drafter sees the row's prompt and tokens so far"
-        draft = full[n : n + min(limit, self.rng.randint(1, self.longest))]
+        draft = full[n : n + min(limit, self.rng.randint(self.shortest, self.longest))]
         if self.always_wrong:
             return [(t + 1) % self.vocab for t in draft]
         if draft and self.rng.random() < self.wrong_rate:
@@ -715,6 +725,34 @@ def test_on_llama_cpp_prompt_lookup_gives_the_same_tokens(smollm):
             assert torch.equal(a[rows], b[rows]), (chain, j)
         if chain == "preset:greedy":  # the quoting answers repeat their prompts: lookups hit
             assert bool((ours.model_calls < ours.num_generated).all()), ours.model_calls
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.slow
+def test_on_llama_cpp_drafts_of_64_tokens_keep_the_logits_of_steps(smollm, monkeypatch):
+    """A check that feeds a row 64 tokens or more, which llama.cpp's float16 KV cache would attend with another
+    kernel than one-token steps: drafts of 63 and 64 tokens, some with a wrong token, give the tokens and logits of
+    generation without a drafter bit for bit."""
+    from samplechain_llama_cpp import LlamaCppRunner
+
+    model, tok = smollm
+    kwargs = {"chain": "preset:llama.cpp", "max_new_tokens": 100, "seed": 4, "ignore_eos": True, "output_logits": True}
+    reference, gen = run(model, tok, QUOTING, **kwargs)
+    feeds = []
+    extend_rows = LlamaCppRunner.extend_rows
+
+    def counted(self, rows, tokens):
+        feeds.extend(len(t) for t in tokens)
+        return extend_rows(self, rows, tokens)
+
+    monkeypatch.setattr(LlamaCppRunner, "extend_rows", counted)
+    rows = reference_rows(reference, gen)
+    drafter = Scripted(rows, model.config.vocab_size, seed=1, shortest=63, longest=64, wrong_rate=0.3)
+    ours, _ = run(model, tok, QUOTING, draft={"use": drafter, "adaptive": False}, **kwargs)
+    assert_same_tokens(ours, reference)
+    for a, b in zip(ours.logits, reference.logits):
+        assert torch.equal(a, b)
+    assert max(feeds) == 65  # a row's newest token and a draft of 64
 
 
 def rows_keep_their_own_drafts(model, tok, case):

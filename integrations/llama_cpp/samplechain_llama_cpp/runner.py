@@ -1,9 +1,9 @@
 """samplechain's model-runner contract on llama.cpp (`LlamaCppRunner`, the `llama_cpp` runner).
 
-What is batched: every call is one `llama_decode` for the whole batch (split only where it exceeds the context's
-n_batch, 512 tokens). Each row is a llama.cpp sequence of its own (seq_id = row) with a KV cache stream of its own;
-a row feeds only its real tokens, at positions 0..n-1 of its sequence, so left padding costs nothing and changes no
-logit. `prefill` decodes every prompt's tokens together and keeps the logits of each row's last one; `step` one
+What is batched: every call is one `llama_decode` for the whole batch (split where it exceeds the context's
+n_batch, 512 tokens, and, with a float KV cache, where a row takes 64 tokens or more after its prompt: `_feed`).
+Each row is a llama.cpp sequence of its own (seq_id = row) with a KV cache stream of its own; a row feeds only its
+real tokens, at positions 0..n-1 of its sequence, so left padding costs nothing and changes no logit. `prefill` decodes every prompt's tokens together and keeps the logits of each row's last one; `step` one
 token per row; `extend` K tokens per row with the logits after each; `truncate` cuts each row on its own
 (`llama_memory_seq_rm`).
 
@@ -32,6 +32,11 @@ __all__ = ["LlamaCppRunner"]
 # llama.cpp (0.3.36's CPU backend) splits a one-token decode's flash attention over its threads once the sequence's
 # padded cache reaches 512 cells, that is past 256 tokens; a decode of several tokens never splits it
 _SPLIT_PAST = 256
+# ... and with a float KV cache runs 64 or more queries of one sequence in one pass through its tiled kernel
+# (GGML_FA_TILE_Q), which sums otherwise than the kernel of fewer (logits up to about 1.4 apart): a check or a
+# scoring pass that feeds a sequence more tokens is decoded in passes of at most _TILED_FROM - 1 a sequence, which
+# give the logits of one-token steps bit for bit; a prompt's prefill runs as it is in every generation alike
+_TILED_FROM = 64
 
 
 class LlamaCppRunner(ModelRunner):
@@ -130,33 +135,46 @@ class LlamaCppRunner(ModelRunner):
 
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: (B, K) appended to every row in one decode; the logits after each, (B, K, V)."""
+        """tokens: (B, K) appended to every row in one decode (`_feed`); the logits after each, (B, K, V)."""
         k = tokens.shape[1]
         if k > 1:
             self._several_tokens(int(self.n.max()) + k)
-        seq = np.repeat(self.rows, k)
-        pos = (self.n[:, None] + np.arange(k)[None, :]).reshape(-1)
         flat = tokens.detach().cpu().numpy().reshape(-1)
-        logits = self._decode(seq, pos, flat, np.ones(len(flat), dtype=bool))
-        self.n = self.n + k
+        logits = self._feed(self.rows, np.full(self.batch, k, dtype=np.int64), flat)
         return logits.view(self.batch, k, self.vocab)
 
     @torch.no_grad()
     def extend_rows(self, rows: Sequence[int], tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """rows[i] takes tokens[i] (its own count) at its next positions, all in one decode; the logits after
-        each, one (k_i, V) per row given. The other rows' sequences are untouched."""
+        """rows[i] takes tokens[i] (its own count) at its next positions, all in one decode (`_feed`); the logits
+        after each, one (k_i, V) per row given. The other rows' sequences are untouched."""
         seq = np.asarray(rows, dtype=np.int32)
         counts = np.asarray([len(t) for t in tokens], dtype=np.int64)
         if len(seq) == 0 or bool((counts < 1).any()):
             raise ConfigError(f"extend_rows: one or more tokens for each row given, got counts {counts.tolist()}")
         if bool((counts > 1).any()):
             self._several_tokens(int((self.n[seq] + counts).max()))
-        first = np.repeat(self.n[seq] - np.cumsum(counts) + counts, counts)  # each token's row's next position,
-        pos = first + np.arange(int(counts.sum()))  # plus its index among the row's tokens
         flat = torch.cat([t.reshape(-1) for t in tokens]).detach().cpu().numpy()
-        logits = self._decode(np.repeat(seq, counts), pos, flat, np.ones(len(flat), dtype=bool))
+        return list(self._feed(seq, counts, flat).split(counts.tolist()))
+
+    def _feed(self, seq: np.ndarray, counts: np.ndarray, flat: np.ndarray) -> torch.Tensor:
+        """Sequence seq[i] takes its counts[i] tokens of `flat` (row by row) at its next positions; the logits
+        after each token, (sum(counts), V) in that order. One decode, or with a float KV cache and flash attention
+        where a sequence takes _TILED_FROM tokens or more, decodes of at most _TILED_FROM - 1 tokens a sequence
+        (each sequence's next ones in turn), whose logits are those of one-token steps."""
+        total = int(counts.sum())
+        within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)  # each token's index in its row
+        rows, pos = np.repeat(seq, counts), np.repeat(self.n[seq], counts) + within
+        if self.ctx.flash_attn and self.ctx.float_kv and int(counts.max()) >= _TILED_FROM:
+            logits = torch.empty((total, self.vocab), dtype=torch.float32)
+            part = within // (_TILED_FROM - 1)
+            for p in range(int(part.max()) + 1):
+                take = np.flatnonzero(part == p)
+                wanted = np.ones(len(take), dtype=bool)
+                logits[torch.from_numpy(take)] = self._decode(rows[take], pos[take], flat[take], wanted)
+        else:
+            logits = self._decode(rows, pos, flat, np.ones(total, dtype=bool))
         self.n[seq] += counts
-        return list(logits.split(counts.tolist()))
+        return logits
 
     def truncate(self, length: int | Sequence[int]) -> None:
         """Keep the first `length` columns of the padded rows (one int, or one per row): each row keeps

@@ -80,6 +80,35 @@ def test_extend_then_truncate_matches_stepping_one_by_one(llama_model):
     torch.testing.assert_close(again[1], torch.stack([one_by_one[2][1], one_by_one[3][1]]), atol=ATOL, rtol=0)
 
 
+def test_feeds_of_64_tokens_or_more_a_row_match_stepping_one_by_one(llama_model):
+    """With the float16 KV cache (llama.cpp's default) llama.cpp runs 64 or more queries of one sequence in one pass
+    through another attention kernel (logits about 1.4 apart): the runner decodes such a feed in passes of at most
+    63 tokens a row, so a long check or scoring pass still gives the steps' logits."""
+    model, tok = llama_model
+    ids, mask = padded(tok, PROMPTS[:2])
+    new = (torch.arange(2 * 70).reshape(2, 70) * 37 + 400) % 20000
+    stepped = runner(model, ids, mask)
+    stepped.prefill()
+    seq, one_by_one = ids, []
+    for j in range(new.shape[1]):
+        seq = torch.cat([seq, new[:, j : j + 1]], dim=1)
+        one_by_one.append(stepped.step(seq))
+    del stepped
+    steps = torch.stack(one_by_one, dim=1)
+    for k in (63, 64, 70):
+        ext = runner(model, ids, mask)
+        ext.prefill()
+        torch.testing.assert_close(ext.extend(new[:, :k]), steps[:, :k], atol=ATOL, rtol=0)
+        assert ext.n.tolist() == (mask.sum(1) + k).tolist()
+    rows = runner(model, ids, mask)
+    rows.prefill()
+    first, second = rows.extend_rows([0, 1], [new[0, :66], new[1, :1]])  # one row past 64, one of one token
+    torch.testing.assert_close(first, steps[0, :66], atol=ATOL, rtol=0)
+    torch.testing.assert_close(second, steps[1, :1], atol=ATOL, rtol=0)
+    (again,) = rows.extend_rows([1], [new[1, 1:70]])
+    torch.testing.assert_close(again, steps[1, 1:70], atol=ATOL, rtol=0)
+
+
 def test_truncate_refuses_cutting_into_a_rows_padding_or_past_its_end(llama_model):
     model, tok = llama_model
     ids, mask = padded(tok, PROMPTS[:2])
