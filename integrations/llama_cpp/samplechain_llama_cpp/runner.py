@@ -1,16 +1,18 @@
 """samplechain's model-runner contract on llama.cpp (`LlamaCppRunner`, the `llama_cpp` runner).
 
 What is batched: every call is one `llama_decode` for the whole batch (split where it exceeds the context's
-n_batch, 512 tokens, and, with a float KV cache, where a row takes 64 tokens or more after its prompt: `_feed`).
-Each row is a llama.cpp sequence of its own (seq_id = row) with a KV cache stream of its own; a row feeds only its
-real tokens, at positions 0..n-1 of its sequence, so left padding costs nothing and changes no logit. `prefill` decodes every prompt's tokens together and keeps the logits of each row's last one; `step` one
-token per row; `extend` K tokens per row with the logits after each; `truncate` cuts each row on its own
-(`llama_memory_seq_rm`).
+n_batch, 512 tokens, and, with a float KV cache, where a row takes 64 tokens or more: `_in_passes`). Each row is a
+llama.cpp sequence of its own (seq_id = row) with a KV cache stream of its own; a row feeds only its real tokens, at
+positions 0..n-1 of its sequence, so left padding costs nothing and changes no logit. `prefill` decodes every
+prompt's tokens together and keeps the logits of each row's last one; `step` one token per row; `extend` K tokens
+per row with the logits after each; `truncate` cuts each row on its own (`llama_memory_seq_rm`).
 
 What is not: `reorder` (beam search) copies each moved row's cache through host memory, row by row; llama.cpp's
 sampler (the chain samples from the logits); its prompt cache across generations (each generation starts from a
-cleared context). On the CPU builds measured, a row's logits in a batch equal its logits alone bit for bit
-(tests/test_runner_batch.py checks it within a stated tolerance).
+cleared context). On the CPU builds measured, with flash attention, a row's logits are those of one-token steps
+and the same in a batch as alone, bit for bit, but for a prompt of more than 256 tokens and, with a float KV cache
+on several threads, a row's one-token steps past 256 tokens (_SPLIT_PAST); tests/test_runner_batch.py checks it
+within a stated tolerance.
 """
 
 from __future__ import annotations
@@ -33,9 +35,13 @@ __all__ = ["LlamaCppRunner"]
 # padded cache reaches 512 cells, that is past 256 tokens; a decode of several tokens never splits it
 _SPLIT_PAST = 256
 # ... and with a float KV cache runs 64 or more queries of one sequence in one pass through its tiled kernel
-# (GGML_FA_TILE_Q), which sums otherwise than the kernel of fewer (logits up to about 1.4 apart): a check or a
-# scoring pass that feeds a sequence more tokens is decoded in passes of at most _TILED_FROM - 1 a sequence, which
-# give the logits of one-token steps bit for bit; a prompt's prefill runs as it is in every generation alike
+# (GGML_FA_TILE_Q), which sums otherwise than the kernel of fewer (logits up to about 1.4 apart), and which of them a
+# prompt's queries take depends on the batch (llama.cpp gives each sequence of a pass as many tokens). The runner
+# therefore decodes a sequence's 64 or more tokens in passes of at most _TILED_FROM - 1, which give the logits of
+# one-token steps bit for bit, alone or in any batch: always for a check, a scoring pass or a resume's tokens, and
+# for a prompt of at most _SPLIT_PAST tokens. A longer prompt runs in llama.cpp's own passes: its one-token steps
+# (a float KV cache, several threads) split anyway, and the tiled kernel prefills a long prompt faster (the other
+# attends query by query)
 _TILED_FROM = 64
 
 
@@ -83,13 +89,33 @@ class LlamaCppRunner(ModelRunner):
             done += len(view)
         return torch.from_numpy(out)
 
+    def _in_passes(
+        self, seq: np.ndarray, pos: np.ndarray, tokens: np.ndarray, want: np.ndarray, within: np.ndarray, split: Any
+    ) -> torch.Tensor:
+        """_decode, where the sequences `split` (bool per token) take their tokens in passes of at most
+        _TILED_FROM - 1 (`within`: each token's index among its sequence's), with a float KV cache and flash
+        attention; the logits of the wanted tokens in batch order."""
+        part = np.where(split, within // (_TILED_FROM - 1), 0)
+        if not (self.ctx.flash_attn and self.ctx.float_kv and part.any()):
+            return self._decode(seq, pos, tokens, want)
+        out = torch.empty((int(np.count_nonzero(want)), self.vocab), dtype=torch.float32)
+        slot = np.cumsum(want) - 1  # where each wanted token's logits go
+        for p in range(int(part.max()) + 1):
+            take = np.flatnonzero(part == p)
+            got = self._decode(seq[take], pos[take], tokens[take], want[take])
+            out[torch.from_numpy(slot[take][want[take]])] = got
+        return out
+
     @torch.no_grad()
     def prefill(self) -> torch.Tensor:
         ids = self.input_ids.detach().cpu().numpy()
         width = ids.shape[1]
         row, col = np.nonzero(np.arange(width)[None, :] >= self.pad[:, None])  # row-major: each row's tokens in order
-        self.n = width - self.pad
-        return self._decode(row.astype(np.int32), col - self.pad[row], ids[row, col], col == width - 1)
+        lengths, within = width - self.pad, col - self.pad[row]
+        split = lengths[row] <= _SPLIT_PAST
+        logits = self._in_passes(row.astype(np.int32), within, ids[row, col], col == width - 1, within, split)
+        self.n = lengths
+        return logits
 
     @torch.no_grad()
     def step(self, input_ids: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
@@ -135,7 +161,7 @@ class LlamaCppRunner(ModelRunner):
 
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: (B, K) appended to every row in one decode (`_feed`); the logits after each, (B, K, V)."""
+        """tokens: (B, K) appended to every row in one decode (`_in_passes`); the logits after each, (B, K, V)."""
         k = tokens.shape[1]
         if k > 1:
             self._several_tokens(int(self.n.max()) + k)
@@ -145,8 +171,8 @@ class LlamaCppRunner(ModelRunner):
 
     @torch.no_grad()
     def extend_rows(self, rows: Sequence[int], tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """rows[i] takes tokens[i] (its own count) at its next positions, all in one decode (`_feed`); the logits
-        after each, one (k_i, V) per row given. The other rows' sequences are untouched."""
+        """rows[i] takes tokens[i] (its own count) at its next positions, all in one decode (`_in_passes`); the
+        logits after each, one (k_i, V) per row given. The other rows' sequences are untouched."""
         seq = np.asarray(rows, dtype=np.int32)
         counts = np.asarray([len(t) for t in tokens], dtype=np.int64)
         if len(seq) == 0 or bool((counts < 1).any()):
@@ -158,21 +184,12 @@ class LlamaCppRunner(ModelRunner):
 
     def _feed(self, seq: np.ndarray, counts: np.ndarray, flat: np.ndarray) -> torch.Tensor:
         """Sequence seq[i] takes its counts[i] tokens of `flat` (row by row) at its next positions; the logits
-        after each token, (sum(counts), V) in that order. One decode, or with a float KV cache and flash attention
-        where a sequence takes _TILED_FROM tokens or more, decodes of at most _TILED_FROM - 1 tokens a sequence
-        (each sequence's next ones in turn), whose logits are those of one-token steps."""
+        after each token, (sum(counts), V) in that order, those of one-token steps (`_in_passes`)."""
         total = int(counts.sum())
         within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)  # each token's index in its row
         rows, pos = np.repeat(seq, counts), np.repeat(self.n[seq], counts) + within
-        if self.ctx.flash_attn and self.ctx.float_kv and int(counts.max()) >= _TILED_FROM:
-            logits = torch.empty((total, self.vocab), dtype=torch.float32)
-            part = within // (_TILED_FROM - 1)
-            for p in range(int(part.max()) + 1):
-                take = np.flatnonzero(part == p)
-                wanted = np.ones(len(take), dtype=bool)
-                logits[torch.from_numpy(take)] = self._decode(rows[take], pos[take], flat[take], wanted)
-        else:
-            logits = self._decode(rows, pos, flat, np.ones(total, dtype=bool))
+        every = np.ones(total, dtype=bool)
+        logits = self._in_passes(rows, pos, flat, every, within, every)
         self.n[seq] += counts
         return logits
 

@@ -80,6 +80,30 @@ def test_extend_then_truncate_matches_stepping_one_by_one(llama_model):
     torch.testing.assert_close(again[1], torch.stack([one_by_one[2][1], one_by_one[3][1]]), atol=ATOL, rtol=0)
 
 
+def test_prompts_of_64_to_256_tokens_prefill_in_a_batch_as_alone_and_as_steps(llama_model):
+    """llama.cpp gives each sequence of a pass as many tokens, so which attention kernel a prompt's queries take (a
+    float KV cache: from 64 of them on, another) would follow the batch: the runner prefills such prompts in passes
+    of at most 63 tokens a row, which give a row's last logits alone, in a batch and token by token alike."""
+    model, _ = llama_model
+    lengths = [100, 70, 150, 64, 256, 90]
+    width = max(lengths)
+    ids = torch.zeros((len(lengths), width), dtype=torch.int64)
+    mask = torch.zeros_like(ids)
+    for b, n in enumerate(lengths):
+        ids[b, width - n :] = (torch.arange(n) * 53 + 101 * b + 400) % 20000
+        mask[b, width - n :] = 1
+    batch = runner(model, ids, mask).prefill()
+    for b, n in enumerate(lengths):
+        alone = runner(model, ids[b : b + 1, width - n :]).prefill()
+        torch.testing.assert_close(batch[b], alone[0], atol=ATOL, rtol=0)
+        if n in (64, 150):
+            steps = runner(model, ids[b : b + 1, width - n : width - n + 1])
+            steps.prefill()
+            for t in range(2, n + 1):
+                last = steps.step(ids[b : b + 1, width - n : width - n + t])
+            torch.testing.assert_close(last[0], alone[0], atol=ATOL, rtol=0)
+
+
 def test_feeds_of_64_tokens_or_more_a_row_match_stepping_one_by_one(llama_model):
     """With the float16 KV cache (llama.cpp's default) llama.cpp runs 64 or more queries of one sequence in one pass
     through another attention kernel (logits about 1.4 apart): the runner decodes such a feed in passes of at most
