@@ -1,18 +1,19 @@
 """samplechain's model-runner contract on llama.cpp (`LlamaCppRunner`, the `llama_cpp` runner).
 
 What is batched: every call is one `llama_decode` for the whole batch (split where it exceeds the context's
-n_batch, 512 tokens, and, with a float KV cache, where a row takes 64 tokens or more: `_in_passes`). Each row is a
-llama.cpp sequence of its own (seq_id = row) with a KV cache stream of its own; a row feeds only its real tokens, at
-positions 0..n-1 of its sequence, so left padding costs nothing and changes no logit. `prefill` decodes every
-prompt's tokens together and keeps the logits of each row's last one; `step` one token per row; `extend` K tokens
-per row with the logits after each; `truncate` cuts each row on its own (`llama_memory_seq_rm`).
+n_batch, 512 tokens, and, with a float KV cache, where a row takes 64 tokens or more after its prompt:
+`_in_passes`). Each row is a llama.cpp sequence of its own (seq_id = row) with a KV cache stream of its own; a row
+feeds only its real tokens, at positions 0..n-1 of its sequence, so left padding costs nothing. `prefill` decodes
+every prompt's tokens together and keeps the logits of each row's last one; `step` one token per row; `extend` K
+tokens per row with the logits after each; `truncate` cuts each row on its own (`llama_memory_seq_rm`).
 
 What is not: `reorder` (beam search) copies each moved row's cache through host memory, row by row; llama.cpp's
 sampler (the chain samples from the logits); its prompt cache across generations (each generation starts from a
-cleared context). On the CPU builds measured, with flash attention, a row's logits are those of one-token steps
-and the same in a batch as alone, bit for bit, but for a prompt of more than 256 tokens and, with a float KV cache
-on several threads, a row's one-token steps past 256 tokens (_SPLIT_PAST); tests/test_runner_batch.py checks it
-within a stated tolerance.
+cleared context). On the CPU builds measured, with flash attention, a row's logits in a batch equal its logits
+alone bit for bit where its prompt has fewer than 64 tokens (tests/test_runner_batch.py checks it within a stated
+tolerance): llama.cpp gives each sequence of a pass as many tokens, and with a float KV cache attends 64 or more
+of them through another kernel than fewer, so which kernel a longer prompt's tokens take follows the batch;
+alone, a prompt gives llama-cpp-python's own logits bit for bit.
 """
 
 from __future__ import annotations
@@ -35,13 +36,10 @@ __all__ = ["LlamaCppRunner"]
 # padded cache reaches 512 cells, that is past 256 tokens; a decode of several tokens never splits it
 _SPLIT_PAST = 256
 # ... and with a float KV cache runs 64 or more queries of one sequence in one pass through its tiled kernel
-# (GGML_FA_TILE_Q), which sums otherwise than the kernel of fewer (logits up to about 1.4 apart), and which of them a
-# prompt's queries take depends on the batch (llama.cpp gives each sequence of a pass as many tokens). The runner
-# therefore decodes a sequence's 64 or more tokens in passes of at most _TILED_FROM - 1, which give the logits of
-# one-token steps bit for bit, alone or in any batch: always for a check, a scoring pass or a resume's tokens, and
-# for a prompt of at most _SPLIT_PAST tokens. A longer prompt runs in llama.cpp's own passes: its one-token steps
-# (a float KV cache, several threads) split anyway, and the tiled kernel prefills a long prompt faster (the other
-# attends query by query)
+# (GGML_FA_TILE_Q), which sums otherwise than the kernel of fewer (logits up to about 1.4 apart). The runner decodes
+# a check, a scoring pass or a resume's tokens that give a sequence 64 or more in passes of at most _TILED_FROM - 1,
+# which give the logits of one-token steps bit for bit. A prompt runs in llama.cpp's own passes, as llama-cpp-python
+# runs it (its logits bit for bit)
 _TILED_FROM = 64
 
 
@@ -90,12 +88,12 @@ class LlamaCppRunner(ModelRunner):
         return torch.from_numpy(out)
 
     def _in_passes(
-        self, seq: np.ndarray, pos: np.ndarray, tokens: np.ndarray, want: np.ndarray, within: np.ndarray, split: Any
+        self, seq: np.ndarray, pos: np.ndarray, tokens: np.ndarray, want: np.ndarray, within: np.ndarray
     ) -> torch.Tensor:
-        """_decode, where the sequences `split` (bool per token) take their tokens in passes of at most
-        _TILED_FROM - 1 (`within`: each token's index among its sequence's), with a float KV cache and flash
-        attention; the logits of the wanted tokens in batch order."""
-        part = np.where(split, within // (_TILED_FROM - 1), 0)
+        """_decode, with a float KV cache and flash attention in passes of at most _TILED_FROM - 1 tokens a
+        sequence (`within`: each token's index among its sequence's); the logits of the wanted tokens in batch
+        order."""
+        part = within // (_TILED_FROM - 1)
         if not (self.ctx.flash_attn and self.ctx.float_kv and part.any()):
             return self._decode(seq, pos, tokens, want)
         out = torch.empty((int(np.count_nonzero(want)), self.vocab), dtype=torch.float32)
@@ -111,11 +109,8 @@ class LlamaCppRunner(ModelRunner):
         ids = self.input_ids.detach().cpu().numpy()
         width = ids.shape[1]
         row, col = np.nonzero(np.arange(width)[None, :] >= self.pad[:, None])  # row-major: each row's tokens in order
-        lengths, within = width - self.pad, col - self.pad[row]
-        split = lengths[row] <= _SPLIT_PAST
-        logits = self._in_passes(row.astype(np.int32), within, ids[row, col], col == width - 1, within, split)
-        self.n = lengths
-        return logits
+        self.n = width - self.pad
+        return self._decode(row.astype(np.int32), col - self.pad[row], ids[row, col], col == width - 1)
 
     @torch.no_grad()
     def step(self, input_ids: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
@@ -189,7 +184,7 @@ class LlamaCppRunner(ModelRunner):
         within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)  # each token's index in its row
         rows, pos = np.repeat(seq, counts), np.repeat(self.n[seq], counts) + within
         every = np.ones(total, dtype=bool)
-        logits = self._in_passes(rows, pos, flat, every, within, every)
+        logits = self._in_passes(rows, pos, flat, every, within)
         self.n[seq] += counts
         return logits
 

@@ -40,6 +40,23 @@ def test_logits_at_b1_are_llama_cpp_pythons_own_bit_for_bit(llama_model):
     model.llama.reset()
 
 
+def test_a_prompt_of_64_tokens_or_more_gives_llama_cpp_pythons_own_logits_and_so_do_the_steps_after_it(llama_model):
+    """A prompt runs in llama.cpp's own passes, as llama-cpp-python runs it, though from 64 tokens of a sequence on
+    llama.cpp attends through another kernel than a check of drafted tokens may use."""
+    from samplechain_llama_cpp import LlamaCppRunner
+
+    model, _ = llama_model
+    ids = [int(t) for t in (torch.arange(150) * 53 + 400) % 20000]
+    runner = LlamaCppRunner(model, torch.tensor([ids]), None)
+    model.llama.reset()
+    assert np.array_equal(runner.prefill()[0].numpy(), own_logits(model.llama, ids))
+    seq = torch.tensor([ids])
+    for token in (1797, 314):
+        seq = torch.cat([seq, torch.tensor([[token]])], dim=1)
+        assert np.array_equal(runner.step(seq)[0].numpy(), own_logits(model.llama, [token]))
+    model.llama.reset()
+
+
 def test_a_step_with_active_rows_decodes_only_them(llama_model):
     from samplechain_llama_cpp import LlamaCppRunner
 
