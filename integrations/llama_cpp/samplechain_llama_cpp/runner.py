@@ -2,7 +2,7 @@
 
 What is batched: every call is one `llama_decode` for the whole batch (split where it exceeds the context's
 n_batch, 512 tokens, and, with a float KV cache, where a row takes 64 tokens or more after its prompt:
-`_in_passes`). Each row is a llama.cpp sequence of its own (seq_id = row) with a KV cache stream of its own; a row
+`_feed`). Each row is a llama.cpp sequence of its own (seq_id = row) with a KV cache stream of its own; a row
 feeds only its real tokens, at positions 0..n-1 of its sequence, so left padding costs nothing. `prefill` decodes
 every prompt's tokens together and keeps the logits of each row's last one; `step` one token per row; `extend` K
 tokens per row with the logits after each; `truncate` cuts each row on its own (`llama_memory_seq_rm`).
@@ -87,23 +87,6 @@ class LlamaCppRunner(ModelRunner):
             done += len(view)
         return torch.from_numpy(out)
 
-    def _in_passes(
-        self, seq: np.ndarray, pos: np.ndarray, tokens: np.ndarray, want: np.ndarray, within: np.ndarray
-    ) -> torch.Tensor:
-        """_decode, with a float KV cache and flash attention in passes of at most _TILED_FROM - 1 tokens a
-        sequence (`within`: each token's index among its sequence's); the logits of the wanted tokens in batch
-        order."""
-        part = within // (_TILED_FROM - 1)
-        if not (self.ctx.flash_attn and self.ctx.float_kv and part.any()):
-            return self._decode(seq, pos, tokens, want)
-        out = torch.empty((int(np.count_nonzero(want)), self.vocab), dtype=torch.float32)
-        slot = np.cumsum(want) - 1  # where each wanted token's logits go
-        for p in range(int(part.max()) + 1):
-            take = np.flatnonzero(part == p)
-            got = self._decode(seq[take], pos[take], tokens[take], want[take])
-            out[torch.from_numpy(slot[take][want[take]])] = got
-        return out
-
     @torch.no_grad()
     def prefill(self) -> torch.Tensor:
         ids = self.input_ids.detach().cpu().numpy()
@@ -156,7 +139,7 @@ class LlamaCppRunner(ModelRunner):
 
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: (B, K) appended to every row in one decode (`_in_passes`); the logits after each, (B, K, V)."""
+        """tokens: (B, K) appended to every row in one decode (`_feed`); the logits after each, (B, K, V)."""
         k = tokens.shape[1]
         if k > 1:
             self._several_tokens(int(self.n.max()) + k)
@@ -166,7 +149,7 @@ class LlamaCppRunner(ModelRunner):
 
     @torch.no_grad()
     def extend_rows(self, rows: Sequence[int], tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """rows[i] takes tokens[i] (its own count) at its next positions, all in one decode (`_in_passes`); the
+        """rows[i] takes tokens[i] (its own count) at its next positions, all in one decode (`_feed`); the
         logits after each, one (k_i, V) per row given. The other rows' sequences are untouched."""
         seq = np.asarray(rows, dtype=np.int32)
         counts = np.asarray([len(t) for t in tokens], dtype=np.int64)
@@ -179,12 +162,22 @@ class LlamaCppRunner(ModelRunner):
 
     def _feed(self, seq: np.ndarray, counts: np.ndarray, flat: np.ndarray) -> torch.Tensor:
         """Sequence seq[i] takes its counts[i] tokens of `flat` (row by row) at its next positions; the logits
-        after each token, (sum(counts), V) in that order, those of one-token steps (`_in_passes`)."""
+        after each token, (sum(counts), V) in that order, those of one-token steps: one decode, or with a float KV
+        cache and flash attention, where a row takes _TILED_FROM tokens or more, decodes of at most _TILED_FROM - 1
+        tokens a row (each row's next ones in turn)."""
         total = int(counts.sum())
         within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)  # each token's index in its row
         rows, pos = np.repeat(seq, counts), np.repeat(self.n[seq], counts) + within
-        every = np.ones(total, dtype=bool)
-        logits = self._in_passes(rows, pos, flat, every, within)
+        part = within // (_TILED_FROM - 1)
+        if self.ctx.flash_attn and self.ctx.float_kv and part.any():
+            logits = torch.empty((total, self.vocab), dtype=torch.float32)
+            for p in range(int(part.max()) + 1):
+                take = np.flatnonzero(part == p)
+                logits[torch.from_numpy(take)] = self._decode(
+                    rows[take], pos[take], flat[take], np.ones(len(take), bool)
+                )
+        else:
+            logits = self._decode(rows, pos, flat, np.ones(total, dtype=bool))
         self.n[seq] += counts
         return logits
 
