@@ -37,6 +37,9 @@ many-token kernel for it):
    past their tokens (the runner's, `TransformersRunner.room`), against transformers' own layers, which copy the
    whole cache into a new tensor every pass: --max-new-tokens steps after a prompt of each --contexts length, at
    each --batch, the two runners taking turns step by step.
+7. prefill (transformers): ms of a prompt's pass of each --contexts length at each --batch in the runner's default
+   passes and in its batch-invariant passes (`TransformersRunner.batch_invariant`: attention in float64, in blocks
+   of queries), taking turns, median of --reps.
 
     .venv/bin/python benchmarks/bench_verify.py                       # the default model, on the CPU
     .venv/bin/python benchmarks/bench_verify.py --engine llama.cpp --sections 1,3
@@ -419,6 +422,30 @@ def appending(model: Any, device: torch.device, batches: Sequence[int], contexts
     return out
 
 
+@torch.inference_mode()
+def prefills(model: Any, device: torch.device, batches: Sequence[int], contexts: Sequence[int], reps: int) -> list:
+    """ms per `runner.prefill` of a prompt in the default passes and in batch-invariant passes, taking turns (who
+    goes first alternates) after a warm-up round; medians, and the median of the per-round ratios."""
+    out = []
+    for batch in batches:
+        for context in contexts:
+            ids = prompts(model, batch, context, device)
+            times: dict[bool, list[float]] = {False: [], True: []}
+            for rep in range(reps + 1):
+                for invariant in (False, True) if rep % 2 else (True, False):
+                    t = timed(device, runner(model, ids, invariant).prefill)[0]
+                    if rep:
+                        times[invariant].append(t)
+            ratios = [b / a for a, b in zip(times[False], times[True])]
+            out.append(
+                {"B": batch, "prompt": context}
+                | {"default ms": round(statistics.median(times[False]) * 1e3, 1)}
+                | {"batch-invariant ms": round(statistics.median(times[True]) * 1e3, 1)}
+                | {"batch-invariant / default": round(statistics.median(ratios), 3)}
+            )
+    return out
+
+
 def table(rows: Sequence[dict]) -> str:
     head = list(dict.fromkeys(h for r in rows for h in r))  # every row's columns (B = 1 has no "one row")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -443,7 +470,7 @@ def main() -> None:
     )
     ap.add_argument("--context", type=int, default=64, help="the prompt's tokens (sections 1 and 3)")
     ap.add_argument("--rows", default="1,2,3,4,5,6,8,12,16,24,48,96", help="section 4's row counts")
-    ap.add_argument("--contexts", default="300,1000", help="section 6's prompt lengths")
+    ap.add_argument("--contexts", default="300,1000", help="the prompt lengths of sections 6 and 7")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -489,6 +516,10 @@ def main() -> None:
         contexts = [int(n) for n in args.contexts.split(",")]
         report["appending"] = appending(model, device, batches, contexts, args.max_new_tokens)
         print("\n### 6. a step with the cache appending in place\n\n" + table(report["appending"]))
+    if "7" in sections and invariant_runs(model, device):
+        contexts = [int(n) for n in args.contexts.split(",")]
+        report["prefill"] = prefills(model, device, batches, contexts, args.reps)
+        print("\n### 7. a prompt's pass, default and batch-invariant\n\n" + table(report["prefill"]))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=1)

@@ -805,6 +805,56 @@ def test_batch_invariant_passes_give_one_token_steps_logits_bit_for_bit(tiny, gr
 
 
 @pytest.mark.skipif(not products._PACKED, reason="torch without oneDNN's packed linear product")
+def test_batch_invariant_passes_longer_than_a_query_block_give_one_token_steps_logits(grouped, monkeypatch):
+    """Passes of more than two blocks of queries (a long prompt, a long feed beside a one-token row with holes, a
+    left-padded prompt) give the logits of one-token steps bit for bit at every position."""
+    from samplechain.generation import invariant
+
+    monkeypatch.setattr(TransformersRunner, "batch_invariant", True)
+    n = 2 * invariant.QUERY_BLOCK + 7
+    ids = (torch.arange(n) * 7 + 3)[None] % grouped.config.vocab_size
+    runner = TransformersRunner(grouped, ids[:, :1], None)
+    steps = torch.stack([runner.prefill()[0]] + [runner.step(ids[:, :t])[0] for t in range(2, n + 1)])
+    runner = TransformersRunner(grouped, ids[:, :1], None)
+    assert torch.equal(torch.cat([runner.prefill(), runner.extend(ids[:, 1:])[0]]), steps)
+    assert torch.equal(TransformersRunner(grouped, ids, None).prefill()[0], steps[-1])
+    batch = torch.tensor([[21, 22, 23, 24], [0, 0, 0, int(ids[0, 0])]])
+    runner = TransformersRunner(grouped, batch, torch.tensor([[1, 1, 1, 1], [0, 0, 0, 1]]))
+    first = runner.prefill()[1:]
+    assert torch.equal(torch.cat([first, runner.extend_rows([0, 1], [torch.tensor([25]), ids[0, 1:]])[1]]), steps)
+    padded = torch.cat([torch.zeros(1, 9, dtype=torch.long), ids], -1)
+    prompts = torch.cat([(torch.arange(n + 9) * 5 + 1)[None] % grouped.config.vocab_size, padded])
+    mask = torch.cat([torch.ones(1, n + 9, dtype=torch.long), (padded > 0) | (torch.arange(n + 9) >= 9)])
+    assert torch.equal(TransformersRunner(grouped, prompts, mask).prefill()[1], steps[-1])
+
+
+def test_batch_invariant_attention_reads_every_key_a_mask_shows():
+    """In blocks of queries, causal or not (a mask that shows later keys), with padding queries that see nothing:
+    float64 attention rounded once, as one float64 pass over all queries and keys gives it."""
+    from samplechain.generation import invariant
+
+    gen = torch.Generator().manual_seed(3)
+    rows, n, length = 2, 2 * invariant.QUERY_BLOCK + 5, 2 * invariant.QUERY_BLOCK + 9
+    query = torch.randn(rows, 4, n, 8, generator=gen)
+    key, value = torch.randn(rows, 2, length, 8, generator=gen), torch.randn(rows, 2, length, 8, generator=gen)
+    causal = torch.ones(rows, 1, n, length, dtype=torch.bool).tril(length - n)
+    causal[1, ..., :6] = False  # padding: the first two of the second row's queries see nothing
+    ahead = causal | (torch.rand(rows, 1, n, length, generator=gen) < 0.3)
+    ahead[1, :, :2] = False
+    for mask in (None, causal, ahead, torch.zeros_like(ahead, dtype=torch.float32).masked_fill_(~ahead, -1e30)):
+        visible = torch.ones(n, length, dtype=torch.bool).tril(length - n) if mask is None else mask
+        visible = visible if visible.dtype == torch.bool else visible == 0
+        k, v = (t.double().repeat_interleave(2, 1) for t in (key, value))
+        scores = (query.double() @ k.transpose(-1, -2)) * 8**-0.5
+        weights = scores.masked_fill(~visible, torch.finfo(torch.float64).min).softmax(-1)
+        expected = (weights @ v).float().transpose(1, 2)
+        got = invariant.attention(None, query, key, value, mask)[0]
+        sees = visible.expand(rows, 1, n, length).any(-1)[:, 0]  # (rows, n): not a padding query
+        assert got.isfinite().all()
+        torch.testing.assert_close(got[sees], expected[sees], rtol=2**-23, atol=1e-7)
+
+
+@pytest.mark.skipif(not products._PACKED, reason="torch without oneDNN's packed linear product")
 def test_batch_invariant_passes_are_turned_on_by_the_environment_too(grouped, monkeypatch):
     """SAMPLECHAIN_BATCH_INVARIANT=1 (the command line's way in) as TransformersRunner.batch_invariant = True; a
     drafting model's runner (told so before it is made) takes on neither."""

@@ -34,6 +34,9 @@ _checked: weakref.WeakKeyDictionary[torch.nn.Module, dict[int, str | None]] = we
 _checking = threading.RLock()
 
 
+QUERY_BLOCK = 32  # queries attended together: their float64 scores over a long prompt stay in a core's cache
+
+
 def attention(
     module: Any,
     query: torch.Tensor,
@@ -46,8 +49,13 @@ def attention(
     """transformers' attention interface: query (B, H, n, d), key and value (B, H_kv, L, d), the mask from
     transformers' sdpa mask (boolean (B, 1, n, L), or None where nothing is padded: causal over the last n keys), in
     float64 rounded to the query's dtype once. A key a query cannot see weighs exactly 0; a query that sees none (a
-    padding position) weighs every key alike, as transformers' eager attention does, so that no NaN reaches the keys
-    and values later passes read."""
+    padding position) weighs alike the keys its block reads, so that no NaN reaches the keys and values later passes
+    read.
+
+    Queries go in blocks of QUERY_BLOCK, each over the keys up to its last query's position where the mask hides
+    every later key (a causal model's): a long prompt's scores in one piece would spill out of the caches several
+    times over, and half of them are hidden. Hidden keys add exact zeros, so a block changes only the order of a
+    row's sums, which float64 absorbs (the module's docstring)."""
     extras = [name for name in ("softcap", "s_aux", "sinks", "position_bias") if kwargs.get(name) is not None]
     if extras:
         raise ConfigError(
@@ -58,19 +66,35 @@ def attention(
     kv_heads, length = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     scale = width**-0.5 if scaling is None else scaling
-    q = query.to(torch.float64).reshape(rows, kv_heads, groups * n, width)  # a key/value head's queries together
-    scores = (q @ key.to(torch.float64).transpose(-1, -2)).mul_(scale).reshape(rows, kv_heads, groups, n, length)
+    key, value = key.to(torch.float64), value.to(torch.float64)
     if mask is None and n > 1:
         mask = torch.ones(n, length, dtype=torch.bool, device=query.device).tril(length - n)
-    if mask is not None:
-        per_head = mask[:, :, None] if mask.dim() == 4 else mask  # (B, 1, n, L) over the heads' groups
-        if mask.dtype == torch.bool:
-            scores.masked_fill_(~per_head, torch.finfo(torch.float64).min)
-        else:
-            scores += per_head.to(torch.float64)
-    weights = torch.softmax(scores, dim=-1).reshape(rows, kv_heads, groups * n, length)
-    out = (weights @ value.to(torch.float64)).reshape(rows, heads, n, width).to(query.dtype)
+    causal = n <= QUERY_BLOCK or mask is None or not _sees_ahead(mask, length - n)
+    blocks = []
+    for start in range(0, n, QUERY_BLOCK):
+        end = min(n, start + QUERY_BLOCK)
+        seen = length - n + end if causal else length
+        part = end - start
+        q = query[:, :, start:end].to(torch.float64).reshape(rows, kv_heads, groups * part, width)
+        scores = (q @ key[:, :, :seen].transpose(-1, -2)).mul_(scale).reshape(rows, kv_heads, groups, part, seen)
+        if mask is not None:
+            visible = mask[..., start:end, :seen]
+            per_head = visible[:, :, None] if visible.dim() == 4 else visible  # (B, 1, n, L) over the heads' groups
+            if visible.dtype == torch.bool:
+                scores.masked_fill_(~per_head, torch.finfo(torch.float64).min)
+            else:
+                scores += per_head.to(torch.float64)
+        weights = torch.softmax(scores, dim=-1).reshape(rows, kv_heads, groups * part, seen)
+        blocks.append((weights @ value[:, :, :seen]).reshape(rows, heads, part, width))
+    out = (blocks[0] if len(blocks) == 1 else torch.cat(blocks, 2)).to(query.dtype)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _sees_ahead(mask: torch.Tensor, offset: int) -> bool:
+    """Whether some query i of `mask` (..., n, L) sees a key past position offset + i (not a causal mask)."""
+    ahead = torch.ones(mask.shape[-2:], dtype=torch.bool, device=mask.device).triu(offset + 1)
+    visible = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    return bool((visible & ahead).any())
 
 
 def register_attention(name: str, function: Any) -> bool:
