@@ -48,15 +48,17 @@ def _log_probs(path: str, threads: int, count: int | None) -> tuple[list[Any], l
     model, tok = load_gguf(path, n_ctx=2048, n_threads=threads, n_threads_batch=threads)
     prompts = _prompts(tok)[:count]
     out = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", GenerationWarning)  # a float KV cache past 256 tokens: scoring, no drafts
-        for ids in prompts:
-            row = torch.tensor([ids])
-            runner = LlamaCppRunner(model, row[:, :1], None)
-            first = runner.prefill().view(1, -1)
-            logits = torch.cat([first, runner.extend(row[:, 1:-1])[0]]).double()
-            out.append(torch.log_softmax(logits, -1))
-            del runner
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", GenerationWarning)  # a float KV cache past 256 tokens: scoring, no drafts
+            for ids in prompts:
+                row = torch.tensor([ids])
+                runner = LlamaCppRunner(model, row[:, :1], None)
+                first = runner.prefill().view(1, -1)
+                logits = torch.cat([first, runner.extend(row[:, 1:-1])[0]]).double()
+                out.append(torch.log_softmax(logits, -1))
+    finally:
+        model.close()  # the file's weights and contexts, before the other file loads
     return out, prompts
 
 
