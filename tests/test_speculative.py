@@ -908,6 +908,28 @@ def test_on_llama_cpp_each_row_keeps_its_own_drafts_and_the_tokens(smollm, case)
     rows_keep_their_own_drafts(*smollm, case)
 
 
+@pytest.mark.llama_cpp
+@pytest.mark.slow
+def test_on_llama_cpp_only_the_rows_behind_draft_in_a_call_of_several(smollm):
+    """A batch calls until its last row is done, so a call of several rows saves one only where every row that
+    holds the next step back keeps drafted tokens: a row whose partner cannot draft drafts nothing while it goes
+    (its drafts would only take it ahead), and rows behind draft together, as far as the shortest draft."""
+    model, tok = smollm
+    kwargs = {"chain": "preset:greedy", "max_new_tokens": 24, "ignore_eos": True}
+    reference, gen = run(model, tok, QUOTING, **kwargs)
+    rows, vocab = reference_rows(reference, gen), model.config.vocab_size
+    right = Scripted(rows, vocab, shortest=6, longest=6)  # always right: a row alone would keep every draft
+    ours, _ = run(model, tok, QUOTING, draft=[{"use": right, "cost": 0.1}, None], **kwargs)
+    assert_same_tokens(ours, reference)
+    assert ours.drafted.tolist() == [0, 0], ours.drafted
+    long, short = Scripted(rows, vocab, shortest=6, longest=6), Scripted(rows, vocab, shortest=2, longest=2)
+    draft = [{"use": long, "cost": 0.1}, {"use": short, "cost": 0.1}]
+    ours, _ = run(model, tok, QUOTING, draft=draft, **kwargs)
+    assert_same_tokens(ours, reference)
+    assert ours.drafted.tolist() == ours.kept.tolist() and ours.drafted[0] == ours.drafted[1] > 0, ours.drafted
+    assert int(ours.model_calls.max()) < 24, ours.model_calls  # every call that drafted saved the batch calls
+
+
 # ----------------------------------------------------------------- checkpoints
 def resumed(model, tok, prompts, stop_after, **kwargs):
     """Run until `stop_after` steps, checkpoint (through JSON), resume in a new Generation, run to the end."""

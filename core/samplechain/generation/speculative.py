@@ -474,6 +474,9 @@ class Speculation(Drawing):
         vocab = vocab_of(gen.model)
         asking = [b for b in rows if not self.off[b]]
         held = self.released.count(False)
+        behind = self._behind(rows) if ragged and self.lengths.shape == "rows" else None
+        if behind is not None:
+            asking = [b for b in asking if b in behind or self.lengths.fixed[b]]
         tokens: dict[int, torch.Tensor] = {}  # each row's, once: a drafter may keep what it found for the tensor
 
         def row_tokens(b: int) -> torch.Tensor:
@@ -503,7 +506,24 @@ class Speculation(Drawing):
         if not ragged and rows:
             k = min(len(d) for d in drafts.values())
             drafts = {b: d[:k] for b, d in drafts.items()}
+        elif behind:
+            k = min(len(drafts[b]) for b in behind)  # the rows behind advance together or not at all
+            drafts = {b: d[:k] if b in behind else d for b, d in drafts.items()}
         return drafts
+
+    def _behind(self, rows: list[int]) -> set[int] | None:
+        """On a runner whose rows feed their own tokens (llama.cpp), the rows of a call of several that drafts may
+        help: those with the most tokens still to draw. The batch calls until its last row is done, so only a call
+        that advances every one of them by more than a token saves one; a draft of a row ahead costs the tokens it
+        misses, and on llama.cpp a pass over the weights of its own (a decode runs a pass per number of tokens its
+        rows feed), and saves none. None: every row may draft (a call of one row)."""
+        if len(rows) < 2:
+            return None
+        least = min(len(self.pending[b]) for b in rows)
+        behind = {b for b in rows if len(self.pending[b]) == least}
+        if any(self.off[b] for b in behind):
+            return set()
+        return behind
 
     def _ask(
         self, drafter: Drafter, rows: list[int], tokens: list[torch.Tensor], wanted: Mapping[int, int]

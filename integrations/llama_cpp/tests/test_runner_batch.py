@@ -174,3 +174,35 @@ def test_batches_longer_than_n_batch_split_and_a_full_cache_is_a_config_error(ll
             r.extend(torch.full((2, cells - int(r.n.min()) + 1), 30))
     finally:
         small.close()
+
+
+def test_released_rows_leave_the_rows_going_on_consecutive_sequences_with_their_logits(llama_model):
+    """llama.cpp decodes several streams in one pass only where their sequence ids are consecutive: rows past a
+    released row's sequence move into it, and their logits stay those of a batch that never released a row."""
+    model, tok = llama_model
+    prompts = [*PROMPTS, "One, two, three, four"]
+    ids, mask = padded(tok, prompts)
+    new = torch.tensor([[30, 198, 504], [1797, 314, 253], [11, 2155, 30], [198, 198, 11]])
+    full, r = runner(model, ids, mask), runner(model, ids, mask)
+    full.prefill()
+    r.prefill()
+    seq = torch.cat([ids, new[:, :1]], 1)
+    torch.testing.assert_close(r.step(seq), full.step(seq), atol=ATOL, rtol=0)
+    r.release([0, 2])  # rows 1 and 3 go on: one of them moves next to the other
+    going = sorted(r.seq[[1, 3]].tolist())
+    assert going[1] - going[0] == 1 and sorted(r.seq.tolist()) == [0, 1, 2, 3]
+    seq = torch.cat([seq, new[:, 1:2]], 1)
+    want = full.step(seq)
+    got = r.step(seq)
+    torch.testing.assert_close(got[[1, 3]], want[[1, 3]], atol=ATOL, rtol=0)
+    assert not got[[0, 2]].any()  # a released row's logits are zeros
+    three = r.extend_rows([3, 1], [new[3, 2:], new[1, 2:]])
+    again = full.extend_rows([3, 1], [new[3, 2:], new[1, 2:]])
+    for ours, theirs in zip(three, again):
+        torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=0)
+    with pytest.raises(ConfigError, match="row 0 was released"):
+        r.extend_rows([0], [new[0, 2:]])
+    seq = torch.cat([seq, new[:, 2:3]], 1)
+    active = torch.tensor([False, False, False, True])  # step(active=...) releases the rows left out
+    torch.testing.assert_close(r.step(seq, active=active)[3], full.step(seq)[3], atol=ATOL, rtol=0)
+    assert r.gone.tolist() == [True, True, True, False]
