@@ -476,7 +476,10 @@ class Speculation(Drawing):
         held = self.released.count(False)
         behind = self._behind(rows) if ragged and self.lengths.shape == "rows" else None
         if behind is not None:
-            asking = [b for b in asking if b in behind or self.lengths.fixed[b]]
+            fixed, idle = self.lengths.fixed, self.lengths.idle
+            asking = [b for b in asking if b in behind or fixed[b]]
+            if any(idle[b] and not fixed[b] for b in behind):  # a row behind rests: none drafts, the rests go on
+                asking = [b for b in asking if fixed[b] or idle[b]]
         tokens: dict[int, torch.Tensor] = {}  # each row's, once: a drafter may keep what it found for the tensor
 
         def row_tokens(b: int) -> torch.Tensor:
