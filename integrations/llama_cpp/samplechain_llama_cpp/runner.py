@@ -116,20 +116,9 @@ class LlamaCppRunner(ModelRunner):
         """input_ids: (B, L+1) every token so far; each row's sequence takes the last column at its next position.
         With `active` (B,) bool, only those rows' sequences do (the others have finished: released). A released
         row's logits are zeros."""
-        tokens = input_ids[:, -1].detach().cpu().numpy()
         if active is not None:
             self.release(np.flatnonzero(~active.cpu().numpy()).tolist())
-        if not self.gone.any():
-            logits = self._decode(self.rows, self.n, tokens, np.ones(self.batch, dtype=bool))
-            self.n = self.n + 1
-            return logits
-        rows = np.flatnonzero(~self.gone).astype(np.int32)
-        logits = torch.zeros((self.batch, self.vocab), dtype=torch.float32)
-        logits[torch.from_numpy(rows).long()] = self._decode(
-            rows, self.n[rows], tokens[rows], np.ones(len(rows), dtype=bool)
-        )
-        self.n[rows] += 1
-        return logits
+        return self.extend(input_ids[:, -1:])[:, 0]
 
     def _several_tokens(self, longest: int) -> None:
         """Before a decode of several tokens a row, up to a sequence of `longest` tokens: a warning, once a model,
