@@ -495,7 +495,7 @@ def test_a_row_keeps_a_record_per_kind_of_draft_its_drafter_tells_apart():
     assert fresh.acceptance(0)[0] == pytest.approx(0.9)
 
 
-@pytest.mark.parametrize(("prior", "hopeful"), [(0.5, True), (0.9, True), (0.2, False), (None, False)])
+@pytest.mark.parametrize(("prior", "hopeful"), [(0.52, True), (0.9, True), (0.5, False), (0.2, False), (None, False)])
 def test_a_first_draft_the_drafter_expects_kept_is_as_long_as_it_can_be_and_a_probe(prior, hopeful):
     lengths = gate(1, cost=0.25, longest=10)
     kind = None if prior is None else ("ngram2", prior)
@@ -508,6 +508,35 @@ def test_a_first_draft_the_drafter_expects_kept_is_as_long_as_it_can_be_and_a_pr
     after = gate(1, cost=0.25, longest=10)
     after.checked(0, True)  # a row that has drafted before drafts by its record
     assert after.limits([0], [16], 1, 1, lambda b: kind)[0] < 10
+
+
+def back_from_rest(cost, kind):
+    """A row whose drafts of `kind` (and its first tokens) missed five times, so that no draft pays by its record,
+    and which rested: its next call, the rest over, with a draft of that kind."""
+    lengths = gate(1, cost=cost, longest=10)
+    lengths.keeps[0], lengths.trials[0] = [0.0, 0.0], [5.0, 0.0]
+    if kind is not None:
+        lengths.kinds[0][kind[0]] = [0.0, 5.0, kind[1]]
+    lengths.pause[0], lengths.idle[0] = 4, 0
+    return lengths, lengths.limits([0], [16], 1, 1, lambda b: kind)[0]
+
+
+@pytest.mark.parametrize(("cost", "kind", "probes"), [
+    (0.6, None, True),  # no kind named: a one-token probe at the prior 1/2, however dear
+    (0.3, ("ngram2", 0.52), True),
+    (0.6, ("ngram2", 0.52), False),  # a drafted token dearer than a kept one at the prior 1/2 is worth
+    (0.3, ("ngram1", 0.15), False),  # would not pay at its prior where a drafted token costs 0.3 of a call
+    (0.05, ("ngram1", 0.15), True),  # does where checking is cheap
+])  # fmt: skip
+def test_a_row_back_from_a_rest_probes_only_with_a_kind_of_draft_that_would_pay_at_its_prior(cost, kind, probes):
+    lengths, got = back_from_rest(cost, kind)
+    assert (got > 0) is probes and lengths.probing[0] is probes
+    if not probes:  # nothing measured: the rest goes on as long again, and the row is not asked meanwhile
+        assert (lengths.pause[0], lengths.idle[0]) == (4, 4)
+        asked = []
+        for _ in range(4):
+            assert lengths.limits([0], [16], 1, 1, lambda b: asked.append(b))[0] == 0
+        assert not asked
 
 
 @pytest.mark.parametrize("shape", ["rows", "padded"])

@@ -44,10 +44,11 @@ class PromptLookupParams:
 
 
 # the share of drafts from an n-token match whose first token is kept, before a row has its own record
-_KEPT = {1: 0.15, 2: 0.5}
+_KEPT = {1: 0.15, 2: 0.52}
 _KEPT_LONGER = 0.85
-# "follow": a draft from the cursor, its first token's prior; the weight of a guess's record per newer guess; what a
-# guess that missed (before it or what came ended) counts against it, in kept tokens
+# "follow": a draft from the cursor, its first token's prior (as often as not: a row's first draft from its cursor is
+# not drafted whole, as a first n-gram match of two tokens or more is; it seldom starts a run); the weight of a guess's
+# record per newer guess; what a guess that missed (before it or what came ended) counts against it, in kept tokens
 CURSOR = -1
 _KEPT_CURSOR = 0.5
 _FOLLOW_DECAY = 0.8

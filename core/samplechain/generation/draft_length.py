@@ -45,13 +45,16 @@ Drafting at all costs a little more than its tokens (the drafter's call, a pass 
 gain 5% of a row's call more than its tokens cost. Where no draft pays, a row rests, then drafts again (a probe) to
 measure its acceptance: as long a draft as would pay were the row entering runs at the prior rate (one token where
 each drafted token costs; long where the step costs the most, as a long probe costs little more and can keep a run
-whole). The rests double while the probes miss. Both the first rest and the longest scale with what a one-token probe
+whole). Where the drafter names the kind of the draft at hand, the prior is that kind's where it is lower, and a
+draft that would not pay even at it is no probe: the rest goes on as long again (prompt lookup's one-token matches,
+which begin a run about one time in six, are not probed where a drafted token costs about half a step). The rests
+double while the probes miss. Both the first rest and the longest scale with what a one-token probe
 costs: the first makes it about 5% of the calls' work, the longest about 1% (at most 64 calls; on a padded batch a
 probe widens every row); a rest after a missed probe is at least the first rest at the cost as timed by then (the
 first rests come before any draft was timed). Where every row is fed as many tokens as the widest (a padded batch,
 rows advancing together), a resting row drafts as wide as the call for free, unless its drafter's own time per
 token counts (a draft model): a kept token ends its rest, a miss leaves it. A row's first draft of a kind the
-drafter expects kept at least half the time is as long as it can be (a probe), on a call of one row. With
+drafter expects kept more often than not is as long as it can be (a probe), on a call of one row. With
 `adaptive = false` a row always drafts its drafter's `num_tokens`.
 """
 
@@ -300,8 +303,12 @@ class DraftLengths:
                 out[b], self.probing[b] = ceilings[i], True
             elif k:
                 out[b], self.pause[b] = k, 0
-            elif self.pause[b]:  # back from a rest: probe
-                out[b], self.probing[b] = self._probe(rates[i], costs[i], ceilings[i], width, step), True
+            elif self.pause[b]:  # back from a rest: probe, unless the draft at hand would not pay even at its prior
+                probe = self._probe(b, rates[i], costs[i], ceilings[i], width, step)
+                if probe:
+                    out[b], self.probing[b] = probe, True
+                else:  # the rest goes on as long again (nothing was measured: it does not double)
+                    self.idle[b] = self.pause[b]
             else:  # no draft now: rest, then probe
                 self.pause[b] = self.idle[b] = self._first_pause
         if self.shape != "rows":
@@ -418,18 +425,23 @@ class DraftLengths:
         self.kind[row] = None if expected is None else expected[0]
 
     def _hopeful(self, row: int, width: int) -> bool:
-        """A row's first draft, of a kind its drafter expects kept at least as often as not: as long as it can be (a
+        """A row's first draft, of a kind its drafter expects kept more often than not: as long as it can be (a
         run kept whole at once; it also times a wide call, which the fit otherwise extrapolates), a probe if it
         misses. Only on a call of one row: in a batch it would widen the other rows (a padded batch) or make a call
         that could have been the plain step a checking one for every row; there it drafts by its record."""
         kind = self.kind[row]
-        return width == 1 and kind is not None and not any(self.trials[row]) and self.kinds[row][kind][2] >= 0.5
+        return width == 1 and kind is not None and not any(self.trials[row]) and self.kinds[row][kind][2] > 0.5
 
-    def _probe(self, rate: tuple[float, float], cost: float, ceiling: int, width: int, step: float) -> int:
+    def _probe(self, row: int, rate: tuple[float, float], cost: float, ceiling: int, width: int, step: float) -> int:
         """A probe's length: the draft that would pay if the row entered runs at the prior rate (where the step
         costs much more than a drafted token, a long probe costs little more than one token and can keep a run
-        whole); at least one token."""
-        return max(self._best([(max(rate[0], _PRIOR), rate[1])], [cost], [ceiling], width, step)[0], 1)
+        whole); at least one token. Where the drafter names the draft's kind, the prior is that kind's where it is
+        lower, and a draft that would not pay even then is no probe (0): a one-token match, which starts a run about
+        one time in six, would mostly cost its check where a drafted token costs half a step (llama.cpp on a CPU)."""
+        kind = self.kind[row]
+        prior = _PRIOR if kind is None else min(self.kinds[row][kind][2], _PRIOR)
+        length = self._best([(max(rate[0], prior), rate[1])], [cost], [ceiling], width, step)[0]
+        return length if kind is not None else max(length, 1)
 
     def _best(
         self, rates: list[tuple[float, float]], costs: list[float], ceilings: list[int], width: int, step: float
