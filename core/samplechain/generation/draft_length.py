@@ -47,7 +47,7 @@ measure its acceptance: as long a draft as would pay were the row entering runs 
 each drafted token costs; long where the step costs the most, as a long probe costs little more and can keep a run
 whole). Where the drafter names the kind of the draft at hand, the prior is that kind's where it is lower, and a
 draft that would not pay even at it is no probe: the rest goes on as long again (prompt lookup's one-token matches,
-which begin a run about one time in six, are not probed where a drafted token costs about half a step). The rests
+which begin a run about one time in six, are not probed where a drafted token costs 0.4-0.5 of a step). The rests
 double while the probes miss. Both the first rest and the longest scale with what a one-token probe
 costs: the first makes it about 5% of the calls' work, the longest about 1% (at most 64 calls; on a padded batch a
 probe widens every row); a rest after a missed probe is at least the first rest at the cost as timed by then (the
@@ -436,8 +436,7 @@ class DraftLengths:
         """A probe's length: the draft that would pay if the row entered runs at the prior rate (where the step
         costs much more than a drafted token, a long probe costs little more than one token and can keep a run
         whole); at least one token. Where the drafter names the draft's kind, the prior is that kind's where it is
-        lower, and a draft that would not pay even then is no probe (0): a one-token match, which starts a run about
-        one time in six, would mostly cost its check where a drafted token costs half a step (llama.cpp on a CPU)."""
+        lower, and a draft that would not pay even then is no probe (0; the module's docstring says why)."""
         kind = self.kind[row]
         prior = _PRIOR if kind is None else min(self.kinds[row][kind][2], _PRIOR)
         length = self._best([(max(rate[0], prior), rate[1])], [cost], [ceiling], width, step)[0]
